@@ -1,0 +1,36 @@
+# Every target sets itself up on a fresh machine: a virtual environment in .venv, torch pinned to
+# the CPU build first (constraints.txt), then the project with its dev extras.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/zephon-torch demo
+
+test: $(STAMP)
+	$(BIN)/ruff check zephon_torch tests benchmarks examples integrations
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -n 2 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check zephon_torch tests benchmarks examples integrations
+	$(BIN)/ruff format --check zephon_torch tests benchmarks examples integrations
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
