@@ -1,0 +1,32 @@
+"""Shared fixtures: a real BPE tokenizer trained locally and small real-text datasets."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from zephon_torch._corpus import pydoc_prose_documents, small_tokenizer
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    """A 1024-token byte-level BPE trained on the pydoc topics (well under a second)."""
+    return small_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def prose_documents(count: int, *, seed: int, min_words: int = 3, max_words: int = 400) -> list[str]:
+    """``count`` documents of real English of varied length, cut from the pydoc topics."""
+    words = " ".join(d["text"] for d in pydoc_prose_documents()).split()
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        n = rng.randint(min_words, max_words)
+        start = rng.randrange(0, len(words) - n)
+        out.append(" ".join(words[start : start + n]))
+    return out

@@ -1,0 +1,98 @@
+"""Helpers shared by tests: build small pipelines, compare streams, resume at every step."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from zephon_torch import Batch, Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+from tests.conftest import prose_documents
+
+
+def two_sources(rows_a: int = 60, rows_b: int = 40, *, shard_size: int = 13) -> list[Dataset]:
+    """Two in-memory datasets of real prose with different length profiles."""
+    a = prose_documents(rows_a, seed=1, max_words=300)
+    b = prose_documents(rows_b, seed=2, min_words=1, max_words=60)
+    return [
+        Dataset.from_dict("long", {"text": a, "id": [f"a{i}" for i in range(rows_a)]}, shard_size=shard_size),
+        Dataset.from_dict("short", {"text": b, "id": [f"b{i}" for i in range(rows_b)]}, shard_size=shard_size),
+    ]
+
+
+def small_pipeline(
+    tokenizer: Any,
+    *,
+    algorithm: str = "wrap",
+    lanes: int = 1,
+    world_size: int = 1,
+    rank: int = 0,
+    parallelism: int = 2,
+    runner: str = "threads",
+    exhaustion: str = "stop",
+    max_length: int = 64,
+    microbatch_size: int = 2,
+    datasets: list[Dataset] | None = None,
+    prefetch: int = 4,
+) -> Pipeline:
+    source = StaticMixtureWorkSource(
+        datasets or two_sources(),
+        {"long": 0.6, "short": 0.4},
+        seed=7,
+        token_estimation=TokenEstimation(calibration_documents=4),
+        exhaustion=exhaustion,  # type: ignore[arg-type]
+    )
+    return (
+        Pipeline(source)
+        .options(canonical_replicas=lanes, world_size=world_size, rank=rank, prefetch=prefetch)
+        .tokenize(tokenizer=tokenizer, parallelism=parallelism, runner=runner)  # type: ignore[arg-type]
+        .pack_flat(max_length, algorithm)  # type: ignore[arg-type]
+        .batch(microbatch_size)
+    )
+
+
+def key(batch: Batch) -> tuple[Any, ...]:
+    """Everything data-bearing in a batch, hashable and comparable."""
+    return (
+        batch.lane,
+        batch.turn,
+        batch.input_ids.tobytes(),
+        json.dumps([batch.lengths, batch.sources, batch.starts_document]),
+    )
+
+
+def keys(batches: Iterator[Batch] | list[Batch], limit: int | None = None) -> list[tuple[Any, ...]]:
+    out = []
+    for i, b in enumerate(batches):
+        if limit is not None and i >= limit:
+            break
+        out.append(key(b))
+    return out
+
+
+def assert_resumes_at_every_step(build: Callable[[], Pipeline], *, max_steps: int = 10_000) -> int:
+    """Record the state after each delivered batch; each, restored into a fresh pipeline, must
+    give exactly the rest of the uninterrupted stream. Returns the stream length."""
+    pipeline = build()
+    reference: list[tuple[Any, ...]] = []
+    states: list[dict[str, Any]] = [pipeline.state_dict()]
+    for batch in pipeline:
+        reference.append(key(batch))
+        state = pipeline.state_dict()
+        assert json.loads(json.dumps(state)) == state
+        states.append(state)
+        if len(reference) >= max_steps:
+            break
+    assert reference, "the pipeline produced nothing"
+    for step, state in enumerate(states):
+        resumed = build()
+        resumed.load_state_dict(json.loads(json.dumps(state)))
+        rest = keys(resumed, limit=len(reference) - step)
+        assert rest == reference[step:], f"resume from step {step} diverged"
+    return len(reference)
+
+

@@ -1,0 +1,47 @@
+"""The state contract: versioned, fingerprinted, plain JSON data, compared from one table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from zephon_torch.errors import StateMismatchError
+
+STATE_VERSION = 1
+
+
+def check_state(state: dict[str, Any], fingerprint: dict[str, Any], needed_lanes: Iterable[int]) -> None:
+    """Raise one ``StateMismatchError`` listing every difference between saved and live."""
+    if not isinstance(state, dict) or "version" not in state:
+        raise StateMismatchError({"version": (None, STATE_VERSION)})
+    mismatches: dict[str, tuple[object, object]] = {}
+    if state["version"] != STATE_VERSION:
+        mismatches["version"] = (state["version"], STATE_VERSION)
+    saved = state.get("fingerprint", {})
+    for key in sorted(set(saved) | set(fingerprint)):
+        if saved.get(key) != fingerprint.get(key):
+            mismatches[key] = (saved.get(key), fingerprint.get(key))
+    missing = [lane for lane in needed_lanes if str(lane) not in state.get("lanes", {})]
+    if missing:
+        mismatches["lanes"] = (sorted(int(k) for k in state.get("lanes", {})), f"needs {missing}")
+    if mismatches:
+        raise StateMismatchError(mismatches)
+
+
+def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Combine the per-rank states of one step (each holding its own lanes) into a global one.
+
+    Raises ``StateMismatchError`` when the states come from different recipes.
+    """
+    states = list(states)
+    if not states:
+        raise ValueError("merge_states needs at least one state")
+    first = states[0]
+    merged = {k: v for k, v in first.items() if k != "lanes"}
+    lanes: dict[str, Any] = {}
+    for state in states:
+        check_state(state, first["fingerprint"], [])
+        lanes.update(state["lanes"])
+    merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
+    merged["step"] = min((s["step"] for s in states), default=0)
+    return merged

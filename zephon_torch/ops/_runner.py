@@ -1,0 +1,102 @@
+"""Where per-document work runs: a pool of threads or of spawned processes.
+
+The fused chain (fetch, then the user's maps and filters, then tokenize) is sent to each worker
+process once at start-up; a task then carries only (source, pointers) and returns documents
+with their tokens. Results come back in submission order (each reader keeps its own queue of
+futures) while tasks execute in any order, so one multi-megabyte document holds up only the
+reader that needs it next.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from collections.abc import Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Literal
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.ops.document import DocOp, Document
+from zephon_torch.ops.fetch import FetchOp
+from zephon_torch.work.pointers import Pointer
+
+RunnerKind = Literal["threads", "processes"]
+RUNNERS = ("threads", "processes")
+
+
+class DocChain:
+    """Fetch then every per-document operator, as one picklable function of a chunk."""
+
+    def __init__(self, fetch: FetchOp, ops: Sequence[DocOp]) -> None:
+        self.fetch = fetch
+        self.ops = tuple(ops)
+
+    def __call__(self, source: int, pointers: list[Pointer]) -> list[Document]:
+        docs = self.fetch.fetch(source, pointers)
+        for op in self.ops:
+            docs = op(docs)
+        return docs
+
+
+_WORKER_CHAIN: DocChain | None = None
+
+
+def _init_worker(payload: bytes) -> None:
+    global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
+    _WORKER_CHAIN = pickle.loads(payload)
+
+
+def _run_in_worker(source: int, pointers: list[Pointer]) -> list[Document]:
+    if _WORKER_CHAIN is None:
+        raise RuntimeError("worker process was started without its document chain")
+    return _WORKER_CHAIN(source, pointers)
+
+
+class Runner:
+    """Runs chunks of the chain on ``parallelism`` threads or processes.
+
+    Args:
+        chain: the fused per-document chain.
+        parallelism: number of workers.
+        kind: ``"threads"`` (the tokenizer backend releases the GIL) or ``"processes"``
+            (spawned; user functions must be picklable).
+    """
+
+    def __init__(self, chain: DocChain, *, parallelism: int, kind: RunnerKind) -> None:
+        if parallelism < 1:
+            raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
+        if kind not in RUNNERS:
+            raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {kind!r}")
+        self.chain = chain
+        self.kind = kind
+        self._executor: Executor
+        if kind == "threads":
+            self._executor = ThreadPoolExecutor(parallelism, thread_name_prefix="zephon-docs")
+        else:
+            try:
+                payload = pickle.dumps(chain)
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                raise ConfigError(
+                    "runner='processes' needs picklable operators (module-level functions, no "
+                    f"lambdas or closures): {exc}"
+                ) from exc
+            self._executor = ProcessPoolExecutor(
+                parallelism,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(payload,),
+            )
+
+    def submit(self, source: int, pointers: list[Pointer]) -> Future[list[Document]]:
+        """Schedule one chunk; the future yields its documents in pointer order."""
+        if self.kind == "threads":
+            return self._executor.submit(self.chain, source, pointers)
+        return self._executor.submit(_run_in_worker, source, pointers)
+
+    def run_now(self, source: int, pointers: list[Pointer]) -> list[Document]:
+        """Run one chunk on the calling thread (used to rebuild open bins on restore)."""
+        return self.chain(source, pointers)
+
+    def close(self) -> None:
+        """Stop the workers; pending chunks are cancelled."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,134 @@
+"""Resolve what the user passed as a tokenizer into the fast ``tokenizers`` backend.
+
+The hot path calls the Rust backend's ``encode_batch_fast`` directly (no offsets, no Python
+post-processing), so whatever the user hands over is reduced to a ``tokenizers.Tokenizer`` plus
+its BOS/EOS ids and a content digest for the state fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from zephon_torch.errors import ConfigError
+
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
+_BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
+
+
+@dataclass(frozen=True)
+class ResolvedTokenizer:
+    """The backend and what the pipeline needs to know about it."""
+
+    backend: Tokenizer
+    bos_id: int | None
+    eos_id: int | None
+    digest: str
+    description: str
+
+
+def resolve_tokenizer(
+    tokenizer_id: str | os.PathLike[str] | None,
+    tokenizer: Any,
+    *,
+    bos_token: str | None,
+    eos_token: str | None,
+) -> ResolvedTokenizer:
+    """Turn a hub id, a local directory or file, or a tokenizer object into a backend."""
+    if (tokenizer_id is None) == (tokenizer is None):
+        raise ConfigError("`tokenize` needs exactly one of `tokenizer_id` or `tokenizer`")
+    bos_name, eos_name = bos_token, eos_token
+    if tokenizer is None:
+        tokenizer, description = _load(str(tokenizer_id))
+    else:
+        description = type(tokenizer).__name__
+    if isinstance(tokenizer, Tokenizer):
+        backend = tokenizer
+    elif isinstance(getattr(tokenizer, "backend_tokenizer", None), Tokenizer):
+        backend = tokenizer.backend_tokenizer
+        bos_name = bos_name or getattr(tokenizer, "bos_token", None)
+        eos_name = eos_name or getattr(tokenizer, "eos_token", None)
+    else:
+        raise ConfigError(
+            "`tokenizer` must be a tokenizers.Tokenizer or a transformers fast tokenizer, "
+            f"got {type(tokenizer).__name__}"
+        )
+    text = backend.to_str()
+    # A private copy: the user's object keeps its truncation/padding settings, ours has none.
+    backend = Tokenizer.from_str(text)
+    backend.no_truncation()
+    backend.no_padding()
+    return ResolvedTokenizer(
+        backend=backend,
+        bos_id=_token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token"),
+        eos_id=_token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token"),
+        digest=hashlib.sha256(text.encode()).hexdigest()[:16],
+        description=description,
+    )
+
+
+def _load(tokenizer_id: str) -> tuple[Any, str]:
+    path = Path(tokenizer_id).expanduser()
+    if path.is_file():
+        return Tokenizer.from_file(str(path)), str(path)
+    if path.is_dir():
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise ConfigError(f"tokenizer directory {str(path)!r} has no tokenizer.json")
+        backend = Tokenizer.from_file(str(file))
+        return _with_config_tokens(backend, path), str(path)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return Tokenizer.from_pretrained(tokenizer_id), tokenizer_id
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer_id, use_fast=True), tokenizer_id
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot load tokenizer {tokenizer_id!r}: not a local path, and the hub (or its "
+            f"local cache) does not have it: {exc}"
+        ) from exc
+
+
+class _ConfiguredTokenizer:
+    """A backend plus the bos/eos names a local ``tokenizer_config.json`` declares."""
+
+    def __init__(self, backend: Tokenizer, bos: str | None, eos: str | None) -> None:
+        self.backend_tokenizer = backend
+        self.bos_token = bos
+        self.eos_token = eos
+
+
+def _with_config_tokens(backend: Tokenizer, directory: Path) -> Any:
+    config_file = directory / "tokenizer_config.json"
+    if not config_file.is_file():
+        return backend
+    config = json.loads(config_file.read_text())
+
+    def name(value: Any) -> str | None:
+        if isinstance(value, dict):
+            value = value.get("content")
+        return value if isinstance(value, str) else None
+
+    return _ConfiguredTokenizer(backend, name(config.get("bos_token")), name(config.get("eos_token")))
+
+
+def _token_id(
+    backend: Tokenizer, name: str | None, candidates: tuple[str, ...], argument: str
+) -> int | None:
+    if name is not None:
+        token_id = backend.token_to_id(name)
+        if token_id is None:
+            raise ConfigError(f"`{argument}` {name!r} is not in the tokenizer's vocabulary")
+        return int(token_id)
+    for candidate in candidates:
+        token_id = backend.token_to_id(candidate)
+        if token_id is not None:
+            return int(token_id)
+    return None

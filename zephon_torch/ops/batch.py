@@ -1,0 +1,178 @@
+"""Batch: ``microbatch_size`` packed rows of one lane, padded to ``[B, S]``, with their layout.
+
+A ``Batch`` keeps numpy arrays and the segment layout; ``to_training()`` builds the tensors a
+training step consumes. The lane's state after the batch travels with it, so whoever delivers
+the batch to the training loop can record exactly what was delivered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torchdata.nodes import BaseNode
+
+from zephon_torch.ops.pack import MixPack, PackedRow
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Batch:
+    """One lane's micro-batch.
+
+    Attributes:
+        input_ids: ``[B, S]`` int64 tokens, padding filled with ``pad_id``.
+        lengths: per row, the lengths of its segments (document pieces), in order.
+        sources: per row, each segment's source index.
+        starts_document: per row, whether each segment begins its document.
+        source_names: source index to dataset name.
+        lane: the canonical lane that produced it.
+        turn: the lane's micro-batch counter (the global step in turns).
+        state: the lane's state right after this batch.
+    """
+
+    input_ids: npt.NDArray[np.int64]
+    lengths: list[list[int]]
+    sources: list[list[int]]
+    starts_document: list[list[bool]]
+    source_names: list[str]
+    lane: int
+    turn: int
+    pad_id: int
+    state: dict[str, Any] = field(repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens in the batch."""
+        return sum(sum(row) for row in self.lengths)
+
+    def tokens_by_source(self) -> dict[str, int]:
+        """Real tokens per dataset name."""
+        out = dict.fromkeys(self.source_names, 0)
+        for lengths, sources in zip(self.lengths, self.sources):
+            for n, s in zip(lengths, sources):
+                out[self.source_names[s]] += n
+        return out
+
+    def to_training(self, *, mask_document_boundaries: bool = False) -> dict[str, torch.Tensor]:
+        """The tensors of a training step.
+
+        Args:
+            mask_document_boundaries: set ``-100`` on the label of each segment's last token,
+                so no loss crosses from one document (or row piece) into the next.
+
+        Returns:
+            ``input_ids``, ``labels`` (next token, ``-100`` on padding and at the row end),
+            ``position_ids`` (restart at every segment), ``cu_seqlens`` (int32, over the
+            flattened ``[B*S]`` tokens, padding as its own segment), ``max_seqlen``,
+            ``num_valid_tokens`` (labels that are not ``-100``).
+        """
+        rows, width = self.input_ids.shape
+        input_ids = torch.from_numpy(self.input_ids)
+        labels = torch.full((rows, width), IGNORE_INDEX, dtype=torch.int64)
+        labels[:, :-1] = input_ids[:, 1:]
+        position_ids = np.zeros((rows, width), dtype=np.int64)
+        boundaries = [0]
+        for r, lengths in enumerate(self.lengths):
+            offset = 0
+            for n in lengths:
+                position_ids[r, offset : offset + n] = np.arange(n)
+                offset += n
+                boundaries.append(r * width + offset)
+                if mask_document_boundaries and offset > 0:
+                    labels[r, offset - 1] = IGNORE_INDEX
+            labels[r, max(offset - 1, 0) :] = IGNORE_INDEX
+            if offset < width:
+                position_ids[r, offset:] = np.arange(width - offset)
+                boundaries.append((r + 1) * width)
+        cu = np.asarray(boundaries, dtype=np.int32)
+        return {
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": torch.from_numpy(position_ids),
+            "cu_seqlens": torch.from_numpy(cu),
+            "max_seqlen": torch.tensor(int(np.diff(cu).max(initial=0)), dtype=torch.int64),
+            "num_valid_tokens": (labels != IGNORE_INDEX).sum(),
+        }
+
+
+class BatchNode(BaseNode[Batch]):
+    """Group ``microbatch_size`` rows of one lane into a padded ``Batch``.
+
+    After the lane's rows run out, the last batch is padded with empty rows, and every later
+    batch is all padding (``num_tokens == 0``): the scheduler decides when the stream ends.
+
+    State:
+        ``{"turn": int, "done": bool, "pack": MixPack state}``.
+
+    Resume guarantee: exact (states are taken between batches, where no row is held).
+    """
+
+    def __init__(
+        self,
+        source: MixPack,
+        *,
+        microbatch_size: int,
+        max_length: int,
+        lane: int,
+        pad_id: int,
+        source_names: list[str],
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.microbatch_size = microbatch_size
+        self.max_length = max_length
+        self.lane = lane
+        self.pad_id = pad_id
+        self.source_names = source_names
+        self.turn = 0
+        self.done = False
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Start fresh or at a saved turn."""
+        super().reset(initial_state)
+        if initial_state is None:
+            self.turn, self.done = 0, False
+            self.source.reset(None)
+        else:
+            self.turn, self.done = initial_state["turn"], initial_state["done"]
+            self.source.reset(initial_state["pack"])
+
+    def get_state(self) -> dict[str, Any]:
+        """Turn counter, end flag and the packer's state."""
+        return {"turn": self.turn, "done": self.done, "pack": self.source.get_state()}
+
+    def next(self) -> Batch:
+        """The lane's next micro-batch; once the lane is spent, all-padding batches."""
+        rows: list[PackedRow] = []
+        while not self.done and len(rows) < self.microbatch_size:
+            try:
+                rows.append(next(self.source))
+            except StopIteration:
+                self.done = True
+        batch = self.pad_batch(rows)
+        self.turn += 1
+        batch.state = self.get_state()
+        return batch
+
+    def pad_batch(self, rows: list[PackedRow]) -> Batch:
+        """A batch of ``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
+        ids = np.full((self.microbatch_size, self.max_length), self.pad_id, dtype=np.int64)
+        for r, row in enumerate(rows):
+            ids[r, : len(row.tokens)] = row.tokens
+        empty = self.microbatch_size - len(rows)
+        return Batch(
+            input_ids=ids,
+            lengths=[row.lengths for row in rows] + [[] for _ in range(empty)],
+            sources=[row.sources for row in rows] + [[] for _ in range(empty)],
+            starts_document=[row.starts_document for row in rows] + [[] for _ in range(empty)],
+            source_names=self.source_names,
+            lane=self.lane,
+            turn=self.turn,
+            pad_id=self.pad_id,
+            state={},
+        )

@@ -1,0 +1,43 @@
+"""The unit that flows through per-document operators, and the stateless operator protocol.
+
+Per-document operators (fetch, map, filter, tokenize) are pure functions over a list of
+documents. They are fused into one chain that an in-order parallel mapper runs on chunks, so
+their cost is paid on worker threads or processes, never on the packer's thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Tokens = npt.NDArray[np.int32]
+
+
+@dataclass(slots=True)
+class Document:
+    """One document of one source in one lane.
+
+    ``pass_index`` and ``pos`` locate it in its lane's pointer stream, which is all a state needs
+    to find it again; ``shard`` and ``row`` locate it in storage for error messages.
+    """
+
+    source: int
+    pass_index: int
+    pos: int
+    shard: int
+    row: int
+    data: dict[str, Any] | None
+    tokens: Tokens | None = None
+
+
+class DocOp(Protocol):
+    """A stateless per-document operator: documents in, documents out (fewer if filtering)."""
+
+    def __call__(self, docs: list[Document]) -> list[Document]: ...
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Its data-affecting parameters, JSON-able."""
+        ...

@@ -1,0 +1,32 @@
+"""User filters: keep a document when ``fn(row)`` is true; dropped documents are counted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.ops.document import Document
+from zephon_torch.ops.map import Row, function_name
+
+
+class FilterOp:
+    """Keep documents whose row satisfies ``fn``.
+
+    Args:
+        fn: a pure predicate on the row dict; picklable for the processes runner.
+        name: names the predicate in the state fingerprint; defaults to its qualified name.
+    """
+
+    def __init__(self, fn: Callable[[Row], bool], *, name: str | None = None) -> None:
+        if not callable(fn):
+            raise ConfigError(f"`filter` needs a callable, got {fn!r}")
+        self.fn = fn
+        self.name = function_name(fn, name)
+
+    def __call__(self, docs: list[Document]) -> list[Document]:
+        return [doc for doc in docs if doc.data is not None and self.fn(doc.data)]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The predicate's name: changing it changes the data."""
+        return {"kind": "filter", "name": self.name}

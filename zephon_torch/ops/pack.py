@@ -1,0 +1,131 @@
+"""Mix and pack one lane: pick the source furthest below target, pack its next document.
+
+Serial per lane by design: the choice of the next source depends on the real token (or
+document) counts delivered so far, and that dependency is what makes every batch meet the
+mixture within one document. The counts, the readers' positions and the packer's open rows (as
+pointers) are the whole state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from torchdata.nodes import BaseNode
+
+from zephon_torch.ops.document import Document
+from zephon_torch.ops.packers import Packer, Piece
+from zephon_torch.ops.read import DocumentReader
+from zephon_torch.work.mixture import choose_source
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """One packed row: its tokens and the pieces (segments) it is made of."""
+
+    tokens: npt.NDArray[np.int32]
+    lengths: list[int]
+    sources: list[int]
+    starts_document: list[bool]
+
+
+class MixPack(BaseNode[PackedRow]):
+    """Mix the lane's sources by target share and pack documents into rows.
+
+    Args:
+        readers: one reader per source, in source order.
+        weights: normalised target shares, in source order.
+        count: ``"tokens"`` (token shares) or ``"documents"`` (document shares).
+        packer: the packing algorithm.
+
+    State:
+        ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
+        "packer": packer state}``.
+
+    Resume guarantee: exact; only documents in the packer's open rows are re-read.
+    """
+
+    def __init__(
+        self,
+        readers: list[DocumentReader],
+        weights: tuple[float, ...],
+        count: Literal["tokens", "documents"],
+        packer: Packer,
+    ) -> None:
+        super().__init__()
+        self.readers = readers
+        self.weights = weights
+        self.count = count
+        self.packer = packer
+        self.tokens = [0] * len(readers)
+        self.documents = [0] * len(readers)
+        self.active = [True] * len(readers)
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Start fresh, or restore counters, reader positions and open rows."""
+        super().reset(initial_state)
+        if initial_state is None:
+            for reader in self.readers:
+                reader.reset(None)
+            self.tokens = [0] * len(self.readers)
+            self.documents = [0] * len(self.readers)
+            self.active = [True] * len(self.readers)
+            self.packer.clear()
+            return
+        for reader, state in zip(self.readers, initial_state["readers"]):
+            reader.reset(state)
+        self.tokens = [t for t, _ in initial_state["delivered"]]
+        self.documents = [d for _, d in initial_state["delivered"]]
+        self.active = list(initial_state["active"])
+        self.packer.set_state(initial_state["packer"], self._fetch)
+
+    def get_state(self) -> dict[str, Any]:
+        """Counters, reader positions and the packer's open rows."""
+        return {
+            "readers": [r.get_state() for r in self.readers],
+            "delivered": [[t, d] for t, d in zip(self.tokens, self.documents)],
+            "active": list(self.active),
+            "packer": self.packer.get_state(),
+        }
+
+    def next(self) -> PackedRow:
+        """The next packed row; StopIteration when every source and open row is spent."""
+        row = self.packer.next_row(self._pull)
+        if row is None:
+            raise StopIteration
+        return _to_row(row)
+
+    def _pull(self) -> Document | None:
+        counts = self.tokens if self.count == "tokens" else self.documents
+        while True:
+            source = choose_source(self.weights, counts, self.active)
+            if source < 0:
+                return None
+            try:
+                doc = next(self.readers[source])
+            except StopIteration:
+                self.active[source] = False
+                continue
+            assert doc.tokens is not None
+            self.tokens[source] += len(doc.tokens)
+            self.documents[source] += 1
+            return doc
+
+    def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
+        return self.readers[source].fetch(pass_index, pos)
+
+
+def _to_row(pieces: list[Piece]) -> PackedRow:
+    parts = []
+    for p in pieces:
+        assert p.doc.tokens is not None
+        parts.append(p.doc.tokens[p.start : p.end])
+    tokens = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return PackedRow(
+        tokens=tokens,
+        lengths=[p.length for p in pieces],
+        sources=[p.doc.source for p in pieces],
+        starts_document=[p.start == 0 for p in pieces],
+    )

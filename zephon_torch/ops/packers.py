@@ -1,0 +1,196 @@
+"""Packing algorithms: documents in, rows of at most ``max_length`` tokens out.
+
+``wrap`` concatenates documents and cuts rows at exactly ``max_length`` (no padding; a document
+may span rows). ``best_fit`` keeps ``num_bins`` open rows and puts each whole document into the
+open row it fills most tightly; when none fits, the fullest row is closed. Documents longer than
+``max_length`` are cut into ``max_length`` pieces first. Both are deterministic functions of the
+document sequence, and their state is pieces as pointers (source, pass, pos, start, end), never
+tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.ops.document import Document
+
+Algorithm = Literal["wrap", "best_fit"]
+ALGORITHMS = ("wrap", "best_fit")
+
+Pull = Callable[[], Document | None]
+Fetch = Callable[[int, int, int], Document]  # (source, pass, pos) -> document
+
+
+@dataclass(slots=True)
+class Piece:
+    """Tokens ``[start, end)`` of one document."""
+
+    doc: Document
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        """Number of tokens in the piece."""
+        return self.end - self.start
+
+    def pointer(self) -> list[int]:
+        """The piece as plain data for the state."""
+        d = self.doc
+        return [d.source, d.pass_index, d.pos, self.start, self.end]
+
+
+def pieces_from_state(rows: list[list[list[int]]], fetch: Fetch) -> list[list[Piece]]:
+    """Rebuild pieces from pointers, fetching each distinct document once."""
+    docs: dict[tuple[int, int, int], Document] = {}
+    out: list[list[Piece]] = []
+    for row in rows:
+        pieces = []
+        for source, pass_index, pos, start, end in row:
+            key = (source, pass_index, pos)
+            if key not in docs:
+                docs[key] = fetch(source, pass_index, pos)
+            pieces.append(Piece(docs[key], start, end))
+        out.append(pieces)
+    return out
+
+
+class WrapPacker:
+    """Rows of exactly ``max_length`` tokens; the last row of a finite stream may be shorter.
+
+    State: ``{"carry": [piece] or []}``: the unused rest of the document being cut.
+    """
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+        self.carry: Piece | None = None
+
+    def next_row(self, pull: Pull) -> list[Piece] | None:
+        """The next row, or None when the documents are exhausted and nothing is left."""
+        row: list[Piece] = []
+        space = self.max_length
+        while space:
+            piece = self.carry
+            if piece is None:
+                doc = pull()
+                if doc is None:
+                    break
+                assert doc.tokens is not None
+                piece = Piece(doc, 0, len(doc.tokens))
+            if piece.length > space:
+                row.append(Piece(piece.doc, piece.start, piece.start + space))
+                self.carry = Piece(piece.doc, piece.start + space, piece.end)
+                space = 0
+            else:
+                if piece.length:
+                    row.append(piece)
+                self.carry = None
+                space -= piece.length
+        return row or None
+
+    def clear(self) -> None:
+        """Forget the carried piece."""
+        self.carry = None
+
+    def get_state(self) -> dict[str, Any]:
+        """The carried piece as a pointer."""
+        return {"carry": [] if self.carry is None else [self.carry.pointer()]}
+
+    def set_state(self, state: dict[str, Any], fetch: Fetch) -> None:
+        """Restore the carried piece, re-reading its document."""
+        (carry,) = pieces_from_state([state["carry"]], fetch)
+        self.carry = carry[0] if carry else None
+
+
+class BestFitPacker:
+    """Whole documents in ``num_bins`` open rows, tightest fit first; rows are padded.
+
+    State: ``{"bins": [[piece, ...], ...], "ready": [[piece, ...], ...]}``: open rows in
+    opening order and closed rows not yet emitted.
+    """
+
+    def __init__(self, max_length: int, num_bins: int) -> None:
+        if num_bins < 1:
+            raise ConfigError(f"`num_bins` must be positive, got {num_bins}")
+        self.max_length = max_length
+        self.num_bins = num_bins
+        self.bins: list[list[Piece]] = []
+        self.used: list[int] = []
+        self.ready: deque[list[Piece]] = deque()
+
+    def next_row(self, pull: Pull) -> list[Piece] | None:
+        """The next closed row, or None when documents and open rows are exhausted."""
+        while not self.ready:
+            doc = pull()
+            if doc is None:
+                if not self.bins:
+                    return None
+                self._close(0)
+                continue
+            assert doc.tokens is not None
+            total = len(doc.tokens)
+            start = 0
+            while total - start > self.max_length:
+                self.ready.append([Piece(doc, start, start + self.max_length)])
+                start += self.max_length
+            if total > start:
+                self._place(Piece(doc, start, total))
+        return self.ready.popleft()
+
+    def _place(self, piece: Piece) -> None:
+        best, best_space = -1, self.max_length + 1
+        for i, used in enumerate(self.used):
+            space = self.max_length - used
+            if piece.length <= space < best_space:
+                best, best_space = i, space
+        if best < 0:
+            if len(self.bins) == self.num_bins:
+                fullest = max(range(len(self.used)), key=lambda i: (self.used[i], -i))
+                self._close(fullest)
+            self.bins.append([piece])
+            self.used.append(piece.length)
+            best = len(self.bins) - 1
+        else:
+            self.bins[best].append(piece)
+            self.used[best] += piece.length
+        if self.used[best] == self.max_length:
+            self._close(best)
+
+    def _close(self, index: int) -> None:
+        self.ready.append(self.bins.pop(index))
+        self.used.pop(index)
+
+    def clear(self) -> None:
+        """Forget open and ready rows."""
+        self.bins, self.used, self.ready = [], [], deque()
+
+    def get_state(self) -> dict[str, Any]:
+        """Open and ready rows as pointers."""
+        return {
+            "bins": [[p.pointer() for p in row] for row in self.bins],
+            "ready": [[p.pointer() for p in row] for row in self.ready],
+        }
+
+    def set_state(self, state: dict[str, Any], fetch: Fetch) -> None:
+        """Restore open and ready rows, re-reading their documents."""
+        self.bins = pieces_from_state(state["bins"], fetch)
+        self.used = [sum(p.length for p in row) for row in self.bins]
+        self.ready = deque(pieces_from_state(state["ready"], fetch))
+
+
+Packer = WrapPacker | BestFitPacker
+
+
+def make_packer(algorithm: str, max_length: int, num_bins: int) -> Packer:
+    """The packer for ``algorithm``; raises ``ConfigError`` listing the known ones."""
+    if max_length < 1:
+        raise ConfigError(f"`max_length` must be positive, got {max_length}")
+    if algorithm == "wrap":
+        return WrapPacker(max_length)
+    if algorithm == "best_fit":
+        return BestFitPacker(max_length, num_bins)
+    raise ConfigError(f"`algorithm` must be one of {list(ALGORITHMS)}, got {algorithm!r}")

@@ -1,0 +1,72 @@
+"""Run a producer generator on a background thread, ahead of the consumer, bounded.
+
+Items are produced in order into a bounded queue; an exception in the producer is re-raised in
+the consumer at the position it happened; closing the consumer stops the producer.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Prefetcher(Generic[T]):
+    """Iterate ``make()``'s items on a daemon thread, at most ``depth`` ahead.
+
+    Args:
+        make: builds the producer iterator (called on the background thread).
+        depth: items buffered ahead of the consumer; at least 1.
+    """
+
+    def __init__(self, make: Callable[[], Iterator[T]], depth: int) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(make,), daemon=True, name="zephon-prefetch")
+        self._thread.start()
+
+    def _run(self, make: Callable[[], Iterator[T]]) -> None:
+        try:
+            for item in make():
+                if not self._put(item):
+                    return
+            self._put(_END)
+        except BaseException as exc:  # re-raised in the consumer
+            self._put(_Failure(exc))
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        item = self._queue.get()
+        if item is _END:
+            self._queue.put(_END)
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self._queue.put(item)
+            raise item.exc
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the producer and wait for its thread."""
+        self._stop.set()
+        self._thread.join(timeout=10)

@@ -1,0 +1,139 @@
+"""Read one source of one lane: pointer stream in, tokenized documents out, in stream order.
+
+A ``DocumentReader`` walks its lane's pure pointer stream, hands chunks of pointers to the
+shared runner ahead of need, and returns results strictly in order. Its state is the stream
+position of the next document it has not yet *returned*: read-ahead is never state.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from zephon_torch.errors import DataError
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops.document import Document
+from zephon_torch.work.mixture import Exhaustion
+from zephon_torch.work.pointers import PointerLayout, lane_length
+
+
+class DocumentReader(BaseNode[Document]):
+    """In-order, read-ahead reader of one (lane, source) pointer stream.
+
+    Args:
+        source: the source index in the work source.
+        layout: the dataset's pure pointer layout.
+        lane: this lane's id.
+        num_lanes: the canonical lane count L.
+        exhaustion: ``"stop"`` after one pass, or ``"repeat"``.
+        runner: where chunks run.
+        chunk_docs: pointers per task.
+        ahead: tasks kept in flight.
+
+    State:
+        ``{"pass": int, "pos": int}``: the next document to return.
+
+    Resume guarantee: exact; in-flight chunks are discarded and re-read.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: int,
+        layout: PointerLayout,
+        lane: int,
+        num_lanes: int,
+        exhaustion: Exhaustion,
+        runner: Runner,
+        chunk_docs: int,
+        ahead: int,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.layout = layout
+        self.lane = lane
+        self.num_lanes = num_lanes
+        self.exhaustion = exhaustion
+        self.runner = runner
+        self.chunk_docs = max(1, chunk_docs)
+        self.ahead = max(1, ahead)
+        self._lane_rows = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=num_lanes)
+        self._futures: deque[Future[list[Document]]] = deque()
+        self._buffer: deque[Document] = deque()
+        self._next: tuple[int, int] = (0, 0)  # next document to return
+        self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Start at the beginning, or at the saved stream position."""
+        super().reset(initial_state)
+        for future in self._futures:
+            future.cancel()
+        self._futures.clear()
+        self._buffer.clear()
+        start = (0, 0) if initial_state is None else (initial_state["pass"], initial_state["pos"])
+        self._next = start
+        self._cursor = self._normalise(start)
+
+    def get_state(self) -> dict[str, Any]:
+        """The position of the next document to return."""
+        return {"pass": self._next[0], "pos": self._next[1]}
+
+    def next(self) -> Document:
+        """The next document of this lane's stream; StopIteration when exhausted."""
+        while not self._buffer:
+            self._top_up()
+            if not self._futures:
+                raise StopIteration
+            self._buffer.extend(self._futures.popleft().result())
+        self._top_up()
+        doc = self._buffer.popleft()
+        self._next = (doc.pass_index, doc.pos + 1)
+        return doc
+
+    def fetch(self, pass_index: int, pos: int) -> Document:
+        """Re-read one document synchronously (to rebuild a packer's open bins)."""
+        pointers = self.layout.pointers(
+            pass_index=pass_index, lane=self.lane, num_lanes=self.num_lanes, start=pos, count=1
+        )
+        docs = self.runner.run_now(self.source, pointers)
+        if not docs:
+            p = pointers[0]
+            raise DataError(
+                "a document held in a saved packing bin was dropped by a filter on resume; "
+                "maps and filters must be pure functions of the row",
+                dataset=self.layout.name,
+                shard=str(p.shard),
+                row=p.row,
+            )
+        return docs[0]
+
+    def close(self) -> None:
+        """Drop read-ahead."""
+        for future in self._futures:
+            future.cancel()
+        self._futures.clear()
+
+    def _normalise(self, at: tuple[int, int]) -> tuple[int, int] | None:
+        pass_index, pos = at
+        if pos < self._lane_rows:
+            return at
+        if self.exhaustion == "repeat" and self._lane_rows > 0:
+            return (pass_index + 1, 0)
+        return None
+
+    def _top_up(self) -> None:
+        while self._cursor is not None and len(self._futures) < self.ahead:
+            pass_index, pos = self._cursor
+            count = min(self.chunk_docs, self._lane_rows - pos)
+            pointers = self.layout.pointers(
+                pass_index=pass_index,
+                lane=self.lane,
+                num_lanes=self.num_lanes,
+                start=pos,
+                count=count,
+            )
+            self._futures.append(self.runner.submit(self.source, pointers))
+            self._cursor = self._normalise((pass_index, pos + count))

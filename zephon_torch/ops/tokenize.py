@@ -1,0 +1,118 @@
+"""Tokenize a text field with the fast backend, adding BOS/EOS by policy.
+
+Calls ``encode_batch_fast`` on the whole chunk (the Rust side releases the GIL and runs on its
+own threads) and flattens the ids into one numpy buffer per chunk: no offsets, no per-token
+Python work beyond the backend's list of ids.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, Literal
+
+import numpy as np
+
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.ops._tokenizer import ResolvedTokenizer
+from zephon_torch.ops.document import Document
+
+SpecialTokens = Literal["eos", "bos", "both", "none"]
+SPECIAL_TOKENS = ("eos", "bos", "both", "none")
+
+
+class TokenizeOp:
+    """Replace each document's text field by its token ids.
+
+    Args:
+        tokenizer: the resolved backend.
+        field: the row field holding the text.
+        special_tokens: ``"eos"`` appends EOS to every document (the usual separator for
+            packing), ``"bos"`` prepends BOS, ``"both"`` does both, ``"none"`` adds nothing.
+        keep_data: keep the row after tokenizing (for operators that need other fields).
+        dataset_names: source index to dataset name, for error messages.
+        shard_paths: per source, shard index to path, for error messages.
+    """
+
+    def __init__(
+        self,
+        tokenizer: ResolvedTokenizer,
+        *,
+        field: str,
+        special_tokens: SpecialTokens,
+        dataset_names: list[str],
+        shard_paths: list[list[str]],
+        keep_data: bool = False,
+    ) -> None:
+        if special_tokens not in SPECIAL_TOKENS:
+            raise ConfigError(
+                f"`special_tokens` must be one of {list(SPECIAL_TOKENS)}, got {special_tokens!r}"
+            )
+        self.prefix: list[int] = []
+        self.suffix: list[int] = []
+        if special_tokens in ("bos", "both"):
+            if tokenizer.bos_id is None:
+                raise ConfigError(
+                    f"`special_tokens={special_tokens!r}` needs a BOS token, and the tokenizer "
+                    "has none known; pass `bos_token=`"
+                )
+            self.prefix = [tokenizer.bos_id]
+        if special_tokens in ("eos", "both"):
+            if tokenizer.eos_id is None:
+                raise ConfigError(
+                    f"`special_tokens={special_tokens!r}` needs an EOS token, and the tokenizer "
+                    "has none known; pass `eos_token=`"
+                )
+            self.suffix = [tokenizer.eos_id]
+        self.tokenizer = tokenizer
+        self.field = field
+        self.special_tokens = special_tokens
+        self.dataset_names = dataset_names
+        self.shard_paths = shard_paths
+        self.keep_data = keep_data
+
+    def __call__(self, docs: list[Document]) -> list[Document]:
+        if not docs:
+            return docs
+        texts = [self._text(doc) for doc in docs]
+        encodings = self.tokenizer.backend.encode_batch_fast(texts, add_special_tokens=False)
+        lengths = [len(e) for e in encodings]
+        flat = np.fromiter(
+            chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=sum(lengths)
+        )
+        start = 0
+        extra = len(self.prefix) + len(self.suffix)
+        for doc, length in zip(docs, lengths):
+            tokens = np.empty(length + extra, dtype=np.int32)
+            tokens[len(self.prefix) : len(self.prefix) + length] = flat[start : start + length]
+            tokens[: len(self.prefix)] = self.prefix
+            tokens[len(self.prefix) + length :] = self.suffix
+            doc.tokens = tokens
+            start += length
+            if not self.keep_data:
+                doc.data = None
+        return docs
+
+    def _text(self, doc: Document) -> str:
+        data = doc.data if doc.data is not None else {}
+        value = data.get(self.field)
+        if isinstance(value, str):
+            return value
+        where = {
+            "dataset": self.dataset_names[doc.source],
+            "shard": self.shard_paths[doc.source][doc.shard],
+            "row": doc.row,
+        }
+        if self.field not in data:
+            raise DataError(
+                f"field {self.field!r} is missing; the row has fields {sorted(data)}", **where
+            )
+        raise DataError(f"field {self.field!r} must be a string, got {type(value).__name__}", **where)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Tokenizer digest, field and special-token policy."""
+        return {
+            "kind": "tokenize",
+            "tokenizer": self.tokenizer.digest,
+            "field": self.field,
+            "special_tokens": self.special_tokens,
+        }

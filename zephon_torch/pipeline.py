@@ -1,0 +1,417 @@
+"""The pipeline: the one place operators are wired into lanes and lanes into one stream.
+
+Per lane: one reader per source (fetch, maps, filters, tokenize on a shared pool) feeding a
+serial mix+pack node feeding a batch node. The rank emits one micro-batch per owned lane per
+turn, in lane order; a turn in which none of the rank's lanes has data ends the stream. The
+state is what was delivered: the lane state carried by the last batch each lane handed over.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from zephon_torch._state import STATE_VERSION, check_state
+from zephon_torch.elastic import check_topology, lanes_for_rank
+from zephon_torch.errors import ConfigError
+from zephon_torch.ops._runner import DocChain, Runner, RunnerKind
+from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
+from zephon_torch.ops.batch import Batch, BatchNode
+from zephon_torch.ops.document import DocOp
+from zephon_torch.ops.fetch import FetchOp
+from zephon_torch.ops.filter import FilterOp
+from zephon_torch.ops.map import MapOp, Row
+from zephon_torch.ops.pack import MixPack
+from zephon_torch.ops.packers import Algorithm, make_packer
+from zephon_torch.ops.prefetch import Prefetcher
+from zephon_torch.ops.read import DocumentReader
+from zephon_torch.ops.tokenize import SpecialTokens, TokenizeOp
+from zephon_torch.work.mixture import StaticMixtureWorkSource
+
+_DEFAULT_CHUNK_DOCS = 32
+_CHUNK_TOKENS = 8192
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Options:
+    canonical_replicas: int = 1
+    world_size: int = 1
+    rank: int = 0
+    prefetch: int = 8
+    read_ahead: int = 2
+    io_options: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TokenizeSpec:
+    tokenizer_id: str | None
+    tokenizer: Any
+    field: str
+    parallelism: int
+    runner: RunnerKind
+    special_tokens: SpecialTokens
+    bos_token: str | None
+    eos_token: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _PackSpec:
+    max_length: int
+    algorithm: Algorithm
+    num_bins: int
+    pad_token_id: int | None
+
+
+class Pipeline:
+    """A recipe (work source plus operators) and the stream it produces for this rank.
+
+    Builder methods return a new ``Pipeline``; iterate it for ``Batch`` objects (one per owned
+    lane per turn). Iteration continues from the delivered state: the start, a loaded state, or
+    where the previous iteration stopped.
+
+    Args:
+        source: the work source (datasets, mixture, seed).
+    """
+
+    def __init__(self, source: StaticMixtureWorkSource) -> None:
+        if not isinstance(source, StaticMixtureWorkSource):
+            raise ConfigError(f"`source` must be a StaticMixtureWorkSource, got {type(source).__name__}")
+        self._source = source
+        self._options = _Options()
+        self._user_ops: tuple[MapOp | FilterOp, ...] = ()
+        self._tokenize: _TokenizeSpec | None = None
+        self._pack: _PackSpec | None = None
+        self._microbatch_size: int | None = None
+        self._lane_states: dict[int, dict[str, Any] | None] = {}
+        self._estimation: dict[str, dict[str, float]] | None = None
+        self._resolved: dict[str, ResolvedTokenizer] = {}
+        self._live: Prefetcher[Batch] | None = None
+
+    # -- builder -------------------------------------------------------------------------------
+
+    def _with(self, **changes: Any) -> Pipeline:
+        new = copy.copy(self)
+        new._lane_states = {}
+        new._live = None
+        for key, value in changes.items():
+            setattr(new, key, value)
+        return new
+
+    def options(
+        self,
+        *,
+        canonical_replicas: int | None = None,
+        world_size: int | None = None,
+        rank: int | None = None,
+        prefetch: int | None = None,
+        read_ahead: int | None = None,
+        io_options: dict[str, Any] | None = None,
+    ) -> Pipeline:
+        """Lanes and topology (``canonical_replicas`` is data-affecting; the rest are not).
+
+        Args:
+            canonical_replicas: L, the number of lanes; the largest GPU count you plan to use.
+            world_size: W, the number of ranks; must divide L.
+            rank: this rank, in ``[0, W)``.
+            prefetch: micro-batches computed ahead on a background thread (0: inline).
+            read_ahead: chunks of documents each reader keeps in flight.
+            io_options: storage options (cache, prefetch), passed to the io layer.
+        """
+        given = {
+            "canonical_replicas": canonical_replicas,
+            "world_size": world_size,
+            "rank": rank,
+            "prefetch": prefetch,
+            "read_ahead": read_ahead,
+            "io_options": io_options,
+        }
+        opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
+        check_topology(
+            canonical_replicas=opts.canonical_replicas, world_size=opts.world_size, rank=opts.rank
+        )
+        if opts.prefetch < 0 or opts.read_ahead < 1:
+            raise ConfigError(
+                f"`prefetch` must be >= 0 and `read_ahead` >= 1, got {opts.prefetch} and "
+                f"{opts.read_ahead}"
+            )
+        return self._with(_options=opts)
+
+    def map(self, fn: Callable[[Row], Row], *, name: str | None = None) -> Pipeline:
+        """Apply ``fn(row) -> row`` to every document before tokenizing."""
+        self._check_before_tokenize("map")
+        return self._with(_user_ops=(*self._user_ops, MapOp(fn, name=name)))
+
+    def filter(self, fn: Callable[[Row], bool], *, name: str | None = None) -> Pipeline:
+        """Keep documents whose row satisfies ``fn``; evaluated before tokenizing."""
+        self._check_before_tokenize("filter")
+        return self._with(_user_ops=(*self._user_ops, FilterOp(fn, name=name)))
+
+    def tokenize(
+        self,
+        tokenizer_id: str | None = None,
+        *,
+        tokenizer: Any = None,
+        field: str = "text",
+        parallelism: int = 2,
+        runner: RunnerKind = "threads",
+        special_tokens: SpecialTokens = "eos",
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ) -> Pipeline:
+        """Tokenize ``field`` with a hub id, a local directory or file, or a tokenizer object.
+
+        ``parallelism`` and ``runner`` are performance knobs: they never change the data.
+        """
+        self._check_before_tokenize("tokenize")
+        if (tokenizer_id is None) == (tokenizer is None):
+            raise ConfigError("`tokenize` needs exactly one of `tokenizer_id` or `tokenizer`")
+        if parallelism < 1:
+            raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
+        if runner not in ("threads", "processes"):
+            raise ConfigError(f"`runner` must be one of ['threads', 'processes'], got {runner!r}")
+        spec = _TokenizeSpec(
+            tokenizer_id=None if tokenizer_id is None else str(tokenizer_id),
+            tokenizer=tokenizer,
+            field=field,
+            parallelism=parallelism,
+            runner=runner,
+            special_tokens=special_tokens,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+        new = self._with(_tokenize=spec, _resolved={})
+        new._resolve()  # fail at build time on a bad tokenizer or special-token policy
+        return new
+
+    def pack_flat(
+        self,
+        max_length: int,
+        algorithm: Algorithm = "wrap",
+        *,
+        num_bins: int = 8,
+        pad_token_id: int | None = None,
+    ) -> Pipeline:
+        """Pack token streams into rows of ``max_length`` (``wrap`` or ``best_fit``)."""
+        if self._tokenize is None:
+            raise ConfigError("`pack_flat` needs token ids: call `tokenize` first")
+        make_packer(algorithm, max_length, num_bins)  # validates
+        spec = _PackSpec(
+            max_length=max_length, algorithm=algorithm, num_bins=num_bins, pad_token_id=pad_token_id
+        )
+        return self._with(_pack=spec)
+
+    def batch(self, microbatch_size: int) -> Pipeline:
+        """Group ``microbatch_size`` rows of one lane into a micro-batch."""
+        if self._pack is None:
+            raise ConfigError("`batch` needs packed rows: call `pack_flat` first")
+        if not isinstance(microbatch_size, int) or microbatch_size < 1:
+            raise ConfigError(f"`microbatch_size` must be a positive int, got {microbatch_size!r}")
+        return self._with(_microbatch_size=microbatch_size)
+
+    def _check_before_tokenize(self, what: str) -> None:
+        if self._tokenize is not None:
+            raise ConfigError(f"`{what}` must come before `tokenize` (it works on rows)")
+
+    # -- recipe facts --------------------------------------------------------------------------
+
+    @property
+    def lanes(self) -> list[int]:
+        """The canonical lanes this rank owns, in emission order."""
+        o = self._options
+        return lanes_for_rank(canonical_replicas=o.canonical_replicas, world_size=o.world_size, rank=o.rank)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Every data-affecting setting, flat; a saved state must match it key by key."""
+        self._require_complete()
+        assert self._pack is not None
+        out = {"canonical_replicas": self._options.canonical_replicas, **self._source.fingerprint()}
+        out["ops"] = [op.fingerprint() for op in self._user_ops] + [self._tokenize_op().fingerprint()]
+        out["pack"] = {
+            "max_length": self._pack.max_length,
+            "algorithm": self._pack.algorithm,
+            "num_bins": self._pack.num_bins if self._pack.algorithm != "wrap" else None,
+            "pad_token_id": self._pad_id(),
+        }
+        out["microbatch_size"] = self._microbatch_size
+        return out
+
+    def _require_complete(self) -> None:
+        if self._tokenize is None or self._pack is None or self._microbatch_size is None:
+            raise ConfigError("the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs")
+
+    def _resolve(self) -> ResolvedTokenizer:
+        spec = self._tokenize
+        assert spec is not None
+        if "tokenizer" not in self._resolved:
+            self._resolved["tokenizer"] = resolve_tokenizer(
+                spec.tokenizer_id, spec.tokenizer, bos_token=spec.bos_token, eos_token=spec.eos_token
+            )
+            self._tokenize_op()  # validates the special-token policy against the tokenizer
+        return self._resolved["tokenizer"]
+
+    def _tokenize_op(self) -> TokenizeOp:
+        spec = self._tokenize
+        assert spec is not None
+        return TokenizeOp(
+            self._resolve(),
+            field=spec.field,
+            special_tokens=spec.special_tokens,
+            dataset_names=self._source.names,
+            shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+        )
+
+    def _pad_id(self) -> int:
+        assert self._pack is not None
+        if self._pack.pad_token_id is not None:
+            return self._pack.pad_token_id
+        eos = self._resolve().eos_id
+        return 0 if eos is None else eos
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What was delivered so far, for this rank's lanes: plain JSON data, kilobytes."""
+        lanes = {str(lane): self._lane_states.get(lane) for lane in self.lanes}
+        turns = [0 if s is None else s["turn"] for s in lanes.values()]
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint(),
+            "step": min(turns),
+            "estimation": copy.deepcopy(self._estimation),
+            "lanes": copy.deepcopy(lanes),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from any world size dividing L); raises on any mismatch."""
+        check_state(state, self.fingerprint(), self.lanes)
+        self._close_live()
+        self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
+        self._estimation = copy.deepcopy(state.get("estimation"))
+
+    # -- running -------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._require_complete()
+        self._close_live()
+        runtime = _Runtime(self)
+        prefetch = self._options.prefetch
+        stream: Iterator[Batch]
+        if prefetch:
+            self._live = Prefetcher(runtime.batches, prefetch)
+            stream = self._live
+        else:
+            stream = runtime.batches()
+        return self._deliver(stream, runtime)
+
+    def _deliver(self, stream: Iterator[Batch], runtime: _Runtime) -> Iterator[Batch]:
+        try:
+            for batch in stream:
+                self._lane_states[batch.lane] = batch.state
+                yield batch
+        finally:
+            if isinstance(stream, Prefetcher):
+                stream.close()
+            runtime.close()
+
+    def _close_live(self) -> None:
+        if self._live is not None:
+            self._live.close()
+            self._live = None
+
+
+class _Runtime:
+    """The live nodes of one iteration: a runner, and per lane its readers, packer and batcher."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        source = pipeline._source
+        pack = pipeline._pack
+        spec = pipeline._tokenize
+        assert pack is not None and spec is not None and pipeline._microbatch_size is not None
+        ops: list[DocOp] = [*pipeline._user_ops, pipeline._tokenize_op()]
+        self.chain = DocChain(FetchOp(source.datasets), ops)
+        self.runner = Runner(self.chain, parallelism=spec.parallelism, kind=spec.runner)
+        if pipeline._estimation is None and source.token_estimation is not None:
+            pipeline._estimation = self._calibrate(pipeline, spec.field)
+        chunk_docs = self._chunk_docs(pipeline)
+        num_lanes = pipeline._options.canonical_replicas
+        self.nodes: list[BatchNode] = []
+        for lane in pipeline.lanes:
+            readers = [
+                DocumentReader(
+                    source=i,
+                    layout=layout,
+                    lane=lane,
+                    num_lanes=num_lanes,
+                    exhaustion=source.exhaustion,
+                    runner=self.runner,
+                    chunk_docs=chunk_docs[i],
+                    ahead=pipeline._options.read_ahead,
+                )
+                for i, layout in enumerate(source.layouts)
+            ]
+            packer = make_packer(pack.algorithm, pack.max_length, pack.num_bins)
+            mixpack = MixPack(readers, source.weights, source.mixing, packer)
+            node = BatchNode(
+                mixpack,
+                microbatch_size=pipeline._microbatch_size,
+                max_length=pack.max_length,
+                lane=lane,
+                pad_id=pipeline._pad_id(),
+                source_names=source.names,
+            )
+            node.reset(pipeline._lane_states.get(lane))
+            self.nodes.append(node)
+
+    def _calibrate(self, pipeline: Pipeline, field: str) -> dict[str, dict[str, float]]:
+        """Tokens per byte and bytes per document of each dataset, from its first documents."""
+        source = pipeline._source
+        assert source.token_estimation is not None
+        count = source.token_estimation.calibration_documents
+        out: dict[str, dict[str, float]] = {}
+        for i, layout in enumerate(source.layouts):
+            pointers = layout.pointers(
+                pass_index=0, lane=0, num_lanes=1, start=0, count=min(count, layout.num_rows)
+            )
+            docs = self.chain.fetch.fetch(i, pointers)
+            for op in self.chain.ops[:-1]:
+                docs = op(docs)
+            text_bytes = sum(len(str((d.data or {}).get(field, "")).encode()) for d in docs)
+            docs = self.chain.ops[-1](docs)
+            tokens = sum(len(d.tokens) for d in docs if d.tokens is not None)
+            out[layout.name] = {
+                "tokens_per_byte": tokens / max(1, text_bytes),
+                "bytes_per_document": text_bytes / max(1, len(docs)),
+            }
+        return out
+
+    @staticmethod
+    def _chunk_docs(pipeline: Pipeline) -> list[int]:
+        estimation = pipeline._estimation
+        names = pipeline._source.names
+        if estimation is None:
+            return [_DEFAULT_CHUNK_DOCS] * len(names)
+        out = []
+        for name in names:
+            est = estimation.get(name, {})
+            per_doc = est.get("tokens_per_byte", 0.0) * est.get("bytes_per_document", 0.0)
+            docs = _DEFAULT_CHUNK_DOCS if per_doc <= 0 else math.ceil(_CHUNK_TOKENS / per_doc)
+            out.append(max(1, min(256, docs)))
+        return out
+
+    def batches(self) -> Iterator[Batch]:
+        """Micro-batches in (turn, lane) order until a turn where no owned lane has data."""
+        while True:
+            turn = min(node.turn for node in self.nodes)
+            pending = [node for node in self.nodes if node.turn == turn]
+            resumed_mid_turn = len(pending) < len(self.nodes)
+            out = [next(node) for node in pending]
+            if not resumed_mid_turn and all(b.num_tokens == 0 for b in out):
+                return
+            yield from out
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self.runner.close()

@@ -1,0 +1,165 @@
+"""Static mixtures: several datasets, target shares, one seed, and the pure per-lane streams.
+
+The work source decides *which* documents exist in which lane and pass (pure pointer streams);
+the packer decides *when* each is used, picking the source whose delivered share is furthest
+below target (smooth weighted round robin on real counts). With ``token_estimation`` the shares
+are token shares, otherwise document shares. Either way every lane meets its targets within one
+document at every point, so every global batch does too, up to one document per lane.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.io import Dataset
+from zephon_torch.work.pointers import PointerLayout
+
+Exhaustion = Literal["stop", "repeat"]
+_EXHAUSTION = ("stop", "repeat")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenEstimation:
+    """Mix by token shares; calibrate tokens per byte once to size read-ahead.
+
+    The calibration tokenizes ``calibration_documents`` documents of each dataset at the first
+    start and is frozen into the state, so a resume never re-measures. It sizes read-ahead only:
+    which documents form each batch depends on real token counts, never on the estimate.
+
+    Args:
+        calibration_documents: documents tokenized per dataset to calibrate.
+    """
+
+    calibration_documents: int = 16
+
+    def __post_init__(self) -> None:
+        if self.calibration_documents < 1:
+            raise ConfigError(
+                f"`calibration_documents` must be positive, got {self.calibration_documents}"
+            )
+
+
+class StaticMixtureWorkSource:
+    """A fixed mixture of datasets with pure, seeded, per-lane pointer streams.
+
+    Args:
+        datasets: the datasets; names must be unique.
+        mixture: target share per dataset name; any positive numbers, normalised. Default: equal.
+        seed: the recipe seed; every permutation is keyed by it and by names.
+        token_estimation: when set, shares are token shares; else document shares.
+        exhaustion: ``"stop"`` ends a lane after one pass over each of its datasets (the last
+            sources to run out fill the tail alone); ``"repeat"`` starts a freshly shuffled pass
+            of a dataset whenever it runs out, forever.
+        shuffle: shuffle documents within windows of shards each pass; False reads in order.
+        shuffle_window_shards: shards whose rows are shuffled together (bounds open shards).
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        mixture: Mapping[str, float] | None = None,
+        *,
+        seed: int = 0,
+        token_estimation: TokenEstimation | None = None,
+        exhaustion: Exhaustion = "stop",
+        shuffle: bool = True,
+        shuffle_window_shards: int = 4,
+    ) -> None:
+        if not datasets:
+            raise ConfigError("`datasets` must hold at least one Dataset, got none")
+        names = [d.name for d in datasets]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"dataset names must be unique, repeated: {duplicates}")
+        if exhaustion not in _EXHAUSTION:
+            raise ConfigError(f"`exhaustion` must be one of {list(_EXHAUSTION)}, got {exhaustion!r}")
+        if shuffle_window_shards < 1:
+            raise ConfigError(
+                f"`shuffle_window_shards` must be positive, got {shuffle_window_shards}"
+            )
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(f"`seed` must be an int, got {seed!r}")
+        self.datasets = tuple(datasets)
+        self.weights = _normalise(mixture, names)
+        self.seed = seed
+        self.token_estimation = token_estimation
+        self.exhaustion: Exhaustion = exhaustion
+        self.shuffle = shuffle
+        self.shuffle_window_shards = shuffle_window_shards
+        self.layouts = tuple(
+            PointerLayout(
+                name=d.name,
+                shard_rows=tuple(s.num_rows for s in d.shards),
+                seed=seed,
+                window_shards=shuffle_window_shards,
+                shuffle=shuffle,
+            )
+            for d in datasets
+        )
+
+    @property
+    def names(self) -> list[str]:
+        """Dataset names in source order."""
+        return [d.name for d in self.datasets]
+
+    @property
+    def mixing(self) -> Literal["tokens", "documents"]:
+        """What the mixture weights are shares of."""
+        return "tokens" if self.token_estimation is not None else "documents"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Every data-affecting setting of the work source, flat and JSON-able."""
+        out: dict[str, Any] = {
+            "seed": self.seed,
+            "mixing": self.mixing,
+            "exhaustion": self.exhaustion,
+            "shuffle": self.shuffle,
+            "shuffle_window_shards": self.shuffle_window_shards,
+            "mixture": {n: round(w, 12) for n, w in zip(self.names, self.weights)},
+        }
+        for d in self.datasets:
+            out[f"dataset.{d.name}"] = d.fingerprint()
+        return out
+
+
+def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[float, ...]:
+    if mixture is None:
+        return tuple(1.0 / len(names) for _ in names)
+    unknown = sorted(set(mixture) - set(names))
+    if unknown:
+        raise ConfigError(f"`mixture` names unknown datasets {unknown}; datasets are {names}")
+    missing = sorted(set(names) - set(mixture))
+    if missing:
+        raise ConfigError(f"`mixture` has no weight for datasets {missing}; give every dataset one")
+    for name, weight in mixture.items():
+        value = float(weight)
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(
+                f"`mixture` weight of {name!r} must be a positive finite number, got {weight!r}"
+            )
+    total = sum(float(mixture[n]) for n in names)
+    return tuple(float(mixture[n]) / total for n in names)
+
+
+def choose_source(
+    weights: Sequence[float], delivered: Sequence[int], active: Sequence[bool]
+) -> int:
+    """The active source furthest below its target share (lowest index on ties), or -1.
+
+    Smooth weighted round robin on real counts: target of source i is ``w_i * total`` where
+    both the weights and the total are taken over active sources only.
+    """
+    weight_sum = sum(w for w, a in zip(weights, active) if a)
+    total = sum(d for d, a in zip(delivered, active) if a)
+    best, best_deficit = -1, -math.inf
+    for i, (w, d, a) in enumerate(zip(weights, delivered, active)):
+        if not a:
+            continue
+        deficit = w / weight_sum * total - d
+        if deficit > best_deficit:
+            best, best_deficit = i, deficit
+    return best

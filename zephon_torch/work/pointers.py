@@ -1,0 +1,116 @@
+"""Pure pointer streams: the p-th document of a dataset in a lane, as a function of names.
+
+For pass k of dataset d, the shard order is a keyed permutation of the shards; consecutive
+groups of ``window_shards`` shards (in that order) form windows whose rows are permuted by a
+keyed Feistel permutation. The concatenated windows form the pass order, and lane l of L takes
+positions l, l+L, l+2L, ... of it. So every row belongs to exactly one lane per pass, a lane
+reads at most one or two windows at a time (bounded open shards, known ahead for prefetch), and
+nothing proportional to the row count is ever built: set-up is O(shards) per pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from zephon_torch.work._hashing import stable_key
+from zephon_torch.work._permutation import permute
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """Where a document lives: its stream position in a lane and its (shard, row)."""
+
+    pass_index: int
+    pos: int
+    shard: int
+    row: int
+
+
+def lane_length(*, num_rows: int, lane: int, num_lanes: int) -> int:
+    """How many documents of a pass of ``num_rows`` rows lane ``lane`` of ``num_lanes`` gets."""
+    return max(0, (num_rows - lane + num_lanes - 1) // num_lanes)
+
+
+@dataclass(frozen=True)
+class _PassLayout:
+    shard_order: npt.NDArray[np.int64]
+    ordered_starts: npt.NDArray[np.int64]  # row offset of each ordered shard, plus the total
+    window_starts: npt.NDArray[np.int64]  # row offset of each window, plus the total
+
+
+class PointerLayout:
+    """Maps (pass, lane, position) to (shard, row) for one dataset; pure and cheap to copy.
+
+    Args:
+        name: the dataset's name; part of every key.
+        shard_rows: row count of each shard.
+        seed: the recipe seed.
+        window_shards: shards whose rows are shuffled together; 1 shuffles within each shard.
+        shuffle: when False, rows come in storage order (shards in order, rows in order).
+    """
+
+    def __init__(
+        self, *, name: str, shard_rows: tuple[int, ...], seed: int, window_shards: int, shuffle: bool
+    ) -> None:
+        self.name = name
+        self.shard_rows = shard_rows
+        self.num_rows = sum(shard_rows)
+        self.seed = seed
+        self.window_shards = window_shards
+        self.shuffle = shuffle
+
+    def pointers(
+        self, *, pass_index: int, lane: int, num_lanes: int, start: int, count: int
+    ) -> list[Pointer]:
+        """Pointers for lane positions ``start .. start+count-1`` of pass ``pass_index``."""
+        if count <= 0:
+            return []
+        positions = np.arange(start, start + count, dtype=np.int64)
+        global_pos = positions * num_lanes + lane
+        shards, rows = self._locate(pass_index, global_pos)
+        return [
+            Pointer(pass_index, int(p), int(s), int(r))
+            for p, s, r in zip(positions.tolist(), shards.tolist(), rows.tolist())
+        ]
+
+    def _locate(
+        self, pass_index: int, global_pos: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        layout = self._layout(pass_index)
+        offsets = global_pos
+        if self.shuffle:
+            window = np.searchsorted(layout.window_starts, global_pos, side="right") - 1
+            offsets = np.empty_like(global_pos)
+            for w in np.unique(window).tolist():
+                sel = window == w
+                begin, end = int(layout.window_starts[w]), int(layout.window_starts[w + 1])
+                key = stable_key(self.seed, self.name, pass_index, "window", w)
+                offsets[sel] = begin + permute(global_pos[sel] - begin, end - begin, key)
+        ordered = np.searchsorted(layout.ordered_starts, offsets, side="right") - 1
+        rows = offsets - layout.ordered_starts[ordered]
+        return layout.shard_order[ordered], rows
+
+    def _layout(self, pass_index: int) -> _PassLayout:
+        return _pass_layout(self.name, self.shard_rows, self.seed, self.window_shards, self.shuffle, pass_index)
+
+
+@lru_cache(maxsize=64)
+def _pass_layout(
+    name: str, shard_rows: tuple[int, ...], seed: int, window_shards: int, shuffle: bool, pass_index: int
+) -> _PassLayout:
+    num_shards = len(shard_rows)
+    if shuffle:
+        key = stable_key(seed, name, pass_index, "shards")
+        order = permute(np.arange(num_shards), num_shards, key)
+    else:
+        order = np.arange(num_shards, dtype=np.int64)
+    sizes = np.asarray(shard_rows, dtype=np.int64)[order]
+    ordered_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    window_starts = ordered_starts[::window_shards]
+    if window_starts[-1] != ordered_starts[-1]:
+        window_starts = np.concatenate([window_starts, ordered_starts[-1:]])
+    return _PassLayout(order, ordered_starts, window_starts)
