@@ -1,9 +1,12 @@
-"""Mix and pack one lane: pick the source furthest below target, pack its next document.
+"""Mix and pack one lane: pick the source furthest below target, pack its next piece.
 
 Serial per lane by design: the choice of the next source depends on the real token (or
-document) counts delivered so far, and that dependency is what makes every batch meet the
-mixture within one document. The counts, the readers' positions and the packer's open rows (as
-pointers) are the whole state.
+document) counts delivered so far. The packer asks for at most the space it has (a row's rest,
+or ``max_length``); a longer document is cut there and its rest waits as its source's carry,
+so after a very long document the other sources fill the next rows instead of waiting for it to
+end. Every decision thus moves the counts by at most one row, and every lane (so every global
+batch) stays within about one row per lane of its targets. The counts, the readers' positions,
+the carries and the packer's open rows (all as pointers) are the whole state.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch.ops.document import Document
-from zephon_torch.ops.packers import Packer, Piece
+from zephon_torch.ops.packers import Packer, Piece, pieces_from_state
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.work.mixture import choose_source
 
@@ -42,7 +45,7 @@ class MixPack(BaseNode[PackedRow]):
 
     State:
         ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
-        "packer": packer state}``.
+        "active": [bool...], "carry": [[piece] or []...], "packer": packer state}``.
 
     Resume guarantee: exact; only documents in the packer's open rows are re-read.
     """
@@ -62,6 +65,7 @@ class MixPack(BaseNode[PackedRow]):
         self.tokens = [0] * len(readers)
         self.documents = [0] * len(readers)
         self.active = [True] * len(readers)
+        self.carry: list[Piece | None] = [None] * len(readers)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh, or restore counters, reader positions and open rows."""
@@ -72,6 +76,7 @@ class MixPack(BaseNode[PackedRow]):
             self.tokens = [0] * len(self.readers)
             self.documents = [0] * len(self.readers)
             self.active = [True] * len(self.readers)
+            self.carry = [None] * len(self.readers)
             self.packer.clear()
             return
         for reader, state in zip(self.readers, initial_state["readers"]):
@@ -79,6 +84,8 @@ class MixPack(BaseNode[PackedRow]):
         self.tokens = [t for t, _ in initial_state["delivered"]]
         self.documents = [d for _, d in initial_state["delivered"]]
         self.active = list(initial_state["active"])
+        carries = pieces_from_state(initial_state["carry"], self._fetch)
+        self.carry = [row[0] if row else None for row in carries]
         self.packer.set_state(initial_state["packer"], self._fetch)
 
     def get_state(self) -> dict[str, Any]:
@@ -87,6 +94,7 @@ class MixPack(BaseNode[PackedRow]):
             "readers": [r.get_state() for r in self.readers],
             "delivered": [[t, d] for t, d in zip(self.tokens, self.documents)],
             "active": list(self.active),
+            "carry": [[] if p is None else [p.pointer()] for p in self.carry],
             "packer": self.packer.get_state(),
         }
 
@@ -97,21 +105,29 @@ class MixPack(BaseNode[PackedRow]):
             raise StopIteration
         return _to_row(row)
 
-    def _pull(self) -> Document | None:
+    def _pull(self, max_tokens: int) -> Piece | None:
         counts = self.tokens if self.count == "tokens" else self.documents
         while True:
             source = choose_source(self.weights, counts, self.active)
             if source < 0:
                 return None
-            try:
-                doc = next(self.readers[source])
-            except StopIteration:
-                self.active[source] = False
-                continue
-            assert doc.tokens is not None
-            self.tokens[source] += len(doc.tokens)
-            self.documents[source] += 1
-            return doc
+            piece = self.carry[source]
+            if piece is None:
+                try:
+                    doc = next(self.readers[source])
+                except StopIteration:
+                    self.active[source] = False
+                    continue
+                assert doc.tokens is not None
+                self.documents[source] += 1
+                piece = Piece(doc, 0, len(doc.tokens))
+                if not piece.length:
+                    continue
+            take = min(piece.length, max_tokens)
+            cut = piece.start + take
+            self.carry[source] = Piece(piece.doc, cut, piece.end) if cut < piece.end else None
+            self.tokens[source] += take
+            return Piece(piece.doc, piece.start, cut)
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         return self.readers[source].fetch(pass_index, pos)

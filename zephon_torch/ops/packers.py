@@ -1,11 +1,11 @@
-"""Packing algorithms: documents in, rows of at most ``max_length`` tokens out.
+"""Packing algorithms: pieces of documents in, rows of at most ``max_length`` tokens out.
 
-``wrap`` concatenates documents and cuts rows at exactly ``max_length`` (no padding; a document
-may span rows). ``best_fit`` keeps ``num_bins`` open rows and puts each whole document into the
-open row it fills most tightly; when none fits, the fullest row is closed. Documents longer than
-``max_length`` are cut into ``max_length`` pieces first. Both are deterministic functions of the
-document sequence, and their state is pieces as pointers (source, pass, pos, start, end), never
-tokens.
+The mixer hands out *pieces*: a document, or while it is longer than the space asked for, its
+next ``space`` tokens (the rest waits as that source's carry, so another source can fill the
+next rows). ``wrap`` fills every row to exactly ``max_length`` (no padding; documents may span
+rows). ``best_fit`` keeps ``num_bins`` open rows and puts each piece into the open row it fills
+most tightly; when none fits, the fullest row is closed. Both are deterministic functions of the
+piece sequence, and their state is pieces as pointers (source, pass, pos, start, end).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from zephon_torch.ops.document import Document
 Algorithm = Literal["wrap", "best_fit"]
 ALGORITHMS = ("wrap", "best_fit")
 
-Pull = Callable[[], Document | None]
+Pull = Callable[[int], "Piece | None"]  # at most this many tokens -> a piece, None when spent
 Fetch = Callable[[int, int, int], Document]  # (source, pass, pos) -> document
 
 
@@ -62,52 +62,37 @@ def pieces_from_state(rows: list[list[list[int]]], fetch: Fetch) -> list[list[Pi
 class WrapPacker:
     """Rows of exactly ``max_length`` tokens; the last row of a finite stream may be shorter.
 
-    State: ``{"carry": [piece] or []}``: the unused rest of the document being cut.
+    State: ``{}``: a row is built whole inside one call, so nothing is open between rows.
     """
 
     def __init__(self, max_length: int) -> None:
         self.max_length = max_length
-        self.carry: Piece | None = None
 
     def next_row(self, pull: Pull) -> list[Piece] | None:
-        """The next row, or None when the documents are exhausted and nothing is left."""
+        """The next row, or None when the pieces are exhausted."""
         row: list[Piece] = []
         space = self.max_length
         while space:
-            piece = self.carry
+            piece = pull(space)
             if piece is None:
-                doc = pull()
-                if doc is None:
-                    break
-                assert doc.tokens is not None
-                piece = Piece(doc, 0, len(doc.tokens))
-            if piece.length > space:
-                row.append(Piece(piece.doc, piece.start, piece.start + space))
-                self.carry = Piece(piece.doc, piece.start + space, piece.end)
-                space = 0
-            else:
-                if piece.length:
-                    row.append(piece)
-                self.carry = None
-                space -= piece.length
+                break
+            row.append(piece)
+            space -= piece.length
         return row or None
 
     def clear(self) -> None:
-        """Forget the carried piece."""
-        self.carry = None
+        """Nothing to forget."""
 
     def get_state(self) -> dict[str, Any]:
-        """The carried piece as a pointer."""
-        return {"carry": [] if self.carry is None else [self.carry.pointer()]}
+        """Empty: no row is open between calls."""
+        return {}
 
     def set_state(self, state: dict[str, Any], fetch: Fetch) -> None:
-        """Restore the carried piece, re-reading its document."""
-        (carry,) = pieces_from_state([state["carry"]], fetch)
-        self.carry = carry[0] if carry else None
+        """Nothing to restore."""
 
 
 class BestFitPacker:
-    """Whole documents in ``num_bins`` open rows, tightest fit first; rows are padded.
+    """Pieces in ``num_bins`` open rows, tightest fit first; closed rows are padded.
 
     State: ``{"bins": [[piece, ...], ...], "ready": [[piece, ...], ...]}``: open rows in
     opening order and closed rows not yet emitted.
@@ -123,22 +108,15 @@ class BestFitPacker:
         self.ready: deque[list[Piece]] = deque()
 
     def next_row(self, pull: Pull) -> list[Piece] | None:
-        """The next closed row, or None when documents and open rows are exhausted."""
+        """The next closed row, or None when pieces and open rows are exhausted."""
         while not self.ready:
-            doc = pull()
-            if doc is None:
-                if not self.bins:
-                    return None
+            piece = pull(self.max_length)
+            if piece is not None:
+                self._place(piece)
+            elif self.bins:
                 self._close(0)
-                continue
-            assert doc.tokens is not None
-            total = len(doc.tokens)
-            start = 0
-            while total - start > self.max_length:
-                self.ready.append([Piece(doc, start, start + self.max_length)])
-                start += self.max_length
-            if total > start:
-                self._place(Piece(doc, start, total))
+            else:
+                return None
         return self.ready.popleft()
 
     def _place(self, piece: Piece) -> None:
@@ -187,8 +165,8 @@ Packer = WrapPacker | BestFitPacker
 
 def make_packer(algorithm: str, max_length: int, num_bins: int) -> Packer:
     """The packer for ``algorithm``; raises ``ConfigError`` listing the known ones."""
-    if max_length < 1:
-        raise ConfigError(f"`max_length` must be positive, got {max_length}")
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ConfigError(f"`max_length` must be a positive int, got {max_length!r}")
     if algorithm == "wrap":
         return WrapPacker(max_length)
     if algorithm == "best_fit":

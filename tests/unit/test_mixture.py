@@ -1,0 +1,90 @@
+"""Mixing at pack time on real token counts: the 50:50 demo recipe meets its targets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from zephon_torch import Batch
+from zephon_torch._demo import demo_pipeline
+from zephon_torch._corpus import demo_tokenizer
+from zephon_torch.errors import ConfigError
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work.mixture import choose_source
+
+
+def test_the_demo_recipe_meets_its_token_shares_per_global_batch_and_over_200_batches() -> None:
+    tokenizer, _ = demo_tokenizer()
+    pipeline = demo_pipeline(tokenizer)  # L=8 lanes, 8 x 2048 per micro-batch, 50:50 by tokens
+    lanes = len(pipeline.lanes)
+    micro: list[Batch] = []
+    for batch in pipeline:
+        micro.append(batch)
+        if len(micro) == 200 * lanes:
+            break
+    length, docs_in = document_lengths(micro)
+    totals = {"code": 0, "prose": 0}
+    for step in range(200):
+        global_batch = micro[step * lanes : (step + 1) * lanes]
+        code = sum(b.tokens_by_source()["code"] for b in global_batch)
+        total = sum(b.num_tokens for b in global_batch)
+        totals["code"] += code
+        totals["prose"] += total - code
+        longest = max(length[d] for i in range(step * lanes, (step + 1) * lanes) for d in docs_in[i])
+        assert abs(code - total / 2) <= longest, (step, code, total, longest)
+    overall = totals["code"] / sum(totals.values())
+    assert abs(overall - 0.5) < 0.01, overall
+
+
+Doc = tuple[int, int, int]  # (lane, source, ordinal in that stream)
+
+
+def document_lengths(batches: list[Batch]) -> tuple[dict[Doc, int], list[list[Doc]]]:
+    """Full token length of each document, and the documents with a piece in each batch. A
+    start flag opens a document; a continuation extends the open one of its (lane, source)."""
+    lengths: dict[Doc, int] = {}
+    per_batch: list[list[Doc]] = []
+    ordinal: dict[tuple[int, int], int] = {}
+    for batch in batches:
+        ids = []
+        for row_lengths, sources, starts in zip(batch.lengths, batch.sources, batch.starts_document):
+            for n, source, start in zip(row_lengths, sources, starts):
+                stream = (batch.lane, source)
+                if start:
+                    ordinal[stream] = ordinal.get(stream, -1) + 1
+                doc = (batch.lane, source, ordinal[stream])
+                lengths[doc] = lengths.get(doc, 0) + n
+                ids.append(doc)
+        per_batch.append(ids)
+    return lengths, per_batch
+
+
+def test_choose_source_picks_the_most_underserved_active_source() -> None:
+    assert choose_source([0.5, 0.5], [0, 0], [True, True]) == 0
+    assert choose_source([0.5, 0.5], [10, 3], [True, True]) == 1
+    assert choose_source([0.5, 0.5], [10, 3], [True, False]) == 0
+    assert choose_source([0.9, 0.1], [80, 10], [True, True]) == 0
+    assert choose_source([0.5, 0.5], [1, 1], [False, False]) == -1
+
+
+@pytest.mark.parametrize(
+    ("mixture", "message"),
+    [
+        ({"a": 1.0, "nope": 1.0}, "unknown datasets ['nope']"),
+        ({"a": 0.0, "b": 1.0}, "weight of 'a' must be a positive finite number, got 0.0"),
+        ({"a": -1.0, "b": 1.0}, "weight of 'a' must be a positive finite number, got -1.0"),
+        ({"a": math.nan, "b": 1.0}, "weight of 'a' must be a positive finite number"),
+        ({"a": 1.0}, "no weight for datasets ['b']"),
+    ],
+)
+def test_a_bad_mixture_is_refused_naming_the_dataset(mixture: dict[str, float], message: str) -> None:
+    datasets = [Dataset.from_dict("a", {"text": ["x"]}), Dataset.from_dict("b", {"text": ["y"]})]
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        StaticMixtureWorkSource(datasets, mixture)
+
+
+def test_weights_are_normalised_from_any_positive_numbers() -> None:
+    datasets = [Dataset.from_dict("a", {"text": ["x"]}), Dataset.from_dict("b", {"text": ["y"]})]
+    assert StaticMixtureWorkSource(datasets, {"a": 3, "b": 1}).weights == (0.75, 0.25)
