@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ZephonError(Exception):
     """Base class of every zephon_torch error."""
@@ -13,6 +15,9 @@ class ConfigError(ZephonError, ValueError):
 
 class StateMismatchError(ZephonError, ValueError):
     """A saved state does not fit the pipeline it is loaded into; lists every difference."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StateMismatchError, (self.mismatches,))
 
     def __init__(self, mismatches: dict[str, tuple[object, object]]) -> None:
         self.mismatches = dict(mismatches)
@@ -36,7 +41,12 @@ class DataError(ZephonError, ValueError):
             where += f", shard {shard!r}"
         if row is not None:
             where += f", row {row}"
+        self.detail = message
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only fields survive the trip back from a worker process.
+        return (_rebuild_data_error, (self.detail, self.dataset, self.shard, self.row))
 
 
 class StorageError(ZephonError, OSError):
@@ -44,4 +54,16 @@ class StorageError(ZephonError, OSError):
 
     def __init__(self, message: str, *, url: str) -> None:
         self.url = url
+        self.detail = message
         super().__init__(f"{url}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StorageError._rebuild, (self.detail, self.url))
+
+    @staticmethod
+    def _rebuild(message: str, url: str) -> StorageError:
+        return StorageError(message, url=url)
+
+
+def _rebuild_data_error(message: str, dataset: str, shard: str | None, row: int | None) -> DataError:
+    return DataError(message, dataset=dataset, shard=shard, row=row)

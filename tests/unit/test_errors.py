@@ -1,0 +1,157 @@
+"""Bad input gets a specific error naming what and where, and nothing hangs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import small_pipeline
+from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def pipeline_over(dataset: Dataset, tokenizer: Any, field: str = "text") -> Pipeline:
+    source = StaticMixtureWorkSource([dataset], seed=0)
+    return Pipeline(source).tokenize(tokenizer=tokenizer, field=field).pack_flat(32).batch(2)
+
+
+def test_a_malformed_json_line_names_dataset_shard_and_row(tmp_path: Path, tokenizer: Any) -> None:
+    shard = tmp_path / "part-0.jsonl"
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(10)]
+    lines[6] = '{"text": "broken'
+    shard.write_text("\n".join(lines) + "\n")
+    pipeline = pipeline_over(Dataset.from_path("web", shard), tokenizer)
+    with pytest.raises(DataError) as info:
+        list(pipeline)
+    assert info.value.dataset == "web" and info.value.row == 6
+    assert "part-0.jsonl" in str(info.value) and "row 6" in str(info.value)
+
+
+def test_a_missing_field_names_the_field_and_the_row(tmp_path: Path, tokenizer: Any) -> None:
+    shard = tmp_path / "a.jsonl"
+    shard.write_text("".join(json.dumps({"text": "x"} if i != 3 else {"body": "y"}) + "\n" for i in range(5)))
+    with pytest.raises(DataError, match=r"dataset 'web', shard '.*a\.jsonl', row 3: field 'text' is missing; the row has fields \['body'\]"):
+        list(pipeline_over(Dataset.from_path("web", shard), tokenizer))
+
+
+def test_a_non_string_field_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(DataError, match="field 'text' must be a string, got int"):
+        list(pipeline_over(Dataset.from_dict("nums", {"text": [1, 2]}), tokenizer))
+
+
+def test_an_empty_shard_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    (tmp_path / "b.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"dataset 'web', shard '.*b\.jsonl'.*no rows"):
+        Dataset.from_path("web", tmp_path)
+
+
+def test_an_unsupported_world_size_lists_the_supported_ones(tokenizer: Any) -> None:
+    with pytest.raises(ConfigError, match=r"`world_size` 3 does not divide `canonical_replicas` 8; supported world sizes: \[1, 2, 4, 8\]"):
+        small_pipeline(tokenizer).options(canonical_replicas=8, world_size=3)
+
+
+def test_a_rank_outside_the_world_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ConfigError, match=r"`rank` must be in \[0, 2\), got 2"):
+        small_pipeline(tokenizer).options(canonical_replicas=4, world_size=2, rank=2)
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"max_length": 32}, "pack"),
+        ({"algorithm": "best_fit"}, "pack"),
+        ({"lanes": 2}, "canonical_replicas"),
+        ({"microbatch_size": 3}, "microbatch_size"),
+        ({"exhaustion": "repeat"}, "exhaustion"),
+    ],
+)
+def test_loading_a_state_into_a_changed_recipe_lists_the_difference(tokenizer: Any, change: dict[str, Any], key: str) -> None:
+    state = small_pipeline(tokenizer).state_dict()
+    with pytest.raises(StateMismatchError, match=key) as info:
+        small_pipeline(tokenizer, **change).load_state_dict(state)
+    assert key in info.value.mismatches
+
+
+def test_every_mismatch_is_listed_in_one_error(tokenizer: Any) -> None:
+    state = small_pipeline(tokenizer).state_dict()
+    with pytest.raises(StateMismatchError) as info:
+        small_pipeline(tokenizer, max_length=32, lanes=2, microbatch_size=3).load_state_dict(state)
+    assert {"pack", "canonical_replicas", "microbatch_size"} <= set(info.value.mismatches)
+
+
+def test_a_state_missing_the_lanes_of_this_rank_is_refused(tokenizer: Any) -> None:
+    rank0 = small_pipeline(tokenizer, lanes=4, world_size=2, rank=0).state_dict()
+    with pytest.raises(StateMismatchError, match="lanes"):
+        small_pipeline(tokenizer, lanes=4, world_size=2, rank=1).load_state_dict(rank0)
+
+
+def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
+    state = small_pipeline(tokenizer).state_dict()
+    state["version"] = 99
+    with pytest.raises(StateMismatchError, match="version"):
+        small_pipeline(tokenizer).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda p: p.batch(0), "`batch` needs packed rows"),
+        (lambda p: p.tokenize("x", tokenizer=object()), "exactly one of"),
+        (lambda p: p.pack_flat(64), "call `tokenize` first"),
+    ],
+)
+def test_a_pipeline_built_out_of_order_says_what_is_missing(tokenizer: Any, build: Any, message: str) -> None:
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
+    with pytest.raises(ConfigError, match=message):
+        build(Pipeline(source))
+
+
+def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
+    p = Pipeline(source).tokenize(tokenizer=tokenizer)
+    with pytest.raises(ConfigError, match="`max_length` must be a positive int, got 0"):
+        p.pack_flat(0)
+    with pytest.raises(ConfigError, match="`algorithm` must be one of"):
+        p.pack_flat(8, "zigzag")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="`microbatch_size` must be a positive int, got 0"):
+        p.pack_flat(8).batch(0)
+    with pytest.raises(ConfigError, match="`parallelism` must be positive, got 0"):
+        Pipeline(source).tokenize(tokenizer=tokenizer, parallelism=0)
+    with pytest.raises(ConfigError, match="`special_tokens` must be one of"):
+        Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="eol")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="needs a BOS token"):
+        Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="bos")
+
+
+def test_duplicate_dataset_names_are_refused() -> None:
+    d = Dataset.from_dict("d", {"text": ["a"]})
+    with pytest.raises(ConfigError, match=r"repeated: \['d'\]"):
+        StaticMixtureWorkSource([d, d])
+
+
+def test_a_data_error_in_a_worker_process_reaches_the_caller_intact(tmp_path: Path, tokenizer: Any) -> None:
+    shard = tmp_path / "p.jsonl"
+    shard.write_text(json.dumps({"text": "fine"}) + "\n" + "not json\n")
+    source = StaticMixtureWorkSource([Dataset.from_path("web", shard)], seed=0)
+    pipeline = Pipeline(source).tokenize(tokenizer=tokenizer, runner="processes", parallelism=1).pack_flat(8).batch(1)
+    with pytest.raises(DataError) as info:
+        list(pipeline)
+    assert (info.value.dataset, info.value.row) == ("web", 1)
+
+
+def test_errors_survive_pickling() -> None:
+    import pickle
+
+    from zephon_torch import StorageError
+
+    e = pickle.loads(pickle.dumps(DataError("bad", dataset="d", shard="s", row=3)))
+    assert (e.dataset, e.shard, e.row, str(e)) == ("d", "s", 3, "dataset 'd', shard 's', row 3: bad")
+    s = pickle.loads(pickle.dumps(StorageError("gone", url="s3://b/k")))
+    assert (s.url, str(s)) == ("s3://b/k", "s3://b/k: gone")
+    m = pickle.loads(pickle.dumps(StateMismatchError({"seed": (1, 2)})))
+    assert m.mismatches == {"seed": (1, 2)}
