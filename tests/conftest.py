@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -20,7 +19,9 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return small_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
-def prose_documents(count: int, *, seed: int, min_words: int = 3, max_words: int = 400) -> list[str]:
+def prose_documents(
+    count: int, *, seed: int, min_words: int = 3, max_words: int = 400
+) -> list[str]:
     """``count`` documents of real English of varied length, cut from the pydoc topics."""
     words = " ".join(d["text"] for d in pydoc_prose_documents()).split()
     rng = random.Random(seed)

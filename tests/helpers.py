@@ -6,12 +6,10 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
+from tests.conftest import prose_documents
 from zephon_torch import Batch, Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
-from tests.conftest import prose_documents
 
 
 def two_sources(rows_a: int = 60, rows_b: int = 40, *, shard_size: int = 13) -> list[Dataset]:
@@ -19,8 +17,12 @@ def two_sources(rows_a: int = 60, rows_b: int = 40, *, shard_size: int = 13) -> 
     a = prose_documents(rows_a, seed=1, max_words=300)
     b = prose_documents(rows_b, seed=2, min_words=1, max_words=60)
     return [
-        Dataset.from_dict("long", {"text": a, "id": [f"a{i}" for i in range(rows_a)]}, shard_size=shard_size),
-        Dataset.from_dict("short", {"text": b, "id": [f"b{i}" for i in range(rows_b)]}, shard_size=shard_size),
+        Dataset.from_dict(
+            "long", {"text": a, "id": [f"a{i}" for i in range(rows_a)]}, shard_size=shard_size
+        ),
+        Dataset.from_dict(
+            "short", {"text": b, "id": [f"b{i}" for i in range(rows_b)]}, shard_size=shard_size
+        ),
     ]
 
 
@@ -94,5 +96,3 @@ def assert_resumes_at_every_step(build: Callable[[], Pipeline], *, max_steps: in
         rest = keys(resumed, limit=len(reference) - step)
         assert rest == reference[step:], f"resume from step {step} diverged"
     return len(reference)
-
-

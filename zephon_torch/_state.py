@@ -10,7 +10,9 @@ from zephon_torch.errors import StateMismatchError
 STATE_VERSION = 1
 
 
-def check_state(state: dict[str, Any], fingerprint: dict[str, Any], needed_lanes: Iterable[int]) -> None:
+def check_state(
+    state: dict[str, Any], fingerprint: dict[str, Any], needed_lanes: Iterable[int]
+) -> None:
     """Raise one ``StateMismatchError`` listing every difference between saved and live."""
     if not isinstance(state, dict) or "version" not in state:
         raise StateMismatchError({"version": (None, STATE_VERSION)})

@@ -24,8 +24,14 @@ def _demo(args: argparse.Namespace) -> int:
     print("delivered token shares (target):")
     for name, share in report.shares.items():
         print(f"  {name:6s} {share:7.2%}  ({DEMO_MIXTURE[name]:.0%})")
-    print(f"tokens: {report.tokens:,} in {report.seconds:.2f} s = {report.tokens / report.seconds:,.0f} tokens/s")
-    print(f"time to first batch: {report.time_to_first_batch:.3f} s; state: {report.state_bytes:,} bytes")
+    print(
+        f"tokens: {report.tokens:,} in {report.seconds:.2f} s = "
+        f"{report.tokens / report.seconds:,.0f} tokens/s"
+    )
+    print(
+        f"time to first batch: {report.time_to_first_batch:.3f} s; "
+        f"state: {report.state_bytes:,} bytes"
+    )
     return 0
 
 
@@ -34,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="zephon-torch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the 50:50 code/prose demo pipeline offline")
-    demo.add_argument("--tokenizer", default=None, help="hub id or local path (default: a BPE trained locally)")
+    demo.add_argument(
+        "--tokenizer", default=None, help="hub id or local path (default: a BPE trained locally)"
+    )
     demo.add_argument("--steps", type=int, default=25, help="global steps to run")
     demo.add_argument("--lanes", type=int, default=8, help="canonical_replicas (L)")
     demo.add_argument("--max-length", type=int, default=2048)

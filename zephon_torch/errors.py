@@ -22,9 +22,12 @@ class StateMismatchError(ZephonError, ValueError):
     def __init__(self, mismatches: dict[str, tuple[object, object]]) -> None:
         self.mismatches = dict(mismatches)
         lines = "\n".join(
-            f"  {key}: saved {saved!r}, live {live!r}" for key, (saved, live) in sorted(mismatches.items())
+            f"  {key}: saved {saved!r}, live {live!r}"
+            for key, (saved, live) in sorted(mismatches.items())
         )
-        super().__init__(f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}")
+        super().__init__(
+            f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}"
+        )
 
 
 class DataError(ZephonError, ValueError):
@@ -65,5 +68,7 @@ class StorageError(ZephonError, OSError):
         return StorageError(message, url=url)
 
 
-def _rebuild_data_error(message: str, dataset: str, shard: str | None, row: int | None) -> DataError:
+def _rebuild_data_error(
+    message: str, dataset: str, shard: str | None, row: int | None
+) -> DataError:
     return DataError(message, dataset=dataset, shard=shard, row=row)

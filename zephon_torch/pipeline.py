@@ -12,7 +12,7 @@ import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch.elastic import check_topology, lanes_for_rank
@@ -78,7 +78,9 @@ class Pipeline:
 
     def __init__(self, source: StaticMixtureWorkSource) -> None:
         if not isinstance(source, StaticMixtureWorkSource):
-            raise ConfigError(f"`source` must be a StaticMixtureWorkSource, got {type(source).__name__}")
+            raise ConfigError(
+                f"`source` must be a StaticMixtureWorkSource, got {type(source).__name__}"
+            )
         self._source = source
         self._options = _Options()
         self._user_ops: tuple[MapOp | FilterOp, ...] = ()
@@ -120,7 +122,7 @@ class Pipeline:
             read_ahead: chunks of documents each reader keeps in flight.
             io_options: storage options (cache, prefetch), passed to the io layer.
         """
-        given = {
+        given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,
             "world_size": world_size,
             "rank": rank,
@@ -221,14 +223,18 @@ class Pipeline:
     def lanes(self) -> list[int]:
         """The canonical lanes this rank owns, in emission order."""
         o = self._options
-        return lanes_for_rank(canonical_replicas=o.canonical_replicas, world_size=o.world_size, rank=o.rank)
+        return lanes_for_rank(
+            canonical_replicas=o.canonical_replicas, world_size=o.world_size, rank=o.rank
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """Every data-affecting setting, flat; a saved state must match it key by key."""
         self._require_complete()
         assert self._pack is not None
         out = {"canonical_replicas": self._options.canonical_replicas, **self._source.fingerprint()}
-        out["ops"] = [op.fingerprint() for op in self._user_ops] + [self._tokenize_op().fingerprint()]
+        out["ops"] = [op.fingerprint() for op in self._user_ops] + [
+            self._tokenize_op().fingerprint()
+        ]
         out["pack"] = {
             "max_length": self._pack.max_length,
             "algorithm": self._pack.algorithm,
@@ -240,14 +246,19 @@ class Pipeline:
 
     def _require_complete(self) -> None:
         if self._tokenize is None or self._pack is None or self._microbatch_size is None:
-            raise ConfigError("the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs")
+            raise ConfigError(
+                "the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs"
+            )
 
     def _resolve(self) -> ResolvedTokenizer:
         spec = self._tokenize
         assert spec is not None
         if "tokenizer" not in self._resolved:
             self._resolved["tokenizer"] = resolve_tokenizer(
-                spec.tokenizer_id, spec.tokenizer, bos_token=spec.bos_token, eos_token=spec.eos_token
+                spec.tokenizer_id,
+                spec.tokenizer,
+                bos_token=spec.bos_token,
+                eos_token=spec.eos_token,
             )
             self._tokenize_op()  # validates the special-token policy against the tokenizer
         return self._resolved["tokenizer"]

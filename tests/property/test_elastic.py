@@ -20,7 +20,9 @@ def global_steps(tokenizer: Any, lanes: int, world_size: int, **kw: Any) -> dict
     """turn -> the batches of that turn from every rank, in rank (so lane) order."""
     steps: dict[int, list[Any]] = {}
     for rank in range(world_size):
-        pipeline = small_pipeline(tokenizer, lanes=lanes, world_size=world_size, rank=rank, datasets=DATASETS, **kw)
+        pipeline = small_pipeline(
+            tokenizer, lanes=lanes, world_size=world_size, rank=rank, datasets=DATASETS, **kw
+        )
         for batch in pipeline:
             steps.setdefault(batch.turn, []).append(batch)
     return steps
@@ -40,16 +42,26 @@ def padded(steps: dict[int, list[Batch]], lanes: int) -> list[list[tuple[Any, ..
 
 
 @pytest.mark.parametrize("lanes", [1, 4, 12])
-def test_every_world_size_dividing_l_gives_the_single_rank_global_stream(tokenizer: Any, lanes: int) -> None:
+def test_every_world_size_dividing_l_gives_the_single_rank_global_stream(
+    tokenizer: Any, lanes: int
+) -> None:
     reference = padded(global_steps(tokenizer, lanes, 1), lanes)
     assert any(k[0] != "padding" for row in reference for k in row)
     for world_size in supported_world_sizes(canonical_replicas=lanes)[1:]:
         assert padded(global_steps(tokenizer, lanes, world_size), lanes) == reference, world_size
 
 
-@given(algorithm=st.sampled_from(["wrap", "best_fit"]), microbatch=st.integers(1, 3), max_length=st.sampled_from([16, 40, 96]))
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_elastic_equality_holds_for_any_packing_shape(tokenizer: Any, algorithm: str, microbatch: int, max_length: int) -> None:
+@given(
+    algorithm=st.sampled_from(["wrap", "best_fit"]),
+    microbatch=st.integers(1, 3),
+    max_length=st.sampled_from([16, 40, 96]),
+)
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_elastic_equality_holds_for_any_packing_shape(
+    tokenizer: Any, algorithm: str, microbatch: int, max_length: int
+) -> None:
     kw = {"algorithm": algorithm, "microbatch_size": microbatch, "max_length": max_length}
     reference = padded(global_steps(tokenizer, 4, 1, **kw), 4)
     for world_size in (2, 4):
@@ -64,7 +76,9 @@ def test_a_state_saved_on_four_ranks_resumes_on_fewer_with_the_same_global_strea
     reference = padded(global_steps(tokenizer, lanes, 1), lanes)
     states = []
     for rank in range(4):
-        pipeline = small_pipeline(tokenizer, lanes=lanes, world_size=4, rank=rank, datasets=DATASETS)
+        pipeline = small_pipeline(
+            tokenizer, lanes=lanes, world_size=4, rank=rank, datasets=DATASETS
+        )
         for turn, _ in enumerate(pipeline):
             if turn + 1 == cut:
                 break
@@ -73,7 +87,9 @@ def test_a_state_saved_on_four_ranks_resumes_on_fewer_with_the_same_global_strea
     assert merged["step"] == cut
     resumed: dict[int, list[Batch]] = {}
     for rank in range(target_world_size):
-        pipeline = small_pipeline(tokenizer, lanes=lanes, world_size=target_world_size, rank=rank, datasets=DATASETS)
+        pipeline = small_pipeline(
+            tokenizer, lanes=lanes, world_size=target_world_size, rank=rank, datasets=DATASETS
+        )
         pipeline.load_state_dict(merged)
         for batch in pipeline:
             resumed.setdefault(batch.turn, []).append(batch)

@@ -34,14 +34,23 @@ class IdsField:
 def build(sources: list[list[int]], algorithm: str, max_length: int, bins: int) -> MixPack:
     """A real MixPack over in-memory datasets; document d of source s holds s*1e6 + d*1e3 + i."""
     datasets = tuple(
-        Dataset.from_dict(f"s{s}", {"ids": [[s * 1_000_000 + d * 1000 + i for i in range(n)] for d, n in enumerate(lengths)]})
+        Dataset.from_dict(
+            f"s{s}",
+            {
+                "ids": [
+                    [s * 1_000_000 + d * 1000 + i for i in range(n)] for d, n in enumerate(lengths)
+                ]
+            },
+        )
         for s, lengths in enumerate(sources)
     )
     runner = Runner(DocChain(FetchOp(datasets), [IdsField()]), parallelism=1, kind="threads")
     readers = [
         DocumentReader(
             source=s,
-            layout=PointerLayout(name=d.name, shard_rows=(d.num_rows,), seed=0, window_shards=1, shuffle=False),
+            layout=PointerLayout(
+                name=d.name, shard_rows=(d.num_rows,), seed=0, window_shards=1, shuffle=False
+            ),
             lane=0,
             num_lanes=1,
             exhaustion="stop",
@@ -68,7 +77,9 @@ lengths_st = st.lists(st.lists(st.integers(1, 70), min_size=1, max_size=15), min
 algorithms = st.sampled_from(["wrap", "best_fit"])
 
 
-@given(sources=lengths_st, max_length=st.integers(1, 32), algorithm=algorithms, bins=st.integers(1, 5))
+@given(
+    sources=lengths_st, max_length=st.integers(1, 32), algorithm=algorithms, bins=st.integers(1, 5)
+)
 @settings(max_examples=150, deadline=None)
 def test_every_token_appears_once_in_order_and_rows_never_exceed_max_length(
     sources: list[list[int]], max_length: int, algorithm: str, bins: int
@@ -80,7 +91,12 @@ def test_every_token_appears_once_in_order_and_rows_never_exceed_max_length(
     if algorithm == "wrap":
         assert all(len(r.tokens) == max_length for r in out[:-1])
     flat = np.concatenate([r.tokens for r in out]).tolist()
-    expected = [s * 1_000_000 + d * 1000 + i for s, lengths in enumerate(sources) for d, n in enumerate(lengths) for i in range(n)]
+    expected = [
+        s * 1_000_000 + d * 1000 + i
+        for s, lengths in enumerate(sources)
+        for d, n in enumerate(lengths)
+        for i in range(n)
+    ]
     assert sorted(flat) == expected
     # within each document, tokens keep their order
     seen: dict[int, int] = {}
@@ -90,7 +106,13 @@ def test_every_token_appears_once_in_order_and_rows_never_exceed_max_length(
         seen[doc] = i
 
 
-@given(sources=lengths_st, max_length=st.integers(1, 32), algorithm=algorithms, bins=st.integers(1, 5), data=st.data())
+@given(
+    sources=lengths_st,
+    max_length=st.integers(1, 32),
+    algorithm=algorithms,
+    bins=st.integers(1, 5),
+    data=st.data(),
+)
 @settings(max_examples=150, deadline=None)
 def test_restoring_the_state_at_a_random_cut_gives_the_same_remaining_rows(
     sources: list[list[int]], max_length: int, algorithm: str, bins: int, data: st.DataObject

@@ -19,7 +19,9 @@ def test_permute_is_a_bijection_of_range_n(n: int, key: int) -> None:
 
 @given(n=st.integers(2, 5000), key=st.integers(0, 2**64 - 1), data=st.data())
 @settings(max_examples=100, deadline=None)
-def test_permute_point_queries_agree_with_the_whole_permutation(n: int, key: int, data: st.DataObject) -> None:
+def test_permute_point_queries_agree_with_the_whole_permutation(
+    n: int, key: int, data: st.DataObject
+) -> None:
     full = permute(np.arange(n), n, key)
     picks = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=20))
     assert permute(np.asarray(picks), n, key).tolist() == full[picks].tolist()
@@ -28,16 +30,29 @@ def test_permute_point_queries_agree_with_the_whole_permutation(n: int, key: int
 shard_rows = st.lists(st.integers(1, 50), min_size=1, max_size=12)
 
 
-@given(rows=shard_rows, lanes=st.integers(1, 12), window=st.integers(1, 5), seed=st.integers(0, 1000), pass_index=st.integers(0, 3))
+@given(
+    rows=shard_rows,
+    lanes=st.integers(1, 12),
+    window=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+    pass_index=st.integers(0, 3),
+)
 @settings(max_examples=150, deadline=None)
 def test_every_row_belongs_to_exactly_one_lane_per_pass(
     rows: list[int], lanes: int, window: int, seed: int, pass_index: int
 ) -> None:
-    layout = PointerLayout(name="d", shard_rows=tuple(rows), seed=seed, window_shards=window, shuffle=True)
+    layout = PointerLayout(
+        name="d", shard_rows=tuple(rows), seed=seed, window_shards=window, shuffle=True
+    )
     seen = []
     for lane in range(lanes):
         n = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=lanes)
-        seen += [(p.shard, p.row) for p in layout.pointers(pass_index=pass_index, lane=lane, num_lanes=lanes, start=0, count=n)]
+        seen += [
+            (p.shard, p.row)
+            for p in layout.pointers(
+                pass_index=pass_index, lane=lane, num_lanes=lanes, start=0, count=n
+            )
+        ]
     expected = [(s, r) for s, count in enumerate(rows) for r in range(count)]
     assert sorted(seen) == expected
 
@@ -47,11 +62,16 @@ def test_every_row_belongs_to_exactly_one_lane_per_pass(
 def test_a_chunk_of_a_lane_stream_equals_the_same_positions_read_one_by_one(
     rows: list[int], lanes: int, seed: int, data: st.DataObject
 ) -> None:
-    layout = PointerLayout(name="d", shard_rows=tuple(rows), seed=seed, window_shards=2, shuffle=True)
+    layout = PointerLayout(
+        name="d", shard_rows=tuple(rows), seed=seed, window_shards=2, shuffle=True
+    )
     lane = data.draw(st.integers(0, lanes - 1))
     n = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=lanes)
     whole = layout.pointers(pass_index=1, lane=lane, num_lanes=lanes, start=0, count=n)
-    singles = [layout.pointers(pass_index=1, lane=lane, num_lanes=lanes, start=i, count=1)[0] for i in range(n)]
+    singles = [
+        layout.pointers(pass_index=1, lane=lane, num_lanes=lanes, start=i, count=1)[0]
+        for i in range(n)
+    ]
     assert whole == singles
 
 
@@ -66,8 +86,13 @@ def test_consecutive_positions_stay_within_one_window_of_shards() -> None:
 
 def test_each_pass_has_a_different_order_and_a_different_seed_gives_another() -> None:
     def order(seed: int, pass_index: int) -> list[tuple[int, int]]:
-        layout = PointerLayout(name="d", shard_rows=(30, 30, 30), seed=seed, window_shards=3, shuffle=True)
-        return [(p.shard, p.row) for p in layout.pointers(pass_index=pass_index, lane=0, num_lanes=1, start=0, count=90)]
+        layout = PointerLayout(
+            name="d", shard_rows=(30, 30, 30), seed=seed, window_shards=3, shuffle=True
+        )
+        return [
+            (p.shard, p.row)
+            for p in layout.pointers(pass_index=pass_index, lane=0, num_lanes=1, start=0, count=90)
+        ]
 
     assert order(1, 0) != order(1, 1)
     assert order(1, 0) != order(2, 0)
@@ -85,5 +110,8 @@ def test_the_order_depends_on_the_dataset_name_not_its_position() -> None:
 
 def test_unshuffled_streams_read_storage_order() -> None:
     layout = PointerLayout(name="d", shard_rows=(2, 3), seed=1, window_shards=1, shuffle=False)
-    got = [(p.shard, p.row) for p in layout.pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=5)]
+    got = [
+        (p.shard, p.row)
+        for p in layout.pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=5)
+    ]
     assert got == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]

@@ -33,8 +33,16 @@ def test_a_malformed_json_line_names_dataset_shard_and_row(tmp_path: Path, token
 
 def test_a_missing_field_names_the_field_and_the_row(tmp_path: Path, tokenizer: Any) -> None:
     shard = tmp_path / "a.jsonl"
-    shard.write_text("".join(json.dumps({"text": "x"} if i != 3 else {"body": "y"}) + "\n" for i in range(5)))
-    with pytest.raises(DataError, match=r"dataset 'web', shard '.*a\.jsonl', row 3: field 'text' is missing; the row has fields \['body'\]"):
+    shard.write_text(
+        "".join(json.dumps({"text": "x"} if i != 3 else {"body": "y"}) + "\n" for i in range(5))
+    )
+    with pytest.raises(
+        DataError,
+        match=(
+            r"dataset 'web', shard '.*a\.jsonl', row 3: "
+            r"field 'text' is missing; the row has fields \['body'\]"
+        ),
+    ):
         list(pipeline_over(Dataset.from_path("web", shard), tokenizer))
 
 
@@ -51,7 +59,13 @@ def test_an_empty_shard_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_an_unsupported_world_size_lists_the_supported_ones(tokenizer: Any) -> None:
-    with pytest.raises(ConfigError, match=r"`world_size` 3 does not divide `canonical_replicas` 8; supported world sizes: \[1, 2, 4, 8\]"):
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"`world_size` 3 does not divide `canonical_replicas` 8; "
+            r"supported world sizes: \[1, 2, 4, 8\]"
+        ),
+    ):
         small_pipeline(tokenizer).options(canonical_replicas=8, world_size=3)
 
 
@@ -70,7 +84,9 @@ def test_a_rank_outside_the_world_is_refused(tokenizer: Any) -> None:
         ({"exhaustion": "repeat"}, "exhaustion"),
     ],
 )
-def test_loading_a_state_into_a_changed_recipe_lists_the_difference(tokenizer: Any, change: dict[str, Any], key: str) -> None:
+def test_loading_a_state_into_a_changed_recipe_lists_the_difference(
+    tokenizer: Any, change: dict[str, Any], key: str
+) -> None:
     state = small_pipeline(tokenizer).state_dict()
     with pytest.raises(StateMismatchError, match=key) as info:
         small_pipeline(tokenizer, **change).load_state_dict(state)
@@ -105,7 +121,9 @@ def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
         (lambda p: p.pack_flat(64), "call `tokenize` first"),
     ],
 )
-def test_a_pipeline_built_out_of_order_says_what_is_missing(tokenizer: Any, build: Any, message: str) -> None:
+def test_a_pipeline_built_out_of_order_says_what_is_missing(
+    tokenizer: Any, build: Any, message: str
+) -> None:
     source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
     with pytest.raises(ConfigError, match=message):
         build(Pipeline(source))
@@ -134,11 +152,18 @@ def test_duplicate_dataset_names_are_refused() -> None:
         StaticMixtureWorkSource([d, d])
 
 
-def test_a_data_error_in_a_worker_process_reaches_the_caller_intact(tmp_path: Path, tokenizer: Any) -> None:
+def test_a_data_error_in_a_worker_process_reaches_the_caller_intact(
+    tmp_path: Path, tokenizer: Any
+) -> None:
     shard = tmp_path / "p.jsonl"
     shard.write_text(json.dumps({"text": "fine"}) + "\n" + "not json\n")
     source = StaticMixtureWorkSource([Dataset.from_path("web", shard)], seed=0)
-    pipeline = Pipeline(source).tokenize(tokenizer=tokenizer, runner="processes", parallelism=1).pack_flat(8).batch(1)
+    pipeline = (
+        Pipeline(source)
+        .tokenize(tokenizer=tokenizer, runner="processes", parallelism=1)
+        .pack_flat(8)
+        .batch(1)
+    )
     with pytest.raises(DataError) as info:
         list(pipeline)
     assert (info.value.dataset, info.value.row) == ("web", 1)
@@ -150,7 +175,12 @@ def test_errors_survive_pickling() -> None:
     from zephon_torch import StorageError
 
     e = pickle.loads(pickle.dumps(DataError("bad", dataset="d", shard="s", row=3)))
-    assert (e.dataset, e.shard, e.row, str(e)) == ("d", "s", 3, "dataset 'd', shard 's', row 3: bad")
+    assert (e.dataset, e.shard, e.row, str(e)) == (
+        "d",
+        "s",
+        3,
+        "dataset 'd', shard 's', row 3: bad",
+    )
     s = pickle.loads(pickle.dumps(StorageError("gone", url="s3://b/k")))
     assert (s.url, str(s)) == ("s3://b/k", "s3://b/k: gone")
     m = pickle.loads(pickle.dumps(StateMismatchError({"seed": (1, 2)})))

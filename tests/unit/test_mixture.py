@@ -7,8 +7,8 @@ import math
 import pytest
 
 from zephon_torch import Batch
-from zephon_torch._demo import demo_pipeline
 from zephon_torch._corpus import demo_tokenizer
+from zephon_torch._demo import demo_pipeline
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
@@ -32,7 +32,9 @@ def test_the_demo_recipe_meets_its_token_shares_per_global_batch_and_over_200_ba
         total = sum(b.num_tokens for b in global_batch)
         totals["code"] += code
         totals["prose"] += total - code
-        longest = max(length[d] for i in range(step * lanes, (step + 1) * lanes) for d in docs_in[i])
+        longest = max(
+            length[d] for i in range(step * lanes, (step + 1) * lanes) for d in docs_in[i]
+        )
         assert abs(code - total / 2) <= longest, (step, code, total, longest)
     overall = totals["code"] / sum(totals.values())
     assert abs(overall - 0.5) < 0.01, overall
@@ -49,7 +51,9 @@ def document_lengths(batches: list[Batch]) -> tuple[dict[Doc, int], list[list[Do
     ordinal: dict[tuple[int, int], int] = {}
     for batch in batches:
         ids = []
-        for row_lengths, sources, starts in zip(batch.lengths, batch.sources, batch.starts_document):
+        for row_lengths, sources, starts in zip(
+            batch.lengths, batch.sources, batch.starts_document
+        ):
             for n, source, start in zip(row_lengths, sources, starts):
                 stream = (batch.lane, source)
                 if start:
@@ -79,7 +83,9 @@ def test_choose_source_picks_the_most_underserved_active_source() -> None:
         ({"a": 1.0}, "no weight for datasets ['b']"),
     ],
 )
-def test_a_bad_mixture_is_refused_naming_the_dataset(mixture: dict[str, float], message: str) -> None:
+def test_a_bad_mixture_is_refused_naming_the_dataset(
+    mixture: dict[str, float], message: str
+) -> None:
     datasets = [Dataset.from_dict("a", {"text": ["x"]}), Dataset.from_dict("b", {"text": ["y"]})]
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         StaticMixtureWorkSource(datasets, mixture)

@@ -1,7 +1,8 @@
-"""What the pipeline delivers: nothing lost or repeated, the same data for every performance knob."""
+"""What the pipeline delivers: nothing lost or repeated, the same data for every knob."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -30,7 +31,9 @@ def documents_from_batches(batches: list[Batch]) -> dict[str, list[list[int]]]:
     """Rebuild each source's documents from segments: a document starts at a start flag."""
     per_stream: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
     for batch in batches:
-        for r, (lengths, sources, starts) in enumerate(zip(batch.lengths, batch.sources, batch.starts_document)):
+        for r, (lengths, sources, starts) in enumerate(
+            zip(batch.lengths, batch.sources, batch.starts_document)
+        ):
             offset = 0
             for n, source, start in zip(lengths, sources, starts):
                 tokens = batch.input_ids[r, offset : offset + n].tolist()
@@ -47,16 +50,28 @@ def documents_from_batches(batches: list[Batch]) -> dict[str, list[list[int]]]:
 
 
 @pytest.mark.parametrize("lanes", [1, 3])
-def test_one_pass_with_wrap_delivers_every_document_once_in_order(tmp_path: Path, tokenizer: Any, lanes: int) -> None:
+def test_one_pass_with_wrap_delivers_every_document_once_in_order(
+    tmp_path: Path, tokenizer: Any, lanes: int
+) -> None:
     texts = {"a": prose_documents(70, seed=11), "b": prose_documents(45, seed=12, max_words=30)}
-    datasets = [Dataset.from_path(name, write_jsonl(tmp_path / name, t, 3)) for name, t in texts.items()]
-    source = StaticMixtureWorkSource(datasets, {"a": 1, "b": 1}, seed=3, token_estimation=TokenEstimation())
-    pipeline = Pipeline(source).options(canonical_replicas=lanes).tokenize(tokenizer=tokenizer).pack_flat(50).batch(3)
+    datasets = [
+        Dataset.from_path(name, write_jsonl(tmp_path / name, t, 3)) for name, t in texts.items()
+    ]
+    source = StaticMixtureWorkSource(
+        datasets, {"a": 1, "b": 1}, seed=3, token_estimation=TokenEstimation()
+    )
+    pipeline = (
+        Pipeline(source)
+        .options(canonical_replicas=lanes)
+        .tokenize(tokenizer=tokenizer)
+        .pack_flat(50)
+        .batch(3)
+    )
     batches = list(pipeline)
     got = documents_from_batches(batches)
     eos = tokenizer.token_to_id("<|endoftext|>")
     for name, t in texts.items():
-        expected = sorted(tokenizer.encode(x, add_special_tokens=False).ids + [eos] for x in t)
+        expected = sorted([*tokenizer.encode(x, add_special_tokens=False).ids, eos] for x in t)
         assert sorted(got[name]) == expected
     # all rows but each lane's last are full, and the padding is marked as such
     for batch in batches:
@@ -66,7 +81,11 @@ def test_one_pass_with_wrap_delivers_every_document_once_in_order(tmp_path: Path
 
 def test_parallelism_and_runner_never_change_the_data(tokenizer: Any) -> None:
     def run(parallelism: int, runner: str, prefetch: int = 4) -> list[Any]:
-        return keys(small_pipeline(tokenizer, lanes=3, parallelism=parallelism, runner=runner, prefetch=prefetch))
+        return keys(
+            small_pipeline(
+                tokenizer, lanes=3, parallelism=parallelism, runner=runner, prefetch=prefetch
+            )
+        )
 
     reference = run(1, "threads", prefetch=0)
     assert len(reference) > 20
@@ -105,20 +124,25 @@ def has_even_length(row: dict[str, Any]) -> bool:
 
 
 def test_training_tensors_follow_the_segments(tokenizer: Any) -> None:
-    batch = next(iter(small_pipeline(tokenizer, algorithm="best_fit", max_length=64, microbatch_size=4)))
+    batch = next(
+        iter(small_pipeline(tokenizer, algorithm="best_fit", max_length=64, microbatch_size=4))
+    )
     t = batch.to_training(mask_document_boundaries=True)
     ids, labels, pos = t["input_ids"], t["labels"], t["position_ids"]
     assert ids.dtype == labels.dtype == pos.dtype == np.int64 or str(ids.dtype) == "torch.int64"
     cu = t["cu_seqlens"].tolist()
     assert cu[0] == 0 and cu[-1] == ids.numel()
     flat_pos = pos.flatten().tolist()
-    for start, end in zip(cu, cu[1:]):
+    for start, end in itertools.pairwise(cu):
         assert flat_pos[start:end] == list(range(end - start))
-    assert int(t["max_seqlen"]) == max(b - a for a, b in zip(cu, cu[1:]))
+    assert int(t["max_seqlen"]) == max(b - a for a, b in itertools.pairwise(cu))
     for r, lengths in enumerate(batch.lengths):
         offset = 0
         for n in lengths:
-            assert labels[r, offset : offset + n - 1].tolist() == ids[r, offset + 1 : offset + n].tolist()
+            assert (
+                labels[r, offset : offset + n - 1].tolist()
+                == ids[r, offset + 1 : offset + n].tolist()
+            )
             assert int(labels[r, offset + n - 1]) == -100
             offset += n
         assert (labels[r, offset:] == -100).all()

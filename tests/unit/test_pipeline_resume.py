@@ -17,7 +17,9 @@ def test_resume_after_every_batch_continues_the_uninterrupted_stream(
 ) -> None:
     datasets = two_sources(24, 20, shard_size=7)
     n = assert_resumes_at_every_step(
-        lambda: small_pipeline(tokenizer, algorithm=algorithm, lanes=lanes, datasets=datasets, max_length=48)
+        lambda: small_pipeline(
+            tokenizer, algorithm=algorithm, lanes=lanes, datasets=datasets, max_length=48
+        )
     )
     assert n > 10
 

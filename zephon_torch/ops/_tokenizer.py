@@ -116,7 +116,9 @@ def _with_config_tokens(backend: Tokenizer, directory: Path) -> Any:
             value = value.get("content")
         return value if isinstance(value, str) else None
 
-    return _ConfiguredTokenizer(backend, name(config.get("bos_token")), name(config.get("eos_token")))
+    return _ConfiguredTokenizer(
+        backend, name(config.get("bos_token")), name(config.get("eos_token"))
+    )
 
 
 def _token_id(

@@ -160,7 +160,7 @@ class BatchNode(BaseNode[Batch]):
         return batch
 
     def pad_batch(self, rows: list[PackedRow]) -> Batch:
-        """A batch of ``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
+        """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
         ids = np.full((self.microbatch_size, self.max_length), self.pad_id, dtype=np.int64)
         for r, row in enumerate(rows):
             ids[r, : len(row.tokens)] = row.tokens

@@ -32,7 +32,9 @@ class Prefetcher(Generic[T]):
     def __init__(self, make: Callable[[], Iterator[T]], depth: int) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(make,), daemon=True, name="zephon-prefetch")
+        self._thread = threading.Thread(
+            target=self._run, args=(make,), daemon=True, name="zephon-prefetch"
+        )
         self._thread.start()
 
     def _run(self, make: Callable[[], Iterator[T]]) -> None:

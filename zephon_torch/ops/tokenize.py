@@ -97,16 +97,13 @@ class TokenizeOp:
         value = data.get(self.field)
         if isinstance(value, str):
             return value
-        where = {
-            "dataset": self.dataset_names[doc.source],
-            "shard": self.shard_paths[doc.source][doc.shard],
-            "row": doc.row,
-        }
+        dataset = self.dataset_names[doc.source]
+        shard = self.shard_paths[doc.source][doc.shard]
         if self.field not in data:
-            raise DataError(
-                f"field {self.field!r} is missing; the row has fields {sorted(data)}", **where
-            )
-        raise DataError(f"field {self.field!r} must be a string, got {type(value).__name__}", **where)
+            message = f"field {self.field!r} is missing; the row has fields {sorted(data)}"
+        else:
+            message = f"field {self.field!r} must be a string, got {type(value).__name__}"
+        raise DataError(message, dataset=dataset, shard=shard, row=doc.row)
 
     def fingerprint(self) -> dict[str, Any]:
         """Tokenizer digest, field and special-token policy."""

@@ -28,4 +28,5 @@ def mix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         x = x * _M1
         x = x ^ (x >> np.uint64(27))
         x = x * _M2
-        return x ^ (x >> np.uint64(31))
+        out: npt.NDArray[np.uint64] = x ^ (x >> np.uint64(31))
+        return out

@@ -18,7 +18,7 @@ _ROUNDS = 4
 
 
 def permute(index: npt.ArrayLike, n: int, key: int) -> npt.NDArray[np.int64]:
-    """Map each position in ``index`` (all in ``[0, n)``) through the permutation keyed by ``key``."""
+    """Map each position in ``index`` (all in ``[0, n)``) through the permutation ``key``."""
     idx = np.asarray(index, dtype=np.uint64)
     if n <= 1:
         return idx.astype(np.int64)

@@ -76,7 +76,9 @@ class StaticMixtureWorkSource:
         if duplicates:
             raise ConfigError(f"dataset names must be unique, repeated: {duplicates}")
         if exhaustion not in _EXHAUSTION:
-            raise ConfigError(f"`exhaustion` must be one of {list(_EXHAUSTION)}, got {exhaustion!r}")
+            raise ConfigError(
+                f"`exhaustion` must be one of {list(_EXHAUSTION)}, got {exhaustion!r}"
+            )
         if shuffle_window_shards < 1:
             raise ConfigError(
                 f"`shuffle_window_shards` must be positive, got {shuffle_window_shards}"

@@ -54,7 +54,13 @@ class PointerLayout:
     """
 
     def __init__(
-        self, *, name: str, shard_rows: tuple[int, ...], seed: int, window_shards: int, shuffle: bool
+        self,
+        *,
+        name: str,
+        shard_rows: tuple[int, ...],
+        seed: int,
+        window_shards: int,
+        shuffle: bool,
     ) -> None:
         self.name = name
         self.shard_rows = shard_rows
@@ -95,12 +101,19 @@ class PointerLayout:
         return layout.shard_order[ordered], rows
 
     def _layout(self, pass_index: int) -> _PassLayout:
-        return _pass_layout(self.name, self.shard_rows, self.seed, self.window_shards, self.shuffle, pass_index)
+        return _pass_layout(
+            self.name, self.shard_rows, self.seed, self.window_shards, self.shuffle, pass_index
+        )
 
 
 @lru_cache(maxsize=64)
 def _pass_layout(
-    name: str, shard_rows: tuple[int, ...], seed: int, window_shards: int, shuffle: bool, pass_index: int
+    name: str,
+    shard_rows: tuple[int, ...],
+    seed: int,
+    window_shards: int,
+    shuffle: bool,
+    pass_index: int,
 ) -> _PassLayout:
     num_shards = len(shard_rows)
     if shuffle:
