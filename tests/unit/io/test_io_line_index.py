@@ -1,0 +1,160 @@
+"""The JSONL line index: which lines are rows, and its on-disk cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_torch.io import Dataset, _line_index
+from zephon_torch.io._line_index import load_or_build, scan_lines
+
+
+def _lines(buffer: bytes) -> list[bytes]:
+    return [buffer[start:end] for start, end in scan_lines(buffer).T.tolist()]
+
+
+def test_blank_and_whitespace_only_lines_are_not_rows() -> None:
+    buffer = b'{"a":1}\n\n   \n\t\r\n\r\n{"a":2}\n \x0c\n'
+    assert _lines(buffer) == [b'{"a":1}', b'{"a":2}']
+
+
+def test_a_last_line_without_a_newline_is_a_row() -> None:
+    assert _lines(b'{"a":1}\n{"a":2}') == [b'{"a":1}', b'{"a":2}']
+
+
+def test_crlf_line_endings_are_left_out_of_the_rows() -> None:
+    assert _lines(b'{"a":1}\r\n{"a":2}\r\n') == [b'{"a":1}', b'{"a":2}']
+
+
+def test_lines_with_surrounding_whitespace_stay_whole() -> None:
+    assert _lines(b'  {"a":1}  \n\t{"a":2}') == [b'  {"a":1}  ', b'\t{"a":2}']
+
+
+def test_an_empty_buffer_has_no_rows() -> None:
+    assert scan_lines(b"").shape == (2, 0)
+
+
+def test_the_index_is_int64_start_and_end_offsets() -> None:
+    index = scan_lines(b"ab\ncd\n")
+    assert index.dtype == np.int64
+    assert index.tolist() == [[0, 3], [2, 5]]
+
+
+def test_lines_spanning_scan_chunks_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_line_index, "_CHUNK_BYTES", 4)
+    assert _lines(b"abcdefg\nhi\n\n\njklmnopq") == [b"abcdefg", b"hi", b"jklmnopq"]
+
+
+_LINE = st.text(alphabet=st.sampled_from(list(' \t\r\x0b\x0c{}"a:1é')), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(_LINE, max_size=30), trailing_newline=st.booleans())
+def test_the_index_finds_exactly_the_non_blank_lines(
+    lines: list[str], trailing_newline: bool
+) -> None:
+    buffer = "\n".join(lines).encode() + (b"\n" if trailing_newline and lines else b"")
+    expected = []
+    for line in buffer.split(b"\n"):
+        row = line[:-1] if line.endswith(b"\r") else line
+        if line.strip():
+            expected.append(row)
+    assert _lines(buffer) == expected
+
+
+class _CountingScan:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, buffer: Any) -> Any:
+        self.calls += 1
+        return scan_lines(buffer)
+
+
+@pytest.fixture
+def counting_scan(monkeypatch: pytest.MonkeyPatch) -> _CountingScan:
+    counter = _CountingScan()
+    monkeypatch.setattr(_line_index, "scan_lines", counter)
+    return counter
+
+
+def test_a_second_open_of_the_same_file_reuses_the_cached_index(
+    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+) -> None:
+    path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
+    cache = tmp_path / "cache"
+    first = Dataset.from_path("d", path, index_cache_dir=str(cache))
+    second = Dataset.from_path("d", path, index_cache_dir=str(cache))
+    assert counting_scan.calls == 1
+    assert first.num_rows == second.num_rows == 10
+    assert second.read_rows(0, [9]) == [{"a": 9}]
+    assert [p.suffix for p in cache.iterdir()] == [".npy"]
+
+
+def test_the_index_is_rebuilt_when_the_file_changes(
+    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+) -> None:
+    path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
+    cache = str(tmp_path / "cache")
+    assert Dataset.from_path("d", path, index_cache_dir=cache).num_rows == 10
+    write_jsonl(path, [{"b": i} for i in range(12)])
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    changed = Dataset.from_path("d", path, index_cache_dir=cache)
+    assert counting_scan.calls == 2
+    assert changed.num_rows == 12
+    assert changed.read_rows(0, [11]) == [{"b": 11}]
+
+
+def test_compressed_files_are_indexed_once_too(
+    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+) -> None:
+    path = write_jsonl(tmp_path / "data.jsonl.gz", [{"a": i} for i in range(5)], compression="gzip")
+    Dataset.from_path("d", path)
+    reopened = Dataset.from_path("d", path)
+    assert counting_scan.calls == 1
+    assert reopened.read_rows(0, [4, 0]) == [{"a": 4}, {"a": 0}]
+
+
+def test_the_default_cache_is_under_zephon_torch_cache(
+    tmp_path: Path, write_jsonl: Any, _private_cache: Path
+) -> None:
+    Dataset.from_path("d", write_jsonl(tmp_path / "data.jsonl", [{"a": 1}]))
+    assert len(list(_private_cache.glob("*.npy"))) == 1
+
+
+def test_a_corrupt_cache_file_is_rebuilt(
+    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+) -> None:
+    path = str(write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(3)]))
+    cache = str(tmp_path / "cache")
+    load_or_build(path, cache, lambda: Path(path).read_bytes())
+    [cached] = Path(cache).iterdir()
+    cached.write_bytes(b"torn")
+    index = load_or_build(path, cache, lambda: Path(path).read_bytes())
+    assert index.shape == (2, 3)
+    assert counting_scan.calls == 2
+    assert np.load(cached).shape == (2, 3)
+
+
+def test_an_unwritable_cache_still_gives_the_index(tmp_path: Path, write_jsonl: Any) -> None:
+    path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(3)])
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the cache folder should be")
+    dataset = Dataset.from_path("d", path, index_cache_dir=str(blocker / "index"))
+    assert dataset.read_rows(0, [2]) == [{"a": 2}]
+
+
+def test_no_temporary_files_are_left_in_the_cache(tmp_path: Path, write_jsonl: Any) -> None:
+    for i in range(3):
+        write_jsonl(tmp_path / "data" / f"{i}.jsonl", [{"a": i}])
+    Dataset.from_path("d", tmp_path / "data", index_cache_dir=str(tmp_path / "cache"))
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(names) == 3
+    assert all(not name.startswith(".") for name in names)

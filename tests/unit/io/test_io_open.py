@@ -1,0 +1,243 @@
+"""Opening datasets: which files, which format, row counts, names and errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.io import Dataset, Shard
+
+
+@pytest.mark.parametrize(
+    ("name", "compression"),
+    [
+        ("a.jsonl", None),
+        ("a.ndjson", None),
+        ("a.json", None),
+        ("a.JSONL", None),
+        ("a.jsonl.gz", "gzip"),
+        ("a.ndjson.gz", "gzip"),
+        ("a.jsonl.zst", "zstd"),
+        ("a.json.zst", "zstd"),
+    ],
+)
+def test_jsonl_endings_are_detected_with_or_without_compression(
+    tmp_path: Path, write_jsonl: Any, name: str, compression: str | None
+) -> None:
+    path = write_jsonl(tmp_path / name, [{"i": i} for i in range(4)], compression=compression)
+    dataset = Dataset.from_path("d", path)
+    assert dataset.format == "jsonl"
+    assert dataset.shards == (Shard(path=str(path), num_rows=4),)
+
+
+def test_parquet_row_counts_come_from_the_footer(tmp_path: Path, write_parquet: Any) -> None:
+    path = write_parquet(tmp_path / "a.parquet", [{"i": i} for i in range(25)], row_group_size=10)
+    dataset = Dataset.from_path("d", path)
+    assert (dataset.format, dataset.num_rows) == ("parquet", 25)
+
+
+def test_a_directory_is_searched_recursively_in_path_order(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    for relative, count in [("b/2.jsonl", 2), ("a.jsonl", 1), ("b/1.jsonl.gz", 3)]:
+        compression = "gzip" if relative.endswith(".gz") else None
+        write_jsonl(tmp_path / "data" / relative, [{"x": 0}] * count, compression=compression)
+    (tmp_path / "data" / "README.md").write_text("not data")
+    (tmp_path / "data" / ".hidden.jsonl").write_text('{"x": 0}\n')
+    dataset = Dataset.from_path("d", tmp_path / "data")
+    names = [os.path.relpath(shard.path, tmp_path / "data") for shard in dataset.shards]
+    assert names == ["a.jsonl", "b/1.jsonl.gz", "b/2.jsonl"]
+    assert [shard.num_rows for shard in dataset.shards] == [1, 3, 2]
+    assert all(os.path.isabs(shard.path) for shard in dataset.shards)
+
+
+def test_a_glob_picks_its_matches_across_folders(tmp_path: Path, write_jsonl: Any) -> None:
+    for relative in ["x/1.jsonl", "y/2.jsonl", "y/3.ndjson"]:
+        write_jsonl(tmp_path / relative, [{"x": 0}])
+    dataset = Dataset.from_path("d", str(tmp_path / "**" / "*.jsonl"))
+    assert [Path(shard.path).name for shard in dataset.shards] == ["1.jsonl", "2.jsonl"]
+
+
+def test_a_file_url_reads_the_local_file(tmp_path: Path, write_jsonl: Any) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"x": 0}])
+    assert Dataset.from_path("d", f"file://{path}").num_rows == 1
+
+
+def test_format_overrides_detection_and_takes_every_visible_file(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    write_jsonl(tmp_path / "data" / "part-0.txt", [{"x": 0}])
+    write_jsonl(tmp_path / "data" / "part-1", [{"x": 1}, {"x": 2}], compression="zstd")
+    write_jsonl(tmp_path / "data" / "_SUCCESS", text="")
+    write_jsonl(tmp_path / "data" / ".crc", text="junk")
+    dataset = Dataset.from_path("d", tmp_path / "data", format="jsonl")
+    assert [Path(shard.path).name for shard in dataset.shards] == ["part-0.txt", "part-1"]
+    assert dataset.read_rows(1, [1]) == [{"x": 2}]
+
+
+def test_an_index_cache_inside_the_data_folder_is_not_read_as_data(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    write_jsonl(tmp_path / "data" / "a.txt", [{"x": 0}])
+    cache = str(tmp_path / "data" / "index")
+    Dataset.from_path("d", tmp_path / "data", format="jsonl", index_cache_dir=cache)
+    reopened = Dataset.from_path("d", tmp_path / "data", format="jsonl", index_cache_dir=cache)
+    assert len(reopened.shards) == 1
+
+
+def test_mixed_formats_in_a_directory_are_refused_with_each_listed(
+    tmp_path: Path, write_jsonl: Any, write_parquet: Any
+) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"x": 0}])
+    write_parquet(tmp_path / "b.parquet", [{"x": 0}])
+    with pytest.raises(ConfigError, match=r"mixes formats \(jsonl: 1 files.*parquet: 1 files"):
+        Dataset.from_path("d", tmp_path)
+
+
+def test_a_path_without_files_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=re.escape(f"no files found at {str(tmp_path)!r}")):
+        Dataset.from_path("d", tmp_path)
+    missing = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=re.escape(f"{missing!r}: the path does not exist")):
+        Dataset.from_path("d", missing)
+    with pytest.raises(ConfigError, match="no files found"):
+        Dataset.from_path("d", str(tmp_path / "*.jsonl"))
+
+
+def test_a_directory_of_unknown_endings_suggests_format(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"none of its 1 files .*pass `format=`"):
+        Dataset.from_path("d", tmp_path)
+
+
+def test_a_file_of_unknown_ending_needs_format(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text('{"x": 1}\n')
+    with pytest.raises(ConfigError, match=r"cannot tell the format of .*notes\.txt"):
+        Dataset.from_path("d", path)
+    assert Dataset.from_path("d", path, format="jsonl").num_rows == 1
+
+
+def test_an_unknown_format_is_refused_with_the_supported_ones(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"x": 0}])
+    with pytest.raises(ConfigError, match=r"one of 'jsonl', 'parquet', got 'csv'"):
+        Dataset.from_path("d", path, format="csv")
+
+
+def test_remote_urls_are_refused_for_now() -> None:
+    with pytest.raises(ConfigError, match=r"s3:// URLs are not supported"):
+        Dataset.from_path("d", "s3://bucket/data/")
+
+
+@pytest.mark.parametrize("name", ["", None, 3])
+def test_the_name_must_be_a_non_empty_str(tmp_path: Path, write_jsonl: Any, name: Any) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"x": 0}])
+    with pytest.raises(ConfigError, match="`name` must be a non-empty str"):
+        Dataset.from_path(name, path)
+    with pytest.raises(ConfigError, match="`name` must be a non-empty str"):
+        Dataset.from_dict(name, {"x": [1]})
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \r\n"])
+def test_an_empty_shard_names_the_dataset_and_the_shard(
+    tmp_path: Path, write_jsonl: Any, text: str
+) -> None:
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"x": 0}])
+    empty = write_jsonl(tmp_path / "data" / "b.jsonl", text=text)
+    with pytest.raises(DataError, match="has no rows") as caught:
+        Dataset.from_path("wiki", tmp_path / "data")
+    assert (caught.value.dataset, caught.value.shard) == ("wiki", str(empty))
+    assert "dataset 'wiki'" in str(caught.value)
+    assert str(empty) in str(caught.value)
+
+
+def test_a_file_that_is_not_parquet_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match="not a readable Parquet file") as caught:
+        Dataset.from_path("d", path)
+    assert caught.value.shard == str(path)
+
+
+def test_fingerprint_is_json_data_that_follows_row_counts_and_names(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    write_jsonl(tmp_path / "a" / "0.jsonl", [{"x": 0}] * 3)
+    write_jsonl(tmp_path / "b" / "0.jsonl", [{"y": 1}] * 3)
+    write_jsonl(tmp_path / "c" / "0.jsonl", [{"x": 0}] * 4)
+    write_jsonl(tmp_path / "d" / "1.jsonl", [{"x": 0}] * 3)
+    prints = {key: Dataset.from_path("d", tmp_path / key).fingerprint() for key in "abcd"}
+    assert json.loads(json.dumps(prints["a"])) == prints["a"]
+    assert set(prints["a"]) == {"name", "format", "num_shards", "num_rows", "rows_digest"}
+    assert prints["a"]["num_rows"] == 3
+    assert re.fullmatch(r"[0-9a-f]{16}", prints["a"]["rows_digest"])
+    # Same names and counts in another folder, with other content: same fingerprint.
+    assert prints["a"] == prints["b"]
+    assert prints["a"]["rows_digest"] != prints["c"]["rows_digest"]
+    assert prints["a"]["rows_digest"] != prints["d"]["rows_digest"]
+
+
+def test_repr_is_short(tmp_path: Path, write_jsonl: Any) -> None:
+    write_jsonl(tmp_path / "0.jsonl", [{"x": 0}] * 3)
+    write_jsonl(tmp_path / "1.jsonl", [{"x": 0}] * 4)
+    dataset = Dataset.from_path("wiki", tmp_path)
+    assert repr(dataset) == "Dataset(name='wiki', format='jsonl', shards=2, rows=7)"
+
+
+def test_from_dict_takes_columns_or_rows() -> None:
+    by_columns = Dataset.from_dict("d", {"a": [1, 2, 3], "b": ["x", "y", "z"]})
+    by_rows = Dataset.from_dict("d", [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}, {"a": 3, "b": "z"}])
+    for dataset in (by_columns, by_rows):
+        assert (dataset.format, dataset.num_rows, len(dataset.shards)) == ("memory", 3, 1)
+        assert dataset.read_rows(0, [2, 0]) == [{"a": 3, "b": "z"}, {"a": 1, "b": "x"}]
+    assert by_columns.shards == (Shard(path="memory://d/0", num_rows=3),)
+
+
+def test_from_dict_splits_into_shards_of_shard_size() -> None:
+    dataset = Dataset.from_dict("d", {"i": list(range(10))}, shard_size=4)
+    assert [shard.num_rows for shard in dataset.shards] == [4, 4, 2]
+    assert [shard.path for shard in dataset.shards] == [f"memory://d/{i}" for i in range(3)]
+    assert dataset.read_rows(2, [1]) == [{"i": 9}]
+
+
+def test_from_dict_copies_its_input() -> None:
+    rows = [{"a": 1}]
+    dataset = Dataset.from_dict("d", rows)
+    rows[0]["a"] = 2
+    rows.append({"a": 3})
+    assert dataset.read_rows(0, [0]) == [{"a": 1}]
+    dataset.read_rows(0, [0])[0]["a"] = 5
+    assert dataset.read_rows(0, [0]) == [{"a": 1}]
+
+
+def test_from_dict_turns_numpy_columns_into_python_values() -> None:
+    np = pytest.importorskip("numpy")
+    dataset = Dataset.from_dict("d", {"a": np.arange(3)})
+    [row] = dataset.read_rows(0, [1])
+    assert type(row["a"]) is int
+
+
+def test_from_dict_refuses_bad_input() -> None:
+    with pytest.raises(ConfigError, match=r"same length, got 'a': 2, 'b': 1"):
+        Dataset.from_dict("d", {"a": [1, 2], "b": [1]})
+    with pytest.raises(ConfigError, match="rows must be mappings, got int at row 1"):
+        Dataset.from_dict("d", [{"a": 1}, 2])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="got str"):
+        Dataset.from_dict("d", "abc")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="`shard_size` must be a positive int"):
+        Dataset.from_dict("d", {"a": [1]}, shard_size=0)
+
+
+@pytest.mark.parametrize("data", [{"a": []}, {}, []])
+def test_from_dict_without_rows_is_a_data_error(data: Any) -> None:
+    with pytest.raises(DataError, match="dataset 'd': has no rows"):
+        Dataset.from_dict("d", data)

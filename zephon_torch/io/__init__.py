@@ -1,0 +1,7 @@
+"""Datasets: named lists of shards with row counts, read row by row on demand."""
+
+from __future__ import annotations
+
+from zephon_torch.io.dataset import Dataset, Shard
+
+__all__ = ["Dataset", "Shard"]

@@ -1,0 +1,124 @@
+"""Which files a `Dataset.from_path` path names, and in which format.
+
+A path is a file, a directory (searched recursively) or a glob; files come back absolute and
+sorted by path, so shard order, and with it every pointer stream, does not depend on the order
+the file system lists them in. Names starting with "." or "_" are skipped in directories (hidden
+files, `_SUCCESS` and `_metadata` files that Spark and Hadoop leave next to the data), as is the
+line-index cache when it lies inside the data.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.io.formats import EXTENSIONS, check_format, detect_format
+
+_GLOB_CHARS = frozenset("*?[")
+_SKIPPED_PREFIXES = (".", "_")
+
+
+def find_files(
+    path: str | os.PathLike[str], *, format_: str | None, exclude: str | None = None
+) -> tuple[str, list[str]]:
+    """Lists the data files a path names and decides their format.
+
+    Args:
+        path: a file, a directory, a glob (`**` matches across folders), or a `file://` URL.
+        format_: the format to read; None detects it from the file name endings, and a format
+            given for a directory or glob takes every file whatever its ending.
+        exclude: a folder whose files are never data (the index cache).
+
+    Returns:
+        The format and the files, absolute and sorted.
+
+    Raises:
+        ConfigError: for a path naming no files, an unknown format, a file whose format its
+            name does not tell, or several formats at once.
+    """
+    text = _local(os.fspath(path))
+    if format_ is not None:
+        check_format(format_)
+    if os.path.isfile(text):
+        files, where = [os.path.abspath(text)], "file"
+    elif os.path.isdir(text):
+        files, where = _walk(text, exclude), "directory"
+    elif _GLOB_CHARS.intersection(text):
+        files, where = _glob(text, exclude), "glob"
+    else:
+        raise ConfigError(f"no files found at {text!r}: the path does not exist")
+    if not files:
+        raise ConfigError(f"no files found at {text!r}: the {where} holds no visible files")
+    if format_ is not None:
+        return format_, files
+    return _detect(text, where, files)
+
+
+def _local(text: str) -> str:
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        scheme = text.split("://", 1)[0]
+        raise ConfigError(
+            f"`path` must be local: {scheme}:// URLs are not supported yet, got {text!r}"
+        )
+    return os.path.expanduser(text)
+
+
+def _walk(directory: str, exclude: str | None) -> list[str]:
+    skipped = os.path.realpath(exclude) if exclude else None
+    files: list[str] = []
+    for root, folders, names in os.walk(directory):
+        folders[:] = [
+            folder
+            for folder in folders
+            if not folder.startswith(_SKIPPED_PREFIXES)
+            and os.path.realpath(os.path.join(root, folder)) != skipped
+        ]
+        files.extend(
+            os.path.abspath(os.path.join(root, name))
+            for name in names
+            if not name.startswith(_SKIPPED_PREFIXES)
+        )
+    return sorted(files)
+
+
+def _glob(pattern: str, exclude: str | None) -> list[str]:
+    skipped = os.path.join(os.path.realpath(exclude), "") if exclude else None
+    matches = (os.path.abspath(match) for match in glob.glob(pattern, recursive=True))
+    return sorted(
+        match
+        for match in matches
+        if os.path.isfile(match) and not (skipped and os.path.realpath(match).startswith(skipped))
+    )
+
+
+def _detect(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:
+    by_format: dict[str, list[str]] = {}
+    for file in files:
+        detected = detect_format(file)
+        if detected is not None:
+            by_format.setdefault(detected, []).append(file)
+    endings = ", ".join(EXTENSIONS)
+    if not by_format:
+        if where == "file":
+            raise ConfigError(
+                f"cannot tell the format of {text!r} from its name: known endings are "
+                f"{endings}; pass `format=`"
+            )
+        raise ConfigError(
+            f"no files found at {text!r}: none of its {len(files)} files ends in a known "
+            f"extension ({endings}); pass `format=` to read them all as one format"
+        )
+    if len(by_format) > 1:
+        listed = "; ".join(
+            f"{name}: {len(found)} files, e.g. {found[0]!r}"
+            for name, found in sorted(by_format.items())
+        )
+        raise ConfigError(
+            f"{text!r} mixes formats ({listed}); point `path` at one format, for example "
+            "with a glob such as 'data/**/*.parquet', and make one Dataset per format"
+        )
+    [(detected_format, found)] = by_format.items()
+    return detected_format, found

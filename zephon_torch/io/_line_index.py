@@ -1,0 +1,149 @@
+"""Line-offset indexes of JSONL bytes: one vectorised scan per file version, cached on disk.
+
+An index is an int64 array of shape (2, n): row i is `buffer[index[0, i]:index[1, i]]`, the i-th
+non-blank line without the "\\n" or "\\r\\n" that ends it. Blank lines (empty or ASCII whitespace
+only) are not rows; a last line without a trailing newline is. numpy finds the newlines in
+64 MiB chunks, so scratch memory is a 64 MiB mask plus a few int64 per line whatever the file
+size (0.4 GB/s with 60-byte lines, 1.3 GB/s with 500-byte ones, one core); only lines that
+start with whitespace are checked one by one.
+Indexes are saved as .npy files keyed by (absolute path, size, mtime_ns) and written
+atomically, so each version of a file is scanned once, by whichever process gets there first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+LineIndex = npt.NDArray[np.int64]
+
+_INDEX_VERSION = 2
+_CHUNK_BYTES = 1 << 26
+_NEWLINE = 10
+_CARRIAGE_RETURN = 13
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[[9, 10, 11, 12, 13, 32]] = True
+
+_log = logging.getLogger(__name__)
+
+
+def scan_lines(buffer: Any) -> LineIndex:
+    """Finds the non-blank lines of a byte buffer.
+
+    Args:
+        buffer: any object exporting the buffer protocol (bytes, mmap, memoryview).
+
+    Returns:
+        An int64 array of shape (2, n): each non-blank line's start offset, and its end offset
+        before the "\\n" or "\\r\\n" that ends it.
+    """
+    data = np.frombuffer(buffer, dtype=np.uint8)
+    size = int(data.size)
+    chunks = [
+        np.flatnonzero(data[offset : offset + _CHUNK_BYTES] == _NEWLINE) + offset
+        for offset in range(0, size, _CHUNK_BYTES)
+    ]
+    newlines = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
+    starts = np.concatenate((np.zeros(1, dtype=np.int64), newlines + 1))
+    ends = np.concatenate((newlines, np.full(1, size, dtype=np.int64)))
+    nonempty = ends > starts
+    starts, ends = starts[nonempty], ends[nonempty]
+    # CRLF files: leave the "\r" out of the row, so rows parse on the fast path.
+    ends = ends - (data[ends - 1] == _CARRIAGE_RETURN)
+    nonempty = ends > starts
+    starts, ends = starts[nonempty], ends[nonempty]
+    # A line that starts with whitespace may be all whitespace; those are rare, check each.
+    suspects = np.flatnonzero(_WHITESPACE[data[starts]])
+    if suspects.size:
+        blank = [i for i in suspects.tolist() if bool(_WHITESPACE[data[starts[i] : ends[i]]].all())]
+        if blank:
+            keep = np.ones(starts.size, dtype=bool)
+            keep[blank] = False
+            starts, ends = starts[keep], ends[keep]
+    return np.stack((starts, ends)).astype(np.int64, copy=False)
+
+
+def default_cache_dir() -> str:
+    """Returns `$ZEPHON_TORCH_CACHE/index`, or `~/.cache/zephon_torch/index` when unset."""
+    root = os.environ.get("ZEPHON_TORCH_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "zephon_torch"
+    )
+    return os.path.join(root, "index")
+
+
+def cache_file(cache_dir: str, path: str) -> str:
+    """Returns where the index of the current version of `path` is cached.
+
+    Args:
+        cache_dir: the index cache folder.
+        path: the indexed file; it is stat-ed, not read.
+
+    Returns:
+        A path inside `cache_dir` that changes whenever the file's size or mtime changes.
+    """
+    stat = os.stat(path)
+    key = f"{_INDEX_VERSION}\0{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return os.path.join(cache_dir, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
+
+
+def load_or_build(path: str, cache_dir: str, read: Callable[[], Any]) -> LineIndex:
+    """Loads the cached index of `path`, or scans `read()` and caches the result.
+
+    Args:
+        path: the JSONL file (compressed or not).
+        cache_dir: the index cache folder; created when missing. When it cannot be written the
+            index is still returned, only not cached.
+        read: returns the file's (decompressed) bytes; called only when no valid index is cached.
+
+    Returns:
+        The index, memory-mapped when it came from the cache.
+    """
+    target = cache_file(cache_dir, path)
+    cached = _load(target)
+    if cached is not None:
+        return cached
+    index = scan_lines(read())
+    _save(index, target)
+    return index
+
+
+def _load(target: str) -> LineIndex | None:
+    if not os.path.exists(target):
+        return None
+    try:
+        index = np.load(target, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None  # a torn or foreign file: rebuild it
+    if index.ndim != 2 or index.shape[0] != 2 or index.dtype != np.int64:
+        return None
+    # A plain view of the same pages: np.memmap's Python-level hooks on every slice cost more
+    # than the row lookups themselves.
+    return np.asarray(index).view(np.ndarray)
+
+
+def _save(index: LineIndex, target: str) -> None:
+    directory = os.path.dirname(target)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".npy")
+    except OSError as error:
+        _log.warning("cannot cache the JSONL line index in %r: %s", directory, error)
+        return
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.save(handle, index, allow_pickle=False)
+        os.replace(temporary, target)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if not isinstance(error, OSError):
+            raise
+        _log.warning("cannot cache the JSONL line index in %r: %s", directory, error)

@@ -1,0 +1,70 @@
+"""Row-number arguments: whatever the caller passes becomes one int64 array, checked once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from zephon_torch.errors import DataError
+
+Rows: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
+"""Row numbers within a shard: a sequence of ints or an integer numpy array."""
+
+CHANGED_NOTE = " (did the file change after the dataset was opened?)"
+"""Appended by readers whose own row count disagrees with the one the dataset recorded."""
+
+
+def as_row_array(rows: Rows) -> npt.NDArray[np.int64]:
+    """Returns `rows` as a one-dimensional int64 array.
+
+    Args:
+        rows: row numbers.
+
+    Returns:
+        The row numbers, not yet checked against any shard size.
+
+    Raises:
+        TypeError: when `rows` holds anything but integers.
+    """
+    if isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.ndim == 1:
+        return cast("npt.NDArray[np.int64]", rows)
+    if not len(rows):
+        return np.empty(0, dtype=np.int64)
+    array = np.asarray(rows)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise TypeError(f"`rows` must be a flat sequence of ints, got {_describe(rows)}")
+    return array.astype(np.int64, copy=False)
+
+
+def _describe(rows: Rows) -> str:
+    shown = list(rows[:3]) if not isinstance(rows, np.ndarray) else rows[:3].tolist()
+    return f"{type(rows).__name__} starting {shown!r}"
+
+
+def check_in_range(
+    positions: npt.NDArray[np.int64], count: int, *, dataset: str, shard: str, note: str = ""
+) -> None:
+    """Raises DataError naming the first row outside `[0, count)`, if any.
+
+    Args:
+        positions: row numbers, from `as_row_array`.
+        count: the shard's row count.
+        dataset: the dataset name, for the message.
+        shard: the shard path, for the message.
+        note: appended to the message, for example a likely cause.
+
+    Raises:
+        DataError: naming the dataset, the shard, the row and `count`.
+    """
+    if not positions.size or (int(positions.min()) >= 0 and int(positions.max()) < count):
+        return
+    bad = int(positions[(positions < 0) | (positions >= count)][0])
+    raise DataError(
+        f"row {bad} is out of range: the shard has {count} rows{note}",
+        dataset=dataset,
+        shard=shard,
+        row=bad,
+    )

@@ -1,0 +1,239 @@
+"""`Dataset`: a named, ordered list of shards with known row counts, read row by row on demand.
+
+Opening a dataset reads metadata only: Parquet footers, and JSONL line indexes that are built
+by one scan per file version and then cached on disk, so a second open of unchanged files costs
+a few stat calls per shard. Everything downstream (pointer streams, state fingerprints) needs
+only the shard list; rows are read later, by `(shard, row)`, from many threads at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.io._discover import find_files
+from zephon_torch.io._line_index import default_cache_dir
+from zephon_torch.io._rows import Rows, as_row_array, check_in_range
+from zephon_torch.io.formats import ShardReader, make_reader
+from zephon_torch.io.memory import MemoryReader, rows_of
+
+_MAX_OPENING_THREADS = 8
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of a dataset (or one slice of an in-memory table).
+
+    Args:
+        path: the absolute local path, or `memory://<dataset>/<i>` for in-memory shards.
+        num_rows: the number of rows; always positive.
+    """
+
+    path: str
+    num_rows: int
+
+
+class Dataset:
+    """A named, ordered list of shards with their row counts; reads rows on demand.
+
+    Build one with `from_path` or `from_dict`. It is safe to call `read_rows` from many threads
+    at once, and a dataset pickles without its open files and caches (DataLoader workers reopen
+    them on first use), so sending one to a worker process costs its shard list only, except
+    for in-memory datasets, whose rows travel with them.
+
+    Args:
+        name: a non-empty name, used in mixtures, states and error messages.
+        format: "jsonl", "parquet" or "memory".
+        shards: the shards, in order; each must have rows.
+        reader: reads the shards' rows (see `zephon_torch.io.formats.ShardReader`).
+
+    Raises:
+        ConfigError: for an empty or non-str name or no shards.
+        DataError: for a shard without rows, naming the dataset and the shard.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        format: str,  # noqa: A002 - the public contract's name
+        shards: Sequence[Shard],
+        reader: ShardReader,
+    ) -> None:
+        _check_name(name)
+        if not shards:
+            raise ConfigError(f"`shards` must not be empty for dataset {name!r}")
+        for shard in shards:
+            if shard.num_rows <= 0:
+                raise DataError(
+                    "has no rows (an empty file, or only blank lines); remove it or narrow "
+                    "the path",
+                    dataset=name,
+                    shard=shard.path,
+                )
+        self.name = name
+        self.format = format
+        self.shards = tuple(shards)
+        self._reader = reader
+        self._num_rows = sum(shard.num_rows for shard in self.shards)
+
+    @property
+    def num_rows(self) -> int:
+        """The total number of rows over all shards."""
+        return self._num_rows
+
+    @classmethod
+    def from_path(
+        cls,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        format: str | None = None,  # noqa: A002 - the public contract's name
+        index_cache_dir: str | None = None,
+    ) -> Dataset:
+        """Opens the files at a local path as one dataset, one shard per file.
+
+        Args:
+            name: the dataset name.
+            path: a file, a directory (every data file inside, recursively, sorted by path;
+                names starting with "." or "_" are skipped) or a glob (`**` crosses folders).
+            format: "jsonl" or "parquet"; None detects it from the endings `.jsonl`, `.ndjson`,
+                `.json` (each also with `.gz` or `.zst`) and `.parquet`. Given for a directory,
+                every file in it is read as that format, whatever its name.
+            index_cache_dir: where JSONL line indexes are cached; defaults to
+                `$ZEPHON_TORCH_CACHE/index`, else `~/.cache/zephon_torch/index`.
+
+        Returns:
+            The dataset, with row counts read from Parquet footers and JSONL line indexes.
+
+        Raises:
+            ConfigError: for a bad name, a path naming no files, an unknown format, or a
+                directory mixing formats.
+            DataError: for a file that is not of its format or has no rows.
+            ImportError: for .zst files when `zstandard` is not installed.
+        """
+        _check_name(name)
+        cache_dir = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
+        detected, files = find_files(path, format_=format, exclude=cache_dir)
+        reader = make_reader(detected, dataset=name, index_cache_dir=cache_dir)
+        counts = _count_rows(reader, files)
+        shards = [
+            Shard(path=file, num_rows=count) for file, count in zip(files, counts, strict=True)
+        ]
+        return cls(name=name, format=detected, shards=shards, reader=reader)
+
+    @classmethod
+    def from_dict(
+        cls,
+        name: str,
+        data: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
+        *,
+        shard_size: int | None = None,
+    ) -> Dataset:
+        """Builds an in-memory dataset from columns or rows.
+
+        Args:
+            name: the dataset name.
+            data: a mapping of equally long columns (sequences or arrays) or a sequence of
+                row mappings. It is copied.
+            shard_size: rows per shard (the last shard may be shorter); None makes one shard.
+
+        Returns:
+            A dataset of format "memory" with shards `memory://<name>/<i>`.
+
+        Raises:
+            ConfigError: for a bad name, a bad `shard_size`, or badly shaped `data`.
+            DataError: when `data` has no rows.
+        """
+        _check_name(name)
+        if shard_size is not None and (
+            isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1
+        ):
+            raise ConfigError(f"`shard_size` must be a positive int or None, got {shard_size!r}")
+        rows = rows_of(data)
+        if not rows:
+            raise DataError("has no rows: `data` is empty", dataset=name)
+        size = shard_size or len(rows)
+        tables = {
+            f"memory://{name}/{number}": rows[start : start + size]
+            for number, start in enumerate(range(0, len(rows), size))
+        }
+        shards = [Shard(path=path, num_rows=len(table)) for path, table in tables.items()]
+        reader = MemoryReader(dataset=name, shards=tables)
+        return cls(name=name, format="memory", shards=shards, reader=reader)
+
+    def read_rows(self, shard: int, rows: Rows) -> list[dict[str, Any]]:
+        """Reads rows of one shard; thread-safe.
+
+        Args:
+            shard: the shard's position in `shards`.
+            rows: row numbers within the shard, in any order, repeats allowed (a sequence of
+                ints or an integer numpy array).
+
+        Returns:
+            One new dict per requested row, in the order asked. Nested values may be shared
+            with a cache: do not mutate them.
+
+        Raises:
+            DataError: for a shard or row out of range, or a row that does not decode, naming
+                the dataset, the shard and the row.
+            TypeError: when `rows` holds anything but integers.
+        """
+        entry = self._shard(shard)
+        positions = as_row_array(rows)
+        check_in_range(positions, entry.num_rows, dataset=self.name, shard=entry.path)
+        return self._reader.read(entry.path, positions)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Returns a JSON-able summary that changes when the shard list or a row count does.
+
+        `rows_digest` is the first 16 hex digits of a sha256 over each shard's file name
+        (basename) and row count, in order: a changed dataset is noticed without reading data,
+        while moving the files to another folder or machine keeps the fingerprint.
+        """
+        listing = [[os.path.basename(shard.path), shard.num_rows] for shard in self.shards]
+        payload = json.dumps(listing, separators=(",", ":")).encode()
+        return {
+            "name": self.name,
+            "format": self.format,
+            "num_shards": len(self.shards),
+            "num_rows": self.num_rows,
+            "rows_digest": hashlib.sha256(payload).hexdigest()[:16],
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Dataset(name={self.name!r}, format={self.format!r}, shards={len(self.shards)}, "
+            f"rows={self.num_rows})"
+        )
+
+    def _shard(self, shard: int) -> Shard:
+        number = operator.index(shard)
+        if not 0 <= number < len(self.shards):
+            raise DataError(
+                f"shard {number} is out of range: the dataset has {len(self.shards)} shards",
+                dataset=self.name,
+            )
+        return self.shards[number]
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"`name` must be a non-empty str, got {name!r}")
+
+
+def _count_rows(reader: ShardReader, files: list[str]) -> list[int]:
+    # Footers and index scans of many shards overlap well: both wait on I/O or run numpy,
+    # zlib or zstd code that releases the GIL.
+    if len(files) == 1:
+        return [reader.num_rows(files[0])]
+    workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
+        return list(pool.map(reader.num_rows, files))

@@ -1,0 +1,163 @@
+"""Random access to rows of Parquet shards, one decoded row group at a time.
+
+Row counts come from the footer, so opening a dataset reads no data. Parquet cannot decode a
+single row, so a read decodes each row group it touches to Python lists once and keeps it in an
+LRU bounded by count and by the groups' uncompressed size (256 MiB by default; Python objects
+take a few times more). A window of rows drawn from a few shards then costs one conversion per
+row group, not one per request.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from zephon_torch.errors import DataError
+from zephon_torch.io._cache import LruCache
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+
+
+@dataclass(frozen=True)
+class _OpenFile:
+    """A Parquet file with its footer read; `lock` serialises decoding on the one handle."""
+
+    file: pq.ParquetFile
+    lock: threading.Lock
+    offsets: npt.NDArray[np.int64]  # first row of each row group, then the row count
+    group_bytes: tuple[int, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.offsets[-1])
+
+
+@dataclass(frozen=True)
+class _RowGroup:
+    """One row group as Python values, column by column."""
+
+    names: tuple[str, ...]
+    columns: tuple[list[Any], ...]
+    nbytes: int
+
+
+class ParquetReader:
+    """Reads the Parquet shards of one dataset; thread-safe, and picklable without its caches.
+
+    Args:
+        dataset: the dataset name, used in error messages.
+        max_open: how many files to keep open with their footers parsed.
+        max_row_groups: how many decoded row groups to keep.
+        max_row_group_bytes: bound on the summed uncompressed size of the kept row groups; the
+            newest one is kept whatever its size.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        max_open: int = 16,
+        max_row_groups: int = 16,
+        max_row_group_bytes: int = 256 << 20,
+    ) -> None:
+        self.dataset = dataset
+        self.max_open = max_open
+        self.max_row_groups = max_row_groups
+        self.max_row_group_bytes = max_row_group_bytes
+        self._open_caches()
+
+    def _open_caches(self) -> None:
+        self._files: LruCache[_OpenFile] = LruCache(self.max_open)
+        self._groups: LruCache[_RowGroup] = LruCache(
+            self.max_row_groups, max_weight=self.max_row_group_bytes, weigh=lambda g: g.nbytes
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "max_open": self.max_open,
+            "max_row_groups": self.max_row_groups,
+            "max_row_group_bytes": self.max_row_group_bytes,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_caches()
+
+    def num_rows(self, path: str) -> int:
+        """Returns the row count recorded in the shard's footer; reads no data."""
+        return self._file(path).num_rows
+
+    def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
+        """Returns the given rows of the shard as dicts of Python values, in the order asked.
+
+        Args:
+            path: the shard.
+            rows: row numbers within the shard, any order, repeats allowed.
+
+        Returns:
+            One new dict per requested row; nested lists and dicts are shared with the row group
+            cache, so do not mutate them.
+
+        Raises:
+            DataError: for a row past the end of the shard or a row group that does not decode.
+        """
+        opened = self._file(path)
+        positions = as_row_array(rows)
+        count = opened.num_rows
+        check_in_range(positions, count, dataset=self.dataset, shard=path, note=CHANGED_NOTE)
+        groups = np.searchsorted(opened.offsets, positions, side="right") - 1
+        within = (positions - opened.offsets[groups]).tolist()
+        decoded: dict[int, _RowGroup] = {}
+        result: list[dict[str, Any]] = []
+        for group, row in zip(groups.tolist(), within, strict=True):
+            values = decoded.get(group)
+            if values is None:
+                values = decoded[group] = self._groups.get_or_load(
+                    (path, group), partial(self._decode, path, opened, group)
+                )
+            result.append(
+                dict(zip(values.names, [column[row] for column in values.columns], strict=True))
+            )
+        return result
+
+    def _file(self, path: str) -> _OpenFile:
+        return self._files.get_or_load(path, partial(self._open, path))
+
+    def _open(self, path: str) -> _OpenFile:
+        try:
+            file = pq.ParquetFile(path)
+        except pa.ArrowException as error:
+            raise DataError(
+                f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
+            ) from error
+        metadata = file.metadata
+        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+        offsets = np.zeros(len(groups) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([group.num_rows for group in groups], dtype=np.int64)
+        return _OpenFile(
+            file=file,
+            lock=threading.Lock(),
+            offsets=offsets,
+            group_bytes=tuple(int(group.total_byte_size) for group in groups),
+        )
+
+    def _decode(self, path: str, opened: _OpenFile, group: int) -> _RowGroup:
+        try:
+            with opened.lock:
+                table = opened.file.read_row_group(group)
+        except pa.ArrowException as error:
+            raise DataError(
+                f"cannot decode row group {group}: {error}", dataset=self.dataset, shard=path
+            ) from error
+        return _RowGroup(
+            names=tuple(table.column_names),
+            columns=tuple(column.to_pylist() for column in table.columns),
+            nbytes=opened.group_bytes[group],
+        )
