@@ -20,13 +20,13 @@ demo: $(STAMP)
 	$(BIN)/zephon-torch demo
 
 test: $(STAMP)
-	$(BIN)/ruff check zephon_torch tests benchmarks examples integrations
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n 2 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: $(STAMP)
-	$(BIN)/ruff check zephon_torch tests benchmarks examples integrations
-	$(BIN)/ruff format --check zephon_torch tests benchmarks examples integrations
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -7,6 +7,7 @@ its BOS/EOS ids and a content digest for the state fingerprint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -64,13 +65,24 @@ def resolve_tokenizer(
     backend = Tokenizer.from_str(text)
     backend.no_truncation()
     backend.no_padding()
+    bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
+    eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token")
     return ResolvedTokenizer(
         backend=backend,
-        bos_id=_token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token"),
-        eos_id=_token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token"),
-        digest=hashlib.sha256(text.encode()).hexdigest()[:16],
+        bos_id=bos_id,
+        eos_id=eos_id,
+        digest=_digest(text),
         description=description,
     )
+
+
+def _digest(text: str) -> str:
+    """Hash of what decides the ids (post-processing, padding, truncation and decoding are
+    never used: the pipeline adds BOS/EOS itself, and those ids are fingerprinted apart)."""
+    config = json.loads(text)
+    relevant = {k: config.get(k) for k in ("added_tokens", "normalizer", "pre_tokenizer", "model")}
+    blob = json.dumps(relevant, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _load(tokenizer_id: str) -> tuple[Any, str]:
@@ -83,17 +95,41 @@ def _load(tokenizer_id: str) -> tuple[Any, str]:
             raise ConfigError(f"tokenizer directory {str(path)!r} has no tokenizer.json")
         backend = Tokenizer.from_file(str(file))
         return _with_config_tokens(backend, path), str(path)
+    return _from_hub(tokenizer_id), tokenizer_id
+
+
+def _from_hub(repo_id: str) -> Any:
+    """A hub repository's ``tokenizer.json`` (through the hub cache, honouring
+    ``HF_HUB_OFFLINE``); repositories without one go through transformers' converters."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        file = Path(hf_hub_download(repo_id, "tokenizer.json"))
+        # optional; offline and not cached counts as absent too
+        with contextlib.suppress(EntryNotFoundError):
+            hf_hub_download(repo_id, "tokenizer_config.json")
+        return _with_config_tokens(Tokenizer.from_file(str(file)), file.parent)
+    except LocalEntryNotFoundError as exc:
+        raise ConfigError(
+            f"cannot load tokenizer {repo_id!r}: not a local path, and the local hub cache does "
+            f"not have it while the hub is unreachable or HF_HUB_OFFLINE is set: {exc}"
+        ) from exc
+    except EntryNotFoundError:
+        pass  # the repository has no tokenizer.json: let transformers convert its files
+    except Exception as exc:  # the hub's errors for unknown repos, offline misses, no network
+        raise ConfigError(
+            f"cannot load tokenizer {repo_id!r}: not a local path, and the hub (or its local "
+            f"cache) does not have it: {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         from transformers import AutoTokenizer
-    except ImportError:
-        return Tokenizer.from_pretrained(tokenizer_id), tokenizer_id
-    try:
-        return AutoTokenizer.from_pretrained(tokenizer_id, use_fast=True), tokenizer_id
-    except OSError as exc:
+    except ImportError as exc:
         raise ConfigError(
-            f"cannot load tokenizer {tokenizer_id!r}: not a local path, and the hub (or its "
-            f"local cache) does not have it: {exc}"
+            f"tokenizer {repo_id!r} has no tokenizer.json; converting it needs transformers: "
+            "pip install 'zephon-torch[transformers]'"
         ) from exc
+    return AutoTokenizer.from_pretrained(repo_id, use_fast=True)
 
 
 class _ConfiguredTokenizer:

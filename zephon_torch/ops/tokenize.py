@@ -112,4 +112,6 @@ class TokenizeOp:
             "tokenizer": self.tokenizer.digest,
             "field": self.field,
             "special_tokens": self.special_tokens,
+            "prefix": self.prefix,
+            "suffix": self.suffix,
         }

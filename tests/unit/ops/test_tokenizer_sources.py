@@ -1,0 +1,134 @@
+"""A tokenizer can be a tokenizers object, a transformers fast tokenizer, a local directory or
+file, or a hub id served from the local hub cache; all give the same tokens."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from tests.helpers import keys, small_pipeline
+from zephon_torch.ops._tokenizer import resolve_tokenizer
+
+
+def hf_tokenizer(tokenizer: Tokenizer) -> Any:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
+
+
+def test_a_transformers_tokenizer_resolves_to_the_same_backend_and_eos(
+    tokenizer: Tokenizer,
+) -> None:
+    direct = resolve_tokenizer(None, tokenizer, bos_token=None, eos_token=None)
+    wrapped = resolve_tokenizer(None, hf_tokenizer(tokenizer), bos_token=None, eos_token=None)
+    assert direct.digest == wrapped.digest
+    assert direct.eos_id == wrapped.eos_id == tokenizer.token_to_id("<|endoftext|>")
+
+
+def test_a_local_directory_saved_by_transformers_loads_with_its_special_tokens(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    hf_tokenizer(tokenizer).save_pretrained(tmp_path / "tok")
+    resolved = resolve_tokenizer(str(tmp_path / "tok"), None, bos_token=None, eos_token=None)
+    assert resolved.eos_id == tokenizer.token_to_id("<|endoftext|>")
+    assert (
+        resolved.digest == resolve_tokenizer(None, tokenizer, bos_token=None, eos_token=None).digest
+    )
+
+
+def resolve_in_subprocess(tokenizer_id: str, hub_cache: Path) -> str:
+    """Resolve in a fresh interpreter whose hub settings come from the environment, as a
+    user's would (the hub libraries read them at import)."""
+    code = (
+        "from zephon_torch.ops._tokenizer import resolve_tokenizer\n"
+        f"r = resolve_tokenizer({tokenizer_id!r}, None, bos_token=None, eos_token=None)\n"
+        "print(r.digest, r.eos_id)\n"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return done.stdout.strip() if done.returncode == 0 else "ERROR " + done.stderr
+
+
+def test_a_hub_id_is_served_from_the_local_cache_offline(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    saved = tmp_path / "saved"
+    hf_tokenizer(tokenizer).save_pretrained(saved)
+    repo = tmp_path / "hub" / "models--zephon--tiny-bpe"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for file in saved.iterdir():
+        shutil.copy(file, snapshot / file.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    direct = resolve_tokenizer(None, tokenizer, bos_token=None, eos_token=None)
+    assert (
+        resolve_in_subprocess("zephon/tiny-bpe", tmp_path / "hub")
+        == f"{direct.digest} {direct.eos_id}"
+    )
+    missing = resolve_in_subprocess("nobody/nothing", tmp_path / "hub")
+    assert "ConfigError: cannot load tokenizer 'nobody/nothing'" in missing
+
+
+def test_every_form_of_the_same_tokenizer_gives_the_same_batches(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    reference = keys(small_pipeline(tokenizer))
+    assert keys(small_pipeline(hf_tokenizer(tokenizer))) == reference
+    p = small_pipeline(tokenizer)
+    from zephon_torch import Pipeline
+
+    by_path = (
+        Pipeline(p._source)
+        .tokenize(str(tmp_path / "tokenizer.json"), parallelism=2)
+        .pack_flat(64)
+        .batch(2)
+    )
+    assert keys(by_path) == reference
+
+
+def test_the_users_tokenizer_keeps_its_own_truncation_setting(tokenizer: Tokenizer) -> None:
+    own = Tokenizer.from_str(tokenizer.to_str())
+    own.enable_truncation(4)
+    resolved = resolve_tokenizer(None, own, bos_token=None, eos_token=None)
+    assert own.truncation is not None
+    assert len(resolved.backend.encode("a fairly long sentence with many words in it").ids) > 4
+
+
+def test_special_token_policies_add_the_ids_where_asked(tokenizer: Tokenizer) -> None:
+    from zephon_torch.ops.document import Document
+    from zephon_torch.ops.tokenize import TokenizeOp
+
+    resolved = resolve_tokenizer(None, tokenizer, bos_token="<|endoftext|>", eos_token=None)
+    plain = tokenizer.encode("hello world", add_special_tokens=False).ids
+    special = resolved.eos_id
+    for policy, expected in [
+        ("none", plain),
+        ("eos", [*plain, special]),
+        ("bos", [special, *plain]),
+        ("both", [special, *plain, special]),
+    ]:
+        op = TokenizeOp(
+            resolved,
+            field="text",
+            special_tokens=policy,  # type: ignore[arg-type]
+            dataset_names=["d"],
+            shard_paths=[["s"]],
+        )
+        (doc,) = op([Document(0, 0, 0, 0, 0, {"text": "hello world"})])
+        assert doc.tokens is not None and doc.tokens.tolist() == expected, policy
