@@ -12,7 +12,7 @@ import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch.elastic import check_topology, lanes_for_rank
@@ -29,7 +29,11 @@ from zephon_torch.ops.packers import Algorithm, make_packer
 from zephon_torch.ops.prefetch import Prefetcher
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.ops.tokenize import SpecialTokens, TokenizeOp
+from zephon_torch.torch.distributed import resolve_topology
 from zephon_torch.work.mixture import StaticMixtureWorkSource
+
+if TYPE_CHECKING:
+    from zephon_torch.torch.dataset import PipelineDataset
 
 _DEFAULT_CHUNK_DOCS = 32
 _CHUNK_TOKENS = 8192
@@ -38,8 +42,8 @@ _CHUNK_TOKENS = 8192
 @dataclass(frozen=True, kw_only=True)
 class _Options:
     canonical_replicas: int = 1
-    world_size: int = 1
-    rank: int = 0
+    world_size: int | None = None
+    rank: int | None = None
     prefetch: int = 8
     read_ahead: int = 2
     io_options: dict[str, Any] | None = None
@@ -88,9 +92,16 @@ class Pipeline:
         self._pack: _PackSpec | None = None
         self._microbatch_size: int | None = None
         self._lane_states: dict[int, dict[str, Any] | None] = {}
+        self._lane_subset: tuple[int, ...] | None = None
         self._estimation: dict[str, dict[str, float]] | None = None
         self._resolved: dict[str, ResolvedTokenizer] = {}
         self._live: Prefetcher[Batch] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A live iteration (threads) stays behind: a copy sent to a worker starts from the state.
+        state = dict(self.__dict__)
+        state["_live"] = None
+        return state
 
     # -- builder -------------------------------------------------------------------------------
 
@@ -116,8 +127,9 @@ class Pipeline:
 
         Args:
             canonical_replicas: L, the number of lanes; the largest GPU count you plan to use.
-            world_size: W, the number of ranks; must divide L.
-            rank: this rank, in ``[0, W)``.
+            world_size: W, the number of ranks; must divide L. Default: from
+                ``torch.distributed`` when initialised, else ``WORLD_SIZE``, else 1.
+            rank: this rank, in ``[0, W)``; default as for ``world_size``.
             prefetch: micro-batches computed ahead on a background thread (0: inline).
             read_ahead: chunks of documents each reader keeps in flight.
             io_options: storage options (cache, prefetch), passed to the io layer.
@@ -132,7 +144,9 @@ class Pipeline:
         }
         opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
         check_topology(
-            canonical_replicas=opts.canonical_replicas, world_size=opts.world_size, rank=opts.rank
+            canonical_replicas=opts.canonical_replicas,
+            world_size=1 if opts.world_size is None else opts.world_size,
+            rank=0 if opts.rank is None else opts.rank,
         )
         if opts.prefetch < 0 or opts.read_ahead < 1:
             raise ConfigError(
@@ -220,12 +234,30 @@ class Pipeline:
     # -- recipe facts --------------------------------------------------------------------------
 
     @property
+    def topology(self) -> tuple[int, int]:
+        """``(world_size, rank)`` as resolved now (process group, environment, options)."""
+        return resolve_topology(world_size=self._options.world_size, rank=self._options.rank)
+
+    @property
     def lanes(self) -> list[int]:
-        """The canonical lanes this rank owns, in emission order."""
-        o = self._options
+        """The canonical lanes this pipeline emits, in emission order: the rank's, or the
+        subset a DataLoader worker was given."""
+        if self._lane_subset is not None:
+            return list(self._lane_subset)
+        world_size, rank = self.topology
         return lanes_for_rank(
-            canonical_replicas=o.canonical_replicas, world_size=o.world_size, rank=o.rank
+            canonical_replicas=self._options.canonical_replicas, world_size=world_size, rank=rank
         )
+
+    def with_lanes(self, lanes: list[int]) -> Pipeline:
+        """The same recipe emitting only ``lanes`` (a subset of the rank's), in (turn, lane)
+        order; used to split a rank's lanes across DataLoader workers."""
+        own = set(self.lanes)
+        if not set(lanes) <= own:
+            raise ConfigError(
+                f"lanes {sorted(set(lanes) - own)} are not this rank's lanes {sorted(own)}"
+            )
+        return self._with(_lane_subset=tuple(sorted(lanes)))
 
     def fingerprint(self) -> dict[str, Any]:
         """Every data-affecting setting, flat; a saved state must match it key by key."""
@@ -303,6 +335,16 @@ class Pipeline:
         self._estimation = copy.deepcopy(state.get("estimation"))
 
     # -- running -------------------------------------------------------------------------------
+
+    def to_torch(self, *, mask_document_boundaries: bool = False) -> PipelineDataset:
+        """This pipeline as a torch ``IterableDataset`` of training dicts (see
+        ``zephon_torch.torch``); the loaded state, if any, carries over."""
+        from zephon_torch.torch.dataset import PipelineDataset
+
+        dataset = PipelineDataset(self, mask_document_boundaries=mask_document_boundaries)
+        if any(s is not None for s in self._lane_states.values()):
+            dataset.load_state_dict(self.state_dict())
+        return dataset
 
     def __iter__(self) -> Iterator[Batch]:
         self._require_complete()

@@ -1,0 +1,147 @@
+"""Real DataLoader workers (spawn) and StatefulDataLoader: same batches, exact resume."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from tests.helpers import small_pipeline, two_sources
+from zephon_torch import ConfigError, StateMismatchError
+from zephon_torch.torch import DataLoader
+from zephon_torch.torch.dataset import lanes_for_worker, workers_used
+
+DATASETS = two_sources(40, 30, shard_size=8)
+
+
+def build(tokenizer: Any, **kw: Any) -> Any:
+    kw.setdefault("lanes", 4)
+    kw.setdefault("datasets", DATASETS)
+    return small_pipeline(tokenizer, **kw)
+
+
+def fingerprint(item: dict[str, Any]) -> bytes:
+    return b"".join(
+        item[k].numpy().tobytes() for k in ("input_ids", "labels", "position_ids", "cu_seqlens")
+    )
+
+
+def take(loader: Any, n: int | None = None) -> list[bytes]:
+    out = []
+    for item in loader:
+        out.append(fingerprint(item))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+def test_worker_counts_give_the_batches_of_a_single_process(
+    tokenizer: Any, num_workers: int
+) -> None:
+    reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 40)
+    loader = DataLoader(
+        build(tokenizer, exhaustion="repeat"),
+        num_workers=num_workers,
+        multiprocessing_context="spawn",
+    )
+    assert take(loader, 40) == reference
+
+
+def test_a_finite_stream_gives_the_same_data_batches_with_workers(tokenizer: Any) -> None:
+    def data_only(loader: Any) -> list[bytes]:
+        return [fingerprint(i) for i in loader if int(i["num_valid_tokens"]) > 0]
+
+    reference = data_only(DataLoader(build(tokenizer)))
+    assert (
+        data_only(DataLoader(build(tokenizer), num_workers=2, multiprocessing_context="spawn"))
+        == reference
+    )
+
+
+@pytest.mark.parametrize(("save_workers", "load_workers"), [(2, 0), (0, 4), (4, 1), (2, 2)])
+def test_resume_with_another_worker_count_continues_exactly(
+    tokenizer: Any, save_workers: int, load_workers: int
+) -> None:
+    reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 30)
+    first = DataLoader(
+        build(tokenizer, exhaustion="repeat"),
+        num_workers=save_workers,
+        multiprocessing_context="spawn",
+    )
+    assert take(first, 13) == reference[:13]  # 13: mid-turn on purpose (4 lanes)
+    state = json.loads(json.dumps(first.state_dict()))
+    second = DataLoader(
+        build(tokenizer, exhaustion="repeat"),
+        num_workers=load_workers,
+        multiprocessing_context="spawn",
+    )
+    second.load_state_dict(state)
+    assert take(second, 17) == reference[13:]
+
+
+def test_a_loader_iterated_again_continues_from_what_it_delivered(tokenizer: Any) -> None:
+    reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 20)
+    loader = DataLoader(
+        build(tokenizer, exhaustion="repeat"), num_workers=2, multiprocessing_context="spawn"
+    )
+    assert take(loader, 7) + take(loader, 13) == reference
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_restores_mid_epoch_exactly(tokenizer: Any, num_workers: int) -> None:
+    def loader() -> StatefulDataLoader:
+        ctx = "spawn" if num_workers else None
+        return StatefulDataLoader(
+            build(tokenizer, exhaustion="repeat").to_torch(),
+            batch_size=None,
+            num_workers=num_workers,
+            multiprocessing_context=ctx,
+        )
+
+    reference = take(loader(), 24)
+    first = loader()
+    assert take(first, 10) == reference[:10]
+    state = first.state_dict()
+    second = loader()
+    second.load_state_dict(state)
+    assert take(second, 14) == reference[10:]
+
+
+def test_pin_memory_yields_pinned_tensors_when_an_accelerator_exists(tokenizer: Any) -> None:
+    loader = DataLoader(build(tokenizer), pin_memory=torch.cuda.is_available())
+    item = next(iter(loader))
+    assert item["input_ids"].dtype == torch.int64
+    if torch.cuda.is_available():
+        assert item["input_ids"].is_pinned()
+
+
+def test_a_state_from_eight_lanes_is_refused_by_a_four_lane_loader(tokenizer: Any) -> None:
+    eight = DataLoader(build(tokenizer, lanes=8))
+    take(eight, 3)
+    with pytest.raises(StateMismatchError, match="canonical_replicas"):
+        DataLoader(build(tokenizer, lanes=4)).load_state_dict(eight.state_dict())
+
+
+def test_three_ranks_over_eight_lanes_are_refused_with_the_supported_list(tokenizer: Any) -> None:
+    with pytest.raises(ConfigError, match=r"supported world sizes: \[1, 2, 4, 8\]"):
+        build(tokenizer, lanes=8, world_size=3)
+
+
+def test_persistent_workers_are_refused(tokenizer: Any) -> None:
+    with pytest.raises(ConfigError, match="persistent_workers"):
+        DataLoader(build(tokenizer), num_workers=1, persistent_workers=True)
+
+
+def test_worker_lane_split_rotates_to_the_next_lane_due() -> None:
+    assert workers_used(num_lanes=4, num_workers=3) == 2
+    assert workers_used(num_lanes=6, num_workers=4) == 3
+    lanes = [4, 5, 6, 7]
+    assert lanes_for_worker(lanes=lanes, turns={}, num_workers=2, worker_id=0) == [4, 6]
+    turns = {4: 3, 5: 3, 6: 2, 7: 2}  # saved mid-turn: 6 and 7 are due first
+    assert lanes_for_worker(lanes=lanes, turns=turns, num_workers=4, worker_id=0) == [6]
+    assert lanes_for_worker(lanes=lanes, turns=turns, num_workers=2, worker_id=1) == [7, 5]
+    assert lanes_for_worker(lanes=lanes, turns=turns, num_workers=3, worker_id=2) == []

@@ -1,0 +1,161 @@
+"""The pipeline as a torch ``IterableDataset``, split across DataLoader workers by lane.
+
+A rank's lanes, rotated to start at the next lane due, are dealt to the DataLoader's workers
+(worker w takes every a-th, a the number of workers used). Each worker emits its lanes in
+(turn, lane) order, and the DataLoader's round robin over workers then reproduces the rank's
+single-process order exactly. ``a`` is the largest divisor of the rank's lane count not above
+``num_workers``; other workers stay idle (with a warning).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from zephon_torch._state import STATE_VERSION
+from zephon_torch.errors import StateMismatchError
+from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
+
+if TYPE_CHECKING:
+    from zephon_torch.pipeline import Pipeline
+
+META_KEY = "zephon"
+
+
+def workers_used(*, num_lanes: int, num_workers: int) -> int:
+    """How many of ``num_workers`` get lanes: the largest divisor of ``num_lanes`` <= workers."""
+    if num_lanes == 0:
+        return 1
+    return max(d for d in range(1, min(num_lanes, max(1, num_workers)) + 1) if num_lanes % d == 0)
+
+
+def lanes_for_worker(
+    *, lanes: list[int], turns: dict[int, int], num_workers: int, worker_id: int
+) -> list[int]:
+    """The lanes worker ``worker_id`` emits: the rank's lanes rotated to start at the next lane
+    due (lowest turn, then lowest lane), dealt round robin over the workers used."""
+    used = workers_used(num_lanes=len(lanes), num_workers=num_workers)
+    if worker_id >= used:
+        return []
+    start = min(range(len(lanes)), key=lambda i: (turns.get(lanes[i], 0), i))
+    rotated = lanes[start:] + lanes[:start]
+    return rotated[worker_id::used]
+
+
+class PipelineDataset(IterableDataset[dict[str, Any]]):
+    """A ``Pipeline`` as an ``IterableDataset`` of training dicts.
+
+    Use it in ``torch.utils.data.DataLoader(ds, batch_size=None, num_workers=N)`` or torchdata's
+    ``StatefulDataLoader``. Each item is one lane's micro-batch as ``Batch.to_training()`` gives
+    it. ``state_dict()`` describes what this process's iterator has yielded: exact with
+    ``num_workers=0`` and inside StatefulDataLoader's workers. With a plain DataLoader and
+    workers, use ``zephon_torch.torch.DataLoader``, which tracks delivered state in the main
+    process and lets ``num_workers`` change between save and load.
+
+    Args:
+        pipeline: the recipe; its rank and world size resolve at iteration.
+        mask_document_boundaries: passed to ``Batch.to_training``.
+    """
+
+    def __init__(self, pipeline: Pipeline, *, mask_document_boundaries: bool = False) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.mask_document_boundaries = mask_document_boundaries
+        self.with_meta = False  # set by zephon_torch.torch.DataLoader
+        self._loaded: dict[str, Any] | None = None
+        self._delivered: dict[str, Any] = {}
+        self._worker_lanes: list[int] | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        pipeline = self.pipeline
+        rank_lanes = pipeline.lanes
+        states = dict(self._loaded["lanes"]) if self._loaded is not None else {}
+        states.update(self._delivered)
+        if info is not None and info.num_workers > 1:
+            used = workers_used(num_lanes=len(rank_lanes), num_workers=info.num_workers)
+            if used < info.num_workers and info.id == 0:
+                warnings.warn(
+                    f"{len(rank_lanes)} lanes on this rank cannot be split evenly over "
+                    f"{info.num_workers} DataLoader workers; using {used} of them (the rest "
+                    "stay idle). Pick a num_workers that divides the lanes per rank.",
+                    stacklevel=2,
+                )
+            if self._loaded is not None and "worker_lanes" in self._loaded:
+                # A worker's own state (StatefulDataLoader): same workers, same lanes.
+                mine = list(self._loaded["worker_lanes"])
+            else:
+                turns = {int(k): v["turn"] for k, v in states.items() if v is not None}
+                mine = lanes_for_worker(
+                    lanes=rank_lanes, turns=turns, num_workers=info.num_workers, worker_id=info.id
+                )
+            self._worker_lanes = mine
+            if not mine:
+                return
+            pipeline = pipeline.with_lanes(mine)
+        if states:
+            state = pipeline.state_dict()
+            state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
+            if self._loaded is not None:
+                state["estimation"] = self._loaded.get("estimation")
+            pipeline.load_state_dict(state)
+        for batch in pipeline:
+            self._delivered[str(batch.lane)] = batch.state
+            item: dict[str, Any] = dict(
+                batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
+            )
+            if self.with_meta:
+                item[META_KEY] = {"lane": batch.lane, "turn": batch.turn, "state": batch.state}
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state after what this process's iterator yielded (see the class docstring).
+
+        Inside a DataLoader worker it holds that worker's lanes only, and ``"worker_lanes"``,
+        so StatefulDataLoader can hand each worker back its own state (same ``num_workers``).
+        """
+        state = self.pipeline_state(self._delivered)
+        if get_worker_info() is not None and self._worker_lanes is not None:
+            state["lanes"] = {
+                str(lane): state["lanes"].get(str(lane)) for lane in self._worker_lanes
+            }
+            state["worker_lanes"] = list(self._worker_lanes)
+        return state
+
+    def pipeline_state(self, delivered: dict[str, Any]) -> dict[str, Any]:
+        """A full pipeline state for this rank from per-lane delivered states; gathered over
+        ranks when ``torch.distributed`` is initialised (then a collective)."""
+        base = self.pipeline.state_dict()
+        lanes = dict(self._loaded["lanes"]) if self._loaded is not None else dict(base["lanes"])
+        lanes.update(copy.deepcopy(delivered))
+        if get_worker_info() is None and distributed_ready():
+            lanes = all_gather_lane_states(lanes)
+        base["lanes"] = lanes
+        base["step"] = min((0 if s is None else s["turn"]) for s in lanes.values())
+        if self._loaded is not None:
+            base["estimation"] = self._loaded.get("estimation")
+        return base
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state of any world size dividing L; checked against the recipe."""
+        if state.get("version") != STATE_VERSION:
+            raise StateMismatchError({"version": (state.get("version"), STATE_VERSION)})
+        from zephon_torch._state import check_state
+
+        check_state(state, self.pipeline.fingerprint(), [])
+        self._loaded = copy.deepcopy(state)
+        self._delivered = {}
+
+
+def to_device(item: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """Move a training dict's tensors to ``device``, non-blocking (pin the memory first, e.g.
+    with ``pin_memory=True`` in the DataLoader, for a truly asynchronous copy)."""
+    return {
+        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        for k, v in item.items()
+    }

@@ -1,0 +1,68 @@
+"""Where this process sits: rank and world size, and the all-gather that makes states global.
+
+Rank and world size come from ``torch.distributed`` when it is initialised, else from the
+``RANK``/``WORLD_SIZE`` environment (as torchrun sets them), else from explicit options, else a
+single rank. An explicit option that contradicts the live process group is an error, and so is
+a malformed environment value: silently training on the wrong lanes is the failure to avoid.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch.distributed as dist
+
+from zephon_torch.errors import ConfigError
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"environment variable {name} must be >= 0, got {value}")
+    return value
+
+
+def distributed_ready() -> bool:
+    """Whether a default process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, int]:
+    """``(world_size, rank)`` from the process group, the environment, or the options given."""
+    if distributed_ready():
+        found, source = (dist.get_world_size(), dist.get_rank()), "torch.distributed"
+    else:
+        env = (_env_int("WORLD_SIZE"), _env_int("RANK"))
+        if (env[0] is None) != (env[1] is None):
+            raise ConfigError(
+                f"environment sets only one of WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} and "
+                f"RANK={os.environ.get('RANK')!r}; set both or neither"
+            )
+        if env[0] is None or env[1] is None:
+            return (1 if world_size is None else world_size, 0 if rank is None else rank)
+        found, source = (env[0], env[1]), "the RANK/WORLD_SIZE environment"
+        if found[1] >= found[0]:
+            raise ConfigError(f"RANK={found[1]} must be below WORLD_SIZE={found[0]}")
+    for name, given, live in (("world_size", world_size, found[0]), ("rank", rank, found[1])):
+        if given is not None and given != live:
+            raise ConfigError(f"`{name}` option is {given}, but {source} says {live}")
+    return found
+
+
+def all_gather_lane_states(lanes: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's lane states merged, on every rank (a collective: call it on all ranks)."""
+    if not distributed_ready() or dist.get_world_size() == 1:
+        return dict(lanes)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, lanes)
+    merged: dict[str, Any] = {}
+    for part in gathered:
+        merged.update(part)
+    return dict(sorted(merged.items(), key=lambda kv: int(kv[0])))

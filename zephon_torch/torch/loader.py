@@ -1,0 +1,95 @@
+"""A torch DataLoader that records, in the main process, what the training loop received.
+
+Workers attach each micro-batch's lane state to it; the loader strips it off as it hands the
+batch over and keeps the latest state per lane. So ``state_dict()`` between batches is exactly
+what was delivered (never what workers prefetched), and since the state is per lane, not per
+worker, ``num_workers`` may change between save and load.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch.utils.data
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.torch.dataset import META_KEY, PipelineDataset
+
+if TYPE_CHECKING:
+    from zephon_torch.pipeline import Pipeline
+
+
+class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
+    """``torch.utils.data.DataLoader`` over a pipeline, with exact ``state_dict``.
+
+    Args:
+        data: a ``Pipeline`` or its ``PipelineDataset``.
+        num_workers: DataLoader worker processes; a performance knob (never changes data).
+        pin_memory: pin batches for asynchronous host-to-device copies.
+        prefetch_factor: batches each worker prepares ahead.
+        multiprocessing_context: e.g. ``"spawn"`` (recommended with tokenizers' threads).
+        timeout: seconds to wait for a worker's batch (0: forever).
+
+    ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank.
+    Persistent workers are refused: they would keep producing from a stale state.
+    """
+
+    def __init__(
+        self,
+        data: Pipeline | PipelineDataset,
+        *,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: str | None = None,
+        timeout: float = 0,
+        persistent_workers: bool = False,
+    ) -> None:
+        if persistent_workers:
+            raise ConfigError(
+                "`persistent_workers=True` is not supported: a persistent worker would resume "
+                "from what it produced, not from what the loop received"
+            )
+        dataset = data if isinstance(data, PipelineDataset) else data.to_torch()
+        dataset.with_meta = True
+        super().__init__(
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            prefetch_factor=prefetch_factor,
+            # Meaningless without workers; accepted so a worker count can be set to 0 alone.
+            multiprocessing_context=multiprocessing_context if num_workers else None,
+            timeout=timeout,
+        )
+        self._delivered: dict[str, Any] = {}
+
+    @property
+    def pipeline_dataset(self) -> PipelineDataset:
+        """The dataset this loader iterates."""
+        dataset = self.dataset
+        assert isinstance(dataset, PipelineDataset)
+        return dataset
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        # Workers are started from the dataset as it is now: continue from what was delivered.
+        self.pipeline_dataset._delivered = copy.deepcopy(self._delivered)
+        return self._strip(super().__iter__())
+
+    def _strip(self, items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for item in items:
+            meta = item.pop(META_KEY)
+            self._delivered[str(meta["lane"])] = meta["state"]
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pipeline state after the last batch handed to the loop (global under
+        ``torch.distributed``)."""
+        return self.pipeline_dataset.pipeline_state(self._delivered)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers."""
+        self.pipeline_dataset.load_state_dict(state)
+        self._delivered = {}
