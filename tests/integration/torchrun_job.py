@@ -1,0 +1,66 @@
+"""One rank of a torchrun job: records global batches per step, saves or loads a loader state.
+
+Run as ``torchrun --nproc_per_node=W torchrun_job.py --tokenizer T --out DIR ...``. Each step
+takes this rank's lanes' micro-batches (one per owned lane), gathers them over ranks with the
+gloo backend, and rank 0 writes the SHA-256 of every global batch to ``DIR/steps.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tokenizers import Tokenizer
+
+from tests.helpers import small_pipeline, two_sources
+from zephon_torch.torch import DataLoader
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--lanes", type=int, default=4)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--save-at", type=int, default=-1)
+    parser.add_argument("--load", default=None)
+    parser.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tokenizer = Tokenizer.from_file(args.tokenizer)
+    pipeline = small_pipeline(
+        tokenizer, lanes=args.lanes, exhaustion="repeat", datasets=two_sources(40, 30, shard_size=8)
+    )
+    assert pipeline.topology == (world, rank)
+    loader = DataLoader(pipeline, num_workers=args.workers, multiprocessing_context="spawn")
+    start = 0
+    if args.load:
+        state = json.loads(Path(args.load).read_text())
+        loader.load_state_dict(state)
+        start = state["step"]
+    lanes_per_rank = args.lanes // world
+    steps: dict[int, str] = {}
+    stream = iter(loader)
+    for step in range(start, args.steps):
+        mine = torch.cat([next(stream)["input_ids"] for _ in range(lanes_per_rank)])
+        parts = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(parts, mine)
+        steps[step] = hashlib.sha256(torch.cat(parts).numpy().tobytes()).hexdigest()
+        if step + 1 == args.save_at:
+            state = loader.state_dict()  # a collective: every rank calls it
+            if rank == 0:
+                Path(args.out, "state.json").write_text(json.dumps(state))
+    if rank == 0:
+        Path(args.out, "steps.json").write_text(json.dumps(steps))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
