@@ -31,6 +31,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         prefetch_factor: batches each worker prepares ahead.
         multiprocessing_context: e.g. ``"spawn"`` (recommended with tokenizers' threads).
         timeout: seconds to wait for a worker's batch (0: forever).
+        deliver_on_use: for loops that fetch batches ahead of using them (Lightning does): each
+            batch keeps its ``"zephon"`` entry, and only ``mark_delivered(batch)``, called when
+            the batch is actually used, advances the state.
 
     ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank.
     Persistent workers are refused: they would keep producing from a stale state.
@@ -46,6 +49,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         multiprocessing_context: str | None = None,
         timeout: float = 0,
         persistent_workers: bool = False,
+        deliver_on_use: bool = False,
     ) -> None:
         if persistent_workers:
             raise ConfigError(
@@ -65,6 +69,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             timeout=timeout,
         )
         self._delivered: dict[str, Any] = {}
+        self.deliver_on_use = deliver_on_use
 
     @property
     def pipeline_dataset(self) -> PipelineDataset:
@@ -80,9 +85,14 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
     def _strip(self, items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for item in items:
-            meta = item.pop(META_KEY)
-            self._delivered[str(meta["lane"])] = meta["state"]
+            if not self.deliver_on_use:
+                self.mark_delivered(item)
             yield item
+
+    def mark_delivered(self, item: dict[str, Any]) -> None:
+        """Record ``item`` as used by the training loop (removes its ``"zephon"`` entry)."""
+        meta = item.pop(META_KEY)
+        self._delivered[str(meta["lane"])] = meta["state"]
 
     def state_dict(self) -> dict[str, Any]:
         """The pipeline state after the last batch handed to the loop (global under

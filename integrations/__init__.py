@@ -1,0 +1,1 @@
+"""Glue for training frameworks; imports only zephon_torch's public API."""

@@ -1,0 +1,73 @@
+"""Lightning: a tiny model checkpointed mid-epoch and resumed from the file sees the same data."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import lightning as L  # noqa: N812
+import torch
+
+from integrations.lightning import PipelineDataModule
+from tests.helpers import small_pipeline, two_sources
+
+DATASETS = two_sources(30, 20, shard_size=8)
+
+
+class TinyLM(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(1024, 16)
+        self.head = torch.nn.Linear(16, 1024)
+        self.seen: list[str] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.seen.append(hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest())
+        logits = self.head(self.embed(batch["input_ids"]))
+        return torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(tokenizer: Any, root: Path, max_steps: int, ckpt_path: str | None = None) -> TinyLM:
+    torch.manual_seed(0)
+    model = TinyLM()
+    data = PipelineDataModule(
+        small_pipeline(tokenizer, lanes=2, exhaustion="repeat", datasets=DATASETS)
+    )
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=[
+            L.pytorch.callbacks.ModelCheckpoint(dirpath=root, every_n_train_steps=4, save_top_k=-1)
+        ],
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return model
+
+
+def test_resume_from_a_mid_epoch_checkpoint_file_sees_the_batches_of_an_uninterrupted_run(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    full = fit(tokenizer, tmp_path / "full", max_steps=10).seen
+    assert len(full) == 10 and len(set(full)) == 10
+    (checkpoint,) = (tmp_path / "full").glob("*step=4.ckpt")
+    resumed = fit(tokenizer, tmp_path / "resumed", max_steps=10, ckpt_path=str(checkpoint)).seen
+    assert resumed == full[4:]
+
+
+def test_importing_zephon_torch_does_not_import_lightning() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, zephon_torch, zephon_torch.torch; print('lightning' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
