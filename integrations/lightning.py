@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L  # noqa: N812 - the framework's own convention
+import lightning as L
 
 from zephon_torch import Pipeline
 from zephon_torch.torch import DataLoader

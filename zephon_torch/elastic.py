@@ -4,11 +4,24 @@ Invariant: the global stream is the (turn, lane) interleaving of L canonical lan
 output depends only on the recipe and its id. Rank r of W owns the contiguous block
 ``[r * L/W, (r+1) * L/W)``, so concatenating the ranks' turn-t outputs in rank order gives the
 turn-t global batch for every W dividing L. All functions are keyword-only and side-effect free.
+``ElasticDistributedSampler`` applies the same split to a map-style dataset: G global-batch slots
+play the lanes, so the per-step union over ranks is the same G indices for every W dividing G.
 """
 
 from __future__ import annotations
 
-from zephon_torch.errors import ConfigError
+import operator
+import os
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from zephon_torch.errors import ConfigError, StateMismatchError
+from zephon_torch.work._hashing import stable_key
+from zephon_torch.work._permutation import permute
 
 
 def supported_world_sizes(*, canonical_replicas: int) -> list[int]:
@@ -37,3 +50,259 @@ def lanes_for_rank(*, canonical_replicas: int, world_size: int, rank: int) -> li
     check_topology(canonical_replicas=canonical_replicas, world_size=world_size, rank=rank)
     per_rank = canonical_replicas // world_size
     return list(range(rank * per_rank, (rank + 1) * per_rank))
+
+
+_SAMPLER_STATE_VERSION = 1
+_CHUNK_SAMPLES = 1 << 16  # indices a rank computes at a time: bounded memory, vectorised cost
+
+
+def num_global_batches(*, dataset_len: int, global_batch_size: int, drop_last: bool) -> int:
+    """Global batches in one epoch: the incomplete tail is dropped or padded to a whole batch."""
+    if drop_last:
+        return dataset_len // global_batch_size
+    return -(-dataset_len // global_batch_size)
+
+
+def rank_indices(
+    *,
+    dataset_len: int,
+    global_batch_size: int,
+    world_size: int,
+    rank: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    drop_last: bool,
+    start_batch: int = 0,
+    stop_batch: int | None = None,
+) -> list[int]:
+    """The dataset indices rank ``rank`` of ``world_size`` draws for global batches [start, stop).
+
+    Stream position ``p`` of the epoch holds ``perm[p % dataset_len]``, where ``perm`` is the
+    (seed, epoch)-keyed permutation (identity without ``shuffle``); the modulo pads the last
+    global batch by wrapping around to the start of the same permutation. Global batch ``b`` is
+    positions ``[b*G, (b+1)*G)`` and the rank takes the ``rank``-th of its ``world_size`` slices.
+    """
+    _check_split(global_batch_size=global_batch_size, world_size=world_size, rank=rank)
+    total = num_global_batches(
+        dataset_len=dataset_len, global_batch_size=global_batch_size, drop_last=drop_last
+    )
+    stop = total if stop_batch is None else stop_batch
+    if not 0 <= start_batch <= stop <= total:
+        raise ConfigError(
+            f"need 0 <= `start_batch` <= `stop_batch` <= {total}, got {start_batch}, {stop}"
+        )
+    share = global_batch_size // world_size
+    batches = np.arange(start_batch, stop, dtype=np.int64)[:, None]
+    offsets = np.arange(rank * share, (rank + 1) * share, dtype=np.int64)[None, :]
+    positions = (batches * global_batch_size + offsets).reshape(-1) % max(dataset_len, 1)
+    if shuffle:
+        # int(): a numpy seed would otherwise hash to another key (stable_key includes types).
+        key = stable_key("ElasticDistributedSampler", int(seed), int(epoch))
+        positions = permute(positions, dataset_len, key)
+    out: list[int] = positions.tolist()
+    return out
+
+
+def _check_split(
+    *,
+    global_batch_size: int,
+    world_size: int,
+    rank: int,
+    world_name: str = "`world_size`",
+    rank_name: str = "`rank`",
+) -> None:
+    if global_batch_size < 1:
+        raise ConfigError(f"`global_batch_size` must be positive, got {global_batch_size}")
+    if world_size < 1:
+        raise ConfigError(f"{world_name} must be positive, got {world_size}")
+    if global_batch_size % world_size:
+        supported = supported_world_sizes(canonical_replicas=global_batch_size)
+        raise ConfigError(
+            f"{world_name} {world_size} does not divide `global_batch_size` {global_batch_size}; "
+            f"supported world sizes: {supported}"
+        )
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"{rank_name} must be in [0, {world_size}), got {rank}")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"environment variable {name} must be an integer >= 0, got {raw!r}")
+    return value
+
+
+def _topology(num_replicas: int | None, rank: int | None) -> tuple[int, int, str, str]:
+    """(world size, rank, and where each came from): explicit, torch.distributed, env, default."""
+    initialised = dist.is_available() and dist.is_initialized()
+    world_name, rank_name = "`num_replicas`", "`rank`"
+    if num_replicas is None:
+        if initialised:
+            num_replicas, world_name = dist.get_world_size(), "torch.distributed world size"
+        else:
+            num_replicas, world_name = _env_int("WORLD_SIZE", 1), "environment variable WORLD_SIZE"
+    if rank is None:
+        if initialised:
+            rank, rank_name = dist.get_rank(), "torch.distributed rank"
+        else:
+            rank, rank_name = _env_int("RANK", 0), "environment variable RANK"
+    return num_replicas, rank, world_name, rank_name
+
+
+class ElasticDistributedSampler(Sampler[int]):
+    """``DistributedSampler`` for map-style datasets with the same global batches for every W | G.
+
+    Each step, rank r of W draws ``G/W`` indices (``rank_batch_size``): slice r of global batch
+    b of the (seed, epoch) stream (see ``rank_indices``). Give the DataLoader
+    ``batch_size=G // W``, or a divisor of it and accumulate gradients over the rest; a step is
+    always one global batch. The tail is dropped (``drop_last``) or padded by wrapping around the
+    same permutation, so every rank gets the same number of indices.
+
+    Args:
+        dataset: A sized map-style dataset; its length is read once, here.
+        num_replicas: World size W; defaults to torch.distributed, then ``WORLD_SIZE``, then 1.
+        rank: This rank; defaults to torch.distributed, then ``RANK``, then 0.
+        shuffle: Permute the indices per (seed, epoch); otherwise natural order.
+        seed: Seed of the permutation, identical on every rank.
+        drop_last: Drop the incomplete last global batch instead of padding it.
+        global_batch_size: G, the samples of one step over all ranks; W must divide it.
+
+    State:
+        ``version``; ``epoch``; ``global_batches`` consumed in that epoch; and the settings
+        compared on load: ``seed``, ``global_batch_size``, ``shuffle``, ``drop_last``,
+        ``dataset_len``. W is not part of it: any W dividing G may load it.
+
+    Resume guarantee: exact at step boundaries, onto any W dividing G. ``state_dict()`` with no
+    argument counts the whole ``G/W`` shares this sampler has yielded, which is what was consumed
+    with ``num_workers=0`` and under ``StatefulDataLoader`` (any ``num_workers``: it snapshots the
+    sampler as each batch is sent). A plain DataLoader with workers prefetches ahead, so pass the
+    training loop's step count within the epoch as ``consumed_global_batches``. A state taken in
+    the middle of a global batch (between accumulation micro-batches) resumes at its start.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        global_batch_size: int,
+    ) -> None:
+        super().__init__()
+        world, this_rank, world_name, rank_name = _topology(num_replicas, rank)
+        _check_split(
+            global_batch_size=global_batch_size,
+            world_size=world,
+            rank=this_rank,
+            world_name=world_name,
+            rank_name=rank_name,
+        )
+        self.dataset = dataset
+        self.num_replicas = world
+        self.rank = this_rank
+        self.shuffle = shuffle
+        self.seed = operator.index(seed)  # a plain int: JSON state, one permutation key
+        self.drop_last = drop_last
+        self.global_batch_size = global_batch_size
+        self.rank_batch_size = global_batch_size // world
+        self.dataset_len = len(dataset)
+        self.epoch = 0
+        self._start = 0  # global batch the next pass over ``epoch`` starts at
+        self._consumed = 0  # whole global batches of ``epoch`` accounted for so far
+        self._into_share = 0  # indices yielded into the current, unfinished share
+
+    def num_global_batches(self) -> int:
+        """Global batches (steps) in a whole epoch."""
+        return num_global_batches(
+            dataset_len=self.dataset_len,
+            global_batch_size=self.global_batch_size,
+            drop_last=self.drop_last,
+        )
+
+    def __len__(self) -> int:
+        return (self.num_global_batches() - self._start) * self.rank_batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        # A generator: the resume point is read at the first ``next``, so a state loaded after
+        # ``iter()`` (as StatefulDataLoader does) still applies.
+        epoch, start, total = self.epoch, self._start, self.num_global_batches()
+        self._consumed, self._into_share = start, 0
+        step = max(1, _CHUNK_SAMPLES // self.rank_batch_size)
+        for lo in range(start, total, step):
+            for index in rank_indices(
+                dataset_len=self.dataset_len,
+                global_batch_size=self.global_batch_size,
+                world_size=self.num_replicas,
+                rank=self.rank,
+                seed=self.seed,
+                epoch=epoch,
+                shuffle=self.shuffle,
+                drop_last=self.drop_last,
+                start_batch=lo,
+                stop_batch=min(lo + step, total),
+            ):
+                self._into_share += 1
+                if self._into_share == self.rank_batch_size:
+                    self._consumed, self._into_share = self._consumed + 1, 0
+                yield index
+        self._start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's permutation; a new epoch starts at its first global batch."""
+        epoch = operator.index(epoch)
+        if epoch != self.epoch:
+            self.epoch, self._start, self._consumed, self._into_share = epoch, 0, 0, 0
+
+    def state_dict(self, consumed_global_batches: int | None = None) -> dict[str, Any]:
+        """The resume point: ``consumed_global_batches`` of this epoch, else what was yielded."""
+        total = self.num_global_batches()
+        consumed = self._consumed if consumed_global_batches is None else consumed_global_batches
+        if not 0 <= consumed <= total:
+            raise ConfigError(
+                f"`consumed_global_batches` must be in [0, {total}] (the global batches of one "
+                f"epoch), got {consumed}"
+            )
+        position = {"epoch": self.epoch, "global_batches": consumed}
+        return {"version": _SAMPLER_STATE_VERSION, **position, **self._settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state``'s epoch and global batch; raise one error listing every mismatch.
+
+        A finished epoch's state loaded into a sampler already set to a later epoch leaves that
+        epoch alone: StatefulDataLoader applies the state at the next ``iter(loader)``, after
+        the training loop's ``set_epoch(epoch + 1)``.
+        """
+        total = self.num_global_batches()
+        live = {"version": _SAMPLER_STATE_VERSION} | self._settings()
+        mismatches: dict[str, tuple[object, object]] = {
+            key: (state.get(key), value) for key, value in live.items() if state.get(key) != value
+        }
+        epoch, consumed = state.get("epoch"), state.get("global_batches")
+        if not isinstance(epoch, int) or epoch < 0:
+            mismatches["epoch"] = (epoch, "an integer >= 0")
+        if not isinstance(consumed, int) or not 0 <= consumed <= total:
+            mismatches["global_batches"] = (consumed, f"an integer in [0, {total}]")
+        if mismatches or not isinstance(epoch, int) or not isinstance(consumed, int):
+            raise StateMismatchError(mismatches)
+        if consumed == total and self.epoch > epoch:
+            return
+        self.epoch, self._start, self._consumed, self._into_share = epoch, consumed, consumed, 0
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "global_batch_size": self.global_batch_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "dataset_len": self.dataset_len,
+        }

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import lightning as L  # noqa: N812
+import lightning as L
 import torch
 
 from integrations.lightning import PipelineDataModule
