@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from zephon_torch._demo import DEMO_MIXTURE, demo_pipeline, run_demo
+    from zephon_torch.demo import DEMO_MIXTURE, demo_pipeline, run_demo
 
     print("building the demo corpus and tokenizer (cached after the first run) ...", flush=True)
     pipeline = demo_pipeline(

@@ -8,7 +8,7 @@ import pytest
 
 from zephon_torch import Batch
 from zephon_torch._corpus import demo_tokenizer
-from zephon_torch._demo import demo_pipeline
+from zephon_torch.demo import demo_pipeline
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource

@@ -7,6 +7,7 @@ small (about 0.5 MB), so the recipe repeats each dataset with a fresh shuffle ev
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from zephon_torch._corpus import demo_corpus, demo_tokenizer
 from zephon_torch.io import Dataset
 from zephon_torch.pipeline import Pipeline
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+__all__ = ["DEMO_MIXTURE", "DemoReport", "demo_pipeline", "run_demo"]
 
 DEMO_MIXTURE = {"code": 0.5, "prose": 0.5}
 
@@ -78,8 +81,6 @@ def run_demo(pipeline: Pipeline, *, steps: int) -> DemoReport:
             break
     seconds = time.perf_counter() - start
     tokens = sum(totals.values())
-    import json
-
     return DemoReport(
         first_batch_shape=shape,
         steps=steps,

@@ -1,0 +1,116 @@
+"""A plain PyTorch training loop with gradient accumulation, elastic across GPU counts.
+
+    python examples/train_loop.py --steps 20                              # one process
+    torchrun --nproc_per_node=4 examples/train_loop.py --steps 20 --save-at 8 --checkpoint ck.pt
+    torchrun --nproc_per_node=2 examples/train_loop.py --steps 20 --resume ck.pt   # on 2 ranks
+
+The global batch is fixed by the recipe: one micro-batch from each of the L canonical lanes.
+A rank owns L/W lanes, so it runs L/W accumulation micro-steps per optimizer step: with fewer
+GPUs each one accumulates more. The loss is normalised by the *global* number of target tokens
+in the step and gradients are summed over ranks, so the update is the same for every W (up to
+floating-point summation order), and the data is the same bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zephon_torch.demo import demo_pipeline
+from zephon_torch.torch import DataLoader, to_device
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab: int, width: int = 64) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.mix = torch.nn.Linear(width, width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(input_ids))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--lanes", type=int, default=4, help="canonical_replicas L")
+    parser.add_argument("--out", default=None, help="write per-step loss and data hash as JSON")
+    parser.add_argument("--save-at", type=int, default=-1, help="checkpoint after this step")
+    parser.add_argument("--checkpoint", default="checkpoint.pt", help="where --save-at writes")
+    parser.add_argument("--resume", default=None, help="a checkpoint to continue from")
+    args = parser.parse_args()
+
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    world = dist.get_world_size() if distributed else 1
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    pipeline = demo_pipeline(canonical_replicas=args.lanes, max_length=256, microbatch_size=4)
+    loader = DataLoader(pipeline, pin_memory=device.type == "cuda")
+    accumulation = args.lanes // world  # micro-batches per rank per optimizer step
+
+    torch.manual_seed(0)
+    model = TinyLM(vocab=8192).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    start = 0
+    if args.resume:
+        checkpoint = torch.load(args.resume, weights_only=False)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        loader.load_state_dict(checkpoint["data"])  # saved on any W dividing L
+        start = checkpoint["step"]
+    stream = iter(loader)
+    log = []
+    for step in range(start, args.steps):
+        micro = [to_device(next(stream), device) for _ in range(accumulation)]
+        tokens = torch.tensor(sum(int(m["num_valid_tokens"]) for m in micro), dtype=torch.float64)
+        if distributed:
+            dist.all_reduce(tokens)  # the global target-token count of this step
+        step_loss = torch.zeros((), dtype=torch.float64)
+        mine = []  # one hash per micro-batch, in lane order
+        for m in micro:
+            logits = model(m["input_ids"])
+            loss_sum = torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), m["labels"].flatten(), ignore_index=-100, reduction="sum"
+            )
+            (loss_sum / tokens.item()).backward()
+            step_loss += loss_sum.detach().double().cpu()
+            mine.append(hashlib.sha256(m["input_ids"].cpu().numpy().tobytes()).hexdigest())
+        if distributed:
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+            dist.all_reduce(step_loss)
+            parts: list[list[str]] = [[] for _ in range(world)]
+            dist.all_gather_object(parts, mine)
+            mine = [h for part in parts for h in part]
+        data_hash = hashlib.sha256("".join(mine).encode()).hexdigest()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        log.append({"step": step, "loss": (step_loss / tokens).item(), "data": data_hash})
+        if not distributed or dist.get_rank() == 0:
+            print(f"step {step:3d}  loss {log[-1]['loss']:.4f}")
+        if step + 1 == args.save_at:
+            data = loader.state_dict()  # a collective: every rank calls it
+            if not distributed or dist.get_rank() == 0:
+                torch.save(
+                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "data": data, "step": step + 1},
+                    args.checkpoint,
+                )  # fmt: skip
+    if args.out and (not distributed or dist.get_rank() == 0):
+        Path(args.out).write_text(json.dumps(log))
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

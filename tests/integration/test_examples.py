@@ -1,0 +1,47 @@
+"""The training-loop example: same data and loss on 1, 2 and 4 ranks; resume on fewer ranks."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples" / "train_loop.py")
+
+
+def run(nproc: int, out: Path, *extra: str) -> list[dict[str, Any]]:
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [*launcher, EXAMPLE, "--steps", "8", "--out", str(out), *extra]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log: list[dict[str, Any]] = json.loads(out.read_text())
+    return log
+
+
+def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return [x["data"] for x in a] == [y["data"] for y in b] and all(
+        math.isclose(x["loss"], y["loss"], rel_tol=1e-6) for x, y in zip(a, b)
+    )
+
+
+def test_the_loop_trains_on_the_same_data_and_loss_for_every_rank_count(tmp_path: Path) -> None:
+    one = run(1, tmp_path / "one.json")
+    assert len(one) == 8 and one[-1]["loss"] < one[0]["loss"]
+    assert same(run(2, tmp_path / "two.json"), one)
+    assert same(run(4, tmp_path / "four.json"), one)
+
+
+def test_a_checkpoint_from_four_ranks_resumes_on_two(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ck.pt"
+    full = run(4, tmp_path / "full.json", "--save-at", "3", "--checkpoint", str(checkpoint))
+    resumed = run(2, tmp_path / "resumed.json", "--resume", str(checkpoint))
+    assert [r["step"] for r in resumed] == list(range(3, 8))
+    assert same(resumed, full[3:])
