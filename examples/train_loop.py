@@ -37,6 +37,49 @@ class TinyLM(torch.nn.Module):
         return self.head(torch.tanh(self.mix(self.embed(input_ids))))
 
 
+def accumulate(
+    model: torch.nn.Module, micro: list[dict[str, torch.Tensor]], tokens: torch.Tensor
+) -> tuple[torch.Tensor, list[str]]:
+    """Backward over each micro-batch, the loss normalised by the step's global token count;
+    returns the summed loss and one data hash per micro-batch."""
+    step_loss = torch.zeros((), dtype=torch.float64)
+    hashes = []
+    for m in micro:
+        logits = model(m["input_ids"])
+        loss_sum = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), m["labels"].flatten(), ignore_index=-100, reduction="sum"
+        )
+        (loss_sum / tokens.item()).backward()
+        step_loss += loss_sum.detach().double().cpu()
+        hashes.append(hashlib.sha256(m["input_ids"].cpu().numpy().tobytes()).hexdigest())
+    return step_loss, hashes
+
+
+def save(
+    path: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    step: int,
+) -> None:
+    """Checkpoint model, optimizer and data position (the data state is gathered: a collective)."""
+    data = loader.state_dict()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        torch.save({**state, "data": data, "step": step}, path)
+
+
+def load(
+    path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader
+) -> int:
+    """Restore a checkpoint saved on any rank count dividing L; returns its step."""
+    checkpoint = torch.load(path, weights_only=False)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    loader.load_state_dict(checkpoint["data"])
+    return int(checkpoint["step"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
@@ -60,13 +103,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = TinyLM(vocab=8192).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    start = 0
-    if args.resume:
-        checkpoint = torch.load(args.resume, weights_only=False)
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        loader.load_state_dict(checkpoint["data"])  # saved on any W dividing L
-        start = checkpoint["step"]
+    start = load(args.resume, model, optimizer, loader) if args.resume else 0
     stream = iter(loader)
     log = []
     for step in range(start, args.steps):
@@ -74,16 +111,7 @@ def main() -> None:
         tokens = torch.tensor(sum(int(m["num_valid_tokens"]) for m in micro), dtype=torch.float64)
         if distributed:
             dist.all_reduce(tokens)  # the global target-token count of this step
-        step_loss = torch.zeros((), dtype=torch.float64)
-        mine = []  # one hash per micro-batch, in lane order
-        for m in micro:
-            logits = model(m["input_ids"])
-            loss_sum = torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1), m["labels"].flatten(), ignore_index=-100, reduction="sum"
-            )
-            (loss_sum / tokens.item()).backward()
-            step_loss += loss_sum.detach().double().cpu()
-            mine.append(hashlib.sha256(m["input_ids"].cpu().numpy().tobytes()).hexdigest())
+        step_loss, mine = accumulate(model, micro, tokens)
         if distributed:
             for p in model.parameters():
                 if p.grad is not None:
@@ -99,13 +127,7 @@ def main() -> None:
         if not distributed or dist.get_rank() == 0:
             print(f"step {step:3d}  loss {log[-1]['loss']:.4f}")
         if step + 1 == args.save_at:
-            data = loader.state_dict()  # a collective: every rank calls it
-            if not distributed or dist.get_rank() == 0:
-                torch.save(
-                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "data": data, "step": step + 1},
-                    args.checkpoint,
-                )  # fmt: skip
+            save(args.checkpoint, model, optimizer, loader, step + 1)
     if args.out and (not distributed or dist.get_rank() == 0):
         Path(args.out).write_text(json.dumps(log))
     if distributed:
