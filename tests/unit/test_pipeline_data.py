@@ -147,3 +147,18 @@ def test_training_tensors_follow_the_segments(tokenizer: Any) -> None:
             offset += n
         assert (labels[r, offset:] == -100).all()
     assert int(t["num_valid_tokens"]) == int((labels != -100).sum())
+
+
+def test_batch_to_a_device_gives_the_training_tensors_there(tokenizer: Any) -> None:
+    import torch
+
+    batch = next(iter(small_pipeline(tokenizer)))
+    moved = batch.to("cpu")
+    reference = batch.to_training()
+    assert moved.keys() == reference.keys()
+    assert all(torch.equal(moved[k], reference[k]) for k in moved)
+    if torch.cuda.is_available():
+        on_gpu = batch.to("cuda")
+        assert on_gpu["input_ids"].is_cuda and torch.equal(
+            on_gpu["input_ids"].cpu(), reference["input_ids"]
+        )

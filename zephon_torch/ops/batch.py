@@ -58,6 +58,16 @@ class Batch:
                 out[self.source_names[s]] += n
         return out
 
+    def to(
+        self, device: torch.device | str, *, mask_document_boundaries: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """``to_training()`` on ``device``: pinned and copied without blocking to an accelerator."""
+        target = torch.device(device)
+        out = self.to_training(mask_document_boundaries=mask_document_boundaries)
+        if target.type == "cpu":
+            return out
+        return {k: v.pin_memory().to(target, non_blocking=True) for k, v in out.items()}
+
     def to_training(self, *, mask_document_boundaries: bool = False) -> dict[str, torch.Tensor]:
         """The tensors of a training step.
 
