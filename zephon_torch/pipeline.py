@@ -1,72 +1,37 @@
-"""The pipeline: the one place operators are wired into lanes and lanes into one stream.
+"""The pipeline: a recipe built step by step, its fingerprint, and its delivered state.
 
-Per lane: one reader per source (fetch, maps, filters, tokenize on a shared pool) feeding a
-serial mix+pack node feeding a batch node. The rank emits one micro-batch per owned lane per
-turn, in lane order; a turn in which none of the rank's lanes has data ends the stream. The
-state is what was delivered: the lane state carried by the last batch each lane handed over.
+Per lane it runs one reader per source (fetch, maps, filters, tokenize on a shared pool)
+feeding a serial mix+pack node feeding a batch node (wired by ``_lanes.LaneRuntime``). The rank
+emits one micro-batch per owned lane per turn, in lane order. The state is what was delivered:
+the lane state carried by the last batch each lane handed over.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from zephon_torch._lanes import LaneRuntime
+from zephon_torch._specs import Options, PackSpec, PretokenizedSpec, TokenizeSpec
 from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch.elastic import check_topology, lanes_for_rank
 from zephon_torch.errors import ConfigError
-from zephon_torch.ops._runner import DocChain, Runner, RunnerKind
+from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
-from zephon_torch.ops.batch import Batch, BatchNode
-from zephon_torch.ops.document import DocOp
-from zephon_torch.ops.fetch import FetchOp
+from zephon_torch.ops.batch import Batch
 from zephon_torch.ops.filter import FilterOp
 from zephon_torch.ops.map import MapOp, Row
-from zephon_torch.ops.pack import MixPack
 from zephon_torch.ops.packers import Algorithm, make_packer
 from zephon_torch.ops.prefetch import Prefetcher
-from zephon_torch.ops.read import DocumentReader
+from zephon_torch.ops.pretokenized import TokenFieldOp
 from zephon_torch.ops.tokenize import SpecialTokens, TokenizeOp
 from zephon_torch.torch.distributed import resolve_topology
 from zephon_torch.work.mixture import StaticMixtureWorkSource
 
 if TYPE_CHECKING:
     from zephon_torch.torch.dataset import PipelineDataset
-
-_DEFAULT_CHUNK_DOCS = 32
-_CHUNK_TOKENS = 8192
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Options:
-    canonical_replicas: int = 1
-    world_size: int | None = None
-    rank: int | None = None
-    prefetch: int = 8
-    read_ahead: int = 2
-    io_options: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class _TokenizeSpec:
-    tokenizer_id: str | None
-    tokenizer: Any
-    field: str
-    parallelism: int
-    runner: RunnerKind
-    special_tokens: SpecialTokens
-    bos_token: str | None
-    eos_token: str | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class _PackSpec:
-    max_length: int
-    algorithm: Algorithm
-    num_bins: int
-    pad_token_id: int | None
 
 
 class Pipeline:
@@ -86,10 +51,11 @@ class Pipeline:
                 f"`source` must be a StaticMixtureWorkSource, got {type(source).__name__}"
             )
         self._source = source
-        self._options = _Options()
+        self._options = Options()
         self._user_ops: tuple[MapOp | FilterOp, ...] = ()
-        self._tokenize: _TokenizeSpec | None = None
-        self._pack: _PackSpec | None = None
+        self._tokenize: TokenizeSpec | None = None
+        self._pretokenized: PretokenizedSpec | None = None
+        self._pack: PackSpec | None = None
         self._microbatch_size: int | None = None
         self._lane_states: dict[int, dict[str, Any] | None] = {}
         self._lane_subset: tuple[int, ...] | None = None
@@ -188,7 +154,7 @@ class Pipeline:
             raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
         if runner not in ("threads", "processes"):
             raise ConfigError(f"`runner` must be one of ['threads', 'processes'], got {runner!r}")
-        spec = _TokenizeSpec(
+        spec = TokenizeSpec(
             tokenizer_id=None if tokenizer_id is None else str(tokenizer_id),
             tokenizer=tokenizer,
             field=field,
@@ -202,6 +168,23 @@ class Pipeline:
         new._resolve()  # fail at build time on a bad tokenizer or special-token policy
         return new
 
+    def pretokenized(
+        self,
+        field: str = "input_ids",
+        *,
+        eos_token_id: int | None = None,
+        parallelism: int = 1,
+        runner: RunnerKind = "threads",
+    ) -> Pipeline:
+        """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set."""
+        self._check_before_tokenize("pretokenized")
+        if parallelism < 1:
+            raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
+        spec = PretokenizedSpec(
+            field=field, eos_token_id=eos_token_id, parallelism=parallelism, runner=runner
+        )
+        return self._with(_pretokenized=spec)
+
     def pack_flat(
         self,
         max_length: int,
@@ -211,10 +194,12 @@ class Pipeline:
         pad_token_id: int | None = None,
     ) -> Pipeline:
         """Pack token streams into rows of ``max_length`` (``wrap`` or ``best_fit``)."""
-        if self._tokenize is None:
-            raise ConfigError("`pack_flat` needs token ids: call `tokenize` first")
+        if self._tokenize is None and self._pretokenized is None:
+            raise ConfigError(
+                "`pack_flat` needs token ids: call `tokenize` (or `pretokenized`) first"
+            )
         make_packer(algorithm, max_length, num_bins)  # validates
-        spec = _PackSpec(
+        spec = PackSpec(
             max_length=max_length, algorithm=algorithm, num_bins=num_bins, pad_token_id=pad_token_id
         )
         return self._with(_pack=spec)
@@ -228,8 +213,10 @@ class Pipeline:
         return self._with(_microbatch_size=microbatch_size)
 
     def _check_before_tokenize(self, what: str) -> None:
-        if self._tokenize is not None:
-            raise ConfigError(f"`{what}` must come before `tokenize` (it works on rows)")
+        if self._tokenize is not None or self._pretokenized is not None:
+            raise ConfigError(
+                f"`{what}` must come before `tokenize`/`pretokenized` (it works on rows)"
+            )
 
     # -- recipe facts --------------------------------------------------------------------------
 
@@ -264,9 +251,8 @@ class Pipeline:
         self._require_complete()
         assert self._pack is not None
         out = {"canonical_replicas": self._options.canonical_replicas, **self._source.fingerprint()}
-        out["ops"] = [op.fingerprint() for op in self._user_ops] + [
-            self._tokenize_op().fingerprint()
-        ]
+        out["ops"] = [op.fingerprint() for op in self._user_ops]
+        out["ops"].append(self._token_stage()[0].fingerprint())
         out["pack"] = {
             "max_length": self._pack.max_length,
             "algorithm": self._pack.algorithm,
@@ -277,10 +263,25 @@ class Pipeline:
         return out
 
     def _require_complete(self) -> None:
-        if self._tokenize is None or self._pack is None or self._microbatch_size is None:
+        if self._pack is None or self._microbatch_size is None:
             raise ConfigError(
                 "the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs"
             )
+
+    def _token_stage(self) -> tuple[TokenizeOp | TokenFieldOp, str, int, RunnerKind]:
+        """The operator that yields token ids, its field, parallelism and runner."""
+        if self._pretokenized is not None:
+            p = self._pretokenized
+            op = TokenFieldOp(
+                field=p.field,
+                eos_token_id=p.eos_token_id,
+                dataset_names=self._source.names,
+                shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+            )
+            return op, p.field, p.parallelism, p.runner
+        spec = self._tokenize
+        assert spec is not None
+        return self._tokenize_op(), spec.field, spec.parallelism, spec.runner
 
     def _resolve(self) -> ResolvedTokenizer:
         spec = self._tokenize
@@ -310,6 +311,9 @@ class Pipeline:
         assert self._pack is not None
         if self._pack.pad_token_id is not None:
             return self._pack.pad_token_id
+        if self._pretokenized is not None:
+            eos = self._pretokenized.eos_token_id
+            return 0 if eos is None else eos
         eos = self._resolve().eos_id
         return 0 if eos is None else eos
 
@@ -349,7 +353,7 @@ class Pipeline:
     def __iter__(self) -> Iterator[Batch]:
         self._require_complete()
         self._close_live()
-        runtime = _Runtime(self)
+        runtime = LaneRuntime(self)
         prefetch = self._options.prefetch
         stream: Iterator[Batch]
         if prefetch:
@@ -359,7 +363,7 @@ class Pipeline:
             stream = runtime.batches()
         return self._deliver(stream, runtime)
 
-    def _deliver(self, stream: Iterator[Batch], runtime: _Runtime) -> Iterator[Batch]:
+    def _deliver(self, stream: Iterator[Batch], runtime: LaneRuntime) -> Iterator[Batch]:
         try:
             for batch in stream:
                 self._lane_states[batch.lane] = batch.state
@@ -373,98 +377,3 @@ class Pipeline:
         if self._live is not None:
             self._live.close()
             self._live = None
-
-
-class _Runtime:
-    """The live nodes of one iteration: a runner, and per lane its readers, packer and batcher."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        source = pipeline._source
-        pack = pipeline._pack
-        spec = pipeline._tokenize
-        assert pack is not None and spec is not None and pipeline._microbatch_size is not None
-        ops: list[DocOp] = [*pipeline._user_ops, pipeline._tokenize_op()]
-        self.chain = DocChain(FetchOp(source.datasets), ops)
-        self.runner = Runner(self.chain, parallelism=spec.parallelism, kind=spec.runner)
-        if pipeline._estimation is None and source.token_estimation is not None:
-            pipeline._estimation = self._calibrate(pipeline, spec.field)
-        chunk_docs = self._chunk_docs(pipeline)
-        num_lanes = pipeline._options.canonical_replicas
-        self.nodes: list[BatchNode] = []
-        for lane in pipeline.lanes:
-            readers = [
-                DocumentReader(
-                    source=i,
-                    layout=layout,
-                    lane=lane,
-                    num_lanes=num_lanes,
-                    exhaustion=source.exhaustion,
-                    runner=self.runner,
-                    chunk_docs=chunk_docs[i],
-                    ahead=pipeline._options.read_ahead,
-                )
-                for i, layout in enumerate(source.layouts)
-            ]
-            packer = make_packer(pack.algorithm, pack.max_length, pack.num_bins)
-            mixpack = MixPack(readers, source.weights, source.mixing, packer)
-            node = BatchNode(
-                mixpack,
-                microbatch_size=pipeline._microbatch_size,
-                max_length=pack.max_length,
-                lane=lane,
-                pad_id=pipeline._pad_id(),
-                source_names=source.names,
-            )
-            node.reset(pipeline._lane_states.get(lane))
-            self.nodes.append(node)
-
-    def _calibrate(self, pipeline: Pipeline, field: str) -> dict[str, dict[str, float]]:
-        """Tokens per byte and bytes per document of each dataset, from its first documents."""
-        source = pipeline._source
-        assert source.token_estimation is not None
-        count = source.token_estimation.calibration_documents
-        out: dict[str, dict[str, float]] = {}
-        for i, layout in enumerate(source.layouts):
-            pointers = layout.pointers(
-                pass_index=0, lane=0, num_lanes=1, start=0, count=min(count, layout.num_rows)
-            )
-            docs = self.chain.fetch.fetch(i, pointers)
-            for op in self.chain.ops[:-1]:
-                docs = op(docs)
-            text_bytes = sum(len(str((d.data or {}).get(field, "")).encode()) for d in docs)
-            docs = self.chain.ops[-1](docs)
-            tokens = sum(len(d.tokens) for d in docs if d.tokens is not None)
-            out[layout.name] = {
-                "tokens_per_byte": tokens / max(1, text_bytes),
-                "bytes_per_document": text_bytes / max(1, len(docs)),
-            }
-        return out
-
-    @staticmethod
-    def _chunk_docs(pipeline: Pipeline) -> list[int]:
-        estimation = pipeline._estimation
-        names = pipeline._source.names
-        if estimation is None:
-            return [_DEFAULT_CHUNK_DOCS] * len(names)
-        out = []
-        for name in names:
-            est = estimation.get(name, {})
-            per_doc = est.get("tokens_per_byte", 0.0) * est.get("bytes_per_document", 0.0)
-            docs = _DEFAULT_CHUNK_DOCS if per_doc <= 0 else math.ceil(_CHUNK_TOKENS / per_doc)
-            out.append(max(1, min(256, docs)))
-        return out
-
-    def batches(self) -> Iterator[Batch]:
-        """Micro-batches in (turn, lane) order until a turn where no owned lane has data."""
-        while True:
-            turn = min(node.turn for node in self.nodes)
-            pending = [node for node in self.nodes if node.turn == turn]
-            resumed_mid_turn = len(pending) < len(self.nodes)
-            out = [next(node) for node in pending]
-            if not resumed_mid_turn and all(b.num_tokens == 0 for b in out):
-                return
-            yield from out
-
-    def close(self) -> None:
-        """Stop the workers."""
-        self.runner.close()

@@ -118,7 +118,7 @@ def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
     [
         (lambda p: p.batch(0), "`batch` needs packed rows"),
         (lambda p: p.tokenize("x", tokenizer=object()), "exactly one of"),
-        (lambda p: p.pack_flat(64), "call `tokenize` first"),
+        (lambda p: p.pack_flat(64), "call `tokenize` \\(or `pretokenized`\\) first"),
     ],
 )
 def test_a_pipeline_built_out_of_order_says_what_is_missing(

@@ -1,0 +1,66 @@
+"""Pre-tokenized input: token ids from a field pack exactly like tokenizing the text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import prose_documents
+from tests.helpers import assert_resumes_at_every_step, keys
+from zephon_torch import DataError, Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+
+def sources(tokenizer: Any) -> list[Dataset]:
+    out = []
+    for name, seed in (("a", 1), ("b", 2)):
+        texts = prose_documents(30, seed=seed, max_words=120)
+        ids = [
+            np.asarray(tokenizer.encode(t, add_special_tokens=False).ids, dtype=np.int32)
+            for t in texts
+        ]
+        out.append(Dataset.from_dict(name, {"text": texts, "ids": ids}, shard_size=7))
+    return out
+
+
+def recipe(datasets: list[Dataset]) -> Pipeline:
+    source = StaticMixtureWorkSource(
+        datasets, {"a": 2, "b": 1}, seed=5, token_estimation=TokenEstimation()
+    )
+    return Pipeline(source).options(canonical_replicas=2)
+
+
+def test_token_ids_in_a_field_give_the_batches_of_tokenizing_the_text(tokenizer: Any) -> None:
+    datasets = sources(tokenizer)
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    tokenized = recipe(datasets).tokenize(tokenizer=tokenizer).pack_flat(40, "best_fit").batch(2)
+    given = (
+        recipe(datasets).pretokenized("ids", eos_token_id=eos).pack_flat(40, "best_fit").batch(2)
+    )
+    assert keys(given) == keys(tokenized)
+
+
+def test_pretokenized_pipelines_resume_at_every_step(tokenizer: Any) -> None:
+    datasets = sources(tokenizer)
+    assert_resumes_at_every_step(
+        lambda: recipe(datasets).pretokenized("ids").pack_flat(32).batch(2)
+    )
+
+
+def test_lists_of_ints_are_accepted_and_bad_ids_are_refused_by_row() -> None:
+    good = Dataset.from_dict("d", {"ids": [[1, 2, 3], [4, 5]]})
+    batch = next(iter(recipe_one(good).pretokenized("ids").pack_flat(8).batch(1)))
+    assert batch.input_ids[0, :5].tolist() == [1, 2, 3, 4, 5]
+    bad = Dataset.from_dict("d", {"ids": [[1, 2], [3, -1]]})
+    with pytest.raises(DataError, match=r"row 1: field 'ids' must hold a 1-D list of token ids"):
+        list(recipe_one(bad).pretokenized("ids").pack_flat(8).batch(1))
+    text = Dataset.from_dict("d", {"ids": ["not ids"]})
+    with pytest.raises(DataError, match="must hold a 1-D list of token ids"):
+        list(recipe_one(text).pretokenized("ids").pack_flat(8).batch(1))
+
+
+def recipe_one(dataset: Dataset) -> Pipeline:
+    return Pipeline(StaticMixtureWorkSource([dataset], shuffle=False))

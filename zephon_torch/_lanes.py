@@ -1,0 +1,85 @@
+"""The live side of a pipeline: per owned lane, readers, a mix+pack node and a batch node.
+
+Built fresh for every iteration from the recipe a ``Pipeline`` recorded and the delivered lane
+states; emits micro-batches in (turn, lane) order. A turn in which none of the owned lanes has
+data ends the stream (after a mid-turn resume, the started turn is completed first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from zephon_torch.ops._runner import DocChain, Runner
+from zephon_torch.ops.batch import Batch, BatchNode
+from zephon_torch.ops.estimate import calibrate, chunk_sizes
+from zephon_torch.ops.fetch import FetchOp
+from zephon_torch.ops.pack import MixPack
+from zephon_torch.ops.packers import make_packer
+from zephon_torch.ops.read import DocumentReader
+
+if TYPE_CHECKING:
+    from zephon_torch.pipeline import Pipeline
+
+
+class LaneRuntime:
+    """The live nodes of one iteration: a runner, and per lane its readers, packer and batcher."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        source = pipeline._source
+        pack = pipeline._pack
+        assert pack is not None and pipeline._microbatch_size is not None
+        token_op, token_field, parallelism, runner = pipeline._token_stage()
+        self.chain = DocChain(FetchOp(source.datasets), [*pipeline._user_ops, token_op])
+        self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
+        if pipeline._estimation is None and source.token_estimation is not None:
+            pipeline._estimation = calibrate(
+                self.chain,
+                source.layouts,
+                documents=source.token_estimation.calibration_documents,
+                field=token_field,
+            )
+        chunk_docs = chunk_sizes(pipeline._estimation, source.names)
+        num_lanes = pipeline._options.canonical_replicas
+        self.nodes: list[BatchNode] = []
+        for lane in pipeline.lanes:
+            readers = [
+                DocumentReader(
+                    source=i,
+                    layout=layout,
+                    lane=lane,
+                    num_lanes=num_lanes,
+                    exhaustion=source.exhaustion,
+                    runner=self.runner,
+                    chunk_docs=chunk_docs[i],
+                    ahead=pipeline._options.read_ahead,
+                )
+                for i, layout in enumerate(source.layouts)
+            ]
+            packer = make_packer(pack.algorithm, pack.max_length, pack.num_bins)
+            mixpack = MixPack(readers, source.weights, source.mixing, packer)
+            node = BatchNode(
+                mixpack,
+                microbatch_size=pipeline._microbatch_size,
+                max_length=pack.max_length,
+                lane=lane,
+                pad_id=pipeline._pad_id(),
+                source_names=source.names,
+            )
+            node.reset(pipeline._lane_states.get(lane))
+            self.nodes.append(node)
+
+    def batches(self) -> Iterator[Batch]:
+        """Micro-batches in (turn, lane) order until a turn where no owned lane has data."""
+        while True:
+            turn = min(node.turn for node in self.nodes)
+            pending = [node for node in self.nodes if node.turn == turn]
+            resumed_mid_turn = len(pending) < len(self.nodes)
+            out = [next(node) for node in pending]
+            if not resumed_mid_turn and all(b.num_tokens == 0 for b in out):
+                return
+            yield from out
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self.runner.close()

@@ -1,0 +1,48 @@
+"""Token estimation: measure a few documents per dataset once, size read-ahead from it.
+
+The figures only decide how many documents a read-ahead chunk holds (about 8k tokens), never
+which documents form a batch. They are frozen into the state so a resume sizes chunks the same.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from zephon_torch.ops._runner import DocChain
+from zephon_torch.work.pointers import PointerLayout
+
+DEFAULT_CHUNK_DOCS = 32
+CHUNK_TOKENS = 8192
+
+
+def calibrate(
+    chain: DocChain, layouts: tuple[PointerLayout, ...], *, documents: int, field: str
+) -> dict[str, dict[str, float]]:
+    """Per dataset: tokens per document and, for text, tokens per byte (first documents)."""
+    out: dict[str, dict[str, float]] = {}
+    for source, layout in enumerate(layouts):
+        count = min(documents, layout.num_rows)
+        pointers = layout.pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=count)
+        docs = chain.fetch.fetch(source, pointers)
+        for op in chain.ops[:-1]:
+            docs = op(docs)
+        texts = [d.data.get(field) for d in docs if d.data is not None]
+        text_bytes = sum(len(t.encode()) for t in texts if isinstance(t, str))
+        docs = chain.ops[-1](docs)
+        tokens = sum(len(d.tokens) for d in docs if d.tokens is not None)
+        figures = {"tokens_per_document": tokens / max(1, len(docs))}
+        if text_bytes:
+            figures["tokens_per_byte"] = tokens / text_bytes
+        out[layout.name] = figures
+    return out
+
+
+def chunk_sizes(estimation: dict[str, Any] | None, names: list[str]) -> list[int]:
+    """Documents per read-ahead chunk for each source: about ``CHUNK_TOKENS`` tokens."""
+    out = []
+    for name in names:
+        per_doc = float((estimation or {}).get(name, {}).get("tokens_per_document", 0.0))
+        docs = DEFAULT_CHUNK_DOCS if per_doc <= 0 else math.ceil(CHUNK_TOKENS / per_doc)
+        out.append(max(1, min(256, docs)))
+    return out
