@@ -16,8 +16,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from zephon_torch.ops.pack import MixPack, PackedRow
-
-IGNORE_INDEX = -100
+from zephon_torch.ops.training import training_tensors
 
 
 @dataclass
@@ -58,56 +57,33 @@ class Batch:
                 out[self.source_names[s]] += n
         return out
 
-    def to(
-        self, device: torch.device | str, *, mask_document_boundaries: bool = False
-    ) -> dict[str, torch.Tensor]:
-        """``to_training()`` on ``device``: pinned and copied without blocking to an accelerator."""
+    def to(self, device: torch.device | str, **options: bool) -> dict[str, torch.Tensor]:
+        """``to_training(**options)`` on ``device``: pinned and copied without blocking to an
+        accelerator."""
         target = torch.device(device)
-        out = self.to_training(mask_document_boundaries=mask_document_boundaries)
+        out = self.to_training(**options)
         if target.type == "cpu":
             return out
         return {k: v.pin_memory().to(target, non_blocking=True) for k, v in out.items()}
 
-    def to_training(self, *, mask_document_boundaries: bool = False) -> dict[str, torch.Tensor]:
-        """The tensors of a training step.
+    def to_training(
+        self, *, mask_document_boundaries: bool = False, attention_mask: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The tensors of a training step; see ``zephon_torch.ops.training.training_tensors``
+        for each one (``input_ids``, ``labels``, ``loss_mask``, ``position_ids``,
+        ``document_ids``, ``source_ids``, ``cu_seqlens``, ``max_seqlen``, ``num_valid_tokens``,
+        and with ``attention_mask=True`` the block-diagonal causal mask)."""
+        return training_tensors(
+            self.input_ids,
+            self.lengths,
+            self.sources,
+            mask_document_boundaries=mask_document_boundaries,
+            attention_mask=attention_mask,
+        )
 
-        Args:
-            mask_document_boundaries: set ``-100`` on the label of each segment's last token,
-                so no loss crosses from one document (or row piece) into the next.
-
-        Returns:
-            ``input_ids``, ``labels`` (next token, ``-100`` on padding and at the row end),
-            ``position_ids`` (restart at every segment), ``cu_seqlens`` (int32, over the
-            flattened ``[B*S]`` tokens, padding as its own segment), ``max_seqlen``,
-            ``num_valid_tokens`` (labels that are not ``-100``).
-        """
-        rows, width = self.input_ids.shape
-        input_ids = torch.from_numpy(self.input_ids)
-        labels = torch.full((rows, width), IGNORE_INDEX, dtype=torch.int64)
-        labels[:, :-1] = input_ids[:, 1:]
-        position_ids = np.zeros((rows, width), dtype=np.int64)
-        boundaries = [0]
-        for r, lengths in enumerate(self.lengths):
-            offset = 0
-            for n in lengths:
-                position_ids[r, offset : offset + n] = np.arange(n)
-                offset += n
-                boundaries.append(r * width + offset)
-                if mask_document_boundaries and offset > 0:
-                    labels[r, offset - 1] = IGNORE_INDEX
-            labels[r, max(offset - 1, 0) :] = IGNORE_INDEX
-            if offset < width:
-                position_ids[r, offset:] = np.arange(width - offset)
-                boundaries.append((r + 1) * width)
-        cu = np.asarray(boundaries, dtype=np.int32)
-        return {
-            "input_ids": input_ids,
-            "labels": labels,
-            "position_ids": torch.from_numpy(position_ids),
-            "cu_seqlens": torch.from_numpy(cu),
-            "max_seqlen": torch.tensor(int(np.diff(cu).max(initial=0)), dtype=torch.int64),
-            "num_valid_tokens": (labels != IGNORE_INDEX).sum(),
-        }
+    def row_sources(self) -> list[list[str]]:
+        """Per row, the dataset name of each of its segments."""
+        return [[self.source_names[s] for s in row] for row in self.sources]
 
 
 class BatchNode(BaseNode[Batch]):

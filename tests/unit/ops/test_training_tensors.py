@@ -1,0 +1,94 @@
+"""Training tensors agree with each other and keep attention inside documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import small_pipeline
+from zephon_torch.ops.training import IGNORE_INDEX, training_tensors
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[np.ndarray, list[list[int]], list[list[int]]]:
+    width = draw(st.integers(1, 24))
+    rows = draw(st.integers(1, 4))
+    lengths, sources = [], []
+    for _ in range(rows):
+        row: list[int] = []
+        while sum(row) < width and draw(st.booleans()):
+            row.append(draw(st.integers(1, width - sum(row))))
+        lengths.append(row)
+        sources.append([draw(st.integers(0, 2)) for _ in row])
+    ids = np.asarray(
+        draw(st.lists(st.integers(0, 999), min_size=rows * width, max_size=rows * width)),
+        dtype=np.int64,
+    )
+    return ids.reshape(rows, width), lengths, sources
+
+
+@given(layout=layouts(), mask=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_positions_documents_cu_seqlens_and_labels_agree(layout: Any, mask: bool) -> None:
+    ids, lengths, sources = layout
+    t = training_tensors(ids, lengths, sources, mask_document_boundaries=mask, attention_mask=True)
+    rows, width = ids.shape
+    cu = t["cu_seqlens"].tolist()
+    assert cu[0] == 0 and cu[-1] == rows * width and cu == sorted(cu)
+    flat_pos = t["position_ids"].flatten().tolist()
+    flat_doc = t["document_ids"].flatten().tolist()
+    for a, b in zip(cu, cu[1:]):
+        assert flat_pos[a:b] == list(range(b - a))  # positions restart at every segment
+        assert len(set(flat_doc[a:b])) == 1  # one segment (or one row's padding) per span
+    assert int(t["max_seqlen"]) == max(b - a for a, b in zip(cu, cu[1:]))
+    labels = t["labels"]
+    for r, row in enumerate(lengths):
+        offset = 0
+        for i, n in enumerate(row):
+            inner = labels[r, offset : offset + n - 1].tolist()
+            assert inner == ids[r, offset + 1 : offset + n].tolist()
+            last = int(labels[r, offset + n - 1])
+            is_row_end = i == len(row) - 1
+            if mask or is_row_end:
+                assert last == IGNORE_INDEX
+            else:
+                assert last == ids[r, offset + n]
+            assert t["source_ids"][r, offset : offset + n].tolist() == [sources[r][i]] * n
+            offset += n
+        assert (labels[r, offset:] == IGNORE_INDEX).all()
+        assert (t["document_ids"][r, offset:] == -1).all()
+    assert torch.equal(t["loss_mask"], labels != IGNORE_INDEX)
+    assert int(t["num_valid_tokens"]) == int(t["loss_mask"].sum())
+
+
+def test_sdpa_with_the_block_mask_never_attends_across_documents(tokenizer: Any) -> None:
+    pipeline = small_pipeline(tokenizer, algorithm="best_fit", max_length=256, microbatch_size=4)
+    batch = next(b for b in pipeline if max(len(row) for row in b.lengths) > 1)
+    t = batch.to_training(attention_mask=True)
+    docs = t["document_ids"]  # [B, S]
+    assert (docs.max(dim=1).values >= 1).any(), "need rows holding several documents"
+    rows, width = docs.shape
+    # value vectors one-hot on the document id: attention output mass shows where it looked
+    values = torch.nn.functional.one_hot(docs + 1, num_classes=int(docs.max()) + 2).float()[:, None]
+    query = torch.randn(rows, 1, width, 8)
+    key = torch.randn(rows, 1, width, 8)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, values, attn_mask=t["attention_mask"]
+    )
+    own = torch.gather(out[:, 0], 2, (docs + 1)[:, :, None])[..., 0]
+    assert torch.allclose(own, torch.ones_like(own), atol=1e-5)  # all mass on its own document
+    # and causality: the first token of each segment can only see itself
+    first = t["position_ids"] == 0
+    mask = t["attention_mask"][:, 0]
+    assert (mask.sum(-1)[first] == 1).all()
+
+
+def test_row_sources_name_each_segments_dataset(tokenizer: Any) -> None:
+    batch = next(iter(small_pipeline(tokenizer, max_length=256, microbatch_size=2)))
+    names = batch.row_sources()
+    assert [len(r) for r in names] == [len(r) for r in batch.lengths]
+    assert {n for r in names for n in r} <= {"long", "short"}

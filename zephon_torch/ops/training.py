@@ -1,0 +1,94 @@
+"""Training tensors from a packed micro-batch: labels, positions, varlen and block masks.
+
+Everything derives from the row layout (segment lengths per row): a segment is one document's
+piece in a row, so attention and positions restart at each one. Built with a few numpy passes
+per row; no per-token Python work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+IGNORE_INDEX = -100
+
+
+def training_tensors(
+    input_ids: npt.NDArray[np.int64],
+    lengths: list[list[int]],
+    sources: list[list[int]],
+    *,
+    mask_document_boundaries: bool = False,
+    attention_mask: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The tensors of a training step for a padded ``[B, S]`` micro-batch.
+
+    Args:
+        input_ids: ``[B, S]`` token ids, padded.
+        lengths: per row, its segment lengths in order (the rest of the row is padding).
+        sources: per row, each segment's source index.
+        mask_document_boundaries: ``-100`` on the label of each segment's last token, so no
+            loss term predicts the first token of the next document from the previous one.
+        attention_mask: also return the ``[B, 1, S, S]`` bool block-diagonal causal mask
+            (True: may attend), for ``scaled_dot_product_attention``.
+
+    Returns:
+        ``input_ids``; ``labels`` (next token; ``-100`` on padding and at row ends);
+        ``loss_mask`` (``labels != -100``); ``position_ids`` (restarting per segment, and per
+        row's padding); ``document_ids`` (segment index within its row, ``-1`` on padding);
+        ``source_ids`` (source index per token, ``-1`` on padding); ``cu_seqlens`` (int32 over
+        the flattened ``[B*S]`` tokens, each row's padding as its own segment);
+        ``max_seqlen``; ``num_valid_tokens``; and ``attention_mask`` when asked.
+    """
+    rows, width = input_ids.shape
+    labels = np.full((rows, width), IGNORE_INDEX, dtype=np.int64)
+    labels[:, :-1] = input_ids[:, 1:]
+    position_ids = np.empty((rows, width), dtype=np.int64)
+    document_ids = np.full((rows, width), -1, dtype=np.int64)
+    source_ids = np.full((rows, width), -1, dtype=np.int64)
+    boundaries = [0]
+    for r, (row_lengths, row_sources) in enumerate(zip(lengths, sources)):
+        sizes = np.asarray(row_lengths, dtype=np.int64)
+        used = int(sizes.sum())
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        segment = np.repeat(np.arange(len(sizes)), sizes)
+        document_ids[r, :used] = segment
+        source_ids[r, :used] = np.asarray(row_sources, dtype=np.int64)[segment]
+        position_ids[r, :used] = np.arange(used) - starts[segment]
+        position_ids[r, used:] = np.arange(width - used)
+        if mask_document_boundaries and len(ends):
+            labels[r, ends - 1] = IGNORE_INDEX
+        labels[r, max(used - 1, 0) :] = IGNORE_INDEX
+        boundaries.extend((r * width + ends).tolist())
+        if used < width:
+            boundaries.append((r + 1) * width)
+    cu = np.asarray(boundaries, dtype=np.int32)
+    labels_t = torch.from_numpy(labels)
+    out = {
+        "input_ids": torch.from_numpy(input_ids),
+        "labels": labels_t,
+        "loss_mask": labels_t != IGNORE_INDEX,
+        "position_ids": torch.from_numpy(position_ids),
+        "document_ids": torch.from_numpy(document_ids),
+        "source_ids": torch.from_numpy(source_ids),
+        "cu_seqlens": torch.from_numpy(cu),
+        "max_seqlen": torch.tensor(int(np.diff(cu).max(initial=0)), dtype=torch.int64),
+        "num_valid_tokens": (labels_t != IGNORE_INDEX).sum(),
+    }
+    if attention_mask:
+        out["attention_mask"] = block_causal_mask(document_ids)
+    return out
+
+
+def block_causal_mask(document_ids: npt.NDArray[np.int64]) -> torch.Tensor:
+    """``[B, 1, S, S]``: token i may attend to j when j <= i within the same segment; a padding
+    token attends to itself only (so no attention row is empty)."""
+    docs = torch.from_numpy(document_ids)
+    width = docs.shape[1]
+    same = docs[:, :, None] == docs[:, None, :]
+    real = (docs >= 0)[:, :, None] & (docs >= 0)[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    eye = torch.eye(width, dtype=torch.bool)
+    return ((same & real & causal) | eye)[:, None, :, :]
