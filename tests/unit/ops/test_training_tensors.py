@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -41,10 +42,10 @@ def test_positions_documents_cu_seqlens_and_labels_agree(layout: Any, mask: bool
     assert cu[0] == 0 and cu[-1] == rows * width and cu == sorted(cu)
     flat_pos = t["position_ids"].flatten().tolist()
     flat_doc = t["document_ids"].flatten().tolist()
-    for a, b in zip(cu, cu[1:]):
+    for a, b in itertools.pairwise(cu):
         assert flat_pos[a:b] == list(range(b - a))  # positions restart at every segment
         assert len(set(flat_doc[a:b])) == 1  # one segment (or one row's padding) per span
-    assert int(t["max_seqlen"]) == max(b - a for a, b in zip(cu, cu[1:]))
+    assert int(t["max_seqlen"]) == max(b - a for a, b in itertools.pairwise(cu))
     labels = t["labels"]
     for r, row in enumerate(lengths):
         offset = 0
