@@ -56,8 +56,17 @@ class LaneRuntime:
                 )
                 for i, layout in enumerate(source.layouts)
             ]
-            packer = make_packer(pack.algorithm, pack.max_length, pack.num_bins)
-            mixpack = MixPack(readers, source.weights, source.mixing, packer)
+            packer = make_packer(
+                pack.algorithm, pack.max_length, pack.num_bins, pack.max_sequences_per_bin
+            )
+            mixpack = MixPack(
+                readers,
+                source.weights,
+                source.mixing,
+                packer,
+                drop_longer_than=pack.max_length if pack.long_documents == "drop" else None,
+                drop_shorter_than=pack.min_document_length,
+            )
             node = BatchNode(
                 mixpack,
                 microbatch_size=pipeline._microbatch_size,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_torch.ops._runner import RunnerKind
-from zephon_torch.ops.packers import Algorithm
+from zephon_torch.ops.packers import Algorithm, LongDocuments
 from zephon_torch.ops.tokenize import SpecialTokens
 
 
@@ -38,6 +38,9 @@ class PackSpec:
     algorithm: Algorithm
     num_bins: int
     pad_token_id: int | None
+    max_sequences_per_bin: int | None
+    long_documents: LongDocuments
+    min_document_length: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
 from zephon_torch.ops.batch import Batch
 from zephon_torch.ops.filter import FilterOp
 from zephon_torch.ops.map import MapOp, Row
-from zephon_torch.ops.packers import Algorithm, make_packer
+from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
 from zephon_torch.ops.prefetch import Prefetcher
 from zephon_torch.ops.pretokenized import TokenFieldOp
 from zephon_torch.ops.tokenize import SpecialTokens, TokenizeOp
@@ -191,16 +191,44 @@ class Pipeline:
         algorithm: Algorithm = "wrap",
         *,
         num_bins: int = 8,
+        max_sequences_per_bin: int | None = None,
+        long_documents: LongDocuments = "split",
+        min_document_length: int = 0,
         pad_token_id: int | None = None,
     ) -> Pipeline:
-        """Pack token streams into rows of ``max_length`` (``wrap`` or ``best_fit``)."""
+        """Pack token streams into rows of ``max_length``.
+
+        Args:
+            max_length: tokens per row.
+            algorithm: ``"wrap"`` (no padding; documents span rows), ``"best_fit"``,
+                ``"first_fit"`` or ``"best_fit_wrap"`` (whole documents in ``num_bins`` open
+                rows, padded; the last may cut one document per row instead of opening a row).
+            num_bins: open rows of the bin packers.
+            max_sequences_per_bin: close a row once it holds this many pieces.
+            long_documents: documents longer than ``max_length``: ``"split"`` into pieces, or
+                ``"drop"`` them (counted in the lane state's ``skipped``).
+            min_document_length: drop (and count) documents with fewer tokens.
+            pad_token_id: padding id; default the tokenizer's EOS, else 0.
+        """
         if self._tokenize is None and self._pretokenized is None:
             raise ConfigError(
                 "`pack_flat` needs token ids: call `tokenize` (or `pretokenized`) first"
             )
-        make_packer(algorithm, max_length, num_bins)  # validates
+        make_packer(algorithm, max_length, num_bins, max_sequences_per_bin)  # validates
+        if long_documents not in ("split", "drop"):
+            raise ConfigError(
+                f"`long_documents` must be one of ['split', 'drop'], got {long_documents!r}"
+            )
+        if min_document_length < 0:
+            raise ConfigError(f"`min_document_length` must be >= 0, got {min_document_length}")
         spec = PackSpec(
-            max_length=max_length, algorithm=algorithm, num_bins=num_bins, pad_token_id=pad_token_id
+            max_length=max_length,
+            algorithm=algorithm,
+            num_bins=num_bins,
+            pad_token_id=pad_token_id,
+            max_sequences_per_bin=max_sequences_per_bin,
+            long_documents=long_documents,
+            min_document_length=min_document_length,
         )
         return self._with(_pack=spec)
 
@@ -258,6 +286,9 @@ class Pipeline:
             "algorithm": self._pack.algorithm,
             "num_bins": self._pack.num_bins if self._pack.algorithm != "wrap" else None,
             "pad_token_id": self._pad_id(),
+            "max_sequences_per_bin": self._pack.max_sequences_per_bin,
+            "long_documents": self._pack.long_documents,
+            "min_document_length": self._pack.min_document_length,
         }
         out["microbatch_size"] = self._microbatch_size
         return out

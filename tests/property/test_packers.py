@@ -31,7 +31,9 @@ class IdsField:
         return {"kind": "ids"}
 
 
-def build(sources: list[list[int]], algorithm: str, max_length: int, bins: int) -> MixPack:
+def build(
+    sources: list[list[int]], algorithm: str, max_length: int, bins: int, **mix: Any
+) -> MixPack:
     """A real MixPack over in-memory datasets; document d of source s holds s*1e6 + d*1e3 + i."""
     datasets = tuple(
         Dataset.from_dict(
@@ -61,7 +63,9 @@ def build(sources: list[list[int]], algorithm: str, max_length: int, bins: int) 
         for s, d in enumerate(datasets)
     ]
     weights = tuple(1 / len(sources) for _ in sources)
-    return MixPack(readers, weights, "tokens", make_packer(algorithm, max_length, bins))
+    max_pieces = mix.pop("max_pieces", None)
+    packer = make_packer(algorithm, max_length, bins, None if algorithm == "wrap" else max_pieces)
+    return MixPack(readers, weights, "tokens", packer, **mix)
 
 
 def rows(node: MixPack, limit: int | None = None) -> list[PackedRow]:
@@ -74,7 +78,7 @@ def rows(node: MixPack, limit: int | None = None) -> list[PackedRow]:
 
 
 lengths_st = st.lists(st.lists(st.integers(1, 70), min_size=1, max_size=15), min_size=1, max_size=3)
-algorithms = st.sampled_from(["wrap", "best_fit"])
+algorithms = st.sampled_from(["wrap", "best_fit", "first_fit", "best_fit_wrap"])
 
 
 @given(
@@ -140,3 +144,46 @@ def test_best_fit_puts_a_piece_in_the_tightest_open_row() -> None:
     out = rows(node)
     # 6 -> bin A, 7 -> bin B, 3 fits A (4 left) and B (3 left): B is tighter and becomes full
     assert out[0].lengths == [7, 3]
+
+
+@given(
+    sources=lengths_st,
+    max_length=st.integers(2, 32),
+    algorithm=algorithms,
+    pieces=st.integers(1, 3),
+)
+@settings(max_examples=100, deadline=None)
+def test_bin_packers_respect_max_sequences_per_bin(
+    sources: list[list[int]], max_length: int, algorithm: str, pieces: int
+) -> None:
+    out = rows(build(sources, algorithm, max_length, 3, max_pieces=pieces))
+    if algorithm != "wrap":
+        assert all(len(r.lengths) <= pieces for r in out)
+    flat = sorted(np.concatenate([r.tokens for r in out]).tolist())
+    assert len(flat) == sum(n for lengths in sources for n in lengths)
+
+
+def test_best_fit_wrap_cuts_at_most_one_document_per_row_instead_of_opening_rows() -> None:
+    out = rows(build([[7, 7, 7, 7]], "best_fit_wrap", 10, 1))
+    # 7 -> row A (3 left); the next 7 fills A with 3 and carries 4 into row B, and so on
+    assert [len(r.tokens) for r in out] == [10, 10, 8]
+    for r in out:
+        ends = np.cumsum(r.lengths) - 1
+        # a piece ending before its document's last token (i = 6) is a cut
+        cut = [int(r.tokens[e]) % 1000 < 6 for e in ends]
+        assert sum(cut) <= 1
+    plain = rows(build([[7, 7, 7, 7]], "best_fit", 10, 1))
+    assert [len(r.tokens) for r in plain] == [7, 7, 7, 7]
+
+
+def test_first_fit_takes_the_first_open_row_that_fits() -> None:
+    out = rows(build([[6, 7, 3]], "first_fit", 10, 3))
+    # 6 -> A, 7 -> B, 3 fits A (first) though B is tighter
+    assert [r.lengths for r in out] == [[6, 3], [7]]
+
+
+def test_long_and_short_documents_are_dropped_and_counted_when_asked() -> None:
+    node = build([[3, 40, 5, 1, 12]], "best_fit", 10, 2, drop_longer_than=10, drop_shorter_than=2)
+    out = rows(node)
+    assert sorted(n for r in out for n in r.lengths) == [3, 5]
+    assert node.get_state()["skipped"] == {"too_long": 2, "too_short": 1}

@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import assert_resumes_at_every_step, key, small_pipeline, two_sources
 
 
-@pytest.mark.parametrize("algorithm", ["wrap", "best_fit"])
+@pytest.mark.parametrize("algorithm", ["wrap", "best_fit", "first_fit", "best_fit_wrap"])
 @pytest.mark.parametrize("lanes", [1, 3])
 def test_resume_after_every_batch_continues_the_uninterrupted_stream(
     tokenizer: Any, algorithm: str, lanes: int

@@ -42,10 +42,13 @@ class MixPack(BaseNode[PackedRow]):
         weights: normalised target shares, in source order.
         count: ``"tokens"`` (token shares) or ``"documents"`` (document shares).
         packer: the packing algorithm.
+        drop_longer_than: skip (and count) documents with more tokens than this.
+        drop_shorter_than: skip (and count) documents with fewer tokens than this.
 
     State:
         ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
-        "active": [bool...], "carry": [[piece] or []...], "packer": packer state}``.
+        "active": [bool...], "carry": [[piece] or []...], "skipped": {"too_long": int,
+        "too_short": int}, "packer": packer state}``.
 
     Resume guarantee: exact; only documents in the packer's open rows are re-read.
     """
@@ -56,6 +59,9 @@ class MixPack(BaseNode[PackedRow]):
         weights: tuple[float, ...],
         count: Literal["tokens", "documents"],
         packer: Packer,
+        *,
+        drop_longer_than: int | None = None,
+        drop_shorter_than: int = 0,
     ) -> None:
         super().__init__()
         self.readers = readers
@@ -66,6 +72,9 @@ class MixPack(BaseNode[PackedRow]):
         self.documents = [0] * len(readers)
         self.active = [True] * len(readers)
         self.carry: list[Piece | None] = [None] * len(readers)
+        self.drop_longer_than = drop_longer_than
+        self.drop_shorter_than = drop_shorter_than
+        self.skipped = {"too_long": 0, "too_short": 0}
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh, or restore counters, reader positions and open rows."""
@@ -77,6 +86,7 @@ class MixPack(BaseNode[PackedRow]):
             self.documents = [0] * len(self.readers)
             self.active = [True] * len(self.readers)
             self.carry = [None] * len(self.readers)
+            self.skipped = {"too_long": 0, "too_short": 0}
             self.packer.clear()
             return
         for reader, state in zip(self.readers, initial_state["readers"]):
@@ -84,6 +94,7 @@ class MixPack(BaseNode[PackedRow]):
         self.tokens = [t for t, _ in initial_state["delivered"]]
         self.documents = [d for _, d in initial_state["delivered"]]
         self.active = list(initial_state["active"])
+        self.skipped = dict(initial_state["skipped"])
         carries = pieces_from_state(initial_state["carry"], self._fetch)
         self.carry = [row[0] if row else None for row in carries]
         self.packer.set_state(initial_state["packer"], self._fetch)
@@ -95,6 +106,7 @@ class MixPack(BaseNode[PackedRow]):
             "delivered": [[t, d] for t, d in zip(self.tokens, self.documents)],
             "active": list(self.active),
             "carry": [[] if p is None else [p.pointer()] for p in self.carry],
+            "skipped": dict(self.skipped),
             "packer": self.packer.get_state(),
         }
 
@@ -119,8 +131,15 @@ class MixPack(BaseNode[PackedRow]):
                     self.active[source] = False
                     continue
                 assert doc.tokens is not None
+                size = len(doc.tokens)
+                if self.drop_longer_than is not None and size > self.drop_longer_than:
+                    self.skipped["too_long"] += 1
+                    continue
+                if size < self.drop_shorter_than:
+                    self.skipped["too_short"] += 1
+                    continue
                 self.documents[source] += 1
-                piece = Piece(doc, 0, len(doc.tokens))
+                piece = Piece(doc, 0, size)
                 if not piece.length:
                     continue
             take = min(piece.length, max_tokens)

@@ -3,9 +3,12 @@
 The mixer hands out *pieces*: a document, or while it is longer than the space asked for, its
 next ``space`` tokens (the rest waits as that source's carry, so another source can fill the
 next rows). ``wrap`` fills every row to exactly ``max_length`` (no padding; documents may span
-rows). ``best_fit`` keeps ``num_bins`` open rows and puts each piece into the open row it fills
-most tightly; when none fits, the fullest row is closed. Both are deterministic functions of the
-piece sequence, and their state is pieces as pointers (source, pass, pos, start, end).
+rows). The bin packers keep ``num_bins`` open rows (padded when closed): ``best_fit`` puts each
+piece into the open row it fills most tightly and, when none fits, closes the fullest;
+``first_fit`` takes the first open row it fits and closes the oldest; ``best_fit_wrap`` is
+``best_fit`` that, rather than open a new row, may cut a piece to fill the roomiest row (so each
+row ends in at most one cut document). All are deterministic functions of the piece sequence,
+and their state is pieces as pointers (source, pass, pos, start, end).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any, Literal
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops.document import Document
 
-Algorithm = Literal["wrap", "best_fit"]
-ALGORITHMS = ("wrap", "best_fit")
+Algorithm = Literal["wrap", "best_fit", "first_fit", "best_fit_wrap"]
+ALGORITHMS = ("wrap", "best_fit", "first_fit", "best_fit_wrap")
+LongDocuments = Literal["split", "drop"]
 
 Pull = Callable[[int], "Piece | None"]  # at most this many tokens -> a piece, None when spent
 Fetch = Callable[[int, int, int], Document]  # (source, pass, pos) -> document
@@ -91,18 +95,41 @@ class WrapPacker:
         """Nothing to restore."""
 
 
-class BestFitPacker:
-    """Pieces in ``num_bins`` open rows, tightest fit first; closed rows are padded.
+class BinPacker:
+    """Pieces in ``num_bins`` open rows; closed rows are padded.
+
+    Args:
+        max_length: row length.
+        num_bins: open rows at a time.
+        fit: ``"best"`` (tightest row; closes the fullest when none fits) or ``"first"``
+            (first row it fits; closes the oldest).
+        cut: when no row fits, cut the piece to fill the roomiest row (``best_fit_wrap``).
+        max_sequences_per_bin: close a row once it holds this many pieces (None: no limit).
 
     State: ``{"bins": [[piece, ...], ...], "ready": [[piece, ...], ...]}``: open rows in
     opening order and closed rows not yet emitted.
     """
 
-    def __init__(self, max_length: int, num_bins: int) -> None:
+    def __init__(
+        self,
+        max_length: int,
+        num_bins: int,
+        *,
+        fit: Literal["best", "first"] = "best",
+        cut: bool = False,
+        max_sequences_per_bin: int | None = None,
+    ) -> None:
         if num_bins < 1:
             raise ConfigError(f"`num_bins` must be positive, got {num_bins}")
+        if max_sequences_per_bin is not None and max_sequences_per_bin < 1:
+            raise ConfigError(
+                f"`max_sequences_per_bin` must be positive or None, got {max_sequences_per_bin}"
+            )
         self.max_length = max_length
         self.num_bins = num_bins
+        self.fit = fit
+        self.cut = cut
+        self.max_pieces = max_sequences_per_bin
         self.bins: list[list[Piece]] = []
         self.used: list[int] = []
         self.ready: deque[list[Piece]] = deque()
@@ -120,23 +147,42 @@ class BestFitPacker:
         return self.ready.popleft()
 
     def _place(self, piece: Piece) -> None:
+        target = self._choose(piece.length)
+        if target < 0 and self.cut and self.bins:
+            roomiest = min(range(len(self.used)), key=lambda i: (self.used[i], i))
+            space = self.max_length - self.used[roomiest]
+            if 0 < space < piece.length:
+                cut = piece.start + space
+                self._add(roomiest, Piece(piece.doc, piece.start, cut))  # fills it: closes
+                piece = Piece(piece.doc, cut, piece.end)
+                target = self._choose(piece.length)
+        if target < 0:
+            if len(self.bins) == self.num_bins:
+                if self.fit == "best":
+                    self._close(max(range(len(self.used)), key=lambda i: (self.used[i], -i)))
+                else:
+                    self._close(0)
+            self.bins.append([])
+            self.used.append(0)
+            target = len(self.bins) - 1
+        self._add(target, piece)
+
+    def _choose(self, length: int) -> int:
         best, best_space = -1, self.max_length + 1
         for i, used in enumerate(self.used):
             space = self.max_length - used
-            if piece.length <= space < best_space:
+            if length <= space < best_space:
+                if self.fit == "first":
+                    return i
                 best, best_space = i, space
-        if best < 0:
-            if len(self.bins) == self.num_bins:
-                fullest = max(range(len(self.used)), key=lambda i: (self.used[i], -i))
-                self._close(fullest)
-            self.bins.append([piece])
-            self.used.append(piece.length)
-            best = len(self.bins) - 1
-        else:
-            self.bins[best].append(piece)
-            self.used[best] += piece.length
-        if self.used[best] == self.max_length:
-            self._close(best)
+        return best
+
+    def _add(self, index: int, piece: Piece) -> None:
+        self.bins[index].append(piece)
+        self.used[index] += piece.length
+        full = self.used[index] == self.max_length
+        if full or (self.max_pieces is not None and len(self.bins[index]) >= self.max_pieces):
+            self._close(index)
 
     def _close(self, index: int) -> None:
         self.ready.append(self.bins.pop(index))
@@ -160,15 +206,25 @@ class BestFitPacker:
         self.ready = deque(pieces_from_state(state["ready"], fetch))
 
 
-Packer = WrapPacker | BestFitPacker
+Packer = WrapPacker | BinPacker
 
 
-def make_packer(algorithm: str, max_length: int, num_bins: int) -> Packer:
+def make_packer(
+    algorithm: str, max_length: int, num_bins: int, max_sequences_per_bin: int | None = None
+) -> Packer:
     """The packer for ``algorithm``; raises ``ConfigError`` listing the known ones."""
     if not isinstance(max_length, int) or max_length < 1:
         raise ConfigError(f"`max_length` must be a positive int, got {max_length!r}")
     if algorithm == "wrap":
+        if max_sequences_per_bin is not None:
+            raise ConfigError("`max_sequences_per_bin` needs a bin packer, not 'wrap'")
         return WrapPacker(max_length)
-    if algorithm == "best_fit":
-        return BestFitPacker(max_length, num_bins)
+    if algorithm in ("best_fit", "first_fit", "best_fit_wrap"):
+        return BinPacker(
+            max_length,
+            num_bins,
+            fit="first" if algorithm == "first_fit" else "best",
+            cut=algorithm == "best_fit_wrap",
+            max_sequences_per_bin=max_sequences_per_bin,
+        )
     raise ConfigError(f"`algorithm` must be one of {list(ALGORITHMS)}, got {algorithm!r}")
