@@ -14,11 +14,14 @@ from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
 from zephon_torch.ops.estimate import calibrate, chunk_sizes
 from zephon_torch.ops.fetch import FetchOp
-from zephon_torch.ops.pack import MixPack
+from zephon_torch.ops.pack import MixPack, PackedRow
 from zephon_torch.ops.packers import make_packer
 from zephon_torch.ops.read import DocumentReader
+from zephon_torch.ops.shuffle import ShuffleNode
 
 if TYPE_CHECKING:
+    from torchdata.nodes import BaseNode
+
     from zephon_torch.pipeline import Pipeline
 
 
@@ -67,8 +70,13 @@ class LaneRuntime:
                 drop_longer_than=pack.max_length if pack.long_documents == "drop" else None,
                 drop_shorter_than=pack.min_document_length,
             )
+            rows: BaseNode[PackedRow] = mixpack
+            if pipeline._shuffle_window is not None:
+                rows = ShuffleNode(
+                    mixpack, window=pipeline._shuffle_window, seed=source.seed, lane=lane
+                )
             node = BatchNode(
-                mixpack,
+                rows,
                 microbatch_size=pipeline._microbatch_size,
                 max_length=pack.max_length,
                 lane=lane,

@@ -57,6 +57,7 @@ class Pipeline:
         self._pretokenized: PretokenizedSpec | None = None
         self._pack: PackSpec | None = None
         self._microbatch_size: int | None = None
+        self._shuffle_window: int | None = None
         self._lane_states: dict[int, dict[str, Any] | None] = {}
         self._lane_subset: tuple[int, ...] | None = None
         self._estimation: dict[str, dict[str, float]] | None = None
@@ -232,6 +233,16 @@ class Pipeline:
         )
         return self._with(_pack=spec)
 
+    def shuffle(self, window: int) -> Pipeline:
+        """Shuffle packed rows per lane in blocks of ``window`` rows, a new order every block
+        (so every pass); exact on resume, which re-packs at most one block. It always runs
+        between packing and batching, wherever it is called after `pack_flat`."""
+        if self._pack is None:
+            raise ConfigError("`shuffle` shuffles packed rows: call `pack_flat` first")
+        if not isinstance(window, int) or window < 1:
+            raise ConfigError(f"`window` must be a positive int, got {window!r}")
+        return self._with(_shuffle_window=window)
+
     def batch(self, microbatch_size: int) -> Pipeline:
         """Group ``microbatch_size`` rows of one lane into a micro-batch."""
         if self._pack is None:
@@ -290,6 +301,7 @@ class Pipeline:
             "long_documents": self._pack.long_documents,
             "min_document_length": self._pack.min_document_length,
         }
+        out["shuffle_window"] = self._shuffle_window
         out["microbatch_size"] = self._microbatch_size
         return out
 

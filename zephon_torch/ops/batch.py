@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 from torchdata.nodes import BaseNode
 
-from zephon_torch.ops.pack import MixPack, PackedRow
+from zephon_torch.ops.pack import PackedRow
 from zephon_torch.ops.training import training_tensors
 
 
@@ -93,14 +93,14 @@ class BatchNode(BaseNode[Batch]):
     batch is all padding (``num_tokens == 0``): the scheduler decides when the stream ends.
 
     State:
-        ``{"turn": int, "done": bool, "pack": MixPack state}``.
+        ``{"turn": int, "done": bool, "pack": the row source's state}``.
 
     Resume guarantee: exact (states are taken between batches, where no row is held).
     """
 
     def __init__(
         self,
-        source: MixPack,
+        source: BaseNode[PackedRow],
         *,
         microbatch_size: int,
         max_length: int,
