@@ -260,6 +260,16 @@ class Pipeline:
     # -- recipe facts --------------------------------------------------------------------------
 
     @property
+    def pad_token_id(self) -> int:
+        """The id padding positions hold."""
+        return self._pad_id()
+
+    @property
+    def exhaustion(self) -> str:
+        """The work source's exhaustion policy."""
+        return self._source.exhaustion
+
+    @property
     def topology(self) -> tuple[int, int]:
         """``(world_size, rank)`` as resolved now (process group, environment, options)."""
         return resolve_topology(world_size=self._options.world_size, rank=self._options.rank)

@@ -60,3 +60,12 @@ def test_ranks_with_dataloader_workers_give_the_same_global_batches(
     plain = torchrun(2, tmp_path / "plain", tokenizer_path, "--steps", "6")
     workers = torchrun(2, tmp_path / "workers", tokenizer_path, "--steps", "6", "--workers", "2")
     assert plain == workers
+
+
+def test_with_a_finite_dataset_every_rank_ends_on_the_same_step(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    one = torchrun(1, tmp_path / "one", tokenizer_path, "--steps", "0", "--exhaustion", "stop")
+    four = torchrun(4, tmp_path / "four", tokenizer_path, "--steps", "0", "--exhaustion", "stop")
+    assert len(one) > 5
+    assert four == one  # same steps, same global batches, padding where a lane ran out

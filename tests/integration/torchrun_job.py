@@ -29,13 +29,17 @@ def main() -> None:
     parser.add_argument("--save-at", type=int, default=-1)
     parser.add_argument("--load", default=None)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--exhaustion", default="repeat")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     tokenizer = Tokenizer.from_file(args.tokenizer)
     pipeline = small_pipeline(
-        tokenizer, lanes=args.lanes, exhaustion="repeat", datasets=two_sources(40, 30, shard_size=8)
+        tokenizer,
+        lanes=args.lanes,
+        exhaustion=args.exhaustion,
+        datasets=two_sources(40, 30, shard_size=8),
     )
     assert pipeline.topology == (world, rank)
     loader = DataLoader(pipeline, num_workers=args.workers, multiprocessing_context="spawn")
@@ -47,8 +51,11 @@ def main() -> None:
     lanes_per_rank = args.lanes // world
     steps: dict[int, str] = {}
     stream = iter(loader)
-    for step in range(start, args.steps):
-        mine = torch.cat([next(stream)["input_ids"] for _ in range(lanes_per_rank)])
+    for step in range(start, args.steps or 10**9):
+        try:
+            mine = torch.cat([next(stream)["input_ids"] for _ in range(lanes_per_rank)])
+        except StopIteration:  # with exhaustion="stop": every rank must stop at the same step
+            break
         parts = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(parts, mine)
         steps[step] = hashlib.sha256(torch.cat(parts).numpy().tobytes()).hexdigest()

@@ -127,6 +127,12 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             state["worker_lanes"] = list(self._worker_lanes)
         return state
 
+    def resume_lanes(self, delivered: dict[str, Any]) -> dict[str, Any]:
+        """This rank's lane states to continue from: loaded, then updated by ``delivered``."""
+        states = dict(self._loaded["lanes"]) if self._loaded is not None else {}
+        states.update(delivered)
+        return {str(lane): states.get(str(lane)) for lane in self.pipeline.lanes}
+
     def pipeline_state(self, delivered: dict[str, Any]) -> dict[str, Any]:
         """A full pipeline state for this rank from per-lane delivered states; gathered over
         ranks when ``torch.distributed`` is initialised (then a collective)."""

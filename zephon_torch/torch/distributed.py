@@ -9,8 +9,10 @@ a malformed environment value: silently training on the wrong lanes is the failu
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from zephon_torch.errors import ConfigError
@@ -66,3 +68,50 @@ def all_gather_lane_states(lanes: dict[str, Any]) -> dict[str, Any]:
     for part in gathered:
         merged.update(part)
     return dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+
+
+def equal_ending(
+    items: Iterator[dict[str, Any]], *, lanes_per_turn: int, pad_id: int
+) -> Iterator[dict[str, Any]]:
+    """Yield ``items`` turn by turn (``lanes_per_turn`` each) until no rank has data left.
+
+    Before each turn one all-reduce tells whether any rank still has an item; a rank that ran
+    out fills the turn with all-padding copies of its last item's shape, so every rank yields
+    the same number of micro-batches and the job ends on the same step everywhere.
+    """
+    template: dict[str, Any] | None = None
+    while True:
+        first = next(items, None)
+        flag = torch.tensor([0 if first is None else 1])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag.item()) == 0:
+            return
+        for i in range(lanes_per_turn):
+            item = first if i == 0 else next(items, None)
+            if item is None:
+                if template is None:
+                    raise RuntimeError("a rank with no data at all cannot pad an equal ending")
+                item = padding_like(template, pad_id)
+            else:
+                template = item
+            yield item
+
+
+def padding_like(item: dict[str, Any], pad_id: int) -> dict[str, Any]:
+    """An all-padding micro-batch shaped like ``item``: no target token, no loss."""
+    ids = item["input_ids"]
+    rows, width = ids.shape
+    out = {
+        "input_ids": torch.full_like(ids, pad_id),
+        "labels": torch.full_like(item["labels"], -100),
+        "loss_mask": torch.zeros_like(item["loss_mask"]),
+        "position_ids": torch.arange(width).repeat(rows, 1),
+        "document_ids": torch.full_like(item["document_ids"], -1),
+        "source_ids": torch.full_like(item["source_ids"], -1),
+        "cu_seqlens": torch.arange(rows + 1, dtype=torch.int32) * width,
+        "max_seqlen": torch.tensor(width),
+        "num_valid_tokens": torch.tensor(0),
+    }
+    if "attention_mask" in item:
+        out["attention_mask"] = torch.eye(width, dtype=torch.bool).expand(rows, 1, width, width)
+    return out

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.torch.dataset import META_KEY, PipelineDataset
+from zephon_torch.torch.distributed import distributed_ready, equal_ending
 
 if TYPE_CHECKING:
     from zephon_torch.pipeline import Pipeline
@@ -35,8 +36,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             batch keeps its ``"zephon"`` entry, and only ``mark_delivered(batch)``, called when
             the batch is actually used, advances the state.
 
-    ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank.
-    Persistent workers are refused: they would keep producing from a stale state.
+    ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank, between
+    global steps (a state saved mid-step is refused on more than one rank). With
+    ``exhaustion="stop"`` on several ranks, every rank ends on the same step: a rank whose lanes
+    are spent yields all-padding micro-batches (``num_valid_tokens == 0``) until no rank has
+    data, agreed by one small all-reduce per step. Persistent workers are refused: they would
+    keep producing from a stale state.
     """
 
     def __init__(
@@ -80,19 +85,39 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         # Workers are started from the dataset as it is now: continue from what was delivered.
-        self.pipeline_dataset._delivered = copy.deepcopy(self._delivered)
-        return self._strip(super().__iter__())
+        dataset = self.pipeline_dataset
+        dataset._delivered = copy.deepcopy(self._delivered)
+        items: Iterator[dict[str, Any]] = super().__iter__()
+        pipeline = dataset.pipeline
+        if pipeline.topology[0] > 1 and distributed_ready():
+            self._check_aligned()
+            if pipeline.exhaustion == "stop":
+                items = equal_ending(
+                    items, lanes_per_turn=len(pipeline.lanes), pad_id=pipeline.pad_token_id
+                )
+        return self._strip(items)
+
+    def _check_aligned(self) -> None:
+        lanes = self.pipeline_dataset.resume_lanes(self._delivered)
+        turns = {s["turn"] for s in lanes.values() if s is not None} | (
+            {0} if any(s is None for s in lanes.values()) else set()
+        )
+        if len(turns) > 1:
+            raise StateMismatchError(
+                {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
+            )
 
     def _strip(self, items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for item in items:
-            if not self.deliver_on_use:
+            if not self.deliver_on_use and META_KEY in item:
                 self.mark_delivered(item)
             yield item
 
     def mark_delivered(self, item: dict[str, Any]) -> None:
         """Record ``item`` as used by the training loop (removes its ``"zephon"`` entry)."""
-        meta = item.pop(META_KEY)
-        self._delivered[str(meta["lane"])] = meta["state"]
+        meta = item.pop(META_KEY, None)
+        if meta is not None:  # the padding of an equalised end carries no state
+            self._delivered[str(meta["lane"])] = meta["state"]
 
     def state_dict(self) -> dict[str, Any]:
         """The pipeline state after the last batch handed to the loop (global under
