@@ -18,6 +18,7 @@ from zephon_torch.ops.pack import MixPack, PackedRow
 from zephon_torch.ops.packers import make_packer
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.ops.shuffle import ShuffleNode
+from zephon_torch.ops.stateful import FilteredReader
 
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
@@ -59,6 +60,11 @@ class LaneRuntime:
                 )
                 for i, layout in enumerate(source.layouts)
             ]
+            for factory, _ in pipeline._stateful:
+                readers = [
+                    FilteredReader(reader, factory(lane), name)
+                    for reader, name in zip(readers, source.names)
+                ]
             packer = make_packer(
                 pack.algorithm, pack.max_length, pack.num_bins, pack.max_sequences_per_bin
             )

@@ -26,6 +26,7 @@ from zephon_torch.ops.map import MapOp, Row
 from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
 from zephon_torch.ops.prefetch import Prefetcher
 from zephon_torch.ops.pretokenized import TokenFieldOp
+from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.ops.tokenize import SpecialTokens, TokenizeOp
 from zephon_torch.torch.distributed import resolve_topology
 from zephon_torch.work.mixture import StaticMixtureWorkSource
@@ -58,6 +59,7 @@ class Pipeline:
         self._pack: PackSpec | None = None
         self._microbatch_size: int | None = None
         self._shuffle_window: int | None = None
+        self._stateful: tuple[tuple[Callable[[int], StatefulFilter], str], ...] = ()
         self._lane_states: dict[int, dict[str, Any] | None] = {}
         self._lane_subset: tuple[int, ...] | None = None
         self._estimation: dict[str, dict[str, float]] | None = None
@@ -233,6 +235,19 @@ class Pipeline:
         )
         return self._with(_pack=spec)
 
+    def stateful_filter(
+        self, factory: Callable[[int], StatefulFilter], *, name: str | None = None
+    ) -> Pipeline:
+        """Filter each lane's tokenized documents with a ``StatefulFilter`` (one per lane,
+        ``factory(lane)``), serially and in order; its state is part of the lane state."""
+        if self._tokenize is None and self._pretokenized is None:
+            raise ConfigError("`stateful_filter` sees token ids: call `tokenize` first")
+        probe = factory(0)
+        if not isinstance(probe, StatefulFilter):
+            got = type(probe).__name__
+            raise ConfigError(f"`stateful_filter` factory must return a StatefulFilter, got {got}")
+        return self._with(_stateful=(*self._stateful, (factory, name or probe.name)))
+
     def shuffle(self, window: int) -> Pipeline:
         """Shuffle packed rows per lane in blocks of ``window`` rows, a new order every block
         (so every pass); exact on resume, which re-packs at most one block. It always runs
@@ -311,6 +326,7 @@ class Pipeline:
             "long_documents": self._pack.long_documents,
             "min_document_length": self._pack.min_document_length,
         }
+        out["stateful_filters"] = [name for _, name in self._stateful]
         out["shuffle_window"] = self._shuffle_window
         out["microbatch_size"] = self._microbatch_size
         return out

@@ -11,8 +11,9 @@ the carries and the packer's open rows (all as pointers) are the whole state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +22,9 @@ from torchdata.nodes import BaseNode
 from zephon_torch.ops.document import Document
 from zephon_torch.ops.packers import Packer, Piece, pieces_from_state
 from zephon_torch.ops.read import DocumentReader
+
+if TYPE_CHECKING:
+    from zephon_torch.ops.stateful import FilteredReader
 from zephon_torch.work.mixture import choose_source
 
 
@@ -55,7 +59,7 @@ class MixPack(BaseNode[PackedRow]):
 
     def __init__(
         self,
-        readers: list[DocumentReader],
+        readers: Sequence[DocumentReader | FilteredReader],
         weights: tuple[float, ...],
         count: Literal["tokens", "documents"],
         packer: Packer,
@@ -64,7 +68,7 @@ class MixPack(BaseNode[PackedRow]):
         drop_shorter_than: int = 0,
     ) -> None:
         super().__init__()
-        self.readers = readers
+        self.readers = list(readers)
         self.weights = weights
         self.count = count
         self.packer = packer

@@ -1,0 +1,73 @@
+"""User stateful filters: applied in order per lane, state saved with the lane, exact resume."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+import pytest
+
+from tests.helpers import assert_resumes_at_every_step, small_pipeline, two_sources
+from zephon_torch import ConfigError
+from zephon_torch.ops.stateful import StatefulFilter
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "curriculum_filter.py"
+
+
+def load_example() -> Any:
+    spec = importlib.util.spec_from_file_location("curriculum_filter", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class EveryOther(StatefulFilter):
+    name = "every_other"
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.count += 1
+        return self.count % 2 == 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = state["count"]
+
+
+def test_the_curriculum_example_limits_early_documents_and_resumes_exactly(tokenizer: Any) -> None:
+    curriculum = load_example().LengthCurriculum
+
+    def build() -> Any:
+        base = small_pipeline(tokenizer, lanes=2, datasets=two_sources(20, 16, shard_size=5))
+        return base.stateful_filter(lambda lane: curriculum(start=60, growth=20))
+
+    n = assert_resumes_at_every_step(build)
+    assert n >= 4
+    pipeline = build()
+    first = next(iter(pipeline))
+    assert first.num_tokens > 0
+    lane_state = pipeline.state_dict()["lanes"]["0"]["pack"]["readers"][0]
+    assert lane_state["filter"]["seen"] > 0
+
+
+def test_a_stateful_filter_sees_each_lanes_documents_and_drops_what_it_rejects(
+    tokenizer: Any,
+) -> None:
+    datasets = two_sources(20, 16, shard_size=5)
+    everything = sum(b.num_tokens for b in small_pipeline(tokenizer, datasets=datasets))
+    half = small_pipeline(tokenizer, datasets=datasets).stateful_filter(lambda lane: EveryOther())
+    kept = sum(b.num_tokens for b in half)
+    assert 0 < kept < everything
+    assert half.fingerprint()["stateful_filters"] == ["every_other"]
+
+
+def test_a_factory_returning_something_else_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ConfigError, match="must return a StatefulFilter, got int"):
+        small_pipeline(tokenizer).stateful_filter(lambda lane: 3)  # type: ignore[arg-type,return-value]

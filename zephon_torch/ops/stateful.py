@@ -1,0 +1,82 @@
+"""User stateful operators: per-lane, serial decisions whose state lives in the pipeline state.
+
+A ``StatefulFilter`` sees each lane's tokenized documents of every source in stream order and
+decides whether each is kept, updating its own state (a deduplicating filter, a curriculum).
+It runs on the lane's serial thread, after the parallel stateless work, and its
+``state_dict()`` is stored in the lane state, so resume is exact. It decides, it never edits:
+a kept document must be reproducible by re-reading it (edit documents with ``map``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy.typing as npt
+from torchdata.nodes import BaseNode
+
+from zephon_torch.ops.document import Document
+from zephon_torch.ops.read import DocumentReader
+
+
+class StatefulFilter(ABC):
+    """Base class of user stateful filters; one instance per lane.
+
+    Subclasses implement ``keep``, ``state_dict`` and ``load_state_dict``; ``name`` goes into
+    the recipe fingerprint (change it when the rule changes).
+    """
+
+    name: str = "stateful_filter"
+
+    @abstractmethod
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        """Whether to keep this document (called once per document, in stream order)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The filter's state as plain JSON data."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``."""
+
+
+class FilteredReader(BaseNode[Document]):
+    """A lane's source reader with a stateful filter applied in order.
+
+    State:
+        ``{"reader": reader state, "filter": the filter's state_dict()}``.
+    """
+
+    def __init__(self, reader: DocumentReader, op: StatefulFilter, source_name: str) -> None:
+        super().__init__()
+        self.reader = reader
+        self.op = op
+        self.source_name = source_name
+        self._initial = op.state_dict()
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Start fresh or restore the reader's position and the filter's state."""
+        super().reset(initial_state)
+        if initial_state is None:
+            self.reader.reset(None)
+            self.op.load_state_dict(self._initial)
+        else:
+            self.reader.reset(initial_state["reader"])
+            self.op.load_state_dict(initial_state["filter"])
+
+    def get_state(self) -> dict[str, Any]:
+        """Reader position and filter state."""
+        return {"reader": self.reader.get_state(), "filter": self.op.state_dict()}
+
+    def next(self) -> Document:
+        """The next kept document."""
+        while True:
+            doc: Document = next(self.reader)
+            assert doc.tokens is not None
+            if self.op.keep(doc.tokens, self.source_name):
+                return doc
+
+    def fetch(self, pass_index: int, pos: int) -> Document:
+        """Re-read a document that was kept (no decision is made again)."""
+        return self.reader.fetch(pass_index, pos)
