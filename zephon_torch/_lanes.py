@@ -54,6 +54,7 @@ class LaneRuntime:
                     lane=lane,
                     num_lanes=num_lanes,
                     exhaustion=source.exhaustion,
+                    passes=1 if source.passes is None else source.passes[i],
                     runner=self.runner,
                     chunk_docs=chunk_docs[i],
                     ahead=pipeline._options.read_ahead,

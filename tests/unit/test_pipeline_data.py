@@ -162,3 +162,56 @@ def test_batch_to_a_device_gives_the_training_tensors_there(tokenizer: Any) -> N
         assert on_gpu["input_ids"].is_cuda and torch.equal(
             on_gpu["input_ids"].cpu(), reference["input_ids"]
         )
+
+
+def test_passes_read_each_dataset_that_many_times_reshuffled(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    texts = {
+        "a": prose_documents(12, seed=21, max_words=40),
+        "b": prose_documents(9, seed=22, max_words=40),
+    }
+    datasets = [Dataset.from_dict(name, {"text": t}, shard_size=4) for name, t in texts.items()]
+    source = StaticMixtureWorkSource(
+        datasets, seed=3, passes={"a": 3, "b": 1}, token_estimation=TokenEstimation()
+    )
+    batches = list(Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(30).batch(2))
+    got = documents_from_batches(batches)
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    for name, copies in (("a", 3), ("b", 1)):
+        one = sorted([*tokenizer.encode(x, add_special_tokens=False).ids, eos] for x in texts[name])
+        assert sorted(got[name]) == sorted(one * copies)
+    first_pass, second_pass = got["a"][:12], got["a"][12:24]
+    assert sorted(first_pass) == sorted(second_pass) and first_pass != second_pass
+
+
+def test_passes_resume_exactly_across_pass_boundaries(tokenizer: Any) -> None:
+    from tests.helpers import assert_resumes_at_every_step
+
+    datasets = [
+        Dataset.from_dict("a", {"text": prose_documents(6, seed=5, max_words=30)}, shard_size=2)
+    ]
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource(datasets, seed=1, passes=3)
+        return (
+            Pipeline(source)
+            .options(canonical_replicas=2)
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(24)
+            .batch(1)
+        )
+
+    assert assert_resumes_at_every_step(build) > 6
+
+
+def test_passes_are_refused_with_repeat_and_must_be_positive() -> None:
+    from zephon_torch import ConfigError
+
+    d = [Dataset.from_dict("a", {"text": ["x"]})]
+    with pytest.raises(ConfigError, match="never ends"):
+        StaticMixtureWorkSource(d, exhaustion="repeat", passes=2)
+    with pytest.raises(ConfigError, match="must be positive"):
+        StaticMixtureWorkSource(d, passes={"a": 0})
+    with pytest.raises(ConfigError, match="unknown datasets"):
+        StaticMixtureWorkSource(d, passes={"zz": 2})

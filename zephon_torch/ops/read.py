@@ -28,7 +28,7 @@ class DocumentReader(BaseNode[Document]):
         layout: the dataset's pure pointer layout.
         lane: this lane's id.
         num_lanes: the canonical lane count L.
-        exhaustion: ``"stop"`` after one pass, or ``"repeat"``.
+        exhaustion: ``"stop"`` after ``passes`` passes, or ``"repeat"``.
         runner: where chunks run.
         chunk_docs: pointers per task.
         ahead: tasks kept in flight.
@@ -48,6 +48,7 @@ class DocumentReader(BaseNode[Document]):
         num_lanes: int,
         exhaustion: Exhaustion,
         runner: Runner,
+        passes: int = 1,
         chunk_docs: int,
         ahead: int,
     ) -> None:
@@ -57,6 +58,7 @@ class DocumentReader(BaseNode[Document]):
         self.lane = lane
         self.num_lanes = num_lanes
         self.exhaustion = exhaustion
+        self.passes = passes
         self.runner = runner
         self.chunk_docs = max(1, chunk_docs)
         self.ahead = max(1, ahead)
@@ -120,7 +122,7 @@ class DocumentReader(BaseNode[Document]):
         pass_index, pos = at
         if pos < self._lane_rows:
             return at
-        if self.exhaustion == "repeat" and self._lane_rows > 0:
+        if self._lane_rows > 0 and (self.exhaustion == "repeat" or pass_index + 1 < self.passes):
             return (pass_index + 1, 0)
         return None
 

@@ -51,9 +51,12 @@ class StaticMixtureWorkSource:
         mixture: target share per dataset name; any positive numbers, normalised. Default: equal.
         seed: the recipe seed; every permutation is keyed by it and by names.
         token_estimation: when set, shares are token shares; else document shares.
-        exhaustion: ``"stop"`` ends a lane after one pass over each of its datasets (the last
-            sources to run out fill the tail alone); ``"repeat"`` starts a freshly shuffled pass
-            of a dataset whenever it runs out, forever.
+        exhaustion: ``"stop"`` ends a lane once each of its datasets has been read for its
+            number of ``passes`` (the last sources to run out fill the tail alone);
+            ``"repeat"`` starts a freshly shuffled pass of a dataset whenever it runs out,
+            forever.
+        passes: with ``"stop"``, passes over each dataset (each reshuffled): one int for all,
+            or per dataset name (up-sampling: ``{"small": 3, "big": 1}``). Default 1.
         shuffle: shuffle documents within windows of shards each pass; False reads in order.
         shuffle_window_shards: shards whose rows are shuffled together (bounds open shards).
     """
@@ -68,6 +71,7 @@ class StaticMixtureWorkSource:
         exhaustion: Exhaustion = "stop",
         shuffle: bool = True,
         shuffle_window_shards: int = 4,
+        passes: int | Mapping[str, int] | None = None,
     ) -> None:
         if not datasets:
             raise ConfigError("`datasets` must hold at least one Dataset, got none")
@@ -90,6 +94,7 @@ class StaticMixtureWorkSource:
         self.seed = seed
         self.token_estimation = token_estimation
         self.exhaustion: Exhaustion = exhaustion
+        self.passes = _passes(passes, names, exhaustion)
         self.shuffle = shuffle
         self.shuffle_window_shards = shuffle_window_shards
         self.layouts = tuple(
@@ -119,6 +124,7 @@ class StaticMixtureWorkSource:
             "seed": self.seed,
             "mixing": self.mixing,
             "exhaustion": self.exhaustion,
+            "passes": None if self.passes is None else dict(zip(self.names, self.passes)),
             "shuffle": self.shuffle,
             "shuffle_window_shards": self.shuffle_window_shards,
             "mixture": {n: round(w, 12) for n, w in zip(self.names, self.weights)},
@@ -126,6 +132,27 @@ class StaticMixtureWorkSource:
         for d in self.datasets:
             out[f"dataset.{d.name}"] = d.fingerprint()
         return out
+
+
+def _passes(
+    passes: int | Mapping[str, int] | None, names: list[str], exhaustion: str
+) -> tuple[int, ...] | None:
+    if exhaustion == "repeat":
+        if passes is not None:
+            raise ConfigError("`passes` applies to exhaustion='stop'; 'repeat' never ends")
+        return None
+    if passes is None:
+        passes = 1
+    if isinstance(passes, int):
+        passes = dict.fromkeys(names, passes)
+    unknown = sorted(set(passes) - set(names))
+    if unknown:
+        raise ConfigError(f"`passes` names unknown datasets {unknown}; datasets are {names}")
+    out = tuple(int(passes.get(n, 1)) for n in names)
+    bad = {n: p for n, p in zip(names, out) if p < 1}
+    if bad:
+        raise ConfigError(f"`passes` must be positive, got {bad}")
+    return out
 
 
 def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[float, ...]:
