@@ -40,7 +40,7 @@ class LaneRuntime:
             pipeline._estimation = calibrate(
                 self.chain,
                 source.layouts,
-                documents=source.token_estimation.calibration_documents,
+                estimation=source.token_estimation,
                 field=token_field,
             )
         chunk_docs = chunk_sizes(pipeline._estimation, source.names)

@@ -94,3 +94,38 @@ def test_a_bad_mixture_is_refused_naming_the_dataset(
 def test_weights_are_normalised_from_any_positive_numbers() -> None:
     datasets = [Dataset.from_dict("a", {"text": ["x"]}), Dataset.from_dict("b", {"text": ["y"]})]
     assert StaticMixtureWorkSource(datasets, {"a": 3, "b": 1}).weights == (0.75, 0.25)
+
+
+def test_token_estimation_honours_pinned_figures_and_a_custom_measure(tokenizer: object) -> None:
+    from tests.helpers import two_sources
+    from zephon_torch import Pipeline
+    from zephon_torch.work import TokenEstimation
+
+    def build(estimation: TokenEstimation) -> Pipeline:
+        source = StaticMixtureWorkSource(two_sources(), seed=1, token_estimation=estimation)
+        return Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2)
+
+    pinned = build(TokenEstimation(tokens_per_byte={"long": 0.5}, measure=word_count))
+    next(iter(pinned))
+    figures = pinned.state_dict()["estimation"]
+    assert figures["long"]["tokens_per_byte"] == 0.5
+    short = pinned._source.datasets[1]
+    first = pinned._source.layouts[1].pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=16)
+    words = [word_count(short.read_rows(p.shard, [p.row])[0]["text"]) for p in first]
+    assert figures["short"]["tokens_per_document"] == pytest.approx(sum(words) / 16)
+    # frozen: a resume keeps the saved figures even when the live estimation would differ
+    resumed = build(TokenEstimation())
+    resumed.load_state_dict(pinned.state_dict())
+    next(iter(resumed))
+    assert resumed.state_dict()["estimation"] == figures
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def test_pinned_figures_must_be_positive() -> None:
+    from zephon_torch.work import TokenEstimation
+
+    with pytest.raises(ConfigError, match="`tokens_per_byte` of 'a' must be a positive number"):
+        TokenEstimation(tokens_per_byte={"a": 0})

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from zephon_torch.ops._runner import DocChain
+from zephon_torch.work.mixture import TokenEstimation
 from zephon_torch.work.pointers import PointerLayout
 
 DEFAULT_CHUNK_DOCS = 32
@@ -17,20 +18,31 @@ CHUNK_TOKENS = 8192
 
 
 def calibrate(
-    chain: DocChain, layouts: tuple[PointerLayout, ...], *, documents: int, field: str
+    chain: DocChain,
+    layouts: tuple[PointerLayout, ...],
+    *,
+    estimation: TokenEstimation,
+    field: str,
 ) -> dict[str, dict[str, float]]:
-    """Per dataset: tokens per document and, for text, tokens per byte (first documents)."""
+    """Per dataset: tokens per document and, for text, tokens per byte (first documents),
+    honouring pinned figures and a custom ``measure``."""
+    pinned = estimation.tokens_per_byte or {}
     out: dict[str, dict[str, float]] = {}
     for source, layout in enumerate(layouts):
-        count = min(documents, layout.num_rows)
+        count = min(estimation.calibration_documents, layout.num_rows)
         pointers = layout.pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=count)
         docs = chain.fetch.fetch(source, pointers)
         for op in chain.ops[:-1]:
             docs = op(docs)
-        texts = [d.data.get(field) for d in docs if d.data is not None]
-        text_bytes = sum(len(t.encode()) for t in texts if isinstance(t, str))
-        docs = chain.ops[-1](docs)
-        tokens = sum(len(d.tokens) for d in docs if d.tokens is not None)
+        texts = [t for d in docs if d.data is not None and isinstance(t := d.data.get(field), str)]
+        text_bytes = sum(len(t.encode()) for t in texts)
+        if texts and layout.name in pinned:
+            tokens = pinned[layout.name] * text_bytes
+        elif texts and estimation.measure is not None:
+            tokens = float(sum(estimation.measure(t) for t in texts))
+        else:
+            docs = chain.ops[-1](docs)
+            tokens = float(sum(len(d.tokens) for d in docs if d.tokens is not None))
         figures = {"tokens_per_document": tokens / max(1, len(docs))}
         if text_bytes:
             figures["tokens_per_byte"] = tokens / text_bytes

@@ -10,7 +10,7 @@ document at every point, so every global batch does too, up to one document per 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,12 +31,23 @@ class TokenEstimation:
     which documents form each batch depends on real token counts, never on the estimate.
 
     Args:
-        calibration_documents: documents tokenized per dataset to calibrate.
+        calibration_documents: documents read per dataset to calibrate.
+        tokens_per_byte: pinned figures per dataset name; those datasets are not tokenized
+            to calibrate (their documents are still read to measure bytes per document).
+        measure: counts a text's tokens in place of the pipeline's tokenizer (e.g. a cheap
+            approximation); unused for pre-tokenized data.
     """
 
     calibration_documents: int = 16
+    tokens_per_byte: Mapping[str, float] | None = None
+    measure: Callable[[str], int] | None = None
 
     def __post_init__(self) -> None:
+        for name, value in (self.tokens_per_byte or {}).items():
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(
+                    f"`tokens_per_byte` of {name!r} must be a positive number, got {value!r}"
+                )
         if self.calibration_documents < 1:
             raise ConfigError(
                 f"`calibration_documents` must be positive, got {self.calibration_documents}"
