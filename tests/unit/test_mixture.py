@@ -129,3 +129,56 @@ def test_pinned_figures_must_be_positive() -> None:
 
     with pytest.raises(ConfigError, match="`tokens_per_byte` of 'a' must be a positive number"):
         TokenEstimation(tokens_per_byte={"a": 0})
+
+
+def test_three_sources_of_very_different_lengths_meet_their_shares_per_batch_and_over_the_run() -> (
+    None
+):
+    from zephon_torch import Pipeline
+    from zephon_torch._corpus import demo_corpus, pydoc_prose_documents
+    from zephon_torch.work import TokenEstimation
+
+    tokenizer, _ = demo_tokenizer()
+    code_dir, prose_dir = demo_corpus()
+    paragraphs = [p for d in pydoc_prose_documents() for p in d["text"].split("\n\n") if p.strip()]
+    datasets = [
+        Dataset.from_path("code", code_dir),  # long: whole stdlib modules
+        Dataset.from_path("topics", prose_dir),  # mid: pydoc topics
+        Dataset.from_dict("short", {"text": paragraphs}),  # short: single paragraphs
+    ]
+    target = {"code": 0.5, "topics": 0.3, "short": 0.2}
+    source = StaticMixtureWorkSource(
+        datasets, target, seed=9, token_estimation=TokenEstimation(), exhaustion="repeat"
+    )
+    lanes, steps = 4, 250
+    pipeline = (
+        Pipeline(source).options(canonical_replicas=lanes).tokenize(tokenizer=tokenizer)
+        .pack_flat(1024).batch(4)
+    )  # fmt: skip
+    micro: list[Batch] = []
+    for batch in pipeline:
+        micro.append(batch)
+        if len(micro) == steps * lanes:
+            break
+    length, docs_in = document_lengths(micro)
+    totals = dict.fromkeys(target, 0)
+    worst_batch = 0.0
+    for step in range(steps):
+        batches = micro[step * lanes : (step + 1) * lanes]
+        counts = dict.fromkeys(target, 0)
+        for b in batches:
+            for name, n in b.tokens_by_source().items():
+                counts[name] += n
+        total = sum(counts.values())
+        longest = max(
+            length[d] for i in range(step * lanes, (step + 1) * lanes) for d in docs_in[i]
+        )
+        for name, share in target.items():
+            deviation = abs(counts[name] - share * total)
+            assert deviation <= longest, (step, name, deviation, longest)
+            worst_batch = max(worst_batch, deviation / total)
+            totals[name] += counts[name]
+    grand = sum(totals.values())
+    run_deviation = max(abs(totals[n] / grand - s) for n, s in target.items())
+    print(f"worst global batch deviation {worst_batch:.2%}, over the run {run_deviation:.3%}")
+    assert run_deviation < 0.001
