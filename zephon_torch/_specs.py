@@ -30,6 +30,7 @@ class TokenizeSpec:
     special_tokens: SpecialTokens
     bos_token: str | None
     eos_token: str | None
+    chat_template: Any = None
 
 
 @dataclass(frozen=True, kw_only=True)

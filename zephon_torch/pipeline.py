@@ -21,6 +21,7 @@ from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
 from zephon_torch.ops.batch import Batch
+from zephon_torch.ops.chat import ChatTemplate, TokenizeChatOp, resolve_template
 from zephon_torch.ops.filter import FilterOp
 from zephon_torch.ops.map import MapOp, Row
 from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
@@ -169,6 +170,31 @@ class Pipeline:
         )
         new = self._with(_tokenize=spec, _resolved={})
         new._resolve()  # fail at build time on a bad tokenizer or special-token policy
+        return new
+
+    def tokenize_chat(
+        self,
+        tokenizer_id: str | None = None,
+        *,
+        tokenizer: Any = None,
+        field: str = "messages",
+        chat_template: str | ChatTemplate = "chatml",
+        parallelism: int = 2,
+        runner: RunnerKind = "threads",
+    ) -> Pipeline:
+        """Tokenize conversations (``[{"role", "content"}, ...]`` in ``field``) with a chat
+        template; only assistant turns are loss targets (``labels`` elsewhere are ``-100``)."""
+        resolve_template(chat_template)  # validates
+        new = self.tokenize(
+            tokenizer_id,
+            tokenizer=tokenizer,
+            field=field,
+            parallelism=parallelism,
+            runner=runner,
+            special_tokens="none",
+        )
+        assert new._tokenize is not None
+        new._tokenize = replace(new._tokenize, chat_template=chat_template)
         return new
 
     def pretokenized(
@@ -337,7 +363,9 @@ class Pipeline:
                 "the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs"
             )
 
-    def _token_stage(self) -> tuple[TokenizeOp | TokenFieldOp, str, int, RunnerKind]:
+    def _token_stage(
+        self,
+    ) -> tuple[TokenizeOp | TokenizeChatOp | TokenFieldOp, str, int, RunnerKind]:
         """The operator that yields token ids, its field, parallelism and runner."""
         if self._pretokenized is not None:
             p = self._pretokenized
@@ -365,9 +393,17 @@ class Pipeline:
             self._tokenize_op()  # validates the special-token policy against the tokenizer
         return self._resolved["tokenizer"]
 
-    def _tokenize_op(self) -> TokenizeOp:
+    def _tokenize_op(self) -> TokenizeOp | TokenizeChatOp:
         spec = self._tokenize
         assert spec is not None
+        if spec.chat_template is not None:
+            return TokenizeChatOp(
+                self._resolve(),
+                field=spec.field,
+                chat_template=spec.chat_template,
+                dataset_names=self._source.names,
+                shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+            )
         return TokenizeOp(
             self._resolve(),
             field=spec.field,

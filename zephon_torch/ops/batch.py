@@ -43,6 +43,7 @@ class Batch:
     turn: int
     pad_id: int
     state: dict[str, Any] = field(repr=False)
+    trainable: npt.NDArray[np.bool_] | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -77,6 +78,7 @@ class Batch:
             self.input_ids,
             self.lengths,
             self.sources,
+            trainable=self.trainable,
             mask_document_boundaries=mask_document_boundaries,
             attention_mask=attention_mask,
         )
@@ -148,8 +150,13 @@ class BatchNode(BaseNode[Batch]):
     def pad_batch(self, rows: list[PackedRow]) -> Batch:
         """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
         ids = np.full((self.microbatch_size, self.max_length), self.pad_id, dtype=np.int64)
+        trainable = None
+        if any(row.trainable is not None for row in rows):
+            trainable = np.ones(ids.shape, dtype=bool)
         for r, row in enumerate(rows):
             ids[r, : len(row.tokens)] = row.tokens
+            if trainable is not None and row.trainable is not None:
+                trainable[r, : len(row.tokens)] = row.trainable
         empty = self.microbatch_size - len(rows)
         return Batch(
             input_ids=ids,
@@ -161,4 +168,5 @@ class BatchNode(BaseNode[Batch]):
             turn=self.turn,
             pad_id=self.pad_id,
             state={},
+            trainable=trainable,
         )

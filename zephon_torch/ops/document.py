@@ -22,6 +22,7 @@ class Document:
 
     ``pass_index`` and ``pos`` locate it in its lane's pointer stream, which is all a state needs
     to find it again; ``shard`` and ``row`` locate it in storage for error messages.
+    ``trainable`` (chat data) marks, per token, whether it is a loss target; None: all are.
     """
 
     source: int
@@ -31,6 +32,7 @@ class Document:
     row: int
     data: dict[str, Any] | None
     tokens: Tokens | None = None
+    trainable: npt.NDArray[np.bool_] | None = None
 
 
 class DocOp(Protocol):

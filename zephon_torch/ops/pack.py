@@ -36,6 +36,7 @@ class PackedRow:
     lengths: list[int]
     sources: list[int]
     starts_document: list[bool]
+    trainable: npt.NDArray[np.bool_] | None = None
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -162,9 +163,20 @@ def _to_row(pieces: list[Piece]) -> PackedRow:
         assert p.doc.tokens is not None
         parts.append(p.doc.tokens[p.start : p.end])
     tokens = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    trainable = None
+    if any(p.doc.trainable is not None for p in pieces):
+        trainable = np.concatenate(
+            [
+                np.ones(p.length, dtype=bool)
+                if p.doc.trainable is None
+                else p.doc.trainable[p.start : p.end]
+                for p in pieces
+            ]
+        )
     return PackedRow(
         tokens=tokens,
         lengths=[p.length for p in pieces],
         sources=[p.doc.source for p in pieces],
         starts_document=[p.start == 0 for p in pieces],
+        trainable=trainable,
     )

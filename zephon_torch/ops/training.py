@@ -19,6 +19,7 @@ def training_tensors(
     lengths: list[list[int]],
     sources: list[list[int]],
     *,
+    trainable: npt.NDArray[np.bool_] | None = None,
     mask_document_boundaries: bool = False,
     attention_mask: bool = False,
 ) -> dict[str, torch.Tensor]:
@@ -28,6 +29,8 @@ def training_tensors(
         input_ids: ``[B, S]`` token ids, padded.
         lengths: per row, its segment lengths in order (the rest of the row is padding).
         sources: per row, each segment's source index.
+        trainable: ``[B, S]``, whether each token may be a loss target (chat data: assistant
+            turns only); a label whose target is not trainable is ``-100``.
         mask_document_boundaries: ``-100`` on the label of each segment's last token, so no
             loss term predicts the first token of the next document from the previous one.
         attention_mask: also return the ``[B, 1, S, S]`` bool block-diagonal causal mask
@@ -64,6 +67,8 @@ def training_tensors(
         boundaries.extend((r * width + ends).tolist())
         if used < width:
             boundaries.append((r + 1) * width)
+    if trainable is not None:
+        labels[:, :-1][~trainable[:, 1:]] = IGNORE_INDEX
     cu = np.asarray(boundaries, dtype=np.int32)
     labels_t = torch.from_numpy(labels)
     out = {

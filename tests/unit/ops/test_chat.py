@@ -1,0 +1,83 @@
+"""Chat/SFT: only assistant tokens are loss targets, through packing, shuffle and resume."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from tests.conftest import prose_documents
+from tests.helpers import assert_resumes_at_every_step
+from zephon_torch import DataError, Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.ops.chat import chatml
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def conversations(count: int, seed: int) -> list[list[dict[str, str]]]:
+    rng = random.Random(seed)
+    texts = prose_documents(count * 4, seed=seed, max_words=40)
+    out = []
+    for i in range(count):
+        turns = [{"role": "system", "content": "Answer briefly."}] if rng.random() < 0.5 else []
+        for j in range(rng.randint(1, 2)):
+            turns.append({"role": "user", "content": texts[4 * i + 2 * j]})
+            turns.append({"role": "assistant", "content": texts[4 * i + 2 * j + 1]})
+        out.append(turns)
+    return out
+
+
+def chat_pipeline(tokenizer: Any, algorithm: str = "best_fit", lanes: int = 1) -> Pipeline:
+    dataset = Dataset.from_dict("sft", {"messages": conversations(30, seed=4)}, shard_size=8)
+    source = StaticMixtureWorkSource([dataset], seed=2)
+    return (
+        Pipeline(source)
+        .options(canonical_replicas=lanes)
+        .tokenize_chat(tokenizer=tokenizer)
+        .pack_flat(128, algorithm)  # type: ignore[arg-type]
+        .batch(2)
+    )
+
+
+def test_labels_are_set_only_on_assistant_tokens(tokenizer: Any) -> None:
+    messages = conversations(1, seed=9)[0]
+    segments = chatml(messages)
+    expected: list[int] = []
+    trainable: list[bool] = []
+    for text, flag in segments:
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        expected += ids
+        trainable += [flag] * len(ids)
+    dataset = Dataset.from_dict("one", {"messages": [messages]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset])).tokenize_chat(tokenizer=tokenizer)
+    batch = next(iter(pipeline.pack_flat(len(expected) + 5, "best_fit").batch(1)))
+    t = batch.to_training()
+    n = len(expected)
+    assert t["input_ids"][0, :n].tolist() == expected
+    labels = t["labels"][0].tolist()
+    for i in range(n - 1):
+        assert labels[i] == (expected[i + 1] if trainable[i + 1] else -100), i
+    assert all(x == -100 for x in labels[n - 1 :])
+    assert int(t["num_valid_tokens"]) == sum(trainable[1:])
+
+
+def test_chat_pipelines_with_shuffle_resume_at_every_step(tokenizer: Any) -> None:
+    assert_resumes_at_every_step(lambda: chat_pipeline(tokenizer, "best_fit", lanes=2).shuffle(3))
+
+
+def test_chat_with_wrap_keeps_the_flags_on_documents_cut_across_rows(tokenizer: Any) -> None:
+    batches = list(chat_pipeline(tokenizer, "wrap"))
+    assert any(not all(row_starts) for b in batches for row_starts in b.starts_document)
+    for b in batches:
+        t = b.to_training()
+        assert int(t["num_valid_tokens"]) < b.num_tokens  # user turns never count
+
+
+def test_malformed_messages_name_the_row(tokenizer: Any) -> None:
+    dataset = Dataset.from_dict("sft", {"messages": [[{"role": "user", "content": "hi"}], "oops"]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False)).tokenize_chat(
+        tokenizer=tokenizer
+    )
+    with pytest.raises(DataError, match=r"row 1: field 'messages' must be a list"):
+        list(pipeline.pack_flat(64).batch(1))

@@ -1,0 +1,127 @@
+"""Chat/SFT tokenization: render messages with a template, train only on assistant turns.
+
+A chat template turns a conversation into ``(text, trainable)`` segments; each segment is
+tokenized on its own (one ``encode_batch_fast`` call per chunk for all segments) and its
+tokens inherit the flag. Packing carries the flags, and ``to_training`` sets ``-100`` on every
+label whose target token is not trainable. Encoding segments apart can split differently from
+encoding the whole text at a boundary: segments end at role markers, where that is harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.ops._tokenizer import ResolvedTokenizer
+from zephon_torch.ops.document import Document
+from zephon_torch.ops.map import function_name
+
+ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
+
+
+def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; assistant content and its end
+    marker are trainable, everything else (system, user, role headers) is context."""
+    out: list[tuple[str, bool]] = []
+    for message in messages:
+        role = message["role"]
+        out.append((f"<|im_start|>{role}\n", False))
+        out.append((f"{message['content']}<|im_end|>\n", role == "assistant"))
+    return out
+
+
+TEMPLATES: dict[str, ChatTemplate] = {"chatml": chatml}
+
+
+def resolve_template(template: str | ChatTemplate) -> tuple[ChatTemplate, str]:
+    """A template and its fingerprint name, from a built-in name or a callable."""
+    if isinstance(template, str):
+        if template not in TEMPLATES:
+            known = sorted(TEMPLATES)
+            raise ConfigError(
+                f"`chat_template` must be a callable or one of {known}, got {template!r}"
+            )
+        return TEMPLATES[template], template
+    if not callable(template):
+        raise ConfigError(f"`chat_template` must be a callable or a name, got {template!r}")
+    return template, function_name(template, None)
+
+
+class TokenizeChatOp:
+    """Tokenize a messages field with per-token trainable flags.
+
+    Args:
+        tokenizer: the resolved backend.
+        field: the row field holding ``[{"role": ..., "content": ...}, ...]``.
+        chat_template: a built-in name (``"chatml"``) or a callable returning segments.
+        dataset_names: source index to dataset name, for error messages.
+        shard_paths: per source, shard index to path, for error messages.
+    """
+
+    def __init__(
+        self,
+        tokenizer: ResolvedTokenizer,
+        *,
+        field: str,
+        chat_template: str | ChatTemplate,
+        dataset_names: list[str],
+        shard_paths: list[list[str]],
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.field = field
+        self.template, self.template_name = resolve_template(chat_template)
+        self.dataset_names = dataset_names
+        self.shard_paths = shard_paths
+
+    def __call__(self, docs: list[Document]) -> list[Document]:
+        segments = [self._segments(doc) for doc in docs]
+        texts = [text for doc_segments in segments for text, _ in doc_segments]
+        encodings = self.tokenizer.backend.encode_batch_fast(texts, add_special_tokens=False)
+        at = 0
+        for doc, doc_segments in zip(docs, segments):
+            ids: list[np.ndarray[Any, Any]] = []
+            flags: list[np.ndarray[Any, Any]] = []
+            for _, trainable in doc_segments:
+                tokens = np.asarray(encodings[at].ids, dtype=np.int32)
+                at += 1
+                ids.append(tokens)
+                flags.append(np.full(len(tokens), trainable, dtype=bool))
+            doc.tokens = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+            doc.trainable = np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
+            doc.data = None
+        return docs
+
+    def _segments(self, doc: Document) -> list[tuple[str, bool]]:
+        data = doc.data if doc.data is not None else {}
+        messages = data.get(self.field)
+        problem = None
+        if self.field not in data:
+            problem = f"field {self.field!r} is missing; the row has fields {sorted(data)}"
+        elif not isinstance(messages, list) or not all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            problem = f"field {self.field!r} must be a list of {{'role': str, 'content': str}}"
+        if problem is not None:
+            raise DataError(
+                problem,
+                dataset=self.dataset_names[doc.source],
+                shard=self.shard_paths[doc.source][doc.shard],
+                row=doc.row,
+            )
+        assert isinstance(messages, list)
+        return self.template(messages)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Tokenizer digest, field and template name."""
+        return {
+            "kind": "tokenize_chat",
+            "tokenizer": self.tokenizer.digest,
+            "field": self.field,
+            "chat_template": self.template_name,
+        }
