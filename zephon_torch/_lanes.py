@@ -33,8 +33,8 @@ class LaneRuntime:
         source = pipeline._source
         pack = pipeline._pack
         assert pack is not None and pipeline._microbatch_size is not None
-        token_op, token_field, parallelism, runner = pipeline._token_stage()
-        self.chain = DocChain(FetchOp(source.datasets), [*pipeline._user_ops, token_op])
+        _, token_field, parallelism, runner = pipeline._token_stage()
+        self.chain = DocChain(FetchOp(source.datasets), pipeline._doc_ops())
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
         if pipeline._estimation is None and source.token_estimation is not None:
             pipeline._estimation = calibrate(

@@ -42,6 +42,7 @@ class PackSpec:
     max_sequences_per_bin: int | None
     long_documents: LongDocuments
     min_document_length: int
+    payload_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from zephon_torch._lanes import LaneRuntime
 from zephon_torch._specs import Options, PackSpec, PretokenizedSpec, TokenizeSpec
@@ -22,9 +22,11 @@ from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
 from zephon_torch.ops.batch import Batch
 from zephon_torch.ops.chat import ChatTemplate, TokenizeChatOp, resolve_template
+from zephon_torch.ops.document import DocOp
 from zephon_torch.ops.filter import FilterOp
 from zephon_torch.ops.map import MapOp, Row
 from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
+from zephon_torch.ops.payload import PayloadOp
 from zephon_torch.ops.prefetch import Prefetcher
 from zephon_torch.ops.pretokenized import TokenFieldOp
 from zephon_torch.ops.stateful import StatefulFilter
@@ -284,6 +286,38 @@ class Pipeline:
             raise ConfigError(f"`window` must be a positive int, got {window!r}")
         return self._with(_shuffle_window=window)
 
+    def pack_sequences(
+        self,
+        max_length: int,
+        algorithm: Literal["best_fit", "first_fit"] = "best_fit",
+        *,
+        payload_fields: tuple[str, ...] | list[str] = (),
+        num_bins: int = 8,
+        max_sequences_per_bin: int | None = None,
+        min_document_length: int = 0,
+        pad_token_id: int | None = None,
+    ) -> Pipeline:
+        """Pack whole documents only (never cut; longer ones are dropped and counted), with
+        ``payload_fields`` of each row passed through untouched in ``Batch.payloads`` (image
+        bytes, arrays: multimodal samples)."""
+        if algorithm not in ("best_fit", "first_fit"):
+            raise ConfigError(
+                f"`pack_sequences` keeps documents whole: `algorithm` must be 'best_fit' or "
+                f"'first_fit', got {algorithm!r}"
+            )
+        new = self.pack_flat(
+            max_length,
+            algorithm,
+            num_bins=num_bins,
+            max_sequences_per_bin=max_sequences_per_bin,
+            long_documents="drop",
+            min_document_length=min_document_length,
+            pad_token_id=pad_token_id,
+        )
+        assert new._pack is not None
+        new._pack = replace(new._pack, payload_fields=tuple(payload_fields))
+        return new
+
     def batch(self, microbatch_size: int) -> Pipeline:
         """Group ``microbatch_size`` rows of one lane into a micro-batch."""
         if self._pack is None:
@@ -341,8 +375,7 @@ class Pipeline:
         self._require_complete()
         assert self._pack is not None
         out = {"canonical_replicas": self._options.canonical_replicas, **self._source.fingerprint()}
-        out["ops"] = [op.fingerprint() for op in self._user_ops]
-        out["ops"].append(self._token_stage()[0].fingerprint())
+        out["ops"] = [op.fingerprint() for op in self._doc_ops()]
         out["pack"] = {
             "max_length": self._pack.max_length,
             "algorithm": self._pack.algorithm,
@@ -351,6 +384,7 @@ class Pipeline:
             "max_sequences_per_bin": self._pack.max_sequences_per_bin,
             "long_documents": self._pack.long_documents,
             "min_document_length": self._pack.min_document_length,
+            "payload_fields": list(self._pack.payload_fields),
         }
         out["stateful_filters"] = [name for _, name in self._stateful]
         out["shuffle_window"] = self._shuffle_window
@@ -362,6 +396,20 @@ class Pipeline:
             raise ConfigError(
                 "the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs"
             )
+
+    def _doc_ops(self) -> list[DocOp]:
+        """The per-document chain after fetch: user maps and filters, payload, token op."""
+        ops: list[DocOp] = list(self._user_ops)
+        if self._pack is not None and self._pack.payload_fields:
+            ops.append(
+                PayloadOp(
+                    self._pack.payload_fields,
+                    dataset_names=self._source.names,
+                    shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+                )
+            )
+        ops.append(self._token_stage()[0])
+        return ops
 
     def _token_stage(
         self,

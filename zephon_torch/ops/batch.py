@@ -29,6 +29,7 @@ class Batch:
         sources: per row, each segment's source index.
         starts_document: per row, whether each segment begins its document.
         source_names: source index to dataset name.
+        payloads: with ``pack_sequences``, per row, each segment's kept fields, untouched.
         lane: the canonical lane that produced it.
         turn: the lane's micro-batch counter (the global step in turns).
         state: the lane's state right after this batch.
@@ -44,6 +45,7 @@ class Batch:
     pad_id: int
     state: dict[str, Any] = field(repr=False)
     trainable: npt.NDArray[np.bool_] | None = field(default=None, repr=False)
+    payloads: list[list[dict[str, Any]]] | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -169,4 +171,7 @@ class BatchNode(BaseNode[Batch]):
             pad_id=self.pad_id,
             state={},
             trainable=trainable,
+            payloads=None
+            if all(row.payloads is None for row in rows)
+            else [row.payloads or [] for row in rows] + [[] for _ in range(empty)],
         )

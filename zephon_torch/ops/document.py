@@ -23,6 +23,7 @@ class Document:
     ``pass_index`` and ``pos`` locate it in its lane's pointer stream, which is all a state needs
     to find it again; ``shard`` and ``row`` locate it in storage for error messages.
     ``trainable`` (chat data) marks, per token, whether it is a loss target; None: all are.
+    ``payload`` holds row fields kept whole for ``pack_sequences`` (image bytes, arrays).
     """
 
     source: int
@@ -33,6 +34,7 @@ class Document:
     data: dict[str, Any] | None
     tokens: Tokens | None = None
     trainable: npt.NDArray[np.bool_] | None = None
+    payload: dict[str, Any] | None = None
 
 
 class DocOp(Protocol):

@@ -37,6 +37,7 @@ class PackedRow:
     sources: list[int]
     starts_document: list[bool]
     trainable: npt.NDArray[np.bool_] | None = None
+    payloads: list[dict[str, Any]] | None = None
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -179,4 +180,7 @@ def _to_row(pieces: list[Piece]) -> PackedRow:
         sources=[p.doc.source for p in pieces],
         starts_document=[p.start == 0 for p in pieces],
         trainable=trainable,
+        payloads=[p.doc.payload or {} for p in pieces]
+        if any(p.doc.payload is not None for p in pieces)
+        else None,
     )

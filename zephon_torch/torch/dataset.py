@@ -109,6 +109,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             item: dict[str, Any] = dict(
                 batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
             )
+            if batch.payloads is not None:
+                item["payloads"] = batch.payloads
             if self.with_meta:
                 item[META_KEY] = {"lane": batch.lane, "turn": batch.turn, "state": batch.state}
             yield item
