@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from zephon_torch._token_stage import doc_ops, pad_id, token_stage
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
 from zephon_torch.ops.estimate import calibrate, chunk_sizes
@@ -33,8 +34,8 @@ class LaneRuntime:
         source = pipeline._source
         pack = pipeline._pack
         assert pack is not None and pipeline._microbatch_size is not None
-        _, token_field, parallelism, runner = pipeline._token_stage()
-        self.chain = DocChain(FetchOp(source.datasets), pipeline._doc_ops())
+        _, token_field, parallelism, runner = token_stage(pipeline)
+        self.chain = DocChain(FetchOp(source.datasets), doc_ops(pipeline))
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
         if pipeline._estimation is None and source.token_estimation is not None:
             pipeline._estimation = calibrate(
@@ -87,7 +88,7 @@ class LaneRuntime:
                 microbatch_size=pipeline._microbatch_size,
                 max_length=pack.max_length,
                 lane=lane,
-                pad_id=pipeline._pad_id(),
+                pad_id=pad_id(pipeline),
                 source_names=source.names,
             )
             node.reset(pipeline._lane_states.get(lane))

@@ -1,12 +1,17 @@
-"""The builder's frozen records of what each ``Pipeline`` method was asked for."""
+"""The builder's frozen records of what each ``Pipeline`` method was asked for.
+
+Each validates itself at construction and raises ``ConfigError`` naming the argument, the rule
+and the value.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_torch.ops._runner import RunnerKind
-from zephon_torch.ops.packers import Algorithm, LongDocuments
+from zephon_torch.errors import ConfigError
+from zephon_torch.ops._runner import RUNNERS, RunnerKind
+from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
 from zephon_torch.ops.tokenize import SpecialTokens
 
 
@@ -32,6 +37,11 @@ class TokenizeSpec:
     eos_token: str | None
     chat_template: Any = None
 
+    def __post_init__(self) -> None:
+        if (self.tokenizer_id is None) == (self.tokenizer is None):
+            raise ConfigError("`tokenize` needs exactly one of `tokenizer_id` or `tokenizer`")
+        _check_workers(self.parallelism, self.runner)
+
 
 @dataclass(frozen=True, kw_only=True)
 class PackSpec:
@@ -44,6 +54,15 @@ class PackSpec:
     min_document_length: int
     payload_fields: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        make_packer(self.algorithm, self.max_length, self.num_bins, self.max_sequences_per_bin)
+        if self.long_documents not in ("split", "drop"):
+            raise ConfigError(
+                f"`long_documents` must be one of ['split', 'drop'], got {self.long_documents!r}"
+            )
+        if self.min_document_length < 0:
+            raise ConfigError(f"`min_document_length` must be >= 0, got {self.min_document_length}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class PretokenizedSpec:
@@ -51,3 +70,13 @@ class PretokenizedSpec:
     eos_token_id: int | None
     parallelism: int
     runner: RunnerKind
+
+    def __post_init__(self) -> None:
+        _check_workers(self.parallelism, self.runner)
+
+
+def _check_workers(parallelism: int, runner: str) -> None:
+    if not isinstance(parallelism, int) or parallelism < 1:
+        raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
+    if runner not in RUNNERS:
+        raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {runner!r}")

@@ -16,21 +16,19 @@ from typing import TYPE_CHECKING, Any, Literal
 from zephon_torch._lanes import LaneRuntime
 from zephon_torch._specs import Options, PackSpec, PretokenizedSpec, TokenizeSpec
 from zephon_torch._state import STATE_VERSION, check_state
+from zephon_torch._token_stage import doc_ops, pad_id, resolve
 from zephon_torch.elastic import check_topology, lanes_for_rank
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
-from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
+from zephon_torch.ops._tokenizer import ResolvedTokenizer
 from zephon_torch.ops.batch import Batch
-from zephon_torch.ops.chat import ChatTemplate, TokenizeChatOp, resolve_template
-from zephon_torch.ops.document import DocOp
+from zephon_torch.ops.chat import ChatTemplate, resolve_template
 from zephon_torch.ops.filter import FilterOp
 from zephon_torch.ops.map import MapOp, Row
-from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
-from zephon_torch.ops.payload import PayloadOp
+from zephon_torch.ops.packers import Algorithm, LongDocuments
 from zephon_torch.ops.prefetch import Prefetcher
-from zephon_torch.ops.pretokenized import TokenFieldOp
 from zephon_torch.ops.stateful import StatefulFilter
-from zephon_torch.ops.tokenize import SpecialTokens, TokenizeOp
+from zephon_torch.ops.tokenize import SpecialTokens
 from zephon_torch.torch.distributed import resolve_topology
 from zephon_torch.work.mixture import StaticMixtureWorkSource
 
@@ -154,12 +152,6 @@ class Pipeline:
         ``parallelism`` and ``runner`` are performance knobs: they never change the data.
         """
         self._check_before_tokenize("tokenize")
-        if (tokenizer_id is None) == (tokenizer is None):
-            raise ConfigError("`tokenize` needs exactly one of `tokenizer_id` or `tokenizer`")
-        if parallelism < 1:
-            raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
-        if runner not in ("threads", "processes"):
-            raise ConfigError(f"`runner` must be one of ['threads', 'processes'], got {runner!r}")
         spec = TokenizeSpec(
             tokenizer_id=None if tokenizer_id is None else str(tokenizer_id),
             tokenizer=tokenizer,
@@ -171,7 +163,7 @@ class Pipeline:
             eos_token=eos_token,
         )
         new = self._with(_tokenize=spec, _resolved={})
-        new._resolve()  # fail at build time on a bad tokenizer or special-token policy
+        resolve(new)  # fail at build time on a bad tokenizer or special-token policy
         return new
 
     def tokenize_chat(
@@ -209,8 +201,6 @@ class Pipeline:
     ) -> Pipeline:
         """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set."""
         self._check_before_tokenize("pretokenized")
-        if parallelism < 1:
-            raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
         spec = PretokenizedSpec(
             field=field, eos_token_id=eos_token_id, parallelism=parallelism, runner=runner
         )
@@ -245,13 +235,6 @@ class Pipeline:
             raise ConfigError(
                 "`pack_flat` needs token ids: call `tokenize` (or `pretokenized`) first"
             )
-        make_packer(algorithm, max_length, num_bins, max_sequences_per_bin)  # validates
-        if long_documents not in ("split", "drop"):
-            raise ConfigError(
-                f"`long_documents` must be one of ['split', 'drop'], got {long_documents!r}"
-            )
-        if min_document_length < 0:
-            raise ConfigError(f"`min_document_length` must be >= 0, got {min_document_length}")
         spec = PackSpec(
             max_length=max_length,
             algorithm=algorithm,
@@ -337,7 +320,7 @@ class Pipeline:
     @property
     def pad_token_id(self) -> int:
         """The id padding positions hold."""
-        return self._pad_id()
+        return pad_id(self)
 
     @property
     def exhaustion(self) -> str:
@@ -375,12 +358,12 @@ class Pipeline:
         self._require_complete()
         assert self._pack is not None
         out = {"canonical_replicas": self._options.canonical_replicas, **self._source.fingerprint()}
-        out["ops"] = [op.fingerprint() for op in self._doc_ops()]
+        out["ops"] = [op.fingerprint() for op in doc_ops(self)]
         out["pack"] = {
             "max_length": self._pack.max_length,
             "algorithm": self._pack.algorithm,
             "num_bins": self._pack.num_bins if self._pack.algorithm != "wrap" else None,
-            "pad_token_id": self._pad_id(),
+            "pad_token_id": pad_id(self),
             "max_sequences_per_bin": self._pack.max_sequences_per_bin,
             "long_documents": self._pack.long_documents,
             "min_document_length": self._pack.min_document_length,
@@ -396,79 +379,6 @@ class Pipeline:
             raise ConfigError(
                 "the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs"
             )
-
-    def _doc_ops(self) -> list[DocOp]:
-        """The per-document chain after fetch: user maps and filters, payload, token op."""
-        ops: list[DocOp] = list(self._user_ops)
-        if self._pack is not None and self._pack.payload_fields:
-            ops.append(
-                PayloadOp(
-                    self._pack.payload_fields,
-                    dataset_names=self._source.names,
-                    shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
-                )
-            )
-        ops.append(self._token_stage()[0])
-        return ops
-
-    def _token_stage(
-        self,
-    ) -> tuple[TokenizeOp | TokenizeChatOp | TokenFieldOp, str, int, RunnerKind]:
-        """The operator that yields token ids, its field, parallelism and runner."""
-        if self._pretokenized is not None:
-            p = self._pretokenized
-            op = TokenFieldOp(
-                field=p.field,
-                eos_token_id=p.eos_token_id,
-                dataset_names=self._source.names,
-                shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
-            )
-            return op, p.field, p.parallelism, p.runner
-        spec = self._tokenize
-        assert spec is not None
-        return self._tokenize_op(), spec.field, spec.parallelism, spec.runner
-
-    def _resolve(self) -> ResolvedTokenizer:
-        spec = self._tokenize
-        assert spec is not None
-        if "tokenizer" not in self._resolved:
-            self._resolved["tokenizer"] = resolve_tokenizer(
-                spec.tokenizer_id,
-                spec.tokenizer,
-                bos_token=spec.bos_token,
-                eos_token=spec.eos_token,
-            )
-            self._tokenize_op()  # validates the special-token policy against the tokenizer
-        return self._resolved["tokenizer"]
-
-    def _tokenize_op(self) -> TokenizeOp | TokenizeChatOp:
-        spec = self._tokenize
-        assert spec is not None
-        if spec.chat_template is not None:
-            return TokenizeChatOp(
-                self._resolve(),
-                field=spec.field,
-                chat_template=spec.chat_template,
-                dataset_names=self._source.names,
-                shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
-            )
-        return TokenizeOp(
-            self._resolve(),
-            field=spec.field,
-            special_tokens=spec.special_tokens,
-            dataset_names=self._source.names,
-            shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
-        )
-
-    def _pad_id(self) -> int:
-        assert self._pack is not None
-        if self._pack.pad_token_id is not None:
-            return self._pack.pad_token_id
-        if self._pretokenized is not None:
-            eos = self._pretokenized.eos_token_id
-            return 0 if eos is None else eos
-        eos = self._resolve().eos_id
-        return 0 if eos is None else eos
 
     # -- state ---------------------------------------------------------------------------------
 

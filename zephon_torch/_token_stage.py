@@ -1,0 +1,99 @@
+"""The token stage of a recipe: the operators that turn rows into token ids, and padding.
+
+Derived on demand from what the ``Pipeline`` builder recorded (tokenize, tokenize_chat or
+pretokenized; payload fields of pack_sequences), so the builder stays a record of choices and
+the tokenizer is resolved once per pipeline object.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zephon_torch.ops._runner import RunnerKind
+from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
+from zephon_torch.ops.chat import TokenizeChatOp
+from zephon_torch.ops.document import DocOp
+from zephon_torch.ops.payload import PayloadOp
+from zephon_torch.ops.pretokenized import TokenFieldOp
+from zephon_torch.ops.tokenize import TokenizeOp
+
+if TYPE_CHECKING:
+    from zephon_torch.pipeline import Pipeline
+
+
+def doc_ops(self: Pipeline) -> list[DocOp]:
+    """The per-document chain after fetch: user maps and filters, payload, token op."""
+    ops: list[DocOp] = list(self._user_ops)
+    if self._pack is not None and self._pack.payload_fields:
+        ops.append(
+            PayloadOp(
+                self._pack.payload_fields,
+                dataset_names=self._source.names,
+                shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+            )
+        )
+    ops.append(token_stage(self)[0])
+    return ops
+
+
+def token_stage(
+    self: Pipeline,
+) -> tuple[TokenizeOp | TokenizeChatOp | TokenFieldOp, str, int, RunnerKind]:
+    """The operator that yields token ids, its field, parallelism and runner."""
+    if self._pretokenized is not None:
+        p = self._pretokenized
+        op = TokenFieldOp(
+            field=p.field,
+            eos_token_id=p.eos_token_id,
+            dataset_names=self._source.names,
+            shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+        )
+        return op, p.field, p.parallelism, p.runner
+    spec = self._tokenize
+    assert spec is not None
+    return tokenize_op(self), spec.field, spec.parallelism, spec.runner
+
+
+def resolve(self: Pipeline) -> ResolvedTokenizer:
+    spec = self._tokenize
+    assert spec is not None
+    if "tokenizer" not in self._resolved:
+        self._resolved["tokenizer"] = resolve_tokenizer(
+            spec.tokenizer_id,
+            spec.tokenizer,
+            bos_token=spec.bos_token,
+            eos_token=spec.eos_token,
+        )
+        tokenize_op(self)  # validates the special-token policy against the tokenizer
+    return self._resolved["tokenizer"]
+
+
+def tokenize_op(self: Pipeline) -> TokenizeOp | TokenizeChatOp:
+    spec = self._tokenize
+    assert spec is not None
+    if spec.chat_template is not None:
+        return TokenizeChatOp(
+            resolve(self),
+            field=spec.field,
+            chat_template=spec.chat_template,
+            dataset_names=self._source.names,
+            shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+        )
+    return TokenizeOp(
+        resolve(self),
+        field=spec.field,
+        special_tokens=spec.special_tokens,
+        dataset_names=self._source.names,
+        shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+    )
+
+
+def pad_id(self: Pipeline) -> int:
+    assert self._pack is not None
+    if self._pack.pad_token_id is not None:
+        return self._pack.pad_token_id
+    if self._pretokenized is not None:
+        eos = self._pretokenized.eos_token_id
+        return 0 if eos is None else eos
+    eos = resolve(self).eos_id
+    return 0 if eos is None else eos
