@@ -47,6 +47,7 @@ class LaneRuntime:
         chunk_docs = chunk_sizes(pipeline._estimation, source.names)
         num_lanes = pipeline._options.canonical_replicas
         self.nodes: list[BatchNode] = []
+        self.readers: list[DocumentReader] = []
         for lane in pipeline.lanes:
             readers = [
                 DocumentReader(
@@ -62,6 +63,7 @@ class LaneRuntime:
                 )
                 for i, layout in enumerate(source.layouts)
             ]
+            self.readers.extend(readers)
             for factory, _ in pipeline._stateful:
                 readers = [
                     FilteredReader(reader, factory(lane), name)
@@ -104,6 +106,18 @@ class LaneRuntime:
             if not resumed_mid_turn and all(b.num_tokens == 0 for b in out):
                 return
             yield from out
+
+    def operator_seconds(self) -> dict[str, tuple[float, int]]:
+        """Per operator: seconds spent and documents out (threads runner; processes keep
+        their own counters)."""
+        return {
+            name: (self.chain.seconds[name], self.chain.documents[name])
+            for name in self.chain.seconds
+        }
+
+    def reader_waited(self) -> float:
+        """Seconds the packers waited for tokenized documents."""
+        return sum(r.waited for r in self.readers)
 
     def close(self) -> None:
         """Stop the workers."""

@@ -6,6 +6,7 @@ and the value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ class Options:
     prefetch: int = 8
     read_ahead: int = 2
     io_options: dict[str, Any] | None = None
+    stats_every: int = 0
+    on_stats: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

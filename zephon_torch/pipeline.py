@@ -9,6 +9,8 @@ the lane state carried by the last batch each lane handed over.
 from __future__ import annotations
 
 import copy
+import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from zephon_torch._lanes import LaneRuntime
 from zephon_torch._specs import Options, PackSpec, PretokenizedSpec, TokenizeSpec
 from zephon_torch._state import STATE_VERSION, check_state
+from zephon_torch._stats import RunCounters, report
 from zephon_torch._token_stage import doc_ops, pad_id, resolve
 from zephon_torch.elastic import check_topology, lanes_for_rank
 from zephon_torch.errors import ConfigError
@@ -66,11 +69,14 @@ class Pipeline:
         self._estimation: dict[str, dict[str, float]] | None = None
         self._resolved: dict[str, ResolvedTokenizer] = {}
         self._live: Prefetcher[Batch] | None = None
+        self._runtime: LaneRuntime | None = None
+        self._counters = RunCounters()
 
     def __getstate__(self) -> dict[str, Any]:
         # A live iteration (threads) stays behind: a copy sent to a worker starts from the state.
         state = dict(self.__dict__)
         state["_live"] = None
+        state["_runtime"] = None
         return state
 
     # -- builder -------------------------------------------------------------------------------
@@ -79,6 +85,8 @@ class Pipeline:
         new = copy.copy(self)
         new._lane_states = {}
         new._live = None
+        new._runtime = None
+        new._counters = RunCounters()
         for key, value in changes.items():
             setattr(new, key, value)
         return new
@@ -92,6 +100,8 @@ class Pipeline:
         prefetch: int | None = None,
         read_ahead: int | None = None,
         io_options: dict[str, Any] | None = None,
+        stats_every: int | None = None,
+        on_stats: Callable[[dict[str, Any]], None] | None = None,
     ) -> Pipeline:
         """Lanes and topology (``canonical_replicas`` is data-affecting; the rest are not).
 
@@ -103,6 +113,8 @@ class Pipeline:
             prefetch: micro-batches computed ahead on a background thread (0: inline).
             read_ahead: chunks of documents each reader keeps in flight.
             io_options: storage options (cache, prefetch), passed to the io layer.
+            stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches.
+            on_stats: the periodic stats hook (e.g. a logger).
         """
         given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,
@@ -111,6 +123,8 @@ class Pipeline:
             "prefetch": prefetch,
             "read_ahead": read_ahead,
             "io_options": io_options,
+            "stats_every": stats_every,
+            "on_stats": on_stats,
         }
         opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
         check_topology(
@@ -427,16 +441,63 @@ class Pipeline:
         return self._deliver(stream, runtime)
 
     def _deliver(self, stream: Iterator[Batch], runtime: LaneRuntime) -> Iterator[Batch]:
+        self._runtime, self._counters = runtime, RunCounters()
+        every, hook = self._options.stats_every, self._options.on_stats
         try:
-            for batch in stream:
+            while True:
+                start = time.perf_counter()
+                batch = next(stream, None)
+                if batch is None:
+                    return
+                queued = stream.queued() if isinstance(stream, Prefetcher) else None
+                self._counters.delivered(batch, time.perf_counter() - start, queued)
                 self._lane_states[batch.lane] = batch.state
+                if hook is not None and every and self._counters.batches % every == 0:
+                    hook(self.stats())
                 yield batch
         finally:
             if isinstance(stream, Prefetcher):
                 stream.close()
             runtime.close()
 
+    def explain(self, *, num_workers: int = 0) -> str:
+        """The compiled plan as text: datasets and operators (data-affecting, in the
+        fingerprint), then lanes, ranks, workers, runner and buffers (performance knobs)."""
+        from zephon_torch._explain import explain
+
+        self._require_complete()
+        return explain(self, num_workers=num_workers)
+
+    def stats(self) -> dict[str, Any]:
+        """What the current (or last) iteration did: batches, tokens and tokens/s, delivered
+        token shares against targets, padding fraction, documents skipped by policy, per
+        operator time and throughput with its share, stalls (time the consumer waited for a
+        batch, time packers waited for tokenized documents), mean prefetch queue occupancy,
+        and the state size in bytes. Operator timings cover the threads runner."""
+        skipped = {"too_long": 0, "too_short": 0}
+        for state in self._lane_states.values():
+            for key, n in _find_skipped(state).items():
+                skipped[key] += n
+        runtime = self._runtime
+        return report(
+            self._counters,
+            targets=dict(zip(self._source.names, self._source.weights)),
+            operators=runtime.operator_seconds() if runtime is not None else {},
+            reader_waited=runtime.reader_waited() if runtime is not None else 0.0,
+            skipped=skipped,
+            state_bytes=len(json.dumps(self.state_dict())),
+        )
+
     def _close_live(self) -> None:
         if self._live is not None:
             self._live.close()
             self._live = None
+
+
+def _find_skipped(state: dict[str, Any] | None) -> dict[str, int]:
+    """The packer's skip counters inside a lane state (under a shuffle, at the block start)."""
+    while isinstance(state, dict):
+        if "skipped" in state:
+            return dict(state["skipped"])
+        state = state.get("pack", state.get("start"))
+    return {}

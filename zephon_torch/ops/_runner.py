@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops.document import DocOp, Document
@@ -30,12 +32,33 @@ class DocChain:
     def __init__(self, fetch: FetchOp, ops: Sequence[DocOp]) -> None:
         self.fetch = fetch
         self.ops = tuple(ops)
+        self._names = ["fetch"] + [str(op.fingerprint()["kind"]) for op in self.ops]
+        self._lock = threading.Lock()
+        self.seconds = dict.fromkeys(self._names, 0.0)
+        self.documents = dict.fromkeys(self._names, 0)
 
     def __call__(self, source: int, pointers: list[Pointer]) -> list[Document]:
+        start = time.perf_counter()
         docs = self.fetch.fetch(source, pointers)
+        marks = [(len(docs), time.perf_counter() - start)]
         for op in self.ops:
+            start = time.perf_counter()
             docs = op(docs)
+            marks.append((len(docs), time.perf_counter() - start))
+        with self._lock:  # one update per chunk: cheap enough to leave on
+            for name, (count, seconds) in zip(self._names, marks):
+                self.seconds[name] += seconds
+                self.documents[name] += count
         return docs
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
 
 _WORKER_CHAIN: DocChain | None = None

@@ -68,6 +68,10 @@ class Prefetcher(Generic[T]):
             raise item.exc
         return item  # type: ignore[return-value]
 
+    def queued(self) -> int:
+        """Items ready ahead of the consumer (approximate)."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         """Stop the producer and wait for its thread."""
         self._stop.set()

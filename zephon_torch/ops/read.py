@@ -7,6 +7,7 @@ position of the next document it has not yet *returned*: read-ahead is never sta
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
@@ -67,6 +68,7 @@ class DocumentReader(BaseNode[Document]):
         self._buffer: deque[Document] = deque()
         self._next: tuple[int, int] = (0, 0)  # next document to return
         self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
+        self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start at the beginning, or at the saved stream position."""
@@ -89,7 +91,9 @@ class DocumentReader(BaseNode[Document]):
             self._top_up()
             if not self._futures:
                 raise StopIteration
+            start = time.perf_counter()
             self._buffer.extend(self._futures.popleft().result())
+            self.waited += time.perf_counter() - start
         self._top_up()
         doc = self._buffer.popleft()
         self._next = (doc.pass_index, doc.pos + 1)

@@ -1,0 +1,56 @@
+"""explain() names the plan; stats() counts what was delivered and where time went."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers import small_pipeline
+
+
+def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> None:
+    text = small_pipeline(tokenizer, lanes=8, world_size=4, rank=3, algorithm="best_fit").explain(
+        num_workers=2
+    )
+    recipe, knobs = text.split("performance knobs")
+    assert "canonical_replicas L=8" in recipe and "dataset 'long': 60.0% target" in recipe
+    assert "fetch -> tokenize" in recipe and "mix+pack(best_fit, max_length=64)" in recipe
+    assert "rank 3 of 4: lanes 6..7" in knobs and "DataLoader workers: 2 of 2 used" in knobs
+    assert "runner: threads x 2" in knobs
+
+
+def test_stats_agree_with_the_delivered_batches(tokenizer: Any) -> None:
+    pipeline = small_pipeline(tokenizer, algorithm="best_fit", lanes=2)
+    batches = list(pipeline)
+    stats = pipeline.stats()
+    tokens = sum(b.num_tokens for b in batches)
+    capacity = sum(b.input_ids.size for b in batches)
+    assert stats["batches"] == len(batches)
+    assert stats["tokens"] == tokens == sum(stats["tokens_by_source"].values())
+    assert stats["padding_fraction"] == pytest.approx(1 - tokens / capacity)
+    assert sum(stats["delivered_shares"].values()) == pytest.approx(1)
+    assert stats["target_shares"] == {"long": pytest.approx(0.6), "short": pytest.approx(0.4)}
+    ops = stats["operators"]
+    assert set(ops) == {"fetch", "tokenize"} and ops["tokenize"]["documents"] == 100
+    assert sum(op["time_share"] for op in ops.values()) == pytest.approx(1)
+    assert stats["state_bytes"] > 0 and stats["stalls"]["consumer_waited_s"] >= 0
+
+
+def test_skipped_documents_are_reported(tokenizer: Any) -> None:
+    pipeline = (
+        small_pipeline(tokenizer, max_length=32)
+        .pack_flat(32, "best_fit", long_documents="drop")
+        .batch(2)
+    )
+    list(pipeline)
+    assert pipeline.stats()["skipped_documents"]["too_long"] > 0
+
+
+def test_the_stats_hook_runs_every_n_batches(tokenizer: Any) -> None:
+    seen: list[int] = []
+    pipeline = small_pipeline(tokenizer).options(
+        stats_every=5, on_stats=lambda s: seen.append(s["batches"])
+    )
+    n = len(list(pipeline))
+    assert seen == list(range(5, n + 1, 5))

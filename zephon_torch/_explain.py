@@ -1,0 +1,57 @@
+"""``Pipeline.explain()``: the compiled plan as text, data-affecting settings set apart."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zephon_torch._token_stage import doc_ops, token_stage
+from zephon_torch.torch.dataset import workers_used
+
+if TYPE_CHECKING:
+    from zephon_torch.pipeline import Pipeline
+
+
+def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
+    """The plan: recipe (in the fingerprint) and performance knobs (never change data)."""
+    source, options, pack = pipeline._source, pipeline._options, pipeline._pack
+    assert pack is not None
+    world_size, rank = pipeline.topology
+    lanes = pipeline.lanes
+    _, _, parallelism, runner = token_stage(pipeline)
+    lines = ["recipe (data-affecting: in the state fingerprint)"]
+    lines.append(
+        f"  canonical_replicas L={options.canonical_replicas}  seed={source.seed}  "
+        f"mixing by {source.mixing}  exhaustion={source.exhaustion}"
+        + (f"  passes={dict(zip(source.names, source.passes))}" if source.passes else "")
+    )
+    for dataset, weight in zip(source.datasets, source.weights):
+        lines.append(
+            f"  dataset {dataset.name!r}: {weight:.1%} target, {dataset.format}, "
+            f"{len(dataset.shards)} shards, {dataset.num_rows:,} rows"
+        )
+    chain = ["fetch", *(str(op.fingerprint()["kind"]) for op in doc_ops(pipeline))]
+    lines.append(f"  per document (parallel, in order): {' -> '.join(chain)}")
+    serial = [f"mix+pack({pack.algorithm}, max_length={pack.max_length})"]
+    serial += [f"stateful_filter({name})" for _, name in pipeline._stateful]
+    if pipeline._shuffle_window:
+        serial.append(f"shuffle(window={pipeline._shuffle_window})")
+    serial.append(f"batch({pipeline._microbatch_size})")
+    lines.append(f"  per lane (serial): {' -> '.join(serial)}")
+    lines.append("performance knobs (never change data)")
+    lines.append(f"  rank {rank} of {world_size}: lanes {_span(lanes)} ({len(lanes)} per turn)")
+    if num_workers:
+        used = workers_used(num_lanes=len(lanes), num_workers=num_workers)
+        lines.append(
+            f"  DataLoader workers: {used} of {num_workers} used, {len(lanes) // used} lanes each"
+        )
+    lines.append(
+        f"  runner: {runner} x {parallelism}; read-ahead {options.read_ahead} chunks per reader"
+    )
+    lines.append(f"  prefetch: {options.prefetch} micro-batches on a background thread")
+    return "\n".join(lines)
+
+
+def _span(lanes: list[int]) -> str:
+    if lanes and lanes == list(range(lanes[0], lanes[-1] + 1)):
+        return f"{lanes[0]}..{lanes[-1]}"
+    return str(lanes)

@@ -1,0 +1,86 @@
+"""Where time and tokens go: counters a pipeline keeps while it runs, cheap enough to leave on.
+
+Updated once per chunk of documents (operator timings), once per micro-batch (delivered
+tokens, stalls) and never per token. ``Pipeline.stats()`` turns them into a report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from zephon_torch.ops.batch import Batch
+
+
+@dataclass
+class RunCounters:
+    """Counters of one iteration of a pipeline."""
+
+    started: float = field(default_factory=time.perf_counter)
+    batches: int = 0
+    rows: int = 0
+    row_capacity: int = 0
+    tokens_by_source: dict[str, int] = field(default_factory=dict)
+    consumer_waited: float = 0.0
+    queue_samples: int = 0
+    queue_total: int = 0
+
+    def delivered(self, batch: Batch, waited: float, queued: int | None) -> None:
+        """Record one micro-batch handed to the consumer after ``waited`` seconds."""
+        self.batches += 1
+        rows, width = batch.input_ids.shape
+        self.rows += rows
+        self.row_capacity += rows * width
+        for name, n in batch.tokens_by_source().items():
+            self.tokens_by_source[name] = self.tokens_by_source.get(name, 0) + n
+        self.consumer_waited += waited
+        if queued is not None:
+            self.queue_samples += 1
+            self.queue_total += queued
+
+
+def report(
+    counters: RunCounters,
+    *,
+    targets: dict[str, float],
+    operators: dict[str, tuple[float, int]],
+    reader_waited: float,
+    skipped: dict[str, int],
+    state_bytes: int,
+) -> dict[str, Any]:
+    """The stats report as plain data (see ``Pipeline.stats``)."""
+    elapsed = time.perf_counter() - counters.started
+    tokens = sum(counters.tokens_by_source.values())
+    busy = sum(seconds for seconds, _ in operators.values()) or 1.0
+    return {
+        "batches": counters.batches,
+        "elapsed_s": elapsed,
+        "tokens": tokens,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "tokens_by_source": dict(counters.tokens_by_source),
+        "delivered_shares": {
+            name: counters.tokens_by_source.get(name, 0) / tokens if tokens else 0.0
+            for name in targets
+        },
+        "target_shares": dict(targets),
+        "padding_fraction": 1 - tokens / counters.row_capacity if counters.row_capacity else 0.0,
+        "skipped_documents": dict(skipped),
+        "operators": {
+            name: {
+                "seconds": seconds,
+                "documents": count,
+                "documents_per_s": count / seconds if seconds > 0 else 0.0,
+                "time_share": seconds / busy,
+            }
+            for name, (seconds, count) in operators.items()
+        },
+        "stalls": {
+            "consumer_waited_s": counters.consumer_waited,
+            "packer_waited_for_documents_s": reader_waited,
+        },
+        "prefetch_queue_mean": (
+            counters.queue_total / counters.queue_samples if counters.queue_samples else None
+        ),
+        "state_bytes": state_bytes,
+    }
