@@ -6,8 +6,10 @@ next rows). ``wrap`` fills every row to exactly ``max_length`` (no padding; docu
 rows). The bin packers keep ``num_bins`` open rows (padded when closed): ``best_fit`` puts each
 piece into the open row it fills most tightly and, when none fits, closes the fullest;
 ``first_fit`` takes the first open row it fits and closes the oldest; ``best_fit_wrap`` is
-``best_fit`` that, rather than open a new row, may cut a piece to fill the roomiest row (so each
-row ends in at most one cut document). All are deterministic functions of the piece sequence,
+``best_fit`` that, when no row fits and all ``num_bins`` are open, cuts the piece to fill the
+roomiest row instead of closing a row with padding (so each row ends in at most one cut
+document). A piece of exactly ``max_length`` tokens is a row by itself and never touches the
+open rows. All are deterministic functions of the piece sequence,
 and their state is pieces as pointers (source, pass, pos, start, end).
 """
 
@@ -133,9 +135,17 @@ class BinPacker:
         self.bins: list[list[Piece]] = []
         self.used: list[int] = []
         self.ready: deque[list[Piece]] = deque()
+        self.bin_pointers: list[list[list[int]]] = []
+        self.ready_pointers: deque[list[list[int]]] = deque()
 
     def next_row(self, pull: Pull) -> list[Piece] | None:
         """The next closed row, or None when pieces and open rows are exhausted."""
+        row = self._next_row(pull)
+        if row is not None:
+            self.ready_pointers.popleft()
+        return row
+
+    def _next_row(self, pull: Pull) -> list[Piece] | None:
         while not self.ready:
             piece = pull(self.max_length)
             if piece is not None:
@@ -147,8 +157,13 @@ class BinPacker:
         return self.ready.popleft()
 
     def _place(self, piece: Piece) -> None:
+        if piece.length == self.max_length:  # a full row by itself: no open row is disturbed
+            self.ready.append([piece])
+            self.ready_pointers.append([piece.pointer()])
+            return
         target = self._choose(piece.length)
-        if target < 0 and self.cut and self.bins:
+        if target < 0 and self.cut and len(self.bins) == self.num_bins:
+            # rather than close a row with padding, fill the roomiest one with a cut
             roomiest = min(range(len(self.used)), key=lambda i: (self.used[i], i))
             space = self.max_length - self.used[roomiest]
             if 0 < space < piece.length:
@@ -163,6 +178,7 @@ class BinPacker:
                 else:
                     self._close(0)
             self.bins.append([])
+            self.bin_pointers.append([])
             self.used.append(0)
             target = len(self.bins) - 1
         self._add(target, piece)
@@ -179,6 +195,7 @@ class BinPacker:
 
     def _add(self, index: int, piece: Piece) -> None:
         self.bins[index].append(piece)
+        self.bin_pointers[index].append(piece.pointer())
         self.used[index] += piece.length
         full = self.used[index] == self.max_length
         if full or (self.max_pieces is not None and len(self.bins[index]) >= self.max_pieces):
@@ -186,17 +203,20 @@ class BinPacker:
 
     def _close(self, index: int) -> None:
         self.ready.append(self.bins.pop(index))
+        self.ready_pointers.append(self.bin_pointers.pop(index))
         self.used.pop(index)
 
     def clear(self) -> None:
         """Forget open and ready rows."""
         self.bins, self.used, self.ready = [], [], deque()
+        self.bin_pointers, self.ready_pointers = [], deque()
 
     def get_state(self) -> dict[str, Any]:
-        """Open and ready rows as pointers."""
+        """Open and ready rows as pointers (kept up to date as pieces move, so taking the
+        state after every batch costs a shallow copy)."""
         return {
-            "bins": [[p.pointer() for p in row] for row in self.bins],
-            "ready": [[p.pointer() for p in row] for row in self.ready],
+            "bins": [list(row) for row in self.bin_pointers],
+            "ready": [list(row) for row in self.ready_pointers],
         }
 
     def set_state(self, state: dict[str, Any], fetch: Fetch) -> None:
@@ -204,6 +224,8 @@ class BinPacker:
         self.bins = pieces_from_state(state["bins"], fetch)
         self.used = [sum(p.length for p in row) for row in self.bins]
         self.ready = deque(pieces_from_state(state["ready"], fetch))
+        self.bin_pointers = [[p.pointer() for p in row] for row in self.bins]
+        self.ready_pointers = deque([p.pointer() for p in row] for row in self.ready)
 
 
 Packer = WrapPacker | BinPacker
