@@ -13,7 +13,15 @@ import glob
 import os
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.io.formats import EXTENSIONS, check_format, detect_format
+from zephon_torch.io.formats import (
+    EXTENSIONS,
+    INDEX_FILE,
+    INDEXED_FORMATS,
+    check_format,
+    detect_format,
+    index_format,
+    indexed_format,
+)
 
 _GLOB_CHARS = frozenset("*?[")
 _SKIPPED_PREFIXES = (".", "_")
@@ -31,15 +39,19 @@ def find_files(
         exclude: a folder whose files are never data (the index cache).
 
     Returns:
-        The format and the files, absolute and sorted.
+        The format and the files, absolute and sorted; for an MDS or LitData directory (or
+        its `index.json`) the format and the one `index.json`.
 
     Raises:
         ConfigError: for a path naming no files, an unknown format, a file whose format its
-            name does not tell, or several formats at once.
+            name does not tell, several formats at once, or MDS/LitData indexes below `path`.
     """
     text = _local(os.fspath(path))
     if format_ is not None:
         check_format(format_)
+    indexed = _indexed(text, format_)
+    if indexed is not None:
+        return indexed
     if os.path.isfile(text):
         files, where = [os.path.abspath(text)], "file"
     elif os.path.isdir(text):
@@ -53,6 +65,22 @@ def find_files(
     if format_ is not None:
         return format_, files
     return _detect(text, where, files)
+
+
+def _indexed(text: str, format_: str | None) -> tuple[str, list[str]] | None:
+    """The format and `index.json` of an MDS or LitData directory (or its index), else None."""
+    named_index = os.path.basename(text) == INDEX_FILE and os.path.isfile(text)
+    directory = os.path.dirname(text) if named_index else text
+    if named_index or os.path.isdir(directory):
+        found = indexed_format(directory, format_)
+        if found is not None:
+            return found, [os.path.abspath(os.path.join(directory, INDEX_FILE))]
+    if format_ in INDEXED_FORMATS:
+        raise ConfigError(
+            f"`format` is {format_!r}: `path` must be a directory holding {INDEX_FILE}, "
+            f"got {text!r}"
+        )
+    return None
 
 
 def _local(text: str) -> str:
@@ -95,6 +123,16 @@ def _glob(pattern: str, exclude: str | None) -> list[str]:
 
 
 def _detect(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:
+    nested = [
+        os.path.dirname(file)
+        for file in files
+        if os.path.basename(file) == INDEX_FILE and index_format(file) is not None
+    ]
+    if nested:
+        raise ConfigError(
+            f"{text!r} holds {len(nested)} MDS/LitData datasets in subfolders, e.g. "
+            f"{nested[0]!r}; make one Dataset per folder"
+        )
     by_format: dict[str, list[str]] = {}
     for file in files:
         detected = detect_format(file)

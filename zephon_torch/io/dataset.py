@@ -20,8 +20,9 @@ from typing import Any
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import find_files
 from zephon_torch.io._line_index import default_cache_dir
+from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import Rows, as_row_array, check_in_range
-from zephon_torch.io.formats import ShardReader, make_reader
+from zephon_torch.io.formats import ShardReader, open_reader
 from zephon_torch.io.memory import MemoryReader, rows_of
 
 _MAX_OPENING_THREADS = 8
@@ -50,7 +51,7 @@ class Dataset:
 
     Args:
         name: a non-empty name, used in mixtures, states and error messages.
-        format: "jsonl", "parquet" or "memory".
+        format: one of `formats.FILE_FORMATS`, or "memory".
         shards: the shards, in order; each must have rows.
         reader: reads the shards' rows (see `zephon_torch.io.formats.ShardReader`).
 
@@ -96,6 +97,8 @@ class Dataset:
         path: str | os.PathLike[str],
         *,
         format: str | None = None,  # noqa: A002 - the public contract's name
+        columns: Sequence[str] | None = None,
+        token_columns: Sequence[str] | None = None,
         index_cache_dir: str | None = None,
     ) -> Dataset:
         """Opens the files at a local path as one dataset, one shard per file.
@@ -104,25 +107,40 @@ class Dataset:
             name: the dataset name.
             path: a file, a directory (every data file inside, recursively, sorted by path;
                 names starting with "." or "_" are skipped) or a glob (`**` crosses folders).
-            format: "jsonl" or "parquet"; None detects it from the endings `.jsonl`, `.ndjson`,
-                `.json` (each also with `.gz` or `.zst`) and `.parquet`. Given for a directory,
-                every file in it is read as that format, whatever its name.
+            format: one of `formats.FILE_FORMATS`: "jsonl", "litdata", "mds", "npy",
+                "parquet", "vortex". None detects it: a directory holding an `index.json` is an
+                MDS or LitData dataset (one shard per shard or chunk file it lists), told apart
+                by the index; files by the endings `.jsonl`, `.ndjson`, `.json` (each also with
+                `.gz` or `.zst`), `.parquet`, `.vortex` and `.npy`. Given for a directory, every
+                file in it is read as that format, whatever its name.
+            columns: the columns rows keep, in this order; None keeps all. Parquet, Vortex,
+                MDS and LitData then read and decode nothing else; JSONL rows are filtered
+                after parsing. A shard without such a column raises DataError.
+            token_columns: columns of token ids, each returned as a 1-D numpy integer array
+                (a read-only view where the format allows) rather than a list of ints: Parquet
+                and Vortex list columns, JSONL lists. MDS `ndarray`, LitData array, LitData
+                `TokensLoader` ("input_ids") and `.npy` ("input_ids") columns are arrays anyway.
             index_cache_dir: where JSONL line indexes are cached; defaults to
                 `$ZEPHON_TORCH_CACHE/index`, else `~/.cache/zephon_torch/index`.
 
         Returns:
-            The dataset, with row counts read from Parquet footers and JSONL line indexes.
+            The dataset, with row counts read from Parquet and Vortex footers, `.npy` headers,
+            MDS and LitData `index.json` files, and JSONL line indexes.
 
         Raises:
-            ConfigError: for a bad name, a path naming no files, an unknown format, or a
-                directory mixing formats.
-            DataError: for a file that is not of its format or has no rows.
+            ConfigError: for a bad name, a path naming no files, an unknown format, a
+                directory mixing formats, or bad `columns`/`token_columns`.
+            DataError: for a file that is not of its format or has no rows, or a shard
+                lacking a requested column.
             ImportError: for .zst files when `zstandard` is not installed.
         """
         _check_name(name)
+        projection = Projection.of(columns, token_columns)
         cache_dir = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
-        detected, files = find_files(path, format_=format, exclude=cache_dir)
-        reader = make_reader(detected, dataset=name, index_cache_dir=cache_dir)
+        detected, found = find_files(path, format_=format, exclude=cache_dir)
+        reader, files = open_reader(
+            detected, found, dataset=name, index_cache_dir=cache_dir, projection=projection
+        )
         counts = _count_rows(reader, files)
         shards = [
             Shard(path=file, num_rows=count) for file, count in zip(files, counts, strict=True)

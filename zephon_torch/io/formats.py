@@ -1,19 +1,29 @@
-"""The shard reader protocol and the file formats `Dataset.from_path` knows.
+"""The shard reader protocol and the formats `Dataset.from_path` knows.
 
 A reader turns (shard path, row numbers) into row dicts for one dataset. It owns its caches,
 is safe to call from many threads, and pickles without them (workers reopen lazily), so a
 `Dataset` can hold one and still be sent to DataLoader worker processes.
+
+File formats are told by name endings. Indexed formats (MDS, LitData) are directories with an
+`index.json` that lists the shards and their row counts; they are told apart by its content.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from zephon_torch.errors import ConfigError
+from zephon_torch.io._index import INDEX_FILE, index_format
+from zephon_torch.io._projection import ProjectedReader, Projection
 from zephon_torch.io._rows import Rows
 
-FILE_FORMATS = ("jsonl", "parquet")
+FILE_FORMATS = ("jsonl", "litdata", "mds", "npy", "parquet", "vortex")
 """The formats `Dataset.from_path` reads, sorted."""
+
+INDEXED_FORMATS = ("litdata", "mds")
+"""Formats stored as a directory whose `index.json` lists the shards."""
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COMPRESSION_SUFFIXES = ("", ".gz", ".zst")
@@ -23,9 +33,25 @@ EXTENSIONS: dict[str, str] = {
         for suffix in _JSONL_SUFFIXES
         for compression in _COMPRESSION_SUFFIXES
     },
+    ".npy": "npy",
     ".parquet": "parquet",
+    ".vortex": "vortex",
 }
 """File name endings and the format each one means."""
+
+__all__ = [
+    "EXTENSIONS",
+    "FILE_FORMATS",
+    "INDEXED_FORMATS",
+    "INDEX_FILE",
+    "ShardReader",
+    "check_format",
+    "detect_format",
+    "index_format",
+    "indexed_format",
+    "make_reader",
+    "open_reader",
+]
 
 
 class ShardReader(Protocol):
@@ -69,21 +95,114 @@ def check_format(format_: str) -> str:
     return format_
 
 
-def make_reader(format_: str, *, dataset: str, index_cache_dir: str) -> ShardReader:
-    """Builds the reader of a file format for one dataset.
+def make_reader(
+    format_: str,
+    *,
+    dataset: str,
+    index_cache_dir: str,
+    projection: Projection | None = None,
+) -> ShardReader:
+    """Builds the reader of a file format (not an indexed one) for one dataset.
 
     Args:
-        format_: one of `FILE_FORMATS`.
+        format_: one of `FILE_FORMATS` but `INDEXED_FORMATS`.
         dataset: the dataset name, used in error messages.
         index_cache_dir: where JSONL line indexes are cached.
+        projection: the columns rows keep and the token columns; None keeps all.
 
     Returns:
         A new reader with empty caches.
     """
-    if check_format(format_) == "jsonl":
-        from zephon_torch.io.jsonl import JsonlReader
+    projection = projection or Projection()
+    format_ = check_format(format_)
+    if format_ in INDEXED_FORMATS:
+        raise ConfigError(f"format {format_!r} is a directory with an index: use `open_reader`")
+    if format_ == "parquet":
+        from zephon_torch.io.parquet import ParquetReader
 
-        return JsonlReader(dataset=dataset, index_cache_dir=index_cache_dir)
-    from zephon_torch.io.parquet import ParquetReader
+        return ParquetReader(dataset=dataset, projection=projection)
+    if format_ == "vortex":
+        from zephon_torch.io.vortex import VortexReader
 
-    return ParquetReader(dataset=dataset)
+        return VortexReader(dataset=dataset, projection=projection)
+    if format_ == "npy":
+        from zephon_torch.io.npy import NpyReader
+
+        return NpyReader(dataset=dataset, projection=projection)
+    from zephon_torch.io.jsonl import JsonlReader
+
+    reader = JsonlReader(dataset=dataset, index_cache_dir=index_cache_dir)
+    if projection == Projection():
+        return reader
+    return ProjectedReader(reader, projection=projection, dataset=dataset)
+
+
+def open_reader(
+    format_: str,
+    files: Sequence[str],
+    *,
+    dataset: str,
+    index_cache_dir: str,
+    projection: Projection | None = None,
+) -> tuple[ShardReader, list[str]]:
+    """Builds a dataset's reader and lists its shards.
+
+    Args:
+        format_: one of `FILE_FORMATS`.
+        files: what `find_files` found: the data files, or for an indexed format the one
+            `index.json`.
+        dataset: the dataset name, used in error messages.
+        index_cache_dir: where JSONL line indexes are cached.
+        projection: the columns rows keep and the token columns; None keeps all.
+
+    Returns:
+        The reader and the shard paths, in order.
+
+    Raises:
+        ConfigError: for an indexed format given anything but one `index.json`.
+        DataError: for an index that does not read, or lists missing shard files.
+    """
+    if format_ in INDEXED_FORMATS:
+        if len(files) != 1 or os.path.basename(files[0]) != INDEX_FILE:
+            raise ConfigError(
+                f"format {format_!r} reads a directory holding {INDEX_FILE}, got {len(files)} "
+                f"files, e.g. {files[0]!r}"
+            )
+        indexed: Any
+        if format_ == "mds":
+            from zephon_torch.io.mds import MdsReader
+
+            indexed = MdsReader(dataset=dataset, index_path=files[0], projection=projection)
+        else:
+            from zephon_torch.io.litdata import LitDataReader
+
+            indexed = LitDataReader(dataset=dataset, index_path=files[0], projection=projection)
+        return indexed, indexed.shard_paths
+    reader = make_reader(
+        format_, dataset=dataset, index_cache_dir=index_cache_dir, projection=projection
+    )
+    if format_ == "npy":
+        from zephon_torch.io.npy import token_files
+
+        return reader, token_files(files)
+    return reader, list(files)
+
+
+def indexed_format(directory: str, format_: str | None) -> str | None:
+    """Returns the indexed format of a directory holding `index.json`, else None.
+
+    Args:
+        directory: a directory.
+        format_: the format the caller asked for; a non-indexed one skips the check.
+
+    Raises:
+        ConfigError: for an indexed `format_` that the index contradicts or that has no index.
+    """
+    if format_ is not None and format_ not in INDEXED_FORMATS:
+        return None
+    index = os.path.join(directory, INDEX_FILE)
+    found = index_format(index) if os.path.isfile(index) else None
+    if format_ is not None and found != format_:
+        what = f"a {found} index" if found else f"no {format_} {INDEX_FILE}"
+        raise ConfigError(f"`format` is {format_!r} but {directory!r} holds {what}")
+    return found

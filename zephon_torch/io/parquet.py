@@ -20,7 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon_torch.errors import DataError
+from zephon_torch.io._arrow import TokenColumn, column_bytes, is_integer_list, row_columns
 from zephon_torch.io._cache import LruCache
+from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 
 
@@ -40,10 +42,10 @@ class _OpenFile:
 
 @dataclass(frozen=True)
 class _RowGroup:
-    """One row group as Python values, column by column."""
+    """One row group as Python values (token columns as `TokenColumn`), column by column."""
 
     names: tuple[str, ...]
-    columns: tuple[list[Any], ...]
+    columns: tuple[list[Any] | TokenColumn, ...]
     nbytes: int
 
 
@@ -56,6 +58,8 @@ class ParquetReader:
         max_row_groups: how many decoded row groups to keep.
         max_row_group_bytes: bound on the summed uncompressed size of the kept row groups; the
             newest one is kept whatever its size.
+        projection: the columns to read (None reads all) and the token columns, which come back
+            as 1-D numpy integer arrays.
     """
 
     def __init__(
@@ -65,8 +69,10 @@ class ParquetReader:
         max_open: int = 16,
         max_row_groups: int = 16,
         max_row_group_bytes: int = 256 << 20,
+        projection: Projection | None = None,
     ) -> None:
         self.dataset = dataset
+        self.projection = projection or Projection()
         self.max_open = max_open
         self.max_row_groups = max_row_groups
         self.max_row_group_bytes = max_row_group_bytes
@@ -84,6 +90,7 @@ class ParquetReader:
             "max_open": self.max_open,
             "max_row_groups": self.max_row_groups,
             "max_row_group_bytes": self.max_row_group_bytes,
+            "projection": self.projection,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -102,11 +109,12 @@ class ParquetReader:
             rows: row numbers within the shard, any order, repeats allowed.
 
         Returns:
-            One new dict per requested row; nested lists and dicts are shared with the row group
-            cache, so do not mutate them.
+            One new dict per requested row; nested lists, dicts and token arrays are shared
+            with the row group cache, so do not mutate them.
 
         Raises:
-            DataError: for a row past the end of the shard or a row group that does not decode.
+            DataError: for a row past the end of the shard, a row group that does not decode,
+                or a token column holding null ids.
         """
         opened = self._file(path)
         positions = as_row_array(rows)
@@ -133,10 +141,11 @@ class ParquetReader:
     def _open(self, path: str) -> _OpenFile:
         try:
             file = pq.ParquetFile(path)
-        except pa.ArrowException as error:
+        except (pa.ArrowException, OSError) as error:
             raise DataError(
                 f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
             ) from error
+        self._check_columns(path, file.schema_arrow)
         metadata = file.metadata
         groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
         offsets = np.zeros(len(groups) + 1, dtype=np.int64)
@@ -145,19 +154,42 @@ class ParquetReader:
             file=file,
             lock=threading.Lock(),
             offsets=offsets,
-            group_bytes=tuple(int(group.total_byte_size) for group in groups),
+            group_bytes=tuple(self._group_bytes(group) for group in groups),
         )
 
+    def _group_bytes(self, group: pq.RowGroupMetaData) -> int:
+        if self.projection.columns is None:
+            return int(group.total_byte_size)
+        chunks = (group.column(i) for i in range(group.num_columns))
+        return sum(
+            int(chunk.total_uncompressed_size)
+            for chunk in chunks
+            if chunk.path_in_schema.split(".", 1)[0] in self.projection.columns
+        )
+
+    def _check_columns(self, path: str, schema: pa.Schema) -> None:
+        self.projection.check_available(schema.names, dataset=self.dataset, shard=path)
+        for name in self.projection.token_columns:
+            kind = schema.field(name).type
+            if not is_integer_list(kind):
+                raise DataError(
+                    f"token column {name!r} holds {kind}, not lists of integer token ids",
+                    dataset=self.dataset,
+                    shard=path,
+                )
+
     def _decode(self, path: str, opened: _OpenFile, group: int) -> _RowGroup:
+        columns = None if self.projection.columns is None else list(self.projection.columns)
         try:
             with opened.lock:
-                table = opened.file.read_row_group(group)
-        except pa.ArrowException as error:
+                table = opened.file.read_row_group(group, columns=columns)
+            names, values = row_columns(table, self.projection.token_columns)
+        except (pa.ArrowException, OSError, ValueError) as error:
             raise DataError(
                 f"cannot decode row group {group}: {error}", dataset=self.dataset, shard=path
             ) from error
         return _RowGroup(
-            names=tuple(table.column_names),
-            columns=tuple(column.to_pylist() for column in table.columns),
-            nbytes=opened.group_bytes[group],
+            names=names,
+            columns=values,
+            nbytes=column_bytes(values, opened.group_bytes[group]),
         )

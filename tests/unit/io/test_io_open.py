@@ -129,7 +129,10 @@ def test_an_unknown_format_is_refused_with_the_supported_ones(
     tmp_path: Path, write_jsonl: Any
 ) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", [{"x": 0}])
-    with pytest.raises(ConfigError, match=r"one of 'jsonl', 'parquet', got 'csv'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"one of 'jsonl', 'litdata', 'mds', 'npy', 'parquet', 'vortex', got 'csv'",
+    ):
         Dataset.from_path("d", path, format="csv")
 
 

@@ -1,0 +1,94 @@
+"""Format detection across all formats, and projection arguments (JSONL included)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.unit.io.test_io_formats_writers import sample_rows, write_mds, write_vortex
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.io import Dataset
+from zephon_torch.io.formats import FILE_FORMATS, detect_format
+
+
+def test_the_unknown_format_message_lists_every_supported_format(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    listed = ", ".join(repr(name) for name in FILE_FORMATS)
+    assert FILE_FORMATS == ("jsonl", "litdata", "mds", "npy", "parquet", "vortex")
+    with pytest.raises(ConfigError, match=rf"must be one of {listed}, got 'csv'"):
+        Dataset.from_path("d", tmp_path, format="csv")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("x.vortex", "vortex"), ("x.NPY", "npy"), ("x.parquet", "parquet"), ("x.json.zst", "jsonl")],
+)
+def test_file_endings_tell_the_format(name: str, expected: str) -> None:
+    assert detect_format(name) == expected
+
+
+def test_a_folder_mixing_vortex_and_parquet_is_refused(tmp_path: Path) -> None:
+    data = pa.table({"x": [1, 2]})
+    pq.write_table(data, tmp_path / "a.parquet")
+    write_vortex(tmp_path / "b.vortex", data)
+    with pytest.raises(ConfigError, match=r"mixes formats \(parquet: 1 files.*vortex: 1 files"):
+        Dataset.from_path("d", tmp_path)
+
+
+def test_mds_datasets_in_subfolders_are_refused_with_the_folders_named(tmp_path: Path) -> None:
+    for split in ("train", "val"):
+        write_mds(tmp_path / split, sample_rows(3), {"id": "int"})
+    with pytest.raises(ConfigError, match=r"holds 2 MDS/LitData datasets in subfolders.*train"):
+        Dataset.from_path("d", tmp_path)
+    assert Dataset.from_path("d", tmp_path / "val").num_rows == 3
+
+
+def test_a_jsonl_file_named_index_json_is_still_jsonl(tmp_path: Path) -> None:
+    (tmp_path / "index.json").write_text('{"x": 1}\n{"x": 2}\n')
+    dataset = Dataset.from_path("d", tmp_path)
+    assert (dataset.format, dataset.num_rows) == ("jsonl", 2)
+
+
+@pytest.fixture
+def jsonl_file(tmp_path: Path) -> Path:
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "a", "ids": [1, 2], "n": 1}\n{"text": "b", "ids": [], "n": 2}\n')
+    return path
+
+
+def test_jsonl_rows_keep_only_the_projected_columns_with_token_arrays(jsonl_file: Path) -> None:
+    dataset = Dataset.from_path("d", jsonl_file, columns=["ids", "text"], token_columns=["ids"])
+    rows = dataset.read_rows(0, [1, 0])
+    assert [list(row) for row in rows] == [["ids", "text"], ["ids", "text"]]
+    assert [row["ids"].tolist() for row in rows] == [[], [1, 2]]
+    assert rows[1]["ids"].dtype == np.int64
+
+
+def test_a_jsonl_row_without_a_projected_field_names_the_row(jsonl_file: Path) -> None:
+    dataset = Dataset.from_path("d", jsonl_file, columns=["text", "missing"])
+    with pytest.raises(DataError, match=r"has no field 'missing'") as caught:
+        dataset.read_rows(0, [1])
+    assert caught.value.row == 1
+    with pytest.raises(DataError, match=r"token column 'text': expected a list of token ids"):
+        Dataset.from_path("d", jsonl_file, token_columns=["text"]).read_rows(0, [0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"columns": "text"}, r"`columns` must be a list of non-empty column names"),
+        ({"columns": []}, r"`columns` must name at least one column"),
+        ({"columns": ["a", "a"]}, r"must not repeat a column"),
+        ({"columns": ["a"], "token_columns": ["b"]}, r"`token_columns` must be among `columns`"),
+    ],
+)
+def test_bad_projection_arguments_are_refused(
+    jsonl_file: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Dataset.from_path("d", jsonl_file, **kwargs)

@@ -1,0 +1,164 @@
+"""LitData chunk directories written by litdata.optimize, read natively."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.unit.io.test_io_formats_writers import (
+    assert_threads_read_like_one,
+    plain,
+    sample_rows,
+    tokens_loader,
+    write_litdata,
+)
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.io import Dataset
+
+ROWS = sample_rows(150)
+TEXT_ROWS = [{"text": row["text"], "id": row["id"]} for row in ROWS]
+LIST_ROWS = [{"id": row["id"], "ids": row["tokens"].tolist()} for row in ROWS]
+TOKENS = [np.arange(i % 37 + 1, dtype=np.uint16) * 3 + i for i in range(150)]
+
+# name -> (items, optimize options); each writes several chunks.
+VARIANTS: dict[str, tuple[list[Any], dict[str, Any]]] = {
+    "arrays": (ROWS, {}),
+    "arrays-framed-zstd": (ROWS, {"compression": "zstd", "compression_batch_size": 8}),
+    "arrays-chunk-zstd": (ROWS, {"compression": "zstd", "compression_level": "chunk"}),
+    "arrays-item-zstd": (ROWS, {"compression": "zstd", "compression_level": "sample"}),
+    "text-arrow-footer": (TEXT_ROWS, {}),
+    "text-arrow-footer-zstd": (TEXT_ROWS, {"compression": "zstd"}),
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("litdata")
+    out = {
+        name: write_litdata(root / name, items, chunk_bytes=2048, **options)
+        for name, (items, options) in VARIANTS.items()
+    }
+    out["lists"] = write_litdata(root / "lists", LIST_ROWS, chunk_bytes=2048)
+    out["tokens"] = write_litdata(
+        root / "tokens", TOKENS, chunk_bytes=1024, item_loader=tokens_loader()
+    )
+    return out
+
+
+def all_rows(dataset: Dataset) -> list[dict[str, Any]]:
+    return [
+        plain(row)
+        for number, shard in enumerate(dataset.shards)
+        for row in dataset.read_rows(number, range(shard.num_rows))
+    ]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_litdata_directory_is_detected_and_every_item_reads_back(
+    written: dict[str, Path], variant: str
+) -> None:
+    dataset = Dataset.from_path("l", written[variant])
+    assert dataset.format == "litdata"
+    assert len(dataset.shards) > 1
+    assert all_rows(dataset) == [plain(row) for row in VARIANTS[variant][0]]
+
+
+def test_tokens_loader_rows_are_the_token_arrays_as_written(written: dict[str, Path]) -> None:
+    dataset = Dataset.from_path("l", written["tokens"])
+    assert len(dataset.shards) > 1
+    rows = all_rows(dataset)
+    assert rows == [{"input_ids": ("<u2", tokens.tolist())} for tokens in TOKENS]
+    [row] = dataset.read_rows(1, [0])
+    assert row["input_ids"].dtype == np.uint16 and not row["input_ids"].flags.writeable
+
+
+def test_format_litdata_opens_the_directory_and_format_mds_is_refused(
+    written: dict[str, Path],
+) -> None:
+    path = written["arrays"]
+    assert Dataset.from_path("l", path, format="litdata").shards == (
+        Dataset.from_path("l", path).shards
+    )
+    with pytest.raises(ConfigError, match=r"`format` is 'mds' but .* holds a litdata index"):
+        Dataset.from_path("l", path, format="mds")
+
+
+def test_row_counts_come_from_the_index_without_reading_a_chunk(
+    written: dict[str, Path], tmp_path: Path
+) -> None:
+    for file in written["arrays"].iterdir():
+        (tmp_path / file.name).write_bytes(file.read_bytes() if file.suffix == ".json" else b"")
+    dataset = Dataset.from_path("l", tmp_path)
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert [s.num_rows for s in dataset.shards] == [c["chunk_size"] for c in index["chunks"]]
+    with pytest.raises(DataError) as caught:
+        dataset.read_rows(0, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("l", dataset.shards[0].path)
+
+
+@pytest.mark.parametrize("variant", ["arrays", "text-arrow-footer-zstd"])
+def test_a_projection_returns_only_the_requested_columns(
+    written: dict[str, Path], variant: str
+) -> None:
+    dataset = Dataset.from_path("l", written[variant], columns=["id", "text"])
+    assert dataset.read_rows(1, [1, 0])[0].keys() == {"id", "text"}
+    assert list(dataset.read_rows(1, [1])[0]) == ["id", "text"]
+    with pytest.raises(DataError) as caught:
+        Dataset.from_path("l", written[variant], columns=["nope"])
+    assert caught.value.detail.startswith("has no column 'nope'; its columns are")
+
+
+def test_array_and_list_columns_come_back_as_token_arrays(written: dict[str, Path]) -> None:
+    arrays = Dataset.from_path("l", written["arrays"], columns=["tokens"], token_columns=["tokens"])
+    lists = Dataset.from_path("l", written["lists"], token_columns=["ids"])
+    assert [row["tokens"].tolist() for row in arrays.read_rows(0, [3])] == [
+        ROWS[3]["tokens"].tolist()
+    ]
+    from_lists = [row for n in range(len(lists.shards)) for row in lists.read_rows(n, [0])]
+    assert all(isinstance(row["ids"], np.ndarray) for row in from_lists)
+    assert from_lists[0]["ids"].tolist() == ROWS[0]["tokens"].tolist()
+    with pytest.raises(DataError, match=r"token column 'text' has leaf format 'str'"):
+        Dataset.from_path("l", written["arrays"], token_columns=["text"])
+
+
+def test_items_that_are_not_dicts_come_back_under_item(tmp_path: Path) -> None:
+    items = [(f"t{i}", i) for i in range(5)]
+    dataset = Dataset.from_path("l", write_litdata(tmp_path / "tuples", items))
+    assert dataset.read_rows(0, range(5)) == [{"item": item} for item in items]
+
+
+@pytest.mark.parametrize("variant", ["arrays", "arrays-framed-zstd", "arrays-chunk-zstd"])
+def test_a_truncated_chunk_raises_a_data_error_naming_dataset_and_chunk(
+    written: dict[str, Path], variant: str, tmp_path: Path
+) -> None:
+    for file in written[variant].iterdir():
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    dataset = Dataset.from_path("broken", tmp_path)
+    victim = Path(dataset.shards[1].path)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size * 2 // 3])
+    with pytest.raises(DataError, match=r"truncated or corrupt") as caught:
+        dataset.read_rows(1, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("broken", str(victim))
+    assert len(dataset.read_rows(0, [0])) == 1
+
+
+@pytest.mark.parametrize("variant", ["arrays-framed-zstd", "text-arrow-footer", "tokens"])
+def test_eight_threads_reading_at_random_see_what_one_thread_sees(
+    written: dict[str, Path], variant: str
+) -> None:
+    assert_threads_read_like_one(lambda: Dataset.from_path("l", written[variant]))
+
+
+def test_a_pickled_dataset_travels_without_its_chunks_and_reads_the_same(
+    written: dict[str, Path],
+) -> None:
+    dataset = Dataset.from_path("l", written["arrays-framed-zstd"], columns=["text", "tokens"])
+    before = [plain(row) for row in dataset.read_rows(1, [2, 0])]
+    payload = pickle.dumps(dataset)
+    assert len(payload) < 4096
+    assert [plain(row) for row in pickle.loads(payload).read_rows(1, [2, 0])] == before

@@ -1,0 +1,183 @@
+"""MDS datasets written by mosaicml-streaming's MDSWriter, read natively."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.unit.io.test_io_formats_writers import (
+    assert_threads_read_like_one,
+    plain,
+    sample_rows,
+    write_mds,
+)
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.io import Dataset
+
+COLUMNS = {"text": "str", "id": "int", "tokens": "ndarray:int32"}
+ROWS = sample_rows(120)
+
+
+@pytest.fixture(scope="module", params=[None, "zstd"], ids=["plain", "zstd"])
+def mds_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mds") / "data"
+    return write_mds(out, ROWS, COLUMNS, compression=request.param, size_limit=1500)
+
+
+def test_a_directory_with_an_mds_index_is_detected_and_every_row_reads_back(
+    mds_dir: Path,
+) -> None:
+    dataset = Dataset.from_path("m", mds_dir)
+    assert dataset.format == "mds"
+    assert len(dataset.shards) > 3
+    index = json.loads((mds_dir / "index.json").read_text())
+    assert [shard.num_rows for shard in dataset.shards] == [s["samples"] for s in index["shards"]]
+    read = [
+        plain(row)
+        for number, shard in enumerate(dataset.shards)
+        for row in dataset.read_rows(number, range(shard.num_rows))
+    ]
+    assert read == [plain(row) for row in ROWS]
+
+
+def test_the_index_file_itself_and_format_mds_open_the_same_dataset(mds_dir: Path) -> None:
+    by_dir = Dataset.from_path("m", mds_dir)
+    assert Dataset.from_path("m", mds_dir / "index.json").shards == by_dir.shards
+    assert Dataset.from_path("m", mds_dir, format="mds").shards == by_dir.shards
+    with pytest.raises(ConfigError, match=r"`format` is 'litdata' but .* holds a mds index"):
+        Dataset.from_path("m", mds_dir, format="litdata")
+
+
+def test_format_mds_on_anything_but_an_index_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    with pytest.raises(ConfigError, match=r"`format` is 'mds' but .* holds no mds index.json"):
+        Dataset.from_path("m", tmp_path, format="mds")
+    with pytest.raises(ConfigError, match=r"`path` must be a directory holding index.json"):
+        Dataset.from_path("m", tmp_path / "a.jsonl", format="mds")
+
+
+def test_row_counts_come_from_the_index_without_reading_a_shard(
+    mds_dir: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for file in mds_dir.iterdir():
+        # Shards emptied: only index.json holds anything.
+        (copy / file.name).write_bytes(file.read_bytes() if file.name == "index.json" else b"")
+    dataset = Dataset.from_path("m", copy)
+    assert dataset.num_rows == len(ROWS)
+    with pytest.raises(DataError) as caught:
+        dataset.read_rows(0, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("m", dataset.shards[0].path)
+
+
+def test_a_projection_returns_only_the_requested_columns_in_order(mds_dir: Path) -> None:
+    dataset = Dataset.from_path("m", mds_dir, columns=["tokens", "id"], token_columns=["tokens"])
+    [row] = dataset.read_rows(1, [2])
+    assert list(row) == ["tokens", "id"]
+    assert row["tokens"].dtype == np.int32 and row["tokens"].ndim == 1
+    with pytest.raises(DataError) as caught:
+        Dataset.from_path("m", mds_dir, columns=["nope"])
+    assert caught.value.detail.startswith("has no column 'nope'; its columns are")
+    assert caught.value.shard == str(mds_dir / "index.json")
+
+
+def test_a_column_left_out_is_never_decoded(tmp_path: Path) -> None:
+    rows = [{"text": f"t{i}", "blob": {"i": i}} for i in range(5)]
+    out = write_mds(tmp_path / "pkl", rows, {"text": "str", "blob": "pkl"})
+    with pytest.raises(DataError, match=r"column 'blob' has encoding 'pkl', which is not read"):
+        Dataset.from_path("m", out)
+    dataset = Dataset.from_path("m", out, columns=["text"])
+    assert dataset.read_rows(0, range(5)) == [{"text": row["text"]} for row in rows]
+
+
+def test_every_scalar_and_array_encoding_reads_back_as_written(tmp_path: Path) -> None:
+    columns = {
+        "b": "bytes",
+        "j": "json",
+        "f": "float32",
+        "u": "uint8",
+        "si": "str_int",
+        "sd": "str_decimal",
+        "any": "ndarray",
+        "fixed": "ndarray:int16:2,3",
+        "wide": "ndarray:int64",
+    }
+    rows = [
+        {
+            "b": bytes([i, 255]),
+            "j": {"k": [i, None]},
+            "f": np.float32(i / 4),
+            "u": np.uint8(i),
+            "si": 10**30 + i,
+            "sd": Decimal(f"{i}.25"),
+            "any": np.arange(1, 2 + i, dtype=np.uint16).reshape(1, -1),
+            "fixed": np.full((2, 3), -i, np.int16),
+            "wide": np.arange(i + 1, dtype=np.int64) * 2**40,
+        }
+        for i in range(6)
+    ]
+    dataset = Dataset.from_path("m", write_mds(tmp_path / "all", rows, columns))
+    read = dataset.read_rows(0, range(6))
+    assert [plain(row) for row in read] == [
+        plain({**row, "f": float(row["f"]), "u": int(row["u"])}) for row in rows
+    ]
+    assert type(read[0]["f"]) is float and type(read[0]["si"]) is int
+    assert not read[3]["wide"].flags.writeable
+
+
+def test_a_token_column_must_be_a_one_dimensional_array(mds_dir: Path) -> None:
+    with pytest.raises(DataError, match=r"token column 'text' has encoding 'str'"):
+        Dataset.from_path("m", mds_dir, token_columns=["text"])
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_truncated_shard_raises_a_data_error_naming_dataset_and_shard(
+    tmp_path: Path, compression: str | None
+) -> None:
+    out = write_mds(tmp_path / "t", ROWS, COLUMNS, compression=compression, size_limit=1500)
+    dataset = Dataset.from_path("broken", out)
+    victim = Path(dataset.shards[1].path)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.raises(DataError, match=r"truncated|corrupt|cannot read") as caught:
+        dataset.read_rows(1, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("broken", str(victim))
+    assert len(dataset.read_rows(0, [0])) == 1
+
+
+@pytest.mark.parametrize("compression", ["gz", "bz2", "br", "snappy", "zstd:7"])
+def test_every_mds_compression_reads_back(tmp_path: Path, compression: str) -> None:
+    out = write_mds(tmp_path / "c", ROWS[:40], COLUMNS, compression=compression, size_limit=800)
+    dataset = Dataset.from_path("m", out)
+    assert len(dataset.shards) > 1
+    read = [
+        plain(row)
+        for number, shard in enumerate(dataset.shards)
+        for row in dataset.read_rows(number, range(shard.num_rows))
+    ]
+    assert read == [plain(row) for row in ROWS[:40]]
+
+
+def test_a_shard_missing_from_disk_is_refused_at_open(tmp_path: Path) -> None:
+    out = write_mds(tmp_path / "gone", ROWS, COLUMNS, size_limit=1500)
+    (out / "shard.00001.mds").unlink()
+    with pytest.raises(DataError, match=r"shard file is missing, though index.json lists it"):
+        Dataset.from_path("m", out)
+
+
+def test_eight_threads_reading_at_random_see_what_one_thread_sees(mds_dir: Path) -> None:
+    assert_threads_read_like_one(lambda: Dataset.from_path("m", mds_dir))
+
+
+def test_a_pickled_dataset_travels_without_its_shards_and_reads_the_same(mds_dir: Path) -> None:
+    dataset = Dataset.from_path("m", mds_dir)
+    before = [plain(row) for row in dataset.read_rows(2, [0, 1])]
+    payload = pickle.dumps(dataset)
+    assert len(payload) < 4096
+    copy = pickle.loads(payload)
+    assert [plain(row) for row in copy.read_rows(2, [0, 1])] == before

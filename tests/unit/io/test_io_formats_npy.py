@@ -1,0 +1,64 @@
+"""Pre-tokenized `.npy` files: 2-D [rows, tokens], or 1-D tokens plus `.offsets.npy`."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.unit.io.test_io_formats_writers import assert_threads_read_like_one
+from zephon_torch.errors import DataError
+from zephon_torch.io import Dataset
+
+
+@pytest.fixture
+def npy_dir(tmp_path: Path) -> Path:
+    np.save(tmp_path / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
+    np.save(tmp_path / "b.npy", np.arange(100, 110, dtype=np.uint16))
+    np.save(tmp_path / "b.offsets.npy", np.array([0, 3, 3, 10], dtype=np.int64))
+    return tmp_path
+
+
+def test_each_row_is_one_document_of_token_ids(npy_dir: Path) -> None:
+    dataset = Dataset.from_path("n", npy_dir)
+    assert dataset.format == "npy"
+    assert [Path(s.path).name for s in dataset.shards] == ["a.npy", "b.npy"]
+    assert [s.num_rows for s in dataset.shards] == [8, 3]
+    [row] = dataset.read_rows(0, [2])
+    assert list(row) == ["input_ids"] and row["input_ids"].tolist() == [10, 11, 12, 13, 14]
+    assert type(row["input_ids"]) is np.ndarray and not row["input_ids"].flags.writeable
+    rows = dataset.read_rows(1, [2, 1, 0])
+    assert [r["input_ids"].tolist() for r in rows] == [list(range(103, 110)), [], [100, 101, 102]]
+    assert rows[0]["input_ids"].dtype == np.uint16
+
+
+def test_a_flat_token_file_without_offsets_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "flat.npy", np.arange(10))
+    with pytest.raises(
+        DataError, match=r"or 1-D with its document boundaries in 'flat.offsets.npy'"
+    ):
+        Dataset.from_path("n", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "tokens"),
+    [([0, 4, 3, 10], np.arange(10)), ([0, 5, 9], np.arange(10)), ([0, 10], np.ones(10))],
+    ids=["falling", "short", "floats"],
+)
+def test_bad_offsets_or_non_integer_tokens_raise_a_data_error_naming_the_shard(
+    tmp_path: Path, offsets: list[int], tokens: np.ndarray
+) -> None:
+    np.save(tmp_path / "t.npy", tokens)
+    np.save(tmp_path / "t.offsets.npy", np.array(offsets))
+    with pytest.raises(DataError, match=r"offsets .* must rise|not integer token ids") as caught:
+        Dataset.from_path("bad", tmp_path)
+    assert caught.value.shard == str(tmp_path / "t.npy")
+
+
+def test_threads_and_pickling_read_the_same_rows(npy_dir: Path) -> None:
+    assert_threads_read_like_one(lambda: Dataset.from_path("n", npy_dir), asks=50)
+    dataset = Dataset.from_path("n", npy_dir)
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert copy.read_rows(1, [2])[0]["input_ids"].tolist() == list(range(103, 110))

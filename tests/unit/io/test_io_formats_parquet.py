@@ -1,0 +1,123 @@
+"""Parquet column projection, token columns and corrupt files."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.unit.io.test_io_formats_writers import assert_threads_read_like_one, plain
+from zephon_torch.errors import DataError
+from zephon_torch.io import Dataset
+
+COUNT = 200
+
+
+def table() -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(COUNT), pa.int64()),
+            "text": [f"document {i} " * (i % 5 + 1) for i in range(COUNT)],
+            "blob": [bytes([i % 256]) * 300 for i in range(COUNT)],
+            "ids": pa.array(
+                [list(range(i, i + i % 11)) for i in range(COUNT)], pa.list_(pa.int32())
+            ),
+            "wide": pa.array([[i * 2**40] for i in range(COUNT)], pa.large_list(pa.int64())),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def parquet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("parquet")
+    data = table()
+    pq.write_table(data.slice(0, 120), root / "a.parquet", row_group_size=32)
+    pq.write_table(data.slice(120), root / "b.parquet", row_group_size=32)
+    return root
+
+
+def test_a_projection_returns_only_the_requested_columns_in_order(parquet_dir: Path) -> None:
+    dataset = Dataset.from_path("p", parquet_dir, columns=["text", "id"])
+    rows = dataset.read_rows(1, [5, 0])
+    assert rows == [{"text": f"document {i} " * (i % 5 + 1), "id": i} for i in (125, 120)]
+    assert list(rows[0]) == ["text", "id"]
+
+
+def test_a_projection_never_decodes_the_other_columns(tmp_path: Path) -> None:
+    path = tmp_path / "c.parquet"
+    pq.write_table(table(), path, row_group_size=COUNT, compression="none", use_dictionary=False)
+    blob = pq.ParquetFile(path).metadata.row_group(0).column(2)
+    assert blob.path_in_schema == "blob"
+    data = bytearray(path.read_bytes())
+    start = blob.data_page_offset
+    data[start : start + blob.total_compressed_size] = b"\xff" * blob.total_compressed_size
+    path.write_bytes(bytes(data))  # the blob column chunk is garbage now
+    projected = Dataset.from_path("p", path, columns=["id", "text"])
+    assert projected.read_rows(0, [7]) == [{"id": 7, "text": "document 7 " * 3}]
+    with pytest.raises(DataError, match=r"cannot decode row group 0") as caught:
+        Dataset.from_path("p", path).read_rows(0, [7])
+    assert (caught.value.dataset, caught.value.shard) == ("p", str(path))
+
+
+def test_token_columns_come_back_as_read_only_integer_arrays(parquet_dir: Path) -> None:
+    dataset = Dataset.from_path("p", parquet_dir, token_columns=["ids", "wide"])
+    rows = dataset.read_rows(0, [13, 0, 13])
+    assert [row["ids"].tolist() for row in rows] == [list(range(13, 15)), [], list(range(13, 15))]
+    assert rows[0]["ids"].dtype == np.int32 and rows[0]["wide"].dtype == np.int64
+    assert rows[0]["wide"].tolist() == [13 * 2**40]
+    assert not rows[0]["ids"].flags.writeable
+    assert isinstance(Dataset.from_path("p", parquet_dir).read_rows(0, [13])[0]["ids"], list)
+
+
+def test_a_null_token_list_is_none_and_a_null_token_id_is_a_data_error(tmp_path: Path) -> None:
+    kind = pa.list_(pa.int32())
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], None, [3]], kind)}), tmp_path / "n.parquet")
+    rows = Dataset.from_path("p", tmp_path / "n.parquet", token_columns=["ids"]).read_rows(
+        0, [0, 1, 2]
+    )
+    assert [None if row["ids"] is None else row["ids"].tolist() for row in rows] == [
+        [1, 2],
+        None,
+        [3],
+    ]
+    pq.write_table(pa.table({"ids": pa.array([[1, None]], kind)}), tmp_path / "m.parquet")
+    dataset = Dataset.from_path("p", tmp_path / "m.parquet", token_columns=["ids"])
+    with pytest.raises(DataError, match=r"token column 'ids' holds 1 null token ids"):
+        dataset.read_rows(0, [0])
+
+
+def test_a_token_column_that_is_not_a_list_of_integers_is_refused_at_open(
+    parquet_dir: Path,
+) -> None:
+    with pytest.raises(DataError, match=r"token column 'text' holds string, not lists"):
+        Dataset.from_path("p", parquet_dir, token_columns=["text"])
+    with pytest.raises(DataError, match=r"has no column 'nope'"):
+        Dataset.from_path("p", parquet_dir, columns=["nope"])
+
+
+def test_a_truncated_parquet_file_raises_a_data_error_naming_dataset_and_shard(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(), path)
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(DataError, match=r"not a readable Parquet file") as caught:
+        Dataset.from_path("broken", path)
+    assert (caught.value.dataset, caught.value.shard) == ("broken", str(path))
+
+
+def test_eight_threads_reading_token_columns_see_what_one_thread_sees(parquet_dir: Path) -> None:
+    assert_threads_read_like_one(
+        lambda: Dataset.from_path("p", parquet_dir, columns=["id", "ids"], token_columns=["ids"])
+    )
+
+
+def test_a_pickled_dataset_keeps_its_projection(parquet_dir: Path) -> None:
+    dataset = Dataset.from_path("p", parquet_dir, columns=["ids"], token_columns=["ids"])
+    before = [plain(row) for row in dataset.read_rows(0, [3, 4])]
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert [plain(row) for row in copy.read_rows(0, [3, 4])] == before

@@ -1,0 +1,91 @@
+"""Vortex files written by vortex-data: detection, random access, projection, errors."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.unit.io.test_io_formats_writers import assert_threads_read_like_one, write_vortex
+from zephon_torch.errors import DataError
+from zephon_torch.io import Dataset
+
+COUNTS = (300, 50)
+
+
+def table(count: int, start: int = 0) -> pa.Table:
+    ids = range(start, start + count)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "text": [f"vortex row {i} é" + "!" * (i % 4) for i in ids],
+            "ids": pa.array([list(range(i, i + i % 6)) for i in ids], pa.list_(pa.int32())),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def vortex_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("vortex")
+    write_vortex(root / "a.vortex", table(COUNTS[0]))
+    write_vortex(root / "b.vortex", table(COUNTS[1], start=COUNTS[0]))
+    return root
+
+
+def test_vortex_files_are_detected_and_rows_come_in_the_order_asked(vortex_dir: Path) -> None:
+    dataset = Dataset.from_path("v", vortex_dir)
+    assert dataset.format == "vortex"
+    assert [shard.num_rows for shard in dataset.shards] == list(COUNTS)
+    expected = table(COUNTS[0]).to_pylist()
+    order = [299, 0, 17, 17, 150]
+    assert dataset.read_rows(0, order) == [expected[i] for i in order]
+    assert dataset.read_rows(1, range(50)) == table(50, start=300).to_pylist()
+    assert dataset.read_rows(1, []) == []
+
+
+def test_format_vortex_reads_a_file_whatever_its_name(vortex_dir: Path, tmp_path: Path) -> None:
+    odd = tmp_path / "data.bin"
+    odd.write_bytes((vortex_dir / "b.vortex").read_bytes())
+    dataset = Dataset.from_path("v", odd, format="vortex")
+    assert dataset.read_rows(0, [0])[0]["id"] == 300
+
+
+def test_a_projection_reads_only_the_requested_columns(vortex_dir: Path) -> None:
+    dataset = Dataset.from_path("v", vortex_dir, columns=["ids", "id"], token_columns=["ids"])
+    [row] = dataset.read_rows(0, [9])
+    assert list(row) == ["ids", "id"]
+    assert row["ids"].dtype == np.int32 and row["ids"].tolist() == [9, 10, 11]
+    with pytest.raises(DataError, match=r"has no column 'nope'"):
+        Dataset.from_path("v", vortex_dir, columns=["nope"])
+    with pytest.raises(DataError, match=r"token column 'text' holds string"):
+        Dataset.from_path("v", vortex_dir, token_columns=["text"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_file_raises_a_data_error_naming_dataset_and_shard(
+    vortex_dir: Path, tmp_path: Path, damage: str
+) -> None:
+    path = tmp_path / "x.vortex"
+    data = (vortex_dir / "a.vortex").read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"garbage")
+    with pytest.raises(DataError, match=r"not a readable Vortex file") as caught:
+        Dataset.from_path("broken", path)
+    assert (caught.value.dataset, caught.value.shard) == ("broken", str(path))
+
+
+def test_eight_threads_reading_at_random_see_what_one_thread_sees(vortex_dir: Path) -> None:
+    assert_threads_read_like_one(lambda: Dataset.from_path("v", vortex_dir, token_columns=["ids"]))
+
+
+def test_a_pickled_dataset_travels_without_open_files_and_reads_the_same(
+    vortex_dir: Path,
+) -> None:
+    dataset = Dataset.from_path("v", vortex_dir, columns=["text"])
+    before = dataset.read_rows(0, [4, 2])
+    payload = pickle.dumps(dataset)
+    assert len(payload) < 2048
+    assert before == [{"text": "vortex row 4 é"}, {"text": "vortex row 2 é!!"}]
+    assert pickle.loads(payload).read_rows(0, [4, 2]) == before

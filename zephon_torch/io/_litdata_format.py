@@ -1,0 +1,198 @@
+"""The LitData chunk format, read without litdata: chunk layouts, leaf decoders, tree specs.
+
+A chunk is `[uint32 n][uint32 offsets[n + 1]][items]`, optionally followed by an Arrow IPC file
+of the same rows (`[ipc][uint32 length]LDARW01\\0`; newer writers store flat JSON-like rows only
+there), optionally zstd-compressed whole (`.zstd.bin`) or framed (`LDFZ01` magic: logical item
+offsets plus independently compressed frames of items). A `PyTreeLoader` item is
+`[uint32 size of each leaf][leaf bytes]`; a `TokensLoader` item is the raw token array. Leaves
+are decoded by the `data_format` names in `index.json`; tensors come back as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Decoder = Callable[[memoryview], Any]
+
+FOOTER_MAGIC = b"LDARW01\0"
+FRAMED_MAGIC = b"LDFZ01\0\0"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_FRAMED_PREFIX = struct.Struct("<8sHHIII")
+_FRAME = struct.Struct("<IIQII")
+
+# litdata's index tables of numpy and torch dtypes; absent entries are not numeric.
+_NUMPY_DTYPES = dict(
+    enumerate(
+        "<i1 <i2 <i4 <i8 <u1 <u2 <u4 <u8 <f2 <f4 <f8 <c8 <c16 ?".split()  # noqa: SIM905
+    )
+)
+_TORCH_DTYPES = {
+    **dict.fromkeys((0, 1), "<f4"),
+    **dict.fromkeys((2, 3), "<f8"),
+    **dict.fromkeys((4, 5), "<c8"),
+    **dict.fromkeys((6, 7), "<c16"),
+    **dict.fromkeys((8, 9), "<f2"),
+    11: "<u1",
+    12: "<i1",
+    **dict.fromkeys((13, 14), "<i2"),
+    **dict.fromkeys((15, 16), "<i4"),
+    **dict.fromkeys((17, 18), "<i8"),
+    19: "?",
+    20: "<u2",
+}
+ARRAY_LEAVES = frozenset({"numpy", "no_header_numpy", "tensor", "no_header_tensor"})
+SCALAR_LEAVES = ("bool", "bytes", "float", "int", "str", "text")
+
+
+def _numpy(view: memoryview) -> npt.NDArray[Any]:
+    dtype, ndim = struct.unpack_from("<II", view)
+    shape = struct.unpack_from(f"<{ndim}I", view, 8)
+    return np.frombuffer(view, _NUMPY_DTYPES[dtype], offset=8 + 4 * ndim).reshape(shape)
+
+
+def _tensor(view: memoryview) -> npt.NDArray[Any]:
+    dtype, ndim = struct.unpack_from(">II", view)
+    shape = struct.unpack_from(f">{ndim}I", view, 8)
+    return np.frombuffer(view, _TORCH_DTYPES[dtype], offset=8 + 4 * ndim).reshape(shape)
+
+
+_LEAVES: dict[str, Decoder] = {
+    "bool": lambda view: view[0] != 0,
+    "bytes": bytes,
+    "float": lambda view: struct.unpack("<d", view)[0],
+    "int": lambda view: struct.unpack("<q", view)[0],
+    "str": lambda view: str(view, "utf-8"),
+    "text": lambda view: str(view, "utf-8"),
+    "numpy": _numpy,
+    "tensor": _tensor,
+}
+
+
+def leaf_decoder(name: str) -> Decoder | None:
+    """Returns the decoder of a `data_format` entry, or None when it is not read."""
+    kind, _, argument = name.partition(":")
+    tables = {"no_header_numpy": _NUMPY_DTYPES, "no_header_tensor": _TORCH_DTYPES}
+    if kind in tables:
+        dtype = tables[kind].get(int(argument)) if argument.isdigit() else None
+        if dtype is None:
+            return None
+        return lambda view: np.frombuffer(view, dtype)
+    return _LEAVES.get(kind)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node of an item's tree: a dict, list or tuple of nodes, or a leaf (`kind` None)."""
+
+    kind: str | None
+    keys: tuple[str, ...]
+    children: tuple[Node, ...]
+    leaves: int
+
+    def build(self, leaves: Iterator[Any]) -> Any:
+        """Rebuilds the value of this node from its leaves, in order."""
+        if self.kind is None:
+            return next(leaves)
+        values = [child.build(leaves) for child in self.children]
+        if self.kind == "dict":
+            return dict(zip(self.keys, values, strict=True))
+        return values if self.kind == "list" else tuple(values)
+
+
+def parse_tree(text: str) -> Node:
+    """Parses litdata's `data_spec` (torch's serialized pytree spec, protocol 1).
+
+    Raises:
+        ValueError: for another protocol or a container other than dict, list and tuple.
+    """
+    protocol, spec = json.loads(text)
+    if protocol != 1:
+        raise ValueError(f"unknown data_spec protocol {protocol}")
+    return _node(spec)
+
+
+def _node(spec: dict[str, Any]) -> Node:
+    kind = spec["type"]
+    children = tuple(_node(child) for child in spec["children_spec"])
+    if kind is None:
+        return Node(kind=None, keys=(), children=(), leaves=1)
+    names = {"builtins.dict": "dict", "builtins.list": "list", "builtins.tuple": "tuple"}
+    if kind not in names:
+        raise ValueError(f"items of type {kind} are not read (dicts, lists, tuples are)")
+    keys = tuple(json.loads(spec["context"])) if kind == "builtins.dict" else ()
+    if keys and not all(isinstance(key, str) for key in keys):
+        raise ValueError("dict items must have str keys")
+    leaves = sum(child.leaves for child in children)
+    return Node(kind=names[kind], keys=keys, children=children, leaves=leaves)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One zstd frame of a framed chunk: items `[first, first + count)`."""
+
+    first: int
+    count: int
+    start: int
+    length: int
+    inflated: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a chunk's items are: item i spans `offsets[i]:offsets[i + 1]` of the body.
+
+    The body is the chunk itself, or for a framed chunk the concatenation of its inflated
+    frames (whose item offsets start at 0). `footer` spans the trailing Arrow IPC file.
+    """
+
+    offsets: npt.NDArray[np.int64]
+    frames: tuple[Frame, ...]
+    footer: tuple[int, int] | None
+
+
+def parse_layout(data: memoryview, items: int) -> Layout:
+    """Parses a chunk's header (after whole-file decompression).
+
+    Raises:
+        ValueError: when the header does not hold `items` items or is truncated.
+    """
+    if bytes(data[:8]) == FRAMED_MAGIC:
+        return _parse_framed(data, items)
+    count = struct.unpack_from("<I", data)[0] if len(data) >= 4 else -1
+    header = 4 * (count + 2)
+    if count != items or len(data) < header:
+        raise ValueError(f"the header says {count} items where index.json records {items}")
+    offsets = np.frombuffer(data, "<u4", count=count + 1, offset=4).astype(np.int64)
+    end = len(data)
+    footer = None
+    if len(data) >= 12 and bytes(data[-8:]) == FOOTER_MAGIC:
+        length = struct.unpack_from("<I", data, end - 12)[0]
+        footer = (end - 12 - length, length)
+        end = footer[0]
+    if offsets[0] != header or offsets[-1] > end or np.any(np.diff(offsets) < 0):
+        raise ValueError("the item offsets are corrupt or point past the end")
+    if footer is None and offsets[-1] != end:
+        raise ValueError(f"the items end at byte {offsets[-1]}, the chunk at {end}")
+    return Layout(offsets=offsets, frames=(), footer=footer)
+
+
+def _parse_framed(data: memoryview, items: int) -> Layout:
+    _, version, _, count, _, frames = _FRAMED_PREFIX.unpack_from(data)
+    if version != 1 or count != items:
+        raise ValueError(f"framed chunk v{version} holds {count} items, index.json {items}")
+    start = _FRAMED_PREFIX.size
+    offsets = np.frombuffer(data, "<u4", count=count + 1, offset=start).astype(np.int64)
+    table = start + 4 * (count + 1)
+    parsed = [
+        Frame(*_FRAME.unpack_from(data, table + number * _FRAME.size)) for number in range(frames)
+    ]
+    if not parsed or any(frame.start + frame.length > len(data) for frame in parsed):
+        raise ValueError("a compressed frame runs past the end of the chunk")
+    return Layout(offsets=offsets, frames=tuple(parsed), footer=None)

@@ -1,0 +1,163 @@
+"""Column projection and token columns, shared by every reader.
+
+A projection names the columns a dataset's rows keep (None keeps all) and the token columns:
+columns of token ids that come back as one 1-D numpy integer array per row instead of a list of
+Python ints, so a pre-tokenized corpus reaches the packer without a Python int per token.
+Readers that can skip unread columns on disk (Parquet, Vortex, MDS, LitData) take the
+projection themselves; any other reader is wrapped in `ProjectedReader`, which drops the other
+keys after decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.io._rows import Rows
+
+TOKENS_FIELD = "input_ids"
+"""The field that holds the token ids of formats whose rows have no names (LitData
+`TokensLoader` chunks, `.npy` token files)."""
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Which columns rows keep and which of them hold token ids.
+
+    Args:
+        columns: the columns to keep, in this order; None keeps every column.
+        token_columns: columns whose values are returned as 1-D numpy integer arrays.
+    """
+
+    columns: tuple[str, ...] | None = None
+    token_columns: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, columns: Sequence[str] | None, token_columns: Sequence[str] | None) -> Projection:
+        """Checks and builds a projection from `from_path` arguments.
+
+        Raises:
+            ConfigError: for a str instead of a list, an empty or repeated name, or a token
+                column that `columns` leaves out.
+        """
+        kept = None if columns is None else _names("columns", columns)
+        if kept is not None and not kept:
+            raise ConfigError("`columns` must name at least one column, or be None for all")
+        tokens = () if token_columns is None else _names("token_columns", token_columns)
+        if kept is not None:
+            missing = [name for name in tokens if name not in kept]
+            if missing:
+                raise ConfigError(
+                    f"`token_columns` must be among `columns` {list(kept)}, got {missing}"
+                )
+        return cls(columns=kept, token_columns=tokens)
+
+    def keeps(self, name: str) -> bool:
+        """Whether rows keep the column `name`."""
+        return self.columns is None or name in self.columns
+
+    def check_available(self, available: Sequence[str], *, dataset: str, shard: str) -> None:
+        """Raises DataError when a shard lacks a requested column.
+
+        Args:
+            available: the shard's columns.
+            dataset: the dataset name, for the message.
+            shard: the shard path (or index file), for the message.
+        """
+        wanted = (self.columns or ()) + self.token_columns
+        missing = sorted({name for name in wanted if name not in available})
+        if missing:
+            raise DataError(
+                f"has no column {', '.join(map(repr, missing))}; its columns are {list(available)}",
+                dataset=dataset,
+                shard=shard,
+            )
+
+
+def token_array(value: Any) -> npt.NDArray[np.integer[Any]]:
+    """Returns `value` (a list of ints or an integer array) as a 1-D integer numpy array.
+
+    Raises:
+        ValueError: when `value` is not a flat sequence of integers.
+    """
+    if isinstance(value, np.ndarray):
+        array = value
+    else:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"expected a list of token ids, got {type(value).__name__}")
+        array = np.asarray(value) if value else np.empty(0, dtype=np.int64)
+        if array.dtype.kind in "iu":
+            array = array.astype(np.int64, copy=False)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise ValueError(f"expected a flat list of integer token ids, got {_describe(array)}")
+    return array
+
+
+def _describe(array: npt.NDArray[Any]) -> str:
+    return f"an array of dtype {array.dtype} and shape {array.shape}"
+
+
+def _names(argument: str, names: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(names, str) or not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(f"`{argument}` must be a list of non-empty column names, got {names!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"`{argument}` must not repeat a column, got {list(names)}")
+    return tuple(names)
+
+
+class ProjectedReader:
+    """Applies a projection to the rows of a reader that cannot project itself (JSONL).
+
+    A requested column missing from a row raises DataError naming the row; a token column
+    whose value is not a flat list of integers does too.
+
+    Args:
+        reader: the wrapped reader (any `ShardReader`).
+        projection: the columns to keep and the token columns.
+        dataset: the dataset name, used in error messages.
+    """
+
+    def __init__(self, reader: Any, *, projection: Projection, dataset: str) -> None:
+        self.reader = reader
+        self.projection = projection
+        self.dataset = dataset
+
+    def num_rows(self, path: str) -> int:
+        """Returns the wrapped reader's row count."""
+        return int(self.reader.num_rows(path))
+
+    def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
+        """Returns the wrapped reader's rows with only the projected columns.
+
+        Raises:
+            DataError: for a row without a requested column or a malformed token column.
+        """
+        decoded: list[dict[str, Any]] = self.reader.read(path, rows)
+        columns, tokens = self.projection.columns, self.projection.token_columns
+        if columns is None and not tokens:
+            return decoded
+        numbers = np.asarray(rows).tolist()
+        result = []
+        for row, number in zip(decoded, numbers, strict=True):
+            try:
+                kept = dict(row) if columns is None else {name: row[name] for name in columns}
+                for name in tokens:
+                    kept[name] = token_array(row[name])
+            except KeyError as error:
+                raise DataError(
+                    f"has no field {error.args[0]!r}; its fields are {sorted(row)}",
+                    dataset=self.dataset,
+                    shard=path,
+                    row=number,
+                ) from None
+            except ValueError as error:
+                raise DataError(
+                    f"token column {name!r}: {error}", dataset=self.dataset, shard=path, row=number
+                ) from None
+            result.append(kept)
+        return result

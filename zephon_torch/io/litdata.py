@@ -1,0 +1,282 @@
+"""Random access to LitData datasets (`index.json` plus chunk files), read natively.
+
+Opening reads `index.json` only: chunks, their item counts, the item tree and leaf formats.
+One chunk is one shard. Plain chunks are memory-mapped; whole-file zstd chunks are inflated
+once into a small LRU; framed-zstd chunks inflate one frame (256 items) at a time; rows stored
+in a chunk's Arrow footer are decoded one record batch (256 rows) at a time, only the projected
+columns. A row is the item as written: a dict item is the row, any other item is
+`{"item": value}`, and a `TokensLoader` item (one 1-D token array as written, recovered from
+the chunk's item offsets, not LitData's fixed-size blocks) is `{"input_ids": tokens}`.
+Measured on 2 cores, windows of 64 rows in random order, rows of 100-word text and 500 token
+ids: about 270 k rows/s. litdata is not imported.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_torch.errors import DataError
+from zephon_torch.io import _litdata_format as fmt
+from zephon_torch.io._arrow import TokenColumn, column_bytes, row_columns
+from zephon_torch.io._cache import LruCache
+from zephon_torch.io._compression import zstandard_module
+from zephon_torch.io._index import load_index, shard_path
+from zephon_torch.io._projection import TOKENS_FIELD, Projection
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+
+_ITEM_FIELD = "item"
+_CORRUPT = (ValueError, KeyError, IndexError, struct.error)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    data: memoryview
+    layout: fmt.Layout
+    footer: pa.ipc.RecordBatchFileReader | None
+    batch_rows: int
+    lock: threading.Lock
+
+
+@dataclass(frozen=True)
+class _Batch:
+    names: tuple[str, ...]
+    columns: tuple[list[Any] | TokenColumn, ...]
+    nbytes: int
+
+
+class LitDataReader:
+    """Reads the chunks of one LitData dataset; thread-safe, and picklable without caches.
+
+    Args:
+        dataset: the dataset name, used in error messages.
+        index_path: the dataset's `index.json`.
+        projection: the columns to read (top-level keys of dict items; None reads all) and
+            the token columns.
+        max_open: how many chunks to keep mapped or inflated, and how many frames or record
+            batches to keep decoded.
+
+    Raises:
+        DataError: for an unreadable index, a missing chunk file, an encrypted dataset, an
+            item loader other than PyTreeLoader or TokensLoader, or a leaf format not read.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        index_path: str,
+        projection: Projection | None = None,
+        max_open: int = 8,
+    ) -> None:
+        self.dataset = dataset
+        self.index_path = index_path
+        self.projection = projection or Projection()
+        self.max_open = max_open
+        self._setup()
+
+    def _setup(self) -> None:
+        index = load_index(self.index_path, dataset=self.dataset)
+        try:
+            self._configure(index["config"])
+            self._rows = {
+                shard_path(self.index_path, chunk["filename"], dataset=self.dataset): (
+                    int(chunk["chunk_size"]),
+                    int(chunk["chunk_bytes"]),
+                )
+                for chunk in index["chunks"]
+            }
+        except DataError:
+            raise
+        except (*_CORRUPT, TypeError) as error:
+            raise self._error(f"cannot read this LitData index: {error}", self.index_path) from None
+        self._chunks: LruCache[_Chunk] = LruCache(self.max_open)
+        self._frames: LruCache[memoryview] = LruCache(self.max_open * 4)
+        self._batches: LruCache[_Batch] = LruCache(self.max_open * 4)
+
+    def _configure(self, config: dict[str, Any]) -> None:
+        if config.get("encryption"):
+            raise ValueError("encrypted chunks are not read")
+        self._loader = config.get("item_loader") or "PyTreeLoader"
+        if self._loader not in ("PyTreeLoader", "TokensLoader"):
+            raise ValueError(f"item_loader {self._loader} is not read")
+        self._per_item_zstd = config.get("compression_level") == "sample"
+        formats = list(config["data_format"])
+        if self._loader == "TokensLoader":
+            self._tree = fmt.Node(kind=None, keys=(), children=(), leaves=1)
+            names: tuple[str, ...] = (TOKENS_FIELD,)
+            spans = {TOKENS_FIELD: (0, 1)}
+        else:
+            self._tree = fmt.parse_tree(config["data_spec"])
+            names = self._tree.keys if self._tree.kind == "dict" else (_ITEM_FIELD,)
+            spans = {_ITEM_FIELD: (0, self._tree.leaves)}
+            if self._tree.kind == "dict":
+                ends = np.cumsum([child.leaves for child in self._tree.children]).tolist()
+                spans = dict(zip(names, zip([0, *ends[:-1]], ends), strict=True))
+        self.projection.check_available(names, dataset=self.dataset, shard=self.index_path)
+        self._names = self.projection.columns or names
+        self._decoders: list[fmt.Decoder | None] = [None] * len(formats)
+        self._body_ok = True  # False when a kept leaf only reads from Arrow footers
+        for name in self._names:
+            for leaf in range(*spans[name]):
+                decoder = fmt.leaf_decoder(formats[leaf])
+                if decoder is None and formats[leaf] != "json":
+                    raise ValueError(f"column {name!r} has leaf format {formats[leaf]!r}")
+                self._body_ok &= decoder is not None
+                self._decoders[leaf] = decoder
+            kind = formats[spans[name][0]].partition(":")[0]
+            if name in self.projection.token_columns and kind not in (*fmt.ARRAY_LEAVES, "json"):
+                raise ValueError(f"token column {name!r} has leaf format {kind!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        keys = ("dataset", "index_path", "projection", "max_open")
+        return {key: self.__dict__[key] for key in keys}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    @property
+    def shard_paths(self) -> list[str]:
+        """The chunk files, in `index.json` order."""
+        return list(self._rows)
+
+    def num_rows(self, path: str) -> int:
+        """Returns the chunk's item count from `index.json`; reads no chunk."""
+        return self._rows[path][0]
+
+    def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
+        """Returns the given items of the chunk as row dicts, in the order asked.
+
+        Raises:
+            DataError: for a truncated or corrupt chunk, naming it, or an item that does not
+                decode, naming it too.
+        """
+        positions = as_row_array(rows)
+        check_in_range(positions, self._rows[path][0], dataset=self.dataset, shard=path)
+        chunk = self._chunks.get_or_load(path, partial(self._load, path))
+        result = []
+        for row in positions.tolist():
+            try:
+                if chunk.footer is not None:
+                    result.append(self._footer_row(path, chunk, row))
+                else:
+                    result.append(self._body_row(path, chunk, row))
+            except _CORRUPT as error:
+                raise self._error(f"item does not decode: {error!r}", path, row) from None
+        return result
+
+    def _footer_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:
+        number, within = divmod(row, chunk.batch_rows)
+        batch = self._batches.get_or_load((path, number), partial(self._batch, chunk, number))
+        return dict(zip(batch.names, [column[within] for column in batch.columns], strict=True))
+
+    def _batch(self, chunk: _Chunk, number: int) -> _Batch:
+        assert chunk.footer is not None
+        with chunk.lock:
+            batch = chunk.footer.get_batch(number)
+        batch = batch.select(list(self._names))
+        names, columns = row_columns(batch, self.projection.token_columns)
+        return _Batch(names, columns, column_bytes(columns, batch.nbytes))
+
+    def _body_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:
+        if not self._body_ok:
+            raise ValueError("a kept column has 'json' leaves, read only from Arrow footers")
+        item = self._item(path, chunk, row)
+        if self._loader == "TokensLoader":
+            decode = self._decoders[0]
+            assert decode is not None
+            return {TOKENS_FIELD: decode(item)}
+        count = len(self._decoders)
+        sizes = struct.unpack_from(f"<{count}I", item)
+        leaves: list[Any] = []
+        position = 4 * count
+        for size, decode in zip(sizes, self._decoders, strict=True):
+            if position + size > len(item):
+                raise ValueError("a leaf runs past the end of the item")
+            leaves.append(decode(item[position : position + size]) if decode else None)
+            position += size
+        value = self._tree.build(iter(leaves))
+        if self._tree.kind != "dict":
+            value = {_ITEM_FIELD: value}
+        row_value = {name: value[name] for name in self._names}
+        for name in self.projection.token_columns:
+            if row_value[name].ndim != 1:
+                raise ValueError(f"token column {name!r} holds shape {row_value[name].shape}")
+        return row_value
+
+    def _item(self, path: str, chunk: _Chunk, row: int) -> memoryview:
+        offsets = chunk.layout.offsets
+        if not chunk.layout.frames:
+            item = chunk.data[offsets[row] : offsets[row + 1]]
+            if self._per_item_zstd:
+                return _unzstd(item)
+            return item
+        frames = chunk.layout.frames
+        frame = next((f for f in frames if f.first <= row < f.first + f.count), None)
+        if frame is None:
+            raise ValueError(f"no compressed frame holds item {row}")
+        body = self._frames.get_or_load((path, frame.first), partial(self._inflate, chunk, frame))
+        base = offsets[frame.first]
+        return body[offsets[row] - base : offsets[row + 1] - base]
+
+    def _inflate(self, chunk: _Chunk, frame: fmt.Frame) -> memoryview:
+        packed = chunk.data[frame.start : frame.start + frame.length]
+        data = _unzstd(packed, frame.inflated)
+        if len(data) != frame.inflated:
+            raise ValueError(f"a frame inflates to {len(data)} bytes, not {frame.inflated}")
+        return data
+
+    def _load(self, path: str) -> _Chunk:
+        items, size = self._rows[path]
+        try:
+            data = _read(path)
+            if bytes(data[:4]) == fmt.ZSTD_MAGIC:
+                data = _unzstd(data, size)
+            if len(data) != size:
+                raise ValueError(f"{len(data)} bytes where index.json records {size}")
+            layout = fmt.parse_layout(data, items)
+            footer, batch_rows = None, items
+            if layout.footer is not None:
+                start, length = layout.footer
+                footer = pa.ipc.open_file(pa.py_buffer(data[start : start + length]))
+                batch_rows = footer.get_batch(0).num_rows
+                if batch_rows * footer.num_record_batches < items:
+                    raise ValueError("the Arrow footer holds fewer rows than the chunk")
+        except ImportError:
+            raise
+        except (*_CORRUPT, OSError, pa.ArrowException) as error:
+            raise self._error(
+                f"the chunk is truncated or corrupt: {error}{CHANGED_NOTE}", path
+            ) from None
+        return _Chunk(data, layout, footer, max(batch_rows, 1), threading.Lock())
+
+    def _error(self, message: str, shard: str, row: int | None = None) -> DataError:
+        return DataError(message, dataset=self.dataset, shard=shard, row=row)
+
+
+def _unzstd(data: memoryview, size: int = 0) -> memoryview:
+    """Inflates zstd data (frames with or without a content size); ValueError when corrupt."""
+    zstandard = zstandard_module()
+    try:
+        inflater = zstandard.ZstdDecompressor()
+        if size:
+            return memoryview(inflater.decompress(data, max_output_size=size))
+        return memoryview(inflater.decompressobj().decompress(data))
+    except zstandard.ZstdError as error:
+        raise ValueError(f"zstd: {error}") from None
+
+
+def _read(path: str) -> memoryview:
+    with open(path, "rb") as handle:
+        if not os.fstat(handle.fileno()).st_size:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))

@@ -1,0 +1,293 @@
+"""Random access to MosaicML MDS datasets (`index.json` plus `.mds` shards), read natively.
+
+Opening reads `index.json` only: the shard list, each shard's sample count and column layout
+(plus one stat per shard). A shard is `[uint32 n][uint32 offsets[n + 1]][json config][samples]`;
+a plain shard is memory-mapped, so a row is one slice and a decode of the requested columns
+only. A compressed shard (`.mds.zstd`, `.gz`, `.bz2`, `.br`, `.snappy`) cannot be sliced in
+place: it is decompressed whole, once, into a small LRU (4 shards by default), which suits
+pointer streams that visit a bounded window of shards. Measured on 2 cores, windows of 64 rows
+in random order, rows of 100-word text and 500 token ids: about 220 k rows/s, plain or zstd
+once inflated. mosaicml-streaming is not imported.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import importlib
+import mmap
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zephon_torch.errors import DataError
+from zephon_torch.io._cache import LruCache
+from zephon_torch.io._compression import zstandard_module
+from zephon_torch.io._index import load_index, shard_path
+from zephon_torch.io._mds_columns import SUPPORTED, Decoder, decoder, is_array
+from zephon_torch.io._projection import Projection
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+
+_OPTIONAL_CODECS = {"br": ("brotli", "brotli"), "snappy": ("snappy", "python-snappy")}
+_CODECS = ("bz2", "gz", "zstd", *_OPTIONAL_CODECS)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The columns of a shard: all of them, in stored order, and the ones rows keep."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int | None, ...]
+    decoders: tuple[Decoder | None, ...]  # None for columns the projection drops
+    kept: tuple[int, ...]  # positions of kept columns, in the order rows list them
+
+
+@dataclass(frozen=True)
+class _ShardInfo:
+    samples: int
+    raw_bytes: int
+    codec: str | None  # "zstd", "gz", ...; None for a plain shard
+    layout: _Layout
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """A shard's bytes (a memory map or decompressed bytes) and its sample offsets."""
+
+    data: memoryview
+    offsets: npt.NDArray[np.int64]
+
+
+class MdsReader:
+    """Reads the shards of one MDS dataset; thread-safe, and picklable without its caches.
+
+    Args:
+        dataset: the dataset name, used in error messages.
+        index_path: the dataset's `index.json`.
+        projection: the columns to read (None reads all) and the token columns, which must be
+            `ndarray` columns of one dimension.
+        max_open: how many plain shards to keep memory-mapped.
+        max_decompressed: how many decompressed shards to keep in memory.
+
+    Raises:
+        DataError: for an unreadable index, a shard file it lists that is missing, a column
+            with an encoding not read, or a projection naming a missing column.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        index_path: str,
+        projection: Projection | None = None,
+        max_open: int = 32,
+        max_decompressed: int = 4,
+    ) -> None:
+        self.dataset = dataset
+        self.index_path = index_path
+        self.projection = projection or Projection()
+        self.max_open = max_open
+        self.max_decompressed = max_decompressed
+        self._setup()
+
+    def _setup(self) -> None:
+        self._infos = self._read_index()
+        self._shards: LruCache[_Shard] = LruCache(self.max_open)
+        self._inflated: LruCache[_Shard] = LruCache(self.max_decompressed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        keys = ("dataset", "index_path", "projection", "max_open", "max_decompressed")
+        return {key: self.__dict__[key] for key in keys}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    @property
+    def shard_paths(self) -> list[str]:
+        """The shard files, in `index.json` order."""
+        return list(self._infos)
+
+    def num_rows(self, path: str) -> int:
+        """Returns the shard's sample count from `index.json`; reads no shard."""
+        return self._infos[path].samples
+
+    def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
+        """Returns the given samples of the shard as dicts, in the order asked.
+
+        Args:
+            path: the shard.
+            rows: sample numbers within the shard, any order, repeats allowed.
+
+        Returns:
+            One new dict per requested row; arrays are read-only views of the shard.
+
+        Raises:
+            DataError: for a truncated or corrupt shard, naming it, or a sample that does not
+                decode, naming it too.
+        """
+        info = self._infos[path]
+        positions = as_row_array(rows)
+        check_in_range(positions, info.samples, dataset=self.dataset, shard=path)
+        cache = self._shards if info.codec is None else self._inflated
+        shard = cache.get_or_load(path, partial(self._load, path, info))
+        layout = info.layout
+        starts = shard.offsets[positions].tolist()
+        ends = shard.offsets[positions + 1].tolist()
+        result = []
+        for row, start, end in zip(positions.tolist(), starts, ends, strict=True):
+            try:
+                result.append(_decode(shard.data[start:end], layout))
+            except (ValueError, KeyError, IndexError) as error:
+                raise DataError(
+                    f"sample does not decode: {error!r}", dataset=self.dataset, shard=path, row=row
+                ) from None
+        for name in self.projection.token_columns:
+            for row, values in zip(positions.tolist(), result, strict=True):
+                if values[name].ndim != 1:
+                    raise DataError(
+                        f"token column {name!r} holds an array of shape {values[name].shape}, "
+                        "not a 1-D array of token ids",
+                        dataset=self.dataset,
+                        shard=path,
+                        row=row,
+                    )
+        return result
+
+    def _read_index(self) -> dict[str, _ShardInfo]:
+        index = load_index(self.index_path, dataset=self.dataset)
+        infos: dict[str, _ShardInfo] = {}
+        layouts: dict[tuple[Any, ...], _Layout] = {}
+        try:
+            for entry in index["shards"]:
+                if entry.get("format") != "mds":
+                    raise ValueError(f"a shard has format {entry.get('format')!r}, not 'mds'")
+                raw, packed = entry["raw_data"], entry.get("zip_data")
+                basename = (packed or raw)["basename"]
+                key = (tuple(entry["column_names"]), tuple(entry["column_encodings"]))
+                sizes = tuple(entry["column_sizes"])
+                if key not in layouts:
+                    layouts[key] = self._layout(*key, sizes)
+                codec = (entry.get("compression") or "").split(":")[0] or None
+                if packed and codec not in _CODECS:
+                    raise ValueError(f"unknown compression {codec!r}")
+                path = shard_path(self.index_path, basename, dataset=self.dataset)
+                infos[path] = _ShardInfo(
+                    samples=int(entry["samples"]),
+                    raw_bytes=int(raw["bytes"]),
+                    codec=codec if packed else None,
+                    layout=layouts[key],
+                )
+        except DataError:
+            raise
+        except (KeyError, TypeError, ValueError) as error:
+            raise DataError(
+                f"cannot read this MDS index: {error!r}",
+                dataset=self.dataset,
+                shard=self.index_path,
+            ) from None
+        return infos
+
+    def _layout(
+        self, names: tuple[str, ...], encodings: tuple[str, ...], sizes: tuple[int | None, ...]
+    ) -> _Layout:
+        self.projection.check_available(names, dataset=self.dataset, shard=self.index_path)
+        wanted = self.projection.columns or names
+        decoders: list[Decoder | None] = []
+        for name, encoding in zip(names, encodings, strict=True):
+            found = decoder(encoding) if name in wanted else None
+            if name in wanted and found is None:
+                raise DataError(
+                    f"column {name!r} has encoding {encoding!r}, which is not read (read: "
+                    f"{', '.join(SUPPORTED)}); leave it out with `columns=`",
+                    dataset=self.dataset,
+                    shard=self.index_path,
+                )
+            if name in self.projection.token_columns and not is_array(encoding):
+                raise DataError(
+                    f"token column {name!r} has encoding {encoding!r}, not an ndarray",
+                    dataset=self.dataset,
+                    shard=self.index_path,
+                )
+            decoders.append(found)
+        kept = tuple(names.index(name) for name in wanted)
+        return _Layout(names=names, sizes=sizes, decoders=tuple(decoders), kept=kept)
+
+    def _load(self, path: str, info: _ShardInfo) -> _Shard:
+        try:
+            data = _read(path, info)
+        except ImportError:
+            raise
+        except Exception as error:
+            raise DataError(
+                f"cannot read the shard: {error}", dataset=self.dataset, shard=path
+            ) from error
+        if len(data) != info.raw_bytes:
+            raise DataError(
+                f"the shard is truncated or corrupt: {len(data)} bytes where index.json "
+                f"records {info.raw_bytes}{CHANGED_NOTE}",
+                dataset=self.dataset,
+                shard=path,
+            )
+        count = int(np.frombuffer(data, "<u4", count=1)[0]) if len(data) >= 4 else -1
+        header = 4 * (count + 2)
+        if count != info.samples or len(data) < header:
+            raise DataError(
+                f"the shard header says {count} samples where index.json records "
+                f"{info.samples}: the shard is corrupt{CHANGED_NOTE}",
+                dataset=self.dataset,
+                shard=path,
+            )
+        offsets = np.frombuffer(data, "<u4", count=count + 1, offset=4).astype(np.int64)
+        if offsets[0] < header or offsets[-1] != len(data) or np.any(np.diff(offsets) < 0):
+            raise DataError(
+                "the shard's sample offsets are corrupt", dataset=self.dataset, shard=path
+            )
+        return _Shard(data=memoryview(data), offsets=offsets)
+
+
+def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
+    variable = sum(size is None for size in layout.sizes)
+    lengths = iter(np.frombuffer(sample, "<u4", count=variable).tolist())
+    position = 4 * variable
+    values: list[Any] = []
+    for size, decode in zip(layout.sizes, layout.decoders, strict=True):
+        length = size if size is not None else next(lengths)
+        end = position + length
+        if end > len(sample):
+            raise ValueError("a column runs past the end of the sample")
+        if decode is not None:
+            values.append(decode(sample[position:end]))
+        else:
+            values.append(None)
+        position = end
+    return {layout.names[i]: values[i] for i in layout.kept}
+
+
+def _read(path: str, info: _ShardInfo) -> mmap.mmap | bytes:
+    with open(path, "rb") as handle:
+        if info.codec is None:
+            if not handle.seek(0, 2):
+                return b""
+            return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        packed = handle.read()
+    if info.codec == "zstd":
+        inflater = zstandard_module().ZstdDecompressor()
+        data: bytes = inflater.decompress(packed, max_output_size=info.raw_bytes)
+        return data
+    if info.codec == "gz":
+        return gzip.decompress(packed)
+    if info.codec == "bz2":
+        return bz2.decompress(packed)
+    module, package = _OPTIONAL_CODECS[info.codec]
+    try:
+        codec = importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(
+            f"reading {info.codec}-compressed MDS shards needs `pip install {package}`"
+        ) from error
+    inflated: bytes = codec.decompress(packed)
+    return inflated

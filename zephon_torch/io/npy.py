@@ -1,0 +1,152 @@
+"""Pre-tokenized `.npy` files: one shard per file, one document of token ids per row.
+
+Two layouts, both memory-mapped, so a row is a read-only view and opening reads headers only:
+
+- a 2-D integer array `[rows, tokens]`: row i is `array[i]` (fixed-length documents, such as
+  sequences already cut to the context length);
+- a 1-D integer array of all tokens plus a sibling `<stem>.offsets.npy`, a 1-D integer array of
+  `rows + 1` increasing boundaries from 0 to the token count: row i is
+  `tokens[offsets[i]:offsets[i + 1]]` (variable-length documents; the offsets file is not a
+  shard of its own).
+
+Rows are `{"input_ids": array}` in the stored integer dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zephon_torch.errors import DataError
+from zephon_torch.io._cache import LruCache
+from zephon_torch.io._projection import TOKENS_FIELD, Projection
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+
+OFFSETS_SUFFIX = ".offsets.npy"
+
+
+def offsets_path(path: str) -> str:
+    """The offsets file that goes with a 1-D token file."""
+    return path[: -len(".npy")] + OFFSETS_SUFFIX
+
+
+def token_files(files: Sequence[str]) -> list[str]:
+    """Drops the offsets files that go with a token file in `files`; they are not shards."""
+    listed = set(files)
+    return [
+        file
+        for file in files
+        if not (file.endswith(OFFSETS_SUFFIX) and file[: -len(OFFSETS_SUFFIX)] + ".npy" in listed)
+    ]
+
+
+@dataclass(frozen=True)
+class _TokenFile:
+    tokens: npt.NDArray[np.integer[Any]]
+    offsets: npt.NDArray[np.int64] | None  # None for a 2-D file
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.tokens) if self.offsets is None else len(self.offsets) - 1
+
+
+class NpyReader:
+    """Reads the `.npy` token shards of one dataset; thread-safe, picklable without its maps.
+
+    Args:
+        dataset: the dataset name, used in error messages.
+        projection: columns; only "input_ids" exists.
+        max_open: how many files to keep memory-mapped.
+    """
+
+    def __init__(
+        self, *, dataset: str, projection: Projection | None = None, max_open: int = 64
+    ) -> None:
+        self.dataset = dataset
+        self.projection = projection or Projection()
+        self.max_open = max_open
+        self._open_caches()
+
+    def _open_caches(self) -> None:
+        self._files: LruCache[_TokenFile] = LruCache(self.max_open)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "projection": self.projection, "max_open": self.max_open}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_caches()
+
+    def num_rows(self, path: str) -> int:
+        """Returns the row count from the `.npy` headers."""
+        return self._file(path).num_rows
+
+    def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
+        """Returns `{"input_ids": tokens}` for each requested row, in the order asked.
+
+        Raises:
+            DataError: for a row past the end of the file.
+        """
+        file = self._file(path)
+        positions = as_row_array(rows)
+        check_in_range(positions, file.num_rows, dataset=self.dataset, shard=path)
+        if file.offsets is None:
+            return [{TOKENS_FIELD: file.tokens[row]} for row in positions.tolist()]
+        starts = file.offsets[positions].tolist()
+        ends = file.offsets[positions + 1].tolist()
+        return [
+            {TOKENS_FIELD: file.tokens[start:end]} for start, end in zip(starts, ends, strict=True)
+        ]
+
+    def _file(self, path: str) -> _TokenFile:
+        return self._files.get_or_load(path, partial(self._open, path))
+
+    def _open(self, path: str) -> _TokenFile:
+        self.projection.check_available([TOKENS_FIELD], dataset=self.dataset, shard=path)
+        tokens = self._load(path)
+        if tokens.ndim == 2:
+            return _TokenFile(tokens=tokens, offsets=None)
+        partner = offsets_path(path)
+        if tokens.ndim != 1 or not os.path.isfile(partner):
+            raise DataError(
+                f"holds an array of shape {tokens.shape}: a token file is 2-D [rows, tokens], "
+                f"or 1-D with its document boundaries in {os.path.basename(partner)!r}",
+                dataset=self.dataset,
+                shard=path,
+            )
+        offsets = self._load(partner).astype(np.int64)
+        if (
+            offsets.ndim != 1
+            or len(offsets) < 2
+            or offsets[0] != 0
+            or offsets[-1] != len(tokens)
+            or np.any(np.diff(offsets) < 0)
+        ):
+            raise DataError(
+                f"the offsets in {os.path.basename(partner)!r} must rise from 0 to the "
+                f"token count {len(tokens)}{CHANGED_NOTE}",
+                dataset=self.dataset,
+                shard=path,
+            )
+        return _TokenFile(tokens=tokens, offsets=offsets)
+
+    def _load(self, path: str) -> npt.NDArray[np.integer[Any]]:
+        try:
+            array: npt.NDArray[np.integer[Any]] = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise DataError(
+                f"not a readable .npy file: {error}", dataset=self.dataset, shard=path
+            ) from None
+        if array.dtype.kind not in "iu":
+            raise DataError(
+                f"holds {array.dtype} values, not integer token ids",
+                dataset=self.dataset,
+                shard=path,
+            )
+        return array.view(np.ndarray)
