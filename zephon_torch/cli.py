@@ -35,6 +35,29 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from zephon_torch.verify import load_recipe, table, verify
+
+    build = load_recipe(args.recipe)
+    sizes = [int(w) for w in args.world_sizes.split(",")] if args.world_sizes else None
+    workers = tuple(int(n) for n in args.workers.split(",")) if args.workers else ()
+    runs = verify(
+        build,
+        steps=args.steps,
+        world_sizes=sizes,
+        workers=workers,
+        fault_step=args.fault_step,
+        standard=not args.no_standard,
+    )
+    print(table(runs))
+    zephon = [r for r in runs if r.zephon]
+    identical = all(r.hashes == zephon[0].hashes for r in zephon)
+    print(
+        f"\nverdict: zephon_torch {'IDENTICAL' if identical else 'DIVERGES'} across configurations"
+    )
+    return 0 if identical else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zephon-torch`` console script."""
     parser = argparse.ArgumentParser(prog="zephon-torch", description=__doc__)
@@ -49,6 +72,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--microbatch-size", type=int, default=8)
     demo.add_argument("--parallelism", type=int, default=2)
     demo.set_defaults(run=_demo)
+    check = commands.add_parser(
+        "verify", help="check identical global batches across configurations"
+    )
+    check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
+    check.add_argument("--steps", type=int, default=8)
+    check.add_argument(
+        "--world-sizes", default=None, help="comma list (default: divisors of L up to 64)"
+    )
+    check.add_argument(
+        "--workers", default="2", help="DataLoader worker counts to add (comma list)"
+    )
+    check.add_argument("--fault-step", type=int, default=3, help="save here, resume on another W")
+    check.add_argument(
+        "--no-standard", action="store_true", help="skip the standard-loader baseline"
+    )
+    check.set_defaults(run=_verify)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

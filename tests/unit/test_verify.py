@@ -1,0 +1,58 @@
+"""verify: identical hashes for zephon_torch across configurations, and it can fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zephon_torch.verify import load_recipe, standard_run, table, verdict, verify
+
+RECIPE = """
+from pathlib import Path
+from tokenizers import Tokenizer
+from tests.helpers import small_pipeline, two_sources
+
+TOKENIZER = Tokenizer.from_file({path!r})
+DATASETS = two_sources(40, 30, shard_size=8)
+
+def pipeline():
+    return small_pipeline(TOKENIZER, lanes=4, exhaustion="repeat", datasets=DATASETS{extra})
+"""
+
+
+def write_recipe(tmp_path: Path, tokenizer: Any, name: str, extra: str = "") -> Path:
+    tokenizer.save(str(tmp_path / "tok.json"))
+    path = tmp_path / f"{name}.py"
+    path.write_text(RECIPE.format(path=str(tmp_path / "tok.json"), extra=extra))
+    return path
+
+
+def test_verify_finds_every_configuration_identical_and_the_standard_loader_not(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    build = load_recipe(write_recipe(tmp_path, tokenizer, "recipe"))
+    runs = verify(build, steps=6, workers=(), fault_step=2)
+    zephon = [r for r in runs if r.zephon]
+    assert [r.name for r in zephon][:3] == ["zephon W=1", "zephon W=2", "zephon W=4"]
+    assert all(r.hashes == zephon[0].hashes and len(r.hashes) == 6 for r in zephon)
+    standard = [r for r in runs if not r.zephon]
+    assert len({tuple(r.hashes) for r in standard}) == len(standard)  # W changes its batches
+    text = table(runs)
+    assert "zephon W=4 fault@2 -> W=1: IDENTICAL" in text
+    assert "standard W=2: DIVERGES from standard W=1 at step 0" in text
+
+
+def test_verify_reports_a_divergence_when_a_data_affecting_setting_differs(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    base = load_recipe(write_recipe(tmp_path, tokenizer, "base"))
+    changed = load_recipe(write_recipe(tmp_path, tokenizer, "changed", extra=", max_length=48"))
+    a = verify(base, steps=4, world_sizes=[2], workers=(), standard=False)[0]
+    b = verify(changed, steps=4, world_sizes=[2], workers=(), standard=False)[0]
+    assert verdict(b, a).startswith("DIVERGES from zephon W=2 at step 0")
+
+
+def test_the_standard_baseline_diverges_across_world_sizes(tmp_path: Path, tokenizer: Any) -> None:
+    build = load_recipe(write_recipe(tmp_path, tokenizer, "recipe"))
+    one, two = standard_run(build, 1, 3), standard_run(build, 2, 3)
+    assert len(one) == len(two) == 3 and one != two
