@@ -97,15 +97,29 @@ class LaneRuntime:
             self.nodes.append(node)
 
     def batches(self) -> Iterator[Batch]:
-        """Micro-batches in (turn, lane) order until a turn where no owned lane has data."""
+        """Micro-batches in (turn, lane) order until a turn where no owned lane has data.
+
+        A batch with data goes out as soon as it is made; all-padding ones wait until the turn
+        is known to hold data (else the stream ends there), so the first batch is not held up
+        by the other lanes.
+        """
         while True:
             turn = min(node.turn for node in self.nodes)
             pending = [node for node in self.nodes if node.turn == turn]
-            resumed_mid_turn = len(pending) < len(self.nodes)
-            out = [next(node) for node in pending]
-            if not resumed_mid_turn and all(b.num_tokens == 0 for b in out):
+            live = len(pending) < len(self.nodes)  # a resumed, started turn is completed
+            held: list[Batch] = []
+            for node in pending:
+                batch = next(node)
+                if batch.num_tokens == 0 and not live:
+                    held.append(batch)
+                    continue
+                live = True
+                yield from held
+                held = []
+                yield batch
+            if not live:
                 return
-            yield from out
+            yield from held
 
     def operator_seconds(self) -> dict[str, tuple[float, int]]:
         """Per operator: seconds spent and documents out (threads runner; processes keep

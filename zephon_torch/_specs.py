@@ -6,6 +6,7 @@ and the value.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ class Options:
     world_size: int | None = None
     rank: int | None = None
     prefetch: int = 8
-    read_ahead: int = 2
+    read_ahead: int = 4
     io_options: dict[str, Any] | None = None
     stats_every: int = 0
     on_stats: Callable[[dict[str, Any]], None] | None = None
@@ -83,3 +84,9 @@ def _check_workers(parallelism: int, runner: str) -> None:
         raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
     if runner not in RUNNERS:
         raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {runner!r}")
+
+
+def default_parallelism() -> int:
+    """Twice the CPU count, at most 32: tokenizer workers spend most of their time in native
+    code, so more workers than cores keep every core busy."""
+    return min(32, 2 * (os.cpu_count() or 1))

@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--lanes", type=int, default=8, help="canonical_replicas (L)")
     demo.add_argument("--max-length", type=int, default=2048)
     demo.add_argument("--microbatch-size", type=int, default=8)
-    demo.add_argument("--parallelism", type=int, default=2)
+    demo.add_argument("--parallelism", type=int, default=None, help="default: 2 x CPUs")
     demo.set_defaults(run=_demo)
     check = commands.add_parser(
         "verify", help="check identical global batches across configurations"

@@ -29,7 +29,7 @@ def demo_pipeline(
     canonical_replicas: int = 8,
     max_length: int = 2048,
     microbatch_size: int = 8,
-    parallelism: int = 2,
+    parallelism: int | None = None,
 ) -> Pipeline:
     """The demo recipe: stdlib code and pydoc prose, 50:50 by tokens, ``wrap`` packing."""
     code_dir, prose_dir = demo_corpus()

@@ -16,7 +16,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from zephon_torch._lanes import LaneRuntime
-from zephon_torch._specs import Options, PackSpec, PretokenizedSpec, TokenizeSpec
+from zephon_torch._specs import (
+    Options,
+    PackSpec,
+    PretokenizedSpec,
+    TokenizeSpec,
+    default_parallelism,
+)
 from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch._stats import RunCounters, report
 from zephon_torch._token_stage import doc_ops, pad_id, resolve
@@ -155,7 +161,7 @@ class Pipeline:
         *,
         tokenizer: Any = None,
         field: str = "text",
-        parallelism: int = 2,
+        parallelism: int | None = None,
         runner: RunnerKind = "threads",
         special_tokens: SpecialTokens = "eos",
         bos_token: str | None = None,
@@ -163,14 +169,16 @@ class Pipeline:
     ) -> Pipeline:
         """Tokenize ``field`` with a hub id, a local directory or file, or a tokenizer object.
 
-        ``parallelism`` and ``runner`` are performance knobs: they never change the data.
+        ``parallelism`` (default: twice the CPU count, at most 32; the workers mostly wait in
+        the tokenizer's native code) and ``runner`` are performance knobs: they never change
+        the data.
         """
         self._check_before_tokenize("tokenize")
         spec = TokenizeSpec(
             tokenizer_id=None if tokenizer_id is None else str(tokenizer_id),
             tokenizer=tokenizer,
             field=field,
-            parallelism=parallelism,
+            parallelism=default_parallelism() if parallelism is None else parallelism,
             runner=runner,
             special_tokens=special_tokens,
             bos_token=bos_token,
@@ -187,7 +195,7 @@ class Pipeline:
         tokenizer: Any = None,
         field: str = "messages",
         chat_template: str | ChatTemplate = "chatml",
-        parallelism: int = 2,
+        parallelism: int | None = None,
         runner: RunnerKind = "threads",
     ) -> Pipeline:
         """Tokenize conversations (``[{"role", "content"}, ...]`` in ``field``) with a chat
@@ -210,13 +218,16 @@ class Pipeline:
         field: str = "input_ids",
         *,
         eos_token_id: int | None = None,
-        parallelism: int = 1,
+        parallelism: int | None = None,
         runner: RunnerKind = "threads",
     ) -> Pipeline:
         """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set."""
         self._check_before_tokenize("pretokenized")
         spec = PretokenizedSpec(
-            field=field, eos_token_id=eos_token_id, parallelism=parallelism, runner=runner
+            field=field,
+            eos_token_id=eos_token_id,
+            parallelism=default_parallelism() if parallelism is None else parallelism,
+            runner=runner,
         )
         return self._with(_pretokenized=spec)
 

@@ -69,6 +69,7 @@ class DocumentReader(BaseNode[Document]):
         self._next: tuple[int, int] = (0, 0)  # next document to return
         self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
         self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
+        self._submitted = 0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start at the beginning, or at the saved stream position."""
@@ -77,6 +78,7 @@ class DocumentReader(BaseNode[Document]):
             future.cancel()
         self._futures.clear()
         self._buffer.clear()
+        self._submitted = 0
         start = (0, 0) if initial_state is None else (initial_state["pass"], initial_state["pos"])
         self._next = start
         self._cursor = self._normalise(start)
@@ -133,7 +135,10 @@ class DocumentReader(BaseNode[Document]):
     def _top_up(self) -> None:
         while self._cursor is not None and len(self._futures) < self.ahead:
             pass_index, pos = self._cursor
-            count = min(self.chunk_docs, self._lane_rows - pos)
+            # the first chunk is small (a fast first batch), later ones larger (fewer calls)
+            size = self.chunk_docs if self._submitted == 0 else self.chunk_docs * 4
+            self._submitted += 1
+            count = min(size, self._lane_rows - pos)
             pointers = self.layout.pointers(
                 pass_index=pass_index,
                 lane=self.lane,
