@@ -23,8 +23,8 @@ from zephon_torch.io.formats import (
     indexed_format,
 )
 
-_GLOB_CHARS = frozenset("*?[")
-_SKIPPED_PREFIXES = (".", "_")
+GLOB_CHARS = frozenset("*?[")
+SKIPPED_PREFIXES = (".", "_")
 
 
 def find_files(
@@ -56,7 +56,7 @@ def find_files(
         files, where = [os.path.abspath(text)], "file"
     elif os.path.isdir(text):
         files, where = _walk(text, exclude), "directory"
-    elif _GLOB_CHARS.intersection(text):
+    elif GLOB_CHARS.intersection(text):
         files, where = _glob(text, exclude), "glob"
     else:
         raise ConfigError(f"no files found at {text!r}: the path does not exist")
@@ -101,13 +101,13 @@ def _walk(directory: str, exclude: str | None) -> list[str]:
         folders[:] = [
             folder
             for folder in folders
-            if not folder.startswith(_SKIPPED_PREFIXES)
+            if not folder.startswith(SKIPPED_PREFIXES)
             and os.path.realpath(os.path.join(root, folder)) != skipped
         ]
         files.extend(
             os.path.abspath(os.path.join(root, name))
             for name in names
-            if not name.startswith(_SKIPPED_PREFIXES)
+            if not name.startswith(SKIPPED_PREFIXES)
         )
     return sorted(files)
 
@@ -133,6 +133,16 @@ def _detect(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:
             f"{text!r} holds {len(nested)} MDS/LitData datasets in subfolders, e.g. "
             f"{nested[0]!r}; make one Dataset per folder"
         )
+    return detect_files(text, where, files)
+
+
+def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:
+    """Decides the one format of `files` (found at `text`, a "file", "directory" or "glob")
+    from their name endings, dropping files whose ending means no format.
+
+    Raises:
+        ConfigError: when no file has a known ending, or the files mix formats.
+    """
     by_format: dict[str, list[str]] = {}
     for file in files:
         detected = detect_format(file)

@@ -12,15 +12,16 @@ import hashlib
 import json
 import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from zephon_torch.errors import ConfigError, DataError
-from zephon_torch.io._discover import find_files
+from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._projection import Projection
+from zephon_torch.io._remote import IoOptions, RemoteReader, is_remote, list_remote
 from zephon_torch.io._rows import Rows, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader
 from zephon_torch.io.memory import MemoryReader, rows_of
@@ -33,7 +34,8 @@ class Shard:
     """One file of a dataset (or one slice of an in-memory table).
 
     Args:
-        path: the absolute local path, or `memory://<dataset>/<i>` for in-memory shards.
+        path: the absolute local path, the URL of a remote shard, or `memory://<dataset>/<i>`
+            for in-memory shards.
         num_rows: the number of rows; always positive.
     """
 
@@ -100,8 +102,16 @@ class Dataset:
         columns: Sequence[str] | None = None,
         token_columns: Sequence[str] | None = None,
         index_cache_dir: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        io_options: Mapping[str, Any] | IoOptions | None = None,
     ) -> Dataset:
-        """Opens the files at a local path as one dataset, one shard per file.
+        """Opens the files at a local path or URL as one dataset, one shard per file.
+
+        Remote URLs (`s3://`, `gs://`, `az://`, `memory://`, any fsspec protocol) are listed
+        once; each shard is downloaded whole into the node-local shard cache when first read
+        (or prefetched, see `prefetch`) and then read like a local file. Shards are keyed by
+        URL, size and etag/mtime, so a changed object is downloaded again. `hf://org/name[/config]/split`
+        reads a Hugging Face dataset's data files through `huggingface_hub` and its cache.
 
         Args:
             name: the dataset name.
@@ -122,6 +132,12 @@ class Dataset:
                 `TokensLoader` ("input_ids") and `.npy` ("input_ids") columns are arrays anyway.
             index_cache_dir: where JSONL line indexes are cached; defaults to
                 `$ZEPHON_TORCH_CACHE/index`, else `~/.cache/zephon_torch/index`.
+            storage_options: passed to the fsspec file system of a remote URL (credentials,
+                `client_kwargs={"endpoint_url": ...}`, ...).
+            io_options: `{"cache": {"dir", "max_bytes", "prefetch_bytes",
+                "prefetch_threads"}, "retry": {"attempts", "initial_delay", "max_delay",
+                "timeout"}}` (see `CacheOptions`, `RetryPolicy`); unknown keys are refused.
+                Only remote URLs use them.
 
         Returns:
             The dataset, with row counts read from Parquet and Vortex footers, `.npy` headers,
@@ -132,12 +148,29 @@ class Dataset:
                 directory mixing formats, or bad `columns`/`token_columns`.
             DataError: for a file that is not of its format or has no rows, or a shard
                 lacking a requested column.
-            ImportError: for .zst files when `zstandard` is not installed.
+            ImportError: for .zst files when `zstandard` is not installed, or a URL whose
+                fsspec or huggingface_hub package is missing.
+            StorageError: when remote storage fails after the retries, naming the URL.
         """
         _check_name(name)
         projection = Projection.of(columns, token_columns)
+        options = IoOptions.of(io_options)
         cache_dir = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
-        detected, found = find_files(path, format_=format, exclude=cache_dir)
+        text = os.fspath(path)
+        if is_remote(text):
+            return cls._from_remote(
+                name, text, format, projection, cache_dir, storage_options or {}, options
+            )
+        if text.startswith("hf://"):
+            from zephon_torch.io._hf import resolve_hf
+
+            where, local_files = resolve_hf(text)
+            if format is None:
+                detected, found = detect_files(text, where, local_files)
+            else:
+                detected, found = format, local_files
+        else:
+            detected, found = find_files(text, format_=format, exclude=cache_dir)
         reader, files = open_reader(
             detected, found, dataset=name, index_cache_dir=cache_dir, projection=projection
         )
@@ -145,6 +178,40 @@ class Dataset:
         shards = [
             Shard(path=file, num_rows=count) for file, count in zip(files, counts, strict=True)
         ]
+        return cls(name=name, format=detected, shards=shards, reader=reader)
+
+    @classmethod
+    def _from_remote(
+        cls,
+        name: str,
+        url: str,
+        format_: str | None,
+        projection: Projection,
+        index_cache_dir: str,
+        storage_options: Mapping[str, Any],
+        options: IoOptions,
+    ) -> Dataset:
+        detected, objects = list_remote(
+            url, format_=format_, storage_options=storage_options, retry=options.retry
+        )
+        if detected in ("npy", "litdata", "mds"):
+            raise ConfigError(
+                f"format {detected!r} is not read from remote storage yet; copy {url!r} to "
+                "local disk"
+            )
+        reader = RemoteReader(
+            dataset=name,
+            format_=detected,
+            url=url,
+            objects=objects,
+            storage_options=storage_options,
+            options=options,
+            index_cache_dir=index_cache_dir,
+            projection=projection,
+        )
+        urls = reader.shard_urls
+        counts = _count_rows(reader, urls)
+        shards = [Shard(path=u, num_rows=n) for u, n in zip(urls, counts, strict=True)]
         return cls(name=name, format=detected, shards=shards, reader=reader)
 
     @classmethod
@@ -208,6 +275,21 @@ class Dataset:
         positions = as_row_array(rows)
         check_in_range(positions, entry.num_rows, dataset=self.name, shard=entry.path)
         return self._reader.read(entry.path, positions)
+
+    def prefetch(self, shards: Iterable[int]) -> None:
+        """Starts downloading these shards into the node-local cache; returns at once.
+
+        Give the shards the pointer streams will read next, soonest first. Background
+        threads download them (bounded by the cache's `prefetch_bytes`; requests beyond are
+        dropped, and the read then downloads the shard itself), so a later `read_rows` finds
+        them cached. A no-op for local and in-memory datasets. Errors surface at the read.
+
+        Raises:
+            DataError: for a shard number out of range.
+        """
+        paths = [self._shard(shard).path for shard in shards]
+        if isinstance(self._reader, RemoteReader):
+            self._reader.prefetch(paths)
 
     def fingerprint(self) -> dict[str, Any]:
         """Returns a JSON-able summary that changes when the shard list or a row count does.

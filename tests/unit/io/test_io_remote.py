@@ -1,0 +1,143 @@
+"""Remote datasets over fsspec (memory://): listing, row counts, reads through the cache."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon_torch.errors import ConfigError, DataError, StorageError
+from zephon_torch.io import Dataset
+from zephon_torch.io._retry import RetryPolicy, call_with_retry
+
+
+def _put_jsonl(fs: Any, path: str, rows: list[dict[str, Any]]) -> None:
+    fs.pipe(path, "".join(json.dumps(row) + "\n" for row in rows).encode())
+
+
+def _root() -> str:
+    return f"/zt-{uuid.uuid4().hex[:8]}"
+
+
+def _options(tmp_path: Path, max_bytes: int = 1 << 20) -> dict[str, Any]:
+    return {
+        "cache": {"dir": str(tmp_path / "cache"), "max_bytes": max_bytes},
+        "retry": {"attempts": 2, "initial_delay": 0.01},
+    }
+
+
+def test_a_memory_url_reads_the_same_rows_as_the_local_copy(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    local = tmp_path / "local"
+    local.mkdir()
+    for number in range(3):
+        rows = [{"text": f"doc {number}-{i}", "n": i} for i in range(5 + number)]
+        _put_jsonl(fs, f"{root}/part-{number}.jsonl", rows)
+        (local / f"part-{number}.jsonl").write_bytes(fs.cat(f"{root}/part-{number}.jsonl"))
+    fs.pipe(f"{root}/_SUCCESS", b"")
+    remote = Dataset.from_path(
+        "r", f"memory://{root}/", io_options=_options(tmp_path), index_cache_dir=str(tmp_path)
+    )
+    plain = Dataset.from_path("r", local, index_cache_dir=str(tmp_path / "i2"))
+    assert remote.format == "jsonl"
+    assert [s.num_rows for s in remote.shards] == [s.num_rows for s in plain.shards]
+    assert remote.fingerprint() == plain.fingerprint()
+    for shard in range(3):
+        rows = list(range(remote.shards[shard].num_rows))[::-1]
+        assert remote.read_rows(shard, rows) == plain.read_rows(shard, rows)
+    copy = pickle.loads(pickle.dumps(remote))
+    assert copy.read_rows(1, [0, 2]) == plain.read_rows(1, [0, 2])
+    assert len(pickle.dumps(remote)) < 4000
+
+
+def test_parquet_rows_are_counted_from_the_footer_without_a_download(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    table = pa.table({"text": [f"t{i}" for i in range(40)], "n": list(range(40))})
+    with fs.open(f"{root}/a.parquet", "wb") as handle:
+        pq.write_table(table, handle, row_group_size=16)
+    dataset = Dataset.from_path("p", f"memory://{root}/*.parquet", io_options=_options(tmp_path))
+    assert dataset.num_rows == 40
+    assert not (tmp_path / "cache").exists()
+    assert dataset.read_rows(0, [39, 0]) == [{"text": "t39", "n": 39}, {"text": "t0", "n": 0}]
+
+
+def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(2):
+        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
+            pq.write_table(pa.table({"n": [number] * 10}), handle)
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    dataset.prefetch([1, 0])
+    deadline = time.monotonic() + 10
+    cached: list[Path] = []
+    while time.monotonic() < deadline and len(cached) < 2:
+        cached = [p for p in (tmp_path / "cache").glob("*") if not p.name.startswith(".")]
+        time.sleep(0.01)
+    assert len(cached) == 2
+    assert dataset.read_rows(1, [3]) == [{"n": 1}]
+
+
+def test_a_truncated_shard_raises_a_data_error_naming_the_url(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    with fs.open(f"{root}/a.parquet", "wb") as handle:
+        pq.write_table(pa.table({"n": list(range(100))}), handle)
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    fs.pipe(f"{root}/b.parquet", b"PAR1 not really")
+    with pytest.raises(DataError, match=r"b\.parquet"):
+        Dataset.from_path("p", f"memory://{root}/b.parquet", io_options=_options(tmp_path))
+    assert dataset.num_rows == 100
+
+
+def test_a_missing_url_and_bad_options_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        Dataset.from_path("m", f"memory://{_root()}/none", io_options=_options(tmp_path))
+    with pytest.raises(ConfigError, match="unknown keys"):
+        Dataset.from_path("m", "memory:///x", io_options={"cache": {"max_byte": 1}})
+    with pytest.raises(ConfigError, match="attempts"):
+        Dataset.from_path("m", "memory:///x", io_options={"retry": {"attempts": 0}})
+
+
+def test_a_shard_larger_than_the_cache_is_an_error_naming_it(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_jsonl(fs, f"{root}/big.jsonl", [{"text": "x" * 100}] * 10)
+    with pytest.raises(ConfigError, match=r"big\.jsonl"):
+        Dataset.from_path("b", f"memory://{root}", io_options=_options(tmp_path, 100))
+
+
+def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset")
+        return "ok"
+
+    policy = RetryPolicy(attempts=3, initial_delay=0.001)
+    assert call_with_retry(flaky, url="s3://b/k", policy=policy) == "ok"
+
+    def broken() -> None:
+        raise TimeoutError("slow")
+
+    with pytest.raises(StorageError, match=r"s3://b/k.*2 attempt") as caught:
+        call_with_retry(broken, url="s3://b/k", policy=RetryPolicy(attempts=2, initial_delay=0))
+    assert caught.value.url == "s3://b/k"
+    with pytest.raises(FileNotFoundError):
+        call_with_retry(
+            lambda: (_ for _ in ()).throw(FileNotFoundError("gone")),
+            url="s3://b/k",
+            policy=policy,
+        )

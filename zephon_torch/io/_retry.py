@@ -1,0 +1,98 @@
+"""Retries of transient storage errors with capped exponential backoff, then a StorageError.
+
+Object stores fail transiently (throttling, dropped connections, a restarting endpoint); one
+such failure must not end a training run, and a dead endpoint must not hang it either. So every
+remote call gets a bounded number of attempts and a bounded total time, and then raises one
+`StorageError` naming the URL and the last cause. Errors that cannot heal by waiting (a missing
+object, a denied permission, a bad setting) are raised at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from zephon_torch.errors import ConfigError, StorageError, ZephonError
+
+T = TypeVar("T")
+
+_PERMANENT: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ImportError,
+    TypeError,
+    ZephonError,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How often and how long a failing storage call is retried.
+
+    Args:
+        attempts: the most calls in all, the first included; at least 1.
+        initial_delay: seconds slept after the first failure; doubled after each further one.
+        max_delay: the longest single sleep, in seconds.
+        timeout: the longest total time, in seconds, spent on one call and its retries; no
+            retry starts after it.
+    """
+
+    attempts: int = 6
+    initial_delay: float = 0.5
+    max_delay: float = 8.0
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise ConfigError(f"retry `attempts` must be an int, got {self.attempts!r}")
+        if self.attempts < 1:
+            raise ConfigError(f"retry `attempts` must be at least 1, got {self.attempts}")
+        for field in ("initial_delay", "max_delay", "timeout"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"retry `{field}` must be a number >= 0, got {value!r}")
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether waiting and trying again may cure `error`."""
+    return isinstance(error, Exception) and not isinstance(error, _PERMANENT)
+
+
+def call_with_retry(
+    call: Callable[[], T], *, url: str, policy: RetryPolicy, what: str = "storage call"
+) -> T:
+    """Returns `call()`, retrying transient errors under `policy`.
+
+    Args:
+        call: the storage operation.
+        url: the object it concerns, named in the error.
+        policy: the retry bounds.
+        what: a few words on the operation ("download", "listing"), for the message.
+
+    Raises:
+        StorageError: when the attempts or the time run out, naming `url` and the last error.
+        Exception: a permanent error (missing object, denied access), unchanged.
+    """
+    start = time.monotonic()
+    delay = policy.initial_delay
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return call()
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            elapsed = time.monotonic() - start
+            if attempt >= policy.attempts or elapsed + delay > policy.timeout:
+                raise StorageError(
+                    f"{what} failed after {attempt} attempt(s) in {elapsed:.1f} s: "
+                    f"{type(error).__name__}: {error}",
+                    url=url,
+                ) from error
+        time.sleep(delay)
+        delay = min(delay * 2, policy.max_delay)

@@ -1,0 +1,304 @@
+"""The node-local shard cache: remote shards downloaded whole, then read by the local readers.
+
+A shard is downloaded once per node into `dir`, under a name derived from its URL, size and
+version (etag or mtime), so a changed remote object gets a new file and the stale one ages out.
+Downloads go to a temporary file that is renamed into place (`os.replace`): no reader ever sees
+a partial shard. Processes and ranks of one node share the folder safely through `flock` locks:
+one lock per shard name, so a shard is fetched once however many ask, and one folder lock for
+the space bookkeeping. Before a download, space is reserved (a marker file naming the process
+and the size) and least recently used shards are evicted until files plus reservations fit in
+`max_bytes`. A shard that a process is reading holds a shared lock on its file, and eviction
+skips any file it cannot lock exclusively, so a shard in use is never deleted under a reader.
+Linux keeps an evicted file's data alive for readers that still map it, so readers' own
+in-memory caches stay valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from zephon_torch.errors import ConfigError, StorageError
+
+_TMP = ".tmp"
+_RESERVE = ".reserve"
+_LOCKS = ".locks"
+_FOLDER_LOCK = ".lock"
+_FULL_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class CachedObject:
+    """A remote object as the cache knows it.
+
+    Args:
+        url: the object's URL, named in errors.
+        size: its size in bytes.
+        version: what changes when the object does (an etag, a modification time).
+    """
+
+    url: str
+    size: int
+    version: str
+
+    @property
+    def name(self) -> str:
+        """The file name in the cache: a digest of url, size and version, then the basename.
+
+        The basename keeps the extension, which readers use to tell compression apart.
+        """
+        key = f"{self.url}\0{self.size}\0{self.version}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        base = self.url.rstrip("/").rsplit("/", 1)[-1] or "shard"
+        return f"{digest}-{base}"
+
+
+class ShardCache:
+    """A size-bounded, LRU-evicted, multi-process-safe folder of downloaded shards.
+
+    Args:
+        directory: the cache folder; created when missing; may be shared by processes.
+        max_bytes: the most bytes of shards (and reserved downloads) held at once.
+        full_timeout: how long, in seconds, a download waits for space held by shards in use
+            before raising StorageError.
+    """
+
+    def __init__(self, directory: str, max_bytes: int, *, full_timeout: float = 120.0) -> None:
+        self.directory = os.path.abspath(os.path.expanduser(directory))
+        self.max_bytes = max_bytes
+        self.full_timeout = full_timeout
+        for sub in (_TMP, _RESERVE, _LOCKS):
+            os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+        self._lock = threading.Lock()
+        self._pins: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
+
+    def path(self, item: CachedObject) -> str:
+        """The local path `item` has once cached."""
+        return os.path.join(self.directory, item.name)
+
+    @contextlib.contextmanager
+    def open(self, item: CachedObject, download: Callable[[str], None]) -> Iterator[str]:
+        """Yields the local path of `item`, downloading it first when not cached.
+
+        The file is pinned (never evicted, by any process) until the block ends.
+
+        Args:
+            item: the remote object.
+            download: writes the whole object to the path it is given (a temporary file).
+
+        Raises:
+            ConfigError: when the object alone is larger than `max_bytes`.
+            StorageError: from `download`, or when space stays held by shards in use.
+        """
+        path = self.ensure(item, download, pin=True)
+        try:
+            yield path
+        finally:
+            self._unpin(item.name)
+
+    def ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
+        """Makes sure `item` is cached and returns its path; pins it when `pin` (see `open`)."""
+        if item.size > self.max_bytes:
+            raise ConfigError(
+                f"cache `max_bytes` is {self.max_bytes}, smaller than the shard {item.url!r} "
+                f"({item.size} bytes): raise the limit"
+            )
+        if self._pin_existing(item.name):
+            return self._finish(item, pin)
+        with _flock(os.path.join(self.directory, _LOCKS, f"{item.name}.lock"), fcntl.LOCK_EX):
+            if self._pin_existing(item.name):
+                return self._finish(item, pin)
+            reservation = self._reserve(item)
+            try:
+                temp = os.path.join(
+                    self.directory, _TMP, f"{item.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+                )
+                try:
+                    download(temp)
+                    got = os.path.getsize(temp)
+                    if got != item.size:
+                        raise StorageError(
+                            f"downloaded {got} bytes, expected {item.size}", url=item.url
+                        )
+                    # Pinned before it becomes visible, so no evicter can take it in between.
+                    fd = os.open(temp, os.O_RDONLY)
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                    os.replace(temp, self.path(item))
+                    self._add_pin(item.name, fd)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(temp)
+            finally:
+                with _flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
+                    os.unlink(reservation)
+        return self._finish(item, pin)
+
+    def used_bytes(self) -> int:
+        """Bytes held by cached shards (reservations not counted)."""
+        return sum(size for _, size, _ in self._entries())
+
+    def _finish(self, item: CachedObject, pin: bool) -> str:
+        path = self.path(item)
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the LRU clock, shared by every process
+        if not pin:
+            self._unpin(item.name)
+        return path
+
+    @property
+    def _folder_lock(self) -> str:
+        return os.path.join(self.directory, _FOLDER_LOCK)
+
+    def _pin_existing(self, name: str) -> bool:
+        """Pins the cached file `name` if it exists; False when it does not."""
+        with self._lock:
+            held = self._pins.get(name)
+            if held is not None:
+                self._pins[name] = (held[0], held[1] + 1)
+                return True
+            path = os.path.join(self.directory, name)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return False
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            # An evicter may have unlinked it between our open and our lock.
+            try:
+                alive = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                alive = False
+            if not alive:
+                os.close(fd)
+                return False
+            self._pins[name] = (fd, 1)
+            return True
+
+    def _add_pin(self, name: str, fd: int) -> None:
+        with self._lock:
+            held = self._pins.get(name)
+            if held is None:
+                self._pins[name] = (fd, 1)
+            else:
+                self._pins[name] = (held[0], held[1] + 1)
+                os.close(fd)
+
+    def _unpin(self, name: str) -> None:
+        with self._lock:
+            fd, count = self._pins[name]
+            if count > 1:
+                self._pins[name] = (fd, count - 1)
+            else:
+                del self._pins[name]
+                os.close(fd)
+
+    def _reserve(self, item: CachedObject) -> str:
+        """Evicts until `item` fits, then records a reservation; returns its marker file."""
+        deadline = time.monotonic() + self.full_timeout
+        while True:
+            with _flock(self._folder_lock, fcntl.LOCK_EX):
+                if self._evict_for(item.size):
+                    marker = os.path.join(
+                        self.directory, _RESERVE, f"{os.getpid()}-{item.size}-{item.name}"
+                    )
+                    with open(marker, "w"):
+                        pass
+                    return marker
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"the shard cache {self.directory!r} (max_bytes={self.max_bytes}) stayed "
+                    f"full of shards in use for {self.full_timeout:.0f} s; raise `max_bytes`",
+                    url=item.url,
+                )
+            time.sleep(_FULL_POLL_S)
+
+    def _evict_for(self, size: int) -> bool:
+        """Under the folder lock: evicts LRU unpinned shards until `size` more bytes fit."""
+        used = self._reserved_bytes()
+        entries = sorted(self._entries(), key=lambda entry: entry[2])
+        used += sum(entry_size for _, entry_size, _ in entries)
+        for path, entry_size, _ in entries:
+            if used + size <= self.max_bytes:
+                break
+            if _try_delete(path):
+                used -= entry_size
+        return used + size <= self.max_bytes
+
+    def _entries(self) -> list[tuple[str, int, float]]:
+        found = []
+        with os.scandir(self.directory) as listing:
+            for entry in listing:
+                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                found.append((entry.path, stat.st_size, stat.st_mtime))
+        return found
+
+    def _reserved_bytes(self) -> int:
+        total = 0
+        folder = os.path.join(self.directory, _RESERVE)
+        for name in os.listdir(folder):
+            pid, size, _ = [*name.split("-", 2), "", ""][:3]
+            if not pid.isdigit() or not size.isdigit() or not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))  # left by a dead process
+                continue
+            total += int(size)
+        self._sweep_temp()
+        return total
+
+    def _sweep_temp(self) -> None:
+        folder = os.path.join(self.directory, _TMP)
+        for name in os.listdir(folder):
+            pid = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as error:
+        return error.errno == errno.EPERM
+    return True
+
+
+def _try_delete(path: str) -> bool:
+    """Deletes `path` unless some process holds a lock on it (is reading it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+    return True
+
+
+@contextlib.contextmanager
+def _flock(path: str, mode: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)
