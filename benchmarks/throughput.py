@@ -280,11 +280,16 @@ def run_phase(
         sys.executable,
         os.path.abspath(__file__),
         *("--phase", phase, "--corpus-root", str(root), "--tokenizer", tok_path),
-        *("--lanes", str(args.lanes), "--parallelism", str(args.parallelism)),
+        *("--lanes", str(args.lanes)),
         *("--max-length", str(args.max_length), "--microbatch-size", str(args.microbatch_size)),
         *("--raw-chunk-docs", str(args.raw_chunk_docs)),
     ]
-    for flag, value in (("--read-ahead", args.read_ahead), ("--prefetch", args.prefetch)):
+    knobs = (
+        ("--parallelism", args.parallelism),
+        ("--read-ahead", args.read_ahead),
+        ("--prefetch", args.prefetch),
+    )
+    for flag, value in knobs:
         if value is not None:
             cmd += [flag, str(value)]
     if args.eos_token is not None:
@@ -352,7 +357,7 @@ def summarise(
         ("tokens raw / pipeline", f"{raw[0]['tokens']:,} / {pipe[0]['tokens']:,} (+1 EOS a doc)"),
         (
             "settings",
-            f"lanes {args.lanes}, parallelism {args.parallelism}, batch "
+            f"lanes {args.lanes}, parallelism {args.parallelism or 'default'}, batch "
             f"{args.microbatch_size}x{args.max_length} wrap, "
             f"read_ahead {_or_default(args.read_ahead)}, prefetch {_or_default(args.prefetch)}, "
             f"{os.cpu_count()} cores",
@@ -407,7 +412,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokenizer", help="a tokenizer.json to use instead of training one")
     p.add_argument("--eos-token", help="EOS token name, if the tokenizer's is not guessed")
     p.add_argument("--lanes", type=int, default=8, help="canonical_replicas (L)")
-    p.add_argument("--parallelism", type=int, default=2, help="tokenize worker threads")
+    p.add_argument(
+        "--parallelism", type=int, default=None, help="tokenize workers (default: the library's)"
+    )
     p.add_argument("--read-ahead", type=int, help="chunks in flight per reader (library default)")
     p.add_argument("--prefetch", type=int, help="micro-batches prefetched (library default)")
     p.add_argument("--max-length", type=int, default=2048)

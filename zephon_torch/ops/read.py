@@ -136,7 +136,7 @@ class DocumentReader(BaseNode[Document]):
         while self._cursor is not None and len(self._futures) < self.ahead:
             pass_index, pos = self._cursor
             # the first chunk is small (a fast first batch), later ones larger (fewer calls)
-            size = self.chunk_docs if self._submitted == 0 else self.chunk_docs * 4
+            size = self.chunk_docs if self._submitted == 0 else self.chunk_docs * 8
             self._submitted += 1
             count = min(size, self._lane_rows - pos)
             pointers = self.layout.pointers(
