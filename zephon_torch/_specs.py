@@ -24,7 +24,6 @@ class Options:
     rank: int | None = None
     prefetch: int = 8
     read_ahead: int = 4
-    io_options: dict[str, Any] | None = None
     stats_every: int = 0
     on_stats: Callable[[dict[str, Any]], None] | None = None
 

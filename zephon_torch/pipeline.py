@@ -105,7 +105,6 @@ class Pipeline:
         rank: int | None = None,
         prefetch: int | None = None,
         read_ahead: int | None = None,
-        io_options: dict[str, Any] | None = None,
         stats_every: int | None = None,
         on_stats: Callable[[dict[str, Any]], None] | None = None,
     ) -> Pipeline:
@@ -118,7 +117,6 @@ class Pipeline:
             rank: this rank, in ``[0, W)``; default as for ``world_size``.
             prefetch: micro-batches computed ahead on a background thread (0: inline).
             read_ahead: chunks of documents each reader keeps in flight.
-            io_options: storage options (cache, prefetch), passed to the io layer.
             stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches.
             on_stats: the periodic stats hook (e.g. a logger).
         """
@@ -128,7 +126,6 @@ class Pipeline:
             "rank": rank,
             "prefetch": prefetch,
             "read_ahead": read_ahead,
-            "io_options": io_options,
             "stats_every": stats_every,
             "on_stats": on_stats,
         }

@@ -170,3 +170,39 @@ def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
     assert time.monotonic() - start < 30
     assert caught.value.url == "s3://bucket/dying/part-001.parquet"
     assert remote.read_rows(0, [1])[0]["id"] == 1  # cached shards still read
+
+
+def test_a_pipeline_over_s3_gives_the_batches_of_the_local_copy_and_prefetches(
+    s3_server: tuple[str, Any], tmp_path: Path, tokenizer: Any
+) -> None:
+    from tests.helpers import keys
+    from zephon_torch import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+    endpoint, _ = s3_server
+    _write_corpus(tmp_path / "local", "jsonl", shards=6, rows=30)
+    _upload(endpoint, tmp_path / "local", "bucket", "corpus")
+    cache = tmp_path / "cache"
+    remote = Dataset.from_path(
+        "c",
+        "s3://bucket/corpus/",
+        storage_options=_storage(endpoint),
+        io_options={"cache": {"dir": str(cache)}},
+    )
+    local = Dataset.from_path("c", tmp_path / "local", index_cache_dir=str(tmp_path / "idx"))
+
+    def build(dataset: Dataset) -> Pipeline:
+        source = StaticMixtureWorkSource(
+            [dataset], seed=4, token_estimation=TokenEstimation(), shuffle_window_shards=2
+        )
+        return (
+            Pipeline(source)
+            .options(canonical_replicas=2)
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(64)
+            .batch(2)
+        )
+
+    assert keys(build(remote)) == keys(build(local))
+    cached = [p for p in cache.rglob("*.jsonl")]
+    assert len(cached) == 6

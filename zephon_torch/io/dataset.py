@@ -276,6 +276,11 @@ class Dataset:
         check_in_range(positions, entry.num_rows, dataset=self.name, shard=entry.path)
         return self._reader.read(entry.path, positions)
 
+    @property
+    def remote(self) -> bool:
+        """Whether shards are downloaded through the node-local cache (so prefetch helps)."""
+        return isinstance(self._reader, RemoteReader)
+
     def prefetch(self, shards: Iterable[int]) -> None:
         """Starts downloading these shards into the node-local cache; returns at once.
 
