@@ -29,20 +29,29 @@ def supported_world_sizes(*, canonical_replicas: int) -> list[int]:
     return [w for w in range(1, canonical_replicas + 1) if canonical_replicas % w == 0]
 
 
-def check_topology(*, canonical_replicas: int, world_size: int, rank: int) -> None:
-    """Raise ``ConfigError`` unless ``world_size`` divides ``canonical_replicas`` and rank fits."""
+def check_topology(
+    *,
+    canonical_replicas: int,
+    world_size: int,
+    rank: int,
+    total_name: str = "`canonical_replicas`",
+    world_name: str = "`world_size`",
+    rank_name: str = "`rank`",
+) -> None:
+    """Raise ``ConfigError`` unless ``world_size`` divides ``canonical_replicas`` (or the total
+    named ``total_name``, e.g. a global batch size) and the rank fits."""
     if canonical_replicas < 1:
-        raise ConfigError(f"`canonical_replicas` must be positive, got {canonical_replicas}")
+        raise ConfigError(f"{total_name} must be positive, got {canonical_replicas}")
     if world_size < 1:
-        raise ConfigError(f"`world_size` must be positive, got {world_size}")
+        raise ConfigError(f"{world_name} must be positive, got {world_size}")
     if canonical_replicas % world_size:
         supported = supported_world_sizes(canonical_replicas=canonical_replicas)
         raise ConfigError(
-            f"`world_size` {world_size} does not divide `canonical_replicas` "
+            f"{world_name} {world_size} does not divide {total_name} "
             f"{canonical_replicas}; supported world sizes: {supported}"
         )
     if not 0 <= rank < world_size:
-        raise ConfigError(f"`rank` must be in [0, {world_size}), got {rank}")
+        raise ConfigError(f"{rank_name} must be in [0, {world_size}), got {rank}")
 
 
 def lanes_for_rank(*, canonical_replicas: int, world_size: int, rank: int) -> list[int]:
@@ -112,18 +121,14 @@ def _check_split(
     world_name: str = "`world_size`",
     rank_name: str = "`rank`",
 ) -> None:
-    if global_batch_size < 1:
-        raise ConfigError(f"`global_batch_size` must be positive, got {global_batch_size}")
-    if world_size < 1:
-        raise ConfigError(f"{world_name} must be positive, got {world_size}")
-    if global_batch_size % world_size:
-        supported = supported_world_sizes(canonical_replicas=global_batch_size)
-        raise ConfigError(
-            f"{world_name} {world_size} does not divide `global_batch_size` {global_batch_size}; "
-            f"supported world sizes: {supported}"
-        )
-    if not 0 <= rank < world_size:
-        raise ConfigError(f"{rank_name} must be in [0, {world_size}), got {rank}")
+    check_topology(
+        canonical_replicas=global_batch_size,
+        world_size=world_size,
+        rank=rank,
+        total_name="`global_batch_size`",
+        world_name=world_name,
+        rank_name=rank_name,
+    )
 
 
 def _env_int(name: str, default: int) -> int:
