@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from zephon_torch._progress import progress
     from zephon_torch.demo import DEMO_MIXTURE, demo_pipeline, run_demo
 
     print("building the demo corpus and tokenizer (cached after the first run) ...", flush=True)
@@ -18,7 +19,15 @@ def _demo(args: argparse.Namespace) -> int:
         microbatch_size=args.microbatch_size,
         parallelism=args.parallelism,
     )
-    report = run_demo(pipeline, steps=args.steps)
+    with progress(args.steps, "demo steps") as bar:
+        if bar.active:  # the hook costs a stats() call: only when someone watches
+            lanes = len(pipeline.lanes)
+            pipeline = pipeline.options(
+                stats_every=lanes * max(1, args.steps // 100),
+                on_stats=lambda stats: bar.set(stats["batches"] // lanes),
+            )
+        report = run_demo(pipeline, steps=args.steps)
+        bar.set(report.steps)
     print(f"lanes (canonical_replicas): {args.lanes}, global steps: {report.steps}")
     print(f"first batch input_ids shape: {list(report.first_batch_shape)}")
     print("delivered token shares (target):")
@@ -36,26 +45,59 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from zephon_torch.verify import load_recipe, table, verify
+    from zephon_torch.verify import Run, compare, load_recipe, table, verify
 
     build = load_recipe(args.recipe)
     sizes = [int(w) for w in args.world_sizes.split(",")] if args.world_sizes else None
     workers = tuple(int(n) for n in args.workers.split(",")) if args.workers else ()
-    runs = verify(
-        build,
-        steps=args.steps,
-        world_sizes=sizes,
-        workers=workers,
-        fault_step=args.fault_step,
-        standard=not args.no_standard,
-    )
+    runs: list[Run]
+    if args.plot:
+        from zephon_torch._plot import render
+
+        steps = args.steps or (200 if args.train else 24)
+        comparison = compare(
+            build,
+            steps=steps,
+            fault_step=args.fault_step or steps // 2,
+            world_sizes=sizes,
+            train=args.train,
+        )
+        if comparison.note:
+            print(f"note: {comparison.note}")
+        runs = comparison.runs
+        render(comparison, args.plot, title=f"zephon-torch verify {args.recipe}")
+    else:
+        runs = verify(
+            build,
+            steps=args.steps or 8,
+            world_sizes=sizes,
+            workers=workers,
+            fault_step=args.fault_step or 3,
+            standard=not args.no_standard,
+        )
     print(table(runs))
     zephon = [r for r in runs if r.zephon]
     identical = all(r.hashes == zephon[0].hashes for r in zephon)
     print(
         f"\nverdict: zephon_torch {'IDENTICAL' if identical else 'DIVERGES'} across configurations"
     )
+    if args.plot:
+        print(f"picture: {args.plot}")
     return 0 if identical else 1
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from zephon_torch._inspect import run_inspect
+
+    return run_inspect(
+        args.path, format_=args.format, rows=args.rows, index_cache_dir=args.index_cache_dir
+    )
+
+
+def _index(args: argparse.Namespace) -> int:
+    from zephon_torch._inspect import run_index
+
+    return run_index(args.path, format_=args.format, index_cache_dir=args.index_cache_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,18 +118,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify", help="check identical global batches across configurations"
     )
     check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
-    check.add_argument("--steps", type=int, default=8)
     check.add_argument(
-        "--world-sizes", default=None, help="comma list (default: divisors of L up to 64)"
+        "--steps", type=int, default=None, help="default: 8 (24 with --plot, 200 with --train)"
+    )
+    check.add_argument(
+        "--world-sizes",
+        default=None,
+        help="comma list (default: divisors of L up to 64; with --plot: reference first, "
+        "default 16,8,32,64)",
     )
     check.add_argument(
         "--workers", default="2", help="DataLoader worker counts to add (comma list)"
     )
-    check.add_argument("--fault-step", type=int, default=3, help="save here, resume on another W")
+    check.add_argument(
+        "--fault-step",
+        type=int,
+        default=None,
+        help="save here, resume on another W (default: 3; with --plot: half the steps)",
+    )
     check.add_argument(
         "--no-standard", action="store_true", help="skip the standard-loader baseline"
     )
+    check.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw batch fingerprints per step: a reference, runs resumed on other W after a "
+        "fault, and the standard loader (needs matplotlib)",
+    )
+    check.add_argument(
+        "--train",
+        action="store_true",
+        help="with --plot: also the loss curves of a tiny CPU model trained on each run",
+    )
     check.set_defaults(run=_verify)
+    for name, run, summary in (
+        ("inspect", _inspect, "print a dataset's format, shards, rows, fields and first rows"),
+        ("index", _index, "build the JSONL line indexes of every shard, so later opens skip it"),
+    ):
+        command = commands.add_parser(name, help=summary)
+        command.add_argument("path", help="a file, directory, glob or fsspec URL")
+        command.add_argument("--format", default=None, help="default: detected from the files")
+        command.add_argument(
+            "--index-cache-dir", default=None, help="JSONL index cache (default: the library's)"
+        )
+        if name == "inspect":
+            command.add_argument("--rows", type=int, default=3, help="rows to preview")
+        command.set_defaults(run=run)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

@@ -1,0 +1,333 @@
+"""Pre-tokenized loading: the pipeline over stored token ids against a plain memmap read, one run.
+
+The demo corpus (stdlib code and pydoc prose) is tokenized once with the demo tokenizer and
+stored three ways under a temporary folder: (a) `.npy` int32 token files with `.offsets.npy`
+siblings, (b) MDS shards of an `ndarray:int32` column written by mosaicml-streaming's MDSWriter,
+(c) Parquet with a `list<int32>` column read with `token_columns=["input_ids"]`, once with
+pyarrow's default writer settings (dictionary pages, snappy: "parquet") and once without
+dictionary pages, zstd ("parquet_plain"). Each is read by
+`Pipeline(...).pretokenized("input_ids").pack_flat(2048, "wrap").batch(8)` to the end (one pass,
+`exhaustion="stop"`), touching every `batch.input_ids` ([8, 2048] int64). The baseline, in the
+same run, reads the same `.npy` token files through `np.load(mmap_mode="r")` and copies them,
+in order, into [8, 2048] int64 batches: no per-document work, no shuffling, no state. Token
+counts must match the baseline's (no EOS is added), else exit code 2. Target: each format at
+least 0.5 of the baseline (best of `--repeats`); a missed target still exits 0.
+
+    .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--profile npy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import importlib
+import importlib.util
+import io
+import itertools
+import json
+import os
+import pathlib
+import pstats
+import sys
+import tempfile
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from zephon_torch import Pipeline
+from zephon_torch._corpus import cache_dir, demo_corpus, demo_tokenizer
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+TARGET_RATIO = 0.5
+_SEQ = 2048
+_BATCH = 8
+_SHARDS = 8
+_MDS_SHARD_BYTES = 1 << 24
+_PARQUET_ROW_GROUP = 512
+_MISMATCH_EXIT = 2
+_KINDS = ("npy", "mds", "parquet", "parquet_plain")
+_STREAMING_PARENTS = ("streaming", "streaming.base", "streaming.base.format")
+Tokens = npt.NDArray[np.int32]
+
+
+# -- corpus ---------------------------------------------------------------------------------------
+
+
+def tokenized_corpus() -> list[Tokens]:
+    """Every demo document (code shards, then prose) as int32 token ids, no EOS.
+
+    Tokenized once; cached under `cache_dir()/bench/` keyed by the tokenizer and corpus files.
+    """
+    code_dir, prose_dir = demo_corpus()
+    tokenizer, tokenizer_path = demo_tokenizer()
+    files = [p for folder in (code_dir, prose_dir) for p in sorted(folder.glob("part-*.jsonl"))]
+    material = hashlib.sha256(tokenizer_path.read_bytes())
+    for path in files:
+        material.update(f"{path}\0{path.stat().st_size}\0{path.stat().st_mtime_ns}".encode())
+    cached = cache_dir() / "bench" / f"pretokenized-{material.hexdigest()[:12]}.npz"
+    if cached.is_file():
+        with np.load(cached) as stored:
+            tokens, offsets = stored["tokens"], stored["offsets"]
+        return [tokens[a:b] for a, b in itertools.pairwise(offsets.tolist())]
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    texts: list[str] = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            texts.extend(json.loads(line)["text"] for line in f if line.strip())
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    docs = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+    docs = [d for d in docs if d.size]
+    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum([d.size for d in docs], out=offsets[1:])
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(cached.name + ".tmp.npz")
+    np.savez(tmp, tokens=np.concatenate(docs), offsets=offsets)
+    tmp.replace(cached)
+    return docs
+
+
+def _split(docs: list[Tokens], parts: int) -> list[list[Tokens]]:
+    size = -(-len(docs) // parts)
+    return [docs[i : i + size] for i in range(0, len(docs), size)]
+
+
+def write_npy(docs: list[Tokens], folder: pathlib.Path) -> None:
+    folder.mkdir(parents=True)
+    for number, part in enumerate(_split(docs, _SHARDS)):
+        offsets = np.zeros(len(part) + 1, dtype=np.int64)
+        np.cumsum([d.size for d in part], out=offsets[1:])
+        np.save(folder / f"part-{number:03d}.npy", np.concatenate(part))
+        np.save(folder / f"part-{number:03d}.offsets.npy", offsets)
+
+
+def _mds_writer_class() -> Any:
+    # `import streaming` imports torchvision, which may not import with this torch; load only the
+    # writer module, with its parent packages stubbed out (the writer itself is unchanged).
+    for name in _STREAMING_PARENTS:
+        if name not in sys.modules:
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.submodule_search_locations is None:
+                raise SystemExit("mosaicml-streaming is not installed")
+            package = types.ModuleType(name)
+            package.__path__ = list(spec.submodule_search_locations)
+            package.__spec__ = spec
+            sys.modules[name] = package
+    return importlib.import_module("streaming.base.format.mds.writer").MDSWriter
+
+
+def write_mds(docs: list[Tokens], folder: pathlib.Path) -> None:
+    writer_class = _mds_writer_class()
+    columns = {"input_ids": "ndarray:int32"}
+    with writer_class(out=str(folder), columns=columns, size_limit=_MDS_SHARD_BYTES) as writer:
+        for doc in docs:
+            writer.write({"input_ids": doc})
+
+
+def write_parquet(
+    docs: list[Tokens], folder: pathlib.Path, *, shards: int = _SHARDS, **options: Any
+) -> None:
+    """pyarrow's defaults (dictionary pages, snappy), or `options` for `pq.write_table`."""
+    folder.mkdir(parents=True)
+    for number, part in enumerate(_split(docs, shards)):
+        offsets = np.zeros(len(part) + 1, dtype=np.int32)
+        np.cumsum([d.size for d in part], out=offsets[1:])
+        column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(part)))
+        table = pa.table({"input_ids": column})
+        pq.write_table(
+            table,
+            folder / f"part-{number:03d}.parquet",
+            row_group_size=_PARQUET_ROW_GROUP,
+            **options,
+        )
+
+
+# -- phases ---------------------------------------------------------------------------------------
+
+
+def baseline(root: pathlib.Path) -> int:
+    """Memmap the `.npy` token files in order and copy them into [8, 2048] int64 batches."""
+    batch = np.zeros((_BATCH, _SEQ), dtype=np.int64)
+    flat = batch.reshape(-1)
+    filled = tokens = 0
+    checksum = 0
+    for path in sorted((root / "npy").glob("part-*[0-9].npy")):
+        data = np.load(path, mmap_mode="r")
+        start = 0
+        while start < data.size:
+            take = min(flat.size - filled, data.size - start)
+            flat[filled : filled + take] = data[start : start + take]
+            filled += take
+            start += take
+            if filled == flat.size:
+                checksum += int(batch[0, 0])
+                tokens += filled
+                filled = 0
+    if filled:
+        flat[filled:] = 0
+        checksum += int(batch[0, 0])
+        tokens += filled
+    return tokens
+
+
+def _dataset(root: pathlib.Path, kind: str) -> Dataset:
+    if kind.startswith("parquet"):
+        return Dataset.from_path(kind, root / kind, token_columns=["input_ids"])
+    return Dataset.from_path(kind, root / kind)
+
+
+def build_pipeline(dataset: Dataset, args: argparse.Namespace) -> Pipeline:
+    source = StaticMixtureWorkSource([dataset], seed=0, exhaustion="stop")
+    return (
+        Pipeline(source)
+        .options(canonical_replicas=args.lanes, prefetch=args.prefetch)
+        .pretokenized("input_ids")
+        .pack_flat(_SEQ, "wrap")
+        .batch(_BATCH)
+    )
+
+
+def pipeline_tokens(pipeline: Pipeline) -> int:
+    """Iterate to the end, touching each batch's tensor; returns the real tokens delivered."""
+    tokens = checksum = 0
+    for batch in pipeline:
+        ids = batch.input_ids
+        if ids.shape != (_BATCH, _SEQ) or ids.dtype != np.int64:
+            raise SystemExit(f"unexpected batch {ids.shape} {ids.dtype}")
+        checksum += int(ids[0, 0])
+        tokens += batch.num_tokens
+    return tokens
+
+
+def timed(run: Callable[[], int]) -> tuple[int, float]:
+    start = time.perf_counter()
+    tokens = run()
+    return tokens, time.perf_counter() - start
+
+
+def profile(root: pathlib.Path, kind: str, args: argparse.Namespace, limit: int) -> None:
+    """cProfile one pass over every thread the pipeline starts, merged, by own time.
+
+    cProfile sees only the thread that enables it, so `threading.setprofile` hands each new
+    thread its own profiler on its first event.
+    """
+    pipeline = build_pipeline(_dataset(root, kind), args)
+    profilers: list[cProfile.Profile] = []
+
+    def start(*_: Any) -> None:
+        profiler = cProfile.Profile()
+        profilers.append(profiler)
+        profiler.enable()
+
+    main_profiler = cProfile.Profile()
+    threading.setprofile(start)
+    main_profiler.enable()
+    try:
+        pipeline_tokens(pipeline)
+    finally:
+        main_profiler.disable()
+        threading.setprofile(None)  # type: ignore[arg-type]
+    text = io.StringIO()
+    stats = pstats.Stats(main_profiler, stream=text)
+    for profiler in profilers:
+        stats.add(profiler)
+    stats.sort_stats("tottime").print_stats(limit)
+    threads = 1 + len(profilers)
+    print(f"\n-- cProfile of one {kind} pass, {threads} threads, top {limit} by own time --")
+    print(text.getvalue().strip("\n"))
+
+
+# -- driver ---------------------------------------------------------------------------------------
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f"{tokens / seconds / 1e6:8.2f} M tok/s"
+
+
+def run(root: pathlib.Path, args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    docs = tokenized_corpus() * args.copies
+    total = sum(d.size for d in docs)
+    print(
+        f"tokenized {len(docs):,} documents, {total:,} tokens in {time.perf_counter() - t0:.1f} s"
+    )
+    t0 = time.perf_counter()
+    write_npy(docs, root / "npy")
+    write_mds(docs, root / "mds")
+    write_parquet(docs, root / "parquet")
+    write_parquet(docs, root / "parquet_plain", use_dictionary=False, compression="zstd")
+    print(f"wrote npy, mds and parquet under {root} in {time.perf_counter() - t0:.1f} s")
+    del docs
+    kinds = _KINDS
+    best: dict[str, float] = {}
+    for repeat in range(args.repeats):
+        # Interleaved, so drift on the machine affects every side alike.
+        line = []
+        tokens, seconds = timed(lambda: baseline(root))
+        if tokens != total:
+            print(f"MISMATCH: baseline read {tokens:,} tokens, expected {total:,}")
+            return _MISMATCH_EXIT
+        best["memmap"] = max(best.get("memmap", 0.0), tokens / seconds)
+        line.append(f"memmap {_rate(tokens, seconds)}")
+        for kind in kinds:
+            pipeline = build_pipeline(_dataset(root, kind), args)
+            tokens, seconds = timed(lambda: pipeline_tokens(pipeline))  # noqa: B023
+            if tokens != total:
+                print(f"MISMATCH: {kind} pipeline gave {tokens:,} tokens, expected {total:,}")
+                return _MISMATCH_EXIT
+            best[kind] = max(best.get(kind, 0.0), tokens / seconds)
+            line.append(f"{kind} {_rate(tokens, seconds)}")
+        print(f"repeat {repeat + 1}: " + ", ".join(line), flush=True)
+    print(
+        f"\nsettings: lanes {args.lanes}, batch [{_BATCH}, {_SEQ}] int64 wrap, {total:,} tokens, "
+        f"{os.cpu_count()} cores; best of {args.repeats}"
+    )
+    print(f"{'memmap baseline':<18}{_rate(int(best['memmap']), 1.0)}")
+    for kind in kinds:
+        ratio = best[kind] / best["memmap"]
+        verdict = "met" if ratio >= TARGET_RATIO else "not met"
+        print(
+            f"{kind + ' pipeline':<18}{_rate(int(best[kind]), 1.0)}  ratio {ratio:.3f}  "
+            f"target {TARGET_RATIO}: {verdict}"
+        )
+    for kind in args.profile:
+        profile(root, kind, args, args.profile_lines)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--lanes", type=int, default=1, help="canonical_replicas (L)")
+    p.add_argument("--copies", type=int, default=4, help="times the tokenized corpus is repeated")
+    p.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        choices=_KINDS,
+        help="cProfile one more pass of this format (repeatable)",
+    )
+    p.add_argument("--profile-lines", type=int, default=25)
+    p.add_argument(
+        "--prefetch", type=int, default=8, help="micro-batches computed ahead (0: inline)"
+    )
+    p.add_argument("--keep", help="write the stored formats here instead of a temporary folder")
+    args = p.parse_args(argv)
+    if args.keep:
+        root = pathlib.Path(args.keep)
+        return run(root, args)
+    with tempfile.TemporaryDirectory(prefix="zephon-pretok-") as tmp:
+        return run(pathlib.Path(tmp), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

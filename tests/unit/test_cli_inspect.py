@@ -1,0 +1,155 @@
+"""`zephon-torch inspect` and `index`: the printed facts, the cached line indexes, clean errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon_torch import _inspect
+from zephon_torch.cli import main
+from zephon_torch.io import Dataset, _line_index
+from zephon_torch.io._line_index import scan_lines
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "_cache"
+    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(cache))
+    return cache / "index"
+
+
+def write_jsonl_shards(folder: Path, shards: int, rows: int) -> Path:
+    folder.mkdir()
+    for shard in range(shards):
+        lines = [
+            json.dumps({"id": shard * rows + i, "text": f"doc {i} " + "word " * (i * 30)})
+            for i in range(rows)
+        ]
+        (folder / f"part-{shard:03d}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def write_parquet(path: Path) -> Path:
+    table = pa.table(
+        {
+            "input_ids": pa.array([list(range(40)), [7, 8]], type=pa.list_(pa.int32())),
+            "source": ["web", None],
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def test_inspect_prints_format_shards_rows_fields_and_a_truncated_preview(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_jsonl_shards(tmp_path / "corpus", shards=12, rows=5)
+    assert main(["inspect", str(folder), "--rows", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "format:  jsonl" in out
+    assert "shards:  12" in out
+    assert "rows:    60" in out
+    assert "  id: int" in out and "  text: str" in out
+    assert "part-009.jsonl" in out and "part-010.jsonl" not in out
+    assert "... and 2 more shards with 10 rows" in out
+    assert "first 5 rows:" in out
+    # Row 4's text has 126 words: cut at ~200 characters, with its full length given.
+    assert "... (" in out and "chars)" in out
+    assert max(len(line) for line in out.splitlines()) < 260
+
+
+def test_inspect_summarises_parquet_token_lists_and_mixed_types(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_parquet(tmp_path / "tokens.parquet")
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "format:  parquet" in out
+    assert "rows:    2" in out
+    assert "  input_ids: list[int]" in out
+    assert "  source: str | null" in out
+    assert "input_ids: list of 40 [0, 1, 2, 3, 4, 5, 6, 7, ...]" in out
+
+
+def test_arrays_are_previewed_as_dtype_shape_and_first_values() -> None:
+    assert _inspect.preview(np.arange(20, dtype=np.int32)) == (
+        "int32 shape=[20] [0, 1, 2, 3, 4, 5, 6, 7, ...]"
+    )
+    assert _inspect.type_name(np.zeros((2, 3), dtype=np.uint16)) == "ndarray[uint16, 2-D]"
+
+
+class _CountingScan:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, buffer: Any) -> Any:
+        self.calls += 1
+        return scan_lines(buffer)
+
+
+def test_index_caches_every_shard_so_the_next_open_scans_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = write_jsonl_shards(tmp_path / "corpus", shards=3, rows=4)
+    cache = tmp_path / "idx"
+    counter = _CountingScan()
+    monkeypatch.setattr(_line_index, "scan_lines", counter)
+    assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 3 shards (0 were cached already): 12 rows" in out
+    assert counter.calls == 3
+    assert len(list(cache.glob("*.npy"))) == 3
+    reopened = Dataset.from_path("c", folder, index_cache_dir=str(cache))
+    assert counter.calls == 3
+    assert reopened.num_rows == 12
+    assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 0
+    assert "(3 were cached already)" in capsys.readouterr().out
+    assert counter.calls == 3
+
+
+def test_index_uses_the_default_cache_that_from_path_reads(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    _private_cache: Path,
+) -> None:
+    folder = write_jsonl_shards(tmp_path / "corpus", shards=2, rows=3)
+    assert main(["index", str(folder)]) == 0
+    assert str(_private_cache) in capsys.readouterr().out
+    counter = _CountingScan()
+    monkeypatch.setattr(_line_index, "scan_lines", counter)
+    assert Dataset.from_path("c", folder).num_rows == 6
+    assert counter.calls == 0
+
+
+def test_index_says_a_format_without_line_indexes_needs_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_parquet(tmp_path / "tokens.parquet")
+    assert main(["index", str(path)]) == 0
+    assert "format 'parquet' needs no index" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["inspect", "index"])
+def test_a_missing_path_gives_one_error_line_and_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    assert main([command, str(tmp_path / "nowhere")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(f"zephon-torch {command}: error: no files found")
+    assert "Traceback" not in captured.err
+
+
+def test_a_file_not_of_the_given_format_gives_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_parquet(tmp_path / "tokens.parquet")
+    assert main(["inspect", str(path), "--format", "jsonl"]) == 2
+    assert "error: dataset 'tokens.parquet'" in capsys.readouterr().err

@@ -1,0 +1,210 @@
+"""What ``zephon-torch inspect`` and ``zephon-torch index`` print: a dataset's facts, read cheaply.
+
+``inspect`` opens a path like `Dataset.from_path` (footers, headers, cached line indexes) and
+reads only the first shard's first rows for the field types and the preview, so it costs about
+one dataset open plus one small read. ``index`` opens JSONL datasets so that every shard's line
+index is built and cached; later opens of unchanged files then skip the scan. Other formats keep
+their row counts in footers, headers or `index.json` and need no index. Errors that come from
+the data or the settings (`ZephonError`, a missing fsspec package) are printed as one line and
+give exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+from zephon_torch.errors import ZephonError
+from zephon_torch.io import Dataset
+
+ERROR_EXIT = 2
+_MAX_CHARS = 200
+_MAX_ITEMS = 8
+_SHARDS_LISTED = 10
+_INDEXED = "jsonl"
+
+
+def run_inspect(
+    path: str,
+    *,
+    format_: str | None = None,
+    rows: int = 3,
+    index_cache_dir: str | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Prints a dataset's format, shards, rows, field types and first rows; returns the exit code.
+
+    Args:
+        path: a local path, glob or fsspec URL, as for `Dataset.from_path`.
+        format_: the format, or None to detect it.
+        rows: rows to preview (0 for none); they also give the field types.
+        index_cache_dir: the JSONL line index cache (default: the library's).
+        out: where to print (default stdout); errors go to stderr.
+
+    Returns:
+        0, or `ERROR_EXIT` for a bad path, format or file.
+    """
+    stream = out or sys.stdout
+    return _guarded(
+        "inspect", lambda: _inspect(path, format_, rows, index_cache_dir, stream), stream
+    )
+
+
+def run_index(
+    path: str,
+    *,
+    format_: str | None = None,
+    index_cache_dir: str | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Builds the line index of every JSONL shard at `path` (cached; stale ones are rebuilt).
+
+    Prints the shards indexed (and how many were already cached), the rows and the time; for a
+    format without line indexes it says so. Returns 0, or `ERROR_EXIT` for a bad path.
+    """
+    stream = out or sys.stdout
+    return _guarded("index", lambda: _index(path, format_, index_cache_dir, stream), stream)
+
+
+def _guarded(command: str, body: Callable[[], None], out: TextIO) -> int:
+    try:
+        body()
+    except (ZephonError, ImportError) as error:
+        out.flush()
+        message = " ".join(str(error).split())
+        print(f"zephon-torch {command}: error: {message}", file=sys.stderr)
+        return ERROR_EXIT
+    return 0
+
+
+def _open(path: str, format_: str | None, index_cache_dir: str | None) -> Dataset:
+    return Dataset.from_path(
+        _dataset_name(path), path, format=format_, index_cache_dir=index_cache_dir
+    )
+
+
+def _dataset_name(path: str) -> str:
+    return os.path.basename(path.rstrip("/")) or path
+
+
+def _inspect(
+    path: str, format_: str | None, rows: int, index_cache_dir: str | None, out: TextIO
+) -> None:
+    dataset = _open(path, format_, index_cache_dir)
+    sample = dataset.read_rows(0, list(range(min(max(rows, 1), dataset.shards[0].num_rows))))
+    print(f"path:    {path}", file=out)
+    print(f"format:  {dataset.format}", file=out)
+    print(f"shards:  {len(dataset.shards):,}", file=out)
+    print(f"rows:    {dataset.num_rows:,}", file=out)
+    print(f"fields (types from the first {len(sample)} rows):", file=out)
+    for name, kinds in field_types(sample).items():
+        print(f"  {name}: {kinds}", file=out)
+    print("rows per shard:", file=out)
+    for shard in dataset.shards[:_SHARDS_LISTED]:
+        print(f"  {shard.num_rows:>12,}  {shard.path}", file=out)
+    hidden = len(dataset.shards) - _SHARDS_LISTED
+    if hidden > 0:
+        rest = sum(shard.num_rows for shard in dataset.shards[_SHARDS_LISTED:])
+        print(f"  ... and {hidden:,} more shards with {rest:,} rows", file=out)
+    shown = sample[: max(rows, 0)]
+    if shown:
+        print(f"first {len(shown)} rows:", file=out)
+    for number, row in enumerate(shown):
+        print(f"  [{number}]", file=out)
+        for name, value in row.items():
+            print(f"    {name}: {preview(value)}", file=out)
+
+
+def _index(path: str, format_: str | None, index_cache_dir: str | None, out: TextIO) -> None:
+    from zephon_torch.io._line_index import default_cache_dir
+
+    cache = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
+    before = _cached_shards(path, format_, cache)
+    started = time.perf_counter()
+    dataset = _open(path, format_, cache)
+    seconds = time.perf_counter() - started
+    if dataset.format != _INDEXED:
+        print(
+            f"format {dataset.format!r} needs no index: row counts come from its footers, "
+            f"headers or index.json ({len(dataset.shards):,} shards, {dataset.num_rows:,} rows)",
+            file=out,
+        )
+        return
+    reused = "" if before is None else f" ({before:,} were cached already)"
+    print(
+        f"indexed {len(dataset.shards):,} shards{reused}: {dataset.num_rows:,} rows in "
+        f"{seconds:.2f} s; index cache {cache}",
+        file=out,
+    )
+
+
+def _cached_shards(path: str, format_: str | None, cache: str) -> int | None:
+    """How many local JSONL shards at `path` have a current cached index; None if not known.
+
+    Index files are named by each file's (path, size, mtime), so a changed file has none and is
+    scanned again. Remote and `hf://` shards are indexed through their downloaded copies, which
+    are not known before the open.
+    """
+    from zephon_torch.io._discover import find_files
+    from zephon_torch.io._line_index import cache_file
+    from zephon_torch.io._remote import is_remote
+
+    if is_remote(path) or path.startswith("hf://"):
+        return None
+    detected, files = find_files(path, format_=format_, exclude=cache)
+    if detected != _INDEXED:
+        return None
+    return sum(os.path.exists(cache_file(cache, file)) for file in files)
+
+
+def field_types(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Each field's type names over `rows`, in first-seen order, joined by " | "."""
+    kinds: dict[str, list[str]] = {}
+    for row in rows:
+        for name, value in row.items():
+            seen = kinds.setdefault(name, [])
+            kind = type_name(value)
+            if kind not in seen:
+                seen.append(kind)
+    return {name: " | ".join(seen) for name, seen in kinds.items()}
+
+
+def type_name(value: object) -> str:
+    """A short type guess: `int`, `str`, `list[int]`, `ndarray[int32, 1-D]`, `dict`, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, np.ndarray):
+        return f"ndarray[{value.dtype}, {value.ndim}-D]"
+    if isinstance(value, np.generic):
+        return str(value.dtype)
+    if isinstance(value, list | tuple):
+        inner = sorted({type_name(item) for item in value[:_MAX_ITEMS]})
+        return f"list[{' | '.join(inner)}]" if inner else "list"
+    return type(value).__name__
+
+
+def preview(value: object) -> str:
+    """One line for a value: strings cut at ~200 chars, arrays and long lists summarised."""
+    if isinstance(value, np.ndarray):
+        head = ", ".join(str(item) for item in value.reshape(-1)[:_MAX_ITEMS].tolist())
+        more = ", ..." if value.size > _MAX_ITEMS else ""
+        return f"{value.dtype} shape={list(value.shape)} [{head}{more}]"
+    if isinstance(value, list | tuple) and len(value) > _MAX_ITEMS:
+        head = ", ".join(_cut(repr(item)) for item in value[:_MAX_ITEMS])
+        return f"list of {len(value):,} [{head}, ...]"
+    if isinstance(value, str):
+        return _cut(repr(value), extra=f" ({len(value):,} chars)")
+    if isinstance(value, bytes):
+        return _cut(repr(value), extra=f" ({len(value):,} bytes)")
+    return _cut(repr(value))
+
+
+def _cut(text: str, *, extra: str = "") -> str:
+    if len(text) <= _MAX_CHARS:
+        return text
+    return f"{text[:_MAX_CHARS]}...{extra}"
