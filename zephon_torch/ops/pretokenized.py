@@ -48,7 +48,7 @@ class TokenFieldOp:
                 tokens = np.asarray(value)
                 if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
                     raise TypeError(f"got {type(value).__name__} of shape {tokens.shape}")
-                if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np.int32).max):
+                if tokens.size and not _in_range(tokens):
                     raise TypeError("ids must lie in [0, 2**31)")
             except (TypeError, ValueError) as exc:
                 message = (
@@ -73,3 +73,16 @@ class TokenFieldOp:
     def fingerprint(self) -> dict[str, Any]:
         """Field and EOS policy."""
         return {"kind": "pretokenized", "field": self.field, "eos_token_id": self.eos_token_id}
+
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def _in_range(tokens: np.ndarray[Any, Any]) -> bool:
+    """Whether every id lies in [0, 2**31), with as few passes as the dtype allows."""
+    kind, size = tokens.dtype.kind, tokens.dtype.itemsize
+    if kind == "u" and size <= 2:
+        return True
+    if kind == "i" and size <= 4:
+        return bool(tokens.min() >= 0)
+    return bool(tokens.min() >= 0 and tokens.max() <= _INT32_MAX)

@@ -193,6 +193,8 @@ def choose_source(
     Smooth weighted round robin on real counts: target of source i is ``w_i * total`` where
     both the weights and the total are taken over active sources only.
     """
+    if len(weights) == 1:
+        return 0 if active[0] else -1
     weight_sum = sum(w for w, a in zip(weights, active) if a)
     total = sum(d for d, a in zip(delivered, active) if a)
     best, best_deficit = -1, -math.inf
