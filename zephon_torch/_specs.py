@@ -25,6 +25,7 @@ class Options:
     prefetch: int = 8
     read_ahead: int = 4
     stats_every: int = 0
+    stats: bool = True
     on_stats: Callable[[dict[str, Any]], None] | None = None
 
 

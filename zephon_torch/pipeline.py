@@ -107,6 +107,7 @@ class Pipeline:
         read_ahead: int | None = None,
         stats_every: int | None = None,
         on_stats: Callable[[dict[str, Any]], None] | None = None,
+        stats: bool | None = None,
     ) -> Pipeline:
         """Lanes and topology (``canonical_replicas`` is data-affecting; the rest are not).
 
@@ -119,6 +120,8 @@ class Pipeline:
             read_ahead: chunks of documents each reader keeps in flight.
             stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches.
             on_stats: the periodic stats hook (e.g. a logger).
+            stats: keep the per-batch counters of ``stats()`` (default True; False leaves
+                its batch, token and stall figures at zero, for measuring their cost).
         """
         given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,
@@ -128,6 +131,7 @@ class Pipeline:
             "read_ahead": read_ahead,
             "stats_every": stats_every,
             "on_stats": on_stats,
+            "stats": stats,
         }
         opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
         check_topology(
@@ -135,6 +139,11 @@ class Pipeline:
             world_size=1 if opts.world_size is None else opts.world_size,
             rank=0 if opts.rank is None else opts.rank,
         )
+        if opts.stats_every and not opts.stats:
+            raise ConfigError(
+                f"`stats_every` needs the counters: it must be 0 when `stats` is False, got "
+                f"{opts.stats_every}"
+            )
         if opts.prefetch < 0 or opts.read_ahead < 1:
             raise ConfigError(
                 f"`prefetch` must be >= 0 and `read_ahead` >= 1, got {opts.prefetch} and "
@@ -451,14 +460,16 @@ class Pipeline:
     def _deliver(self, stream: Iterator[Batch], runtime: LaneRuntime) -> Iterator[Batch]:
         self._runtime, self._counters = runtime, RunCounters()
         every, hook = self._options.stats_every, self._options.on_stats
+        counting = self._options.stats
         try:
             while True:
-                start = time.perf_counter()
+                start = time.perf_counter() if counting else 0.0
                 batch = next(stream, None)
                 if batch is None:
                     return
-                queued = stream.queued() if isinstance(stream, Prefetcher) else None
-                self._counters.delivered(batch, time.perf_counter() - start, queued)
+                if counting:
+                    queued = stream.queued() if isinstance(stream, Prefetcher) else None
+                    self._counters.delivered(batch, time.perf_counter() - start, queued)
                 self._lane_states[batch.lane] = batch.state
                 if hook is not None and every and self._counters.batches % every == 0:
                     hook(self.stats())

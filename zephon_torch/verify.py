@@ -17,6 +17,7 @@ import importlib.util
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
+from zephon_torch._progress import progress, track
 from zephon_torch._state import merge_states
 from zephon_torch.elastic import supported_world_sizes
 from zephon_torch.errors import ConfigError
@@ -79,6 +81,22 @@ def zephon_run(
     first_step: int = 0,
 ) -> list[str]:
     """Global-batch hashes of ``steps`` steps with ``world_size`` simulated ranks."""
+    batches = zephon_batches(
+        build, world_size, steps, num_workers=num_workers, start=start, first_step=first_step
+    )
+    return [_digest(parts) for parts in batches]
+
+
+def zephon_batches(
+    build: Build,
+    world_size: int,
+    steps: int,
+    *,
+    num_workers: int = 0,
+    start: dict[str, Any] | None = None,
+    first_step: int = 0,
+) -> list[list[dict[str, torch.Tensor]]]:
+    """The global batches (micro-batches in rank order) of steps ``first_step..steps-1``."""
     per_rank: list[list[list[dict[str, torch.Tensor]]]] = []
     for rank in range(world_size):
         pipeline = build().options(world_size=world_size, rank=rank)
@@ -94,27 +112,40 @@ def zephon_run(
             turns.append(turn)
         per_rank.append(turns)
     count = min(len(t) for t in per_rank)
-    return [_digest([p for rank in per_rank for p in rank[t]]) for t in range(count)]
+    return [[p for rank in per_rank for p in rank[t]] for t in range(count)]
+
+
+def fault_state(build: Build, world_size: int, fault_step: int) -> dict[str, Any]:
+    """The merged state of ``world_size`` ranks after ``fault_step`` steps, through JSON."""
+    states = []
+    for rank in range(world_size):
+        pipeline = build().options(world_size=world_size, rank=rank)
+        lanes = len(pipeline.lanes)
+        for i, _ in enumerate(pipeline):
+            if i + 1 == fault_step * lanes:
+                break
+        states.append(pipeline.state_dict())
+    merged: dict[str, Any] = json.loads(json.dumps(merge_states(states)))
+    return merged
 
 
 def fault_run(build: Build, before: int, after: int, fault_step: int, steps: int) -> list[str]:
     """Hashes of a run on ``before`` ranks that saves at ``fault_step`` and resumes on
     ``after`` ranks."""
     head = zephon_run(build, before, fault_step)
-    states = []
-    for rank in range(before):
-        pipeline = build().options(world_size=before, rank=rank)
-        lanes = len(pipeline.lanes)
-        for i, _ in enumerate(pipeline):
-            if i + 1 == fault_step * lanes:
-                break
-        states.append(pipeline.state_dict())
-    merged = json.loads(json.dumps(merge_states(states)))
+    merged = fault_state(build, before, fault_step)
     return head + zephon_run(build, after, steps, start=merged, first_step=fault_step)
 
 
 def standard_run(build: Build, world_size: int, steps: int) -> list[str]:
     """A DistributedSampler over the same documents, each rank packing its own (wrap)."""
+    return [_digest(parts) for parts in standard_batches(build, world_size, steps)]
+
+
+def standard_batches(
+    build: Build, world_size: int, steps: int
+) -> list[list[dict[str, torch.Tensor]]]:
+    """The standard loader's global batches (see ``standard_run``)."""
     from zephon_torch._token_stage import doc_ops
     from zephon_torch.ops.fetch import FetchOp
     from zephon_torch.work.pointers import Pointer
@@ -154,7 +185,7 @@ def standard_run(build: Build, world_size: int, steps: int) -> list[str]:
                 break
         tokens = np.asarray(stream[: need - need % width] or [0], dtype=np.int64)
         ranks.append(tokens)
-    out: list[str] = []
+    out: list[list[dict[str, torch.Tensor]]] = []
     for t in range(steps):
         parts = []
         for tokens in ranks:
@@ -167,7 +198,7 @@ def standard_run(build: Build, world_size: int, steps: int) -> list[str]:
                 parts.append(
                     {"input_ids": ids, "position_ids": torch.arange(width).repeat(rows, 1)}
                 )
-        out.append(_digest(parts))
+        out.append(parts)
     return out
 
 
@@ -180,28 +211,121 @@ def verify(
     fault_step: int | None = None,
     standard: bool = True,
 ) -> list[Run]:
-    """Every configuration's per-step global-batch hashes (see the module docstring)."""
+    """Every configuration's per-step global-batch hashes (see the module docstring).
+
+    Shows a progress bar over the configurations when stderr is a terminal."""
     lanes = build()._options.canonical_replicas
     sizes = world_sizes or [w for w in supported_world_sizes(canonical_replicas=lanes) if w <= 64]
-    runs = [Run(f"zephon W={w}", zephon_run(build, w, steps)) for w in sizes]
-    for n in workers:
-        if n:
-            runs.append(
-                Run(
-                    f"zephon W={sizes[0]} workers={n}",
-                    zephon_run(build, sizes[0], steps, num_workers=n),
-                )
-            )
+    jobs: list[tuple[str, Callable[[], list[str]], bool]] = [
+        (f"zephon W={w}", partial(zephon_run, build, w, steps), True) for w in sizes
+    ]
+    jobs += [
+        (
+            f"zephon W={sizes[0]} workers={n}",
+            partial(zephon_run, build, sizes[0], steps, num_workers=n),
+            True,
+        )
+        for n in workers
+        if n
+    ]
     if fault_step is not None and len(sizes) > 1:
-        runs.append(
-            Run(
+        jobs.append(
+            (
                 f"zephon W={sizes[-1]} fault@{fault_step} -> W={sizes[0]}",
-                fault_run(build, sizes[-1], sizes[0], fault_step, steps),
+                partial(fault_run, build, sizes[-1], sizes[0], fault_step, steps),
+                True,
             )
         )
     if standard:
-        runs += [Run(f"standard W={w}", standard_run(build, w, steps), zephon=False) for w in sizes]
+        jobs += [(f"standard W={w}", partial(standard_run, build, w, steps), False) for w in sizes]
+    return _run_jobs(jobs)
+
+
+def _run_jobs(jobs: list[tuple[str, Callable[[], list[str]], bool]]) -> list[Run]:
+    runs = []
+    with progress(len(jobs), "verify") as bar:
+        for name, job, zephon in jobs:
+            bar.note(name)
+            runs.append(Run(name, job(), zephon=zephon))
+            bar.update()
     return runs
+
+
+@dataclass
+class Comparison:
+    """The configurations of the picture and, with training, their loss curves.
+
+    Attributes:
+        runs: per configuration the hashes of its global batches (zephon ones first; the
+            first is the reference).
+        losses: per run name the training loss of each step (empty without training).
+        fault_step: the step after which the resumed runs continue on another world size.
+        note: why the world sizes differ from the default 16 -> 8/32/64, if they do.
+    """
+
+    runs: list[Run]
+    losses: dict[str, list[float]]
+    fault_step: int
+    note: str | None = None
+
+
+def compare(
+    build: Build,
+    *,
+    steps: int,
+    fault_step: int,
+    world_sizes: list[int] | None = None,
+    train: bool = False,
+    train_seconds: float = 120.0,
+) -> Comparison:
+    """What ``verify --plot`` draws: a reference run on W ranks, runs that save at
+    ``fault_step`` and resume on other world sizes, and the standard loader on each.
+
+    ``world_sizes`` is ``[reference, *others]``; by default 16 then 8, 32 and 64, or the
+    divisors of L available (see ``_plot.plot_world_sizes``). The resumed runs share the
+    reference's first ``fault_step`` steps: those are the same 16-rank computation. With
+    ``train``, a tiny model is trained on every configuration's global batches (see
+    ``_plot.train_losses``), at most ``train_seconds`` each.
+    """
+    from zephon_torch._plot import plot_world_sizes, token_ids, train_losses
+
+    if not 0 < fault_step < steps:
+        raise ConfigError(f"`fault_step` must be in (0, steps={steps}), got {fault_step}")
+    lanes = build()._options.canonical_replicas
+    note = None
+    if world_sizes is None:
+        reference, others, note = plot_world_sizes(lanes)
+    else:
+        reference, *others = world_sizes
+    batches: dict[str, list[list[dict[str, torch.Tensor]]]] = {}
+    runs: list[Run] = []
+    with progress(2 + 2 * len(others), "verify --plot") as bar:
+        name = f"zephon W={reference}"
+        bar.note(name)
+        head = batches[name] = zephon_batches(build, reference, steps)
+        runs.append(Run(name, [_digest(p) for p in head]))
+        bar.note(f"state at step {fault_step} on W={reference}")
+        state = fault_state(build, reference, fault_step)
+        bar.update()
+        for w in others:
+            name = f"zephon W={reference} fault@{fault_step} -> W={w}"
+            bar.note(name)
+            tail = zephon_batches(build, w, steps, start=state, first_step=fault_step)
+            batches[name] = head[:fault_step] + tail
+            runs.append(Run(name, [_digest(p) for p in batches[name]]))
+            bar.update()
+        for w in [reference, *others]:
+            name = f"standard W={w}"
+            bar.note(name)
+            batches[name] = standard_batches(build, w, steps)
+            runs.append(Run(name, [_digest(p) for p in batches[name]], zephon=False))
+            bar.update()
+    losses: dict[str, list[float]] = {}
+    if train:
+        for run in track(runs, "training the tiny model"):
+            ids = [token_ids(parts) for parts in batches[run.name]]
+            losses[run.name] = train_losses(ids, max_seconds=train_seconds)
+    return Comparison(runs, losses, fault_step, note)
 
 
 def table(runs: list[Run]) -> str:

@@ -54,3 +54,14 @@ def test_the_stats_hook_runs_every_n_batches(tokenizer: Any) -> None:
     )
     n = len(list(pipeline))
     assert seen == list(range(5, n + 1, 5))
+
+
+def test_stats_can_be_switched_off_without_changing_the_data(tokenizer: Any) -> None:
+    from tests.helpers import keys
+    from zephon_torch import ConfigError
+
+    off = small_pipeline(tokenizer, lanes=2).options(stats=False)
+    assert keys(off) == keys(small_pipeline(tokenizer, lanes=2))
+    assert off.stats()["batches"] == 0
+    with pytest.raises(ConfigError):
+        small_pipeline(tokenizer).options(stats=False, stats_every=3)

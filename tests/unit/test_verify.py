@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.unit.test_progress import FakeTerminal
 from zephon_torch.verify import load_recipe, standard_run, table, verdict, verify
 
 RECIPE = """
@@ -56,3 +61,18 @@ def test_the_standard_baseline_diverges_across_world_sizes(tmp_path: Path, token
     build = load_recipe(write_recipe(tmp_path, tokenizer, "recipe"))
     one, two = standard_run(build, 1, 3), standard_run(build, 2, 3)
     assert len(one) == len(two) == 3 and one != two
+
+
+def test_verify_draws_a_progress_bar_over_configurations_only_on_a_terminal(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build = load_recipe(write_recipe(tmp_path, tokenizer, "recipe"))
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    verify(build, steps=2, world_sizes=[1, 2], workers=(), standard=False)
+    assert quiet.getvalue() == ""
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    verify(build, steps=2, world_sizes=[1, 2], workers=(), standard=False)
+    assert "verify [" in terminal.getvalue() and "2/2" in terminal.getvalue()
+    assert terminal.getvalue().endswith("\n")

@@ -1,0 +1,87 @@
+"""verify --plot: a PNG drawn without a display, whose series are the runs' hashes."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_verify import write_recipe
+from zephon_torch._plot import fingerprint_value, plot_world_sizes, render
+from zephon_torch.cli import main
+from zephon_torch.verify import compare, load_recipe, standard_run, zephon_run
+
+pytest.importorskip("matplotlib")
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_the_default_world_sizes_are_16_then_8_32_64_or_the_divisors_there_are() -> None:
+    assert plot_world_sizes(64) == (16, [8, 32, 64], None)
+    reference, others, note = plot_world_sizes(8)
+    assert reference == 8 and others == [1, 2, 4] and note is not None and "16" in note
+
+
+def test_the_plot_renders_a_png_whose_series_are_the_hashes_of_the_runs(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    build = load_recipe(write_recipe(tmp_path, tokenizer, "recipe"))
+    comparison = compare(build, steps=6, fault_step=3, world_sizes=[2, 1, 4], train=True)
+    out = tmp_path / "verify.png"
+    series = render(comparison, out)
+    width, height = png_size(out)
+    assert width > 600 and height > 600  # two rows of panels
+
+    names = [r.name for r in comparison.runs]
+    assert names == [
+        "zephon W=2",
+        "zephon W=2 fault@3 -> W=1",
+        "zephon W=2 fault@3 -> W=4",
+        "standard W=2",
+        "standard W=1",
+        "standard W=4",
+    ]
+    fingerprints = series["fingerprints"]
+    for run in comparison.runs:
+        assert fingerprints[run.name] == [fingerprint_value(h) for h in run.hashes]
+    # The runs are the ones `verify` prints: recomputed independently here.
+    reference = zephon_run(build, 2, 6)
+    assert fingerprints["zephon W=2"] == [fingerprint_value(h) for h in reference]
+    assert fingerprints["zephon W=2 fault@3 -> W=4"] == fingerprints["zephon W=2"]
+    assert fingerprints["standard W=4"] == [fingerprint_value(h) for h in standard_run(build, 4, 6)]
+    assert fingerprints["standard W=4"] != fingerprints["standard W=2"]
+    # Identical batches train bit-identical loss curves; the standard loader's do not.
+    losses = series["losses"]
+    assert len(losses["zephon W=2"]) == 6
+    assert losses["zephon W=2 fault@3 -> W=1"] == losses["zephon W=2"]
+    assert losses["standard W=1"] != losses["standard W=2"]
+
+
+def test_the_command_writes_the_picture_and_prints_the_table(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")
+    out = tmp_path / "cli.png"
+    code = main(["verify", str(recipe), "--plot", str(out), "--steps", "4", "--world-sizes", "4,2"])
+    text = capsys.readouterr().out
+    assert code == 0 and png_size(out)[0] > 0
+    assert "zephon W=4 fault@2 -> W=2: IDENTICAL" in text and f"picture: {out}" in text
+
+
+def test_importing_the_library_and_verify_does_not_import_matplotlib() -> None:
+    code = (
+        "import sys, zephon_torch, zephon_torch.verify, zephon_torch._plot, zephon_torch.cli; "
+        "sys.exit('matplotlib' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
