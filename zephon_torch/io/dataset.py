@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
@@ -341,4 +342,5 @@ def _count_rows(reader: ShardReader, files: list[str]) -> list[int]:
         return [reader.num_rows(files[0])]
     workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
-        return list(pool.map(reader.num_rows, files))
+        # a bar on a terminal: the first open of many JSONL shards scans them all
+        return list(track(pool.map(reader.num_rows, files), "opening shards", total=len(files)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from zephon_torch._progress import track
 from zephon_torch.ops._runner import DocChain
 from zephon_torch.work.mixture import TokenEstimation
 from zephon_torch.work.pointers import PointerLayout
@@ -28,7 +29,7 @@ def calibrate(
     honouring pinned figures and a custom ``measure``."""
     pinned = estimation.tokens_per_byte or {}
     out: dict[str, dict[str, float]] = {}
-    for source, layout in enumerate(layouts):
+    for source, layout in enumerate(track(layouts, "calibrating token estimation")):
         count = min(estimation.calibration_documents, layout.num_rows)
         pointers = layout.pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=count)
         docs = chain.fetch.fetch(source, pointers)
