@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_torch.elastic import check_topology
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RUNNERS, RunnerKind
 from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
@@ -27,6 +28,23 @@ class Options:
     stats_every: int = 0
     stats: bool = True
     on_stats: Callable[[dict[str, Any]], None] | None = None
+
+    def __post_init__(self) -> None:
+        check_topology(
+            canonical_replicas=self.canonical_replicas,
+            world_size=1 if self.world_size is None else self.world_size,
+            rank=0 if self.rank is None else self.rank,
+        )
+        if self.stats_every and not self.stats:
+            raise ConfigError(
+                f"`stats_every` needs the counters: it must be 0 when `stats` is False, got "
+                f"{self.stats_every}"
+            )
+        if self.prefetch < 0 or self.read_ahead < 1:
+            raise ConfigError(
+                f"`prefetch` must be >= 0 and `read_ahead` >= 1, got {self.prefetch} and "
+                f"{self.read_ahead}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,11 +6,15 @@ tokens, stalls) and never per token. ``Pipeline.stats()`` turns them into a repo
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_torch.ops.batch import Batch
+
+if TYPE_CHECKING:
+    from zephon_torch.pipeline import Pipeline
 
 
 @dataclass
@@ -84,3 +88,30 @@ def report(
         ),
         "state_bytes": state_bytes,
     }
+
+
+def pipeline_stats(pipeline: Pipeline) -> dict[str, Any]:
+    """``Pipeline.stats()``: the counters of its live (or last) iteration, and its state."""
+    skipped = {"too_long": 0, "too_short": 0}
+    for state in pipeline._lane_states.values():
+        for key, n in _find_skipped(state).items():
+            skipped[key] += n
+    runtime = pipeline._runtime
+    source = pipeline._source
+    return report(
+        pipeline._counters,
+        targets=dict(zip(source.names, source.weights)),
+        operators=runtime.operator_seconds() if runtime is not None else {},
+        reader_waited=runtime.reader_waited() if runtime is not None else 0.0,
+        skipped=skipped,
+        state_bytes=len(json.dumps(pipeline.state_dict())),
+    )
+
+
+def _find_skipped(state: dict[str, Any] | None) -> dict[str, int]:
+    """The packer's skip counters inside a lane state (under a shuffle, at the block start)."""
+    while isinstance(state, dict):
+        if "skipped" in state:
+            return dict(state["skipped"])
+        state = state.get("pack", state.get("start"))
+    return {}

@@ -9,7 +9,6 @@ the lane state carried by the last batch each lane handed over.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -24,9 +23,9 @@ from zephon_torch._specs import (
     default_parallelism,
 )
 from zephon_torch._state import STATE_VERSION, check_state
-from zephon_torch._stats import RunCounters, report
+from zephon_torch._stats import RunCounters, pipeline_stats
 from zephon_torch._token_stage import doc_ops, pad_id, resolve
-from zephon_torch.elastic import check_topology, lanes_for_rank
+from zephon_torch.elastic import lanes_for_rank
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
@@ -134,21 +133,6 @@ class Pipeline:
             "stats": stats,
         }
         opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
-        check_topology(
-            canonical_replicas=opts.canonical_replicas,
-            world_size=1 if opts.world_size is None else opts.world_size,
-            rank=0 if opts.rank is None else opts.rank,
-        )
-        if opts.stats_every and not opts.stats:
-            raise ConfigError(
-                f"`stats_every` needs the counters: it must be 0 when `stats` is False, got "
-                f"{opts.stats_every}"
-            )
-        if opts.prefetch < 0 or opts.read_ahead < 1:
-            raise ConfigError(
-                f"`prefetch` must be >= 0 and `read_ahead` >= 1, got {opts.prefetch} and "
-                f"{opts.read_ahead}"
-            )
         return self._with(_options=opts)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None) -> Pipeline:
@@ -493,30 +477,9 @@ class Pipeline:
         operator time and throughput with its share, stalls (time the consumer waited for a
         batch, time packers waited for tokenized documents), mean prefetch queue occupancy,
         and the state size in bytes. Operator timings cover the threads runner."""
-        skipped = {"too_long": 0, "too_short": 0}
-        for state in self._lane_states.values():
-            for key, n in _find_skipped(state).items():
-                skipped[key] += n
-        runtime = self._runtime
-        return report(
-            self._counters,
-            targets=dict(zip(self._source.names, self._source.weights)),
-            operators=runtime.operator_seconds() if runtime is not None else {},
-            reader_waited=runtime.reader_waited() if runtime is not None else 0.0,
-            skipped=skipped,
-            state_bytes=len(json.dumps(self.state_dict())),
-        )
+        return pipeline_stats(self)
 
     def _close_live(self) -> None:
         if self._live is not None:
             self._live.close()
             self._live = None
-
-
-def _find_skipped(state: dict[str, Any] | None) -> dict[str, int]:
-    """The packer's skip counters inside a lane state (under a shuffle, at the block start)."""
-    while isinstance(state, dict):
-        if "skipped" in state:
-            return dict(state["skipped"])
-        state = state.get("pack", state.get("start"))
-    return {}
