@@ -52,6 +52,7 @@ def report(
     reader_waited: float,
     skipped: dict[str, int],
     state_bytes: int,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The stats report as plain data (see ``Pipeline.stats``)."""
     elapsed = time.perf_counter() - counters.started
@@ -87,6 +88,7 @@ def report(
             counters.queue_total / counters.queue_samples if counters.queue_samples else None
         ),
         "state_bytes": state_bytes,
+        "cache": cache,
     }
 
 
@@ -105,7 +107,18 @@ def pipeline_stats(pipeline: Pipeline) -> dict[str, Any]:
         reader_waited=runtime.reader_waited() if runtime is not None else 0.0,
         skipped=skipped,
         state_bytes=len(json.dumps(pipeline.state_dict())),
+        cache=_cache_report(pipeline),
     )
+
+
+def _cache_report(pipeline: Pipeline) -> dict[str, Any] | None:
+    """Shard-cache use of the remote datasets, summed (None when no dataset is remote)."""
+    counters = [c for d in pipeline._source.datasets if (c := d.cache_counters()) is not None]
+    if not counters:
+        return None
+    total = {k: sum(c[k] for c in counters) for k in ("hits", "misses", "bytes_downloaded")}
+    reads = total["hits"] + total["misses"]
+    return {**total, "hit_rate": total["hits"] / reads if reads else 0.0}
 
 
 def _find_skipped(state: dict[str, Any] | None) -> dict[str, int]:

@@ -203,6 +203,11 @@ def test_a_pipeline_over_s3_gives_the_batches_of_the_local_copy_and_prefetches(
             .batch(2)
         )
 
-    assert keys(build(remote)) == keys(build(local))
+    over_s3 = build(remote)
+    assert keys(over_s3) == keys(build(local))
+    cache_stats = over_s3.stats()["cache"]
+    assert cache_stats["misses"] == 6 and cache_stats["bytes_downloaded"] > 0
+    assert cache_stats["hits"] > 0 and 0 < cache_stats["hit_rate"] < 1
+    assert build(local).stats()["cache"] is None
     cached = [p for p in cache.rglob("*.jsonl")]
     assert len(cached) == 6

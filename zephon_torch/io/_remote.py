@@ -356,6 +356,17 @@ class RemoteReader:
                 self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
             return self._fs
 
+    def cache_counters(self) -> dict[str, int]:
+        """This process's cache hits, misses and bytes downloaded for this dataset."""
+        cache = self._cache
+        if cache is None:
+            return {"hits": 0, "misses": 0, "bytes_downloaded": 0}
+        return {
+            "hits": cache.hits,
+            "misses": cache.misses,
+            "bytes_downloaded": cache.bytes_downloaded,
+        }
+
     def _shard_cache(self) -> ShardCache:
         with self._lock:
             if self._cache is None:

@@ -79,6 +79,10 @@ class ShardCache:
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
         self._lock = threading.Lock()
         self._pins: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
+        # this process's use of the cache, for stats
+        self.hits = 0
+        self.misses = 0
+        self.bytes_downloaded = 0
 
     def path(self, item: CachedObject) -> str:
         """The local path `item` has once cached."""
@@ -112,9 +116,11 @@ class ShardCache:
                 f"({item.size} bytes): raise the limit"
             )
         if self._pin_existing(item.name):
+            self.hits += 1
             return self._finish(item, pin)
         with _flock(os.path.join(self.directory, _LOCKS, f"{item.name}.lock"), fcntl.LOCK_EX):
             if self._pin_existing(item.name):
+                self.hits += 1
                 return self._finish(item, pin)
             reservation = self._reserve(item)
             try:
@@ -133,6 +139,8 @@ class ShardCache:
                     fcntl.flock(fd, fcntl.LOCK_SH)
                     os.replace(temp, self.path(item))
                     self._add_pin(item.name, fd)
+                    self.misses += 1
+                    self.bytes_downloaded += got
                 finally:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(temp)

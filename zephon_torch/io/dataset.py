@@ -282,6 +282,10 @@ class Dataset:
         """Whether shards are downloaded through the node-local cache (so prefetch helps)."""
         return isinstance(self._reader, RemoteReader)
 
+    def cache_counters(self) -> dict[str, int] | None:
+        """This process's shard-cache hits, misses and bytes downloaded (None: not remote)."""
+        return self._reader.cache_counters() if isinstance(self._reader, RemoteReader) else None
+
     def prefetch(self, shards: Iterable[int]) -> None:
         """Starts downloading these shards into the node-local cache; returns at once.
 
