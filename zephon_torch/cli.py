@@ -74,6 +74,7 @@ def _verify(args: argparse.Namespace) -> int:
             workers=workers,
             fault_step=args.fault_step or 3,
             standard=not args.no_standard,
+            runners=tuple(r for r in args.runners.split(",") if r in ("threads", "processes")),
         )
     print(table(runs))
     zephon = [r for r in runs if r.zephon]
@@ -118,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify", help="check identical global batches across configurations"
     )
     check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
+    check.add_argument(
+        "--runners", default="processes", help="other runners to compare (comma list; '' for none)"
+    )
     check.add_argument(
         "--steps", type=int, default=None, help="default: 8 (24 with --plot, 200 with --train)"
     )

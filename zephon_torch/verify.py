@@ -16,7 +16,7 @@ import hashlib
 import importlib.util
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from zephon_torch._progress import progress, track
 from zephon_torch._state import merge_states
 from zephon_torch.elastic import supported_world_sizes
 from zephon_torch.errors import ConfigError
+from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.pipeline import Pipeline
 from zephon_torch.torch.loader import DataLoader
 
@@ -210,8 +211,12 @@ def verify(
     workers: tuple[int, ...] = (0, 2),
     fault_step: int | None = None,
     standard: bool = True,
+    runners: tuple[RunnerKind, ...] = ("processes",),
 ) -> list[Run]:
     """Every configuration's per-step global-batch hashes (see the module docstring).
+
+    ``runners`` adds runs of the smallest world size with the per-document work on another
+    runner (``"processes"``: spawned workers) than the recipe's.
 
     Shows a progress bar over the configurations when stderr is a terminal."""
     lanes = build()._options.canonical_replicas
@@ -228,6 +233,14 @@ def verify(
         for n in workers
         if n
     ]
+    jobs += [
+        (
+            f"zephon W={sizes[0]} runner={runner}",
+            partial(zephon_run, with_runner(build, runner), sizes[0], steps),
+            True,
+        )
+        for runner in runners
+    ]
     if fault_step is not None and len(sizes) > 1:
         jobs.append(
             (
@@ -239,6 +252,19 @@ def verify(
     if standard:
         jobs += [(f"standard W={w}", partial(standard_run, build, w, steps), False) for w in sizes]
     return _run_jobs(jobs)
+
+
+def with_runner(build: Build, runner: RunnerKind) -> Build:
+    """The recipe with its per-document work on ``runner`` (a performance knob)."""
+
+    def make() -> Pipeline:
+        pipeline = build()
+        if pipeline._tokenize is not None:
+            return pipeline._with(_tokenize=replace(pipeline._tokenize, runner=runner))
+        assert pipeline._pretokenized is not None
+        return pipeline._with(_pretokenized=replace(pipeline._pretokenized, runner=runner))
+
+    return make
 
 
 def _run_jobs(jobs: list[tuple[str, Callable[[], list[str]], bool]]) -> list[Run]:

@@ -36,7 +36,7 @@ def test_verify_finds_every_configuration_identical_and_the_standard_loader_not(
     tmp_path: Path, tokenizer: Any
 ) -> None:
     build = load_recipe(write_recipe(tmp_path, tokenizer, "recipe"))
-    runs = verify(build, steps=6, workers=(), fault_step=2)
+    runs = verify(build, steps=6, workers=(), fault_step=2, runners=("processes",))
     zephon = [r for r in runs if r.zephon]
     assert [r.name for r in zephon][:3] == ["zephon W=1", "zephon W=2", "zephon W=4"]
     assert all(r.hashes == zephon[0].hashes and len(r.hashes) == 6 for r in zephon)
@@ -44,6 +44,7 @@ def test_verify_finds_every_configuration_identical_and_the_standard_loader_not(
     assert len({tuple(r.hashes) for r in standard}) == len(standard)  # W changes its batches
     text = table(runs)
     assert "zephon W=4 fault@2 -> W=1: IDENTICAL" in text
+    assert "zephon W=1 runner=processes: IDENTICAL" in text
     assert "standard W=2: DIVERGES from standard W=1 at step 0" in text
 
 
