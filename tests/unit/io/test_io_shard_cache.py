@@ -76,6 +76,9 @@ def test_no_partial_file_is_ever_visible(tmp_path: Path) -> None:
     watcher = threading.Thread(target=watch)
     watcher.start()
     cache.ensure(item, _writer(b"z" * 1000, delay=0.2), pin=False)
+    deadline = time.monotonic() + 5  # a loaded machine may not have run the watcher yet
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
     stop.set()
     watcher.join()
     assert seen and set(seen) == {1000}
