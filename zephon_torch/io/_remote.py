@@ -19,6 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import fsspec.callbacks
+
+from zephon_torch._progress import Progress
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import GLOB_CHARS, SKIPPED_PREFIXES, detect_files
 from zephon_torch.io._projection import Projection
@@ -320,7 +323,8 @@ class RemoteReader:
         # Errors are dropped: the read that needs the shard downloads it and raises them.
         try:
             with contextlib.suppress(Exception):
-                self._shard_cache().ensure(item, self._downloader(fs_path, item), pin=False)
+                download = self._downloader(fs_path, item, show=False)
+                self._shard_cache().ensure(item, download, pin=False)
         finally:
             with self._lock:
                 self._queued.pop(url, None)
@@ -334,12 +338,21 @@ class RemoteReader:
                 error
             )
 
-    def _downloader(self, fs_path: str, item: CachedObject) -> Any:
+    def _downloader(self, fs_path: str, item: CachedObject, *, show: bool = True) -> Any:
+        """The download of one shard, retried; a foreground one shows a byte bar on a
+        terminal (prefetches stay quiet: several run at once in the background)."""
+
         def download(target: str) -> None:
             def attempt() -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(target)
-                self._filesystem().get_file(fs_path, target)
+                name = f"downloading {os.path.basename(fs_path)}"
+                with Progress(item.size if show else 0, name) as bar:
+                    callback = _BarCallback(bar) if show and bar.active else None
+                    if callback is None:
+                        self._filesystem().get_file(fs_path, target)
+                    else:
+                        self._filesystem().get_file(fs_path, target, callback=callback)
                 got = os.path.getsize(target)
                 if got != item.size:
                     raise OSError(f"truncated download: {got} of {item.size} bytes")
@@ -373,3 +386,14 @@ class RemoteReader:
                 cache = self.options.cache
                 self._cache = ShardCache(cache.directory, cache.max_bytes)
             return self._cache
+
+
+class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
+    """Feeds fsspec's transfer progress to a terminal bar."""
+
+    def __init__(self, bar: Progress) -> None:
+        super().__init__()
+        self.bar = bar
+
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        self.bar.set(int(self.value), total=None if self.size is None else int(self.size))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -141,3 +143,26 @@ def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
             url="s3://b/k",
             policy=policy,
         )
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_foreground_download_shows_a_bar_on_a_terminal_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_jsonl(fs, f"{root}/a.jsonl", [{"text": "x" * 100}] * 50)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    dataset = Dataset.from_path("bar", f"memory://{root}/", io_options=_options(tmp_path))
+    assert dataset.read_rows(0, [0])[0]["text"] == "x" * 100
+    assert "downloading a.jsonl" in terminal.getvalue()
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    _put_jsonl(fs, f"{root}2/b.jsonl", [{"text": "y"}] * 5)
+    Dataset.from_path("q", f"memory://{root}2/", io_options=_options(tmp_path)).read_rows(0, [0])
+    assert quiet.getvalue() == ""
