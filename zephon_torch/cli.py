@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--tokenizer", default=None, help="hub id or local path (default: a BPE trained locally)"
     )
-    demo.add_argument("--steps", type=int, default=25, help="global steps to run")
+    demo.add_argument("--steps", type=int, default=100, help="global steps to run")
     demo.add_argument("--lanes", type=int, default=8, help="canonical_replicas (L)")
     demo.add_argument("--max-length", type=int, default=2048)
     demo.add_argument("--microbatch-size", type=int, default=8)

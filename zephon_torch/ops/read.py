@@ -135,8 +135,9 @@ class DocumentReader(BaseNode[Document]):
     def _top_up(self) -> None:
         while self._cursor is not None and len(self._futures) < self.ahead:
             pass_index, pos = self._cursor
-            # the first chunk is small (a fast first batch), later ones larger (fewer calls)
-            size = self.chunk_docs if self._submitted == 0 else self.chunk_docs * 8
+            # chunks double from small (a fast first batch, little read ahead of a short run)
+            # to 8x (fewer, larger tokenizer calls in the steady state)
+            size = self.chunk_docs * min(8, 2**self._submitted)
             self._submitted += 1
             count = min(size, self._lane_rows - pos)
             pointers = self.layout.pointers(
