@@ -16,6 +16,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from zephon_torch.errors import DataError
+from zephon_torch.io._projection import Projection
+
 
 class TokenColumn:
     """One list-of-integers column: flat values and offsets; row i is `values[o[i]:o[i+1]]`.
@@ -56,6 +59,20 @@ def is_integer_list(kind: pa.DataType) -> bool:
         or pa.types.is_large_list_view(kind)
     )
     return bool(lists and pa.types.is_integer(kind.value_type))
+
+
+def check_schema(projection: Projection, schema: pa.Schema, *, dataset: str, shard: str) -> None:
+    """Raise ``DataError`` unless the projected columns exist and token columns hold integer
+    lists (shared by the Arrow-backed readers)."""
+    projection.check_available(schema.names, dataset=dataset, shard=shard)
+    for name in projection.token_columns:
+        kind = schema.field(name).type
+        if not is_integer_list(kind):
+            raise DataError(
+                f"token column {name!r} holds {kind}, not lists of integer token ids",
+                dataset=dataset,
+                shard=shard,
+            )
 
 
 def token_column(column: pa.Array | pa.ChunkedArray) -> TokenColumn:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._arrow import TokenColumn, column_bytes, is_integer_list, row_columns
+from zephon_torch.io._arrow import TokenColumn, check_schema, column_bytes, row_columns
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -168,15 +168,7 @@ class ParquetReader:
         )
 
     def _check_columns(self, path: str, schema: pa.Schema) -> None:
-        self.projection.check_available(schema.names, dataset=self.dataset, shard=path)
-        for name in self.projection.token_columns:
-            kind = schema.field(name).type
-            if not is_integer_list(kind):
-                raise DataError(
-                    f"token column {name!r} holds {kind}, not lists of integer token ids",
-                    dataset=self.dataset,
-                    shard=path,
-                )
+        check_schema(self.projection, schema, dataset=self.dataset, shard=path)
 
     def _decode(self, path: str, opened: _OpenFile, group: int) -> _RowGroup:
         columns = None if self.projection.columns is None else list(self.projection.columns)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._arrow import is_integer_list, row_columns
+from zephon_torch.io._arrow import check_schema, row_columns
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -129,13 +129,5 @@ class VortexReader:
                 dataset=self.dataset,
                 shard=path,
             ) from None
-        self.projection.check_available(schema.names, dataset=self.dataset, shard=path)
-        for name in self.projection.token_columns:
-            kind = schema.field(name).type
-            if not is_integer_list(kind):
-                raise DataError(
-                    f"token column {name!r} holds {kind}, not lists of integer token ids",
-                    dataset=self.dataset,
-                    shard=path,
-                )
+        check_schema(self.projection, schema, dataset=self.dataset, shard=path)
         return file
