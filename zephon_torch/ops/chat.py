@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.errors import ConfigError
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
-from zephon_torch.ops.document import Document
+from zephon_torch.ops.document import Document, document_error
 from zephon_torch.ops.map import function_name
 
 ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
@@ -108,11 +108,8 @@ class TokenizeChatOp:
         ):
             problem = f"field {self.field!r} must be a list of {{'role': str, 'content': str}}"
         if problem is not None:
-            raise DataError(
-                problem,
-                dataset=self.dataset_names[doc.source],
-                shard=self.shard_paths[doc.source][doc.shard],
-                row=doc.row,
+            raise document_error(
+                doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths
             )
         assert isinstance(messages, list)
         return self.template(messages)

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from zephon_torch.errors import DataError
+
 Tokens = npt.NDArray[np.int32]
 
 
@@ -45,3 +47,15 @@ class DocOp(Protocol):
     def fingerprint(self) -> dict[str, Any]:
         """Its data-affecting parameters, JSON-able."""
         ...
+
+
+def document_error(
+    doc: Document, message: str, *, dataset_names: list[str], shard_paths: list[list[str]]
+) -> DataError:
+    """A ``DataError`` naming the document's dataset, shard path and row."""
+    return DataError(
+        message,
+        dataset=dataset_names[doc.source],
+        shard=shard_paths[doc.source][doc.shard],
+        row=doc.row,
+    )

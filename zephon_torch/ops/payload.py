@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_torch.errors import DataError
-from zephon_torch.ops.document import Document
+from zephon_torch.ops.document import Document, document_error
 
 
 class PayloadOp:
@@ -34,11 +33,9 @@ class PayloadOp:
             data = doc.data if doc.data is not None else {}
             missing = [f for f in self.fields if f not in data]
             if missing:
-                raise DataError(
-                    f"payload fields {missing} are missing; the row has fields {sorted(data)}",
-                    dataset=self.dataset_names[doc.source],
-                    shard=self.shard_paths[doc.source][doc.shard],
-                    row=doc.row,
+                message = f"payload fields {missing} are missing; the row has fields {sorted(data)}"
+                raise document_error(
+                    doc, message, dataset_names=self.dataset_names, shard_paths=self.shard_paths
                 )
             doc.payload = {f: data[f] for f in self.fields}
         return docs

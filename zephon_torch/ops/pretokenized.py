@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_torch.errors import DataError
-from zephon_torch.ops.document import Document
+from zephon_torch.ops.document import Document, document_error
 
 
 class TokenFieldOp:
@@ -56,11 +55,8 @@ class TokenFieldOp:
                     if self.field not in data
                     else f"field {self.field!r} must hold a 1-D list of token ids: {exc}"
                 )
-                raise DataError(
-                    message,
-                    dataset=self.dataset_names[doc.source],
-                    shard=self.shard_paths[doc.source][doc.shard],
-                    row=doc.row,
+                raise document_error(
+                    doc, message, dataset_names=self.dataset_names, shard_paths=self.shard_paths
                 ) from None
             tokens = tokens.astype(np.int32, copy=False)
             if self.eos_token_id is not None:

@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.errors import ConfigError
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
-from zephon_torch.ops.document import Document
+from zephon_torch.ops.document import Document, document_error
 
 SpecialTokens = Literal["eos", "bos", "both", "none"]
 SPECIAL_TOKENS = ("eos", "bos", "both", "none")
@@ -97,13 +97,13 @@ class TokenizeOp:
         value = data.get(self.field)
         if isinstance(value, str):
             return value
-        dataset = self.dataset_names[doc.source]
-        shard = self.shard_paths[doc.source][doc.shard]
         if self.field not in data:
             message = f"field {self.field!r} is missing; the row has fields {sorted(data)}"
         else:
             message = f"field {self.field!r} must be a string, got {type(value).__name__}"
-        raise DataError(message, dataset=dataset, shard=shard, row=doc.row)
+        raise document_error(
+            doc, message, dataset_names=self.dataset_names, shard_paths=self.shard_paths
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """Tokenizer digest, field and special-token policy."""
