@@ -221,9 +221,11 @@ class BinPacker:
 
     def set_state(self, state: dict[str, Any], fetch: Fetch) -> None:
         """Restore open and ready rows, re-reading their documents."""
-        self.bins = pieces_from_state(state["bins"], fetch)
+        # one call, so a document cut across an open and a ready row is read once
+        rows = pieces_from_state(state["bins"] + state["ready"], fetch)
+        self.bins, ready = rows[: len(state["bins"])], rows[len(state["bins"]) :]
         self.used = [sum(p.length for p in row) for row in self.bins]
-        self.ready = deque(pieces_from_state(state["ready"], fetch))
+        self.ready = deque(ready)
         self.bin_pointers = [[p.pointer() for p in row] for row in self.bins]
         self.ready_pointers = deque([p.pointer() for p in row] for row in self.ready)
 
