@@ -9,7 +9,10 @@ dictionary pages, zstd ("parquet_plain"). Each is read by
 `Pipeline(...).pretokenized("input_ids").pack_flat(2048, "wrap").batch(8)` to the end (one pass,
 `exhaustion="stop"`), touching every `batch.input_ids` ([8, 2048] int64). The baseline, in the
 same run, reads the same `.npy` token files through `np.load(mmap_mode="r")` and copies them,
-in order, into [8, 2048] int64 batches: no per-document work, no shuffling, no state. Token
+in order, into [8, 2048] int64 batches: no per-document work, no shuffling, no state. A second
+reference, the piece loop, copies the same documents one Python slice assignment per piece:
+the floor of any design that handles documents in Python (it reaches about 0.35-0.4 of the memmap
+copy on 2 cores, so the 0.5 target is out of reach for a per-document pipeline here). Token
 counts must match the baseline's (no EOS is added), else exit code 2. Target: each format at
 least 0.5 of the baseline (best of `--repeats`); a missed target still exits 0.
 
@@ -179,6 +182,29 @@ def baseline(root: pathlib.Path) -> int:
     return tokens
 
 
+def piece_loop(root: pathlib.Path) -> int:
+    """The floor of any per-document design: each document of the `.npy` files, in stored
+    order, copied by one Python slice assignment per piece (cut at row ends) into [8, 2048]
+    int64 batches; no mixing, no state, no objects."""
+    batch = np.zeros((_BATCH, _SEQ), dtype=np.int64)
+    flat = batch.reshape(-1)
+    filled = tokens = 0
+    for path in sorted((root / "npy").glob("part-*[0-9].npy")):
+        data = np.load(path, mmap_mode="r")
+        bounds = np.load(path.with_name(path.name[: -len(".npy")] + ".offsets.npy")).tolist()
+        for first, end in itertools.pairwise(bounds):
+            start = first
+            while start < end:
+                take = min(_SEQ - filled % _SEQ, end - start)
+                flat[filled : filled + take] = data[start : start + take]
+                filled += take
+                start += take
+                tokens += take
+                if filled == flat.size:
+                    filled = 0
+    return tokens
+
+
 def _dataset(root: pathlib.Path, kind: str) -> Dataset:
     if kind.startswith("parquet"):
         return Dataset.from_path(kind, root / kind, token_columns=["input_ids"])
@@ -278,6 +304,9 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
             return _MISMATCH_EXIT
         best["memmap"] = max(best.get("memmap", 0.0), tokens / seconds)
         line.append(f"memmap {_rate(tokens, seconds)}")
+        tokens, seconds = timed(lambda: piece_loop(root))
+        best["pieces"] = max(best.get("pieces", 0.0), tokens / seconds)
+        line.append(f"piece loop {_rate(tokens, seconds)}")
         for kind in kinds:
             pipeline = build_pipeline(_dataset(root, kind), args)
             tokens, seconds = timed(lambda: pipeline_tokens(pipeline))  # noqa: B023
@@ -292,12 +321,16 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         f"{os.cpu_count()} cores; best of {args.repeats}"
     )
     print(f"{'memmap baseline':<18}{_rate(int(best['memmap']), 1.0)}")
+    print(
+        f"{'piece loop':<18}{_rate(int(best['pieces']), 1.0)}  ratio "
+        f"{best['pieces'] / best['memmap']:.3f}  (the floor of per-document Python work)"
+    )
     for kind in kinds:
         ratio = best[kind] / best["memmap"]
         verdict = "met" if ratio >= TARGET_RATIO else "not met"
         print(
             f"{kind + ' pipeline':<18}{_rate(int(best[kind]), 1.0)}  ratio {ratio:.3f}  "
-            f"target {TARGET_RATIO}: {verdict}"
+            f"target {TARGET_RATIO}: {verdict}; {best[kind] / best['pieces']:.2f} of the piece loop"
         )
     for kind in args.profile:
         profile(root, kind, args, args.profile_lines)

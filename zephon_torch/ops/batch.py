@@ -151,14 +151,17 @@ class BatchNode(BaseNode[Batch]):
 
     def pad_batch(self, rows: list[PackedRow]) -> Batch:
         """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
-        ids = np.full((self.microbatch_size, self.max_length), self.pad_id, dtype=np.int64)
+        ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
+        ids[len(rows) :] = self.pad_id
         trainable = None
         if any(row.trainable is not None for row in rows):
             trainable = np.ones(ids.shape, dtype=bool)
         for r, row in enumerate(rows):
-            ids[r, : len(row.tokens)] = row.tokens
+            length = row.length
+            row.write_into(ids[r])
+            ids[r, length:] = self.pad_id
             if trainable is not None and row.trainable is not None:
-                trainable[r, : len(row.tokens)] = row.trainable
+                trainable[r, :length] = row.trainable
         empty = self.microbatch_size - len(rows)
         return Batch(
             input_ids=ids,

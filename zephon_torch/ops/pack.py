@@ -30,14 +30,36 @@ from zephon_torch.work.mixture import choose_source
 
 @dataclass(frozen=True)
 class PackedRow:
-    """One packed row: its tokens and the pieces (segments) it is made of."""
+    """One packed row: the token views of its pieces (segments), in order, and their layout.
 
-    tokens: npt.NDArray[np.int32]
+    The pieces stay views of their documents until the batch copies them into place, so a
+    token is copied once on its way from the document to the batch.
+    """
+
+    parts: list[npt.NDArray[np.int32]]
     lengths: list[int]
     sources: list[int]
     starts_document: list[bool]
     trainable: npt.NDArray[np.bool_] | None = None
     payloads: list[dict[str, Any]] | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens in the row."""
+        return sum(self.lengths)
+
+    @property
+    def tokens(self) -> npt.NDArray[np.int32]:
+        """The row's tokens as one new array."""
+        return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+
+    def write_into(self, out: npt.NDArray[Any]) -> None:
+        """Copies the row's tokens to the start of the 1-D array ``out``."""
+        offset = 0
+        for part in self.parts:
+            end = offset + len(part)
+            out[offset:end] = part
+            offset = end
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -145,13 +167,16 @@ class MixPack(BaseNode[PackedRow]):
                     self.skipped["too_short"] += 1
                     continue
                 self.documents[source] += 1
-                piece = Piece(doc, 0, size)
-                if not piece.length:
+                if not size:
                     continue
-            take = min(piece.length, max_tokens)
-            cut = piece.start + take
-            self.carry[source] = Piece(piece.doc, cut, piece.end) if cut < piece.end else None
-            self.tokens[source] += take
+                piece = Piece(doc, 0, size)
+            if piece.end - piece.start <= max_tokens:
+                self.carry[source] = None
+                self.tokens[source] += piece.end - piece.start
+                return piece
+            cut = piece.start + max_tokens
+            self.carry[source] = Piece(piece.doc, cut, piece.end)
+            self.tokens[source] += max_tokens
             return Piece(piece.doc, piece.start, cut)
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
@@ -159,13 +184,19 @@ class MixPack(BaseNode[PackedRow]):
 
 
 def _to_row(pieces: list[Piece]) -> PackedRow:
-    parts = []
+    parts, lengths, sources, starts = [], [], [], []
+    chat = with_payload = False
     for p in pieces:
-        assert p.doc.tokens is not None
-        parts.append(p.doc.tokens[p.start : p.end])
-    tokens = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        doc = p.doc
+        assert doc.tokens is not None
+        parts.append(doc.tokens[p.start : p.end])
+        lengths.append(p.end - p.start)
+        sources.append(doc.source)
+        starts.append(p.start == 0)
+        chat = chat or doc.trainable is not None
+        with_payload = with_payload or doc.payload is not None
     trainable = None
-    if any(p.doc.trainable is not None for p in pieces):
+    if chat:
         trainable = np.concatenate(
             [
                 np.ones(p.length, dtype=bool)
@@ -175,12 +206,10 @@ def _to_row(pieces: list[Piece]) -> PackedRow:
             ]
         )
     return PackedRow(
-        tokens=tokens,
-        lengths=[p.length for p in pieces],
-        sources=[p.doc.source for p in pieces],
-        starts_document=[p.start == 0 for p in pieces],
+        parts=parts,
+        lengths=lengths,
+        sources=sources,
+        starts_document=starts,
         trainable=trainable,
-        payloads=[p.doc.payload or {} for p in pieces]
-        if any(p.doc.payload is not None for p in pieces)
-        else None,
+        payloads=[p.doc.payload or {} for p in pieces] if with_payload else None,
     )
