@@ -7,7 +7,8 @@ only. A compressed shard (`.mds.zstd`, `.gz`, `.bz2`, `.br`, `.snappy`) cannot b
 place: it is decompressed whole, once, into a small LRU (4 shards by default), which suits
 pointer streams that visit a bounded window of shards. Measured on 2 cores, windows of 64 rows
 in random order, rows of 100-word text and 500 token ids: about 220 k rows/s, plain or zstd
-once inflated. mosaicml-streaming is not imported.
+once inflated. A remote dataset's index and shards are reached through a `locate` hook that
+downloads them into the shard cache (see `_locate`). mosaicml-streaming is not imported.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import zstandard_module
 from zephon_torch.io._index import load_index, shard_path
+from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, decoder, is_array
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -66,15 +68,18 @@ class MdsReader:
 
     Args:
         dataset: the dataset name, used in error messages.
-        index_path: the dataset's `index.json`.
+        index_path: the dataset's `index.json`; a URL with a remote `locate` (shard paths
+            are then URLs next to it, and the caller checks that they exist).
         projection: the columns to read (None reads all) and the token columns, which must be
             `ndarray` columns of one dimension.
         max_open: how many plain shards to keep memory-mapped.
         max_decompressed: how many decompressed shards to keep in memory.
+        locate: turns the index's and the shards' paths into local files; the default reads
+            local paths as they are.
 
     Raises:
-        DataError: for an unreadable index, a shard file it lists that is missing, a column
-            with an encoding not read, or a projection naming a missing column.
+        DataError: for an unreadable index, a local shard file it lists that is missing, a
+            column with an encoding not read, or a projection naming a missing column.
     """
 
     def __init__(
@@ -85,12 +90,14 @@ class MdsReader:
         projection: Projection | None = None,
         max_open: int = 32,
         max_decompressed: int = 4,
+        locate: Locate = local_file,
     ) -> None:
         self.dataset = dataset
         self.index_path = index_path
         self.projection = projection or Projection()
         self.max_open = max_open
         self.max_decompressed = max_decompressed
+        self.locate = locate
         self._setup()
 
     def _setup(self) -> None:
@@ -99,7 +106,7 @@ class MdsReader:
         self._inflated: LruCache[_Shard] = LruCache(self.max_decompressed)
 
     def __getstate__(self) -> dict[str, Any]:
-        keys = ("dataset", "index_path", "projection", "max_open", "max_decompressed")
+        keys = ("dataset", "index_path", "projection", "max_open", "max_decompressed", "locate")
         return {key: self.__dict__[key] for key in keys}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -158,7 +165,7 @@ class MdsReader:
         return result
 
     def _read_index(self) -> dict[str, _ShardInfo]:
-        index = load_index(self.index_path, dataset=self.dataset)
+        index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
         infos: dict[str, _ShardInfo] = {}
         layouts: dict[tuple[Any, ...], _Layout] = {}
         try:
@@ -217,14 +224,16 @@ class MdsReader:
         return _Layout(names=names, sizes=sizes, decoders=tuple(decoders), kept=kept)
 
     def _load(self, path: str, info: _ShardInfo) -> _Shard:
-        try:
-            data = _read(path, info)
-        except ImportError:
-            raise
-        except Exception as error:
-            raise DataError(
-                f"cannot read the shard: {error}", dataset=self.dataset, shard=path
-            ) from error
+        # Outside the try: a failed download is a StorageError, not bad data.
+        with self.locate(path) as local:
+            try:
+                data = _read(local, info)
+            except ImportError:
+                raise
+            except Exception as error:
+                raise DataError(
+                    f"cannot read the shard: {error}", dataset=self.dataset, shard=path
+                ) from error
         if len(data) != info.raw_bytes:
             raise DataError(
                 f"the shard is truncated or corrupt: {len(data)} bytes where index.json "

@@ -9,7 +9,9 @@ Two layouts, both memory-mapped, so a row is a read-only view and opening reads 
   `tokens[offsets[i]:offsets[i + 1]]` (variable-length documents; the offsets file is not a
   shard of its own).
 
-Rows are `{"input_ids": array}` in the stored integer dtype.
+Rows are `{"input_ids": array}` in the stored integer dtype. A remote file and its offsets
+are reached through a `locate` hook that downloads them into the shard cache (see `_locate`);
+`read_header` lets the remote reader count rows from a few header bytes.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
+from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 
@@ -46,6 +49,20 @@ def token_files(files: Sequence[str]) -> list[str]:
     ]
 
 
+def read_header(handle: IO[bytes]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Returns the shape and dtype a `.npy` header records, reading the header only.
+
+    Raises:
+        ValueError: when the bytes are not a `.npy` header.
+    """
+    version = np.lib.format.read_magic(handle)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
+    return tuple(int(size) for size in shape), np.dtype(dtype)
+
+
 @dataclass(frozen=True)
 class _TokenFile:
     tokens: npt.NDArray[np.integer[Any]]
@@ -63,21 +80,30 @@ class NpyReader:
         dataset: the dataset name, used in error messages.
         projection: columns; only "input_ids" exists.
         max_open: how many files to keep memory-mapped.
+        locate: turns a token file's and an offsets file's path into a local file; the
+            default reads local paths as they are.
     """
 
     def __init__(
-        self, *, dataset: str, projection: Projection | None = None, max_open: int = 64
+        self,
+        *,
+        dataset: str,
+        projection: Projection | None = None,
+        max_open: int = 64,
+        locate: Locate = local_file,
     ) -> None:
         self.dataset = dataset
         self.projection = projection or Projection()
         self.max_open = max_open
+        self.locate = locate
         self._open_caches()
 
     def _open_caches(self) -> None:
         self._files: LruCache[_TokenFile] = LruCache(self.max_open)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "projection": self.projection, "max_open": self.max_open}
+        keys = ("dataset", "projection", "max_open", "locate")
+        return {key: self.__dict__[key] for key in keys}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -113,14 +139,18 @@ class NpyReader:
         if tokens.ndim == 2:
             return _TokenFile(tokens=tokens, offsets=None)
         partner = offsets_path(path)
-        if tokens.ndim != 1 or not os.path.isfile(partner):
+        try:
+            stored = self._load(partner) if tokens.ndim == 1 else None
+        except FileNotFoundError:
+            stored = None
+        if stored is None:
             raise DataError(
                 f"holds an array of shape {tokens.shape}: a token file is 2-D [rows, tokens], "
                 f"or 1-D with its document boundaries in {os.path.basename(partner)!r}",
                 dataset=self.dataset,
                 shard=path,
             )
-        offsets = self._load(partner).astype(np.int64)
+        offsets = stored.astype(np.int64)
         if (
             offsets.ndim != 1
             or len(offsets) < 2
@@ -137,12 +167,21 @@ class NpyReader:
         return _TokenFile(tokens=tokens, offsets=offsets)
 
     def _load(self, path: str) -> npt.NDArray[np.integer[Any]]:
-        try:
-            array: npt.NDArray[np.integer[Any]] = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as error:
-            raise DataError(
-                f"not a readable .npy file: {error}", dataset=self.dataset, shard=path
-            ) from None
+        """Maps an integer `.npy` file; FileNotFoundError when there is none.
+
+        The locate is outside the try: a failed download is a StorageError, not bad data.
+        """
+        with self.locate(path) as local:
+            try:
+                array: npt.NDArray[np.integer[Any]] = np.load(
+                    local, mmap_mode="r", allow_pickle=False
+                )
+            except FileNotFoundError:
+                raise
+            except (OSError, ValueError) as error:
+                raise DataError(
+                    f"not a readable .npy file: {error}", dataset=self.dataset, shard=path
+                ) from None
         if array.dtype.kind not in "iu":
             raise DataError(
                 f"holds {array.dtype} values, not integer token ids",
