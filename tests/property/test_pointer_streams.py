@@ -115,3 +115,39 @@ def test_unshuffled_streams_read_storage_order() -> None:
         for p in layout.pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=5)
     ]
     assert got == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+
+
+@given(
+    rows=st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(any),
+    lanes=st.integers(1, 6),
+    window=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+@settings(max_examples=150, deadline=None)
+def test_upcoming_shards_list_every_shard_still_to_read_in_order_of_first_need(
+    rows: list[int], lanes: int, window: int, seed: int, shuffle: bool, data: st.DataObject
+) -> None:
+    layout = PointerLayout(
+        name="d", shard_rows=tuple(rows), seed=seed, window_shards=window, shuffle=shuffle
+    )
+    lane = data.draw(st.integers(0, lanes - 1))
+    length = lane_length(num_rows=sum(rows), lane=lane, num_lanes=lanes)
+    start = data.draw(st.integers(0, max(0, length - 1)))
+    upcoming = layout.upcoming_shards(pass_index=1, lane=lane, num_lanes=lanes, start=start)
+    assert len(set(upcoming)) == len(upcoming)
+    assert all(rows[s] for s in upcoming)
+    read = layout.pointers(
+        pass_index=1, lane=lane, num_lanes=lanes, start=start, count=length - start
+    )
+    needed = list(dict.fromkeys(p.shard for p in read))
+    assert set(needed) <= set(upcoming)
+    # first needs follow the list, up to the order inside one window of shards
+    order = layout.upcoming_shards(pass_index=1, lane=0, num_lanes=1, start=0)
+    position = {shard: i for i, shard in enumerate(order)}
+    shard_order = layout._layout(1).shard_order.tolist()  # the pass's keyed order of shards
+    window_of = {s: i // window for i, s in enumerate(shard_order)}
+    key = window_of if shuffle else position
+    assert [key[s] for s in needed] == sorted(key[s] for s in needed)
+    assert [position[s] for s in upcoming] == sorted(position[s] for s in upcoming)

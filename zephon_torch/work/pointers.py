@@ -83,6 +83,27 @@ class PointerLayout:
             for p, s, r in zip(positions.tolist(), shards.tolist(), rows.tolist())
         ]
 
+    def upcoming_shards(
+        self, *, pass_index: int, lane: int, num_lanes: int, start: int
+    ) -> list[int]:
+        """The shards lane positions ``start, start+1, ...`` of pass ``pass_index`` read, in
+        the order they are first needed: the current window's shards, then each later window's.
+
+        A window's rows are permuted across its shards, so all of them are needed from its
+        first row on. Shards without rows are left out. O(shards): for prefetch, which walks
+        this list until its byte budget is spent.
+        """
+        if self.num_rows == 0:
+            return []
+        layout = self._layout(pass_index)
+        global_pos = min(start * num_lanes + lane, self.num_rows - 1)
+        if self.shuffle:
+            window = int(np.searchsorted(layout.window_starts, global_pos, side="right")) - 1
+            first = window * self.window_shards
+        else:
+            first = int(np.searchsorted(layout.ordered_starts, global_pos, side="right")) - 1
+        return [s for s in layout.shard_order[first:].tolist() if self.shard_rows[s]]
+
     def _locate(
         self, pass_index: int, global_pos: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
