@@ -1,10 +1,13 @@
-"""Datasets on S3, served by moto's standalone server on loopback: same rows, bounded cache,
-and a dead endpoint that fails with a StorageError after bounded retries instead of hanging."""
+"""Datasets on S3, served by moto's standalone server on loopback: same rows in every format
+(MDS, LitData and `.npy` written by their real writers), bounded cache, prefetch of `.npy`
+offsets, errors naming the URL, and a dead endpoint that fails with a StorageError after
+bounded retries instead of hanging."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -13,11 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from zephon_torch.errors import StorageError
+from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_litdata, write_mds
+from zephon_torch.errors import DataError, StorageError
 from zephon_torch.io import Dataset
 
 boto3 = pytest.importorskip("boto3")
@@ -72,14 +77,18 @@ def _storage(endpoint: str) -> dict[str, Any]:
     }
 
 
-def _upload(endpoint: str, local: Path, bucket: str, prefix: str) -> None:
-    client = boto3.client(
+def _client(endpoint: str) -> Any:
+    return boto3.client(
         "s3",
         endpoint_url=endpoint,
         aws_access_key_id="x",
         aws_secret_access_key="x",
         region_name="us-east-1",
     )
+
+
+def _upload(endpoint: str, local: Path, bucket: str, prefix: str) -> None:
+    client = _client(endpoint)
     client.create_bucket(Bucket=bucket)
     for file in sorted(local.iterdir()):
         client.upload_file(str(file), bucket, f"{prefix}/{file.name}")
@@ -211,3 +220,136 @@ def test_a_pipeline_over_s3_gives_the_batches_of_the_local_copy_and_prefetches(
     assert build(local).stats()["cache"] is None
     cached = [p for p in cache.rglob("*.jsonl")]
     assert len(cached) == 6
+
+
+MDS_COLUMNS = {"text": "str", "id": "int", "tokens": "ndarray:int32"}
+
+
+def _write_format(folder: Path, kind: str, rows: int = 120) -> Path:
+    """Writes `rows` rows, several shards, with the format's real writer."""
+    data = sample_rows(rows)
+    if kind in ("mds", "mds-zstd"):
+        compression = "zstd" if kind == "mds-zstd" else None
+        return write_mds(folder, data, MDS_COLUMNS, compression=compression, size_limit=1 << 11)
+    if kind == "litdata":
+        return write_litdata(folder, data, chunk_bytes=1 << 11)
+    folder.mkdir()  # npy: two 1-D token files with offsets, and one 2-D file
+    arrays = [row["tokens"] for row in data]
+    for number, part in enumerate((arrays[: rows // 3], arrays[rows // 3 : 2 * rows // 3])):
+        np.save(folder / f"{number}.npy", np.concatenate(part))
+        np.save(folder / f"{number}.offsets.npy", np.cumsum([0] + [len(a) for a in part]))
+    np.save(folder / "2.npy", np.arange(rows // 3 * 5, dtype=np.uint16).reshape(-1, 5))
+    return folder
+
+
+def _open_both(endpoint: str, tmp_path: Path, kind: str) -> tuple[Dataset, Dataset]:
+    local = _write_format(tmp_path / kind, kind)
+    _upload(endpoint, local, "bucket", kind)
+    options = {"cache": {"dir": str(tmp_path / "cache")}}
+    remote = Dataset.from_path(
+        kind, f"s3://bucket/{kind}", storage_options=_storage(endpoint), io_options=options
+    )
+    return remote, Dataset.from_path(kind, local)
+
+
+def _plain_rows(dataset: Dataset) -> list[list[dict[str, Any]]]:
+    return [[plain(row) for row in shard] for shard in _all_rows(dataset)]
+
+
+@pytest.mark.parametrize("kind", ["mds", "mds-zstd", "litdata", "npy"])
+def test_mds_litdata_and_npy_on_s3_read_the_same_rows_as_the_local_copy(
+    s3_server: tuple[str, Any], tmp_path: Path, kind: str
+) -> None:
+    endpoint, _ = s3_server
+    remote, local = _open_both(endpoint, tmp_path, kind)
+    assert remote.format == local.format == kind.split("-", maxsplit=1)[0]
+    assert len(remote.shards) > 1
+    assert all(shard.path.startswith(f"s3://bucket/{kind}/") for shard in remote.shards)
+    assert remote.fingerprint() == local.fingerprint()
+    assert _plain_rows(remote) == _plain_rows(local)
+    copy = pickle.loads(pickle.dumps(remote))  # as a DataLoader worker gets it
+    assert [plain(row) for row in copy.read_rows(1, [2, 0])] == [
+        plain(row) for row in local.read_rows(1, [2, 0])
+    ]
+
+
+def test_a_pipeline_over_npy_tokens_on_s3_gives_the_batches_of_the_local_copy(
+    s3_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    from tests.helpers import keys
+    from zephon_torch import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+    endpoint, _ = s3_server
+    remote, local = _open_both(endpoint, tmp_path, "npy")
+
+    def build(dataset: Dataset) -> Pipeline:
+        source = StaticMixtureWorkSource(
+            [dataset], seed=3, token_estimation=TokenEstimation(), shuffle_window_shards=2
+        )
+        pipeline = Pipeline(source).options(canonical_replicas=2)
+        return pipeline.pretokenized("input_ids", eos_token_id=0).pack_flat(16).batch(2)
+
+    over_s3 = build(remote)
+    assert keys(over_s3) == keys(build(local))
+    assert over_s3.stats()["cache"]["misses"] == 5  # three token files, two offsets files
+
+
+def test_an_index_listing_a_shard_the_bucket_lacks_is_a_data_error_naming_it(
+    s3_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    endpoint, _ = s3_server
+    local = _write_format(tmp_path / "mds", "mds")
+    _upload(endpoint, local, "bucket", "mds")
+    _client(endpoint).delete_object(Bucket="bucket", Key="mds/shard.00001.mds")
+    with pytest.raises(DataError, match=r"missing, though index\.json lists it") as caught:
+        Dataset.from_path(
+            "gone",
+            "s3://bucket/mds/index.json",
+            storage_options=_storage(endpoint),
+            io_options={"cache": {"dir": str(tmp_path / "cache")}},
+        )
+    assert caught.value.shard == "s3://bucket/mds/shard.00001.mds"
+
+
+def test_prefetching_an_npy_shard_caches_its_offsets_file_too(
+    s3_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    endpoint, _ = s3_server
+    remote, local = _open_both(endpoint, tmp_path, "npy")
+    assert remote.cache_counters() == {"hits": 0, "misses": 0, "bytes_downloaded": 0}
+    remote.prefetch([1])
+    deadline = time.monotonic() + 20
+    while remote.cache_counters()["misses"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cached = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "cache").glob("*-*.npy"))
+    assert cached == ["1.npy", "1.offsets.npy"]
+    rows = range(remote.shards[1].num_rows)
+    assert [plain(row) for row in remote.read_rows(1, rows)] == [
+        plain(row) for row in local.read_rows(1, rows)
+    ]
+    assert remote.cache_counters()["misses"] == 2  # the read found both files cached
+    assert remote.cache_counters()["hits"] == 2
+
+
+@pytest.mark.parametrize("kind", ["mds", "npy"])
+def test_a_truncated_shard_on_s3_is_a_data_error_naming_its_url(
+    s3_server: tuple[str, Any], tmp_path: Path, kind: str
+) -> None:
+    endpoint, _ = s3_server
+    local = _write_format(tmp_path / kind, kind)
+    name = "shard.00001.mds" if kind == "mds" else "1.npy"
+    data = (local / name).read_bytes()
+    (local / name).write_bytes(data[: len(data) // 2])
+    _upload(endpoint, local, "bucket", kind)
+    remote = Dataset.from_path(
+        kind,
+        f"s3://bucket/{kind}/",
+        storage_options=_storage(endpoint),
+        io_options={"cache": {"dir": str(tmp_path / "cache")}},
+    )
+    assert remote.read_rows(0, [0])  # the other shards read
+    with pytest.raises(DataError, match=r"truncated|not a readable") as caught:
+        remote.read_rows(1, [0])
+    assert caught.value.shard == f"s3://bucket/{kind}/{name}"
+    assert "cache" not in str(caught.value)

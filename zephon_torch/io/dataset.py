@@ -22,7 +22,8 @@ from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, RemoteReader, is_remote, list_remote
+from zephon_torch.io._remote import IoOptions, is_remote, list_remote
+from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader
 from zephon_torch.io.memory import MemoryReader, rows_of
@@ -109,10 +110,12 @@ class Dataset:
         """Opens the files at a local path or URL as one dataset, one shard per file.
 
         Remote URLs (`s3://`, `gs://`, `az://`, `memory://`, any fsspec protocol) are listed
-        once; each shard is downloaded whole into the node-local shard cache when first read
-        (or prefetched, see `prefetch`) and then read like a local file. Shards are keyed by
-        URL, size and etag/mtime, so a changed object is downloaded again. `hf://org/name[/config]/split`
-        reads a Hugging Face dataset's data files through `huggingface_hub` and its cache.
+        once, in every format; each shard (with its `.npy` offsets file, and an MDS or LitData
+        dataset's `index.json`) is downloaded whole into the node-local shard cache when first
+        read (or prefetched, see `prefetch`) and then read like a local file. Objects are keyed
+        by URL, size and etag/mtime, so a changed object is downloaded again.
+        `hf://org/name[/config]/split` reads a Hugging Face dataset's data files through
+        `huggingface_hub` and its cache.
 
         Args:
             name: the dataset name.
@@ -141,14 +144,16 @@ class Dataset:
                 Only remote URLs use them.
 
         Returns:
-            The dataset, with row counts read from Parquet and Vortex footers, `.npy` headers,
-            MDS and LitData `index.json` files, and JSONL line indexes.
+            The dataset, with row counts read from Parquet and Vortex footers, `.npy` headers
+            (remote: without downloading the tokens), MDS and LitData `index.json` files, and
+            JSONL line indexes.
 
         Raises:
             ConfigError: for a bad name, a path naming no files, an unknown format, a
                 directory mixing formats, or bad `columns`/`token_columns`.
-            DataError: for a file that is not of its format or has no rows, or a shard
-                lacking a requested column.
+            DataError: for a file that is not of its format or has no rows, a shard file that
+                `index.json` lists and the folder or bucket lacks, or a shard lacking a
+                requested column.
             ImportError: for .zst files when `zstandard` is not installed, or a URL whose
                 fsspec or huggingface_hub package is missing.
             StorageError: when remote storage fails after the retries, naming the URL.
@@ -192,28 +197,24 @@ class Dataset:
         storage_options: Mapping[str, Any],
         options: IoOptions,
     ) -> Dataset:
-        detected, objects = list_remote(
+        listing = list_remote(
             url, format_=format_, storage_options=storage_options, retry=options.retry
         )
-        if detected in ("npy", "litdata", "mds"):
-            raise ConfigError(
-                f"format {detected!r} is not read from remote storage yet; copy {url!r} to "
-                "local disk"
-            )
         reader = RemoteReader(
             dataset=name,
-            format_=detected,
+            format_=listing.format,
             url=url,
-            objects=objects,
+            objects=listing.objects,
             storage_options=storage_options,
             options=options,
             index_cache_dir=index_cache_dir,
             projection=projection,
+            index=listing.index,
         )
         urls = reader.shard_urls
         counts = _count_rows(reader, urls)
         shards = [Shard(path=u, num_rows=n) for u, n in zip(urls, counts, strict=True)]
-        return cls(name=name, format=detected, shards=shards, reader=reader)
+        return cls(name=name, format=listing.format, shards=shards, reader=reader)
 
     @classmethod
     def from_dict(

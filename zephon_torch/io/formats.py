@@ -6,6 +6,8 @@ is safe to call from many threads, and pickles without them (workers reopen lazi
 
 File formats are told by name endings. Indexed formats (MDS, LitData) are directories with an
 `index.json` that lists the shards and their row counts; they are told apart by its content.
+Readers of formats whose shard is more than one file (an index, an `.npy` offsets file) reach
+their files through a `locate` hook, so a remote dataset can download each one into its cache.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Protocol
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._index import INDEX_FILE, index_format
+from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import ProjectedReader, Projection
 from zephon_torch.io._rows import Rows
 
@@ -24,6 +27,9 @@ FILE_FORMATS = ("jsonl", "litdata", "mds", "npy", "parquet", "vortex")
 
 INDEXED_FORMATS = ("litdata", "mds")
 """Formats stored as a directory whose `index.json` lists the shards."""
+
+LOCATING_FORMATS = ("litdata", "mds", "npy")
+"""Formats whose readers open files through their `locate` hook, given shard paths."""
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COMPRESSION_SUFFIXES = ("", ".gz", ".zst")
@@ -44,8 +50,10 @@ __all__ = [
     "FILE_FORMATS",
     "INDEXED_FORMATS",
     "INDEX_FILE",
+    "LOCATING_FORMATS",
     "ShardReader",
     "check_format",
+    "check_indexed",
     "detect_format",
     "index_format",
     "indexed_format",
@@ -101,6 +109,7 @@ def make_reader(
     dataset: str,
     index_cache_dir: str,
     projection: Projection | None = None,
+    locate: Locate = local_file,
 ) -> ShardReader:
     """Builds the reader of a file format (not an indexed one) for one dataset.
 
@@ -109,6 +118,7 @@ def make_reader(
         dataset: the dataset name, used in error messages.
         index_cache_dir: where JSONL line indexes are cached.
         projection: the columns rows keep and the token columns; None keeps all.
+        locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
 
     Returns:
         A new reader with empty caches.
@@ -128,7 +138,7 @@ def make_reader(
     if format_ == "npy":
         from zephon_torch.io.npy import NpyReader
 
-        return NpyReader(dataset=dataset, projection=projection)
+        return NpyReader(dataset=dataset, projection=projection, locate=locate)
     from zephon_torch.io.jsonl import JsonlReader
 
     reader = JsonlReader(dataset=dataset, index_cache_dir=index_cache_dir)
@@ -144,16 +154,18 @@ def open_reader(
     dataset: str,
     index_cache_dir: str,
     projection: Projection | None = None,
+    locate: Locate = local_file,
 ) -> tuple[ShardReader, list[str]]:
     """Builds a dataset's reader and lists its shards.
 
     Args:
         format_: one of `FILE_FORMATS`.
         files: what `find_files` found: the data files, or for an indexed format the one
-            `index.json`.
+            `index.json` (paths, or URLs with a remote `locate`).
         dataset: the dataset name, used in error messages.
         index_cache_dir: where JSONL line indexes are cached.
         projection: the columns rows keep and the token columns; None keeps all.
+        locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
 
     Returns:
         The reader and the shard paths, in order.
@@ -172,14 +184,22 @@ def open_reader(
         if format_ == "mds":
             from zephon_torch.io.mds import MdsReader
 
-            indexed = MdsReader(dataset=dataset, index_path=files[0], projection=projection)
+            indexed = MdsReader(
+                dataset=dataset, index_path=files[0], projection=projection, locate=locate
+            )
         else:
             from zephon_torch.io.litdata import LitDataReader
 
-            indexed = LitDataReader(dataset=dataset, index_path=files[0], projection=projection)
+            indexed = LitDataReader(
+                dataset=dataset, index_path=files[0], projection=projection, locate=locate
+            )
         return indexed, indexed.shard_paths
     reader = make_reader(
-        format_, dataset=dataset, index_cache_dir=index_cache_dir, projection=projection
+        format_,
+        dataset=dataset,
+        index_cache_dir=index_cache_dir,
+        projection=projection,
+        locate=locate,
     )
     if format_ == "npy":
         from zephon_torch.io.npy import token_files
@@ -201,7 +221,16 @@ def indexed_format(directory: str, format_: str | None) -> str | None:
     if format_ is not None and format_ not in INDEXED_FORMATS:
         return None
     index = os.path.join(directory, INDEX_FILE)
-    found = index_format(index) if os.path.isfile(index) else None
+    return check_indexed(index_format(index) if os.path.isfile(index) else None, format_, directory)
+
+
+def check_indexed(found: str | None, format_: str | None, directory: str) -> str | None:
+    """Returns `found`, the indexed format of a directory's `index.json` (None: none), when
+    it agrees with `format_`, the format asked for (None or one of `INDEXED_FORMATS`).
+
+    Raises:
+        ConfigError: for a `format_` that the index contradicts or that has no index.
+    """
     if format_ is not None and found != format_:
         what = f"a {found} index" if found else f"no {format_} {INDEX_FILE}"
         raise ConfigError(f"`format` is {format_!r} but {directory!r} holds {what}")

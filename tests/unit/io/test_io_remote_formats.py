@@ -1,0 +1,118 @@
+"""MDS, LitData and `.npy` datasets over fsspec (memory://): listing, row counts, eviction."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pytest
+
+from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_mds
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.io import Dataset
+
+COLUMNS = {"text": "str", "id": "int", "tokens": "ndarray:int32"}
+
+
+def _options(tmp_path: Path, max_bytes: int = 1 << 20) -> dict[str, Any]:
+    return {
+        "cache": {"dir": str(tmp_path / "cache"), "max_bytes": max_bytes},
+        "retry": {"attempts": 2, "initial_delay": 0.01},
+    }
+
+
+def _put(local: Path) -> str:
+    """Copies a local folder to a fresh memory:// folder; returns its URL."""
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("memory").put(str(local), root, recursive=True)
+    return f"memory://{root}"
+
+
+def _cached(tmp_path: Path) -> list[str]:
+    return sorted(p.name.split("-", 1)[1] for p in (tmp_path / "cache").glob("*-*"))
+
+
+def _every_row(dataset: Dataset) -> list[dict[str, Any]]:
+    return [
+        plain(row)
+        for number, shard in enumerate(dataset.shards)
+        for row in dataset.read_rows(number, range(shard.num_rows))
+    ]
+
+
+def test_an_index_url_stands_for_its_folder_and_a_named_format_must_match_it(
+    tmp_path: Path,
+) -> None:
+    url = _put(write_mds(tmp_path / "mds", sample_rows(60), COLUMNS, size_limit=1 << 10))
+    local = Dataset.from_path("m", tmp_path / "mds")
+    remote = Dataset.from_path("m", f"{url}/index.json", io_options=_options(tmp_path))
+    assert remote.format == "mds" and remote.fingerprint() == local.fingerprint()
+    assert remote.shards[0].path == f"{url}/shard.00000.mds"
+    assert _cached(tmp_path) == ["index.json"]  # counts come from the index
+    assert _every_row(remote) == _every_row(local)
+    with pytest.raises(ConfigError, match=r"`format` is 'litdata' but .* holds a mds index"):
+        Dataset.from_path("m", url, format="litdata", io_options=_options(tmp_path))
+    with pytest.raises(ConfigError, match=r"`path` must be a directory holding index\.json"):
+        Dataset.from_path("m", f"{url}/*.mds", format="mds", io_options=_options(tmp_path))
+    assert Dataset.from_path("m", url, format="mds", io_options=_options(tmp_path)).num_rows == 60
+
+
+def test_a_folder_holding_several_indexed_datasets_is_refused(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        write_mds(tmp_path / "many" / name, sample_rows(5), COLUMNS)
+    url = _put(tmp_path / "many")
+    with pytest.raises(ConfigError, match=r"holds 2 MDS/LitData datasets in subfolders"):
+        Dataset.from_path("m", url, io_options=_options(tmp_path))
+
+
+def test_an_mds_dataset_reads_through_a_cache_smaller_than_itself(tmp_path: Path) -> None:
+    out = write_mds(tmp_path / "mds", sample_rows(200), COLUMNS, size_limit=1 << 11)
+    largest = max(path.stat().st_size for path in out.iterdir())
+    limit = 3 * largest
+    remote = Dataset.from_path("m", _put(out), io_options=_options(tmp_path, limit))
+    local = Dataset.from_path("m", out)
+    assert len(remote.shards) > 6
+    for _ in range(2):  # evicted shards stay readable through the reader's open maps
+        assert _every_row(remote) == _every_row(local)
+        cached = [p for p in (tmp_path / "cache").iterdir() if p.is_file() and p.name[0] != "."]
+        assert sum(p.stat().st_size for p in cached) <= limit
+        assert len(cached) < len(remote.shards)
+
+
+def test_npy_rows_are_counted_from_headers_without_downloading_tokens(tmp_path: Path) -> None:
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
+    np.save(folder / "b.npy", np.arange(100, 110, dtype=np.uint16))
+    np.save(folder / "b.offsets.npy", np.array([0, 3, 3, 10]))
+    remote = Dataset.from_path("n", _put(folder), io_options=_options(tmp_path))
+    assert [shard.num_rows for shard in remote.shards] == [8, 3]
+    assert not (tmp_path / "cache").exists()
+    assert remote.read_rows(1, [2])[0]["input_ids"].tolist() == list(range(103, 110))
+    assert _cached(tmp_path) == ["b.npy", "b.offsets.npy"]
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        (None, r"1-D with its document boundaries in 'flat\.offsets\.npy'"),
+        (np.array([0, 4, 3, 10]), r"offsets in 'flat\.offsets\.npy' must rise"),
+    ],
+    ids=["missing", "falling"],
+)
+def test_bad_npy_offsets_raise_a_data_error_naming_the_url(
+    tmp_path: Path, offsets: np.ndarray | None, message: str
+) -> None:
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "flat.npy", np.arange(10))
+    if offsets is not None:
+        np.save(folder / "flat.offsets.npy", offsets)
+    url = _put(folder)
+    with pytest.raises(DataError, match=message) as caught:
+        dataset = Dataset.from_path("n", url, io_options=_options(tmp_path))
+        dataset.read_rows(0, [0])  # offsets are checked on the first read
+    assert caught.value.shard == f"{url}/flat.npy"

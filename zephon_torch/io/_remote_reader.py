@@ -1,0 +1,311 @@
+"""Remote shards read through the node-local cache by the format's ordinary local reader.
+
+Reading a shard downloads it whole into the cache (see `_shard_cache`), so rows read at local
+speed. JSONL, Parquet and Vortex readers are handed the cached file; MDS, LitData and `.npy`
+readers, whose shards come with an index or an offsets file, reach every file through a
+`locate` hook that downloads it (see `_locate`). Rows are counted from as little as can be:
+MDS and LitData from `index.json`, Parquet footers and `.npy` headers by range reads; JSONL
+needs the whole file. The reader pickles as its settings and object table; a worker rebuilds
+the file system, the cache handle and the local reader on first use. Every remote call is
+retried under the `RetryPolicy`, then fails with a StorageError naming the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import fsspec.callbacks
+
+from zephon_torch._progress import Progress
+from zephon_torch.errors import DataError
+from zephon_torch.io._index import missing_shard
+from zephon_torch.io._projection import Projection
+from zephon_torch.io._remote import IoOptions
+from zephon_torch.io._retry import call_with_retry
+from zephon_torch.io._rows import Rows
+from zephon_torch.io._shard_cache import CachedObject, ShardCache
+from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader
+from zephon_torch.io.npy import offsets_path, read_header
+
+T = TypeVar("T")
+
+_HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
+
+
+class RemoteReader:
+    """A `ShardReader` over remote shards: downloads each into the cache, reads it locally.
+
+    Shard paths are URLs. Thread-safe; pickles as its settings and object table.
+
+    Args:
+        dataset: the dataset name, used in error messages.
+        format_: the shards' format.
+        url: the URL the dataset was opened from; its protocol picks the file system.
+        objects: each object's file-system path and cache identity: the shards, `.npy`
+            offsets files, and for MDS and LitData the index and its shards.
+        storage_options: passed to the fsspec file system.
+        options: cache and retry settings.
+        index_cache_dir: where JSONL line indexes of cached shards are kept.
+        projection: the columns rows keep, as for local readers.
+        index: the URL of the `index.json` of an MDS or LitData dataset.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        format_: str,
+        url: str,
+        objects: Iterable[tuple[str, CachedObject]],
+        storage_options: Mapping[str, Any],
+        options: IoOptions,
+        index_cache_dir: str,
+        projection: Projection | None = None,
+        index: str | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.format = format_
+        self.url = url
+        self.objects = {item.url: (path, item) for path, item in objects}
+        self.storage_options = dict(storage_options)
+        self.options = options
+        self.index_cache_dir = index_cache_dir
+        self.projection = projection or Projection()
+        self.index = index
+        self._setup()
+
+    def _setup(self) -> None:
+        self._lock = threading.Lock()
+        self._fs: Any = None
+        self._cache: ShardCache | None = None
+        self._opening = threading.Lock()  # builds the local reader; may download the index
+        self._opened: tuple[ShardReader, list[str]] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._queued: dict[str, int] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        keys = ("dataset", "format", "url", "objects", "storage_options", "options", "index")
+        return {key: self.__dict__[key] for key in (*keys, "index_cache_dir", "projection")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    @property
+    def shard_urls(self) -> list[str]:
+        """The shard URLs, in order: the listing's, or those `index.json` lists.
+
+        Raises:
+            DataError: for a shard that `index.json` lists and the listing lacks.
+        """
+        return list(self._open()[1])
+
+    def num_rows(self, path: str) -> int:
+        """Counts a shard's rows: from `index.json`, a Parquet footer or `.npy` headers by
+        range reads, else from the cached file."""
+        if self.format == "parquet":
+            return self._parquet_rows(path)
+        if self.format == "npy":
+            return self._npy_rows(path)
+        return self._with_reader(path, lambda reader, local: reader.num_rows(local))
+
+    def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
+        """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
+        return self._with_reader(path, lambda reader, local: reader.read(local, rows))
+
+    def _with_reader(self, path: str, call: Callable[[ShardReader, str], T]) -> T:
+        """Runs `call(local reader, shard path)`: the URL for readers that locate their files
+        (they download what they need), else the cached file, naming the URL in errors."""
+        reader = self._open()[0]
+        if self.format in LOCATING_FORMATS:
+            return call(reader, path)
+        fs_path, item = self.objects[path]
+        with self._shard_cache().open(item, self._downloader(fs_path, item)) as local:
+            try:
+                return call(reader, local)
+            except DataError as error:
+                raise DataError(
+                    error.detail, dataset=self.dataset, shard=path, row=error.row
+                ) from error
+
+    def prefetch(self, urls: Iterable[str]) -> None:
+        """Queues background downloads of these shards, and of their `.npy` offsets files;
+        returns at once.
+
+        Requests past the prefetch byte bound, or for objects already queued, are dropped: the
+        read downloads them itself. Errors are not raised here; the read retries and raises.
+        """
+        cache_options = self.options.cache
+        budget = cache_options.prefetch_bytes
+        if budget is None:
+            budget = cache_options.max_bytes // 4
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pool, self._queued, self._pid = None, {}, os.getpid()
+            for url in (part for shard in urls for part in self._files_of(shard)):
+                fs_path, item = self.objects[url]
+                if url in self._queued or sum(self._queued.values()) + item.size > budget:
+                    continue
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        max_workers=cache_options.prefetch_threads,
+                        thread_name_prefix="zephon-prefetch",
+                    )
+                self._queued[url] = item.size
+                self._pool.submit(self._prefetch_one, url, fs_path, item)
+
+    def cache_counters(self) -> dict[str, int]:
+        """This process's cache hits, misses and bytes downloaded for this dataset."""
+        cache = self._cache
+        if cache is None:
+            return {"hits": 0, "misses": 0, "bytes_downloaded": 0}
+        return {
+            "hits": cache.hits,
+            "misses": cache.misses,
+            "bytes_downloaded": cache.bytes_downloaded,
+        }
+
+    def _open(self) -> tuple[ShardReader, list[str]]:
+        """The local reader and the shard URLs, built once (reading `index.json` for MDS and
+        LitData)."""
+        with self._opening:
+            if self._opened is None:
+                files = [self.index] if self.index is not None else list(self.objects)
+                reader, shards = open_reader(
+                    self.format,
+                    files,
+                    dataset=self.dataset,
+                    index_cache_dir=self.index_cache_dir,
+                    projection=self.projection,
+                    locate=self._locate,
+                )
+                missing = [shard for shard in shards if shard not in self.objects]
+                if missing:
+                    raise missing_shard(missing[0], dataset=self.dataset)
+                self._opened = reader, shards
+            return self._opened
+
+    @contextlib.contextmanager
+    def _locate(self, url: str) -> Iterator[str]:
+        """Yields the cached file of a listed object, pinned; FileNotFoundError when unlisted."""
+        if url not in self.objects:
+            raise FileNotFoundError(f"{url} is not in the listing of {self.url}")
+        fs_path, item = self.objects[url]
+        with self._shard_cache().open(item, self._downloader(fs_path, item)) as local:
+            yield local
+
+    def _files_of(self, url: str) -> list[str]:
+        """The objects a shard reads: itself, and a 1-D `.npy` token file's offsets file."""
+        partner = offsets_path(url) if self.format == "npy" else None
+        return [url, partner] if partner in self.objects else [url]
+
+    def _parquet_rows(self, path: str) -> int:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        fs_path, _ = self.objects[path]
+
+        def footer() -> int:
+            with self._filesystem().open(fs_path, "rb") as handle:
+                try:
+                    return int(pq.ParquetFile(handle).metadata.num_rows)
+                except pa.ArrowInvalid as error:  # bad bytes; I/O errors are retried
+                    raise DataError(
+                        f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
+                    ) from error
+
+        retry = self.options.retry
+        return call_with_retry(footer, url=path, policy=retry, what="reading the footer")
+
+    def _npy_rows(self, path: str) -> int:
+        """A 2-D token file's first dimension, or one less than its offsets file's length,
+        read from headers. Anything else is left to the reader, which downloads the files and
+        raises its DataError; the offsets themselves are checked when the shard is read."""
+        shape = self._npy_shape(path)
+        if shape is not None and len(shape) == 2:
+            return shape[0]
+        partner = offsets_path(path)
+        if shape is not None and len(shape) == 1 and partner in self.objects:
+            bounds = self._npy_shape(partner)
+            if bounds is not None and len(bounds) == 1 and bounds[0] >= 2:
+                return bounds[0] - 1
+        return self._open()[0].num_rows(path)
+
+    def _npy_shape(self, url: str) -> tuple[int, ...] | None:
+        """The shape of an integer `.npy` object, from its header; None for anything else."""
+        fs_path, _ = self.objects[url]
+
+        def shape() -> tuple[int, ...] | None:
+            with self._filesystem().open(fs_path, "rb", block_size=_HEADER_BLOCK) as handle:
+                try:
+                    dims, dtype = read_header(handle)
+                except ValueError:
+                    return None
+            return dims if dtype.kind in "iu" else None
+
+        return call_with_retry(shape, url=url, policy=self.options.retry, what="reading the header")
+
+    def _prefetch_one(self, url: str, fs_path: str, item: CachedObject) -> None:
+        # Errors are dropped: the read that needs the object downloads it and raises them.
+        try:
+            with contextlib.suppress(Exception):
+                download = self._downloader(fs_path, item, show=False)
+                self._shard_cache().ensure(item, download, pin=False)
+        finally:
+            with self._lock:
+                self._queued.pop(url, None)
+
+    def _downloader(self, fs_path: str, item: CachedObject, *, show: bool = True) -> Any:
+        """The download of one object, retried; a foreground one shows a byte bar on a
+        terminal (prefetches stay quiet: several run at once in the background)."""
+
+        def download(target: str) -> None:
+            def attempt() -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(target)
+                name = f"downloading {os.path.basename(fs_path)}"
+                with Progress(item.size if show else 0, name) as bar:
+                    callback = _BarCallback(bar) if show and bar.active else None
+                    if callback is None:
+                        self._filesystem().get_file(fs_path, target)
+                    else:
+                        self._filesystem().get_file(fs_path, target, callback=callback)
+                got = os.path.getsize(target)
+                if got != item.size:
+                    raise OSError(f"truncated download: {got} of {item.size} bytes")
+
+            call_with_retry(attempt, url=item.url, policy=self.options.retry, what="download")
+
+        return download
+
+    def _filesystem(self) -> Any:
+        with self._lock:
+            if self._fs is None:
+                import fsspec
+
+                self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+            return self._fs
+
+    def _shard_cache(self) -> ShardCache:
+        with self._lock:
+            if self._cache is None:
+                cache = self.options.cache
+                self._cache = ShardCache(cache.directory, cache.max_bytes)
+            return self._cache
+
+
+class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
+    """Feeds fsspec's transfer progress to a terminal bar."""
+
+    def __init__(self, bar: Progress) -> None:
+        super().__init__()
+        self.bar = bar
+
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
