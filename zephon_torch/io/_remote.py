@@ -35,8 +35,9 @@ class CacheOptions:
             `~/.cache/zephon_torch/shards`. Share it between the ranks of a node.
         max_bytes: the most bytes of shards it holds (default 64 GiB); least recently used
             shards not in use are evicted to stay under it.
-        prefetch_bytes: the most bytes of prefetches queued at once; None means a quarter of
-            `max_bytes`.
+        prefetch_bytes: how far ahead of each dataset's readers shards are downloaded, in bytes
+            of the shards they read next (cached ones included); 0 turns prefetch off; None
+            means a quarter of `max_bytes`.
         prefetch_threads: background download threads per process.
         enabled: accepted for the pipeline's `{"cache": {"enabled": True}}`; remote shards
             always go through the cache, so False is refused.

@@ -135,22 +135,30 @@ class RemoteReader:
                 ) from error
 
     def prefetch(self, urls: Iterable[str]) -> None:
-        """Queues background downloads of these shards, and of their `.npy` offsets files;
-        returns at once.
+        """Downloads upcoming shards (and their `.npy` offsets files) in the background, as far
+        ahead as the cache's `prefetch_bytes` reaches; returns at once.
 
-        Requests past the prefetch byte bound, or for objects already queued, are dropped: the
-        read downloads them itself. Errors are not raised here; the read retries and raises.
+        `urls` are the shards in the order they will be read, the one being read first. The
+        walk adds up their sizes, cached or not, and stops before the sum passes the budget, so
+        at most `prefetch_bytes` of data lies ready ahead of the reader however often it asks;
+        objects already cached or queued are skipped. It consumes `urls` lazily. Errors are not
+        raised here; the read that needs the shard retries and raises them.
         """
         cache_options = self.options.cache
         budget = cache_options.prefetch_bytes
         if budget is None:
             budget = cache_options.max_bytes // 4
+        cache = self._shard_cache()
+        ahead = 0
         with self._lock:
             if self._pid != os.getpid():
                 self._pool, self._queued, self._pid = None, {}, os.getpid()
             for url in (part for shard in urls for part in self._files_of(shard)):
                 fs_path, item = self.objects[url]
-                if url in self._queued or sum(self._queued.values()) + item.size > budget:
+                ahead += item.size
+                if ahead > budget:
+                    return
+                if url in self._queued or os.path.exists(cache.path(item)):
                     continue
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(

@@ -288,19 +288,19 @@ class Dataset:
         return self._reader.cache_counters() if isinstance(self._reader, RemoteReader) else None
 
     def prefetch(self, shards: Iterable[int]) -> None:
-        """Starts downloading these shards into the node-local cache; returns at once.
+        """Starts downloading upcoming shards into the node-local cache; returns at once.
 
-        Give the shards the pointer streams will read next, soonest first. Background
-        threads download them (bounded by the cache's `prefetch_bytes`; requests beyond are
-        dropped, and the read then downloads the shard itself), so a later `read_rows` finds
-        them cached. A no-op for local and in-memory datasets. Errors surface at the read.
+        Give the shards the pointer streams read from now on, in order, the current one
+        first. Background threads download them as far ahead as the cache's `prefetch_bytes`
+        reaches (shards already cached count toward it and are skipped), so a later
+        `read_rows` finds them cached; `shards` is consumed only that far. A no-op for local
+        and in-memory datasets. Errors surface at the read.
 
         Raises:
-            DataError: for a shard number out of range.
+            DataError: for a shard number out of range (remote datasets).
         """
-        paths = [self._shard(shard).path for shard in shards]
         if isinstance(self._reader, RemoteReader):
-            self._reader.prefetch(paths)
+            self._reader.prefetch(self._shard(shard).path for shard in shards)
 
     def fingerprint(self) -> dict[str, Any]:
         """Returns a JSON-able summary that changes when the shard list or a row count does.

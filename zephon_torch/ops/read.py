@@ -18,7 +18,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.ops._runner import Runner
 from zephon_torch.ops.document import Document
 from zephon_torch.work.mixture import Exhaustion
-from zephon_torch.work.pointers import Pointer, PointerLayout, lane_length
+from zephon_torch.work.pointers import PointerLayout, lane_length
 
 
 class DocumentReader(BaseNode[Document]):
@@ -149,21 +149,19 @@ class DocumentReader(BaseNode[Document]):
             )
             self._futures.append(self.runner.submit(self.source, pointers))
             self._cursor = self._normalise((pass_index, pos + count))
-            self._prefetch_after(pointers)
+            self._prefetch_ahead()
 
-    def _prefetch_after(self, pointers: list[Pointer]) -> None:
-        """Ask a remote dataset to download the shards of the chunk after this one: the
-        pointer stream is pure, so what comes next is known."""
+    def _prefetch_ahead(self) -> None:
+        """Tell a remote dataset which shards this lane reads from the next chunk on, in order
+        (this pass's, then the next pass's): the pointer stream is pure, so what comes next is
+        known. The dataset downloads them ahead, as far as its byte budget reaches."""
         dataset = self.runner.chain.fetch.datasets[self.source]
         if not dataset.remote or self._cursor is None:
             return
         pass_index, pos = self._cursor
-        upcoming = self.layout.pointers(
-            pass_index=pass_index,
-            lane=self.lane,
-            num_lanes=self.num_lanes,
-            start=pos,
-            count=min(self.chunk_docs * 8, self._lane_rows - pos),
-        )
-        current = {p.shard for p in pointers}
-        dataset.prefetch(dict.fromkeys(p.shard for p in upcoming if p.shard not in current))
+        where = {"lane": self.lane, "num_lanes": self.num_lanes}
+        upcoming = self.layout.upcoming_shards(pass_index=pass_index, start=pos, **where)
+        following = self._normalise((pass_index, self._lane_rows))
+        if following is not None and following[0] != pass_index:
+            upcoming += self.layout.upcoming_shards(pass_index=following[0], start=0, **where)
+        dataset.prefetch(dict.fromkeys(upcoming))

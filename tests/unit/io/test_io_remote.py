@@ -166,3 +166,37 @@ def test_a_foreground_download_shows_a_bar_on_a_terminal_only(
     _put_jsonl(fs, f"{root}2/b.jsonl", [{"text": "y"}] * 5)
     Dataset.from_path("q", f"memory://{root}2/", io_options=_options(tmp_path)).read_rows(0, [0])
     assert quiet.getvalue() == ""
+
+
+def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(6):
+        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
+            pq.write_table(pa.table({"n": [7] * 10}), handle)  # all the same size
+    size = fs.size(f"{root}/0.parquet")
+    options = _options(tmp_path)
+    options["cache"]["prefetch_bytes"] = 3 * size + size // 2  # three shards ahead
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    cache = tmp_path / "cache"
+
+    def cached(count: int) -> set[str]:
+        """The cached shards, once `count` are there and nothing more arrives for 0.2 s."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            names = {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
+            if len(names) >= count:
+                time.sleep(0.2)
+                return {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
+            time.sleep(0.01)
+        return names
+
+    order = [4, 1, 5, 0, 2, 3]
+    dataset.prefetch(iter(order))
+    assert cached(3) == {"4.parquet", "1.parquet", "5.parquet"}
+    dataset.prefetch(iter(order[2:]))  # the reader moved on two shards: two more come
+    assert cached(5) == {f"{n}.parquet" for n in order[:5]}
+    dataset.prefetch(iter(order[3:]))  # one more, and nothing twice
+    assert cached(6) == {f"{n}.parquet" for n in order}
+    assert dataset.cache_counters() == {"hits": 0, "misses": 6, "bytes_downloaded": 6 * size}
+    assert dataset.read_rows(3, [0]) == [{"n": 7}]
