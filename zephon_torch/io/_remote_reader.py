@@ -37,6 +37,9 @@ T = TypeVar("T")
 _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
 
 
+_FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
+
+
 class RemoteReader:
     """A `ShardReader` over remote shards: downloads each into the cache, reads it locally.
 
@@ -214,19 +217,31 @@ class RemoteReader:
         return [url, partner] if partner in self.objects else [url]
 
     def _parquet_rows(self, path: str) -> int:
+        """The row count from the footer: one range read of the file's tail (a second when the
+        footer is longer than the guess), parsed by pyarrow; the shard is not downloaded."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        fs_path, _ = self.objects[path]
+        fs_path, item = self.objects[path]
+
+        def tail(length: int) -> bytes:
+            start = max(0, item.size - length)
+            data: bytes = self._filesystem().cat_file(fs_path, start=start, end=item.size)
+            return data
 
         def footer() -> int:
-            with self._filesystem().open(fs_path, "rb") as handle:
-                try:
-                    return int(pq.ParquetFile(handle).metadata.num_rows)
-                except pa.ArrowInvalid as error:  # bad bytes; I/O errors are retried
-                    raise DataError(
-                        f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
-                    ) from error
+            data = tail(_FOOTER_GUESS)
+            try:
+                if len(data) < 12 or data[-4:] != b"PAR1":
+                    raise pa.ArrowInvalid("the file does not end in the Parquet magic bytes")
+                length = int.from_bytes(data[-8:-4], "little") + 8
+                if length > len(data) and len(data) < item.size:
+                    data = tail(length)
+                return int(pq.read_metadata(pa.BufferReader(data[-length:])).num_rows)
+            except pa.ArrowInvalid as error:  # bad bytes; I/O errors are retried
+                raise DataError(
+                    f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
+                ) from error
 
         retry = self.options.retry
         return call_with_retry(footer, url=path, policy=retry, what="reading the footer")

@@ -29,6 +29,7 @@ from zephon_torch.io.formats import ShardReader, open_reader
 from zephon_torch.io.memory import MemoryReader, rows_of
 
 _MAX_OPENING_THREADS = 8
+_MAX_REMOTE_OPENING_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ class Dataset:
             index=listing.index,
         )
         urls = reader.shard_urls
-        counts = _count_rows(reader, urls)
+        counts = _count_rows(reader, urls, remote=True)
         shards = [Shard(path=u, num_rows=n) for u, n in zip(urls, counts, strict=True)]
         return cls(name=name, format=listing.format, shards=shards, reader=reader)
 
@@ -340,12 +341,15 @@ def _check_name(name: object) -> None:
         raise ConfigError(f"`name` must be a non-empty str, got {name!r}")
 
 
-def _count_rows(reader: ShardReader, files: list[str]) -> list[int]:
+def _count_rows(reader: ShardReader, files: list[str], *, remote: bool = False) -> list[int]:
     # Footers and index scans of many shards overlap well: both wait on I/O or run numpy,
-    # zlib or zstd code that releases the GIL.
+    # zlib or zstd code that releases the GIL. Remote ones mostly wait on the network, so
+    # they use more threads than there are cores.
     if len(files) == 1:
         return [reader.num_rows(files[0])]
-    workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    workers = min(_MAX_REMOTE_OPENING_THREADS if remote else _MAX_OPENING_THREADS, len(files))
+    workers = workers if remote else min(workers, cores)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
         # a bar on a terminal: the first open of many JSONL shards scans them all
         return list(track(pool.map(reader.num_rows, files), "opening shards", total=len(files)))

@@ -200,3 +200,17 @@ def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: P
     assert cached(6) == {f"{n}.parquet" for n in order}
     assert dataset.cache_counters() == {"hits": 0, "misses": 6, "bytes_downloaded": 6 * size}
     assert dataset.read_rows(3, [0]) == [{"n": 7}]
+
+
+def test_a_parquet_footer_longer_than_the_first_tail_read_is_read_whole(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    table = pa.table({f"c{i}": list(range(600)) for i in range(40)})
+    with fs.open(f"{root}/wide.parquet", "wb") as handle:
+        pq.write_table(table, handle, row_group_size=3)  # 200 row groups x 40 columns
+    data = fs.cat(f"{root}/wide.parquet")
+    assert int.from_bytes(data[-8:-4], "little") > 64 << 10  # the footer alone
+    dataset = Dataset.from_path("w", f"memory://{root}", io_options=_options(tmp_path, 1 << 24))
+    assert dataset.num_rows == 600
+    assert not (tmp_path / "cache").exists()  # counted without a download
+    assert dataset.read_rows(0, [599])[0]["c39"] == 599
