@@ -170,10 +170,11 @@ def list_remote(
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
         if GLOB_CHARS.intersection(root):
             return "glob", fs.glob(root, detail=True)
-        if fs.isdir(root):
-            return "directory", fs.find(root, detail=True)
-        if fs.isfile(root):
-            return "file", {root: fs.info(root)}
+        found = fs.find(root, detail=True)  # one request: a file lists as itself
+        if list(found) == [root.rstrip("/")]:
+            return "file", found
+        if found or fs.isdir(root):
+            return "directory", found
         raise ConfigError(f"no files found at {url!r}: the path does not exist")
 
     where, found = call_with_retry(listing, url=url, policy=retry, what="listing")
