@@ -151,18 +151,21 @@ class BatchNode(BaseNode[Batch]):
 
     def pad_batch(self, rows: list[PackedRow]) -> Batch:
         """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
+        empty = self.microbatch_size - len(rows)
+        padding = np.full(self.max_length, self.pad_id, dtype=np.int64)
+        parts: list[npt.NDArray[Any]] = []
+        for row in rows:  # each row's pieces, then its padding: one copy into the batch
+            parts.extend(row.parts)
+            parts.append(padding[: self.max_length - row.length])
+        parts.extend([padding] * empty)
         ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
-        ids[len(rows) :] = self.pad_id
+        np.concatenate(parts, out=ids.reshape(-1))
         trainable = None
         if any(row.trainable is not None for row in rows):
             trainable = np.ones(ids.shape, dtype=bool)
-        for r, row in enumerate(rows):
-            length = row.length
-            row.write_into(ids[r])
-            ids[r, length:] = self.pad_id
-            if trainable is not None and row.trainable is not None:
-                trainable[r, :length] = row.trainable
-        empty = self.microbatch_size - len(rows)
+            for r, row in enumerate(rows):
+                if row.trainable is not None:
+                    trainable[r, : row.length] = row.trainable
         return Batch(
             input_ids=ids,
             lengths=[row.lengths for row in rows] + [[] for _ in range(empty)],

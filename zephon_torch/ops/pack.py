@@ -53,14 +53,6 @@ class PackedRow:
         """The row's tokens as one new array."""
         return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
 
-    def write_into(self, out: npt.NDArray[Any]) -> None:
-        """Copies the row's tokens to the start of the 1-D array ``out``."""
-        offset = 0
-        for part in self.parts:
-            end = offset + len(part)
-            out[offset:end] = part
-            offset = end
-
 
 class MixPack(BaseNode[PackedRow]):
     """Mix the lane's sources by target share and pack documents into rows.
