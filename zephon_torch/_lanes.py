@@ -35,7 +35,7 @@ class LaneRuntime:
         pack = pipeline._pack
         assert pack is not None and pipeline._microbatch_size is not None
         _, token_field, parallelism, runner = token_stage(pipeline)
-        self.chain = DocChain(FetchOp(source.datasets), doc_ops(pipeline))
+        self.chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
         if pipeline._estimation is None and source.token_estimation is not None:
             pipeline._estimation = calibrate(

@@ -113,7 +113,7 @@ def pipeline_stats(pipeline: Pipeline) -> dict[str, Any]:
 
 def _cache_report(pipeline: Pipeline) -> dict[str, Any] | None:
     """Shard-cache use of the remote datasets, summed (None when no dataset is remote)."""
-    counters = [c for d in pipeline._source.datasets if (c := d.cache_counters()) is not None]
+    counters = [c for d in pipeline._datasets if (c := d.cache_counters()) is not None]
     if not counters:
         return None
     total = {k: sum(c[k] for c in counters) for k in ("hits", "misses", "bytes_downloaded")}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -62,6 +62,7 @@ class Pipeline:
             )
         self._source = source
         self._options = Options()
+        self._datasets = source.datasets  # as read: with `options(io_options=)` applied
         self._user_ops: tuple[MapOp | FilterOp, ...] = ()
         self._tokenize: TokenizeSpec | None = None
         self._pretokenized: PretokenizedSpec | None = None
@@ -107,6 +108,7 @@ class Pipeline:
         stats_every: int | None = None,
         on_stats: Callable[[dict[str, Any]], None] | None = None,
         stats: bool | None = None,
+        io_options: Mapping[str, Any] | None = None,
     ) -> Pipeline:
         """Lanes and topology (``canonical_replicas`` is data-affecting; the rest are not).
 
@@ -121,6 +123,10 @@ class Pipeline:
             on_stats: the periodic stats hook (e.g. a logger).
             stats: keep the per-batch counters of ``stats()`` (default True; False leaves
                 its batch, token and stall figures at zero, for measuring their cost).
+            io_options: shard-cache and retry settings for every remote dataset this pipeline
+                reads, as for ``Dataset.from_path`` (``{"cache": {"dir", "max_bytes",
+                "prefetch_bytes", "prefetch_threads", "enabled"}, "retry": {...}}``); the keys
+                given replace the dataset's own, the rest are kept. Local datasets ignore them.
         """
         given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,
@@ -131,9 +137,13 @@ class Pipeline:
             "stats_every": stats_every,
             "on_stats": on_stats,
             "stats": stats,
+            "io_options": io_options,
         }
         opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
-        return self._with(_options=opts)
+        if io_options is None:
+            return self._with(_options=opts)
+        datasets = tuple(d.with_io_options(io_options) for d in self._source.datasets)
+        return self._with(_options=opts, _datasets=datasets)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None) -> Pipeline:
         """Apply ``fn(row) -> row`` to every document before tokenizing."""

@@ -13,7 +13,7 @@ import json
 import os
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zephon_torch.errors import ConfigError
@@ -104,6 +104,13 @@ class IoOptions:
         _check_keys("io_options['cache']", cache, tuple(CacheOptions.__dataclass_fields__))
         _check_keys("io_options['retry']", retry, tuple(RetryPolicy.__dataclass_fields__))
         return cls(cache=CacheOptions(**cache), retry=RetryPolicy(**retry))
+
+    def merged(self, overrides: Mapping[str, Any]) -> IoOptions:
+        """These options with the keys of an `io_options` mapping replaced, the rest kept."""
+        given = IoOptions.of(overrides)  # validates
+        cache = {key: getattr(given.cache, key) for key in overrides.get("cache") or {}}
+        retry = {key: getattr(given.retry, key) for key in overrides.get("retry") or {}}
+        return IoOptions(cache=replace(self.cache, **cache), retry=replace(self.retry, **retry))
 
 
 def _check_keys(what: str, given: Any, known: tuple[str, ...]) -> None:

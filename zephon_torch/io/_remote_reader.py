@@ -96,6 +96,12 @@ class RemoteReader:
         keys = ("dataset", "format", "url", "objects", "storage_options", "options", "index")
         return {key: self.__dict__[key] for key in (*keys, "index_cache_dir", "projection")}
 
+    def with_options(self, options: IoOptions) -> RemoteReader:
+        """A reader of the same shards with other cache and retry settings."""
+        clone = RemoteReader.__new__(RemoteReader)
+        clone.__setstate__({**self.__getstate__(), "options": options})
+        return clone
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._setup()

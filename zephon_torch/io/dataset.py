@@ -288,6 +288,21 @@ class Dataset:
         """This process's shard-cache hits, misses and bytes downloaded (None: not remote)."""
         return self._reader.cache_counters() if isinstance(self._reader, RemoteReader) else None
 
+    def with_io_options(self, io_options: Mapping[str, Any]) -> Dataset:
+        """This dataset read with other shard-cache and retry settings.
+
+        The keys of `io_options` (as for `from_path`) replace the dataset's own; the rest
+        are kept. Local and in-memory datasets have none and are returned as they are.
+
+        Raises:
+            ConfigError: for unknown keys or bad values.
+        """
+        if not isinstance(self._reader, RemoteReader):
+            IoOptions.of(io_options)  # validates
+            return self
+        reader = self._reader.with_options(self._reader.options.merged(io_options))
+        return Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
+
     def prefetch(self, shards: Iterable[int]) -> None:
         """Starts downloading upcoming shards into the node-local cache; returns at once.
 

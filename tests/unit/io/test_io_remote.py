@@ -214,3 +214,56 @@ def test_a_parquet_footer_longer_than_the_first_tail_read_is_read_whole(tmp_path
     assert dataset.num_rows == 600
     assert not (tmp_path / "cache").exists()  # counted without a download
     assert dataset.read_rows(0, [599])[0]["c39"] == 599
+
+
+def test_pipeline_io_options_move_the_cache_of_remote_datasets_and_keep_the_rest(
+    tmp_path: Path,
+) -> None:
+    from tests.helpers import keys
+    from zephon_torch import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(3):
+        ids = [[number * 100 + i] * (5 + i) for i in range(8)]
+        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
+            pq.write_table(pa.table({"input_ids": ids}), handle)
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    moved = dataset.with_io_options({"cache": {"dir": str(tmp_path / "moved")}})
+    assert moved.fingerprint() == dataset.fingerprint()
+    assert moved.read_rows(2, [1]) == dataset.read_rows(2, [1])
+
+    def build(io_options: dict[str, Any] | None) -> Pipeline:
+        pipeline = Pipeline(StaticMixtureWorkSource([dataset], seed=3, exhaustion="stop"))
+        if io_options is not None:
+            pipeline = pipeline.options(io_options=io_options)
+        return pipeline.pretokenized("input_ids").pack_flat(16).batch(2)
+
+    plain = keys(build(None))
+    other = tmp_path / "other"
+    relocated = build({"cache": {"dir": str(other), "enabled": True}})
+    assert keys(relocated) == plain
+    assert len(list(other.glob("*.parquet"))) == 3
+    cache = relocated.stats()["cache"]
+    assert cache is not None and cache["misses"] == 3
+    # the dataset's retry settings were kept: only the cache keys given changed
+    assert relocated._datasets[0]._reader.options.retry.attempts == 2  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="unknown keys"):
+        build({"cache": {"size": 1}})
+    with pytest.raises(ConfigError, match="enabled"):
+        build({"cache": {"enabled": False}})
+
+
+def test_pipeline_io_options_leave_local_datasets_alone() -> None:
+    from tests.helpers import keys
+    from zephon_torch import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    dataset = Dataset.from_dict("d", {"input_ids": [[i + 1] * 7 for i in range(10)]})
+    source = StaticMixtureWorkSource([dataset], seed=0, exhaustion="stop")
+    plain = Pipeline(source)
+    cached = Pipeline(source).options(io_options={"cache": {"enabled": True}})
+    assert cached._datasets[0] is dataset
+    build = [p.pretokenized("input_ids").pack_flat(8).batch(2) for p in (plain, cached)]
+    assert keys(build[0]) == keys(build[1])
