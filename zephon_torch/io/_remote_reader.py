@@ -5,15 +5,19 @@ speed. JSONL, Parquet and Vortex readers are handed the cached file; MDS, LitDat
 readers, whose shards come with an index or an offsets file, reach every file through a
 `locate` hook that downloads it (see `_locate`). Rows are counted from as little as can be:
 MDS and LitData from `index.json`, Parquet footers and `.npy` headers by range reads; JSONL
-needs the whole file. The reader pickles as its settings and object table; a worker rebuilds
-the file system, the cache handle and the local reader on first use. Every remote call is
-retried under the `RetryPolicy`, then fails with a StorageError naming the URL.
+(and Vortex) need the whole file once, after which the count is remembered in the index cache
+folder under the object's URL, size and version. The reader pickles as its settings and object
+table; a worker rebuilds the file system, the cache handle and the local reader on first use.
+Every remote call is retried under the `RetryPolicy`, then fails with a StorageError naming the
+URL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +41,7 @@ T = TypeVar("T")
 _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
 
 
+_ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
 
 
@@ -117,12 +122,29 @@ class RemoteReader:
 
     def num_rows(self, path: str) -> int:
         """Counts a shard's rows: from `index.json`, a Parquet footer or `.npy` headers by
-        range reads, else from the cached file."""
+        range reads, else from the downloaded file. Such a count (JSONL, Vortex) is remembered
+        in the index cache folder, keyed by the object's URL, size and version, so a later open
+        (another run, another node sharing the folder) downloads nothing."""
         if self.format == "parquet":
             return self._parquet_rows(path)
         if self.format == "npy":
             return self._npy_rows(path)
-        return self._with_reader(path, lambda reader, local: reader.num_rows(local))
+        if self.format in LOCATING_FORMATS:
+            return self._with_reader(path, lambda reader, local: reader.num_rows(local))
+        record = self._row_record(self.objects[path][1])
+        with (
+            contextlib.suppress(OSError, ValueError, KeyError, TypeError),
+            open(record, encoding="utf-8") as handle,
+        ):
+            return int(json.load(handle)["rows"])
+        rows = self._with_reader(path, lambda reader, local: reader.num_rows(local))
+        with contextlib.suppress(OSError):
+            _write_atomically(record, json.dumps({"url": path, "rows": rows}))
+        return rows
+
+    def _row_record(self, item: CachedObject) -> str:
+        """Where the row count of a downloaded-to-count object is remembered."""
+        return os.path.join(self.index_cache_dir, _ROW_COUNTS, f"{item.name}.json")
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
@@ -338,3 +360,15 @@ class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
 
     def call(self, *args: Any, **kwargs: Any) -> None:
         self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)

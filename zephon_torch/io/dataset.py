@@ -114,9 +114,12 @@ class Dataset:
         once, in every format; each shard (with its `.npy` offsets file, and an MDS or LitData
         dataset's `index.json`) is downloaded whole into the node-local shard cache when first
         read (or prefetched, see `prefetch`) and then read like a local file. Objects are keyed
-        by URL, size and etag/mtime, so a changed object is downloaded again.
-        `hf://org/name[/config]/split` reads a Hugging Face dataset's data files through
-        `huggingface_hub` and its cache.
+        by URL, size and etag/mtime, so a changed object is downloaded again. Opening reads
+        row counts from `index.json`, Parquet footers or `.npy` headers; a remote JSONL or
+        Vortex shard is downloaded once to be counted, and its count is kept in
+        `index_cache_dir` so later opens download nothing (`zephon-torch index URL` does this
+        ahead of a job). `hf://org/name[/config]/split` reads a Hugging Face dataset's data
+        files through `huggingface_hub` and its cache.
 
         Args:
             name: the dataset name.

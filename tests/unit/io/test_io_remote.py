@@ -267,3 +267,30 @@ def test_pipeline_io_options_leave_local_datasets_alone() -> None:
     assert cached._datasets[0] is dataset
     build = [p.pretokenized("input_ids").pack_flat(8).batch(2) for p in (plain, cached)]
     assert keys(build[0]) == keys(build[1])
+
+
+def test_jsonl_row_counts_are_remembered_so_a_later_open_downloads_nothing(
+    tmp_path: Path,
+) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(3):
+        _put_jsonl(fs, f"{root}/{number}.jsonl", [{"text": f"{number}-{i}"} for i in range(4)])
+    index = str(tmp_path / "index")
+
+    def open_cold(cache: str) -> Dataset:
+        options = {"cache": {"dir": str(tmp_path / cache)}}
+        return Dataset.from_path("j", f"memory://{root}", io_options=options, index_cache_dir=index)
+
+    first = open_cold("first")
+    total = sum(fs.size(f"{root}/{number}.jsonl") for number in range(3))
+    assert first.cache_counters() == {"hits": 0, "misses": 3, "bytes_downloaded": total}
+    second = open_cold("second")
+    assert second.cache_counters() == {"hits": 0, "misses": 0, "bytes_downloaded": 0}
+    assert [s.num_rows for s in second.shards] == [4, 4, 4]
+    assert second.read_rows(2, [3]) == [{"text": "2-3"}]
+    _put_jsonl(fs, f"{root}/1.jsonl", [{"text": "changed"}] * 6)  # a new version: counted again
+    third = open_cold("third")
+    assert [s.num_rows for s in third.shards] == [4, 6, 4]
+    changed = fs.size(f"{root}/1.jsonl")
+    assert third.cache_counters() == {"hits": 0, "misses": 1, "bytes_downloaded": changed}
