@@ -7,7 +7,7 @@ and the value.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,6 @@ class Options:
     stats_every: int = 0
     stats: bool = True
     on_stats: Callable[[dict[str, Any]], None] | None = None
-    io_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_topology(

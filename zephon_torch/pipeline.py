@@ -126,7 +126,8 @@ class Pipeline:
             io_options: shard-cache and retry settings for every remote dataset this pipeline
                 reads, as for ``Dataset.from_path`` (``{"cache": {"dir", "max_bytes",
                 "prefetch_bytes", "prefetch_threads", "enabled"}, "retry": {...}}``); the keys
-                given replace the dataset's own, the rest are kept. Local datasets ignore them.
+                given replace the dataset's own (and earlier calls'), the rest are kept. Local
+                datasets ignore them.
         """
         given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,
@@ -137,12 +138,11 @@ class Pipeline:
             "stats_every": stats_every,
             "on_stats": on_stats,
             "stats": stats,
-            "io_options": io_options,
         }
         opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
         if io_options is None:
             return self._with(_options=opts)
-        datasets = tuple(d.with_io_options(io_options) for d in self._source.datasets)
+        datasets = tuple(d.with_io_options(io_options) for d in self._datasets)
         return self._with(_options=opts, _datasets=datasets)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None) -> Pipeline:

@@ -36,6 +36,12 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps the default shard cache and index folder (remembered row counts) per test."""
+    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+
+
 @pytest.fixture
 def s3_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = _free_port()

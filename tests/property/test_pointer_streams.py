@@ -135,7 +135,7 @@ def test_upcoming_shards_list_every_shard_still_to_read_in_order_of_first_need(
     lane = data.draw(st.integers(0, lanes - 1))
     length = lane_length(num_rows=sum(rows), lane=lane, num_lanes=lanes)
     start = data.draw(st.integers(0, max(0, length - 1)))
-    upcoming = layout.upcoming_shards(pass_index=1, lane=lane, num_lanes=lanes, start=start)
+    upcoming = list(layout.upcoming_shards(pass_index=1, lane=lane, num_lanes=lanes, start=start))
     assert len(set(upcoming)) == len(upcoming)
     assert all(rows[s] for s in upcoming)
     read = layout.pointers(
@@ -144,7 +144,7 @@ def test_upcoming_shards_list_every_shard_still_to_read_in_order_of_first_need(
     needed = list(dict.fromkeys(p.shard for p in read))
     assert set(needed) <= set(upcoming)
     # first needs follow the list, up to the order inside one window of shards
-    order = layout.upcoming_shards(pass_index=1, lane=0, num_lanes=1, start=0)
+    order = list(layout.upcoming_shards(pass_index=1, lane=0, num_lanes=1, start=0))
     position = {shard: i for i, shard in enumerate(order)}
     shard_order = layout._layout(1).shard_order.tolist()  # the pass's keyed order of shards
     window_of = {s: i // window for i, s in enumerate(shard_order)}

@@ -105,9 +105,12 @@ class IoOptions:
         _check_keys("io_options['retry']", retry, tuple(RetryPolicy.__dataclass_fields__))
         return cls(cache=CacheOptions(**cache), retry=RetryPolicy(**retry))
 
-    def merged(self, overrides: Mapping[str, Any]) -> IoOptions:
-        """These options with the keys of an `io_options` mapping replaced, the rest kept."""
+    def merged(self, overrides: Mapping[str, Any] | IoOptions) -> IoOptions:
+        """These options with the keys of an `io_options` mapping replaced, the rest kept; an
+        `IoOptions` replaces them all."""
         given = IoOptions.of(overrides)  # validates
+        if isinstance(overrides, IoOptions):
+            return given
         cache = {key: getattr(given.cache, key) for key in overrides.get("cache") or {}}
         retry = {key: getattr(given.retry, key) for key in overrides.get("retry") or {}}
         return IoOptions(cache=replace(self.cache, **cache), retry=replace(self.retry, **retry))
@@ -177,7 +180,7 @@ def list_remote(
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
         if GLOB_CHARS.intersection(root):
             return "glob", fs.glob(root, detail=True)
-        found = fs.find(root, detail=True)  # one request: a file lists as itself
+        found = fs.find(root, detail=True)  # a file lists as itself: no separate isdir/isfile
         if list(found) == [root.rstrip("/")]:
             return "file", found
         if found or fs.isdir(root):

@@ -43,6 +43,7 @@ _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch 
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
+_PARQUET_MIN_BYTES = 12  # the magic bytes at both ends and the footer length
 
 
 class RemoteReader:
@@ -94,7 +95,7 @@ class RemoteReader:
         self._opening = threading.Lock()  # builds the local reader; may download the index
         self._opened: tuple[ShardReader, list[str]] | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._queued: dict[str, int] = {}
+        self._queued: set[str] = set()
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -183,7 +184,7 @@ class RemoteReader:
         ahead = 0
         with self._lock:
             if self._pid != os.getpid():
-                self._pool, self._queued, self._pid = None, {}, os.getpid()
+                self._pool, self._queued, self._pid = None, set(), os.getpid()
             for url in (part for shard in urls for part in self._files_of(shard)):
                 fs_path, item = self.objects[url]
                 ahead += item.size
@@ -196,7 +197,7 @@ class RemoteReader:
                         max_workers=cache_options.prefetch_threads,
                         thread_name_prefix="zephon-prefetch",
                     )
-                self._queued[url] = item.size
+                self._queued.add(url)
                 self._pool.submit(self._prefetch_one, url, fs_path, item)
 
     def cache_counters(self) -> dict[str, int]:
@@ -246,33 +247,39 @@ class RemoteReader:
 
     def _parquet_rows(self, path: str) -> int:
         """The row count from the footer: one range read of the file's tail (a second when the
-        footer is longer than the guess), parsed by pyarrow; the shard is not downloaded."""
+        footer is longer than the guess), parsed by pyarrow; the shard is not downloaded. Only
+        the reads are retried: bytes that do not parse are a DataError at once."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         fs_path, item = self.objects[path]
 
         def tail(length: int) -> bytes:
-            start = max(0, item.size - length)
-            data: bytes = self._filesystem().cat_file(fs_path, start=start, end=item.size)
-            return data
+            def attempt() -> bytes:
+                start = max(0, item.size - length)
+                data: bytes = self._filesystem().cat_file(fs_path, start=start, end=item.size)
+                return data
 
-        def footer() -> int:
-            data = tail(_FOOTER_GUESS)
-            try:
-                if len(data) < 12 or data[-4:] != b"PAR1":
-                    raise pa.ArrowInvalid("the file does not end in the Parquet magic bytes")
-                length = int.from_bytes(data[-8:-4], "little") + 8
-                if length > len(data) and len(data) < item.size:
-                    data = tail(length)
-                return int(pq.read_metadata(pa.BufferReader(data[-length:])).num_rows)
-            except pa.ArrowInvalid as error:  # bad bytes; I/O errors are retried
-                raise DataError(
-                    f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
-                ) from error
+            retry = self.options.retry
+            return call_with_retry(attempt, url=path, policy=retry, what="reading the footer")
 
-        retry = self.options.retry
-        return call_with_retry(footer, url=path, policy=retry, what="reading the footer")
+        def bad(reason: object) -> DataError:
+            return DataError(
+                f"not a readable Parquet file: {reason}", dataset=self.dataset, shard=path
+            )
+
+        if item.size < _PARQUET_MIN_BYTES:
+            raise bad(f"{item.size} bytes is too short")
+        data = tail(_FOOTER_GUESS)
+        if data[-4:] != b"PAR1":
+            raise bad("the file does not end in the Parquet magic bytes")
+        length = int.from_bytes(data[-8:-4], "little") + 8
+        if length > len(data) and len(data) < item.size:
+            data = tail(length)
+        try:
+            return int(pq.read_metadata(pa.BufferReader(data[-length:])).num_rows)
+        except (pa.ArrowInvalid, OSError) as error:  # pyarrow raises OSError for bad thrift
+            raise bad(error) from error
 
     def _npy_rows(self, path: str) -> int:
         """A 2-D token file's first dimension, or one less than its offsets file's length,
@@ -310,7 +317,7 @@ class RemoteReader:
                 self._shard_cache().ensure(item, download, pin=False)
         finally:
             with self._lock:
-                self._queued.pop(url, None)
+                self._queued.discard(url)
 
     def _downloader(self, fs_path: str, item: CachedObject, *, show: bool = True) -> Any:
         """The download of one object, retried; a foreground one shows a byte bar on a

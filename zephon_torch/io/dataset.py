@@ -291,11 +291,12 @@ class Dataset:
         """This process's shard-cache hits, misses and bytes downloaded (None: not remote)."""
         return self._reader.cache_counters() if isinstance(self._reader, RemoteReader) else None
 
-    def with_io_options(self, io_options: Mapping[str, Any]) -> Dataset:
+    def with_io_options(self, io_options: Mapping[str, Any] | IoOptions) -> Dataset:
         """This dataset read with other shard-cache and retry settings.
 
-        The keys of `io_options` (as for `from_path`) replace the dataset's own; the rest
-        are kept. Local and in-memory datasets have none and are returned as they are.
+        The keys of an `io_options` mapping (as for `from_path`) replace the dataset's own;
+        the rest are kept. An `IoOptions` replaces them all. Local and in-memory datasets have
+        none and are returned as they are.
 
         Raises:
             ConfigError: for unknown keys or bad values.
@@ -365,9 +366,10 @@ def _count_rows(reader: ShardReader, files: list[str], *, remote: bool = False) 
     # they use more threads than there are cores.
     if len(files) == 1:
         return [reader.num_rows(files[0])]
-    cores = os.cpu_count() or 1
-    workers = min(_MAX_REMOTE_OPENING_THREADS if remote else _MAX_OPENING_THREADS, len(files))
-    workers = workers if remote else min(workers, cores)
+    if remote:
+        workers = min(_MAX_REMOTE_OPENING_THREADS, len(files))
+    else:
+        workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
         # a bar on a terminal: the first open of many JSONL shards scans them all
         return list(track(pool.map(reader.num_rows, files), "opening shards", total=len(files)))

@@ -135,7 +135,12 @@ class NpyReader:
 
     def _open(self, path: str) -> _TokenFile:
         self.projection.check_available([TOKENS_FIELD], dataset=self.dataset, shard=path)
-        tokens = self._load(path)
+        try:
+            tokens = self._load(path)
+        except FileNotFoundError:
+            raise DataError(
+                f"the token file is missing{CHANGED_NOTE}", dataset=self.dataset, shard=path
+            ) from None
         if tokens.ndim == 2:
             return _TokenFile(tokens=tokens, offsets=None)
         partner = offsets_path(path)

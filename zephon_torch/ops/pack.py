@@ -50,7 +50,7 @@ class PackedRow:
 
     @property
     def tokens(self) -> npt.NDArray[np.int32]:
-        """The row's tokens as one new array."""
+        """The row's tokens as one array (the piece itself when the row has one)."""
         return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
 
 

@@ -7,8 +7,10 @@ position of the next document it has not yet *returned*: read-ahead is never sta
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -160,8 +162,11 @@ class DocumentReader(BaseNode[Document]):
             return
         pass_index, pos = self._cursor
         where = {"lane": self.lane, "num_lanes": self.num_lanes}
-        upcoming = self.layout.upcoming_shards(pass_index=pass_index, start=pos, **where)
+        upcoming: Iterable[int] = self.layout.upcoming_shards(
+            pass_index=pass_index, start=pos, **where
+        )
         following = self._normalise((pass_index, self._lane_rows))
-        if following is not None and following[0] != pass_index:
-            upcoming += self.layout.upcoming_shards(pass_index=following[0], start=0, **where)
-        dataset.prefetch(dict.fromkeys(upcoming))
+        if following is not None:
+            then = self.layout.upcoming_shards(pass_index=following[0], start=0, **where)
+            upcoming = itertools.chain(upcoming, then)
+        dataset.prefetch(upcoming)

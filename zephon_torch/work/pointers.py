@@ -10,6 +10,7 @@ nothing proportional to the row count is ever built: set-up is O(shards) per pas
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -85,16 +86,16 @@ class PointerLayout:
 
     def upcoming_shards(
         self, *, pass_index: int, lane: int, num_lanes: int, start: int
-    ) -> list[int]:
+    ) -> Iterator[int]:
         """The shards lane positions ``start, start+1, ...`` of pass ``pass_index`` read, in
         the order they are first needed: the current window's shards, then each later window's.
 
         A window's rows are permuted across its shards, so all of them are needed from its
-        first row on. Shards without rows are left out. O(shards): for prefetch, which walks
-        this list until its byte budget is spent.
+        first row on. Shards without rows are left out. Lazy: prefetch stops walking once its
+        byte budget is spent.
         """
         if self.num_rows == 0:
-            return []
+            return
         layout = self._layout(pass_index)
         global_pos = min(start * num_lanes + lane, self.num_rows - 1)
         if self.shuffle:
@@ -102,7 +103,9 @@ class PointerLayout:
             first = window * self.window_shards
         else:
             first = int(np.searchsorted(layout.ordered_starts, global_pos, side="right")) - 1
-        return [s for s in layout.shard_order[first:].tolist() if self.shard_rows[s]]
+        for shard in layout.shard_order[first:]:
+            if self.shard_rows[shard]:
+                yield int(shard)
 
     def _locate(
         self, pass_index: int, global_pos: npt.NDArray[np.int64]

@@ -62,3 +62,10 @@ def test_threads_and_pickling_read_the_same_rows(npy_dir: Path) -> None:
     dataset = Dataset.from_path("n", npy_dir)
     copy = pickle.loads(pickle.dumps(dataset))
     assert copy.read_rows(1, [2])[0]["input_ids"].tolist() == list(range(103, 110))
+
+
+def test_a_token_file_removed_after_opening_is_a_data_error_naming_it(npy_dir: Path) -> None:
+    dataset = pickle.loads(pickle.dumps(Dataset.from_path("n", npy_dir)))  # nothing mapped yet
+    (npy_dir / "b.npy").unlink()
+    with pytest.raises(DataError, match=r"dataset 'n'.*b\.npy.*token file is missing"):
+        dataset.read_rows(1, [0])

@@ -18,6 +18,7 @@ import pytest
 
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io import Dataset
+from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 
 
@@ -248,7 +249,14 @@ def test_pipeline_io_options_move_the_cache_of_remote_datasets_and_keep_the_rest
     cache = relocated.stats()["cache"]
     assert cache is not None and cache["misses"] == 3
     # the dataset's retry settings were kept: only the cache keys given changed
-    assert relocated._datasets[0]._reader.options.retry.attempts == 2  # type: ignore[attr-defined]
+    options = relocated._datasets[0]._reader.options  # type: ignore[attr-defined]
+    assert options.retry.attempts == 2
+    # a second call keeps the first one's keys
+    chained = build({"cache": {"dir": str(other)}}).options(io_options={"retry": {"attempts": 4}})
+    options = chained._datasets[0]._reader.options  # type: ignore[attr-defined]
+    assert (options.cache.dir, options.retry.attempts) == (str(other), 4)
+    whole = dataset.with_io_options(IoOptions())  # an IoOptions replaces every setting
+    assert whole._reader.options == IoOptions()  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="unknown keys"):
         build({"cache": {"size": 1}})
     with pytest.raises(ConfigError, match="enabled"):
@@ -294,3 +302,50 @@ def test_jsonl_row_counts_are_remembered_so_a_later_open_downloads_nothing(
     assert [s.num_rows for s in third.shards] == [4, 6, 4]
     changed = fs.size(f"{root}/1.jsonl")
     assert third.cache_counters() == {"hits": 0, "misses": 1, "bytes_downloaded": changed}
+
+
+@pytest.mark.parametrize("damage", ["thrift", "empty", "short"])
+def test_a_bad_parquet_footer_is_a_data_error_at_once_not_a_retried_storage_error(
+    tmp_path: Path, damage: str
+) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"n": list(range(50))}), buffer)
+    data = buffer.getvalue()
+    length = int.from_bytes(data[-8:-4], "little")
+    if damage == "thrift":  # the footer's bytes garbled, its length and magic kept
+        data = data[: -8 - length] + b"\xff" * length + data[-8:]
+    fs.pipe(f"{root}/a.parquet", {"thrift": data, "empty": b"", "short": b"PAR1"}[damage])
+    # retried, the OSError pyarrow raises for bad thrift would end as a StorageError
+    with pytest.raises(DataError, match=r"a\.parquet.*not a readable Parquet file"):
+        Dataset.from_path("p", f"memory://{root}/a.parquet", io_options=_options(tmp_path))
+
+
+def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(3):
+        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
+            pq.write_table(pa.table({"n": [number] * 10}), handle)
+    options = _options(tmp_path)
+    options["cache"]["prefetch_bytes"] = 0
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    dataset.prefetch(iter([0, 1, 2]))
+    time.sleep(0.2)
+    assert not list((tmp_path / "cache").glob("*.parquet"))
+    assert dataset.read_rows(1, [0]) == [{"n": 1}]  # the read downloads its shard itself
+    assert dataset.cache_counters() == {
+        "hits": 0,
+        "misses": 1,
+        "bytes_downloaded": fs.size(f"{root}/1.parquet"),
+    }
+
+
+def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_jsonl(fs, f"{root}/a.jsonl", [{"text": "x"}])
+    fs.pipe(f"{root}/b.jsonl", b"")
+    with pytest.raises(DataError, match=r"b\.jsonl.*no rows"):
+        Dataset.from_path("e", f"memory://{root}", io_options=_options(tmp_path))
