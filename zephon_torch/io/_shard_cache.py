@@ -7,10 +7,12 @@ a partial shard. Processes and ranks of one node share the folder safely through
 one lock per shard name, so a shard is fetched once however many ask, and one folder lock for
 the space bookkeeping. Before a download, space is reserved (a marker file naming the process
 and the size) and least recently used shards are evicted until files plus reservations fit in
-`max_bytes`. A shard that a process is reading holds a shared lock on its file, and eviction
-skips any file it cannot lock exclusively, so a shard in use is never deleted under a reader.
-Linux keeps an evicted file's data alive for readers that still map it, so readers' own
-in-memory caches stay valid.
+`max_bytes`. A shard that a process is opening or reading holds a shared lock on its file, and
+eviction skips any file it cannot lock exclusively, so a shard is never deleted under a read.
+Readers keep recently used shards memory-mapped between reads (up to their `max_open`) without
+a lock; Linux keeps an evicted file's data alive for such mappings, so they stay valid, but its
+disk space is freed only when the reader drops the map: disk use can exceed `max_bytes` by up to
+`max_open` shards per dataset and process.
 """
 
 from __future__ import annotations
