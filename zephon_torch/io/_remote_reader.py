@@ -166,20 +166,23 @@ class RemoteReader:
                     error.detail, dataset=self.dataset, shard=path, row=error.row
                 ) from error
 
-    def prefetch(self, urls: Iterable[str]) -> None:
+    def prefetch(self, urls: Iterable[str], *, share: int = 1) -> None:
         """Downloads upcoming shards (and their `.npy` offsets files) in the background, as far
         ahead as the cache's `prefetch_bytes` reaches; returns at once.
 
         `urls` are the shards in the order they will be read, the one being read first. The
         walk adds up their sizes, cached or not, and stops before the sum passes the budget, so
         at most `prefetch_bytes` of data lies ready ahead of the reader however often it asks;
-        objects already cached or queued are skipped. It consumes `urls` lazily. Errors are not
-        raised here; the read that needs the shard retries and raises them.
+        objects already cached or queued are skipped. It consumes `urls` lazily. `share`: how
+        many datasets prefetch into this cache at once; each gets that part of the budget, so
+        together they stay within it. Errors are not raised here; the read that needs the
+        shard retries and raises them.
         """
         cache_options = self.options.cache
         budget = cache_options.prefetch_bytes
         if budget is None:
             budget = cache_options.max_bytes // 4
+        budget //= max(1, share)
         cache = self._shard_cache()
         ahead = 0
         with self._lock:

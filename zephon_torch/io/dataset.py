@@ -307,20 +307,21 @@ class Dataset:
         reader = self._reader.with_options(self._reader.options.merged(io_options))
         return Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
 
-    def prefetch(self, shards: Iterable[int]) -> None:
+    def prefetch(self, shards: Iterable[int], *, share: int = 1) -> None:
         """Starts downloading upcoming shards into the node-local cache; returns at once.
 
         Give the shards the pointer streams read from now on, in order, the current one
         first. Background threads download them as far ahead as the cache's `prefetch_bytes`
         reaches (shards already cached count toward it and are skipped), so a later
-        `read_rows` finds them cached; `shards` is consumed only that far. A no-op for local
-        and in-memory datasets. Errors surface at the read.
+        `read_rows` finds them cached; `shards` is consumed only that far. `share` is the
+        number of remote datasets read together (a mixture): each gets that part of the
+        budget. A no-op for local and in-memory datasets. Errors surface at the read.
 
         Raises:
             DataError: for a shard number out of range (remote datasets).
         """
         if isinstance(self._reader, RemoteReader):
-            self._reader.prefetch(self._shard(shard).path for shard in shards)
+            self._reader.prefetch((self._shard(shard).path for shard in shards), share=share)
 
     def fingerprint(self) -> dict[str, Any]:
         """Returns a JSON-able summary that changes when the shard list or a row count does.

@@ -156,8 +156,10 @@ class DocumentReader(BaseNode[Document]):
     def _prefetch_ahead(self) -> None:
         """Tell a remote dataset which shards this lane reads from the next chunk on, in order
         (this pass's, then the next pass's): the pointer stream is pure, so what comes next is
-        known. The dataset downloads them ahead, as far as its byte budget reaches."""
-        dataset = self.runner.chain.fetch.datasets[self.source]
+        known. The dataset downloads them ahead, as far as its part of the byte budget reaches
+        (the remote datasets of a mixture share it)."""
+        datasets = self.runner.chain.fetch.datasets
+        dataset = datasets[self.source]
         if not dataset.remote or self._cursor is None:
             return
         pass_index, pos = self._cursor
@@ -169,4 +171,4 @@ class DocumentReader(BaseNode[Document]):
         if following is not None:
             then = self.layout.upcoming_shards(pass_index=following[0], start=0, **where)
             upcoming = itertools.chain(upcoming, then)
-        dataset.prefetch(upcoming)
+        dataset.prefetch(upcoming, share=sum(d.remote for d in datasets))

@@ -349,3 +349,22 @@ def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None
     fs.pipe(f"{root}/b.jsonl", b"")
     with pytest.raises(DataError, match=r"b\.jsonl.*no rows"):
         Dataset.from_path("e", f"memory://{root}", io_options=_options(tmp_path))
+
+
+def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(4):
+        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
+            pq.write_table(pa.table({"n": [7] * 10}), handle)
+    size = fs.size(f"{root}/0.parquet")
+    options = _options(tmp_path)
+    options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four shards alone, two shared
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    dataset.prefetch(iter([3, 2, 1, 0]), share=2)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(list((tmp_path / "cache").glob("*.parquet"))) < 2:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    names = {p.name.split("-")[-1] for p in (tmp_path / "cache").glob("*.parquet")}
+    assert names == {"3.parquet", "2.parquet"}
