@@ -116,3 +116,19 @@ def test_bad_npy_offsets_raise_a_data_error_naming_the_url(
         dataset = Dataset.from_path("n", url, io_options=_options(tmp_path))
         dataset.read_rows(0, [0])  # offsets are checked on the first read
     assert caught.value.shard == f"{url}/flat.npy"
+
+
+@pytest.mark.parametrize(
+    "offsets", [np.array([0, 3, 9]), np.array([1, 3, 10])], ids=["end", "start"]
+)
+def test_npy_offsets_that_miss_the_token_count_are_refused_at_open(
+    tmp_path: Path, offsets: np.ndarray
+) -> None:
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "flat.npy", np.arange(10, dtype=np.int32))
+    np.save(folder / "flat.offsets.npy", offsets)
+    url = _put(folder)
+    with pytest.raises(DataError, match=r"offsets in 'flat\.offsets\.npy' must rise") as caught:
+        Dataset.from_path("n", url, io_options=_options(tmp_path))  # no read needed
+    assert caught.value.shard == f"{url}/flat.npy"
