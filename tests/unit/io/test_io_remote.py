@@ -16,14 +16,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import keys
+from zephon_torch import Pipeline
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io import Dataset
 from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
+from zephon_torch.work import StaticMixtureWorkSource
 
 
 def _put_jsonl(fs: Any, path: str, rows: list[dict[str, Any]]) -> None:
     fs.pipe(path, "".join(json.dumps(row) + "\n" for row in rows).encode())
+
+
+def _put_parquet(fs: Any, path: str, table: pa.Table, **options: Any) -> None:
+    with fs.open(path, "wb") as handle:
+        pq.write_table(table, handle, **options)
 
 
 def _root() -> str:
@@ -66,8 +74,7 @@ def test_parquet_rows_are_counted_from_the_footer_without_a_download(tmp_path: P
     fs = fsspec.filesystem("memory")
     root = _root()
     table = pa.table({"text": [f"t{i}" for i in range(40)], "n": list(range(40))})
-    with fs.open(f"{root}/a.parquet", "wb") as handle:
-        pq.write_table(table, handle, row_group_size=16)
+    _put_parquet(fs, f"{root}/a.parquet", table, row_group_size=16)
     dataset = Dataset.from_path("p", f"memory://{root}/*.parquet", io_options=_options(tmp_path))
     assert dataset.num_rows == 40
     assert not (tmp_path / "cache").exists()
@@ -78,8 +85,7 @@ def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
     for number in range(2):
-        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
-            pq.write_table(pa.table({"n": [number] * 10}), handle)
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
     dataset.prefetch([1, 0])
     deadline = time.monotonic() + 10
@@ -94,8 +100,7 @@ def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
 def test_a_truncated_shard_raises_a_data_error_naming_the_url(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
-    with fs.open(f"{root}/a.parquet", "wb") as handle:
-        pq.write_table(pa.table({"n": list(range(100))}), handle)
+    _put_parquet(fs, f"{root}/a.parquet", pa.table({"n": list(range(100))}))
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
     fs.pipe(f"{root}/b.parquet", b"PAR1 not really")
     with pytest.raises(DataError, match=r"b\.parquet"):
@@ -173,8 +178,8 @@ def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: P
     fs = fsspec.filesystem("memory")
     root = _root()
     for number in range(6):
-        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
-            pq.write_table(pa.table({"n": [7] * 10}), handle)  # all the same size
+        # all the same size
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [7] * 10}))
     size = fs.size(f"{root}/0.parquet")
     options = _options(tmp_path)
     options["cache"]["prefetch_bytes"] = 3 * size + size // 2  # three shards ahead
@@ -207,8 +212,8 @@ def test_a_parquet_footer_longer_than_the_first_tail_read_is_read_whole(tmp_path
     fs = fsspec.filesystem("memory")
     root = _root()
     table = pa.table({f"c{i}": list(range(600)) for i in range(40)})
-    with fs.open(f"{root}/wide.parquet", "wb") as handle:
-        pq.write_table(table, handle, row_group_size=3)  # 200 row groups x 40 columns
+    # 200 row groups x 40 columns
+    _put_parquet(fs, f"{root}/wide.parquet", table, row_group_size=3)
     data = fs.cat(f"{root}/wide.parquet")
     assert int.from_bytes(data[-8:-4], "little") > 64 << 10  # the footer alone
     dataset = Dataset.from_path("w", f"memory://{root}", io_options=_options(tmp_path, 1 << 24))
@@ -220,16 +225,11 @@ def test_a_parquet_footer_longer_than_the_first_tail_read_is_read_whole(tmp_path
 def test_pipeline_io_options_move_the_cache_of_remote_datasets_and_keep_the_rest(
     tmp_path: Path,
 ) -> None:
-    from tests.helpers import keys
-    from zephon_torch import Pipeline
-    from zephon_torch.work import StaticMixtureWorkSource
-
     fs = fsspec.filesystem("memory")
     root = _root()
     for number in range(3):
         ids = [[number * 100 + i] * (5 + i) for i in range(8)]
-        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
-            pq.write_table(pa.table({"input_ids": ids}), handle)
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"input_ids": ids}))
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
     moved = dataset.with_io_options({"cache": {"dir": str(tmp_path / "moved")}})
     assert moved.fingerprint() == dataset.fingerprint()
@@ -264,10 +264,6 @@ def test_pipeline_io_options_move_the_cache_of_remote_datasets_and_keep_the_rest
 
 
 def test_pipeline_io_options_leave_local_datasets_alone() -> None:
-    from tests.helpers import keys
-    from zephon_torch import Pipeline
-    from zephon_torch.work import StaticMixtureWorkSource
-
     dataset = Dataset.from_dict("d", {"input_ids": [[i + 1] * 7 for i in range(10)]})
     source = StaticMixtureWorkSource([dataset], seed=0, exhaustion="stop")
     plain = Pipeline(source)
@@ -326,8 +322,7 @@ def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
     for number in range(3):
-        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
-            pq.write_table(pa.table({"n": [number] * 10}), handle)
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
     options = _options(tmp_path)
     options["cache"]["prefetch_bytes"] = 0
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
@@ -355,8 +350,7 @@ def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> 
     fs = fsspec.filesystem("memory")
     root = _root()
     for number in range(4):
-        with fs.open(f"{root}/{number}.parquet", "wb") as handle:
-            pq.write_table(pa.table({"n": [7] * 10}), handle)
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [7] * 10}))
     size = fs.size(f"{root}/0.parquet")
     options = _options(tmp_path)
     options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four shards alone, two shared
