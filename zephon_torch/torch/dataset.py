@@ -19,6 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon_torch._state import STATE_VERSION
 from zephon_torch.errors import StateMismatchError
+from zephon_torch.torch._transport import pack
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self.pipeline = pipeline
         self.mask_document_boundaries = mask_document_boundaries
         self.with_meta = False  # set by zephon_torch.torch.DataLoader
+        self.pack_transport = False  # likewise, with workers: one buffer per item
         self._loaded: dict[str, Any] | None = None
         self._delivered: dict[str, Any] = {}
         self._worker_lanes: list[int] | None = None
@@ -113,7 +115,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                 item["payloads"] = batch.payloads
             if self.with_meta:
                 item[META_KEY] = {"lane": batch.lane, "turn": batch.turn, "state": batch.state}
-            yield item
+            yield pack(item) if self.pack_transport and info is not None else item
 
     def state_dict(self) -> dict[str, Any]:
         """The state after what this process's iterator yielded (see the class docstring).

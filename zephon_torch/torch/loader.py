@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data
 
 from zephon_torch.errors import ConfigError, StateMismatchError
+from zephon_torch.torch._transport import unpack
 from zephon_torch.torch.dataset import META_KEY, PipelineDataset
 from zephon_torch.torch.distributed import distributed_ready, equal_ending
 
@@ -63,9 +64,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             )
         dataset = data if isinstance(data, PipelineDataset) else data.to_torch()
         dataset.with_meta = True
+        dataset.pack_transport = num_workers > 0
         super().__init__(
             dataset,
             batch_size=None,
+            collate_fn=_as_is,  # items are tensors already; payloads pass untouched
             num_workers=num_workers,
             pin_memory=pin_memory,
             prefetch_factor=prefetch_factor,
@@ -87,7 +90,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # Workers are started from the dataset as it is now: continue from what was delivered.
         dataset = self.pipeline_dataset
         dataset._delivered = copy.deepcopy(self._delivered)
-        items: Iterator[dict[str, Any]] = super().__iter__()
+        items: Iterator[dict[str, Any]] = map(unpack, super().__iter__())
         pipeline = dataset.pipeline
         if pipeline.topology[0] > 1 and distributed_ready():
             self._check_aligned()
@@ -128,3 +131,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers."""
         self.pipeline_dataset.load_state_dict(state)
         self._delivered = {}
+
+
+def _as_is(item: Any) -> Any:
+    return item
