@@ -40,8 +40,6 @@ from zephon_torch.io.npy import offsets_path, read_header
 T = TypeVar("T")
 
 _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
-
-
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
 _PARQUET_MIN_BYTES = 12  # the magic bytes at both ends and the footer length
@@ -60,7 +58,8 @@ class RemoteReader:
             offsets files, and for MDS and LitData the index and its shards.
         storage_options: passed to the fsspec file system.
         options: cache and retry settings.
-        index_cache_dir: where JSONL line indexes of cached shards are kept.
+        index_cache_dir: where JSONL line indexes of cached shards, and remembered row counts,
+            are kept.
         projection: the columns rows keep, as for local readers.
         index: the URL of the `index.json` of an MDS or LitData dataset.
     """
@@ -99,9 +98,20 @@ class RemoteReader:
         self._queued: set[str] = set()
         self._pid = os.getpid()
 
+    _SETTINGS = (
+        "dataset",
+        "format",
+        "url",
+        "objects",
+        "storage_options",
+        "options",
+        "index_cache_dir",
+        "projection",
+        "index",
+    )
+
     def __getstate__(self) -> dict[str, Any]:
-        keys = ("dataset", "format", "url", "objects", "storage_options", "options", "index")
-        return {key: self.__dict__[key] for key in (*keys, "index_cache_dir", "projection")}
+        return {key: self.__dict__[key] for key in self._SETTINGS}
 
     def with_options(self, options: IoOptions) -> RemoteReader:
         """A reader of the same shards with other cache and retry settings."""
