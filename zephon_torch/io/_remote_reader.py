@@ -43,6 +43,8 @@ _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
 _PARQUET_MIN_BYTES = 12  # the magic bytes at both ends and the footer length
+_MAPPED_SHARE = 8  # shards kept open by a local reader take at most max_bytes / this
+_MIN_OPEN, _MAX_OPEN = 2, 16
 
 
 class RemoteReader:
@@ -238,12 +240,21 @@ class RemoteReader:
                     index_cache_dir=self.index_cache_dir,
                     projection=self.projection,
                     locate=self._locate,
+                    max_open=self._max_open(),
                 )
                 missing = [shard for shard in shards if shard not in self.objects]
                 if missing:
                     raise missing_shard(missing[0], dataset=self.dataset)
                 self._opened = reader, shards
             return self._opened
+
+    def _max_open(self) -> int:
+        """How many shards the local reader keeps open or mapped between reads. The cache may
+        evict such a shard, but its disk space is freed only when the reader lets it go, so
+        they are sized to an eighth of `max_bytes` (between 2 and 16 shards)."""
+        largest = max((item.size for _, item in self.objects.values()), default=0)
+        fitting = self.options.cache.max_bytes // _MAPPED_SHARE // max(largest, 1)
+        return max(_MIN_OPEN, min(_MAX_OPEN, fitting))
 
     @contextlib.contextmanager
     def _locate(self, url: str) -> Iterator[str]:

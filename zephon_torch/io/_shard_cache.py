@@ -9,10 +9,10 @@ the space bookkeeping. Before a download, space is reserved (a marker file namin
 and the size) and least recently used shards are evicted until files plus reservations fit in
 `max_bytes`. A shard that a process is opening or reading holds a shared lock on its file, and
 eviction skips any file it cannot lock exclusively, so a shard is never deleted under a read.
-Readers keep recently used shards memory-mapped between reads (up to their `max_open`) without
-a lock; Linux keeps an evicted file's data alive for such mappings, so they stay valid, but its
-disk space is freed only when the reader drops the map: disk use can exceed `max_bytes` by up to
-`max_open` shards per dataset and process.
+Readers keep recently used shards open or memory-mapped between reads without a lock; Linux
+keeps an evicted file's data alive for them, so they stay valid, but its disk space is freed only
+when the reader lets the shard go. Remote readers therefore keep at most an eighth of
+`max_bytes` worth of shards open (2 to 16), which bounds that excess per dataset and process.
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ def make_reader(
     index_cache_dir: str,
     projection: Projection | None = None,
     locate: Locate = local_file,
+    max_open: int | None = None,
 ) -> ShardReader:
     """Builds the reader of a file format (not an indexed one) for one dataset.
 
@@ -119,29 +120,31 @@ def make_reader(
         index_cache_dir: where JSONL line indexes are cached.
         projection: the columns rows keep and the token columns; None keeps all.
         locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
+        max_open: how many shards the reader keeps open or mapped; None: its default.
 
     Returns:
         A new reader with empty caches.
     """
     projection = projection or Projection()
+    sizing = {} if max_open is None else {"max_open": max_open}
     format_ = check_format(format_)
     if format_ in INDEXED_FORMATS:
         raise ConfigError(f"format {format_!r} is a directory with an index: use `open_reader`")
     if format_ == "parquet":
         from zephon_torch.io.parquet import ParquetReader
 
-        return ParquetReader(dataset=dataset, projection=projection)
+        return ParquetReader(dataset=dataset, projection=projection, **sizing)
     if format_ == "vortex":
         from zephon_torch.io.vortex import VortexReader
 
-        return VortexReader(dataset=dataset, projection=projection)
+        return VortexReader(dataset=dataset, projection=projection, **sizing)
     if format_ == "npy":
         from zephon_torch.io.npy import NpyReader
 
-        return NpyReader(dataset=dataset, projection=projection, locate=locate)
+        return NpyReader(dataset=dataset, projection=projection, locate=locate, **sizing)
     from zephon_torch.io.jsonl import JsonlReader
 
-    reader = JsonlReader(dataset=dataset, index_cache_dir=index_cache_dir)
+    reader = JsonlReader(dataset=dataset, index_cache_dir=index_cache_dir, **sizing)
     if projection == Projection():
         return reader
     return ProjectedReader(reader, projection=projection, dataset=dataset)
@@ -155,6 +158,7 @@ def open_reader(
     index_cache_dir: str,
     projection: Projection | None = None,
     locate: Locate = local_file,
+    max_open: int | None = None,
 ) -> tuple[ShardReader, list[str]]:
     """Builds a dataset's reader and lists its shards.
 
@@ -166,6 +170,7 @@ def open_reader(
         index_cache_dir: where JSONL line indexes are cached.
         projection: the columns rows keep and the token columns; None keeps all.
         locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
+        max_open: how many shards the reader keeps open or mapped; None: its default.
 
     Returns:
         The reader and the shard paths, in order.
@@ -181,17 +186,26 @@ def open_reader(
                 f"files, e.g. {files[0]!r}"
             )
         indexed: Any
+        sizing = {} if max_open is None else {"max_open": max_open}
         if format_ == "mds":
             from zephon_torch.io.mds import MdsReader
 
             indexed = MdsReader(
-                dataset=dataset, index_path=files[0], projection=projection, locate=locate
+                dataset=dataset,
+                index_path=files[0],
+                projection=projection,
+                locate=locate,
+                **sizing,
             )
         else:
             from zephon_torch.io.litdata import LitDataReader
 
             indexed = LitDataReader(
-                dataset=dataset, index_path=files[0], projection=projection, locate=locate
+                dataset=dataset,
+                index_path=files[0],
+                projection=projection,
+                locate=locate,
+                **sizing,
             )
         return indexed, indexed.shard_paths
     reader = make_reader(
@@ -200,6 +214,7 @@ def open_reader(
         index_cache_dir=index_cache_dir,
         projection=projection,
         locate=locate,
+        max_open=max_open,
     )
     if format_ == "npy":
         from zephon_torch.io.npy import token_files

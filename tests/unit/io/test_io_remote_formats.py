@@ -80,6 +80,28 @@ def test_an_mds_dataset_reads_through_a_cache_smaller_than_itself(tmp_path: Path
         cached = [p for p in (tmp_path / "cache").iterdir() if p.is_file() and p.name[0] != "."]
         assert sum(p.stat().st_size for p in cached) <= limit
         assert len(cached) < len(remote.shards)
+        # evicted files the reader still maps hold disk too: at most its 2 open shards
+        assert len(_evicted_but_mapped(tmp_path / "cache")) <= 2
+
+
+def _evicted_but_mapped(cache: Path) -> set[str]:
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        return {
+            line.split()[-2]
+            for line in maps
+            if line.rstrip().endswith("(deleted)") and str(cache) in line
+        }
+
+
+def test_remote_readers_keep_open_only_the_shards_an_eighth_of_the_cache_holds(
+    tmp_path: Path,
+) -> None:
+    out = write_mds(tmp_path / "mds", sample_rows(200), COLUMNS, size_limit=1 << 11)
+    largest = max(path.stat().st_size for path in out.iterdir())
+    url = _put(out)
+    for max_bytes, expected in ((3 * largest, 2), (8 * 5 * largest, 5), (1 << 40, 16)):
+        remote = Dataset.from_path("m", url, io_options=_options(tmp_path, max_bytes))
+        assert remote._reader._open()[0].max_open == expected  # type: ignore[attr-defined]
 
 
 def test_npy_rows_are_counted_from_headers_without_downloading_tokens(tmp_path: Path) -> None:
