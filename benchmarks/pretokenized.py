@@ -16,7 +16,8 @@ copy on 2 cores, so the 0.5 target is out of reach for a per-document pipeline h
 counts must match the baseline's (no EOS is added), else exit code 2. Target: each format at
 least 0.5 of the baseline (best of `--repeats`); a missed target still exits 0.
 
-    .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--profile npy]
+    .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--seq 2048]
+        [--batch 8] [--profile npy]
 """
 
 from __future__ import annotations
@@ -51,8 +52,7 @@ from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
 
 TARGET_RATIO = 0.5
-_SEQ = 2048
-_BATCH = 8
+_SHAPE = (8, 2048)  # [B, S]
 _SHARDS = 8
 _MDS_SHARD_BYTES = 1 << 24
 _PARQUET_ROW_GROUP = 512
@@ -157,9 +157,9 @@ def write_parquet(
 # -- phases ---------------------------------------------------------------------------------------
 
 
-def baseline(root: pathlib.Path) -> int:
-    """Memmap the `.npy` token files in order and copy them into [8, 2048] int64 batches."""
-    batch = np.zeros((_BATCH, _SEQ), dtype=np.int64)
+def baseline(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
+    """Memmap the `.npy` token files in order and copy them into [B, S] int64 batches."""
+    batch = np.zeros(shape, dtype=np.int64)
     flat = batch.reshape(-1)
     filled = tokens = 0
     checksum = 0
@@ -182,11 +182,12 @@ def baseline(root: pathlib.Path) -> int:
     return tokens
 
 
-def piece_loop(root: pathlib.Path) -> int:
+def piece_loop(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     """The floor of any per-document design: each document of the `.npy` files, in stored
-    order, copied by one Python slice assignment per piece (cut at row ends) into [8, 2048]
+    order, copied by one Python slice assignment per piece (cut at row ends) into [B, S]
     int64 batches; no mixing, no state, no objects."""
-    batch = np.zeros((_BATCH, _SEQ), dtype=np.int64)
+    batch = np.zeros(shape, dtype=np.int64)
+    seq = shape[1]
     flat = batch.reshape(-1)
     filled = tokens = 0
     for path in sorted((root / "npy").glob("part-*[0-9].npy")):
@@ -195,7 +196,7 @@ def piece_loop(root: pathlib.Path) -> int:
         for first, end in itertools.pairwise(bounds):
             start = first
             while start < end:
-                take = min(_SEQ - filled % _SEQ, end - start)
+                take = min(seq - filled % seq, end - start)
                 flat[filled : filled + take] = data[start : start + take]
                 filled += take
                 start += take
@@ -217,17 +218,17 @@ def build_pipeline(dataset: Dataset, args: argparse.Namespace) -> Pipeline:
         Pipeline(source)
         .options(canonical_replicas=args.lanes, prefetch=args.prefetch)
         .pretokenized("input_ids")
-        .pack_flat(_SEQ, "wrap")
-        .batch(_BATCH)
+        .pack_flat(args.seq, "wrap")
+        .batch(args.batch)
     )
 
 
-def pipeline_tokens(pipeline: Pipeline) -> int:
+def pipeline_tokens(pipeline: Pipeline, shape: tuple[int, int] = _SHAPE) -> int:
     """Iterate to the end, touching each batch's tensor; returns the real tokens delivered."""
     tokens = checksum = 0
     for batch in pipeline:
         ids = batch.input_ids
-        if ids.shape != (_BATCH, _SEQ) or ids.dtype != np.int64:
+        if ids.shape != shape or ids.dtype != np.int64:
             raise SystemExit(f"unexpected batch {ids.shape} {ids.dtype}")
         checksum += int(ids[0, 0])
         tokens += batch.num_tokens
@@ -258,7 +259,7 @@ def profile(root: pathlib.Path, kind: str, args: argparse.Namespace, limit: int)
     threading.setprofile(start)
     main_profiler.enable()
     try:
-        pipeline_tokens(pipeline)
+        pipeline_tokens(pipeline, (args.batch, args.seq))
     finally:
         main_profiler.disable()
         threading.setprofile(None)  # type: ignore[arg-type]
@@ -294,22 +295,23 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     print(f"wrote npy, mds and parquet under {root} in {time.perf_counter() - t0:.1f} s")
     del docs
     kinds = _KINDS
+    shape = (args.batch, args.seq)
     best: dict[str, float] = {}
     for repeat in range(args.repeats):
         # Interleaved, so drift on the machine affects every side alike.
         line = []
-        tokens, seconds = timed(lambda: baseline(root))
+        tokens, seconds = timed(lambda: baseline(root, shape))
         if tokens != total:
             print(f"MISMATCH: baseline read {tokens:,} tokens, expected {total:,}")
             return _MISMATCH_EXIT
         best["memmap"] = max(best.get("memmap", 0.0), tokens / seconds)
         line.append(f"memmap {_rate(tokens, seconds)}")
-        tokens, seconds = timed(lambda: piece_loop(root))
+        tokens, seconds = timed(lambda: piece_loop(root, shape))
         best["pieces"] = max(best.get("pieces", 0.0), tokens / seconds)
         line.append(f"piece loop {_rate(tokens, seconds)}")
         for kind in kinds:
             pipeline = build_pipeline(_dataset(root, kind), args)
-            tokens, seconds = timed(lambda: pipeline_tokens(pipeline))  # noqa: B023
+            tokens, seconds = timed(lambda: pipeline_tokens(pipeline, shape))  # noqa: B023
             if tokens != total:
                 print(f"MISMATCH: {kind} pipeline gave {tokens:,} tokens, expected {total:,}")
                 return _MISMATCH_EXIT
@@ -317,8 +319,8 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
             line.append(f"{kind} {_rate(tokens, seconds)}")
         print(f"repeat {repeat + 1}: " + ", ".join(line), flush=True)
     print(
-        f"\nsettings: lanes {args.lanes}, batch [{_BATCH}, {_SEQ}] int64 wrap, {total:,} tokens, "
-        f"{os.cpu_count()} cores; best of {args.repeats}"
+        f"\nsettings: lanes {args.lanes}, batch [{args.batch}, {args.seq}] int64 wrap, "
+        f"{total:,} tokens, {os.cpu_count()} cores; best of {args.repeats}"
     )
     print(f"{'memmap baseline':<18}{_rate(int(best['memmap']), 1.0)}")
     print(
@@ -341,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--lanes", type=int, default=1, help="canonical_replicas (L)")
+    p.add_argument("--seq", type=int, default=_SHAPE[1], help="S, the row length")
+    p.add_argument("--batch", type=int, default=_SHAPE[0], help="B, rows per micro-batch")
     p.add_argument("--copies", type=int, default=4, help="times the tokenized corpus is repeated")
     p.add_argument(
         "--profile",
