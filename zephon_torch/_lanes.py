@@ -96,8 +96,9 @@ class LaneRuntime:
             node.reset(pipeline._lane_states.get(lane))
             self.nodes.append(node)
 
-    def batches(self) -> Iterator[Batch]:
-        """Micro-batches in (turn, lane) order until a turn where no owned lane has data.
+    def batches(self, *, endless: bool = False) -> Iterator[Batch]:
+        """Micro-batches in (turn, lane) order until a turn where no owned lane has data
+        (``endless``: never; all-padding turns go on).
 
         A batch with data goes out as soon as it is made; all-padding ones wait until the turn
         is known to hold data (else the stream ends there), so the first batch is not held up
@@ -117,7 +118,7 @@ class LaneRuntime:
                 yield from held
                 held = []
                 yield batch
-            if not live:
+            if not live and not endless:
                 return
             yield from held
 

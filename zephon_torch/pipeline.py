@@ -12,6 +12,7 @@ import copy
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from zephon_torch._lanes import LaneRuntime
@@ -72,6 +73,7 @@ class Pipeline:
         self._stateful: tuple[tuple[Callable[[int], StatefulFilter], str], ...] = ()
         self._lane_states: dict[int, dict[str, Any] | None] = {}
         self._lane_subset: tuple[int, ...] | None = None
+        self._endless = False  # a DataLoader worker's part: padding after its lanes are spent
         self._estimation: dict[str, dict[str, float]] | None = None
         self._resolved: dict[str, ResolvedTokenizer] = {}
         self._live: Prefetcher[Batch] | None = None
@@ -368,15 +370,17 @@ class Pipeline:
             canonical_replicas=self._options.canonical_replicas, world_size=world_size, rank=rank
         )
 
-    def with_lanes(self, lanes: list[int]) -> Pipeline:
+    def with_lanes(self, lanes: list[int], *, endless: bool = False) -> Pipeline:
         """The same recipe emitting only ``lanes`` (a subset of the rank's), in (turn, lane)
-        order; used to split a rank's lanes across DataLoader workers."""
+        order; used to split a rank's lanes across DataLoader workers. ``endless``: once these
+        lanes are spent, keep yielding all-padding micro-batches rather than stopping, so that
+        the main process, which sees every lane, decides where the rank's stream ends."""
         own = set(self.lanes)
         if not set(lanes) <= own:
             raise ConfigError(
                 f"lanes {sorted(set(lanes) - own)} are not this rank's lanes {sorted(own)}"
             )
-        return self._with(_lane_subset=tuple(sorted(lanes)))
+        return self._with(_lane_subset=tuple(sorted(lanes)), _endless=endless)
 
     def fingerprint(self) -> dict[str, Any]:
         """Every data-affecting setting, flat; a saved state must match it key by key."""
@@ -444,11 +448,12 @@ class Pipeline:
         runtime = LaneRuntime(self)
         prefetch = self._options.prefetch
         stream: Iterator[Batch]
+        produce = partial(runtime.batches, endless=self._endless)
         if prefetch:
-            self._live = Prefetcher(runtime.batches, prefetch)
+            self._live = Prefetcher(produce, prefetch)
             stream = self._live
         else:
-            stream = runtime.batches()
+            stream = produce()
         return self._deliver(stream, runtime)
 
     def _deliver(self, stream: Iterator[Batch], runtime: LaneRuntime) -> Iterator[Batch]:

@@ -10,9 +10,11 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import small_pipeline, two_sources
-from zephon_torch import ConfigError, StateMismatchError
+from zephon_torch import ConfigError, Pipeline, StateMismatchError
+from zephon_torch.io import Dataset
 from zephon_torch.torch import DataLoader
 from zephon_torch.torch.dataset import lanes_for_worker, workers_used
+from zephon_torch.work import StaticMixtureWorkSource
 
 DATASETS = two_sources(40, 30, shard_size=8)
 
@@ -52,14 +54,44 @@ def test_worker_counts_give_the_batches_of_a_single_process(
 
 
 def test_a_finite_stream_gives_the_same_data_batches_with_workers(tokenizer: Any) -> None:
-    def data_only(loader: Any) -> list[bytes]:
-        return [fingerprint(i) for i in loader if int(i["num_valid_tokens"]) > 0]
-
-    reference = data_only(DataLoader(build(tokenizer)))
-    assert (
-        data_only(DataLoader(build(tokenizer), num_workers=2, multiprocessing_context="spawn"))
-        == reference
+    reference = take(DataLoader(build(tokenizer)))
+    assert take(DataLoader(build(tokenizer), num_workers=2, multiprocessing_context="spawn")) == (
+        reference
     )
+
+
+def uneven_lanes() -> Any:
+    """Lane 0 of 4 gets every long document, so it runs for many turns after the others."""
+    rows = [{"input_ids": [i + 1] * (40 if i % 4 == 0 else 3)} for i in range(40)]
+    dataset = Dataset.from_dict("d", rows)
+    source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop", shuffle=False)
+    pipeline = Pipeline(source).options(canonical_replicas=4).pretokenized("input_ids")
+    return pipeline.pack_flat(16, "best_fit").batch(2)
+
+
+@pytest.mark.parametrize("num_workers", [2, 4])
+def test_lanes_ending_at_different_turns_give_one_process_stream_with_workers(
+    num_workers: int,
+) -> None:
+    """Padding and all: a worker whose lanes are spent must not let torch reorder the rest."""
+    reference = take(DataLoader(uneven_lanes()))
+    assert len(reference) == 52  # 13 turns of 4 lanes: lanes 1-3 pad most of them
+    loader = DataLoader(uneven_lanes(), num_workers=num_workers, multiprocessing_context="spawn")
+    assert take(loader) == reference
+
+
+@pytest.mark.parametrize(("cut", "load_workers"), [(18, 4), (33, 0), (46, 2)])
+def test_a_resume_in_the_padded_tail_continues_exactly_with_any_workers(
+    cut: int, load_workers: int
+) -> None:
+    reference = take(DataLoader(uneven_lanes()))
+    first = DataLoader(uneven_lanes(), num_workers=2, multiprocessing_context="spawn")
+    assert take(first, cut) == reference[:cut]
+    state = json.loads(json.dumps(first.state_dict()))
+    context = "spawn" if load_workers else None
+    second = DataLoader(uneven_lanes(), num_workers=load_workers, multiprocessing_context=context)
+    second.load_state_dict(state)
+    assert take(second) == reference[cut:]
 
 
 @pytest.mark.parametrize(("save_workers", "load_workers"), [(2, 0), (0, 4), (4, 1), (2, 2)])

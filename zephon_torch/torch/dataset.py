@@ -69,6 +69,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self.mask_document_boundaries = mask_document_boundaries
         self.with_meta = False  # set by zephon_torch.torch.DataLoader
         self.pack_transport = False  # likewise, with workers: one buffer per item
+        self.endless_workers = False  # likewise: workers pad on; the loader ends the stream
         self._loaded: dict[str, Any] | None = None
         self._delivered: dict[str, Any] = {}
         self._worker_lanes: list[int] | None = None
@@ -99,7 +100,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             self._worker_lanes = mine
             if not mine:
                 return
-            pipeline = pipeline.with_lanes(mine)
+            pipeline = pipeline.with_lanes(mine, endless=self.endless_workers)
         if states:
             state = pipeline.state_dict()
             state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
@@ -114,7 +115,12 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             if batch.payloads is not None:
                 item["payloads"] = batch.payloads
             if self.with_meta:
-                item[META_KEY] = {"lane": batch.lane, "turn": batch.turn, "state": batch.state}
+                item[META_KEY] = {
+                    "lane": batch.lane,
+                    "turn": batch.turn,
+                    "tokens": batch.num_tokens,
+                    "state": batch.state,
+                }
             yield pack(item) if self.pack_transport and info is not None else item
 
     def state_dict(self) -> dict[str, Any]:

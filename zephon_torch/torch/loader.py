@@ -65,6 +65,10 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         dataset = data if isinstance(data, PipelineDataset) else data.to_torch()
         dataset.with_meta = True
         dataset.pack_transport = num_workers > 0
+        # With lanes split over workers, a worker whose lanes are spent would stop early and
+        # torch's round robin would then reorder the rest; instead workers pad on and
+        # `whole_turns` ends the stream where one process would.
+        dataset.endless_workers = num_workers > 1 and dataset.pipeline.exhaustion == "stop"
         super().__init__(
             dataset,
             batch_size=None,
@@ -92,6 +96,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         dataset._delivered = copy.deepcopy(self._delivered)
         items: Iterator[dict[str, Any]] = map(unpack, super().__iter__())
         pipeline = dataset.pipeline
+        if dataset.endless_workers:
+            turns = {s["turn"] if s else 0 for s in dataset.resume_lanes(self._delivered).values()}
+            items = whole_turns(items, resumed_mid_turn=len(turns) > 1)
         if pipeline.topology[0] > 1 and distributed_ready():
             self._check_aligned()
             if pipeline.exhaustion == "stop":
@@ -135,3 +142,32 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
 def _as_is(item: Any) -> Any:
     return item
+
+
+def whole_turns(
+    items: Iterator[dict[str, Any]], *, resumed_mid_turn: bool
+) -> Iterator[dict[str, Any]]:
+    """A rank's items, in (turn, lane) order from workers that never stop, cut where one process
+    would stop: at the first turn in which no lane has data.
+
+    Items with data go out at once; all-padding ones wait until their turn shows data (then go
+    out in order). A turn begun before a resume counts as having data, as it does in one
+    process, so that it is completed.
+    """
+    turn: int | None = None
+    live = resumed_mid_turn
+    held: list[dict[str, Any]] = []
+    for item in items:
+        meta = item[META_KEY]
+        if turn is not None and meta["turn"] != turn:
+            if not live:
+                return
+            live = False
+        turn = meta["turn"]
+        if meta["tokens"] == 0 and not live:
+            held.append(item)
+            continue
+        live = True
+        yield from held
+        held = []
+        yield item
