@@ -7,8 +7,8 @@ data ends the stream (after a mid-turn resume, the started turn is completed fir
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from zephon_torch._token_stage import doc_ops, pad_id, token_stage
 from zephon_torch.ops._runner import DocChain, Runner
@@ -20,6 +20,8 @@ from zephon_torch.ops.packers import make_packer
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.ops.shuffle import ShuffleNode
 from zephon_torch.ops.stateful import FilteredReader
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
@@ -97,30 +99,22 @@ class LaneRuntime:
             self.nodes.append(node)
 
     def batches(self, *, endless: bool = False) -> Iterator[Batch]:
-        """Micro-batches in (turn, lane) order until a turn where no owned lane has data
-        (``endless``: never; all-padding turns go on).
+        """Micro-batches in (turn, lane) order until a turn in which no owned lane has data
+        (see `cut_at_empty_turn`); ``endless``: never cut, all-padding turns go on."""
+        ahead = max(node.turn for node in self.nodes)
+        if endless:
+            return self._turns()
+        return cut_at_empty_turn(
+            self._turns(), turn=lambda b: b.turn, tokens=lambda b: b.num_tokens, ahead=ahead
+        )
 
-        A batch with data goes out as soon as it is made; all-padding ones wait until the turn
-        is known to hold data (else the stream ends there), so the first batch is not held up
-        by the other lanes.
-        """
+    def _turns(self) -> Iterator[Batch]:
+        """Every lane's next micro-batch, turn by turn, forever (spent lanes pad)."""
         while True:
             turn = min(node.turn for node in self.nodes)
-            pending = [node for node in self.nodes if node.turn == turn]
-            live = len(pending) < len(self.nodes)  # a resumed, started turn is completed
-            held: list[Batch] = []
-            for node in pending:
-                batch = next(node)
-                if batch.num_tokens == 0 and not live:
-                    held.append(batch)
-                    continue
-                live = True
-                yield from held
-                held = []
-                yield batch
-            if not live and not endless:
-                return
-            yield from held
+            for node in self.nodes:
+                if node.turn == turn:
+                    yield next(node)
 
     def operator_seconds(self) -> dict[str, tuple[float, int]]:
         """Per operator: seconds spent and documents out (threads runner; processes keep
@@ -137,3 +131,55 @@ class LaneRuntime:
     def close(self) -> None:
         """Stop the workers."""
         self.runner.close()
+
+
+def cut_at_empty_turn(
+    items: Iterable[T], *, turn: Callable[[T], int], tokens: Callable[[T], int], ahead: int
+) -> Iterator[T]:
+    """A rank's micro-batches, given in (turn, lane) order, up to the first turn in which none
+    holds a token: where a rank's finite stream ends, in one process or across its workers.
+
+    Items with tokens go out at once; all-padding ones wait until their turn shows tokens (then
+    go out in order), so a turn's first batch is not held up by the lanes after it. A turn below
+    ``ahead`` (a lane of the resumed state has already begun a later one) always counts as
+    holding tokens, so it is completed.
+    """
+    current: int | None = None
+    live = False
+    held: list[T] = []
+    for item in items:
+        if turn(item) != current:
+            if current is not None and not live:
+                return
+            current, live, held = turn(item), turn(item) < ahead, []
+        if tokens(item) == 0 and not live:
+            held.append(item)
+            continue
+        live = True
+        yield from held
+        held = []
+        yield item
+
+
+def in_lane_order(
+    items: Iterable[T],
+    *,
+    key: Callable[[T], tuple[int, int]],
+    turns: dict[int, int],
+) -> Iterator[T]:
+    """Items keyed ``(turn, lane)``, given in any order in which each lane's own items come in
+    turn order (DataLoader workers, merged), re-sequenced to the one-process order: the lane
+    with the lowest next turn first, ties by lane. ``turns``: each lane's first turn. Holds
+    only the items that arrive early (at most the lanes' spread in turns, times the lanes).
+    """
+    due = dict(sorted(turns.items()))
+    early: dict[tuple[int, int], T] = {}
+    for item in items:
+        early[key(item)] = item
+        while True:
+            lane = min(due, key=lambda lane: (due[lane], lane))
+            ready = early.pop((due[lane], lane), None)
+            if ready is None:
+                break
+            due[lane] += 1
+            yield ready

@@ -10,7 +10,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import small_pipeline, two_sources
-from zephon_torch import ConfigError, Pipeline, StateMismatchError
+from zephon_torch import ConfigError, Pipeline, StateMismatchError, merge_states
 from zephon_torch.io import Dataset
 from zephon_torch.torch import DataLoader
 from zephon_torch.torch.dataset import lanes_for_worker, workers_used
@@ -60,16 +60,16 @@ def test_a_finite_stream_gives_the_same_data_batches_with_workers(tokenizer: Any
     )
 
 
-def uneven_lanes() -> Any:
+def uneven_lanes(**options: Any) -> Any:
     """Lane 0 of 4 gets every long document, so it runs for many turns after the others."""
     rows = [{"input_ids": [i + 1] * (40 if i % 4 == 0 else 3)} for i in range(40)]
     dataset = Dataset.from_dict("d", rows)
     source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop", shuffle=False)
-    pipeline = Pipeline(source).options(canonical_replicas=4).pretokenized("input_ids")
-    return pipeline.pack_flat(16, "best_fit").batch(2)
+    pipeline = Pipeline(source).options(canonical_replicas=4, **options)
+    return pipeline.pretokenized("input_ids").pack_flat(16, "best_fit").batch(2)
 
 
-@pytest.mark.parametrize("num_workers", [2, 4])
+@pytest.mark.parametrize("num_workers", [2, 3, 4])  # 3: one worker idle
 def test_lanes_ending_at_different_turns_give_one_process_stream_with_workers(
     num_workers: int,
 ) -> None:
@@ -177,3 +177,43 @@ def test_worker_lane_split_rotates_to_the_next_lane_due() -> None:
     assert lanes_for_worker(lanes=lanes, turns=turns, num_workers=4, worker_id=0) == [6]
     assert lanes_for_worker(lanes=lanes, turns=turns, num_workers=2, worker_id=1) == [7, 5]
     assert lanes_for_worker(lanes=lanes, turns=turns, num_workers=3, worker_id=2) == []
+
+
+def test_lanes_several_turns_apart_resume_alike_in_one_process_and_with_workers() -> None:
+    """Such states come from ranks stopped at different turns; every lane below the furthest
+    one's turn is completed, whether one process or the loader cuts the stream."""
+    ranks = []
+    for rank, count in ((0, 12), (1, 4)):  # lanes 0, 2 at turn 6; lanes 1, 3 at turn 2
+        loader = DataLoader(uneven_lanes(world_size=2, rank=rank))
+        take(loader, count)
+        ranks.append(loader.state_dict())
+    state = json.loads(json.dumps(merge_states(ranks)))
+    streams = []
+    for workers in (0, 2, 4):
+        context = "spawn" if workers else None
+        loader = DataLoader(uneven_lanes(), num_workers=workers, multiprocessing_context=context)
+        loader.load_state_dict(state)
+        streams.append(take(loader))
+    assert len(streams[0]) > 0 and streams[1] == streams[0] and streams[2] == streams[0]
+
+
+def test_a_loader_sharing_its_dataset_with_another_keeps_its_own_transport() -> None:
+    reference = take(DataLoader(uneven_lanes()))
+    dataset = uneven_lanes().to_torch()
+    with_workers = DataLoader(dataset, num_workers=2, multiprocessing_context="spawn")
+    DataLoader(dataset)  # a second loader over the same dataset, without workers
+    assert take(with_workers) == reference
+
+
+def test_repeat_with_an_empty_lane_keeps_one_process_order_with_workers() -> None:
+    rows = [{"input_ids": [i + 1] * 9} for i in range(3)]  # 3 rows, 4 lanes: lane 3 is empty
+
+    def build() -> Any:
+        source = StaticMixtureWorkSource([Dataset.from_dict("d", rows)], seed=0, shuffle=False)
+        pipeline = Pipeline(source).options(canonical_replicas=4).pretokenized("input_ids")
+        return pipeline.pack_flat(8, "wrap").batch(1)
+
+    reference = take(DataLoader(build()), 24)
+    assert take(DataLoader(build(), num_workers=4, multiprocessing_context="spawn"), 24) == (
+        reference
+    )

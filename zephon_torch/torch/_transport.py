@@ -2,9 +2,10 @@
 
 torch sends each tensor of a worker's item through its own shared-memory segment and file
 descriptor, about 0.4 ms apiece on a 2-core machine; a training item has nine. Packing them
-into one byte buffer (each tensor at an 8-byte aligned offset) sends one segment, and the main
-process rebuilds the tensors as views of it, so nothing is copied there; pinned memory pins the
-one buffer. Values that are not tensors (payloads, the delivery record) travel as they are.
+into one shared byte buffer (each tensor at a 16-byte aligned offset) sends one segment, and the
+main process rebuilds the tensors as views of it (scalars are copied out), so nothing else is
+copied there; pinned memory pins the one buffer. Values that are not tensors (payloads, the
+delivery record) travel as they are. A tensor that is a broadcast view is copied out whole.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 PACKED_KEY = "zephon_packed"
 _LAYOUT_KEY = "zephon_layout"
-_ALIGN = 8
+_ALIGN = 16  # the widest element (complex128)
 
 
 def pack(item: dict[str, Any]) -> dict[str, Any]:
@@ -29,6 +30,7 @@ def pack(item: dict[str, Any]) -> dict[str, Any]:
         layout.append((name, dtype, list(tensor.shape), offset, size))
         offset += -(-size // _ALIGN) * _ALIGN
     buffer = torch.empty(offset, dtype=torch.uint8)
+    buffer.share_memory_()  # type: ignore[no-untyped-call]  # then torch sends it as is
     for (_, _, _, start, size), tensor in zip(layout, tensors.values(), strict=True):
         buffer[start : start + size] = tensor.reshape(-1).view(torch.uint8)
     out = {k: v for k, v in item.items() if k not in tensors}
@@ -44,6 +46,7 @@ def unpack(item: dict[str, Any]) -> dict[str, Any]:
     buffer = item.pop(PACKED_KEY)
     tensors = {}
     for name, dtype, shape, start, size in item.pop(_LAYOUT_KEY):
-        flat = buffer[start : start + size].view(getattr(torch, dtype))
-        tensors[name] = flat.reshape(shape)
+        tensor = buffer[start : start + size].view(getattr(torch, dtype)).reshape(shape)
+        # a scalar kept for logging must not keep the whole micro-batch alive
+        tensors[name] = tensor.clone() if not shape else tensor
     return {**tensors, **item}

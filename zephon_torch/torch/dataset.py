@@ -69,7 +69,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self.mask_document_boundaries = mask_document_boundaries
         self.with_meta = False  # set by zephon_torch.torch.DataLoader
         self.pack_transport = False  # likewise, with workers: one buffer per item
-        self.endless_workers = False  # likewise: workers pad on; the loader ends the stream
+        self.endless = False  # likewise: spent lanes pad on, the loader ends the stream
         self._loaded: dict[str, Any] | None = None
         self._delivered: dict[str, Any] = {}
         self._worker_lanes: list[int] | None = None
@@ -100,7 +100,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             self._worker_lanes = mine
             if not mine:
                 return
-            pipeline = pipeline.with_lanes(mine, endless=self.endless_workers)
+            pipeline = pipeline.with_lanes(mine, endless=self.endless)
+        elif self.endless:
+            pipeline = pipeline.with_lanes(rank_lanes, endless=True)
         if states:
             state = pipeline.state_dict()
             state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}

@@ -9,7 +9,7 @@ a malformed environment value: silently training on the wrong lanes is the failu
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -71,47 +71,24 @@ def all_gather_lane_states(lanes: dict[str, Any]) -> dict[str, Any]:
 
 
 def equal_ending(
-    items: Iterator[dict[str, Any]], *, lanes_per_turn: int, pad_id: int
+    items: Iterator[dict[str, Any]],
+    *,
+    lanes_per_turn: int,
+    tokens: Callable[[dict[str, Any]], int],
 ) -> Iterator[dict[str, Any]]:
-    """Yield ``items`` turn by turn (``lanes_per_turn`` each) until no rank has data left.
+    """Yield a rank's ``items`` turn by turn (``lanes_per_turn`` each) until a turn in which no
+    rank has data.
 
-    Before each turn one all-reduce tells whether any rank still has an item; a rank that ran
-    out fills the turn with all-padding copies of its last item's shape, so every rank yields
-    the same number of micro-batches and the job ends on the same step everywhere.
+    The rank's stream must not end by itself: spent lanes pad on, each padding batch with its
+    lane's state. Before yielding a turn, one all-reduce tells whether any rank's turn holds a
+    token (``tokens(item)``), so a rank whose lanes are spent yields padding until every rank
+    is spent: every rank ends on the same step, the global stream equals the one-process
+    stream, padding included, and every lane's state keeps pace.
     """
-    template: dict[str, Any] | None = None
     while True:
-        first = next(items, None)
-        flag = torch.tensor([0 if first is None else 1])
+        turn = [next(items) for _ in range(lanes_per_turn)]
+        flag = torch.tensor([int(any(tokens(item) > 0 for item in turn))])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if int(flag.item()) == 0:
             return
-        for i in range(lanes_per_turn):
-            item = first if i == 0 else next(items, None)
-            if item is None:
-                if template is None:
-                    raise RuntimeError("a rank with no data at all cannot pad an equal ending")
-                item = padding_like(template, pad_id)
-            else:
-                template = item
-            yield item
-
-
-def padding_like(item: dict[str, Any], pad_id: int) -> dict[str, Any]:
-    """An all-padding micro-batch shaped like ``item``: no target token, no loss."""
-    ids = item["input_ids"]
-    rows, width = ids.shape
-    out = {
-        "input_ids": torch.full_like(ids, pad_id),
-        "labels": torch.full_like(item["labels"], -100),
-        "loss_mask": torch.zeros_like(item["loss_mask"]),
-        "position_ids": torch.arange(width).repeat(rows, 1),
-        "document_ids": torch.full_like(item["document_ids"], -1),
-        "source_ids": torch.full_like(item["source_ids"], -1),
-        "cu_seqlens": torch.arange(rows + 1, dtype=torch.int32) * width,
-        "max_seqlen": torch.tensor(width),
-        "num_valid_tokens": torch.tensor(0),
-    }
-    if "attention_mask" in item:
-        out["attention_mask"] = torch.eye(width, dtype=torch.bool).expand(rows, 1, width, width)
-    return out
+        yield from turn

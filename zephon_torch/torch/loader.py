@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
+from zephon_torch._lanes import cut_at_empty_turn, in_lane_order
 from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch.dataset import META_KEY, PipelineDataset
@@ -63,12 +64,6 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 "from what it produced, not from what the loop received"
             )
         dataset = data if isinstance(data, PipelineDataset) else data.to_torch()
-        dataset.with_meta = True
-        dataset.pack_transport = num_workers > 0
-        # With lanes split over workers, a worker whose lanes are spent would stop early and
-        # torch's round robin would then reorder the rest; instead workers pad on and
-        # `whole_turns` ends the stream where one process would.
-        dataset.endless_workers = num_workers > 1 and dataset.pipeline.exhaustion == "stop"
         super().__init__(
             dataset,
             batch_size=None,
@@ -94,24 +89,38 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # Workers are started from the dataset as it is now: continue from what was delivered.
         dataset = self.pipeline_dataset
         dataset._delivered = copy.deepcopy(self._delivered)
-        items: Iterator[dict[str, Any]] = map(unpack, super().__iter__())
+        # Set per iteration (workers copy the dataset when they start): another loader may
+        # share this dataset. A worker, or a rank of several, sees only some of the lanes, so
+        # it must not end the stream itself: spent lanes pad on (with their states), workers'
+        # items are put back in (turn, lane) order, and the stream is cut here, where one
+        # process would end it (across ranks: at the first turn no rank has data).
         pipeline = dataset.pipeline
-        if dataset.endless_workers:
-            turns = {s["turn"] if s else 0 for s in dataset.resume_lanes(self._delivered).values()}
-            items = whole_turns(items, resumed_mid_turn=len(turns) > 1)
-        if pipeline.topology[0] > 1 and distributed_ready():
+        ranks = pipeline.topology[0] > 1 and distributed_ready()
+        if ranks:
             self._check_aligned()
-            if pipeline.exhaustion == "stop":
-                items = equal_ending(
-                    items, lanes_per_turn=len(pipeline.lanes), pad_id=pipeline.pad_token_id
+        equalise = ranks and pipeline.exhaustion == "stop"
+        dataset.with_meta = True
+        dataset.pack_transport = self.num_workers > 0
+        dataset.endless = self.num_workers > 1 or equalise
+        items: Iterator[dict[str, Any]] = map(unpack, super().__iter__())
+        if self.num_workers > 1:
+            turns = self._lane_turns()
+            items = in_lane_order(items, key=_turn_and_lane, turns=turns)
+            if not equalise:
+                items = cut_at_empty_turn(
+                    items, turn=_turn, tokens=_tokens, ahead=max(turns.values())
                 )
+        if equalise:
+            items = equal_ending(items, lanes_per_turn=len(pipeline.lanes), tokens=_tokens)
         return self._strip(items)
 
-    def _check_aligned(self) -> None:
+    def _lane_turns(self) -> dict[int, int]:
+        """The turn each of this rank's lanes resumes at (0 for a lane not started)."""
         lanes = self.pipeline_dataset.resume_lanes(self._delivered)
-        turns = {s["turn"] for s in lanes.values() if s is not None} | (
-            {0} if any(s is None for s in lanes.values()) else set()
-        )
+        return {int(lane): 0 if state is None else state["turn"] for lane, state in lanes.items()}
+
+    def _check_aligned(self) -> None:
+        turns = set(self._lane_turns().values())
         if len(turns) > 1:
             raise StateMismatchError(
                 {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
@@ -126,7 +135,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def mark_delivered(self, item: dict[str, Any]) -> None:
         """Record ``item`` as used by the training loop (removes its ``"zephon"`` entry)."""
         meta = item.pop(META_KEY, None)
-        if meta is not None:  # the padding of an equalised end carries no state
+        if meta is not None:  # an item marked twice changes nothing
             self._delivered[str(meta["lane"])] = meta["state"]
 
     def state_dict(self) -> dict[str, Any]:
@@ -144,30 +153,13 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def whole_turns(
-    items: Iterator[dict[str, Any]], *, resumed_mid_turn: bool
-) -> Iterator[dict[str, Any]]:
-    """A rank's items, in (turn, lane) order from workers that never stop, cut where one process
-    would stop: at the first turn in which no lane has data.
+def _turn(item: dict[str, Any]) -> int:
+    return int(item[META_KEY]["turn"])
 
-    Items with data go out at once; all-padding ones wait until their turn shows data (then go
-    out in order). A turn begun before a resume counts as having data, as it does in one
-    process, so that it is completed.
-    """
-    turn: int | None = None
-    live = resumed_mid_turn
-    held: list[dict[str, Any]] = []
-    for item in items:
-        meta = item[META_KEY]
-        if turn is not None and meta["turn"] != turn:
-            if not live:
-                return
-            live = False
-        turn = meta["turn"]
-        if meta["tokens"] == 0 and not live:
-            held.append(item)
-            continue
-        live = True
-        yield from held
-        held = []
-        yield item
+
+def _turn_and_lane(item: dict[str, Any]) -> tuple[int, int]:
+    return int(item[META_KEY]["turn"]), int(item[META_KEY]["lane"])
+
+
+def _tokens(item: dict[str, Any]) -> int:
+    return int(item[META_KEY]["tokens"])

@@ -1,0 +1,45 @@
+"""Where a rank's stream ends, and the one-process order rebuilt from workers' streams."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_torch._lanes import cut_at_empty_turn, in_lane_order
+
+
+@given(
+    starts=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    end=st.integers(4, 8),
+    data=st.data(),
+)
+@settings(max_examples=200, deadline=None)
+def test_items_from_workers_come_out_in_turn_then_lane_order(
+    starts: list[int], end: int, data: st.DataObject
+) -> None:
+    """Each lane's items arrive in its own order, interleaved any way (workers, merged)."""
+    queues = [[(turn, lane) for turn in range(start, end)] for lane, start in enumerate(starts)]
+    arrived: list[tuple[int, int]] = []
+    while any(queues):
+        lane = data.draw(st.sampled_from([i for i, q in enumerate(queues) if q]))
+        arrived.append(queues[lane].pop(0))
+    turns = dict(enumerate(starts))
+    out = list(in_lane_order(arrived, key=lambda item: item, turns=turns))
+    assert out == sorted(arrived)
+
+
+def _cut(items: list[tuple[int, int]], ahead: int = 0) -> list[tuple[int, int]]:
+    """(turn, tokens) items through the cut."""
+    return list(cut_at_empty_turn(items, turn=lambda i: i[0], tokens=lambda i: i[1], ahead=ahead))
+
+
+def test_the_stream_ends_at_the_first_turn_without_tokens_and_keeps_padding_of_live_turns() -> None:
+    items = [(0, 5), (0, 0), (1, 0), (1, 3), (2, 0), (2, 0), (3, 4)]
+    assert _cut(items) == items[:4]  # turn 2 holds no token: it and all after are cut
+    assert _cut([(0, 0), (0, 0), (1, 2)]) == []
+
+
+def test_turns_below_ahead_are_kept_whole_even_without_tokens() -> None:
+    items = [(0, 0), (1, 0), (2, 0), (2, 0), (3, 1)]
+    assert _cut(items, ahead=2) == [(0, 0), (1, 0)]
+    assert _cut(items, ahead=4) == items
