@@ -56,7 +56,10 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     it. ``state_dict()`` describes what this process's iterator has yielded: exact with
     ``num_workers=0`` and inside StatefulDataLoader's workers. With a plain DataLoader and
     workers, use ``zephon_torch.torch.DataLoader``, which tracks delivered state in the main
-    process and lets ``num_workers`` change between save and load.
+    process and lets ``num_workers`` change between save and load. Only that loader also keeps
+    the one-process order at the end of a finite stream (``exhaustion="stop"``) with several
+    workers: elsewhere a worker whose lanes are spent stops, and torch's round robin then
+    regroups the remaining micro-batches (data and state stay exact; their order does not).
 
     Args:
         pipeline: the recipe; its rank and world size resolve at iteration.
