@@ -49,7 +49,7 @@ def through_loader(root: pathlib.Path, workers: int, *, packed: bool) -> int:
     loader = DataLoader(
         build(root), num_workers=workers, multiprocessing_context="fork" if workers else None
     )
-    loader.pipeline_dataset.pack_transport = packed and workers > 0
+    loader._pack_transport = packed
     return sum(int(item["num_valid_tokens"]) for item in loader)
 
 

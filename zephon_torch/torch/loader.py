@@ -77,6 +77,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         )
         self._delivered: dict[str, Any] = {}
         self.deliver_on_use = deliver_on_use
+        self._pack_transport = True  # off only to measure torch's own transport
 
     @property
     def pipeline_dataset(self) -> PipelineDataset:
@@ -100,7 +101,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             self._check_aligned()
         equalise = ranks and pipeline.exhaustion == "stop"
         dataset.with_meta = True
-        dataset.pack_transport = self.num_workers > 0
+        dataset.pack_transport = self.num_workers > 0 and self._pack_transport
         dataset.endless = self.num_workers > 1 or equalise
         items: Iterator[dict[str, Any]] = map(unpack, super().__iter__())
         if self.num_workers > 1:
