@@ -2,7 +2,8 @@
 
 Everything derives from the row layout (segment lengths per row): a segment is one document's
 piece in a row, so attention and positions restart at each one. Built with a few numpy passes
-per row; no per-token Python work.
+over the whole flattened batch (each row's padding is one more segment); no per-token Python
+work.
 """
 
 from __future__ import annotations
@@ -45,31 +46,39 @@ def training_tensors(
         ``max_seqlen``; ``num_valid_tokens``; and ``attention_mask`` when asked.
     """
     rows, width = input_ids.shape
+    # Segments of the whole batch, flat: each row's pieces, then its padding (if any) as one
+    # more segment, so every token of the [B*S] batch belongs to exactly one segment.
+    used = [sum(row) for row in lengths]
+    sizes_list: list[int] = []
+    sources_list: list[int] = []
+    documents_list: list[int] = []
+    for row_lengths, row_sources, row_used in zip(lengths, sources, used, strict=True):
+        sizes_list += row_lengths
+        sources_list += row_sources
+        documents_list += range(len(row_lengths))
+        if row_used < width:
+            sizes_list.append(width - row_used)
+            sources_list.append(-1)
+            documents_list.append(-1)
+    sizes = np.asarray(sizes_list, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    segment = np.repeat(np.arange(len(sizes)), sizes)
+    position_ids = (np.arange(rows * width) - (ends - sizes)[segment]).reshape(rows, width)
+    document_ids = np.asarray(documents_list, dtype=np.int64)[segment].reshape(rows, width)
+    source_ids = np.asarray(sources_list, dtype=np.int64)[segment].reshape(rows, width)
     labels = np.full((rows, width), IGNORE_INDEX, dtype=np.int64)
     labels[:, :-1] = input_ids[:, 1:]
-    position_ids = np.empty((rows, width), dtype=np.int64)
-    document_ids = np.full((rows, width), -1, dtype=np.int64)
-    source_ids = np.full((rows, width), -1, dtype=np.int64)
-    boundaries = [0]
-    for r, (row_lengths, row_sources) in enumerate(zip(lengths, sources)):
-        sizes = np.asarray(row_lengths, dtype=np.int64)
-        used = int(sizes.sum())
-        ends = np.cumsum(sizes)
-        starts = ends - sizes
-        segment = np.repeat(np.arange(len(sizes)), sizes)
-        document_ids[r, :used] = segment
-        source_ids[r, :used] = np.asarray(row_sources, dtype=np.int64)[segment]
-        position_ids[r, :used] = np.arange(used) - starts[segment]
-        position_ids[r, used:] = np.arange(width - used)
-        if mask_document_boundaries and len(ends):
-            labels[r, ends - 1] = IGNORE_INDEX
-        labels[r, max(used - 1, 0) :] = IGNORE_INDEX
-        boundaries.extend((r * width + ends).tolist())
-        if used < width:
-            boundaries.append((r + 1) * width)
+    flat_labels = labels.reshape(-1)
+    real = document_ids.reshape(-1) >= 0
+    if mask_document_boundaries:
+        last = ends - 1
+        flat_labels[last[real[last]]] = IGNORE_INDEX  # each piece's last token
+    flat_labels[~real] = IGNORE_INDEX
+    row_ends = np.arange(rows) * width + np.maximum(np.asarray(used, dtype=np.int64), 1) - 1
+    flat_labels[row_ends] = IGNORE_INDEX  # no target past the row's last real token
     if trainable is not None:
         labels[:, :-1][~trainable[:, 1:]] = IGNORE_INDEX
-    cu = np.asarray(boundaries, dtype=np.int32)
+    cu = np.concatenate([[0], ends]).astype(np.int32)
     labels_t = torch.from_numpy(labels)
     out = {
         "input_ids": torch.from_numpy(input_ids),

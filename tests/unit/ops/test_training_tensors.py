@@ -32,6 +32,50 @@ def layouts(draw: st.DrawFn) -> tuple[np.ndarray, list[list[int]], list[list[int
     return ids.reshape(rows, width), lengths, sources
 
 
+def _per_row(
+    ids: np.ndarray, lengths: list[list[int]], sources: list[list[int]], mask: bool
+) -> dict[str, np.ndarray]:
+    """The tensors built row by row, the plain way: the reference for the vectorised code."""
+    rows, width = ids.shape
+    labels = np.full((rows, width), IGNORE_INDEX, dtype=np.int64)
+    labels[:, :-1] = ids[:, 1:]
+    positions = np.empty((rows, width), dtype=np.int64)
+    documents = np.full((rows, width), -1, dtype=np.int64)
+    source_ids = np.full((rows, width), -1, dtype=np.int64)
+    cu = [0]
+    for r, (row, row_sources) in enumerate(zip(lengths, sources)):
+        offset = 0
+        for i, n in enumerate(row):
+            positions[r, offset : offset + n] = np.arange(n)
+            documents[r, offset : offset + n] = i
+            source_ids[r, offset : offset + n] = row_sources[i]
+            if mask:
+                labels[r, offset + n - 1] = IGNORE_INDEX
+            offset += n
+            cu.append(r * width + offset)
+        positions[r, offset:] = np.arange(width - offset)
+        labels[r, max(offset - 1, 0) :] = IGNORE_INDEX
+        if offset < width:
+            cu.append((r + 1) * width)
+    return {
+        "labels": labels,
+        "position_ids": positions,
+        "document_ids": documents,
+        "source_ids": source_ids,
+        "cu_seqlens": np.asarray(cu, dtype=np.int32),
+    }
+
+
+@given(layout=layouts(), mask=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_the_vectorised_tensors_equal_the_row_by_row_ones(layout: Any, mask: bool) -> None:
+    ids, lengths, sources = layout
+    got = training_tensors(ids, lengths, sources, mask_document_boundaries=mask)
+    for name, expected in _per_row(ids, lengths, sources, mask).items():
+        assert got[name].numpy().tolist() == expected.tolist(), name
+        assert got[name].numpy().dtype == expected.dtype, name
+
+
 @given(layout=layouts(), mask=st.booleans())
 @settings(max_examples=200, deadline=None)
 def test_positions_documents_cu_seqlens_and_labels_agree(layout: Any, mask: bool) -> None:
