@@ -15,12 +15,12 @@ import os
 import pathlib
 import sys
 import sysconfig
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import ConfigError
 
 __all__ = [
@@ -146,17 +146,6 @@ def extra_text_documents(roots: Sequence[pathlib.Path], limit_bytes: int) -> lis
     return _take_bytes(_read_files(files), limit_bytes)
 
 
-def _atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Writes ``text`` as UTF-8 to a unique hidden tmp file beside ``path``, then replaces it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_jsonl_shards(
     docs: Sequence[Mapping[str, str]], out_dir: pathlib.Path, *, num_shards: int
 ) -> list[pathlib.Path]:
@@ -182,7 +171,7 @@ def write_jsonl_shards(
     for i, path in enumerate(paths):
         part = docs[i * n // num_shards : (i + 1) * n // num_shards]
         lines = [json.dumps(dict(doc), ensure_ascii=False) + "\n" for doc in part]
-        _atomic_write_text(path, "".join(lines))
+        write_text_atomically(path, "".join(lines))
     return paths
 
 
@@ -220,7 +209,7 @@ def demo_corpus(root: pathlib.Path | None = None) -> tuple[pathlib.Path, pathlib
     for name, docs in (("code", code), ("prose", prose)):
         summary[f"{name}_docs"] = len(docs)
         summary[f"{name}_bytes"] = sum(len(d["text"].encode("utf-8")) for d in docs)
-    _atomic_write_text(marker, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_text_atomically(marker, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return code_dir, prose_dir
 
 
@@ -260,7 +249,7 @@ def train_bpe_tokenizer(
     tokenizer.train_from_iterator(texts, trainer=trainer)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(path, tokenizer.to_str())
+        write_text_atomically(path, tokenizer.to_str())
     return tokenizer
 
 

@@ -5,8 +5,8 @@ speed. JSONL, Parquet and Vortex readers are handed the cached file; MDS, LitDat
 readers, whose shards come with an index or an offsets file, reach every file through a
 `locate` hook that downloads it (see `_locate`). Rows are counted from as little as can be:
 MDS and LitData from `index.json`, Parquet footers and `.npy` headers by range reads; JSONL
-(and Vortex) need the whole file once, after which the count is remembered in the index cache
-folder under the object's URL, size and version. The reader pickles as its settings and object
+(and Vortex) need the whole file once, after which the count is remembered (see
+`_remote_rows`). The reader pickles as its settings and object
 table; a worker rebuilds the file system, the cache handle and the local reader on first use.
 Every remote call is retried under the `RetryPolicy`, then fails with a StorageError naming the
 URL.
@@ -15,9 +15,7 @@ URL.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +29,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions
+from zephon_torch.io._remote_rows import parquet_rows, remember_rows, remembered_rows
 from zephon_torch.io._retry import call_with_retry
 from zephon_torch.io._rows import Rows
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
@@ -40,9 +39,6 @@ from zephon_torch.io.npy import offsets_path, read_header
 T = TypeVar("T")
 
 _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
-_ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
-_FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
-_PARQUET_MIN_BYTES = 12  # the magic bytes at both ends and the footer length
 _MAPPED_SHARE = 8  # shards kept open by a local reader take at most max_bytes / this
 _MIN_OPEN, _MAX_OPEN = 2, 16
 
@@ -145,20 +141,12 @@ class RemoteReader:
             return self._npy_rows(path)
         if self.format in LOCATING_FORMATS:
             return self._with_reader(path, lambda reader, local: reader.num_rows(local))
-        record = self._row_record(self.objects[path][1])
-        with (
-            contextlib.suppress(OSError, ValueError, KeyError, TypeError),
-            open(record, encoding="utf-8") as handle,
-        ):
-            return int(json.load(handle)["rows"])
-        rows = self._with_reader(path, lambda reader, local: reader.num_rows(local))
-        with contextlib.suppress(OSError):
-            _write_atomically(record, json.dumps({"url": path, "rows": rows}))
+        item = self.objects[path][1]
+        rows = remembered_rows(self.index_cache_dir, item)
+        if rows is None:
+            rows = self._with_reader(path, lambda reader, local: reader.num_rows(local))
+            remember_rows(self.index_cache_dir, item, rows)
         return rows
-
-    def _row_record(self, item: CachedObject) -> str:
-        """Where the row count of a downloaded-to-count object is remembered."""
-        return os.path.join(self.index_cache_dir, _ROW_COUNTS, f"{item.name}.json")
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
@@ -271,12 +259,7 @@ class RemoteReader:
         return [url, partner] if partner in self.objects else [url]
 
     def _parquet_rows(self, path: str) -> int:
-        """The row count from the footer: one range read of the file's tail (a second when the
-        footer is longer than the guess), parsed by pyarrow; the shard is not downloaded. Only
-        the reads are retried: bytes that do not parse are a DataError at once."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        """The row count from the footer, by range reads (retried); no download."""
         fs_path, item = self.objects[path]
 
         def tail(length: int) -> bytes:
@@ -288,23 +271,7 @@ class RemoteReader:
             retry = self.options.retry
             return call_with_retry(attempt, url=path, policy=retry, what="reading the footer")
 
-        def bad(reason: object) -> DataError:
-            return DataError(
-                f"not a readable Parquet file: {reason}", dataset=self.dataset, shard=path
-            )
-
-        if item.size < _PARQUET_MIN_BYTES:
-            raise bad(f"{item.size} bytes is too short")
-        data = tail(_FOOTER_GUESS)
-        if data[-4:] != b"PAR1":
-            raise bad("the file does not end in the Parquet magic bytes")
-        length = int.from_bytes(data[-8:-4], "little") + 8
-        if length > len(data) and len(data) < item.size:
-            data = tail(length)
-        try:
-            return int(pq.read_metadata(pa.BufferReader(data[-length:])).num_rows)
-        except (pa.ArrowInvalid, OSError) as error:  # pyarrow raises OSError for bad thrift
-            raise bad(error) from error
+        return parquet_rows(tail, size=item.size, url=path, dataset=self.dataset)
 
     def _npy_rows(self, path: str) -> int:
         """A 2-D token file's first dimension, or one less than its offsets file's length,
@@ -411,15 +378,3 @@ class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
 
     def call(self, *args: Any, **kwargs: Any) -> None:
         self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
-
-
-def _write_atomically(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)

@@ -121,6 +121,7 @@ class BatchNode(BaseNode[Batch]):
         self.source_names = source_names
         self.turn = 0
         self.done = False
+        self._padding = np.full(max_length, pad_id, dtype=np.int64)  # sliced, never written
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or at a saved turn."""
@@ -152,7 +153,7 @@ class BatchNode(BaseNode[Batch]):
     def pad_batch(self, rows: list[PackedRow]) -> Batch:
         """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
         empty = self.microbatch_size - len(rows)
-        padding = np.full(self.max_length, self.pad_id, dtype=np.int64)
+        padding = self._padding
         parts: list[npt.NDArray[Any]] = []
         for row in rows:  # each row's pieces, then its padding: one copy into the batch
             parts.extend(row.parts)
