@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from zephon_torch._token_stage import doc_ops, pad_id, token_stage
+from zephon_torch._token_stage import doc_ops, pad_id, plain_documents, token_stage
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
 from zephon_torch.ops.estimate import calibrate, chunk_sizes
@@ -94,6 +94,7 @@ class LaneRuntime:
                 lane=lane,
                 pad_id=pad_id(pipeline),
                 source_names=source.names,
+                plain=plain_documents(pipeline),
             )
             node.reset(pipeline._lane_states.get(lane))
             self.nodes.append(node)

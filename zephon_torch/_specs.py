@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from zephon_torch.elastic import check_topology
 from zephon_torch.errors import ConfigError
@@ -91,10 +91,11 @@ class PretokenizedSpec:
     field: str
     eos_token_id: int | None
     parallelism: int
-    runner: RunnerKind
+    runner: RunnerKind | Literal["auto"]
 
     def __post_init__(self) -> None:
-        _check_workers(self.parallelism, self.runner)
+        if self.runner != "auto":
+            _check_workers(self.parallelism, self.runner)
 
 
 def _check_workers(parallelism: int, runner: str) -> None:

@@ -48,10 +48,25 @@ def token_stage(
             dataset_names=self._source.names,
             shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
         )
-        return op, p.field, p.parallelism, p.runner
+        return op, p.field, p.parallelism, pretokenized_runner(self)
     spec = self._tokenize
     assert spec is not None
     return tokenize_op(self), spec.field, spec.parallelism, spec.runner
+
+
+MAPPED_FORMATS = ("npy", "mds", "litdata", "memory")
+
+
+def pretokenized_runner(self: Pipeline) -> RunnerKind:
+    """The pre-tokenized stage's runner: ``"auto"`` is ``"inline"`` when every dataset is a
+    local memory-mapped format (a document is a slice: a hand-off to another thread would cost
+    more than the work), else ``"threads"``."""
+    assert self._pretokenized is not None
+    runner = self._pretokenized.runner
+    if runner != "auto":
+        return runner
+    mapped = all(d.format in MAPPED_FORMATS and not d.remote for d in self._datasets)
+    return "inline" if mapped else "threads"
 
 
 def resolve(self: Pipeline) -> ResolvedTokenizer:
@@ -86,6 +101,13 @@ def tokenize_op(self: Pipeline) -> TokenizeOp | TokenizeChatOp:
         dataset_names=self._source.names,
         shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
     )
+
+
+def plain_documents(self: Pipeline) -> bool:
+    """Whether documents carry only tokens: no chat loss masks and no payload fields."""
+    assert self._pack is not None
+    chat = self._tokenize is not None and self._tokenize.chat_template is not None
+    return not chat and not self._pack.payload_fields
 
 
 def pad_id(self: Pipeline) -> int:

@@ -221,9 +221,15 @@ class Pipeline:
         *,
         eos_token_id: int | None = None,
         parallelism: int | None = None,
-        runner: RunnerKind = "threads",
+        runner: RunnerKind | Literal["auto"] = "auto",
     ) -> Pipeline:
-        """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set."""
+        """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set.
+
+        ``runner`` (a performance knob): ``"auto"`` reads on the packer's own thread
+        (``"inline"``) when every dataset is a local memory-mapped format (``.npy``, MDS,
+        LitData), where a document costs a slice, and on ``"threads"`` otherwise (Parquet
+        decoding, remote reads).
+        """
         self._check_before_tokenize("pretokenized")
         spec = PretokenizedSpec(
             field=field,

@@ -1,10 +1,12 @@
-"""Where per-document work runs: a pool of threads or of spawned processes.
+"""Where per-document work runs: a pool of threads, of spawned processes, or inline.
 
 The fused chain (fetch, then the user's maps and filters, then tokenize) is sent to each worker
 process once at start-up; a task then carries only (source, pointers) and returns documents
 with their tokens. Results come back in submission order (each reader keeps its own queue of
 futures) while tasks execute in any order, so one multi-megabyte document holds up only the
-reader that needs it next.
+reader that needs it next. ``inline`` runs each chunk on the thread that submits it: for
+pre-tokenized data, where a document costs a slice, a hand-off to another thread costs more
+than the work (and its wake-ups fight the packer for the GIL).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from zephon_torch.ops.document import DocOp, Document
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work.pointers import Pointer
 
-RunnerKind = Literal["threads", "processes"]
-RUNNERS = ("threads", "processes")
+RunnerKind = Literal["threads", "processes", "inline"]
+RUNNERS = ("threads", "processes", "inline")
 
 
 class DocChain:
@@ -76,13 +78,14 @@ def _run_in_worker(source: int, pointers: list[Pointer]) -> list[Document]:
 
 
 class Runner:
-    """Runs chunks of the chain on ``parallelism`` threads or processes.
+    """Runs chunks of the chain on ``parallelism`` threads or processes, or inline.
 
     Args:
         chain: the fused per-document chain.
-        parallelism: number of workers.
-        kind: ``"threads"`` (the tokenizer backend releases the GIL) or ``"processes"``
-            (spawned; user functions must be picklable).
+        parallelism: number of workers (``inline``: unused).
+        kind: ``"threads"`` (the tokenizer backend releases the GIL), ``"processes"``
+            (spawned; user functions must be picklable) or ``"inline"`` (the submitting
+            thread, at once).
     """
 
     def __init__(self, chain: DocChain, *, parallelism: int, kind: RunnerKind) -> None:
@@ -92,8 +95,10 @@ class Runner:
             raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {kind!r}")
         self.chain = chain
         self.kind = kind
-        self._executor: Executor
-        if kind == "threads":
+        self._executor: Executor | None = None
+        if kind == "inline":
+            pass
+        elif kind == "threads":
             self._executor = ThreadPoolExecutor(parallelism, thread_name_prefix="zephon-docs")
         else:
             try:
@@ -112,6 +117,8 @@ class Runner:
 
     def submit(self, source: int, pointers: list[Pointer]) -> Future[list[Document]]:
         """Schedule one chunk; the future yields its documents in pointer order."""
+        if self._executor is None:
+            return _done(self.chain, source, pointers)
         if self.kind == "threads":
             return self._executor.submit(self.chain, source, pointers)
         return self._executor.submit(_run_in_worker, source, pointers)
@@ -122,4 +129,15 @@ class Runner:
 
     def close(self) -> None:
         """Stop the workers; pending chunks are cancelled."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _done(chain: DocChain, source: int, pointers: list[Pointer]) -> Future[list[Document]]:
+    """The chunk run now, as a finished future (its error, if any, raised by ``result``)."""
+    future: Future[list[Document]] = Future()
+    try:
+        future.set_result(chain(source, pointers))
+    except Exception as exc:
+        future.set_exception(exc)
+    return future

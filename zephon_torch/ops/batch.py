@@ -15,7 +15,8 @@ import numpy.typing as npt
 import torch
 from torchdata.nodes import BaseNode
 
-from zephon_torch.ops.pack import PackedRow
+from zephon_torch.ops.pack import MixPack, PackedRow, RowBlock
+from zephon_torch.ops.packers import WrapPacker
 from zephon_torch.ops.training import training_tensors
 
 
@@ -46,18 +47,24 @@ class Batch:
     state: dict[str, Any] = field(repr=False)
     trainable: npt.NDArray[np.bool_] | None = field(default=None, repr=False)
     payloads: list[list[dict[str, Any]]] | None = field(default=None, repr=False)
+    _num_tokens: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
         """Real (non-padding) tokens in the batch."""
-        return sum(sum(row) for row in self.lengths)
+        if self._num_tokens is None:
+            self._num_tokens = sum(map(sum, self.lengths))
+        return self._num_tokens
 
     def tokens_by_source(self) -> dict[str, int]:
         """Real tokens per dataset name."""
-        out = dict.fromkeys(self.source_names, 0)
+        names = self.source_names
+        if len(names) == 1:
+            return {names[0]: self.num_tokens}
+        out = dict.fromkeys(names, 0)
         for lengths, sources in zip(self.lengths, self.sources):
             for n, s in zip(lengths, sources):
-                out[self.source_names[s]] += n
+                out[names[s]] += n
         return out
 
     def to(self, device: torch.device | str, **options: bool) -> dict[str, torch.Tensor]:
@@ -111,6 +118,7 @@ class BatchNode(BaseNode[Batch]):
         lane: int,
         pad_id: int,
         source_names: list[str],
+        plain: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
@@ -122,6 +130,10 @@ class BatchNode(BaseNode[Batch]):
         self.turn = 0
         self.done = False
         self._padding = np.full(max_length, pad_id, dtype=np.int64)  # sliced, never written
+        # wrap rows of plain documents come as one block per batch (see MixPack.wrap_rows)
+        self._blocks = (
+            plain and isinstance(source, MixPack) and isinstance(source.packer, WrapPacker)
+        )
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or at a saved turn."""
@@ -139,10 +151,22 @@ class BatchNode(BaseNode[Batch]):
 
     def next(self) -> Batch:
         """The lane's next micro-batch; once the lane is spent, all-padding batches."""
+        if self._blocks:
+            assert isinstance(self.source, MixPack)
+            block = RowBlock([], [], [], [], 0)
+            if not self.done:
+                block = self.source.wrap_rows(self.microbatch_size)
+                # as row by row: done once a row was asked for and none came
+                self.done = len(block.lengths) < self.microbatch_size
+            batch = self.pad_block(block)
+            self.turn += 1
+            batch.state = self.get_state()
+            return batch
         rows: list[PackedRow] = []
+        source = self.source
         while not self.done and len(rows) < self.microbatch_size:
             try:
-                rows.append(next(self.source))
+                rows.append(source.next())  # reset by our reset(): skip BaseNode's check
             except StopIteration:
                 self.done = True
         batch = self.pad_batch(rows)
@@ -150,35 +174,80 @@ class BatchNode(BaseNode[Batch]):
         batch.state = self.get_state()
         return batch
 
+    def pad_block(self, block: RowBlock) -> Batch:
+        """A block of wrap rows padded to ``[microbatch_size, max_length]``."""
+        parts = block.parts
+        lengths, sources, starts = block.lengths, block.sources, block.starts_document
+        short = block.tokens % self.max_length
+        if short:
+            parts.append(self._padding[: self.max_length - short])
+        empty = self.microbatch_size - len(lengths)
+        if empty:
+            parts.extend([self._padding] * empty)
+            for out in (lengths, sources, starts):
+                out.extend([] for _ in range(empty))
+        ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
+        np.concatenate(parts, out=ids.reshape(-1))
+        return Batch(
+            input_ids=ids,
+            lengths=lengths,
+            sources=sources,
+            starts_document=starts,
+            source_names=self.source_names,
+            lane=self.lane,
+            turn=self.turn,
+            pad_id=self.pad_id,
+            state={},
+            _num_tokens=block.tokens,
+        )
+
     def pad_batch(self, rows: list[PackedRow]) -> Batch:
         """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
         empty = self.microbatch_size - len(rows)
         padding = self._padding
+        width = self.max_length
         parts: list[npt.NDArray[Any]] = []
+        lengths, sources, starts = [], [], []
+        tokens = 0
+        chat = with_payload = False
         for row in rows:  # each row's pieces, then its padding: one copy into the batch
             parts.extend(row.parts)
-            parts.append(padding[: self.max_length - row.length])
-        parts.extend([padding] * empty)
-        ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
+            length = sum(row.lengths)
+            if length < width:
+                parts.append(padding[: width - length])
+            tokens += length
+            lengths.append(row.lengths)
+            sources.append(row.sources)
+            starts.append(row.starts_document)
+            if row.trainable is not None:
+                chat = True
+            if row.payloads is not None:
+                with_payload = True
+        if empty:
+            parts.extend([padding] * empty)
+            for out in (lengths, sources, starts):
+                out.extend([] for _ in range(empty))
+        ids = np.empty((self.microbatch_size, width), dtype=np.int64)
         np.concatenate(parts, out=ids.reshape(-1))
         trainable = None
-        if any(row.trainable is not None for row in rows):
+        if chat:
             trainable = np.ones(ids.shape, dtype=bool)
             for r, row in enumerate(rows):
                 if row.trainable is not None:
                     trainable[r, : row.length] = row.trainable
         return Batch(
             input_ids=ids,
-            lengths=[row.lengths for row in rows] + [[] for _ in range(empty)],
-            sources=[row.sources for row in rows] + [[] for _ in range(empty)],
-            starts_document=[row.starts_document for row in rows] + [[] for _ in range(empty)],
+            lengths=lengths,
+            sources=sources,
+            starts_document=starts,
             source_names=self.source_names,
             lane=self.lane,
             turn=self.turn,
             pad_id=self.pad_id,
             state={},
             trainable=trainable,
-            payloads=None
-            if all(row.payloads is None for row in rows)
-            else [row.payloads or [] for row in rows] + [[] for _ in range(empty)],
+            payloads=[row.payloads or [] for row in rows] + [[] for _ in range(empty)]
+            if with_payload
+            else None,
+            _num_tokens=tokens,
         )

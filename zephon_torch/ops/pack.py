@@ -20,7 +20,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch.ops.document import Document
-from zephon_torch.ops.packers import Packer, Piece, pieces_from_state
+from zephon_torch.ops.packers import Packer, Piece, WrapPacker, pieces_from_state
 from zephon_torch.ops.read import DocumentReader
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 from zephon_torch.work.mixture import choose_source
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PackedRow:
     """One packed row: the token views of its pieces (segments), in order, and their layout.
 
@@ -52,6 +52,18 @@ class PackedRow:
     def tokens(self) -> npt.NDArray[np.int32]:
         """The row's tokens as one array (the piece itself when the row has one)."""
         return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+
+
+@dataclass(slots=True)
+class RowBlock:
+    """Consecutive ``wrap`` rows: their token views in order (laid end to end, the rows one
+    after another; only the last row may be short) and each row's segment layout."""
+
+    parts: list[npt.NDArray[Any]]
+    lengths: list[list[int]]
+    sources: list[list[int]]
+    starts_document: list[list[bool]]
+    tokens: int
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -132,10 +144,68 @@ class MixPack(BaseNode[PackedRow]):
 
     def next(self) -> PackedRow:
         """The next packed row; StopIteration when every source and open row is spent."""
-        row = self.packer.next_row(self._pull)
-        if row is None:
+        pieces = self.packer.next_row(self._pull)
+        if pieces is None:
             raise StopIteration
-        return _to_row(row)
+        return _to_row(pieces)
+
+    def wrap_rows(self, num_rows: int) -> RowBlock:
+        """The next ``num_rows`` rows of the ``wrap`` packer in one block (fewer, the last one
+        short, where the sources run out): the rows ``next()`` would give, for documents
+        without chat masks or payloads, with no object per row.
+
+        While a single source is active, its piece runs on across row ends, as the following
+        rows would choose that source anyway: a long document costs one pull per block, not
+        one per row, and the counts, carries and readers end the block exactly as row by row.
+        """
+        assert isinstance(self.packer, WrapPacker)
+        width = self.packer.max_length
+        total = num_rows * width
+        parts: list[npt.NDArray[Any]] = []
+        lengths: list[list[int]] = []
+        sources: list[list[int]] = []
+        starts: list[list[bool]] = []
+        row_lengths: list[int] = []
+        row_sources: list[int] = []
+        row_starts: list[bool] = []
+        filled, space = 0, width
+        active = self.active
+        while filled < total:
+            piece = self._pull(total - filled if active.count(True) == 1 else space)
+            if piece is None:
+                break
+            doc, start, end = piece.doc, piece.start, piece.end
+            parts.append(doc.tokens[start:end])  # type: ignore[index]
+            source, left = doc.source, end - start
+            filled += left
+            if left < space:  # ends inside the current row
+                row_lengths.append(left)
+                row_sources.append(source)
+                row_starts.append(start == 0)
+                space -= left
+                continue
+            row_lengths.append(space)  # closes the current row, fills whole ones, starts one
+            row_sources.append(source)
+            row_starts.append(start == 0)
+            lengths.append(row_lengths)
+            sources.append(row_sources)
+            starts.append(row_starts)
+            whole, rest = divmod(left - space, width)
+            for _ in range(whole):
+                lengths.append([width])
+                sources.append([source])
+                starts.append([False])
+            row_lengths, row_sources, row_starts = [], [], []
+            if rest:
+                row_lengths.append(rest)
+                row_sources.append(source)
+                row_starts.append(False)
+            space = width - rest
+        if row_lengths:
+            lengths.append(row_lengths)
+            sources.append(row_sources)
+            starts.append(row_starts)
+        return RowBlock(parts, lengths, sources, starts, filled)
 
     def _pull(self, max_tokens: int) -> Piece | None:
         counts = self.tokens if self.count == "tokens" else self.documents
@@ -146,7 +216,7 @@ class MixPack(BaseNode[PackedRow]):
             piece = self.carry[source]
             if piece is None:
                 try:
-                    doc = next(self.readers[source])
+                    doc = self.readers[source].next()  # reset by our reset(): skip the check
                 except StopIteration:
                     self.active[source] = False
                     continue
@@ -180,13 +250,15 @@ def _to_row(pieces: list[Piece]) -> PackedRow:
     chat = with_payload = False
     for p in pieces:
         doc = p.doc
-        assert doc.tokens is not None
-        parts.append(doc.tokens[p.start : p.end])
-        lengths.append(p.end - p.start)
+        start, end = p.start, p.end
+        parts.append(doc.tokens[start:end])  # type: ignore[index]
+        lengths.append(end - start)
         sources.append(doc.source)
-        starts.append(p.start == 0)
-        chat = chat or doc.trainable is not None
-        with_payload = with_payload or doc.payload is not None
+        starts.append(start == 0)
+        if doc.trainable is not None:
+            chat = True
+        if doc.payload is not None:
+            with_payload = True
     trainable = None
     if chat:
         trainable = np.concatenate(
@@ -198,10 +270,10 @@ def _to_row(pieces: list[Piece]) -> PackedRow:
             ]
         )
     return PackedRow(
-        parts=parts,
-        lengths=lengths,
-        sources=sources,
-        starts_document=starts,
-        trainable=trainable,
-        payloads=[p.doc.payload or {} for p in pieces] if with_payload else None,
+        parts,
+        lengths,
+        sources,
+        starts,
+        trainable,
+        [p.doc.payload or {} for p in pieces] if with_payload else None,
     )

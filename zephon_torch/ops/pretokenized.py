@@ -44,7 +44,7 @@ class TokenFieldOp:
             data = doc.data if doc.data is not None else {}
             value = data.get(self.field)
             try:
-                tokens = np.asarray(value)
+                tokens = value if type(value) is np.ndarray else np.asarray(value)
                 if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
                     raise TypeError(f"got {type(value).__name__} of shape {tokens.shape}")
                 if tokens.size and not _in_range(tokens):
@@ -72,6 +72,7 @@ class TokenFieldOp:
 
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
+_minimum, _maximum = np.minimum.reduce, np.maximum.reduce
 
 
 def _in_range(tokens: np.ndarray[Any, Any]) -> bool:
@@ -80,5 +81,5 @@ def _in_range(tokens: np.ndarray[Any, Any]) -> bool:
     if kind == "u" and size <= 2:
         return True
     if kind == "i" and size <= 4:
-        return bool(tokens.min() >= 0)
-    return bool(tokens.min() >= 0 and tokens.max() <= _INT32_MAX)
+        return bool(_minimum(tokens) >= 0)  # the ufunc itself: no Python wrapper per document
+    return bool(_minimum(tokens) >= 0 and _maximum(tokens) <= _INT32_MAX)

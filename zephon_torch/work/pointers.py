@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -21,9 +22,10 @@ from zephon_torch.work._hashing import stable_key
 from zephon_torch.work._permutation import permute
 
 
-@dataclass(frozen=True)
-class Pointer:
-    """Where a document lives: its stream position in a lane and its (shard, row)."""
+class Pointer(NamedTuple):
+    """Where a document lives: its stream position in a lane and its (shard, row).
+
+    A named tuple: a chunk builds one per document, so it is made at tuple cost."""
 
     pass_index: int
     pos: int
@@ -79,8 +81,9 @@ class PointerLayout:
         positions = np.arange(start, start + count, dtype=np.int64)
         global_pos = positions * num_lanes + lane
         shards, rows = self._locate(pass_index, global_pos)
+        make = Pointer._make
         return [
-            Pointer(pass_index, int(p), int(s), int(r))
+            make((pass_index, p, s, r))
             for p, s, r in zip(positions.tolist(), shards.tolist(), rows.tolist())
         ]
 

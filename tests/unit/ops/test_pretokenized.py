@@ -64,3 +64,38 @@ def test_lists_of_ints_are_accepted_and_bad_ids_are_refused_by_row() -> None:
 
 def recipe_one(dataset: Dataset) -> Pipeline:
     return Pipeline(StaticMixtureWorkSource([dataset], shuffle=False))
+
+
+def test_every_runner_gives_the_same_batches_and_auto_reads_mapped_data_inline(
+    tokenizer: Any, tmp_path: Any
+) -> None:
+    from zephon_torch._token_stage import pretokenized_runner
+
+    datasets = sources(tokenizer)
+    runs = {
+        runner: keys(recipe(datasets).pretokenized("ids", runner=runner).pack_flat(32).batch(2))
+        for runner in ("inline", "threads", "auto")
+    }
+    assert len(runs["inline"]) > 10
+    assert runs["threads"] == runs["inline"] == runs["auto"]
+    # "auto": in-memory and .npy data inline; Parquet on threads
+    assert pretokenized_runner(recipe(datasets).pretokenized("ids")) == "inline"
+    np.save(tmp_path / "part-0.npy", np.arange(12, dtype=np.int32).reshape(3, 4))
+    mapped = Dataset.from_path("npy", tmp_path / "part-0.npy")
+    assert pretokenized_runner(recipe_one(mapped).pretokenized("input_ids")) == "inline"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"ids": [[1, 2], [3]]}), tmp_path / "t.parquet")
+    columnar = Dataset.from_path("pq", tmp_path / "t.parquet", token_columns=["ids"])
+    assert pretokenized_runner(recipe_one(columnar).pretokenized("ids")) == "threads"
+    assert pretokenized_runner(recipe_one(columnar).pretokenized("ids", runner="inline")) == (
+        "inline"
+    )
+
+
+def test_an_inline_runner_raises_bad_ids_where_the_document_is_read() -> None:
+    bad = Dataset.from_dict("d", {"ids": [[1, 2], [3, 4], [5, -6]]}, shard_size=2)
+    pipeline = recipe_one(bad).pretokenized("ids", runner="inline").pack_flat(2).batch(1)
+    with pytest.raises(DataError, match=r"dataset 'd'.*row 0: field 'ids'"):
+        list(pipeline)

@@ -1,0 +1,115 @@
+"""Wrap rows in blocks (``MixPack.wrap_rows``, ``BatchNode`` with ``plain=True``) give exactly
+the batches and states of the row-by-row path, and resume exactly after every batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.property.test_packers import build
+from zephon_torch.ops.batch import Batch, BatchNode
+
+MAX_BATCHES = 2000  # far above what the strategies below can fill
+
+
+def batch_node(
+    sources: list[list[int]], width: int, rows: int, plain: bool, **mix: Any
+) -> BatchNode:
+    weights = mix.pop("weights", None)
+    mixpack = build(sources, "wrap", width, 1, **mix)
+    if weights is not None:
+        total = sum(weights)
+        mixpack.weights = tuple(w / total for w in weights[: len(sources)])
+    return BatchNode(
+        mixpack,
+        microbatch_size=rows,
+        max_length=width,
+        lane=0,
+        pad_id=7,
+        source_names=[f"s{i}" for i in range(len(sources))],
+        plain=plain,
+    )
+
+
+def run(node: BatchNode, state: dict[str, Any] | None = None) -> list[Batch]:
+    """Batches until the first all-padding one (included), or MAX_BATCHES."""
+    node.reset(state)
+    out = []
+    while len(out) < MAX_BATCHES:
+        batch = next(node)
+        out.append(batch)
+        if batch.num_tokens == 0:
+            break
+    return out
+
+
+def same(a: Batch, b: Batch) -> None:
+    np.testing.assert_array_equal(a.input_ids, b.input_ids)
+    assert a.lengths == b.lengths
+    assert a.sources == b.sources
+    assert a.starts_document == b.starts_document
+    assert a.num_tokens == b.num_tokens == sum(map(sum, b.lengths))
+    assert a.turn == b.turn
+    assert a.state == b.state
+
+
+sources_st = st.lists(st.lists(st.integers(1, 90), min_size=1, max_size=12), min_size=1, max_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sources=sources_st,
+    width=st.integers(2, 40),
+    rows=st.integers(1, 5),
+    weights=st.lists(st.integers(1, 5), min_size=3, max_size=3),
+    drop_short=st.integers(0, 5),
+)
+def test_blocks_match_rows(
+    sources: list[list[int]], width: int, rows: int, weights: list[int], drop_short: int
+) -> None:
+    mix = {"weights": weights, "drop_shorter_than": drop_short}
+    blocks = run(batch_node(sources, width, rows, True, **dict(mix)))
+    by_row = run(batch_node(sources, width, rows, False, **dict(mix)))
+    assert len(blocks) == len(by_row) < MAX_BATCHES
+    for a, b in zip(blocks, by_row):
+        same(a, b)
+    # every token once, in order within each source
+    real = np.concatenate(
+        [b.input_ids.reshape(-1)[:0]]
+        + [row[: sum(lengths)] for b in blocks for row, lengths in zip(b.input_ids, b.lengths)]
+    )
+    assert real.size == sum(n for lengths in sources for n in lengths if n >= drop_short)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sources=sources_st, width=st.integers(8, 40), rows=st.integers(1, 4))
+def test_blocks_resume_after_every_batch(sources: list[list[int]], width: int, rows: int) -> None:
+    full = run(batch_node(sources, width, rows, True))
+    for cut, batch in enumerate(full[:-1]):
+        resumed = run(batch_node(sources, width, rows, True), batch.state)
+        assert len(resumed) == len(full) - cut - 1
+        for a, b in zip(resumed, full[cut + 1 :]):
+            same(a, b)
+
+
+def test_a_long_document_of_a_single_source_is_one_pull_per_block() -> None:
+    node = batch_node([[100, 3]], 10, 4, True)
+    pulls = 0
+    mixpack = node.source
+    original = mixpack._pull  # type: ignore[attr-defined]
+
+    def counted(max_tokens: int) -> Any:
+        nonlocal pulls
+        pulls += 1
+        return original(max_tokens)
+
+    mixpack._pull = counted  # type: ignore[attr-defined]
+    batches = run(node)
+    assert [b.num_tokens for b in batches] == [40, 40, 23, 0]
+    assert batches[2].lengths == [[10], [10], [3], []]
+    assert batches[2].starts_document == [[False], [False], [True], []]
+    # 3 blocks of the 100-token document, the 3-token one, and the pull that finds the end
+    assert pulls == 5
