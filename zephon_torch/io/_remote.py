@@ -140,11 +140,15 @@ class Listing:
         objects: each object's file-system path and cache identity, sorted by path: the data
             files, or every file of an MDS or LitData directory.
         index: the URL of the directory's `index.json` for MDS and LitData, else None.
+        index_data: the bytes of that `index.json`, as read to tell the format.
+        fs: the file system that listed it, for the reader to reuse.
     """
 
     format: str
     objects: list[tuple[str, CachedObject]]
     index: str | None = None
+    index_data: bytes | None = field(default=None, repr=False)
+    fs: Any = field(default=None, repr=False)
 
 
 def list_remote(
@@ -206,7 +210,7 @@ def list_remote(
                 "per folder"
             )
         format_, paths = detect_files(url, where, paths)
-    return Listing(format_, [(path, _identity(fs, path, infos[path])) for path in paths])
+    return Listing(format_, [(path, _identity(fs, path, infos[path])) for path in paths], fs=fs)
 
 
 def _indexed(
@@ -233,7 +237,8 @@ def _indexed(
         return None
     directory = posixpath.dirname(root) if named_index else root.rstrip("/")
     index = f"{directory}/{INDEX_FILE}"
-    kind = _index_kind(fs, index, retry) if index in found else None
+    data = _read_index(fs, index, retry) if index in found else None
+    kind = None if data is None else _kind_of(data, fs.unstrip_protocol(index))
     if check_indexed(kind, format_, url) is None:
         return None
     if named_index:
@@ -242,7 +247,7 @@ def _indexed(
         )
     infos = _visible(found, directory, "directory")
     objects = [(path, _identity(fs, path, infos[path])) for path in sorted(infos)]
-    return Listing(str(kind), objects, fs.unstrip_protocol(index))
+    return Listing(str(kind), objects, fs.unstrip_protocol(index), index_data=data, fs=fs)
 
 
 def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[str, dict[str, Any]]:
@@ -262,8 +267,18 @@ def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[st
 
 def _index_kind(fs: Any, path: str, retry: RetryPolicy) -> str | None:
     """Reads a remote `index.json` and returns "mds", "litdata" or None, as `index_format`."""
+    return _kind_of(_read_index(fs, path, retry), fs.unstrip_protocol(path))
+
+
+def _read_index(fs: Any, path: str, retry: RetryPolicy) -> bytes:
     where = fs.unstrip_protocol(path)
-    data = call_with_retry(lambda: fs.cat_file(path), url=where, policy=retry, what="reading")
+    data: bytes = call_with_retry(
+        lambda: fs.cat_file(path), url=where, policy=retry, what="reading"
+    )
+    return data
+
+
+def _kind_of(data: bytes, where: str) -> str | None:
     try:
         index = json.loads(data)
     except ValueError:

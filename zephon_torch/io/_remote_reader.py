@@ -60,7 +60,13 @@ class RemoteReader:
             are kept.
         projection: the columns rows keep, as for local readers.
         index: the URL of the `index.json` of an MDS or LitData dataset.
+        index_data: that index's bytes when the caller has read them already: the cache
+            takes them instead of downloading the index again (not pickled).
+        fs: the fsspec file system, when the caller has one already (not pickled).
     """
+
+    _fs: Any
+    _index_data: bytes | None
 
     def __init__(
         self,
@@ -74,6 +80,8 @@ class RemoteReader:
         index_cache_dir: str,
         projection: Projection | None = None,
         index: str | None = None,
+        index_data: bytes | None = None,
+        fs: Any = None,
     ) -> None:
         self.dataset = dataset
         self.format = format_
@@ -85,10 +93,14 @@ class RemoteReader:
         self.projection = projection or Projection()
         self.index = index
         self._setup()
+        self._fs = fs  # the listing's, reused in this process only
+        self._index_data = index_data
 
     def _setup(self) -> None:
         self._lock = threading.Lock()
-        self._fs: Any = None
+        self._fs = None
+        self._fs_pid = os.getpid()
+        self._index_data = None
         self._cache: ShardCache | None = None
         self._opening = threading.Lock()  # builds the local reader; may download the index
         self._opened: tuple[ShardReader, list[str]] | None = None
@@ -132,19 +144,21 @@ class RemoteReader:
 
     def num_rows(self, path: str) -> int:
         """Counts a shard's rows: from `index.json`, a Parquet footer or `.npy` headers by
-        range reads, else from the downloaded file. Such a count (JSONL, Vortex) is remembered
-        in the index cache folder, keyed by the object's URL, size and version, so a later open
-        (another run, another node sharing the folder) downloads nothing."""
-        if self.format == "parquet":
-            return self._parquet_rows(path)
-        if self.format == "npy":
+        range reads, else from the downloaded file. A one-object count (Parquet, JSONL, Vortex)
+        is remembered in the index cache folder, keyed by the object's URL, size and version, so
+        a later open (a restart, another worker, rank or node sharing the folder) reads nothing
+        but the listing."""
+        if self.format == "npy":  # two objects: read from their headers each time
             return self._npy_rows(path)
         if self.format in LOCATING_FORMATS:
             return self._with_reader(path, lambda reader, local: reader.num_rows(local))
         item = self.objects[path][1]
         rows = remembered_rows(self.index_cache_dir, item)
         if rows is None:
-            rows = self._with_reader(path, lambda reader, local: reader.num_rows(local))
+            if self.format == "parquet":
+                rows = self._parquet_rows(path)
+            else:
+                rows = self._with_reader(path, lambda reader, local: reader.num_rows(local))
             remember_rows(self.index_cache_dir, item, rows)
         return rows
 
@@ -335,6 +349,12 @@ class RemoteReader:
         terminal (prefetches stay quiet: several run at once in the background)."""
 
         def download(target: str) -> None:
+            given = self._index_data if item.url == self.index else None
+            if given is not None and len(given) == item.size:  # read when listing: no GET
+                with open(target, "wb") as handle:
+                    handle.write(given)
+                return
+
             def attempt() -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(target)
@@ -355,10 +375,11 @@ class RemoteReader:
 
     def _filesystem(self) -> Any:
         with self._lock:
-            if self._fs is None:
+            if self._fs is None or self._fs_pid != os.getpid():  # a forked child makes its own
                 import fsspec
 
                 self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+                self._fs_pid = os.getpid()
             return self._fs
 
     def _shard_cache(self) -> ShardCache:

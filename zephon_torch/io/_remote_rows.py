@@ -1,9 +1,9 @@
 """Row counts of remote shards from as few bytes as can be.
 
 A Parquet footer is read from the file's tail by one range read (two when the footer is longer
-than the guess). A shard that has to be downloaded whole to be counted (JSONL, Vortex) has its
-count remembered in the index cache folder, under the object's cache name (URL, size and
-version), so a later open, by any run or node sharing the folder, downloads nothing.
+than the guess); JSONL and Vortex shards are downloaded whole to be counted. Either count is
+remembered in the index cache folder, under the object's cache name (URL, size and version), so
+a later open, by any run, process or node sharing the folder, reads nothing but the listing.
 """
 
 from __future__ import annotations

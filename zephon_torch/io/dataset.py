@@ -214,6 +214,8 @@ class Dataset:
             index_cache_dir=index_cache_dir,
             projection=projection,
             index=listing.index,
+            index_data=listing.index_data,
+            fs=listing.fs,
         )
         urls = reader.shard_urls
         counts = _count_rows(reader, urls, remote=True)

@@ -362,3 +362,38 @@ def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> 
     time.sleep(0.2)
     names = {p.name.split("-")[-1] for p in (tmp_path / "cache").glob("*.parquet")}
     assert names == {"3.parquet", "2.parquet"}
+
+
+def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zephon_torch.io._remote_reader as remote_reader
+
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number, rows in enumerate((5, 9)):
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": list(range(rows))}))
+    index = str(tmp_path / "index")
+    footers: list[str] = []
+    count = remote_reader.parquet_rows
+
+    def counted(tail: Any, **where: Any) -> int:
+        footers.append(where["url"])
+        return count(tail, **where)
+
+    monkeypatch.setattr(remote_reader, "parquet_rows", counted)
+
+    def open_cold() -> Dataset:
+        return Dataset.from_path(
+            "p", f"memory://{root}", io_options=_options(tmp_path), index_cache_dir=index
+        )
+
+    assert [s.num_rows for s in open_cold().shards] == [5, 9]
+    assert len(footers) == 2
+    again = open_cold()
+    assert [s.num_rows for s in again.shards] == [5, 9]
+    assert len(footers) == 2  # nothing read but the listing
+    assert again.read_rows(1, [8]) == [{"n": 8}]
+    _put_parquet(fs, f"{root}/1.parquet", pa.table({"n": list(range(4))}))  # a new version
+    assert [s.num_rows for s in open_cold().shards] == [5, 4]
+    assert len(footers) == 3

@@ -154,3 +154,35 @@ def test_npy_offsets_that_miss_the_token_count_are_refused_at_open(
     with pytest.raises(DataError, match=r"offsets in 'flat\.offsets\.npy' must rise") as caught:
         Dataset.from_path("n", url, io_options=_options(tmp_path))  # no read needed
     assert caught.value.shard == f"{url}/flat.npy"
+
+
+def test_index_json_is_read_once_and_the_listing_file_system_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = _put(write_mds(tmp_path / "mds", sample_rows(30), COLUMNS, size_limit=1 << 10))
+    memory = type(fsspec.filesystem("memory"))
+    reads: list[str] = []
+    for method in ("cat_file", "get_file"):
+        original = getattr(memory, method)
+
+        def recorded(self: Any, path: str, *args: Any, _call: Any = original, **kw: Any) -> Any:
+            reads.append(path.rsplit("/", 1)[-1])
+            return _call(self, path, *args, **kw)
+
+        monkeypatch.setattr(memory, method, recorded)
+    made = []
+    original_url_to_fs = fsspec.core.url_to_fs
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        made.append(args[0])
+        return original_url_to_fs(*args, **kw)
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", counted)
+    remote = Dataset.from_path("m", url, io_options=_options(tmp_path))
+    assert remote.num_rows == 30
+    assert reads == ["index.json"]  # told the format, then went into the cache as it was
+    assert _cached(tmp_path) == ["index.json"]
+    local = Dataset.from_path("m", tmp_path / "mds")
+    assert _every_row(remote) == _every_row(local)
+    assert reads.count("index.json") == 1
+    assert len(made) == 1  # the shards came through the file system that listed them
