@@ -22,9 +22,11 @@ pipeline: serving bytes costs CPU the pipeline would otherwise use) and measured
 
 Every side opens cold (a fresh index folder: JSONL line indexes are built again), and times
 include opening (remote: listing, and Parquet footers by range reads). Target: remote+prefetch
-at least 0.8 of local (best of `--repeats`). Loopback only; the run stops by itself (a deadline
-skips the remaining repeats). Exit code 0 whether or not the target is met; 2 when a side
-delivers another token count than local.
+at least 0.8 of local (best of `--repeats`), judged twice: on the streaming rate after opening
+(what a long run sees) and on the whole pass with its cold open (which weighs by how short the
+pass is: `--copies` sets the pre-tokenized pass length, 24 copies being about 1.5 s locally).
+Loopback only; the run stops by itself (a deadline skips the remaining repeats). Exit code 0
+whether or not the target is met; 2 when a side delivers another token count than local.
 
     .venv/bin/python benchmarks/remote.py [--workload both] [--repeats 3] [--budget-s 150]
 """
@@ -251,8 +253,10 @@ def measure(
             f"{iterate[name] / iterate['local']:.3f})"
         )
     ratio = best["remote+prefetch"] / best["local"]
-    verdict = "met" if ratio >= TARGET_RATIO else "not met"
-    print(f"  target {TARGET_RATIO} (remote+prefetch / local): {verdict} ({ratio:.3f})")
+    streaming = iterate["remote+prefetch"] / iterate["local"]
+    for what, value in (("streaming, after opening", streaming), ("with the cold open", ratio)):
+        verdict = "met" if value >= TARGET_RATIO else "not met"
+        print(f"  target {TARGET_RATIO} (remote+prefetch / local), {what}: {verdict} ({value:.3f})")
     effect = best["remote+prefetch"] / best["remote, no prefetch"]
     print(f"  prefetch effect (remote+prefetch / remote, no prefetch): {effect:.3f}")
     return ratio
@@ -277,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workload", choices=("pretokenized", "text", "both"), default="both")
     p.add_argument("--shards", type=int, default=32, help="Parquet shards uploaded")
-    p.add_argument("--copies", type=int, default=8, help="times the tokenized corpus is repeated")
+    p.add_argument("--copies", type=int, default=24, help="times the tokenized corpus is repeated")
     p.add_argument("--lanes", type=int, default=1, help="canonical_replicas (L)")
     p.add_argument(
         "--budget-s",

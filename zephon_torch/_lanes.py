@@ -3,13 +3,16 @@
 Built fresh for every iteration from the recipe a ``Pipeline`` recorded and the delivered lane
 states; emits micro-batches in (turn, lane) order. A turn in which none of the owned lanes has
 data ends the stream (after a mid-turn resume, the started turn is completed first).
+``deliver`` hands the micro-batches over and records what was delivered.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
+from zephon_torch._stats import RunCounters
 from zephon_torch._token_stage import doc_ops, pad_id, plain_documents, token_stage
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
@@ -17,6 +20,7 @@ from zephon_torch.ops.estimate import calibrate, chunk_sizes
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.ops.pack import MixPack, PackedRow
 from zephon_torch.ops.packers import make_packer
+from zephon_torch.ops.prefetch import Prefetcher
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.ops.shuffle import ShuffleNode
 from zephon_torch.ops.stateful import FilteredReader
@@ -132,6 +136,32 @@ class LaneRuntime:
     def close(self) -> None:
         """Stop the workers."""
         self.runner.close()
+
+
+def deliver(pipeline: Pipeline, stream: Iterator[Batch], runtime: LaneRuntime) -> Iterator[Batch]:
+    """Hand ``stream``'s micro-batches to the consumer, recording each lane's delivered state
+    in ``pipeline`` (and the stats counters, and the periodic stats hook); stops the producer
+    and the runtime when the consumer stops."""
+    pipeline._runtime, pipeline._counters = runtime, RunCounters()
+    options = pipeline._options
+    every, hook, counting = options.stats_every, options.on_stats, options.stats
+    try:
+        while True:
+            start = time.perf_counter() if counting else 0.0
+            batch = next(stream, None)
+            if batch is None:
+                return
+            if counting:
+                queued = stream.queued() if isinstance(stream, Prefetcher) else None
+                pipeline._counters.delivered(batch, time.perf_counter() - start, queued)
+            pipeline._lane_states[batch.lane] = batch.state
+            if hook is not None and every and pipeline._counters.batches % every == 0:
+                hook(pipeline.stats())
+            yield batch
+    finally:
+        if isinstance(stream, Prefetcher):
+            stream.close()
+        runtime.close()
 
 
 def cut_at_empty_turn(

@@ -9,13 +9,13 @@ the lane state carried by the last batch each lane handed over.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from zephon_torch._lanes import LaneRuntime
+from zephon_torch._lanes import LaneRuntime, deliver
+from zephon_torch._recipe import recipe_fingerprint
 from zephon_torch._specs import (
     Options,
     PackSpec,
@@ -25,7 +25,7 @@ from zephon_torch._specs import (
 )
 from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch._stats import RunCounters, pipeline_stats
-from zephon_torch._token_stage import doc_ops, pad_id, resolve
+from zephon_torch._token_stage import pad_id, resolve
 from zephon_torch.elastic import lanes_for_rank
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
@@ -391,23 +391,7 @@ class Pipeline:
     def fingerprint(self) -> dict[str, Any]:
         """Every data-affecting setting, flat; a saved state must match it key by key."""
         self._require_complete()
-        assert self._pack is not None
-        out = {"canonical_replicas": self._options.canonical_replicas, **self._source.fingerprint()}
-        out["ops"] = [op.fingerprint() for op in doc_ops(self)]
-        out["pack"] = {
-            "max_length": self._pack.max_length,
-            "algorithm": self._pack.algorithm,
-            "num_bins": self._pack.num_bins if self._pack.algorithm != "wrap" else None,
-            "pad_token_id": pad_id(self),
-            "max_sequences_per_bin": self._pack.max_sequences_per_bin,
-            "long_documents": self._pack.long_documents,
-            "min_document_length": self._pack.min_document_length,
-            "payload_fields": list(self._pack.payload_fields),
-        }
-        out["stateful_filters"] = [name for _, name in self._stateful]
-        out["shuffle_window"] = self._shuffle_window
-        out["microbatch_size"] = self._microbatch_size
-        return out
+        return recipe_fingerprint(self)
 
     def _require_complete(self) -> None:
         if self._pack is None or self._microbatch_size is None:
@@ -452,37 +436,14 @@ class Pipeline:
         self._require_complete()
         self._close_live()
         runtime = LaneRuntime(self)
-        prefetch = self._options.prefetch
         stream: Iterator[Batch]
         produce = partial(runtime.batches, endless=self._endless)
-        if prefetch:
-            self._live = Prefetcher(produce, prefetch)
+        if self._options.prefetch:
+            self._live = Prefetcher(produce, self._options.prefetch)
             stream = self._live
         else:
             stream = produce()
-        return self._deliver(stream, runtime)
-
-    def _deliver(self, stream: Iterator[Batch], runtime: LaneRuntime) -> Iterator[Batch]:
-        self._runtime, self._counters = runtime, RunCounters()
-        every, hook = self._options.stats_every, self._options.on_stats
-        counting = self._options.stats
-        try:
-            while True:
-                start = time.perf_counter() if counting else 0.0
-                batch = next(stream, None)
-                if batch is None:
-                    return
-                if counting:
-                    queued = stream.queued() if isinstance(stream, Prefetcher) else None
-                    self._counters.delivered(batch, time.perf_counter() - start, queued)
-                self._lane_states[batch.lane] = batch.state
-                if hook is not None and every and self._counters.batches % every == 0:
-                    hook(self.stats())
-                yield batch
-        finally:
-            if isinstance(stream, Prefetcher):
-                stream.close()
-            runtime.close()
+        return deliver(self, stream, runtime)
 
     def explain(self, *, num_workers: int = 0) -> str:
         """The compiled plan as text: datasets and operators (data-affecting, in the
