@@ -30,7 +30,7 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
             f"{len(dataset.shards)} shards, {dataset.num_rows:,} rows"
         )
     chain = ["fetch", *(str(op.fingerprint()["kind"]) for op in doc_ops(pipeline))]
-    lines.append(f"  per document (parallel, in order): {' -> '.join(chain)}")
+    lines.append(f"  per document (in order): {' -> '.join(chain)}")
     serial = [f"mix+pack({pack.algorithm}, max_length={pack.max_length})"]
     serial += [f"stateful_filter({name})" for _, name in pipeline._stateful]
     if pipeline._shuffle_window:
@@ -44,10 +44,13 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
         lines.append(
             f"  DataLoader workers: {used} of {num_workers} used, {len(lanes) // used} lanes each"
         )
+    where = "inline (the packer's thread)" if runner == "inline" else f"{runner} x {parallelism}"
+    lines.append(f"  runner: {where}; read-ahead {options.read_ahead} chunks per reader")
     lines.append(
-        f"  runner: {runner} x {parallelism}; read-ahead {options.read_ahead} chunks per reader"
+        f"  prefetch: {options.prefetch} micro-batches on a background thread"
+        if options.prefetch
+        else "  prefetch: none (micro-batches are made as the consumer asks)"
     )
-    lines.append(f"  prefetch: {options.prefetch} micro-batches on a background thread")
     return "\n".join(lines)
 
 

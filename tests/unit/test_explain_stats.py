@@ -20,6 +20,24 @@ def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> 
     assert "runner: threads x 2" in knobs
 
 
+def test_explain_names_the_inline_runner_and_no_prefetch() -> None:
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    dataset = Dataset.from_dict("ids", {"ids": [[1, 2, 3], [4, 5]]})
+    pipeline = (
+        Pipeline(StaticMixtureWorkSource([dataset]))
+        .options(prefetch=0)
+        .pretokenized("ids")
+        .pack_flat(4)
+        .batch(1)
+    )
+    knobs = pipeline.explain().split("performance knobs")[1]
+    assert "runner: inline (the packer's thread)" in knobs
+    assert "prefetch: none" in knobs
+
+
 def test_stats_agree_with_the_delivered_batches(tokenizer: Any) -> None:
     pipeline = small_pipeline(tokenizer, algorithm="best_fit", lanes=2)
     batches = list(pipeline)
