@@ -158,96 +158,74 @@ class BatchNode(BaseNode[Batch]):
                 block = self.source.wrap_rows(self.microbatch_size)
                 # as row by row: done once a row was asked for and none came
                 self.done = len(block.lengths) < self.microbatch_size
-            batch = self.pad_block(block)
-            self.turn += 1
-            batch.state = self.get_state()
-            return batch
-        rows: list[PackedRow] = []
-        source = self.source
-        while not self.done and len(rows) < self.microbatch_size:
-            try:
-                rows.append(source.next())  # reset by our reset(): skip BaseNode's check
-            except StopIteration:
-                self.done = True
-        batch = self.pad_batch(rows)
+            batch = self.assemble(block, filled=block.tokens)
+        else:
+            rows: list[PackedRow] = []
+            source = self.source
+            while not self.done and len(rows) < self.microbatch_size:
+                try:
+                    rows.append(source.next())  # reset by our reset(): skip BaseNode's check
+                except StopIteration:
+                    self.done = True
+            batch = self.pad_rows(rows)
         self.turn += 1
         batch.state = self.get_state()
         return batch
 
-    def pad_block(self, block: RowBlock) -> Batch:
-        """A block of wrap rows padded to ``[microbatch_size, max_length]``."""
+    def pad_rows(self, rows: list[PackedRow]) -> Batch:
+        """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
+        padding = self._padding
+        width = self.max_length
+        block = RowBlock([], [], [], [], 0)
+        chat = with_payload = False
+        for row in rows:  # each row's pieces, then its padding: one copy into the batch
+            block.parts.extend(row.parts)
+            length = sum(row.lengths)
+            if length < width:
+                block.parts.append(padding[: width - length])
+            block.tokens += length
+            block.lengths.append(row.lengths)
+            block.sources.append(row.sources)
+            block.starts_document.append(row.starts_document)
+            if row.trainable is not None:
+                chat = True
+            if row.payloads is not None:
+                with_payload = True
+        batch = self.assemble(block, filled=len(rows) * width)
+        if chat:
+            batch.trainable = np.ones(batch.input_ids.shape, dtype=bool)
+            for r, row in enumerate(rows):
+                if row.trainable is not None:
+                    batch.trainable[r, : row.length] = row.trainable
+        if with_payload:
+            empty = self.microbatch_size - len(rows)
+            batch.payloads = [row.payloads or [] for row in rows] + [[] for _ in range(empty)]
+        return batch
+
+    def assemble(self, block: RowBlock, *, filled: int) -> Batch:
+        """The batch of ``block``, whose parts lay out its rows end to end over ``filled``
+        positions: the rest of the last row and the missing rows are padding, and everything
+        is copied into the ``[microbatch_size, max_length]`` buffer at once."""
         parts = block.parts
-        lengths, sources, starts = block.lengths, block.sources, block.starts_document
-        short = block.tokens % self.max_length
-        if short:
-            parts.append(self._padding[: self.max_length - short])
-        empty = self.microbatch_size - len(lengths)
+        rest = -filled % self.max_length
+        if rest:
+            parts.append(self._padding[:rest])
+        empty = self.microbatch_size - len(block.lengths)
         if empty:
             parts.extend([self._padding] * empty)
-            for out in (lengths, sources, starts):
+            for out in (block.lengths, block.sources, block.starts_document):
                 out.extend([] for _ in range(empty))
         ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
         np.concatenate(parts, out=ids.reshape(-1))
         return Batch(
             input_ids=ids,
-            lengths=lengths,
-            sources=sources,
-            starts_document=starts,
+            lengths=block.lengths,
+            sources=block.sources,
+            starts_document=block.starts_document,
             source_names=self.source_names,
             lane=self.lane,
             turn=self.turn,
             pad_id=self.pad_id,
             state={},
             _num_tokens=block.tokens,
-        )
-
-    def pad_batch(self, rows: list[PackedRow]) -> Batch:
-        """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
-        empty = self.microbatch_size - len(rows)
-        padding = self._padding
-        width = self.max_length
-        parts: list[npt.NDArray[Any]] = []
-        lengths, sources, starts = [], [], []
-        tokens = 0
-        chat = with_payload = False
-        for row in rows:  # each row's pieces, then its padding: one copy into the batch
-            parts.extend(row.parts)
-            length = sum(row.lengths)
-            if length < width:
-                parts.append(padding[: width - length])
-            tokens += length
-            lengths.append(row.lengths)
-            sources.append(row.sources)
-            starts.append(row.starts_document)
-            if row.trainable is not None:
-                chat = True
-            if row.payloads is not None:
-                with_payload = True
-        if empty:
-            parts.extend([padding] * empty)
-            for out in (lengths, sources, starts):
-                out.extend([] for _ in range(empty))
-        ids = np.empty((self.microbatch_size, width), dtype=np.int64)
-        np.concatenate(parts, out=ids.reshape(-1))
-        trainable = None
-        if chat:
-            trainable = np.ones(ids.shape, dtype=bool)
-            for r, row in enumerate(rows):
-                if row.trainable is not None:
-                    trainable[r, : row.length] = row.trainable
-        return Batch(
-            input_ids=ids,
-            lengths=lengths,
-            sources=sources,
-            starts_document=starts,
-            source_names=self.source_names,
-            lane=self.lane,
-            turn=self.turn,
-            pad_id=self.pad_id,
-            state={},
-            trainable=trainable,
-            payloads=[row.payloads or [] for row in rows] + [[] for _ in range(empty)]
-            if with_payload
-            else None,
-            _num_tokens=tokens,
         )
