@@ -7,6 +7,10 @@ so after a very long document the other sources fill the next rows instead of wa
 end. Every decision thus moves the counts by at most one row, and every lane (so every global
 batch) stays within about one row per lane of its targets. The counts, the readers' positions,
 the carries and the packer's open rows (all as pointers) are the whole state.
+
+``wrap`` rows of plain documents are also built a micro-batch at a time (``wrap_rows``), with
+the same decisions; while one source alone is active there is nothing to choose, so its piece
+may run on across row ends.
 """
 
 from __future__ import annotations
