@@ -1,20 +1,21 @@
 """Pre-tokenized loading: the pipeline over stored token ids against a plain memmap read, one run.
 
 The demo corpus (stdlib code and pydoc prose) is tokenized once with the demo tokenizer and
-stored three ways under a temporary folder: (a) `.npy` int32 token files with `.offsets.npy`
+stored four ways under a temporary folder: (a) `.npy` int32 token files with `.offsets.npy`
 siblings, (b) MDS shards of an `ndarray:int32` column written by mosaicml-streaming's MDSWriter,
-(c) Parquet with a `list<int32>` column read with `token_columns=["input_ids"]`, once with
-pyarrow's default writer settings (dictionary pages, snappy: "parquet") and once without
-dictionary pages, zstd ("parquet_plain"). Each is read by
+(c) LitData token chunks written by `litdata.optimize` with its `TokensLoader`, (d) Parquet
+with a `list<int32>` column read with `token_columns=["input_ids"]`, once with pyarrow's
+default writer settings (dictionary pages, snappy: "parquet") and once without dictionary
+pages, zstd ("parquet_plain"). Each is read by
 `Pipeline(...).pretokenized("input_ids").pack_flat(2048, "wrap").batch(8)` to the end (one pass,
 `exhaustion="stop"`), touching every `batch.input_ids` ([8, 2048] int64). The baseline, in the
 same run, reads the same `.npy` token files through `np.load(mmap_mode="r")` and copies them,
 in order, into [8, 2048] int64 batches: no per-document work, no shuffling, no state. A second
 reference, the piece loop, copies the same documents one Python slice assignment per piece
 (no mixing, no state); a third, per Parquet variant, is pyarrow's decode of the token column
-alone, the most any Parquet reader built on it can deliver on one thread. Token
-counts must match the baseline's (no EOS is added), else exit code 2. Target: each format at
-least 0.5 of the baseline (best of `--repeats`); a missed target still exits 0.
+alone, the most any Parquet reader built on it can deliver on one thread. Token counts must
+match the baseline's (no EOS is added), else exit code 2. Target: each format at least 0.5 of
+the baseline (best of `--repeats`); a missed target still exits 0.
 
     .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--seq 2048]
         [--batch 8] [--profile npy]
@@ -57,7 +58,7 @@ _SHARDS = 8
 _MDS_SHARD_BYTES = 1 << 24
 _PARQUET_ROW_GROUP = 512
 _MISMATCH_EXIT = 2
-_KINDS = ("npy", "mds", "parquet", "parquet_plain")
+_KINDS = ("npy", "mds", "litdata", "parquet", "parquet_plain")
 _STREAMING_PARENTS = ("streaming", "streaming.base", "streaming.base.format")
 Tokens = npt.NDArray[np.int32]
 
@@ -134,6 +135,35 @@ def write_mds(docs: list[Tokens], folder: pathlib.Path) -> None:
     with writer_class(out=str(folder), columns=columns, size_limit=_MDS_SHARD_BYTES) as writer:
         for doc in docs:
             writer.write({"input_ids": doc})
+
+
+def write_litdata(docs: list[Tokens], folder: pathlib.Path) -> None:
+    """`litdata.optimize` with its `TokensLoader` (one forked worker): token chunks, one item per
+    document. optimize sets the process-wide start method; the previous one is restored."""
+    import multiprocessing
+
+    import litdata
+
+    loader = importlib.import_module("litdata.streaming.item_loader").TokensLoader()
+    previous = multiprocessing.get_start_method(allow_none=True)
+
+    def item(index: int) -> Tokens:
+        return docs[index]
+
+    try:
+        litdata.optimize(
+            fn=item,
+            inputs=list(range(len(docs))),
+            output_dir=str(folder),
+            chunk_bytes=_MDS_SHARD_BYTES,
+            num_workers=1,
+            start_method="fork",
+            mode="overwrite",
+            verbose=False,
+            item_loader=loader,
+        )
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
 
 
 def write_parquet(
@@ -303,9 +333,10 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     write_npy(docs, root / "npy")
     write_mds(docs, root / "mds")
+    write_litdata(docs, root / "litdata")
     write_parquet(docs, root / "parquet")
     write_parquet(docs, root / "parquet_plain", use_dictionary=False, compression="zstd")
-    print(f"wrote npy, mds and parquet under {root} in {time.perf_counter() - t0:.1f} s")
+    print(f"wrote npy, mds, litdata and parquet under {root} in {time.perf_counter() - t0:.1f} s")
     del docs
     kinds = _KINDS
     shape = (args.batch, args.seq)
