@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from decimal import Decimal
+from struct import calcsize, unpack_from
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ _ARRAY_DTYPES = {
     65: "int64",
     66: "float64",
 }
-_SHAPE_DTYPES = ("<u1", "<u2", "<u4", "<u8")
+_SHAPE_CODES = ("B", "H", "I", "Q")  # struct codes of the shape's u1, u2, u4 and u8 (little end)
 
 
 def _text(view: memoryview) -> str:
@@ -118,10 +119,12 @@ def _array_decoder(config: str) -> Decoder:
         dims = shape
         if dims is None:
             byte = view[index]
-            ndim, shape_dtype = byte >> 2, np.dtype(_SHAPE_DTYPES[byte & 3])
-            dims = tuple(np.frombuffer(view, shape_dtype, count=ndim, offset=index + 1).tolist())
-            index += 1 + ndim * shape_dtype.itemsize
+            ndim, code = byte >> 2, _SHAPE_CODES[byte & 3]
+            dims = unpack_from(f"<{ndim}{code}", view, index + 1)
+            index += 1 + ndim * calcsize(code)
         array = np.frombuffer(view, value_dtype, offset=index)
+        if len(dims) == 1 and array.size == dims[0]:
+            return array  # already the shape: skip reshape's call
         return array.reshape(dims)
 
     return decode

@@ -17,8 +17,10 @@ import bz2
 import gzip
 import importlib
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from struct import error as StructError
+from struct import unpack_from
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,10 @@ class _Layout:
     sizes: tuple[int | None, ...]
     decoders: tuple[Decoder | None, ...]  # None for columns the projection drops
     kept: tuple[int, ...]  # positions of kept columns, in the order rows list them
+    variable: int = field(init=False)  # columns without a fixed size: their lengths lead
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "variable", sum(size is None for size in self.sizes))
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,7 @@ class MdsReader:
         for row, start, end in zip(positions.tolist(), starts, ends, strict=True):
             try:
                 result.append(_decode(shard.data[start:end], layout))
-            except (ValueError, KeyError, IndexError) as error:
+            except (ValueError, KeyError, IndexError, StructError) as error:
                 raise DataError(
                     f"sample does not decode: {error!r}", dataset=self.dataset, shard=path, row=row
                 ) from None
@@ -259,8 +265,8 @@ class MdsReader:
 
 
 def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
-    variable = sum(size is None for size in layout.sizes)
-    lengths = iter(np.frombuffer(sample, "<u4", count=variable).tolist())
+    variable = layout.variable
+    lengths = iter(unpack_from(f"<{variable}I", sample) if variable else ())
     position = 4 * variable
     values: list[Any] = []
     for size, decode in zip(layout.sizes, layout.decoders, strict=True):

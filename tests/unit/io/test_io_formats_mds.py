@@ -181,3 +181,26 @@ def test_a_pickled_dataset_travels_without_its_shards_and_reads_the_same(mds_dir
     assert len(payload) < 4096
     copy = pickle.loads(payload)
     assert [plain(row) for row in copy.read_rows(2, [0, 1])] == before
+
+
+@pytest.mark.parametrize("damage", ["short_sample", "long_column", "short_shape"])
+def test_a_sample_that_does_not_decode_is_a_data_error_naming_shard_and_row(
+    tmp_path: Path, damage: str
+) -> None:
+    out = write_mds(tmp_path / "mds", sample_rows(6), {"tokens": "ndarray:int32"})
+    shard = out / "shard.00000.mds"
+    data = bytearray(shard.read_bytes())
+    count = int.from_bytes(data[:4], "little")
+    offsets = np.frombuffer(bytes(data[4 : 4 * (count + 2)]), "<u4").astype(int)
+    start = int(offsets[3])
+    if damage == "short_sample":  # row 3 holds 2 bytes: not even its column lengths
+        data[4 + 4 * 4 : 4 + 4 * 5] = (start + 2).to_bytes(4, "little")
+    elif damage == "long_column":  # row 3's column says it runs past the sample
+        data[start : start + 4] = (1 << 30).to_bytes(4, "little")
+    else:  # row 3's array says 63 dimensions of 8 bytes: its shape runs past the sample
+        data[start + 4] = (63 << 2) | 3
+    shard.write_bytes(bytes(data))
+    dataset = Dataset.from_path("m", out)
+    assert len(dataset.read_rows(0, [2])) == 1
+    with pytest.raises(DataError, match=r"dataset 'm'.*shard\.00000\.mds.*row 3.*does not decode"):
+        dataset.read_rows(0, [3])
