@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
+from zephon_torch.errors import DataError
 from zephon_torch.ops.document import Document
 from zephon_torch.ops.packers import Packer, Piece, WrapPacker, pieces_from_state
 from zephon_torch.ops.read import DocumentReader
@@ -111,10 +112,12 @@ class MixPack(BaseNode[PackedRow]):
         self.drop_longer_than = drop_longer_than
         self.drop_shorter_than = drop_shorter_than
         self.skipped = {"too_long": 0, "too_short": 0}
+        self._idle = [0] * len(readers)  # documents in a row that gave no tokens, per source
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh, or restore counters, reader positions and open rows."""
         super().reset(initial_state)
+        self._idle = [0] * len(self.readers)
         if initial_state is None:
             for reader in self.readers:
                 reader.reset(None)
@@ -228,13 +231,17 @@ class MixPack(BaseNode[PackedRow]):
                 size = len(doc.tokens)
                 if self.drop_longer_than is not None and size > self.drop_longer_than:
                     self.skipped["too_long"] += 1
+                    self._barren(source)
                     continue
                 if size < self.drop_shorter_than:
                     self.skipped["too_short"] += 1
+                    self._barren(source)
                     continue
                 self.documents[source] += 1
                 if not size:
+                    self._barren(source)
                     continue
+                self._idle[source] = 0
                 piece = Piece(doc, 0, size)
             if piece.end - piece.start <= max_tokens:
                 self.carry[source] = None
@@ -244,6 +251,26 @@ class MixPack(BaseNode[PackedRow]):
             self.carry[source] = Piece(piece.doc, cut, piece.end)
             self.tokens[source] += max_tokens
             return Piece(piece.doc, piece.start, cut)
+
+    def _barren(self, source: int) -> None:
+        """Count a document of ``source`` that gave no tokens (empty or dropped by length). A
+        run of twice a lane pass holds a whole pass, and the length rules are pure, so every
+        later pass gives nothing either: under ``exhaustion="repeat"`` the source would be read
+        forever without a token, which is refused instead."""
+        self._idle[source] += 1
+        reader = self.readers[source]
+        if self._idle[source] > 2 * reader.lane_rows:
+            rules = []
+            if self.drop_shorter_than:
+                rules.append(f"min_document_length={self.drop_shorter_than}")
+            if self.drop_longer_than is not None:
+                rules.append(f"long_documents='drop' above {self.drop_longer_than} tokens")
+            why = "empty" + (f" or dropped by {' and '.join(rules)}" if rules else "")
+            raise DataError(
+                f"every document of a whole pass of this lane is {why}: with "
+                "exhaustion='repeat' it would be read forever without giving a token",
+                dataset=reader.layout.name,
+            )
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         return self.readers[source].fetch(pass_index, pos)

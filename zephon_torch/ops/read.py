@@ -85,6 +85,11 @@ class DocumentReader(BaseNode[Document]):
         self._next = start
         self._cursor = self._normalise(start)
 
+    @property
+    def lane_rows(self) -> int:
+        """Documents in one pass of this lane."""
+        return self._lane_rows
+
     def get_state(self) -> dict[str, Any]:
         """The position of the next document to return."""
         return {"pass": self._next[0], "pos": self._next[1]}

@@ -17,6 +17,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch.ops.document import Document
 from zephon_torch.ops.read import DocumentReader
+from zephon_torch.work.pointers import PointerLayout
 
 
 class StatefulFilter(ABC):
@@ -64,6 +65,16 @@ class FilteredReader(BaseNode[Document]):
         else:
             self.reader.reset(initial_state["reader"])
             self.op.load_state_dict(initial_state["filter"])
+
+    @property
+    def layout(self) -> PointerLayout:
+        """The dataset's pointer layout."""
+        return self.reader.layout
+
+    @property
+    def lane_rows(self) -> int:
+        """Documents in one pass of this lane, before filtering."""
+        return self.reader.lane_rows
 
     def get_state(self) -> dict[str, Any]:
         """Reader position and filter state."""

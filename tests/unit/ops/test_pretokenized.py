@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,8 @@ def test_every_runner_gives_the_same_batches_and_auto_reads_mapped_data_inline(
     assert runs["threads"] == runs["inline"] == runs["auto"]
     # "auto": in-memory and .npy data inline; Parquet on threads
     assert pretokenized_runner(recipe(datasets).pretokenized("ids")) == "inline"
+    mapped = recipe(datasets).map(dict).pretokenized("ids")
+    assert pretokenized_runner(mapped) == "threads"  # user functions: as with tokenize
     np.save(tmp_path / "part-0.npy", np.arange(12, dtype=np.int32).reshape(3, 4))
     mapped = Dataset.from_path("npy", tmp_path / "part-0.npy")
     assert pretokenized_runner(recipe_one(mapped).pretokenized("input_ids")) == "inline"
@@ -94,8 +97,44 @@ def test_every_runner_gives_the_same_batches_and_auto_reads_mapped_data_inline(
     )
 
 
+def test_bad_runner_settings_are_refused_when_the_recipe_is_built() -> None:
+    from zephon_torch import ConfigError
+
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": [[1]]}))
+    for runner in ("auto", "inline", "threads"):
+        with pytest.raises(ConfigError, match=r"`parallelism` must be positive, got 0"):
+            pipeline.pretokenized("ids", parallelism=0, runner=runner)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"`runner` must be one of"):
+        pipeline.pretokenized("ids", runner="fibers")  # type: ignore[arg-type]
+
+
 def test_an_inline_runner_raises_bad_ids_where_the_document_is_read() -> None:
     bad = Dataset.from_dict("d", {"ids": [[1, 2], [3, 4], [5, -6]]}, shard_size=2)
     pipeline = recipe_one(bad).pretokenized("ids", runner="inline").pack_flat(2).batch(1)
     with pytest.raises(DataError, match=r"dataset 'd'.*row 0: field 'ids'"):
         list(pipeline)
+
+
+def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_read_forever() -> (
+    None
+):
+    short = Dataset.from_dict("short", {"ids": [[1, 2]] * 5 + [[]] * 3}, shard_size=3)
+    fine = Dataset.from_dict("fine", {"ids": [[3] * 9] * 6})
+
+    def pipeline(datasets: list[Dataset], **pack: Any) -> Pipeline:
+        source = StaticMixtureWorkSource(datasets, exhaustion="repeat", seed=1)
+        return Pipeline(source).pretokenized("ids").pack_flat(8, **pack).batch(2)
+
+    for datasets in ([short], [fine, short]):  # alone, or starving a mixture's turn
+        with pytest.raises(
+            DataError,
+            match=r"dataset 'short': every document of a whole pass of this lane is empty or "
+            r"dropped by min_document_length=3: with exhaustion='repeat'",
+        ):
+            list(itertools.islice(pipeline(datasets, min_document_length=3), 50))
+    with pytest.raises(DataError, match=r"is empty or dropped by long_documents='drop' above 8"):
+        list(itertools.islice(pipeline([fine], long_documents="drop"), 50))
+    # one document in a pass that gives tokens is enough, wherever the shuffle puts it
+    rare = Dataset.from_dict("rare", {"ids": [[1]] * 9 + [[5] * 4]}, shard_size=4)
+    batches = list(itertools.islice(pipeline([rare], min_document_length=3), 40))
+    assert sum(b.num_tokens for b in batches) == 40 * 2 * 8
