@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -97,16 +98,27 @@ class RemoteReader:
         self._index_data = index_data
 
     def _setup(self) -> None:
-        self._lock = threading.Lock()
         self._fs = None
-        self._fs_pid = os.getpid()
         self._index_data = None
         self._cache: ShardCache | None = None
-        self._opening = threading.Lock()  # builds the local reader; may download the index
         self._opened: tuple[ShardReader, list[str]] | None = None
+        self._fresh_threads()
+        _LIVE.add(self)
+
+    def _fresh_threads(self) -> None:
+        self._lock = threading.Lock()
+        self._opening = threading.Lock()  # builds the local reader; may download the index
         self._pool: ThreadPoolExecutor | None = None
         self._queued: set[str] = set()
-        self._pid = os.getpid()
+
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): fresh locks, as a parent thread may have
+        held one at the fork; no download threads (they stayed in the parent); a new file
+        system, as its event loop stayed there too."""
+        self._fresh_threads()
+        self._fs = None
+        if self._cache is not None:
+            self._cache.after_fork()
 
     _SETTINGS = (
         "dataset",
@@ -201,8 +213,6 @@ class RemoteReader:
         cache = self._shard_cache()
         ahead = 0
         with self._lock:
-            if self._pid != os.getpid():
-                self._pool, self._queued, self._pid = None, set(), os.getpid()
             for url in (part for shard in urls for part in self._files_of(shard)):
                 fs_path, item = self.objects[url]
                 ahead += item.size
@@ -375,11 +385,10 @@ class RemoteReader:
 
     def _filesystem(self) -> Any:
         with self._lock:
-            if self._fs is None or self._fs_pid != os.getpid():  # a forked child makes its own
+            if self._fs is None:
                 import fsspec
 
                 self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
-                self._fs_pid = os.getpid()
             return self._fs
 
     def _shard_cache(self) -> ShardCache:
@@ -399,3 +408,14 @@ class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
 
     def call(self, *args: Any, **kwargs: Any) -> None:
         self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
+
+
+_LIVE: weakref.WeakSet[RemoteReader] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    for reader in list(_LIVE):
+        reader.after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)

@@ -55,7 +55,10 @@ def parquet_rows(tail: Callable[[int], bytes], *, size: int, url: str, dataset: 
 
 
 def remembered_rows(index_cache_dir: str, item: CachedObject) -> int | None:
-    """The row count remembered for this version of the object, else None."""
+    """The row count remembered for this version of the object, else None (always for an
+    object listed without a version: a rewrite of the same size could not be told apart)."""
+    if not item.version:
+        return None
     with (
         contextlib.suppress(OSError, ValueError, KeyError, TypeError),
         open(_record(index_cache_dir, item), encoding="utf-8") as handle,
@@ -65,7 +68,10 @@ def remembered_rows(index_cache_dir: str, item: CachedObject) -> int | None:
 
 
 def remember_rows(index_cache_dir: str, item: CachedObject, rows: int) -> None:
-    """Remembers the object's row count; a folder that cannot be written is skipped."""
+    """Remembers the object's row count; a folder that cannot be written is skipped, and so is
+    an object listed without a version (ETag, time), which is counted again at every open."""
+    if not item.version:
+        return
     with contextlib.suppress(OSError):
         text = json.dumps({"url": item.url, "rows": rows})
         write_text_atomically(_record(index_cache_dir, item), text)

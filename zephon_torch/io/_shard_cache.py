@@ -86,6 +86,11 @@ class ShardCache:
         self.misses = 0
         self.bytes_downloaded = 0
 
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent thread may have held this one at the
+        fork). The pins the child inherited stay held by its copies of their descriptors."""
+        self._lock = threading.Lock()
+
     def path(self, item: CachedObject) -> str:
         """The local path `item` has once cached."""
         return os.path.join(self.directory, item.name)

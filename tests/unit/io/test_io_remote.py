@@ -397,3 +397,65 @@ def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
     _put_parquet(fs, f"{root}/1.parquet", pa.table({"n": list(range(4))}))  # a new version
     assert [s.num_rows for s in open_cold().shards] == [5, 4]
     assert len(footers) == 3
+
+
+def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
+    tmp_path: Path,
+) -> None:
+    from zephon_torch.io._remote_rows import remember_rows, remembered_rows
+    from zephon_torch.io._shard_cache import CachedObject
+
+    index = str(tmp_path / "index")
+    versioned = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-1"')
+    remember_rows(index, versioned, 7)
+    assert remembered_rows(index, versioned) == 7
+    bare = CachedObject(url="s3://b/a.parquet", size=100, version="")
+    remember_rows(index, bare, 9)
+    assert remembered_rows(index, bare) is None
+
+
+def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
+    tmp_path: Path,
+) -> None:
+    import os
+    import threading
+
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_parquet(fs, f"{root}/a.parquet", pa.table({"n": list(range(10))}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    assert dataset.read_rows(0, [1]) == [{"n": 1}]  # the parent's file system and cache exist
+    reader = dataset._reader
+    held = [reader._lock, reader._opening, reader._shard_cache()._lock]  # type: ignore[attr-defined]
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a parent thread inside the reader when the DataLoader forks
+        for lock in held:
+            lock.acquire()
+        entered.set()
+        release.wait()
+        for lock in held:
+            lock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: no thread will ever release the inherited locks
+        code = 1
+        try:
+            done = threading.Event()
+            result: list[Any] = []
+            worker = threading.Thread(
+                target=lambda: (result.append(dataset.read_rows(0, [7])), done.set()),
+                daemon=True,
+            )
+            worker.start()
+            if done.wait(10) and result == [[{"n": 7}]]:
+                code = 0
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
