@@ -94,8 +94,7 @@ class PretokenizedSpec:
     runner: RunnerKind | Literal["auto"]
 
     def __post_init__(self) -> None:
-        if self.runner != "auto":
-            _check_workers(self.parallelism, self.runner)
+        _check_workers(self.parallelism, "threads" if self.runner == "auto" else self.runner)
 
 
 def _check_workers(parallelism: int, runner: str) -> None:

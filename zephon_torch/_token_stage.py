@@ -59,14 +59,14 @@ MAPPED_FORMATS = ("npy", "mds", "litdata", "memory")
 
 def pretokenized_runner(self: Pipeline) -> RunnerKind:
     """The pre-tokenized stage's runner: ``"auto"`` is ``"inline"`` when every dataset is a
-    local memory-mapped format (a document is a slice: a hand-off to another thread would cost
-    more than the work), else ``"threads"``."""
+    local memory-mapped format and no ``map``/``filter`` runs (a document is then a slice: a
+    hand-off to another thread would cost more than the work), else ``"threads"``."""
     assert self._pretokenized is not None
     runner = self._pretokenized.runner
     if runner != "auto":
         return runner
     mapped = all(d.format in MAPPED_FORMATS and not d.remote for d in self._datasets)
-    return "inline" if mapped else "threads"
+    return "inline" if mapped and not self._user_ops else "threads"
 
 
 def resolve(self: Pipeline) -> ResolvedTokenizer:

@@ -227,8 +227,9 @@ class Pipeline:
 
         ``runner`` (a performance knob): ``"auto"`` reads on the packer's own thread
         (``"inline"``) when every dataset is a local memory-mapped format (``.npy``, MDS,
-        LitData), where a document costs a slice, and on ``"threads"`` otherwise (Parquet
-        decoding, remote reads).
+        LitData) and no ``map``/``filter`` runs, where a document costs a slice (a compressed
+        shard is then inflated on that thread when first opened), and on ``"threads"``
+        otherwise (Parquet decoding, remote reads, user functions).
         """
         self._check_before_tokenize("pretokenized")
         spec = PretokenizedSpec(

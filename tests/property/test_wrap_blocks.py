@@ -19,10 +19,12 @@ def batch_node(
     sources: list[list[int]], width: int, rows: int, plain: bool, **mix: Any
 ) -> BatchNode:
     weights = mix.pop("weights", None)
+    count = mix.pop("count", "tokens")
     mixpack = build(sources, "wrap", width, 1, **mix)
     if weights is not None:
-        total = sum(weights)
+        total = sum(weights[: len(sources)])
         mixpack.weights = tuple(w / total for w in weights[: len(sources)])
+    mixpack.count = count
     return BatchNode(
         mixpack,
         microbatch_size=rows,
@@ -56,32 +58,53 @@ def same(a: Batch, b: Batch) -> None:
     assert a.state == b.state
 
 
-sources_st = st.lists(st.lists(st.integers(1, 90), min_size=1, max_size=12), min_size=1, max_size=3)
+sources_st = st.lists(st.lists(st.integers(1, 60), min_size=1, max_size=8), min_size=1, max_size=3)
+# empty documents too, and up to four sources
+mixed_st = st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=8), min_size=1, max_size=4)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
-    sources=sources_st,
-    width=st.integers(2, 40),
+    sources=mixed_st,
+    width=st.integers(1, 30),
     rows=st.integers(1, 5),
-    weights=st.lists(st.integers(1, 5), min_size=3, max_size=3),
+    weights=st.lists(st.integers(1, 5), min_size=4, max_size=4),
+    count=st.sampled_from(["tokens", "documents"]),
     drop_short=st.integers(0, 5),
+    drop_long=st.one_of(st.none(), st.integers(0, 60)),
 )
-def test_blocks_match_rows(
-    sources: list[list[int]], width: int, rows: int, weights: list[int], drop_short: int
+def test_blocks_match_rows_and_either_resumes_from_the_others_states(
+    sources: list[list[int]],
+    width: int,
+    rows: int,
+    weights: list[int],
+    count: str,
+    drop_short: int,
+    drop_long: int | None,
 ) -> None:
-    mix = {"weights": weights, "drop_shorter_than": drop_short}
+    mix = {
+        "weights": weights,
+        "count": count,
+        "drop_shorter_than": drop_short,
+        "drop_longer_than": drop_long,
+    }
     blocks = run(batch_node(sources, width, rows, True, **dict(mix)))
     by_row = run(batch_node(sources, width, rows, False, **dict(mix)))
     assert len(blocks) == len(by_row) < MAX_BATCHES
     for a, b in zip(blocks, by_row):
         same(a, b)
-    # every token once, in order within each source
-    real = np.concatenate(
-        [b.input_ids.reshape(-1)[:0]]
-        + [row[: sum(lengths)] for b in blocks for row, lengths in zip(b.input_ids, b.lengths)]
+    kept = [n for lengths in sources for n in lengths if n >= drop_short]
+    assert sum(b.num_tokens for b in blocks) == sum(
+        n for n in kept if drop_long is None or n <= drop_long
     )
-    assert real.size == sum(n for lengths in sources for n in lengths if n >= drop_short)
+    last = len(by_row) - 1
+    for cut in sorted({0, last // 3, last // 2, last - 1, last - 2} & set(range(last))):
+        from_rows = run(batch_node(sources, width, rows, True, **dict(mix)), by_row[cut].state)
+        from_blocks = run(batch_node(sources, width, rows, False, **dict(mix)), blocks[cut].state)
+        assert len(from_rows) == len(from_blocks) == last - cut
+        for x, y, z in zip(from_rows, from_blocks, by_row[cut + 1 :]):
+            same(x, z)
+            same(y, z)
 
 
 @settings(max_examples=40, deadline=None)

@@ -47,7 +47,7 @@ class Batch:
     state: dict[str, Any] = field(repr=False)
     trainable: npt.NDArray[np.bool_] | None = field(default=None, repr=False)
     payloads: list[list[dict[str, Any]]] | None = field(default=None, repr=False)
-    _num_tokens: int | None = field(default=None, repr=False, compare=False)
+    _num_tokens: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -217,7 +217,7 @@ class BatchNode(BaseNode[Batch]):
                 out.extend([] for _ in range(empty))
         ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
         np.concatenate(parts, out=ids.reshape(-1))
-        return Batch(
+        batch = Batch(
             input_ids=ids,
             lengths=block.lengths,
             sources=block.sources,
@@ -227,5 +227,6 @@ class BatchNode(BaseNode[Batch]):
             turn=self.turn,
             pad_id=self.pad_id,
             state={},
-            _num_tokens=block.tokens,
         )
+        batch._num_tokens = block.tokens  # known here: not summed again per delivery
+        return batch
