@@ -259,7 +259,7 @@ class MixPack(BaseNode[PackedRow]):
         forever without a token, which is refused instead."""
         self._idle[source] += 1
         reader = self.readers[source]
-        if self._idle[source] > 2 * reader.lane_rows:
+        if self._idle[source] > 2 * reader.lane_rows and reader.exhaustion == "repeat":
             rules = []
             if self.drop_shorter_than:
                 rules.append(f"min_document_length={self.drop_shorter_than}")

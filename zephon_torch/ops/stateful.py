@@ -76,6 +76,11 @@ class FilteredReader(BaseNode[Document]):
         """Documents in one pass of this lane, before filtering."""
         return self.reader.lane_rows
 
+    @property
+    def exhaustion(self) -> str:
+        """The reader's exhaustion policy."""
+        return self.reader.exhaustion
+
     def get_state(self) -> dict[str, Any]:
         """Reader position and filter state."""
         return {"reader": self.reader.get_state(), "filter": self.op.state_dict()}

@@ -138,3 +138,13 @@ def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_r
     rare = Dataset.from_dict("rare", {"ids": [[1]] * 9 + [[5] * 4]}, shard_size=4)
     batches = list(itertools.islice(pipeline([rare], min_document_length=3), 40))
     assert sum(b.num_tokens for b in batches) == 40 * 2 * 8
+
+
+def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_counted() -> None:
+    short = Dataset.from_dict("short", {"ids": [[1, 2]] * 4})
+    fine = Dataset.from_dict("fine", {"ids": [[3] * 5] * 4})
+    source = StaticMixtureWorkSource([short, fine], exhaustion="stop", passes=4, seed=1)
+    pipeline = Pipeline(source).pretokenized("ids").pack_flat(10, min_document_length=3).batch(1)
+    batches = list(pipeline)
+    assert sum(b.num_tokens for b in batches) == 4 * 4 * 5
+    assert pipeline.stats()["skipped_documents"] == {"too_long": 0, "too_short": 16}
