@@ -38,6 +38,15 @@ def _root() -> str:
     return f"/zt-{uuid.uuid4().hex[:8]}"
 
 
+def _equal_parquet_shards(count: int) -> tuple[str, int]:
+    """`count` Parquet shards of the same size in a fresh memory:// folder: (folder, size)."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(count):
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [7] * 10}))
+    return root, fs.size(f"{root}/0.parquet")
+
+
 def _options(tmp_path: Path, max_bytes: int = 1 << 20) -> dict[str, Any]:
     return {
         "cache": {"dir": str(tmp_path / "cache"), "max_bytes": max_bytes},
@@ -175,12 +184,7 @@ def test_a_foreground_download_shows_a_bar_on_a_terminal_only(
 
 
 def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: Path) -> None:
-    fs = fsspec.filesystem("memory")
-    root = _root()
-    for number in range(6):
-        # all the same size
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [7] * 10}))
-    size = fs.size(f"{root}/0.parquet")
+    root, size = _equal_parquet_shards(6)
     options = _options(tmp_path)
     options["cache"]["prefetch_bytes"] = 3 * size + size // 2  # three shards ahead
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
@@ -347,11 +351,7 @@ def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None
 
 
 def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
-    fs = fsspec.filesystem("memory")
-    root = _root()
-    for number in range(4):
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [7] * 10}))
-    size = fs.size(f"{root}/0.parquet")
+    root, size = _equal_parquet_shards(4)
     options = _options(tmp_path)
     options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four shards alone, two shared
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
