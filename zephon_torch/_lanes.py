@@ -13,9 +13,17 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from zephon_torch._stats import RunCounters
-from zephon_torch._token_stage import doc_ops, pad_id, plain_documents, token_stage
+from zephon_torch._token_stage import (
+    columnar,
+    doc_ops,
+    id_check,
+    pad_id,
+    plain_documents,
+    token_stage,
+)
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
+from zephon_torch.ops.columns import TokenChain
 from zephon_torch.ops.estimate import calibrate, chunk_sizes
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.ops.pack import MixPack, PackedRow
@@ -41,11 +49,16 @@ class LaneRuntime:
         pack = pipeline._pack
         assert pack is not None and pipeline._microbatch_size is not None
         _, token_field, parallelism, runner = token_stage(pipeline)
-        self.chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
+        doc_chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
+        self.chain: DocChain | TokenChain = doc_chain
+        if columnar(pipeline):
+            assert pipeline._pretokenized is not None
+            eos = pipeline._pretokenized.eos_token_id
+            self.chain = TokenChain(pipeline._datasets, token_field, eos)
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
         if pipeline._estimation is None and source.token_estimation is not None:
             pipeline._estimation = calibrate(
-                self.chain,
+                doc_chain,
                 source.layouts,
                 estimation=source.token_estimation,
                 field=token_field,
@@ -99,6 +112,7 @@ class LaneRuntime:
                 pad_id=pad_id(pipeline),
                 source_names=source.names,
                 plain=plain_documents(pipeline),
+                id_check=id_check(pipeline),
             )
             node.reset(pipeline._lane_states.get(lane))
             self.nodes.append(node)

@@ -14,7 +14,7 @@ from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
 from zephon_torch.ops.chat import TokenizeChatOp
 from zephon_torch.ops.document import DocOp
 from zephon_torch.ops.payload import PayloadOp
-from zephon_torch.ops.pretokenized import TokenFieldOp
+from zephon_torch.ops.pretokenized import IdCheck, TokenFieldOp
 from zephon_torch.ops.tokenize import TokenizeOp
 
 if TYPE_CHECKING:
@@ -100,6 +100,24 @@ def tokenize_op(self: Pipeline) -> TokenizeOp | TokenizeChatOp:
         special_tokens=spec.special_tokens,
         dataset_names=self._source.names,
         shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+    )
+
+
+def columnar(self: Pipeline) -> bool:
+    """Whether documents can travel as token columns (``ops.columns``): pre-tokenized data of
+    which nothing but the token field is used (no ``map``/``filter``, no payload fields)."""
+    assert self._pack is not None
+    return self._pretokenized is not None and not self._user_ops and not self._pack.payload_fields
+
+
+def id_check(self: Pipeline) -> IdCheck | None:
+    """The check of every batch's ids, for pre-tokenized data (tokenizers give valid ids)."""
+    if self._pretokenized is None:
+        return None
+    return IdCheck(
+        self._pretokenized.field,
+        self._source.names,
+        [[s.path for s in d.shards] for d in self._source.datasets],
     )
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from zephon_torch.io import Dataset
 from zephon_torch.ops._runner import DocChain, Runner
+from zephon_torch.ops.columns import TokenChain
 from zephon_torch.ops.document import Document
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.ops.pack import MixPack, PackedRow
@@ -32,7 +33,12 @@ class IdsField:
 
 
 def build(
-    sources: list[list[int]], algorithm: str, max_length: int, bins: int, **mix: Any
+    sources: list[list[int]],
+    algorithm: str,
+    max_length: int,
+    bins: int,
+    columns: bool = False,
+    **mix: Any,
 ) -> MixPack:
     """A real MixPack over in-memory datasets; document d of source s holds s*1e6 + d*1e3 + i."""
     datasets = tuple(
@@ -46,7 +52,11 @@ def build(
         )
         for s, lengths in enumerate(sources)
     )
-    runner = Runner(DocChain(FetchOp(datasets), [IdsField()]), parallelism=1, kind="threads")
+    # columns: documents travel as token columns (TokenChain), else one object each
+    chain = (
+        TokenChain(datasets, "ids", None) if columns else DocChain(FetchOp(datasets), [IdsField()])
+    )
+    runner = Runner(chain, parallelism=1, kind="threads")
     readers = [
         DocumentReader(
             source=s,
@@ -115,18 +125,24 @@ def test_every_token_appears_once_in_order_and_rows_never_exceed_max_length(
     max_length=st.integers(1, 32),
     algorithm=algorithms,
     bins=st.integers(1, 5),
+    columns=st.booleans(),
     data=st.data(),
 )
 @settings(max_examples=150, deadline=None)
 def test_restoring_the_state_at_a_random_cut_gives_the_same_remaining_rows(
-    sources: list[list[int]], max_length: int, algorithm: str, bins: int, data: st.DataObject
+    sources: list[list[int]],
+    max_length: int,
+    algorithm: str,
+    bins: int,
+    columns: bool,
+    data: st.DataObject,
 ) -> None:
     full = [r.tokens.tolist() for r in rows(build(sources, algorithm, max_length, bins))]
     cut = data.draw(st.integers(0, len(full)))
-    first = build(sources, algorithm, max_length, bins)
+    first = build(sources, algorithm, max_length, bins, columns)
     assert [r.tokens.tolist() for r in rows(first, cut)] == full[:cut] if cut else True
     state = first.get_state() if cut else first.state_dict()
-    restored = build(sources, algorithm, max_length, bins)
+    restored = build(sources, algorithm, max_length, bins, not columns)
     restored.reset(state)
     assert [r.tokens.tolist() for r in rows(restored)] == full[cut:]
 

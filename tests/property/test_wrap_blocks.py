@@ -1,5 +1,6 @@
-"""Wrap rows in blocks (``MixPack.wrap_rows``, ``BatchNode`` with ``plain=True``) give exactly
-the batches and states of the row-by-row path, and resume exactly after every batch."""
+"""Wrap rows in blocks (``MixPack.wrap_rows``, ``BatchNode`` with ``plain=True``), from
+documents as objects or as token columns (``ops.columns``), give exactly the batches and states
+of the row-by-row path, and resume exactly after every batch."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ MAX_BATCHES = 2000  # far above what the strategies below can fill
 
 
 def batch_node(
-    sources: list[list[int]], width: int, rows: int, plain: bool, **mix: Any
+    sources: list[list[int]],
+    width: int,
+    rows: int,
+    plain: bool,
+    columns: bool = False,
+    **mix: Any,
 ) -> BatchNode:
+    """``plain``: wrap rows in blocks; ``columns``: documents come as token columns."""
     weights = mix.pop("weights", None)
     count = mix.pop("count", "tokens")
-    mixpack = build(sources, "wrap", width, 1, **mix)
+    mixpack = build(sources, "wrap", width, 1, columns, **mix)
     if weights is not None:
         total = sum(weights[: len(sources)])
         mixpack.weights = tuple(w / total for w in weights[: len(sources)])
@@ -90,9 +97,11 @@ def test_blocks_match_rows_and_either_resumes_from_the_others_states(
     }
     blocks = run(batch_node(sources, width, rows, True, **dict(mix)))
     by_row = run(batch_node(sources, width, rows, False, **dict(mix)))
-    assert len(blocks) == len(by_row) < MAX_BATCHES
-    for a, b in zip(blocks, by_row):
+    columns = run(batch_node(sources, width, rows, True, True, **dict(mix)))
+    assert len(blocks) == len(by_row) == len(columns) < MAX_BATCHES
+    for a, b, c in zip(blocks, by_row, columns):
         same(a, b)
+        same(c, b)
     kept = [n for lengths in sources for n in lengths if n >= drop_short]
     assert sum(b.num_tokens for b in blocks) == sum(
         n for n in kept if drop_long is None or n <= drop_long
@@ -101,18 +110,27 @@ def test_blocks_match_rows_and_either_resumes_from_the_others_states(
     for cut in sorted({0, last // 3, last // 2, last - 1, last - 2} & set(range(last))):
         from_rows = run(batch_node(sources, width, rows, True, **dict(mix)), by_row[cut].state)
         from_blocks = run(batch_node(sources, width, rows, False, **dict(mix)), blocks[cut].state)
+        state = by_row[cut].state
+        columns_from_rows = run(batch_node(sources, width, rows, True, True, **dict(mix)), state)
+        rows_from_columns = run(
+            batch_node(sources, width, rows, False, **dict(mix)), columns[cut].state
+        )
         assert len(from_rows) == len(from_blocks) == last - cut
-        for x, y, z in zip(from_rows, from_blocks, by_row[cut + 1 :]):
+        assert len(columns_from_rows) == len(rows_from_columns) == last - cut
+        for w, x, y, z in zip(from_rows, from_blocks, columns_from_rows, by_row[cut + 1 :]):
+            same(w, z)
             same(x, z)
+            same(y, z)
+        for y, z in zip(rows_from_columns, by_row[cut + 1 :]):
             same(y, z)
 
 
 @settings(max_examples=40, deadline=None)
 @given(sources=sources_st, width=st.integers(8, 40), rows=st.integers(1, 4))
 def test_blocks_resume_after_every_batch(sources: list[list[int]], width: int, rows: int) -> None:
-    full = run(batch_node(sources, width, rows, True))
+    full = run(batch_node(sources, width, rows, True, True))
     for cut, batch in enumerate(full[:-1]):
-        resumed = run(batch_node(sources, width, rows, True), batch.state)
+        resumed = run(batch_node(sources, width, rows, True, True), batch.state)
         assert len(resumed) == len(full) - cut - 1
         for a, b in zip(resumed, full[cut + 1 :]):
             same(a, b)

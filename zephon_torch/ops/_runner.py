@@ -20,12 +20,15 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from typing import Any, Literal
 
 from zephon_torch.errors import ConfigError
+from zephon_torch.io import Dataset
+from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import DocOp, Document
 from zephon_torch.ops.fetch import FetchOp
-from zephon_torch.work.pointers import Pointer
+from zephon_torch.work.pointers import PointerSpan
 
 RunnerKind = Literal["threads", "processes", "inline"]
 RUNNERS = ("threads", "processes", "inline")
+Chunk = list[Document] | TokenChunk  # a chain's documents for one span, in stream order
 
 
 class DocChain:
@@ -39,9 +42,14 @@ class DocChain:
         self.seconds = dict.fromkeys(self._names, 0.0)
         self.documents = dict.fromkeys(self._names, 0)
 
-    def __call__(self, source: int, pointers: list[Pointer]) -> list[Document]:
+    @property
+    def datasets(self) -> tuple[Dataset, ...]:
+        """The datasets read, by source index."""
+        return self.fetch.datasets
+
+    def __call__(self, source: int, span: PointerSpan) -> list[Document]:
         start = time.perf_counter()
-        docs = self.fetch.fetch(source, pointers)
+        docs = self.fetch.fetch(source, span.pointers())
         marks = [(len(docs), time.perf_counter() - start)]
         for op in self.ops:
             start = time.perf_counter()
@@ -63,7 +71,8 @@ class DocChain:
         self._lock = threading.Lock()
 
 
-_WORKER_CHAIN: DocChain | None = None
+Chain = DocChain | TokenChain
+_WORKER_CHAIN: Chain | None = None
 
 
 def _init_worker(payload: bytes) -> None:
@@ -71,24 +80,24 @@ def _init_worker(payload: bytes) -> None:
     _WORKER_CHAIN = pickle.loads(payload)
 
 
-def _run_in_worker(source: int, pointers: list[Pointer]) -> list[Document]:
+def _run_in_worker(source: int, span: PointerSpan) -> Chunk:
     if _WORKER_CHAIN is None:
         raise RuntimeError("worker process was started without its document chain")
-    return _WORKER_CHAIN(source, pointers)
+    return _WORKER_CHAIN(source, span)
 
 
 class Runner:
     """Runs chunks of the chain on ``parallelism`` threads or processes, or inline.
 
     Args:
-        chain: the fused per-document chain.
+        chain: the fused per-document chain, or the columnar token chain.
         parallelism: number of workers (``inline``: unused).
         kind: ``"threads"`` (the tokenizer backend releases the GIL), ``"processes"``
             (spawned; user functions must be picklable) or ``"inline"`` (the submitting
             thread, at once).
     """
 
-    def __init__(self, chain: DocChain, *, parallelism: int, kind: RunnerKind) -> None:
+    def __init__(self, chain: Chain, *, parallelism: int, kind: RunnerKind) -> None:
         if parallelism < 1:
             raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
         if kind not in RUNNERS:
@@ -115,17 +124,17 @@ class Runner:
                 initargs=(payload,),
             )
 
-    def submit(self, source: int, pointers: list[Pointer]) -> Future[list[Document]]:
-        """Schedule one chunk; the future yields its documents in pointer order."""
+    def submit(self, source: int, span: PointerSpan) -> Future[Chunk]:
+        """Schedule one chunk; the future yields its documents in stream order."""
         if self._executor is None:
-            return _done(self.chain, source, pointers)
+            return _done(self.chain, source, span)
         if self.kind == "threads":
-            return self._executor.submit(self.chain, source, pointers)
-        return self._executor.submit(_run_in_worker, source, pointers)
+            return self._executor.submit(self.chain, source, span)
+        return self._executor.submit(_run_in_worker, source, span)
 
-    def run_now(self, source: int, pointers: list[Pointer]) -> list[Document]:
+    def run_now(self, source: int, span: PointerSpan) -> Chunk:
         """Run one chunk on the calling thread (used to rebuild open bins on restore)."""
-        return self.chain(source, pointers)
+        return self.chain(source, span)
 
     def close(self) -> None:
         """Stop the workers; pending chunks are cancelled."""
@@ -133,11 +142,11 @@ class Runner:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _done(chain: DocChain, source: int, pointers: list[Pointer]) -> Future[list[Document]]:
+def _done(chain: Chain, source: int, span: PointerSpan) -> Future[Chunk]:
     """The chunk run now, as a finished future (its error, if any, raised by ``result``)."""
-    future: Future[list[Document]] = Future()
+    future: Future[Chunk] = Future()
     try:
-        future.set_result(chain(source, pointers))
+        future.set_result(chain(source, span))
     except Exception as exc:
         future.set_exception(exc)
     return future

@@ -17,6 +17,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch.ops.pack import MixPack, PackedRow, RowBlock
 from zephon_torch.ops.packers import WrapPacker
+from zephon_torch.ops.pretokenized import IdCheck
 from zephon_torch.ops.training import training_tensors
 
 
@@ -119,6 +120,7 @@ class BatchNode(BaseNode[Batch]):
         pad_id: int,
         source_names: list[str],
         plain: bool = False,
+        id_check: IdCheck | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -127,6 +129,7 @@ class BatchNode(BaseNode[Batch]):
         self.lane = lane
         self.pad_id = pad_id
         self.source_names = source_names
+        self.id_check = id_check  # pre-tokenized data: every batch's ids are checked
         self.turn = 0
         self.done = False
         self._padding = np.full(max_length, pad_id, dtype=np.int64)  # sliced, never written
@@ -180,9 +183,11 @@ class BatchNode(BaseNode[Batch]):
         chat = with_payload = False
         for row in rows:  # each row's pieces, then its padding: one copy into the batch
             block.parts.extend(row.parts)
+            block.owners.extend(row.owners)
             length = sum(row.lengths)
             if length < width:
                 block.parts.append(padding[: width - length])
+                block.owners.append(None)
             block.tokens += length
             block.lengths.append(row.lengths)
             block.sources.append(row.sources)
@@ -217,6 +222,8 @@ class BatchNode(BaseNode[Batch]):
                 out.extend([] for _ in range(empty))
         ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
         np.concatenate(parts, out=ids.reshape(-1))
+        if self.id_check is not None:
+            self.id_check.check(ids, parts, block.owners)
         batch = Batch(
             input_ids=ids,
             lengths=block.lengths,

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 
-Tokens = npt.NDArray[np.int32]
+Tokens = npt.NDArray[np.integer[Any]]  # int32 from tokenizers; stored type when pre-tokenized
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ may run on across row ends.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -24,8 +24,9 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch.errors import DataError
-from zephon_torch.ops.document import Document
+from zephon_torch.ops.document import Document, Tokens
 from zephon_torch.ops.packers import Packer, Piece, WrapPacker, pieces_from_state
+from zephon_torch.ops.pretokenized import Owner
 from zephon_torch.ops.read import DocumentReader
 
 if TYPE_CHECKING:
@@ -41,12 +42,13 @@ class PackedRow:
     token is copied once on its way from the document to the batch.
     """
 
-    parts: list[npt.NDArray[np.int32]]
+    parts: list[Tokens]
     lengths: list[int]
     sources: list[int]
     starts_document: list[bool]
     trainable: npt.NDArray[np.bool_] | None = None
     payloads: list[dict[str, Any]] | None = None
+    owners: list[Owner] = field(default_factory=list)  # (source, shard, row) of each part
 
     @property
     def length(self) -> int:
@@ -54,21 +56,23 @@ class PackedRow:
         return sum(self.lengths)
 
     @property
-    def tokens(self) -> npt.NDArray[np.int32]:
+    def tokens(self) -> Tokens:
         """The row's tokens as one array (the piece itself when the row has one)."""
         return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
 
 
 @dataclass(slots=True)
 class RowBlock:
-    """Consecutive ``wrap`` rows: their token views in order (laid end to end, the rows one
-    after another; only the last row may be short) and each row's segment layout."""
+    """Consecutive rows: their token views in order (laid end to end, the rows one after
+    another; only the last row may be short), each row's segment layout, and the document
+    (source, shard, row) of each part (None: padding)."""
 
     parts: list[npt.NDArray[Any]]
     lengths: list[list[int]]
     sources: list[list[int]]
     starts_document: list[list[bool]]
     tokens: int
+    owners: list[Owner | None] = field(default_factory=list)
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -113,6 +117,8 @@ class MixPack(BaseNode[PackedRow]):
         self.drop_shorter_than = drop_shorter_than
         self.skipped = {"too_long": 0, "too_short": 0}
         self._idle = [0] * len(readers)  # documents in a row that gave no tokens, per source
+        # documents come as columns: a lone active source's are taken a chunk at a time
+        self._columnar = all(isinstance(r, DocumentReader) and r.columnar for r in self.readers)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh, or restore counters, reader positions and open rows."""
@@ -164,55 +170,99 @@ class MixPack(BaseNode[PackedRow]):
         While a single source is active, its piece runs on across row ends, as the following
         rows would choose that source anyway: a long document costs one pull per block, not
         one per row, and the counts, carries and readers end the block exactly as row by row.
+        From a columnar reader, that source's documents are then taken straight from its
+        chunks (``_run``).
         """
         assert isinstance(self.packer, WrapPacker)
         width = self.packer.max_length
         total = num_rows * width
         parts: list[npt.NDArray[Any]] = []
-        lengths: list[list[int]] = []
-        sources: list[list[int]] = []
-        starts: list[list[bool]] = []
-        row_lengths: list[int] = []
-        row_sources: list[int] = []
-        row_starts: list[bool] = []
-        filled, space = 0, width
-        active = self.active
+        owners: list[Owner | None] = []
+        sizes: list[int] = []
+        sources: list[int] = []
+        starts: list[bool] = []
+        filled = 0
+        active, carry = self.active, self.carry
         while filled < total:
-            piece = self._pull(total - filled if active.count(True) == 1 else space)
+            if active.count(True) == 1:
+                source = active.index(True)
+                if self._columnar and carry[source] is None:
+                    taken = self._run(source, total - filled, parts, owners, sizes, starts)
+                    sources.extend([source] * (len(sizes) - len(sources)))
+                    filled += taken
+                    continue
+                piece = self._pull(total - filled)
+            else:
+                piece = self._pull(width - filled % width)
             if piece is None:
                 break
-            doc, start, end = piece.doc, piece.start, piece.end
-            parts.append(doc.tokens[start:end])  # type: ignore[index]
-            source, left = doc.source, end - start
-            filled += left
-            if left < space:  # ends inside the current row
-                row_lengths.append(left)
-                row_sources.append(source)
-                row_starts.append(start == 0)
-                space -= left
+            doc, begin, end = piece.doc, piece.start, piece.end
+            parts.append(doc.tokens[begin:end])  # type: ignore[index]
+            owners.append((doc.source, doc.shard, doc.row))
+            sizes.append(end - begin)
+            sources.append(doc.source)
+            starts.append(begin == 0)
+            filled += end - begin
+        return RowBlock(parts, *_split_rows(sizes, sources, starts, width), filled, owners)
+
+    def _run(
+        self,
+        source: int,
+        want: int,
+        parts: list[npt.NDArray[Any]],
+        owners: list[Owner | None],
+        sizes: list[int],
+        starts: list[bool],
+    ) -> int:
+        """Up to ``want`` tokens of ``source``, the only active source, which has no carry:
+        the documents of its reader's current chunk that ``_pull(want)`` would give one by one
+        (same rules, counts and carry), without an object per document. Returns the tokens
+        taken; 0 with the source marked inactive when its stream is spent."""
+        reader = self.readers[source]
+        assert isinstance(reader, DocumentReader)
+        got = reader.columns()
+        if got is None:
+            self.active[source] = False
+            return 0
+        chunk, i = got
+        tokens, shards, rows = chunk.tokens, chunk.shards, chunk.rows
+        count = len(tokens)
+        longest, shortest = self.drop_longer_than, self.drop_shorter_than
+        idle = self._idle
+        taken = documents = 0
+        while i < count and taken < want:
+            ids = tokens[i]
+            size = len(ids)
+            i += 1
+            if longest is not None and size > longest:
+                self.skipped["too_long"] += 1
+                self._barren(source)
                 continue
-            row_lengths.append(space)  # closes the current row, fills whole ones, starts one
-            row_sources.append(source)
-            row_starts.append(start == 0)
-            lengths.append(row_lengths)
-            sources.append(row_sources)
-            starts.append(row_starts)
-            whole, rest = divmod(left - space, width)
-            for _ in range(whole):
-                lengths.append([width])
-                sources.append([source])
-                starts.append([False])
-            row_lengths, row_sources, row_starts = [], [], []
-            if rest:
-                row_lengths.append(rest)
-                row_sources.append(source)
-                row_starts.append(False)
-            space = width - rest
-        if row_lengths:
-            lengths.append(row_lengths)
-            sources.append(row_sources)
-            starts.append(row_starts)
-        return RowBlock(parts, lengths, sources, starts, filled)
+            if size < shortest:
+                self.skipped["too_short"] += 1
+                self._barren(source)
+                continue
+            documents += 1
+            if not size:
+                self._barren(source)
+                continue
+            idle[source] = 0
+            owners.append((source, shards[i - 1], rows[i - 1]))
+            starts.append(True)
+            room = want - taken
+            if size > room:  # cut: the rest waits as the carry, as _pull leaves it
+                parts.append(ids[:room])
+                sizes.append(room)
+                self.carry[source] = Piece(chunk[i - 1], room, size)
+                taken = want
+            else:
+                parts.append(ids)
+                sizes.append(size)
+                taken += size
+        reader.advance(i)
+        self.tokens[source] += taken
+        self.documents[source] += documents
+        return taken
 
     def _pull(self, max_tokens: int) -> Piece | None:
         counts = self.tokens if self.count == "tokens" else self.documents
@@ -276,13 +326,54 @@ class MixPack(BaseNode[PackedRow]):
         return self.readers[source].fetch(pass_index, pos)
 
 
+def _split_rows(
+    sizes: list[int], sources: list[int], starts: list[bool], width: int
+) -> tuple[list[list[int]], list[list[int]], list[list[bool]]]:
+    """Segments laid end to end, cut into rows of ``width``: per row, its segments' lengths,
+    sources and whether each begins its document (only a segment's first piece can)."""
+    lengths: list[list[int]] = []
+    by_source: list[list[int]] = []
+    by_start: list[list[bool]] = []
+    row_lengths: list[int] = []
+    row_sources: list[int] = []
+    row_starts: list[bool] = []
+    space = width
+    for size, source, start in zip(sizes, sources, starts):
+        if size < space:  # ends inside the current row
+            row_lengths.append(size)
+            row_sources.append(source)
+            row_starts.append(start)
+            space -= size
+            continue
+        row_lengths.append(space)  # closes the current row, fills whole ones, starts one
+        row_sources.append(source)
+        row_starts.append(start)
+        lengths.append(row_lengths)
+        by_source.append(row_sources)
+        by_start.append(row_starts)
+        whole, rest = divmod(size - space, width)
+        for _ in range(whole):
+            lengths.append([width])
+            by_source.append([source])
+            by_start.append([False])
+        row_lengths, row_sources, row_starts = ([rest], [source], [False]) if rest else ([], [], [])
+        space = width - rest
+    if row_lengths:
+        lengths.append(row_lengths)
+        by_source.append(row_sources)
+        by_start.append(row_starts)
+    return lengths, by_source, by_start
+
+
 def _to_row(pieces: list[Piece]) -> PackedRow:
     parts, lengths, sources, starts = [], [], [], []
+    owners: list[Owner] = []
     chat = with_payload = False
     for p in pieces:
         doc = p.doc
         start, end = p.start, p.end
         parts.append(doc.tokens[start:end])  # type: ignore[index]
+        owners.append((doc.source, doc.shard, doc.row))
         lengths.append(end - start)
         sources.append(doc.source)
         starts.append(start == 0)
@@ -307,4 +398,5 @@ def _to_row(pieces: list[Piece]) -> PackedRow:
         starts,
         trainable,
         [p.doc.payload or {} for p in pieces] if with_payload else None,
+        owners,
     )

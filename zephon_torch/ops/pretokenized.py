@@ -1,16 +1,53 @@
 """Pre-tokenized input: a row field already holds token ids, so no tokenizer runs.
 
-Accepts a 1-D integer numpy array (MDS/LitData token columns) or a list of ints (JSON, Parquet
-list columns); ids are checked to be non-negative integers that fit int32.
+Accepts a 1-D integer numpy array (MDS/LitData token columns, ``.npy`` files) or a list of ints
+(JSON, Parquet list columns), kept in its stored integer type. Whether every id lies in
+``[0, 2**31)`` is checked once the ids are in their batch (``check_batch_ids``): one pass over
+the int64 buffer the batch was just copied into, instead of a second read of each document.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from zephon_torch.errors import DataError
 from zephon_torch.ops.document import Document, document_error
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_maximum = np.maximum.reduce
+
+
+def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
+    """``value`` as a 1-D integer array (itself when it is one).
+
+    Raises:
+        TypeError: for anything else, saying what it was.
+    """
+    if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "iu":
+        return value
+    tokens = np.asarray(value)
+    if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+        raise TypeError(f"got {type(value).__name__} of shape {tokens.shape}")
+    return tokens if tokens.size else tokens.astype(np.int32)
+
+
+def with_eos(tokens: npt.NDArray[np.integer[Any]], eos_token_id: int) -> npt.NDArray[Any]:
+    """A copy of ``tokens`` with the EOS id appended."""
+    out = np.empty(len(tokens) + 1, dtype=np.result_type(tokens.dtype, np.int32))
+    out[:-1] = tokens
+    out[-1] = eos_token_id
+    return out
+
+
+def field_error(field: str, data: dict[str, Any], error: Exception) -> str:
+    """What is wrong with ``data[field]`` as token ids."""
+    if field not in data:
+        return f"field {field!r} is missing; the row has fields {sorted(data)}"
+    return f"field {field!r} must hold a 1-D list of token ids: {error}"
 
 
 class TokenFieldOp:
@@ -40,28 +77,19 @@ class TokenFieldOp:
         self.keep_data = keep_data
 
     def __call__(self, docs: list[Document]) -> list[Document]:
+        field, eos = self.field, self.eos_token_id
         for doc in docs:
             data = doc.data if doc.data is not None else {}
-            value = data.get(self.field)
             try:
-                tokens = value if type(value) is np.ndarray else np.asarray(value)
-                if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
-                    raise TypeError(f"got {type(value).__name__} of shape {tokens.shape}")
-                if tokens.size and not _in_range(tokens):
-                    raise TypeError("ids must lie in [0, 2**31)")
+                tokens = token_ids(data.get(field))
             except (TypeError, ValueError) as exc:
-                message = (
-                    f"field {self.field!r} is missing; the row has fields {sorted(data)}"
-                    if self.field not in data
-                    else f"field {self.field!r} must hold a 1-D list of token ids: {exc}"
-                )
                 raise document_error(
-                    doc, message, dataset_names=self.dataset_names, shard_paths=self.shard_paths
+                    doc,
+                    field_error(field, data, exc),
+                    dataset_names=self.dataset_names,
+                    shard_paths=self.shard_paths,
                 ) from None
-            tokens = tokens.astype(np.int32, copy=False)
-            if self.eos_token_id is not None:
-                tokens = np.append(tokens, np.int32(self.eos_token_id))
-            doc.tokens = tokens
+            doc.tokens = tokens if eos is None else with_eos(tokens, eos)
             if not self.keep_data:
                 doc.data = None
         return docs
@@ -71,15 +99,51 @@ class TokenFieldOp:
         return {"kind": "pretokenized", "field": self.field, "eos_token_id": self.eos_token_id}
 
 
-_INT32_MAX = int(np.iinfo(np.int32).max)
-_minimum, _maximum = np.minimum.reduce, np.maximum.reduce
+Owner = tuple[int, int, int]  # source, shard, row of a part of a batch
 
 
-def _in_range(tokens: np.ndarray[Any, Any]) -> bool:
-    """Whether every id lies in [0, 2**31), with as few passes as the dtype allows."""
-    kind, size = tokens.dtype.kind, tokens.dtype.itemsize
-    if kind == "u" and size <= 2:
-        return True
-    if kind == "i" and size <= 4:
-        return bool(_minimum(tokens) >= 0)  # the ufunc itself: no Python wrapper per document
-    return bool(_minimum(tokens) >= 0 and _maximum(tokens) <= _INT32_MAX)
+class IdCheck:
+    """Checks the ids of each batch of pre-tokenized data (see ``check``).
+
+    Args:
+        field: the token field, for error messages.
+        dataset_names: source index to dataset name.
+        shard_paths: per source, shard index to path.
+    """
+
+    def __init__(self, field: str, dataset_names: list[str], shard_paths: list[list[str]]) -> None:
+        self.field = field
+        self.dataset_names = dataset_names
+        self.shard_paths = shard_paths
+
+    def check(
+        self,
+        ids: npt.NDArray[np.int64],
+        parts: Sequence[npt.NDArray[Any]],
+        owners: Sequence[Owner | None],
+    ) -> None:
+        """Raise ``DataError`` naming the document when an id of the batch ``ids`` lies
+        outside ``[0, 2**31)``.
+
+        ``ids`` was filled with ``parts`` in order, the i-th owned by ``owners[i]`` (None:
+        padding, which comes after the owned parts of its row). Copied into int64, any stored
+        id that does not fit int32 (negative, too large, or an unsigned 64-bit id that wrapped
+        around) reads above 2**31 - 1 as unsigned: one pass over a buffer still in cache.
+        """
+        flat = ids.reshape(-1).view(np.uint64)
+        if _maximum(flat) <= _INT32_MAX:
+            return
+        bad = int(np.flatnonzero(flat > _INT32_MAX)[0])
+        end = 0
+        for part, owner in zip(parts, owners):
+            end += len(part)
+            if bad < end and owner is not None:
+                value = int(part[bad - end + len(part)])
+                source, shard, row = owner
+                raise DataError(
+                    f"field {self.field!r} holds token id {value}; ids must lie in [0, 2**31)",
+                    dataset=self.dataset_names[source],
+                    shard=self.shard_paths[source][shard],
+                    row=row,
+                )
+        raise AssertionError("an id out of range in padding")  # pad ids are checked when set

@@ -17,7 +17,8 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon_torch.errors import DataError
-from zephon_torch.ops._runner import Runner
+from zephon_torch.ops._runner import Chunk, Runner
+from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import Document
 from zephon_torch.work.mixture import Exhaustion
 from zephon_torch.work.pointers import PointerLayout, lane_length
@@ -66,8 +67,10 @@ class DocumentReader(BaseNode[Document]):
         self.chunk_docs = max(1, chunk_docs)
         self.ahead = max(1, ahead)
         self._lane_rows = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=num_lanes)
-        self._futures: deque[Future[list[Document]]] = deque()
-        self._buffer: deque[Document] = deque()
+        self._futures: deque[Future[Chunk]] = deque()
+        self._chunk: Chunk = []  # the chunk being returned, from document _index on
+        self._index = 0
+        self.columnar = isinstance(runner.chain, TokenChain)  # chunks are TokenChunks
         self._next: tuple[int, int] = (0, 0)  # next document to return
         self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
         self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
@@ -79,7 +82,7 @@ class DocumentReader(BaseNode[Document]):
         for future in self._futures:
             future.cancel()
         self._futures.clear()
-        self._buffer.clear()
+        self._chunk, self._index = [], 0
         self._submitted = 0
         start = (0, 0) if initial_state is None else (initial_state["pass"], initial_state["pos"])
         self._next = start
@@ -96,32 +99,60 @@ class DocumentReader(BaseNode[Document]):
 
     def next(self) -> Document:
         """The next document of this lane's stream; StopIteration when exhausted."""
-        while not self._buffer:
+        chunk, index = self._chunk, self._index
+        if index >= len(chunk):
+            chunk, index = self._next_chunk(), 0
+        doc = chunk[index]
+        self._index = index + 1
+        self._next = (doc.pass_index, doc.pos + 1)
+        return doc
+
+    def columns(self) -> tuple[TokenChunk, int] | None:
+        """For a columnar reader: the chunk holding the next document and its index there
+        (take documents from it, then ``advance``); None when the stream is spent."""
+        if self._index >= len(self._chunk):
+            try:
+                self._next_chunk()
+            except StopIteration:
+                return None
+        chunk = self._chunk
+        assert isinstance(chunk, TokenChunk)
+        return chunk, self._index
+
+    def advance(self, index: int) -> None:
+        """Mark the documents of ``columns()``'s chunk before ``index`` as returned."""
+        chunk = self._chunk
+        assert isinstance(chunk, TokenChunk)
+        self._index = index
+        self._next = (chunk.pass_index, chunk.pos + index)
+
+    def _next_chunk(self) -> Chunk:
+        """Wait for the next non-empty chunk and make it current (StopIteration: none left)."""
+        while True:
             self._top_up()
             if not self._futures:
                 raise StopIteration
             start = time.perf_counter()
-            self._buffer.extend(self._futures.popleft().result())
+            chunk = self._futures.popleft().result()
             self.waited += time.perf_counter() - start
-        self._top_up()
-        doc = self._buffer.popleft()
-        self._next = (doc.pass_index, doc.pos + 1)
-        return doc
+            self._top_up()
+            if len(chunk):
+                self._chunk, self._index = chunk, 0
+                return chunk
 
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read one document synchronously (to rebuild a packer's open bins)."""
-        pointers = self.layout.pointers(
+        span = self.layout.span(
             pass_index=pass_index, lane=self.lane, num_lanes=self.num_lanes, start=pos, count=1
         )
-        docs = self.runner.run_now(self.source, pointers)
-        if not docs:
-            p = pointers[0]
+        docs = self.runner.run_now(self.source, span)
+        if not len(docs):
             raise DataError(
                 "a document held in a saved packing bin was dropped by a filter on resume; "
                 "maps and filters must be pure functions of the row",
                 dataset=self.layout.name,
-                shard=str(p.shard),
-                row=p.row,
+                shard=str(int(span.shards[0])),
+                row=int(span.rows[0]),
             )
         return docs[0]
 
@@ -147,14 +178,14 @@ class DocumentReader(BaseNode[Document]):
             size = self.chunk_docs * min(8, 2**self._submitted)
             self._submitted += 1
             count = min(size, self._lane_rows - pos)
-            pointers = self.layout.pointers(
+            span = self.layout.span(
                 pass_index=pass_index,
                 lane=self.lane,
                 num_lanes=self.num_lanes,
                 start=pos,
                 count=count,
             )
-            self._futures.append(self.runner.submit(self.source, pointers))
+            self._futures.append(self.runner.submit(self.source, span))
             self._cursor = self._normalise((pass_index, pos + count))
             self._prefetch_ahead()
 
@@ -163,7 +194,7 @@ class DocumentReader(BaseNode[Document]):
         (this pass's, then the next pass's): the pointer stream is pure, so what comes next is
         known. The dataset downloads them ahead, as far as its part of the byte budget reaches
         (the remote datasets of a mixture share it)."""
-        datasets = self.runner.chain.fetch.datasets
+        datasets = self.runner.chain.datasets
         dataset = datasets[self.source]
         if not dataset.remote or self._cursor is None:
             return

@@ -21,12 +21,14 @@ def stable_key(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-def mix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """SplitMix64's finaliser, vectorised: a bijective scramble of 64-bit words."""
-    with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(30))
-        x = x * _M1
-        x = x ^ (x >> np.uint64(27))
-        x = x * _M2
-        out: npt.NDArray[np.uint64] = x ^ (x >> np.uint64(31))
-        return out
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def mix64_inplace(x: npt.NDArray[np.uint64]) -> None:
+    """SplitMix64's finaliser over an array of 64-bit words, in place: a bijective scramble
+    (integer arrays wrap silently on overflow)."""
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31

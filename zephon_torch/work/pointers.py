@@ -33,6 +33,28 @@ class Pointer(NamedTuple):
     row: int
 
 
+@dataclass(frozen=True, slots=True)
+class PointerSpan:
+    """Consecutive lane positions ``pos, pos+1, ...`` of one pass, as columns: where each
+    document lives. A chunk of pointers without an object per document."""
+
+    pass_index: int
+    pos: int
+    shards: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def pointers(self) -> list[Pointer]:
+        """One ``Pointer`` per document."""
+        make, pass_index, pos = Pointer._make, self.pass_index, self.pos
+        return [
+            make((pass_index, pos + i, s, r))
+            for i, (s, r) in enumerate(zip(self.shards.tolist(), self.rows.tolist()))
+        ]
+
+
 def lane_length(*, num_rows: int, lane: int, num_lanes: int) -> int:
     """How many documents of a pass of ``num_rows`` rows lane ``lane`` of ``num_lanes`` gets."""
     return max(0, (num_rows - lane + num_lanes - 1) // num_lanes)
@@ -76,16 +98,21 @@ class PointerLayout:
         self, *, pass_index: int, lane: int, num_lanes: int, start: int, count: int
     ) -> list[Pointer]:
         """Pointers for lane positions ``start .. start+count-1`` of pass ``pass_index``."""
+        where = {"pass_index": pass_index, "lane": lane, "num_lanes": num_lanes}
+        return self.span(**where, start=start, count=count).pointers()
+
+    def span(
+        self, *, pass_index: int, lane: int, num_lanes: int, start: int, count: int
+    ) -> PointerSpan:
+        """``pointers(...)`` as columns."""
+        global_pos = np.arange(max(0, count), dtype=np.int64)
+        global_pos += start
+        global_pos *= num_lanes
+        global_pos += lane
         if count <= 0:
-            return []
-        positions = np.arange(start, start + count, dtype=np.int64)
-        global_pos = positions * num_lanes + lane
+            return PointerSpan(pass_index, start, global_pos, global_pos)
         shards, rows = self._locate(pass_index, global_pos)
-        make = Pointer._make
-        return [
-            make((pass_index, p, s, r))
-            for p, s, r in zip(positions.tolist(), shards.tolist(), rows.tolist())
-        ]
+        return PointerSpan(pass_index, start, shards, rows)
 
     def upcoming_shards(
         self, *, pass_index: int, lane: int, num_lanes: int, start: int
@@ -118,8 +145,9 @@ class PointerLayout:
         if self.shuffle:
             window = np.searchsorted(layout.window_starts, global_pos, side="right") - 1
             offsets = np.empty_like(global_pos)
-            for w in np.unique(window).tolist():
-                sel = window == w
+            first, last = int(window[0]), int(window[-1])  # positions rise: so do windows
+            for w in range(first, last + 1):
+                sel = slice(None) if first == last else window == w
                 begin, end = int(layout.window_starts[w]), int(layout.window_starts[w + 1])
                 key = stable_key(self.seed, self.name, pass_index, "window", w)
                 offsets[sel] = begin + permute(global_pos[sel] - begin, end - begin, key)

@@ -56,7 +56,7 @@ def test_lists_of_ints_are_accepted_and_bad_ids_are_refused_by_row() -> None:
     batch = next(iter(recipe_one(good).pretokenized("ids").pack_flat(8).batch(1)))
     assert batch.input_ids[0, :5].tolist() == [1, 2, 3, 4, 5]
     bad = Dataset.from_dict("d", {"ids": [[1, 2], [3, -1]]})
-    with pytest.raises(DataError, match=r"row 1: field 'ids' must hold a 1-D list of token ids"):
+    with pytest.raises(DataError, match=r"row 1: field 'ids' holds token id -1; ids must lie in"):
         list(recipe_one(bad).pretokenized("ids").pack_flat(8).batch(1))
     text = Dataset.from_dict("d", {"ids": ["not ids"]})
     with pytest.raises(DataError, match="must hold a 1-D list of token ids"):
@@ -111,8 +111,36 @@ def test_bad_runner_settings_are_refused_when_the_recipe_is_built() -> None:
 def test_an_inline_runner_raises_bad_ids_where_the_document_is_read() -> None:
     bad = Dataset.from_dict("d", {"ids": [[1, 2], [3, 4], [5, -6]]}, shard_size=2)
     pipeline = recipe_one(bad).pretokenized("ids", runner="inline").pack_flat(2).batch(1)
-    with pytest.raises(DataError, match=r"dataset 'd'.*row 0: field 'ids'"):
+    with pytest.raises(DataError, match=r"dataset 'd'.*row 0: field 'ids' holds token id -6"):
         list(pipeline)
+
+
+@pytest.mark.parametrize(
+    ("stored", "shown"),
+    [
+        (np.array([1, -7], dtype=np.int32), "-7"),
+        (np.array([1, 2**31], dtype=np.int64), str(2**31)),
+        (np.array([1, 2**32 - 1], dtype=np.uint32), str(2**32 - 1)),
+        (np.array([1, 2**64 - 3], dtype=np.uint64), str(2**64 - 3)),  # -3 in int64
+    ],
+)
+@pytest.mark.parametrize("how", ["columns", "bins", "mapped"])
+def test_an_id_outside_int32_is_refused_naming_its_document_on_every_path(
+    stored: Any, shown: str, how: str
+) -> None:
+    docs = [np.arange(1, 6, dtype=stored.dtype) for _ in range(9)]
+    docs[7] = np.concatenate([docs[7], stored])  # shard 1 (of 4 rows each), row 3
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": docs}, shard_size=4))
+    if how == "mapped":
+        pipeline = pipeline.map(dict)  # the per-document chain, not columns
+    pipeline = pipeline.pretokenized("ids")
+    packed = pipeline.pack_flat(4, "best_fit" if how == "bins" else "wrap").batch(2)
+    where = rf"shard 'memory://d/1', row 3: field 'ids' holds token id {shown}; ids must lie in"
+    with pytest.raises(DataError, match=where):
+        list(packed)
+    good = [np.arange(1, 6, dtype=stored.dtype)] * 3
+    ok = recipe_one(Dataset.from_dict("d", {"ids": good})).pretokenized("ids").pack_flat(5)
+    assert [b.input_ids.tolist() for b in ok.batch(1)] == [[[1, 2, 3, 4, 5]]] * 3
 
 
 def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_read_forever() -> (
