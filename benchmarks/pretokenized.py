@@ -411,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--profile-lines", type=int, default=25)
     p.add_argument(
-        "--prefetch", type=int, default=8, help="micro-batches computed ahead (0: inline)"
+        "--prefetch",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="micro-batches computed ahead: 'auto' (the default: none when read inline) or a "
+        "number (0: none)",
     )
     p.add_argument("--keep", help="write the stored formats here instead of a temporary folder")
     args = p.parse_args(argv)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from tests.conftest import prose_documents
 from zephon_torch import Batch, Pipeline
@@ -39,7 +39,7 @@ def small_pipeline(
     max_length: int = 64,
     microbatch_size: int = 2,
     datasets: list[Dataset] | None = None,
-    prefetch: int = 4,
+    prefetch: int | Literal["auto"] = 4,
 ) -> Pipeline:
     source = StaticMixtureWorkSource(
         datasets or two_sources(),

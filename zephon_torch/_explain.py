@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zephon_torch._token_stage import doc_ops, token_stage
+from zephon_torch._token_stage import doc_ops, prefetch_depth, token_stage
 from zephon_torch.torch.dataset import workers_used
 
 if TYPE_CHECKING:
@@ -46,10 +46,14 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
         )
     where = "inline (the packer's thread)" if runner == "inline" else f"{runner} x {parallelism}"
     lines.append(f"  runner: {where}; read-ahead {options.read_ahead} chunks per reader")
+    depth = prefetch_depth(pipeline)
+    why = ""
+    if options.prefetch == "auto":
+        why = " (auto: documents are read inline)" if not depth else " (auto)"
     lines.append(
-        f"  prefetch: {options.prefetch} micro-batches on a background thread"
-        if options.prefetch
-        else "  prefetch: none (micro-batches are made as the consumer asks)"
+        f"  prefetch: {depth} micro-batches on a background thread{why}"
+        if depth
+        else f"  prefetch: none (micro-batches are made as the consumer asks){why}"
     )
     return "\n".join(lines)
 

@@ -129,11 +129,15 @@ class LaneRuntime:
 
     def _turns(self) -> Iterator[Batch]:
         """Every lane's next micro-batch, turn by turn, forever (spent lanes pad)."""
+        if len(self.nodes) == 1:
+            step = self.nodes[0].next  # reset when built: BaseNode's check is skipped
+            while True:
+                yield step()
         while True:
             turn = min(node.turn for node in self.nodes)
             for node in self.nodes:
                 if node.turn == turn:
-                    yield next(node)
+                    yield node.next()
 
     def operator_seconds(self) -> dict[str, tuple[float, int]]:
         """Per operator: seconds spent and documents out (threads runner; processes keep

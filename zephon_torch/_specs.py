@@ -23,7 +23,7 @@ class Options:
     canonical_replicas: int = 1
     world_size: int | None = None
     rank: int | None = None
-    prefetch: int = 8
+    prefetch: int | Literal["auto"] = "auto"
     read_ahead: int = 4
     stats_every: int = 0
     stats: bool = True
@@ -40,7 +40,9 @@ class Options:
                 f"`stats_every` needs the counters: it must be 0 when `stats` is False, got "
                 f"{self.stats_every}"
             )
-        if self.prefetch < 0 or self.read_ahead < 1:
+        if self.prefetch != "auto" and (not isinstance(self.prefetch, int) or self.prefetch < 0):
+            raise ConfigError(f"`prefetch` must be 'auto' or an int >= 0, got {self.prefetch!r}")
+        if self.read_ahead < 1:
             raise ConfigError(
                 f"`prefetch` must be >= 0 and `read_ahead` >= 1, got {self.prefetch} and "
                 f"{self.read_ahead}"

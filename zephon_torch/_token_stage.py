@@ -69,6 +69,21 @@ def pretokenized_runner(self: Pipeline) -> RunnerKind:
     return "inline" if mapped and not self._user_ops else "threads"
 
 
+DEFAULT_PREFETCH = 8
+
+
+def prefetch_depth(self: Pipeline) -> int:
+    """Micro-batches made ahead on a background thread: ``prefetch="auto"`` is none when
+    documents are read inline (their work holds the GIL, so a thread could not overlap it with
+    the consumer; handing each micro-batch over cost more than half of making it, measured),
+    else ``DEFAULT_PREFETCH``."""
+    depth = self._options.prefetch
+    if depth != "auto":
+        return depth
+    inline = self._pretokenized is not None and pretokenized_runner(self) == "inline"
+    return 0 if inline else DEFAULT_PREFETCH
+
+
 def resolve(self: Pipeline) -> ResolvedTokenizer:
     spec = self._tokenize
     assert spec is not None

@@ -25,7 +25,7 @@ from zephon_torch._specs import (
 )
 from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch._stats import RunCounters, pipeline_stats
-from zephon_torch._token_stage import pad_id, resolve
+from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import lanes_for_rank
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
@@ -105,7 +105,7 @@ class Pipeline:
         canonical_replicas: int | None = None,
         world_size: int | None = None,
         rank: int | None = None,
-        prefetch: int | None = None,
+        prefetch: int | Literal["auto"] | None = None,
         read_ahead: int | None = None,
         stats_every: int | None = None,
         on_stats: Callable[[dict[str, Any]], None] | None = None,
@@ -119,7 +119,10 @@ class Pipeline:
             world_size: W, the number of ranks; must divide L. Default: from
                 ``torch.distributed`` when initialised, else ``WORLD_SIZE``, else 1.
             rank: this rank, in ``[0, W)``; default as for ``world_size``.
-            prefetch: micro-batches computed ahead on a background thread (0: inline).
+            prefetch: micro-batches computed ahead on a background thread (0: as the consumer
+                asks). ``"auto"`` (the default): none when pre-tokenized documents are read
+                inline (the thread could not overlap that work, and handing micro-batches over
+                cost more than half of making them), else 8.
             read_ahead: chunks of documents each reader keeps in flight.
             stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches.
             on_stats: the periodic stats hook (e.g. a logger).
@@ -439,8 +442,9 @@ class Pipeline:
         runtime = LaneRuntime(self)
         stream: Iterator[Batch]
         produce = partial(runtime.batches, endless=self._endless)
-        if self._options.prefetch:
-            self._live = Prefetcher(produce, self._options.prefetch)
+        depth = prefetch_depth(self)
+        if depth:
+            self._live = Prefetcher(produce, depth)
             stream = self._live
         else:
             stream = produce()

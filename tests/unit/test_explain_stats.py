@@ -20,22 +20,34 @@ def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> 
     assert "runner: threads x 2" in knobs
 
 
-def test_explain_names_the_inline_runner_and_no_prefetch() -> None:
-    from zephon_torch import Pipeline
+def test_explain_names_the_inline_runner_and_the_prefetch_auto_chooses(tokenizer: Any) -> None:
+    from zephon_torch import ConfigError, Pipeline
     from zephon_torch.io import Dataset
     from zephon_torch.work import StaticMixtureWorkSource
 
     dataset = Dataset.from_dict("ids", {"ids": [[1, 2, 3], [4, 5]]})
-    pipeline = (
-        Pipeline(StaticMixtureWorkSource([dataset]))
-        .options(prefetch=0)
-        .pretokenized("ids")
-        .pack_flat(4)
-        .batch(1)
-    )
-    knobs = pipeline.explain().split("performance knobs")[1]
+    base = Pipeline(StaticMixtureWorkSource([dataset]))
+    pipeline = base.pretokenized("ids").pack_flat(4)
+    knobs = pipeline.batch(1).explain().split("performance knobs")[1]
     assert "runner: inline (the packer's thread)" in knobs
-    assert "prefetch: none" in knobs
+    assert "prefetch: none (micro-batches are made as the consumer asks)" in knobs
+    assert knobs.rstrip().endswith("(auto: documents are read inline)")
+    threads = base.options(prefetch=0).pretokenized("ids", runner="threads").pack_flat(4).batch(1)
+    assert (
+        "prefetch: none (micro-batches are made as the consumer asks)\n" in threads.explain() + "\n"
+    )
+    back = threads.options(prefetch="auto")
+    assert "prefetch: 8 micro-batches on a background thread (auto)" in back.explain()
+    assert (
+        "prefetch: 8 micro-batches on a background thread (auto)"
+        in small_pipeline(tokenizer, prefetch="auto").explain()
+    )
+    inline = pipeline.batch(1)
+    assert list(inline) and inline._live is None  # no prefetch thread was started
+    assert list(back) and back._live is not None
+    for bad in (-1, "soon", 2.5):
+        with pytest.raises(ConfigError, match="`prefetch` must be 'auto' or an int >= 0"):
+            pipeline.options(prefetch=bad)  # type: ignore[arg-type]
 
 
 def test_stats_agree_with_the_delivered_batches(tokenizer: Any) -> None:

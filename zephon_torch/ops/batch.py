@@ -21,7 +21,7 @@ from zephon_torch.ops.pretokenized import IdCheck
 from zephon_torch.ops.training import training_tensors
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """One lane's micro-batch.
 
@@ -156,8 +156,9 @@ class BatchNode(BaseNode[Batch]):
         """The lane's next micro-batch; once the lane is spent, all-padding batches."""
         if self._blocks:
             assert isinstance(self.source, MixPack)
-            block = RowBlock([], [], [], [], 0)
-            if not self.done:
+            if self.done:
+                block = RowBlock([], [], [], [], 0)
+            else:
                 block = self.source.wrap_rows(self.microbatch_size)
                 # as row by row: done once a row was asked for and none came
                 self.done = len(block.lengths) < self.microbatch_size

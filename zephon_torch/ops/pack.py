@@ -352,11 +352,14 @@ def _split_rows(
         by_source.append(row_sources)
         by_start.append(row_starts)
         whole, rest = divmod(size - space, width)
-        for _ in range(whole):
-            lengths.append([width])
-            by_source.append([source])
-            by_start.append([False])
-        row_lengths, row_sources, row_starts = ([rest], [source], [False]) if rest else ([], [], [])
+        if whole:
+            lengths += [[width] for _ in range(whole)]
+            by_source += [[source] for _ in range(whole)]
+            by_start += [[False] for _ in range(whole)]
+        if rest:
+            row_lengths, row_sources, row_starts = [rest], [source], [False]
+        else:
+            row_lengths, row_sources, row_starts = [], [], []
         space = width - rest
     if row_lengths:
         lengths.append(row_lengths)
