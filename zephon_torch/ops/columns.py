@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import DataError
@@ -80,17 +79,16 @@ class TokenChain:
         count = len(span)
         shards = span.shards.tolist()
         rows = span.rows.tolist()
-        read: list[dict[str, Any]] = []
-        if count and span.shards.min() == span.shards.max():  # the common case: one shard
-            read = dataset.read_rows(shards[0], span.rows)
-        elif count:
-            read = [{}] * count
-            order = np.argsort(span.shards, kind="stable")
-            ordered = span.shards[order]
-            for group in np.split(order, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1):
-                rows_read = dataset.read_rows(int(span.shards[group[0]]), span.rows[group])
-                for i, row in zip(group.tolist(), rows_read):
-                    read[i] = row
+        # a read per shard, shards in the order the stream first needs them: chunks read in
+        # parallel then decode row groups in stream order (sorted by shard, they all started
+        # on the same shards and waited on each other: measured 30% slower on Parquet)
+        read: list[dict[str, Any]] = [{}] * count
+        by_shard: dict[int, list[int]] = {}
+        for i, shard in enumerate(shards):
+            by_shard.setdefault(shard, []).append(i)
+        for shard, indices in by_shard.items():
+            for i, row in zip(indices, dataset.read_rows(shard, [rows[i] for i in indices])):
+                read[i] = row
         fetched = time.perf_counter()
         tokens: list[npt.NDArray[Any]] = []
         eos = self.eos_token_id
