@@ -86,6 +86,7 @@ class PackSpec:
             )
         if self.min_document_length < 0:
             raise ConfigError(f"`min_document_length` must be >= 0, got {self.min_document_length}")
+        check_token_id("pad_token_id", self.pad_token_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +98,15 @@ class PretokenizedSpec:
 
     def __post_init__(self) -> None:
         _check_workers(self.parallelism, "threads" if self.runner == "auto" else self.runner)
+        check_token_id("eos_token_id", self.eos_token_id)
+
+
+def check_token_id(name: str, value: int | None) -> None:
+    """Raise ``ConfigError`` unless ``value`` is None or a token id in ``[0, 2**31)``."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31
+    ):
+        raise ConfigError(f"`{name}` must be a token id in [0, 2**31), got {value!r}")
 
 
 def _check_workers(parallelism: int, runner: str) -> None:

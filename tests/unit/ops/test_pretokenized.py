@@ -176,3 +176,28 @@ def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_cou
     batches = list(pipeline)
     assert sum(b.num_tokens for b in batches) == 4 * 4 * 5
     assert pipeline.stats()["skipped_documents"] == {"too_long": 0, "too_short": 16}
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64])
+def test_the_eos_id_is_appended_whatever_the_stored_integer_type(dtype: Any) -> None:
+    docs = [np.array([1, 2], dtype=dtype), np.array([3], dtype=dtype)]
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": docs})).pretokenized(
+        "ids", eos_token_id=300
+    )
+    batches = list(pipeline.pack_flat(5).batch(1))
+    assert [b.input_ids.tolist() for b in batches] == [[[1, 2, 300, 3, 300]]]
+
+
+def test_eos_and_pad_ids_outside_int32_are_refused_when_the_recipe_is_built() -> None:
+    from zephon_torch import ConfigError
+
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": [[1]]}))
+    for bad in (-1, 2**31, 1.0, True):
+        with pytest.raises(
+            ConfigError, match=r"`eos_token_id` must be a token id in \[0, 2\*\*31\)"
+        ):
+            pipeline.pretokenized("ids", eos_token_id=bad)  # type: ignore[arg-type]
+        with pytest.raises(
+            ConfigError, match=r"`pad_token_id` must be a token id in \[0, 2\*\*31\)"
+        ):
+            pipeline.pretokenized("ids").pack_flat(4, pad_token_id=bad)  # type: ignore[arg-type]
