@@ -331,12 +331,19 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         f"tokenized {len(docs):,} documents, {total:,} tokens in {time.perf_counter() - t0:.1f} s"
     )
     t0 = time.perf_counter()
-    write_npy(docs, root / "npy")
-    write_mds(docs, root / "mds")
-    write_litdata(docs, root / "litdata")
-    write_parquet(docs, root / "parquet")
-    write_parquet(docs, root / "parquet_plain", use_dictionary=False, compression="zstd")
-    print(f"wrote npy, mds, litdata and parquet under {root} in {time.perf_counter() - t0:.1f} s")
+    writers: dict[str, Callable[[list[Tokens], pathlib.Path], None]] = {
+        "npy": write_npy,
+        "mds": write_mds,
+        "litdata": write_litdata,
+        "parquet": write_parquet,
+        "parquet_plain": lambda d, f: write_parquet(d, f, use_dictionary=False, compression="zstd"),
+    }
+    written = [kind for kind in _KINDS if not (root / kind).exists()]  # --keep: reuse the rest
+    for kind in written:
+        writers[kind](docs, root / kind)
+    print(
+        f"wrote {', '.join(written) or 'nothing'} under {root} in {time.perf_counter() - t0:.1f} s"
+    )
     del docs
     kinds = _KINDS
     shape = (args.batch, args.seq)
@@ -417,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         help="micro-batches computed ahead: 'auto' (the default: none when read inline) or a "
         "number (0: none)",
     )
-    p.add_argument("--keep", help="write the stored formats here instead of a temporary folder")
+    p.add_argument(
+        "--keep",
+        help="write the stored formats here instead of a temporary folder, or reuse the ones "
+        "already there (same --copies)",
+    )
     args = p.parse_args(argv)
     if args.keep:
         root = pathlib.Path(args.keep)
