@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from zephon_torch.elastic import check_topology
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RUNNERS, RunnerKind
@@ -42,11 +44,8 @@ class Options:
             )
         if self.prefetch != "auto" and (not isinstance(self.prefetch, int) or self.prefetch < 0):
             raise ConfigError(f"`prefetch` must be 'auto' or an int >= 0, got {self.prefetch!r}")
-        if self.read_ahead < 1:
-            raise ConfigError(
-                f"`prefetch` must be >= 0 and `read_ahead` >= 1, got {self.prefetch} and "
-                f"{self.read_ahead}"
-            )
+        if not isinstance(self.read_ahead, int) or self.read_ahead < 1:
+            raise ConfigError(f"`read_ahead` must be an int >= 1, got {self.read_ahead!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +85,7 @@ class PackSpec:
             )
         if self.min_document_length < 0:
             raise ConfigError(f"`min_document_length` must be >= 0, got {self.min_document_length}")
-        check_token_id("pad_token_id", self.pad_token_id)
+        object.__setattr__(self, "pad_token_id", check_token_id("pad_token_id", self.pad_token_id))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,15 +97,19 @@ class PretokenizedSpec:
 
     def __post_init__(self) -> None:
         _check_workers(self.parallelism, "threads" if self.runner == "auto" else self.runner)
-        check_token_id("eos_token_id", self.eos_token_id)
+        object.__setattr__(self, "eos_token_id", check_token_id("eos_token_id", self.eos_token_id))
 
 
-def check_token_id(name: str, value: int | None) -> None:
-    """Raise ``ConfigError`` unless ``value`` is None or a token id in ``[0, 2**31)``."""
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31
-    ):
-        raise ConfigError(f"`{name}` must be a token id in [0, 2**31), got {value!r}")
+def check_token_id(name: str, value: object) -> int | None:
+    """``value`` as a Python int (numpy integers too); ``ConfigError`` unless it is None or a
+    token id in ``[0, 2**31)``."""
+    if value is None:
+        return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        number = int(value)
+        if 0 <= number < 2**31:
+            return number
+    raise ConfigError(f"`{name}` must be a token id in [0, 2**31), got {value!r}")
 
 
 def _check_workers(parallelism: int, runner: str) -> None:

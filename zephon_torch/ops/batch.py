@@ -21,7 +21,7 @@ from zephon_torch.ops.pretokenized import IdCheck
 from zephon_torch.ops.training import training_tensors
 
 
-@dataclass(slots=True)
+@dataclass
 class Batch:
     """One lane's micro-batch.
 

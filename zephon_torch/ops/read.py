@@ -71,7 +71,9 @@ class DocumentReader(BaseNode[Document]):
         self._chunk: Chunk = []  # the chunk being returned, from document _index on
         self._index = 0
         self.columnar = isinstance(runner.chain, TokenChain)  # chunks are TokenChunks
-        self._growth = 32 if runner.kind == "inline" else 8
+        # inline chunks of stored views cost no memory: they grow further (see _top_up)
+        views = self.columnar and runner.chain.eos_token_id is None  # type: ignore[union-attr]
+        self._growth = 32 if runner.kind == "inline" and views else 8
         self._next: tuple[int, int] = (0, 0)  # next document to return
         self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
         self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
@@ -175,9 +177,9 @@ class DocumentReader(BaseNode[Document]):
         while self._cursor is not None and len(self._futures) < self.ahead:
             pass_index, pos = self._cursor
             # chunks double from small (a fast first batch, little read ahead of a short run)
-            # to 8x (fewer, larger tokenizer calls in the steady state); to 32x when read
-            # inline, where a chunk is views of mapped data and the per-chunk cost (locating
-            # its pointers) is what is left to amortise
+            # to 8x (fewer, larger tokenizer calls in the steady state); to 32x for token
+            # columns read inline without an EOS to append, where a chunk holds views of the
+            # stored ids and the per-chunk cost (locating its pointers) is what is left
             size = self.chunk_docs * min(self._growth, 2**self._submitted)
             self._submitted += 1
             count = min(size, self._lane_rows - pos)

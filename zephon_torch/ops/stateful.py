@@ -12,9 +12,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
+from zephon_torch.errors import DataError
 from zephon_torch.ops.document import Document
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.work.pointers import PointerLayout
@@ -90,8 +92,26 @@ class FilteredReader(BaseNode[Document]):
         while True:
             doc: Document = next(self.reader)
             assert doc.tokens is not None
+            if doc.tokens.dtype != np.int32:  # pre-tokenized ids come in their stored type
+                doc.tokens = self._as_int32(doc)
             if self.op.keep(doc.tokens, self.source_name):
                 return doc
+
+    def _as_int32(self, doc: Document) -> npt.NDArray[np.int32]:
+        """The document's ids as int32, as filters always see them; ``DataError`` naming the
+        document for an id outside ``[0, 2**31)`` (batches check the rest later)."""
+        tokens = doc.tokens
+        assert tokens is not None
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= 2**31):
+            bad = int(tokens[(tokens < 0) | (tokens >= 2**31)][0])
+            dataset = self.reader.runner.chain.datasets[doc.source]
+            raise DataError(
+                f"holds token id {bad}; ids must lie in [0, 2**31)",
+                dataset=dataset.name,
+                shard=dataset.shards[doc.shard].path,
+                row=doc.row,
+            )
+        return tokens.astype(np.int32)
 
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read a document that was kept (no decision is made again)."""

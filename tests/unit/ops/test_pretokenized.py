@@ -192,6 +192,12 @@ def test_eos_and_pad_ids_outside_int32_are_refused_when_the_recipe_is_built() ->
     from zephon_torch import ConfigError
 
     pipeline = recipe_one(Dataset.from_dict("d", {"ids": [[1]]}))
+    numpy_ids = pipeline.pretokenized("ids", eos_token_id=np.int64(5)).pack_flat(
+        4,
+        pad_token_id=np.int32(7),  # type: ignore[arg-type]
+    )
+    assert [b.input_ids.tolist() for b in numpy_ids.batch(1)] == [[[1, 5, 7, 7]]]
+    assert numpy_ids.batch(1).fingerprint()  # plain ints: the recipe serialises
     for bad in (-1, 2**31, 1.0, True):
         with pytest.raises(
             ConfigError, match=r"`eos_token_id` must be a token id in \[0, 2\*\*31\)"
@@ -201,3 +207,13 @@ def test_eos_and_pad_ids_outside_int32_are_refused_when_the_recipe_is_built() ->
             ConfigError, match=r"`pad_token_id` must be a token id in \[0, 2\*\*31\)"
         ):
             pipeline.pretokenized("ids").pack_flat(4, pad_token_id=bad)  # type: ignore[arg-type]
+
+
+def test_inline_token_columns_read_further_ahead_only_when_they_hold_views() -> None:
+    ids = [np.arange(i + 1, dtype=np.int32) for i in range(40)]
+    base = recipe_one(Dataset.from_dict("d", {"ids": ids}))
+    for eos, runner, growth in ((None, "inline", 32), (0, "inline", 8), (None, "threads", 8)):
+        pipeline = base.pretokenized("ids", eos_token_id=eos, runner=runner).pack_flat(8).batch(1)
+        next(iter(pipeline))  # copies (an EOS appended) or another thread: the usual 8x
+        assert pipeline._runtime is not None
+        assert pipeline._runtime.readers[0]._growth == growth

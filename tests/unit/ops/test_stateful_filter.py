@@ -71,3 +71,40 @@ def test_a_stateful_filter_sees_each_lanes_documents_and_drops_what_it_rejects(
 def test_a_factory_returning_something_else_is_refused(tokenizer: Any) -> None:
     with pytest.raises(ConfigError, match="must return a StatefulFilter, got int"):
         small_pipeline(tokenizer).stateful_filter(lambda lane: 3)  # type: ignore[arg-type,return-value]
+
+
+class Recorder(StatefulFilter):
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, list[int]]] = []
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.seen.append((str(tokens.dtype), tokens.tolist()))
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_a_filter_sees_pre_tokenized_ids_as_int32_whatever_their_stored_type() -> None:
+    import numpy as np
+
+    from zephon_torch import DataError, Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    def pipeline(ids: list[Any]) -> Any:
+        source = StaticMixtureWorkSource([Dataset.from_dict("d", {"ids": ids})], shuffle=False)
+        return Pipeline(source).pretokenized("ids").pack_flat(4)
+
+    recorder = Recorder()
+    stored = [np.array([1, 2], dtype=np.uint64), np.array([3], dtype=np.uint16)]
+    list(pipeline(stored).stateful_filter(lambda lane: recorder).batch(1))
+    assert recorder.seen == [("int32", [1, 2]), ("int32", [3])]
+    wide = [np.array([1], dtype=np.int64), np.array([2, 2**40], dtype=np.int64)]
+    with pytest.raises(DataError, match=rf"row 1: holds token id {2**40}; ids must lie in"):
+        list(pipeline(wide).stateful_filter(lambda lane: Recorder()).batch(1))
