@@ -157,20 +157,21 @@ def text_workload(root: pathlib.Path, args: argparse.Namespace) -> Workload:
     )
 
 
-def run_pass(workload: Workload, dataset: Dataset, lanes: int) -> int:
+def run_pass(workload: Workload, dataset: Dataset, args: argparse.Namespace) -> int:
     source = StaticMixtureWorkSource([dataset], seed=0, exhaustion="stop")
-    pipeline = workload.build(Pipeline(source).options(canonical_replicas=lanes))
+    options = {"canonical_replicas": args.lanes, "prefetch": args.prefetch}
+    pipeline = workload.build(Pipeline(source).options(**options))
     return pipeline_tokens(pipeline.pack_flat(_SEQ, "wrap").batch(_BATCH))
 
 
 def timed(
-    workload: Workload, open_dataset: Callable[[], Dataset], lanes: int
+    workload: Workload, open_dataset: Callable[[], Dataset], args: argparse.Namespace
 ) -> tuple[int, float, float]:
     """Opens the dataset and runs one pass; returns (tokens, seconds in all, seconds to open)."""
     start = time.perf_counter()
     dataset = open_dataset()
     opened = time.perf_counter() - start
-    tokens = run_pass(workload, dataset, lanes)
+    tokens = run_pass(workload, dataset, args)
     return tokens, time.perf_counter() - start, opened
 
 
@@ -230,7 +231,7 @@ def measure(
             break
         line = []
         for name, open_dataset in sides.items():
-            tokens, seconds, opened = timed(workload, open_dataset, args.lanes)
+            tokens, seconds, opened = timed(workload, open_dataset, args)
             expected = tokens if expected is None else expected
             if tokens != expected:
                 print(f"MISMATCH: {name} gave {tokens:,} tokens, local gave {expected:,}")
@@ -283,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=32, help="Parquet shards uploaded")
     p.add_argument("--copies", type=int, default=24, help="times the tokenized corpus is repeated")
     p.add_argument("--lanes", type=int, default=1, help="canonical_replicas (L)")
+    p.add_argument(
+        "--prefetch",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="the pipeline's micro-batch prefetch: 'auto' (the library's default) or a number",
+    )
     p.add_argument(
         "--budget-s",
         type=float,

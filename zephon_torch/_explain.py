@@ -49,7 +49,7 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
     depth = prefetch_depth(pipeline)
     why = ""
     if options.prefetch == "auto":
-        why = " (auto: documents are read inline)" if not depth else " (auto)"
+        why = " (auto: pre-tokenized data)" if not depth else " (auto)"
     lines.append(
         f"  prefetch: {depth} micro-batches on a background thread{why}"
         if depth

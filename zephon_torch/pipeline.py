@@ -120,9 +120,9 @@ class Pipeline:
                 ``torch.distributed`` when initialised, else ``WORLD_SIZE``, else 1.
             rank: this rank, in ``[0, W)``; default as for ``world_size``.
             prefetch: micro-batches computed ahead on a background thread (0: as the consumer
-                asks). ``"auto"`` (the default): none when pre-tokenized documents are read
-                inline (the thread could not overlap that work, and handing micro-batches over
-                cost more than half of making them), else 8.
+                asks). ``"auto"`` (the default): none for pre-tokenized data (packing stored
+                ids holds the GIL, so the thread could not overlap it, and handing micro-batches
+                over cost more than half of making them), else 8.
             read_ahead: chunks of documents each reader keeps in flight.
             stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches.
             on_stats: the periodic stats hook (e.g. a logger).

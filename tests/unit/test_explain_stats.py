@@ -31,13 +31,16 @@ def test_explain_names_the_inline_runner_and_the_prefetch_auto_chooses(tokenizer
     knobs = pipeline.batch(1).explain().split("performance knobs")[1]
     assert "runner: inline (the packer's thread)" in knobs
     assert "prefetch: none (micro-batches are made as the consumer asks)" in knobs
-    assert knobs.rstrip().endswith("(auto: documents are read inline)")
+    assert knobs.rstrip().endswith("(auto: pre-tokenized data)")
     threads = base.options(prefetch=0).pretokenized("ids", runner="threads").pack_flat(4).batch(1)
+    assert (
+        threads.options(prefetch="auto").explain().rstrip().endswith("(auto: pre-tokenized data)")
+    )
     assert (
         "prefetch: none (micro-batches are made as the consumer asks)\n" in threads.explain() + "\n"
     )
-    back = threads.options(prefetch="auto")
-    assert "prefetch: 8 micro-batches on a background thread (auto)" in back.explain()
+    back = threads.options(prefetch=8)
+    assert "prefetch: 8 micro-batches on a background thread\n" in back.explain() + "\n"
     assert (
         "prefetch: 8 micro-batches on a background thread (auto)"
         in small_pipeline(tokenizer, prefetch="auto").explain()
