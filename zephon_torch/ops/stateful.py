@@ -33,7 +33,8 @@ class StatefulFilter(ABC):
 
     @abstractmethod
     def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
-        """Whether to keep this document (called once per document, in stream order)."""
+        """Whether to keep this document (called once per document, in stream order);
+        ``tokens`` are its ids as int32, ``source`` its dataset's name."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
