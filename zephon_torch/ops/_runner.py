@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Literal
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
 from zephon_torch.ops.columns import TokenChain, TokenChunk
-from zephon_torch.ops.document import DocOp, Document
+from zephon_torch.ops.document import DocOp, Document, OperatorClock
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work.pointers import PointerSpan
 
@@ -31,16 +30,13 @@ RUNNERS = ("threads", "processes", "inline")
 Chunk = list[Document] | TokenChunk  # a chain's documents for one span, in stream order
 
 
-class DocChain:
+class DocChain(OperatorClock):
     """Fetch then every per-document operator, as one picklable function of a chunk."""
 
     def __init__(self, fetch: FetchOp, ops: Sequence[DocOp]) -> None:
         self.fetch = fetch
         self.ops = tuple(ops)
-        self._names = ["fetch"] + [str(op.fingerprint()["kind"]) for op in self.ops]
-        self._lock = threading.Lock()
-        self.seconds = dict.fromkeys(self._names, 0.0)
-        self.documents = dict.fromkeys(self._names, 0)
+        super().__init__(["fetch"] + [str(op.fingerprint()["kind"]) for op in self.ops])
 
     @property
     def datasets(self) -> tuple[Dataset, ...]:
@@ -55,20 +51,8 @@ class DocChain:
             start = time.perf_counter()
             docs = op(docs)
             marks.append((len(docs), time.perf_counter() - start))
-        with self._lock:  # one update per chunk: cheap enough to leave on
-            for name, (count, seconds) in zip(self._names, marks):
-                self.seconds[name] += seconds
-                self.documents[name] += count
+        self.record(marks)
         return docs
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
 
 Chain = DocChain | TokenChain

@@ -10,7 +10,6 @@ same documents in the same order as the per-document chain, at a fraction of the
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
-from zephon_torch.ops.document import Document
+from zephon_torch.ops.document import Document, OperatorClock
 from zephon_torch.ops.pretokenized import field_error, token_ids, with_eos
 from zephon_torch.work.pointers import PointerSpan
 
@@ -52,7 +51,7 @@ class TokenChunk:
         )
 
 
-class TokenChain:
+class TokenChain(OperatorClock):
     """Pointers in, a ``TokenChunk`` out: rows read a shard at a time, their token field taken
     and validated (a 1-D integer array or list), the EOS id appended when asked. Picklable, so
     any runner can run it.
@@ -63,15 +62,11 @@ class TokenChain:
         eos_token_id: appended to every document when set.
     """
 
-    names = ("fetch", "pretokenized")
-
     def __init__(self, datasets: tuple[Dataset, ...], field: str, eos_token_id: int | None) -> None:
         self.datasets = datasets
         self.field = field
         self.eos_token_id = eos_token_id
-        self._lock = threading.Lock()
-        self.seconds = dict.fromkeys(self.names, 0.0)
-        self.documents = dict.fromkeys(self.names, 0)
+        super().__init__(["fetch", "pretokenized"])
 
     def __call__(self, source: int, span: PointerSpan) -> TokenChunk:
         start = time.perf_counter()
@@ -103,19 +98,5 @@ class TokenChain:
                     row=rows[i],
                 ) from None
             tokens.append(ids if eos is None else with_eos(ids, eos))
-        end = time.perf_counter()
-        with self._lock:
-            self.seconds["fetch"] += fetched - start
-            self.seconds["pretokenized"] += end - fetched
-            self.documents["fetch"] += count
-            self.documents["pretokenized"] += count
+        self.record([(count, fetched - start), (count, time.perf_counter() - fetched)])
         return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()

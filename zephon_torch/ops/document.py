@@ -7,6 +7,8 @@ their cost is paid on worker threads or processes, never on the packer's thread.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,3 +61,30 @@ def document_error(
         shard=shard_paths[doc.source][doc.shard],
         row=doc.row,
     )
+
+
+class OperatorClock:
+    """Seconds spent and documents out per operator of a chain, added once per chunk from any
+    thread; picklable (the lock is made anew)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._names = list(names)
+        self._lock = threading.Lock()
+        self.seconds = dict.fromkeys(self._names, 0.0)
+        self.documents = dict.fromkeys(self._names, 0)
+
+    def record(self, marks: list[tuple[int, float]]) -> None:
+        """Add one chunk's (documents, seconds) per operator, in the order of the names."""
+        with self._lock:  # one update per chunk: cheap enough to leave on
+            for name, (count, seconds) in zip(self._names, marks):
+                self.seconds[name] += seconds
+                self.documents[name] += count
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()

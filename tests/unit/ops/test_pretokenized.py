@@ -217,3 +217,20 @@ def test_inline_token_columns_read_further_ahead_only_when_they_hold_views() -> 
         next(iter(pipeline))  # copies (an EOS appended) or another thread: the usual 8x
         assert pipeline._runtime is not None
         assert pipeline._runtime.readers[0]._growth == growth
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "processes"])
+def test_stats_time_the_token_columns_reading_on_every_runner(runner: str) -> None:
+    ids = [np.arange(i % 7 + 1, dtype=np.int32) for i in range(30)]
+    pipeline = (
+        recipe_one(Dataset.from_dict("d", {"ids": ids}, shard_size=8))
+        .pretokenized("ids", runner=runner, parallelism=1)  # type: ignore[arg-type]
+        .pack_flat(8)
+        .batch(2)
+    )
+    batches = list(pipeline)
+    assert sum(b.num_tokens for b in batches) == sum(len(i) for i in ids)
+    ops = pipeline.stats()["operators"]
+    assert set(ops) == {"fetch", "pretokenized"}
+    if runner != "processes":  # worker processes keep their own counters
+        assert ops["fetch"]["documents"] == ops["pretokenized"]["documents"] == 30
