@@ -37,8 +37,6 @@ import argparse
 import os
 import pathlib
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,11 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 from pretokenized import pipeline_tokens, tokenized_corpus, write_parquet
 
 from zephon_torch import Pipeline
 from zephon_torch._corpus import demo_corpus, demo_tokenizer
+from zephon_torch._moto import moto_server, upload
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
 
@@ -62,34 +60,6 @@ _MISMATCH_EXIT = 2
 _SERVER_START_S = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def start_moto() -> tuple[str, subprocess.Popen[bytes]]:
-    """Starts `moto.server` on a free loopback port; returns its endpoint and process."""
-    port = _free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    deadline = time.monotonic() + _SERVER_START_S
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return f"http://127.0.0.1:{port}", server
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise SystemExit("the moto server did not start") from None
-            time.sleep(0.1)
-
-
 def storage_options(endpoint: str) -> dict[str, Any]:
     return {
         "key": "x",
@@ -97,24 +67,6 @@ def storage_options(endpoint: str) -> dict[str, Any]:
         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
         "skip_instance_cache": True,
     }
-
-
-def upload(endpoint: str, folder: pathlib.Path, prefix: str) -> int:
-    """Uploads every file of `folder` under `s3://bench/<prefix>/`; returns the bytes sent."""
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        region_name="us-east-1",
-    )
-    if not client.list_buckets()["Buckets"]:
-        client.create_bucket(Bucket=_BUCKET)
-    sent = 0
-    for file in sorted(folder.iterdir()):
-        client.upload_file(str(file), _BUCKET, f"{prefix}/{file.name}")
-        sent += file.stat().st_size
-    return sent
 
 
 @dataclass(frozen=True)
@@ -181,7 +133,7 @@ def measure(
     """Runs local, remote with prefetch and remote without, interleaved; prints the summary and
     returns the ratio remote+prefetch / local (best of the repeats)."""
     t0 = time.perf_counter()
-    sent = upload(endpoint, workload.folder, workload.prefix)
+    sent = upload(endpoint, workload.folder, _BUCKET, workload.prefix)
     shards = len(list(workload.folder.iterdir()))
     print(
         f"\n[{workload.name}] {shards} shards ({sent / 1e6:.1f} MB) uploaded in "
@@ -267,12 +219,8 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     builders = {"pretokenized": pretokenized_workload, "text": text_workload}
     names = list(builders) if args.workload == "both" else [args.workload]
     workloads = [builders[name](root, args) for name in names]
-    endpoint, server = start_moto()
-    try:
+    with moto_server() as (endpoint, _):
         ratios = {w.name: measure(w, endpoint, root, args) for w in workloads}
-    finally:
-        server.kill()
-        server.wait(10)
     print("\nremote+prefetch / local: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     return 0
 

@@ -6,11 +6,8 @@ bounded retries instead of hanging."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,18 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_litdata, write_mds
+from zephon_torch._moto import client, moto_server, upload
 from zephon_torch.errors import DataError, StorageError
 from zephon_torch.io import Dataset
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(autouse=True)
@@ -44,29 +36,8 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def s3_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = _free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                pytest.fail("moto server did not start")
-            time.sleep(0.1)
-    try:
-        yield f"http://127.0.0.1:{port}", server
-    finally:
-        server.kill()
-        server.wait(10)
+    with moto_server() as running:
+        yield running
 
 
 def _storage(endpoint: str) -> dict[str, Any]:
@@ -81,23 +52,6 @@ def _storage(endpoint: str) -> dict[str, Any]:
         },
         "skip_instance_cache": True,
     }
-
-
-def _client(endpoint: str) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        region_name="us-east-1",
-    )
-
-
-def _upload(endpoint: str, local: Path, bucket: str, prefix: str) -> None:
-    client = _client(endpoint)
-    client.create_bucket(Bucket=bucket)
-    for file in sorted(local.iterdir()):
-        client.upload_file(str(file), bucket, f"{prefix}/{file.name}")
 
 
 def _write_corpus(folder: Path, kind: str, shards: int = 4, rows: int = 50) -> None:
@@ -130,7 +84,7 @@ def test_an_s3_prefix_reads_the_same_rows_as_the_local_copy(
 ) -> None:
     endpoint, _ = s3_server
     _write_corpus(tmp_path / "local", kind)
-    _upload(endpoint, tmp_path / "local", "bucket", "corpus")
+    upload(endpoint, tmp_path / "local", "bucket", "corpus")
     options = {"cache": {"dir": str(tmp_path / "cache")}}
     remote = Dataset.from_path(
         "c", "s3://bucket/corpus/", storage_options=_storage(endpoint), io_options=options
@@ -147,7 +101,7 @@ def test_a_cache_smaller_than_the_dataset_never_exceeds_its_limit(
 ) -> None:
     endpoint, _ = s3_server
     _write_corpus(tmp_path / "local", "jsonl", shards=6)
-    _upload(endpoint, tmp_path / "local", "bucket", "small")
+    upload(endpoint, tmp_path / "local", "bucket", "small")
     shard_size = max(f.stat().st_size for f in (tmp_path / "local").iterdir())
     limit = 2 * shard_size + 10
     cache = tmp_path / "cache"
@@ -168,7 +122,7 @@ def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
 ) -> None:
     endpoint, server = s3_server
     _write_corpus(tmp_path / "local", "parquet", shards=3)
-    _upload(endpoint, tmp_path / "local", "bucket", "dying")
+    upload(endpoint, tmp_path / "local", "bucket", "dying")
     options = {
         "cache": {"dir": str(tmp_path / "cache")},
         "retry": {"attempts": 2, "initial_delay": 0.1, "timeout": 10},
@@ -196,7 +150,7 @@ def test_a_pipeline_over_s3_gives_the_batches_of_the_local_copy_and_prefetches(
 
     endpoint, _ = s3_server
     _write_corpus(tmp_path / "local", "jsonl", shards=6, rows=30)
-    _upload(endpoint, tmp_path / "local", "bucket", "corpus")
+    upload(endpoint, tmp_path / "local", "bucket", "corpus")
     cache = tmp_path / "cache"
     remote = Dataset.from_path(
         "c",
@@ -250,7 +204,7 @@ def _write_format(folder: Path, kind: str, rows: int = 120) -> Path:
 
 def _open_both(endpoint: str, tmp_path: Path, kind: str) -> tuple[Dataset, Dataset]:
     local = _write_format(tmp_path / kind, kind)
-    _upload(endpoint, local, "bucket", kind)
+    upload(endpoint, local, "bucket", kind)
     options = {"cache": {"dir": str(tmp_path / "cache")}}
     remote = Dataset.from_path(
         kind, f"s3://bucket/{kind}", storage_options=_storage(endpoint), io_options=options
@@ -306,8 +260,8 @@ def test_an_index_listing_a_shard_the_bucket_lacks_is_a_data_error_naming_it(
 ) -> None:
     endpoint, _ = s3_server
     local = _write_format(tmp_path / "mds", "mds")
-    _upload(endpoint, local, "bucket", "mds")
-    _client(endpoint).delete_object(Bucket="bucket", Key="mds/shard.00001.mds")
+    upload(endpoint, local, "bucket", "mds")
+    client(endpoint).delete_object(Bucket="bucket", Key="mds/shard.00001.mds")
     with pytest.raises(DataError, match=r"missing, though index\.json lists it") as caught:
         Dataset.from_path(
             "gone",
@@ -347,7 +301,7 @@ def test_a_truncated_shard_on_s3_is_a_data_error_naming_its_url(
     name = "shard.00001.mds" if kind == "mds" else "1.npy"
     data = (local / name).read_bytes()
     (local / name).write_bytes(data[: len(data) // 2])
-    _upload(endpoint, local, "bucket", kind)
+    upload(endpoint, local, "bucket", kind)
     remote = Dataset.from_path(
         kind,
         f"s3://bucket/{kind}/",

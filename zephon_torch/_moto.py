@@ -1,0 +1,79 @@
+"""A moto S3 server on loopback, for the tests and benchmarks that read from S3.
+
+Started as its own process (``python -m moto.server``) on a free port, with dummy credentials;
+the tests and ``benchmarks/remote.py`` use it to read through the real s3fs client. Needs the
+dev extras (moto, boto3).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+START_S = 30.0
+
+
+@contextmanager
+def moto_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Yields the endpoint URL of a fresh moto server and its process (killed on exit).
+
+    Raises:
+        RuntimeError: when it does not accept connections within ``START_S`` seconds.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the moto server did not start") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def client(endpoint: str) -> Any:
+    """A boto3 S3 client of the server at ``endpoint``."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        region_name="us-east-1",
+    )
+
+
+def upload(endpoint: str, folder: Path, bucket: str, prefix: str) -> int:
+    """Uploads every file of ``folder`` under ``s3://bucket/prefix/`` (creating the bucket
+    if needed); returns the bytes sent."""
+    s3 = client(endpoint)
+    if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket=bucket)
+    sent = 0
+    for file in sorted(folder.iterdir()):
+        s3.upload_file(str(file), bucket, f"{prefix}/{file.name}")
+        sent += file.stat().st_size
+    return sent
