@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from decimal import Decimal
-from struct import calcsize, unpack_from
+from functools import lru_cache
+from struct import Struct
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,13 @@ def is_array(encoding: str) -> bool:
     return encoding.partition(":")[0] == "ndarray"
 
 
+@lru_cache(maxsize=256)
+def _shape_header(byte: int) -> Struct:
+    """The shape's struct for the byte before it: its dimension count (high six bits) and
+    the size code of each dimension (low two bits)."""
+    return Struct(f"<{byte >> 2}{_SHAPE_CODES[byte & 3]}")
+
+
 def _array_decoder(config: str) -> Decoder:
     dtype_name, _, shape_text = config.partition(":")
     if dtype_name and dtype_name not in _SCALARS:
@@ -118,10 +126,9 @@ def _array_decoder(config: str) -> Decoder:
             index = 1
         dims = shape
         if dims is None:
-            byte = view[index]
-            ndim, code = byte >> 2, _SHAPE_CODES[byte & 3]
-            dims = unpack_from(f"<{ndim}{code}", view, index + 1)
-            index += 1 + ndim * calcsize(code)
+            header = _shape_header(view[index])
+            dims = header.unpack_from(view, index + 1)
+            index += 1 + header.size
         array = np.frombuffer(view, value_dtype, offset=index)
         if len(dims) == 1 and array.size == dims[0]:
             return array  # already the shape: skip reshape's call

@@ -19,8 +19,8 @@ import importlib
 import mmap
 from dataclasses import dataclass, field
 from functools import partial
+from struct import Struct
 from struct import error as StructError
-from struct import unpack_from
 from typing import Any
 
 import numpy as np
@@ -48,9 +48,16 @@ class _Layout:
     decoders: tuple[Decoder | None, ...]  # None for columns the projection drops
     kept: tuple[int, ...]  # positions of kept columns, in the order rows list them
     variable: int = field(init=False)  # columns without a fixed size: their lengths lead
+    lengths: Struct = field(init=False)  # reads those lengths
+    columns: tuple[tuple[int | None, Decoder | None], ...] = field(init=False)  # to the last kept
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "variable", sum(size is None for size in self.sizes))
+        variable = sum(size is None for size in self.sizes)
+        object.__setattr__(self, "variable", variable)
+        object.__setattr__(self, "lengths", Struct(f"<{variable}I"))
+        last = max(self.kept, default=-1) + 1
+        columns = tuple(zip(self.sizes[:last], self.decoders[:last], strict=True))
+        object.__setattr__(self, "columns", columns)
 
 
 @dataclass(frozen=True)
@@ -265,21 +272,25 @@ class MdsReader:
 
 
 def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
-    variable = layout.variable
-    lengths = iter(unpack_from(f"<{variable}I", sample) if variable else ())
-    position = 4 * variable
+    """A sample's kept columns; the columns after the last kept one are not looked at."""
+    lengths = layout.lengths.unpack_from(sample)
+    position, variable, total = 4 * layout.variable, 0, len(sample)
     values: list[Any] = []
-    for size, decode in zip(layout.sizes, layout.decoders, strict=True):
-        length = size if size is not None else next(lengths)
-        end = position + length
-        if end > len(sample):
-            raise ValueError("a column runs past the end of the sample")
-        if decode is not None:
-            values.append(decode(sample[position:end]))
+    for fixed, decode in layout.columns:
+        if fixed is None:
+            end = position + lengths[variable]
+            variable += 1
         else:
-            values.append(None)
+            end = position + fixed
+        if end > total:
+            raise ValueError("a column runs past the end of the sample")
+        values.append(None if decode is None else decode(sample[position:end]))
         position = end
-    return {layout.names[i]: values[i] for i in layout.kept}
+    names = layout.names
+    if len(layout.kept) == 1:
+        kept = layout.kept[0]
+        return {names[kept]: values[kept]}
+    return {names[i]: values[i] for i in layout.kept}
 
 
 def _read(path: str, info: _ShardInfo) -> mmap.mmap | bytes:
