@@ -14,6 +14,7 @@ hook that downloads them into the shard cache (see `_locate`). litdata is not im
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -170,6 +171,13 @@ class LitDataReader:
         positions = as_row_array(rows)
         check_in_range(positions, self._rows[path][0], dataset=self.dataset, shard=path)
         chunk = self._chunks.get_or_load(path, partial(self._load, path))
+        if self._whole_token_items(chunk):
+            decode = self._decoders[0]
+            assert decode is not None
+            data, offsets = chunk.data, chunk.layout.offsets
+            starts, ends = offsets[positions].tolist(), offsets[positions + 1].tolist()
+            with contextlib.suppress(*_CORRUPT):  # else item by item below, naming the item
+                return [{TOKENS_FIELD: decode(data[a:b])} for a, b in zip(starts, ends)]
         result = []
         for row in positions.tolist():
             try:
@@ -180,6 +188,16 @@ class LitDataReader:
             except _CORRUPT as error:
                 raise self._error(f"item does not decode: {error!r}", path, row) from None
         return result
+
+    def _whole_token_items(self, chunk: _Chunk) -> bool:
+        """Whether the chunk's items are `TokensLoader` arrays lying whole in its body (no
+        footer, no compressed frames or items): then a row is a slice, read without a call."""
+        return (
+            self._loader == "TokensLoader"
+            and chunk.footer is None
+            and not chunk.layout.frames
+            and not self._per_item_zstd
+        )
 
     def _footer_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:
         number, within = divmod(row, chunk.batch_rows)

@@ -162,3 +162,20 @@ def test_a_pickled_dataset_travels_without_its_chunks_and_reads_the_same(
     payload = pickle.dumps(dataset)
     assert len(payload) < 4096
     assert [plain(row) for row in pickle.loads(payload).read_rows(1, [2, 0])] == before
+
+
+def test_a_token_item_that_does_not_decode_is_named_by_row(
+    written: dict[str, Path], tmp_path: Path
+) -> None:
+    for file in written["tokens"].iterdir():
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    dataset = Dataset.from_path("broken", tmp_path)
+    victim = Path(dataset.shards[0].path)
+    data = bytearray(victim.read_bytes())
+    end = 4 + 4 * 4  # offsets[4]: where item 3 ends; one byte later leaves it odd-sized
+    data[end : end + 4] = (int.from_bytes(data[end : end + 4], "little") + 1).to_bytes(4, "little")
+    victim.write_bytes(bytes(data))
+    assert len(dataset.read_rows(0, [0, 1, 2])) == 3  # the whole-chunk path reads the rest
+    with pytest.raises(DataError, match=r"row 3: item does not decode") as caught:
+        dataset.read_rows(0, [5, 3, 4])
+    assert (caught.value.dataset, caught.value.shard) == ("broken", str(victim))
