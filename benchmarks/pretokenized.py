@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keep",
         help="write the stored formats here instead of a temporary folder, or reuse the ones "
-        "already there (same --copies)",
+        "already there (same --copies; for profiling: reused files are no verdict)",
     )
     args = p.parse_args(argv)
     if args.keep:
