@@ -227,26 +227,13 @@ class MixPack(BaseNode[PackedRow]):
         chunk, i = got
         tokens, shards, rows = chunk.tokens, chunk.shards, chunk.rows
         count = len(tokens)
-        longest, shortest = self.drop_longer_than, self.drop_shorter_than
-        idle = self._idle
-        taken = documents = 0
+        taken = 0
         while i < count and taken < want:
             ids = tokens[i]
             size = len(ids)
             i += 1
-            if longest is not None and size > longest:
-                self.skipped["too_long"] += 1
-                self._barren(source)
+            if not self._admit(source, size):
                 continue
-            if size < shortest:
-                self.skipped["too_short"] += 1
-                self._barren(source)
-                continue
-            documents += 1
-            if not size:
-                self._barren(source)
-                continue
-            idle[source] = 0
             owners.append((source, shards[i - 1], rows[i - 1]))
             starts.append(True)
             room = want - taken
@@ -261,7 +248,6 @@ class MixPack(BaseNode[PackedRow]):
                 taken += size
         reader.advance(i)
         self.tokens[source] += taken
-        self.documents[source] += documents
         return taken
 
     def _pull(self, max_tokens: int) -> Piece | None:
@@ -279,19 +265,8 @@ class MixPack(BaseNode[PackedRow]):
                     continue
                 assert doc.tokens is not None
                 size = len(doc.tokens)
-                if self.drop_longer_than is not None and size > self.drop_longer_than:
-                    self.skipped["too_long"] += 1
-                    self._barren(source)
+                if not self._admit(source, size):
                     continue
-                if size < self.drop_shorter_than:
-                    self.skipped["too_short"] += 1
-                    self._barren(source)
-                    continue
-                self.documents[source] += 1
-                if not size:
-                    self._barren(source)
-                    continue
-                self._idle[source] = 0
                 piece = Piece(doc, 0, size)
             if piece.end - piece.start <= max_tokens:
                 self.carry[source] = None
@@ -301,6 +276,21 @@ class MixPack(BaseNode[PackedRow]):
             self.carry[source] = Piece(piece.doc, cut, piece.end)
             self.tokens[source] += max_tokens
             return Piece(piece.doc, piece.start, cut)
+
+    def _admit(self, source: int, size: int) -> bool:
+        """Count a new document of ``source`` of ``size`` tokens under the length rules (a
+        dropped one as skipped, a kept one as delivered); True when it gives tokens."""
+        if self.drop_longer_than is not None and size > self.drop_longer_than:
+            self.skipped["too_long"] += 1
+        elif size < self.drop_shorter_than:
+            self.skipped["too_short"] += 1
+        else:
+            self.documents[source] += 1
+            if size:
+                self._idle[source] = 0
+                return True
+        self._barren(source)
+        return False
 
     def _barren(self, source: int) -> None:
         """Count a document of ``source`` that gave no tokens (empty or dropped by length). A
