@@ -29,11 +29,16 @@ def doc_ops(self: Pipeline) -> list[DocOp]:
             PayloadOp(
                 self._pack.payload_fields,
                 dataset_names=self._source.names,
-                shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+                shard_paths=shard_paths(self),
             )
         )
     ops.append(token_stage(self)[0])
     return ops
+
+
+def shard_paths(self: Pipeline) -> list[list[str]]:
+    """Per source, shard index to path: where error messages name a document."""
+    return [[shard.path for shard in dataset.shards] for dataset in self._source.datasets]
 
 
 def token_stage(
@@ -46,7 +51,7 @@ def token_stage(
             field=p.field,
             eos_token_id=p.eos_token_id,
             dataset_names=self._source.names,
-            shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+            shard_paths=shard_paths(self),
         )
         return op, p.field, p.parallelism, pretokenized_runner(self)
     spec = self._tokenize
@@ -107,14 +112,14 @@ def tokenize_op(self: Pipeline) -> TokenizeOp | TokenizeChatOp:
             field=spec.field,
             chat_template=spec.chat_template,
             dataset_names=self._source.names,
-            shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+            shard_paths=shard_paths(self),
         )
     return TokenizeOp(
         resolve(self),
         field=spec.field,
         special_tokens=spec.special_tokens,
         dataset_names=self._source.names,
-        shard_paths=[[s.path for s in d.shards] for d in self._source.datasets],
+        shard_paths=shard_paths(self),
     )
 
 
@@ -132,7 +137,7 @@ def id_check(self: Pipeline) -> IdCheck | None:
     return IdCheck(
         self._pretokenized.field,
         self._source.names,
-        [[s.path for s in d.shards] for d in self._source.datasets],
+        shard_paths(self),
     )
 
 
