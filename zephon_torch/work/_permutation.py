@@ -21,7 +21,7 @@ _ROUNDS = 4
 
 def permute(index: npt.ArrayLike, n: int, key: int) -> npt.NDArray[np.int64]:
     """Map each position in ``index`` (all in ``[0, n)``) through the permutation ``key``."""
-    idx = np.array(index, dtype=np.uint64, ndmin=1)  # a copy: encrypted in place
+    idx = np.atleast_1d(np.asarray(index, dtype=np.uint64))  # rounds run in place: arrays
     if n <= 1:
         return idx.astype(np.int64)
     half_bits = max(1, ((n - 1).bit_length() + 1) // 2)
