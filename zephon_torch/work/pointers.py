@@ -105,10 +105,7 @@ class PointerLayout:
         self, *, pass_index: int, lane: int, num_lanes: int, start: int, count: int
     ) -> PointerSpan:
         """``pointers(...)`` as columns."""
-        global_pos = np.arange(max(0, count), dtype=np.int64)
-        global_pos += start
-        global_pos *= num_lanes
-        global_pos += lane
+        global_pos = np.arange(start, start + max(0, count), dtype=np.int64) * num_lanes + lane
         if count <= 0:
             return PointerSpan(pass_index, start, global_pos, global_pos)
         shards, rows = self._locate(pass_index, global_pos)
