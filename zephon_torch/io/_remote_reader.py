@@ -23,23 +23,26 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import fsspec.callbacks
-import numpy as np
 
 from zephon_torch._progress import Progress
 from zephon_torch.errors import DataError
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions
-from zephon_torch.io._remote_rows import parquet_rows, remember_rows, remembered_rows
+from zephon_torch.io._remote_rows import (
+    npy_rows,
+    parquet_rows,
+    remember_rows,
+    remembered_rows,
+)
 from zephon_torch.io._retry import call_with_retry
 from zephon_torch.io._rows import Rows
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader
-from zephon_torch.io.npy import offsets_path, read_header
+from zephon_torch.io.npy import offsets_path
 
 T = TypeVar("T")
 
-_HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
 _MAPPED_SHARE = 8  # shards kept open by a local reader take at most max_bytes / this
 _MIN_OPEN, _MAX_OPEN = 2, 16
 
@@ -298,51 +301,9 @@ class RemoteReader:
         return parquet_rows(tail, size=item.size, url=path, dataset=self.dataset)
 
     def _npy_rows(self, path: str) -> int:
-        """A 2-D token file's first dimension, or one less than its offsets file's length,
-        read from headers; an offsets file must also start at 0 and end at the token count (two
-        values read by range). Anything else is left to the reader, which downloads the files
-        and raises its DataError; that the offsets rise is checked when the shard is read."""
-        header = self._npy_header(path)
-        if header is not None and len(header[0]) == 2:
-            return header[0][0]
-        partner = offsets_path(path)
-        if header is not None and len(header[0]) == 1 and partner in self.objects:
-            bounds = self._npy_header(partner)
-            if bounds is not None and len(bounds[0]) == 1 and bounds[0][0] >= 2:
-                (count,), dtype, start = bounds
-                first = self._npy_value(partner, start, dtype)
-                last = self._npy_value(partner, start + (count - 1) * dtype.itemsize, dtype)
-                if (first, last) == (0, header[0][0]):
-                    return count - 1
-        return self._open()[0].num_rows(path)
-
-    def _npy_header(self, url: str) -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
-        """The shape, dtype and data offset of an integer `.npy` object, from its header; None
-        for anything else."""
-        fs_path, _ = self.objects[url]
-
-        def header() -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
-            with self._filesystem().open(fs_path, "rb", block_size=_HEADER_BLOCK) as handle:
-                try:
-                    dims, dtype = read_header(handle)
-                except ValueError:
-                    return None
-                return (dims, dtype, handle.tell()) if dtype.kind in "iu" else None
-
-        retry = self.options.retry
-        return call_with_retry(header, url=url, policy=retry, what="reading the header")
-
-    def _npy_value(self, url: str, position: int, dtype: np.dtype[Any]) -> int:
-        """One integer of a `.npy` object at a byte position, by a range read."""
-        fs_path, _ = self.objects[url]
-
-        def value() -> int:
-            end = position + dtype.itemsize
-            data = self._filesystem().cat_file(fs_path, start=position, end=end)
-            return int(np.frombuffer(data, dtype=dtype, count=1)[0])
-
-        retry = self.options.retry
-        return call_with_retry(value, url=url, policy=retry, what="reading the offsets")
+        """From the `.npy` headers when they tell (see `npy_rows`), else from the files."""
+        rows = npy_rows(path, self.objects, fs=self._filesystem(), policy=self.options.retry)
+        return self._open()[0].num_rows(path) if rows is None else rows
 
     def _prefetch_one(self, url: str, fs_path: str, item: CachedObject) -> None:
         # Errors are dropped: the read that needs the object downloads it and raises them.

@@ -1,7 +1,8 @@
 """Row counts of remote shards from as few bytes as can be.
 
 A Parquet footer is read from the file's tail by one range read (two when the footer is longer
-than the guess); JSONL and Vortex shards are downloaded whole to be counted. Either count is
+than the guess); a `.npy` token file's rows come from its header, or its offsets file's header
+and two values; JSONL and Vortex shards are downloaded whole to be counted. Either count is
 remembered in the index cache folder, under the object's cache name (URL, size and version), so
 a later open, by any run, process or node sharing the folder, reads nothing but the listing.
 """
@@ -11,15 +12,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
 
 from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import DataError
+from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io.npy import offsets_path, read_header
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
 _PARQUET_MIN_BYTES = 12  # the magic bytes at both ends and the footer length
+_HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
+
+Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, listing entry)
 
 
 def parquet_rows(tail: Callable[[int], bytes], *, size: int, url: str, dataset: str) -> int:
@@ -52,6 +61,58 @@ def parquet_rows(tail: Callable[[int], bytes], *, size: int, url: str, dataset: 
         return int(pq.read_metadata(pa.BufferReader(data[-length:])).num_rows)
     except (pa.ArrowInvalid, OSError) as error:  # pyarrow raises OSError for bad thrift
         raise bad(error) from error
+
+
+def npy_rows(url: str, objects: Objects, *, fs: Any, policy: RetryPolicy) -> int | None:
+    """A 2-D token file's first dimension, or one less than its offsets file's length, read
+    from headers (retried); an offsets file must also start at 0 and end at the token count
+    (two values read by range). None for anything else: the caller's reader downloads the files
+    and raises its DataError; that the offsets rise is checked when the shard is read."""
+    header = _npy_header(url, objects, fs=fs, policy=policy)
+    if header is not None and len(header[0]) == 2:
+        return header[0][0]
+    partner = offsets_path(url)
+    if header is not None and len(header[0]) == 1 and partner in objects:
+        bounds = _npy_header(partner, objects, fs=fs, policy=policy)
+        if bounds is not None and len(bounds[0]) == 1 and bounds[0][0] >= 2:
+            (count,), dtype, start = bounds
+            last = start + (count - 1) * dtype.itemsize
+            first_value = _npy_value(partner, objects, start, dtype, fs=fs, policy=policy)
+            last_value = _npy_value(partner, objects, last, dtype, fs=fs, policy=policy)
+            if (first_value, last_value) == (0, header[0][0]):
+                return count - 1
+    return None
+
+
+def _npy_header(
+    url: str, objects: Objects, *, fs: Any, policy: RetryPolicy
+) -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
+    """The shape, dtype and data offset of an integer `.npy` object, from its header; None
+    for anything else."""
+    fs_path, _ = objects[url]
+
+    def header() -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
+        with fs.open(fs_path, "rb", block_size=_HEADER_BLOCK) as handle:
+            try:
+                dims, dtype = read_header(handle)
+            except ValueError:
+                return None
+            return (dims, dtype, handle.tell()) if dtype.kind in "iu" else None
+
+    return call_with_retry(header, url=url, policy=policy, what="reading the header")
+
+
+def _npy_value(
+    url: str, objects: Objects, position: int, dtype: np.dtype[Any], *, fs: Any, policy: RetryPolicy
+) -> int:
+    """One integer of a `.npy` object at a byte position, by a range read."""
+    fs_path, _ = objects[url]
+
+    def value() -> int:
+        data = fs.cat_file(fs_path, start=position, end=position + dtype.itemsize)
+        return int(np.frombuffer(data, dtype=dtype, count=1)[0])
+
+    return call_with_retry(value, url=url, policy=policy, what="reading the offsets")
 
 
 def remembered_rows(index_cache_dir: str, item: CachedObject) -> int | None:
