@@ -4,6 +4,7 @@ of the row-by-row path, and resume exactly after every batch."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,9 @@ def run(node: BatchNode, state: dict[str, Any] | None = None) -> list[Batch]:
 
 def same(a: Batch, b: Batch) -> None:
     np.testing.assert_array_equal(a.input_ids, b.input_ids)
+    # first, while a block's layout is still segments laid end to end (not yet cut into rows)
+    assert a.tokens_by_source() == b.tokens_by_source()
+    assert pickle.loads(pickle.dumps(a.layout)) == b.layout
     assert a.lengths == b.lengths
     assert a.sources == b.sources
     assert a.starts_document == b.starts_document

@@ -17,8 +17,111 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch.ops.pack import MixPack, PackedRow, RowBlock
 from zephon_torch.ops.packers import WrapPacker
-from zephon_torch.ops.pretokenized import IdCheck
+from zephon_torch.ops.pretokenized import IdCheck, Owner
 from zephon_torch.ops.training import training_tensors
+
+Rows = tuple[list[list[int]], list[list[int]], list[list[bool]]]  # lengths, sources, starts
+
+
+class RowLayout:
+    """A batch's segments (document pieces) per row: their lengths, their sources, and whether
+    each begins its document.
+
+    Given per row, or (``end_to_end``) as the segments of ``wrap`` rows laid end to end, cut
+    into rows only when first read: a consumer that takes only the token ids never pays for
+    the per-row lists.
+    """
+
+    __slots__ = ("_rows", "_segments")
+
+    def __init__(self, rows: Rows) -> None:
+        self._rows: Rows | None = rows
+        self._segments: tuple[list[int], list[int], list[bool], int, int] | None = None
+
+    @classmethod
+    def end_to_end(
+        cls, sizes: list[int], sources: list[int], starts: list[bool], *, width: int, rows: int
+    ) -> RowLayout:
+        """Segments filling rows of ``width`` one after another (the last may be short),
+        followed by empty rows up to ``rows``."""
+        layout = cls.__new__(cls)
+        layout._rows = None
+        layout._segments = (sizes, sources, starts, width, rows)
+        return layout
+
+    @property
+    def rows(self) -> Rows:
+        """Per row: segment lengths, segment sources, whether each segment begins its document."""
+        if self._rows is None:
+            assert self._segments is not None
+            sizes, sources, starts, width, rows = self._segments
+            self._rows = _split_rows(sizes, sources, starts, width, rows)
+            self._segments = None
+        return self._rows
+
+    def tokens_by_source(self, num_sources: int) -> list[int]:
+        """Tokens per source index, without cutting segments into rows."""
+        out = [0] * num_sources
+        if self._segments is not None:
+            for n, s in zip(self._segments[0], self._segments[1]):
+                out[s] += n
+            return out
+        lengths, sources, _ = self.rows
+        for row_lengths, row_sources in zip(lengths, sources):
+            for n, s in zip(row_lengths, row_sources):
+                out[s] += n
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RowLayout) and self.rows == other.rows
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _split_rows(
+    sizes: list[int], sources: list[int], starts: list[bool], width: int, num_rows: int
+) -> Rows:
+    """Segments laid end to end, cut into rows of ``width``, then empty rows up to
+    ``num_rows``: per row, its segments' lengths, sources and whether each begins its document
+    (only a segment's first piece can)."""
+    lengths: list[list[int]] = []
+    by_source: list[list[int]] = []
+    by_start: list[list[bool]] = []
+    row_lengths: list[int] = []
+    row_sources: list[int] = []
+    row_starts: list[bool] = []
+    space = width
+    for size, source, start in zip(sizes, sources, starts):
+        if size < space:  # ends inside the current row
+            row_lengths.append(size)
+            row_sources.append(source)
+            row_starts.append(start)
+            space -= size
+            continue
+        row_lengths.append(space)  # closes the current row, fills whole ones, starts one
+        row_sources.append(source)
+        row_starts.append(start)
+        lengths.append(row_lengths)
+        by_source.append(row_sources)
+        by_start.append(row_starts)
+        whole, rest = divmod(size - space, width)
+        if whole:
+            lengths += [[width] for _ in range(whole)]
+            by_source += [[source] for _ in range(whole)]
+            by_start += [[False] for _ in range(whole)]
+        if rest:
+            row_lengths, row_sources, row_starts = [rest], [source], [False]
+        else:
+            row_lengths, row_sources, row_starts = [], [], []
+        space = width - rest
+    if row_lengths:
+        lengths.append(row_lengths)
+        by_source.append(row_sources)
+        by_start.append(row_starts)
+    empty = num_rows - len(lengths)
+    for out in (lengths, by_source, by_start):
+        out.extend([] for _ in range(empty))
+    return lengths, by_source, by_start
 
 
 @dataclass
@@ -27,9 +130,7 @@ class Batch:
 
     Attributes:
         input_ids: ``[B, S]`` int64 tokens, padding filled with ``pad_id``.
-        lengths: per row, the lengths of its segments (document pieces), in order.
-        sources: per row, each segment's source index.
-        starts_document: per row, whether each segment begins its document.
+        layout: the rows' segments; read through ``lengths``, ``sources``, ``starts_document``.
         source_names: source index to dataset name.
         payloads: with ``pack_sequences``, per row, each segment's kept fields, untouched.
         lane: the canonical lane that produced it.
@@ -38,9 +139,7 @@ class Batch:
     """
 
     input_ids: npt.NDArray[np.int64]
-    lengths: list[list[int]]
-    sources: list[list[int]]
-    starts_document: list[list[bool]]
+    layout: RowLayout = field(repr=False)
     source_names: list[str]
     lane: int
     turn: int
@@ -49,6 +148,21 @@ class Batch:
     trainable: npt.NDArray[np.bool_] | None = field(default=None, repr=False)
     payloads: list[list[dict[str, Any]]] | None = field(default=None, repr=False)
     _num_tokens: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def lengths(self) -> list[list[int]]:
+        """Per row, the lengths of its segments (document pieces), in order."""
+        return self.layout.rows[0]
+
+    @property
+    def sources(self) -> list[list[int]]:
+        """Per row, each segment's source index."""
+        return self.layout.rows[1]
+
+    @property
+    def starts_document(self) -> list[list[bool]]:
+        """Per row, whether each segment begins its document."""
+        return self.layout.rows[2]
 
     @property
     def num_tokens(self) -> int:
@@ -62,11 +176,7 @@ class Batch:
         names = self.source_names
         if len(names) == 1:
             return {names[0]: self.num_tokens}
-        out = dict.fromkeys(names, 0)
-        for lengths, sources in zip(self.lengths, self.sources):
-            for n, s in zip(lengths, sources):
-                out[names[s]] += n
-        return out
+        return dict(zip(names, self.layout.tokens_by_source(len(names))))
 
     def to(self, device: torch.device | str, **options: bool) -> dict[str, torch.Tensor]:
         """``to_training(**options)`` on ``device``: pinned and copied without blocking to an
@@ -132,7 +242,9 @@ class BatchNode(BaseNode[Batch]):
         self.id_check = id_check  # pre-tokenized data: every batch's ids are checked
         self.turn = 0
         self.done = False
-        self._padding = np.full(max_length, pad_id, dtype=np.int64)  # sliced, never written
+        # sliced, never written: a row's padding, and a batch's rest after its last part
+        self._padding = np.full(max_length, pad_id, dtype=np.int64)
+        self._padding_all = np.full(microbatch_size * max_length, pad_id, dtype=np.int64)
         # wrap rows of plain documents come as one block per batch (see MixPack.wrap_rows)
         self._blocks = (
             plain and isinstance(source, MixPack) and isinstance(source.packer, WrapPacker)
@@ -154,24 +266,27 @@ class BatchNode(BaseNode[Batch]):
 
     def next(self) -> Batch:
         """The lane's next micro-batch; once the lane is spent, all-padding batches."""
+        size, width = self.microbatch_size, self.max_length
         if self._blocks:
             assert isinstance(self.source, MixPack)
-            if self.done:
-                block = RowBlock([], [], [], [], 0)
-            else:
-                block = self.source.wrap_rows(self.microbatch_size)
+            block = RowBlock([], [], [], [], [], 0)
+            if not self.done:
+                block = self.source.wrap_rows(size)
                 # as row by row: done once a row was asked for and none came
-                self.done = len(block.lengths) < self.microbatch_size
-            batch = self.assemble(block, filled=block.tokens)
+                self.done = -(-block.tokens // width) < size
+            layout = RowLayout.end_to_end(
+                block.sizes, block.sources, block.starts, width=width, rows=size
+            )
+            batch = self.assemble(block.parts, block.owners, block.tokens, layout)
         else:
-            rows: list[PackedRow] = []
+            packed: list[PackedRow] = []
             source = self.source
-            while not self.done and len(rows) < self.microbatch_size:
+            while not self.done and len(packed) < size:
                 try:
-                    rows.append(source.next())  # reset by our reset(): skip BaseNode's check
+                    packed.append(source.next())  # reset by our reset(): skip BaseNode's check
                 except StopIteration:
                     self.done = True
-            batch = self.pad_rows(rows)
+            batch = self.pad_rows(packed)
         self.turn += 1
         batch.state = self.get_state()
         return batch
@@ -180,61 +295,70 @@ class BatchNode(BaseNode[Batch]):
         """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
         padding = self._padding
         width = self.max_length
-        block = RowBlock([], [], [], [], 0)
+        parts: list[npt.NDArray[Any]] = []
+        owners: list[Owner | None] = []
+        lengths: list[list[int]] = []
+        sources: list[list[int]] = []
+        starts: list[list[bool]] = []
+        tokens = 0
         chat = with_payload = False
         for row in rows:  # each row's pieces, then its padding: one copy into the batch
-            block.parts.extend(row.parts)
-            block.owners.extend(row.owners)
+            parts.extend(row.parts)
+            owners.extend(row.owners)
             length = sum(row.lengths)
             if length < width:
-                block.parts.append(padding[: width - length])
-                block.owners.append(None)
-            block.tokens += length
-            block.lengths.append(row.lengths)
-            block.sources.append(row.sources)
-            block.starts_document.append(row.starts_document)
+                parts.append(padding[: width - length])
+                owners.append(None)
+            tokens += length
+            lengths.append(row.lengths)
+            sources.append(row.sources)
+            starts.append(row.starts_document)
             if row.trainable is not None:
                 chat = True
             if row.payloads is not None:
                 with_payload = True
-        batch = self.assemble(block, filled=len(rows) * width)
+        empty = self.microbatch_size - len(rows)
+        for out in (lengths, sources, starts):
+            out.extend([] for _ in range(empty))
+        layout = RowLayout((lengths, sources, starts))
+        batch = self.assemble(parts, owners, tokens, layout, filled=len(rows) * width)
         if chat:
             batch.trainable = np.ones(batch.input_ids.shape, dtype=bool)
             for r, row in enumerate(rows):
                 if row.trainable is not None:
                     batch.trainable[r, : row.length] = row.trainable
         if with_payload:
-            empty = self.microbatch_size - len(rows)
             batch.payloads = [row.payloads or [] for row in rows] + [[] for _ in range(empty)]
         return batch
 
-    def assemble(self, block: RowBlock, *, filled: int) -> Batch:
-        """The batch of ``block``, whose parts lay out its rows end to end over ``filled``
-        positions: the rest of the last row and the missing rows are padding, and everything
-        is copied into the ``[microbatch_size, max_length]`` buffer at once."""
-        parts = block.parts
-        rest = -filled % self.max_length
-        if rest:
-            parts.append(self._padding[:rest])
-        empty = self.microbatch_size - len(block.lengths)
-        if empty:
-            parts.extend([self._padding] * empty)
-            for out in (block.lengths, block.sources, block.starts_document):
-                out.extend([] for _ in range(empty))
+    def assemble(
+        self,
+        parts: list[npt.NDArray[Any]],
+        owners: list[Owner | None],
+        tokens: int,
+        layout: RowLayout,
+        *,
+        filled: int | None = None,
+    ) -> Batch:
+        """The batch whose ``parts`` (of ``owners``) lay out its rows end to end over the first
+        ``filled`` positions (default: ``tokens``); the rest is padding, and everything is
+        copied into the ``[microbatch_size, max_length]`` buffer at once."""
         ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
-        np.concatenate(parts, out=ids.reshape(-1))
+        flat = ids.reshape(-1)
+        rest = len(flat) - (tokens if filled is None else filled)
+        if rest:
+            parts.append(self._padding_all[:rest])
+        np.concatenate(parts, out=flat)
         if self.id_check is not None:
-            self.id_check.check(ids, parts, block.owners)
+            self.id_check.check(ids, parts, owners)
         batch = Batch(
             input_ids=ids,
-            lengths=block.lengths,
-            sources=block.sources,
-            starts_document=block.starts_document,
+            layout=layout,
             source_names=self.source_names,
             lane=self.lane,
             turn=self.turn,
             pad_id=self.pad_id,
             state={},
         )
-        batch._num_tokens = block.tokens  # known here: not summed again per delivery
+        batch._num_tokens = tokens  # known here: not summed again per delivery
         return batch

@@ -63,16 +63,17 @@ class PackedRow:
 
 @dataclass(slots=True)
 class RowBlock:
-    """Consecutive rows: their token views in order (laid end to end, the rows one after
-    another; only the last row may be short), each row's segment layout, and the document
-    (source, shard, row) of each part (None: padding)."""
+    """Consecutive ``wrap`` rows as segments laid end to end, the rows one after another (only
+    the last row may be short): each segment's token view, length, source, whether it begins
+    its document, and its document (source, shard, row). Cut into rows only when read (see
+    ``ops.batch.RowLayout``)."""
 
     parts: list[npt.NDArray[Any]]
-    lengths: list[list[int]]
-    sources: list[list[int]]
-    starts_document: list[list[bool]]
+    sizes: list[int]
+    sources: list[int]
+    starts: list[bool]
+    owners: list[Owner | None]
     tokens: int
-    owners: list[Owner | None] = field(default_factory=list)
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -203,7 +204,7 @@ class MixPack(BaseNode[PackedRow]):
             sources.append(doc.source)
             starts.append(begin == 0)
             filled += end - begin
-        return RowBlock(parts, *_split_rows(sizes, sources, starts, width), filled, owners)
+        return RowBlock(parts, sizes, sources, starts, owners, filled)
 
     def _run(
         self,
@@ -314,48 +315,6 @@ class MixPack(BaseNode[PackedRow]):
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         return self.readers[source].fetch(pass_index, pos)
-
-
-def _split_rows(
-    sizes: list[int], sources: list[int], starts: list[bool], width: int
-) -> tuple[list[list[int]], list[list[int]], list[list[bool]]]:
-    """Segments laid end to end, cut into rows of ``width``: per row, its segments' lengths,
-    sources and whether each begins its document (only a segment's first piece can)."""
-    lengths: list[list[int]] = []
-    by_source: list[list[int]] = []
-    by_start: list[list[bool]] = []
-    row_lengths: list[int] = []
-    row_sources: list[int] = []
-    row_starts: list[bool] = []
-    space = width
-    for size, source, start in zip(sizes, sources, starts):
-        if size < space:  # ends inside the current row
-            row_lengths.append(size)
-            row_sources.append(source)
-            row_starts.append(start)
-            space -= size
-            continue
-        row_lengths.append(space)  # closes the current row, fills whole ones, starts one
-        row_sources.append(source)
-        row_starts.append(start)
-        lengths.append(row_lengths)
-        by_source.append(row_sources)
-        by_start.append(row_starts)
-        whole, rest = divmod(size - space, width)
-        if whole:
-            lengths += [[width] for _ in range(whole)]
-            by_source += [[source] for _ in range(whole)]
-            by_start += [[False] for _ in range(whole)]
-        if rest:
-            row_lengths, row_sources, row_starts = [rest], [source], [False]
-        else:
-            row_lengths, row_sources, row_starts = [], [], []
-        space = width - rest
-    if row_lengths:
-        lengths.append(row_lengths)
-        by_source.append(row_sources)
-        by_start.append(row_starts)
-    return lengths, by_source, by_start
 
 
 def _to_row(pieces: list[Piece]) -> PackedRow:
