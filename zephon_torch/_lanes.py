@@ -123,6 +123,8 @@ class LaneRuntime:
         ahead = max(node.turn for node in self.nodes)
         if endless:
             return self._turns()
+        if len(self.nodes) == 1:
+            return cut_lone_lane(self.nodes[0].next, ahead=ahead)  # reset when built
         return cut_at_empty_turn(
             self._turns(), turn=lambda b: b.turn, tokens=lambda b: b.num_tokens, ahead=ahead
         )
@@ -208,6 +210,17 @@ def cut_at_empty_turn(
         yield from held
         held = []
         yield item
+
+
+def cut_lone_lane(step: Callable[[], Batch], *, ahead: int) -> Iterator[Batch]:
+    """``cut_at_empty_turn`` for a single lane, where each turn is one batch, without its
+    bookkeeping: ``step()``'s batches up to the first all-padding one whose turn is not below
+    ``ahead``."""
+    while True:
+        batch = step()
+        if batch.num_tokens == 0 and batch.turn >= ahead:
+            return
+        yield batch
 
 
 def in_lane_order(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_torch._lanes import cut_at_empty_turn, in_lane_order
+from zephon_torch._lanes import cut_at_empty_turn, cut_lone_lane, in_lane_order
 
 
 @given(
@@ -43,3 +46,22 @@ def test_turns_below_ahead_are_kept_whole_even_without_tokens() -> None:
     items = [(0, 0), (1, 0), (2, 0), (2, 0), (3, 1)]
     assert _cut(items, ahead=2) == [(0, 0), (1, 0)]
     assert _cut(items, ahead=4) == items
+
+
+@given(
+    tokens=st.lists(st.integers(0, 2), max_size=12),
+    first=st.integers(0, 3),
+    ahead=st.integers(0, 8),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_lone_lane_is_cut_where_the_general_cut_ends_it(
+    tokens: list[int], first: int, ahead: int
+) -> None:
+    """One batch per turn (turns from ``first`` on), then all-padding batches for ever."""
+    items = [(first + i, n) for i, n in enumerate(tokens)]
+    endless = itertools.chain(items, ((first + len(items) + i, 0) for i in itertools.count()))
+    batches = (SimpleNamespace(turn=turn, num_tokens=n) for turn, n in endless)
+    lone = cut_lone_lane(lambda: next(batches), ahead=ahead)
+    got = [(b.turn, b.num_tokens) for b in itertools.islice(lone, len(items) + 10)]
+    padded = items + [(first + len(items) + i, 0) for i in range(10)]
+    assert got == _cut(padded, ahead)
