@@ -183,11 +183,11 @@ class MixPack(BaseNode[PackedRow]):
         sources: list[int] = []
         starts: list[bool] = []
         filled = 0
-        active, carry = self.active, self.carry
+        active = self.active
         while filled < total:
             if active.count(True) == 1:
                 source = active.index(True)
-                if self._columnar and carry[source] is None:
+                if self._columnar:
                     taken = self._run(source, total - filled, parts, owners, sizes, starts)
                     sources.extend([source] * (len(sizes) - len(sources)))
                     filled += taken
@@ -215,20 +215,34 @@ class MixPack(BaseNode[PackedRow]):
         sizes: list[int],
         starts: list[bool],
     ) -> int:
-        """Up to ``want`` tokens of ``source``, the only active source, which has no carry:
-        the documents of its reader's current chunk that ``_pull(want)`` would give one by one
+        """Up to ``want`` tokens of ``source``, the only active source: its carry, then the
+        documents of its reader's current chunk, as ``_pull(want)`` would give them one by one
         (same rules, counts and carry), without an object per document. Returns the tokens
-        taken; 0 with the source marked inactive when its stream is spent."""
+        taken; the source is marked inactive when its stream is spent."""
+        taken = 0
+        piece = self.carry[source]
+        if piece is not None:  # the rest of a cut document
+            doc, begin = piece.doc, piece.start
+            taken = min(piece.end - begin, want)
+            parts.append(doc.tokens[begin : begin + taken])  # type: ignore[index]
+            owners.append((source, doc.shard, doc.row))
+            sizes.append(taken)
+            starts.append(begin == 0)
+            cut = begin + taken
+            self.carry[source] = Piece(doc, cut, piece.end) if cut < piece.end else None
+            if taken == want:
+                self.tokens[source] += taken
+                return taken
         reader = self.readers[source]
         assert isinstance(reader, DocumentReader)
         got = reader.columns()
         if got is None:
             self.active[source] = False
-            return 0
+            self.tokens[source] += taken
+            return taken
         chunk, i = got
         tokens, shards, rows = chunk.tokens, chunk.shards, chunk.rows
         count = len(tokens)
-        taken = 0
         while i < count and taken < want:
             ids = tokens[i]
             size = len(ids)
