@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+import itertools
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from zephon_torch.io import Dataset
 from zephon_torch.ops.document import Document
@@ -22,15 +25,9 @@ class FetchOp:
 
     def fetch(self, source: int, pointers: list[Pointer]) -> list[Document]:
         """Documents for ``pointers`` in order; rows of one shard are read in one call."""
-        dataset = self.datasets[source]
-        by_shard: dict[int, list[int]] = defaultdict(list)
-        for i, p in enumerate(pointers):
-            by_shard[p.shard].append(i)
-        rows: list[dict[str, Any] | None] = [None] * len(pointers)
-        for shard, indices in by_shard.items():
-            read = dataset.read_rows(shard, [pointers[i].row for i in indices])
-            for i, row in zip(indices, read):
-                rows[i] = row
+        shards = np.fromiter((p.shard for p in pointers), np.int64, len(pointers))
+        positions = np.fromiter((p.row for p in pointers), np.int64, len(pointers))
+        rows = read_span(self.datasets[source], shards, positions)
         return [
             Document(source, p.pass_index, p.pos, p.shard, p.row, row)
             for p, row in zip(pointers, rows)
@@ -39,3 +36,27 @@ class FetchOp:
     def fingerprint(self) -> dict[str, Any]:
         """Fetch has no data-affecting parameters of its own (datasets are fingerprinted)."""
         return {"kind": "fetch"}
+
+
+def read_span(
+    dataset: Dataset, shards: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+) -> list[dict[str, Any]]:
+    """The rows at ``(shards[i], rows[i])``, in that order. Each shard is read once, the
+    shards in the order the stream first needs them: chunks read in parallel then decode in
+    stream order (sorted by shard, they all started on the same shards and waited on each
+    other: measured 30% slower on Parquet)."""
+    count = len(shards)
+    if count == 0:
+        return []
+    if shards.min() == shards.max():
+        return dataset.read_rows(int(shards[0]), rows)
+    _, firsts, inverse = np.unique(shards, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(firsts))  # each shard's place in first-need order
+    order = np.argsort(rank[inverse.reshape(-1)], kind="stable")
+    grouped = shards[order]
+    bounds = [0, *(np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist(), count]
+    out = np.empty(count, dtype=object)  # rows are dicts: numpy places them as objects
+    for begin, end in itertools.pairwise(bounds):
+        at = order[begin:end]
+        out[at] = dataset.read_rows(int(grouped[begin]), rows[at])
+    return out.tolist()  # type: ignore[no-any-return]
