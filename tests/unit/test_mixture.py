@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_torch import Batch
 from zephon_torch._corpus import demo_tokenizer
@@ -71,6 +73,39 @@ def test_choose_source_picks_the_most_underserved_active_source() -> None:
     assert choose_source([0.5, 0.5], [10, 3], [True, False]) == 0
     assert choose_source([0.9, 0.1], [80, 10], [True, True]) == 0
     assert choose_source([0.5, 0.5], [1, 1], [False, False]) == -1
+
+
+def _furthest_below_target(weights: list[float], delivered: list[int], active: list[bool]) -> int:
+    """The definition, written plainly: the active source with the largest deficit against
+    its share of the active sources' total (lowest index on ties), or -1."""
+    weight_sum = sum(w for w, a in zip(weights, active) if a)
+    total = sum(d for d, a in zip(delivered, active) if a)
+    deficits = [
+        (w / weight_sum * total - d, -i)
+        for i, (w, d, a) in enumerate(zip(weights, delivered, active))
+        if a
+    ]
+    return -max(deficits)[1] if deficits else -1
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    sources=st.lists(
+        st.tuples(st.floats(0.01, 10), st.integers(0, 10**9), st.booleans()),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_choose_source_agrees_with_its_definition(sources: list[tuple[float, int, bool]]) -> None:
+    weights = [w for w, _, _ in sources]
+    total = sum(weights)
+    weights = [w / total for w in weights]  # normalised, as the pipeline passes them
+    delivered = [d for _, d, _ in sources]
+    active = [a for _, _, a in sources]
+    expected = _furthest_below_target(weights, delivered, active)
+    if len(sources) == 1:
+        expected = 0 if active[0] else -1
+    assert choose_source(weights, delivered, active) == expected
 
 
 @pytest.mark.parametrize(

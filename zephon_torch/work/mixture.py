@@ -195,13 +195,17 @@ def choose_source(
     """
     if len(weights) == 1:
         return 0 if active[0] else -1
-    weight_sum = sum(w for w, a in zip(weights, active) if a)
-    total = sum(d for d, a in zip(delivered, active) if a)
+    # plain loops: this runs once per piece packed (generator sums cost twice as much)
+    weight_sum = 0.0
+    total = 0
+    for w, d, a in zip(weights, delivered, active):
+        if a:
+            weight_sum += w
+            total += d
     best, best_deficit = -1, -math.inf
     for i, (w, d, a) in enumerate(zip(weights, delivered, active)):
-        if not a:
-            continue
-        deficit = w / weight_sum * total - d
-        if deficit > best_deficit:
-            best, best_deficit = i, deficit
+        if a:
+            deficit = w / weight_sum * total - d
+            if deficit > best_deficit:
+                best, best_deficit = i, deficit
     return best
