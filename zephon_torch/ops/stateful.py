@@ -89,7 +89,17 @@ class FilteredReader(BaseNode[Document]):
         return {"reader": self.reader.get_state(), "filter": self.op.state_dict()}
 
     def next(self) -> Document:
-        """The next kept document."""
+        """The next kept document.
+
+        Raises:
+            DataError: under ``exhaustion="repeat"``, when the filter rejects twice a lane
+                pass of documents in a row and its state is the same after them as before:
+                the same decisions on the same documents would then go on for ever (a
+                deduplicating filter once every document was seen, for example).
+        """
+        rejected, rows = 0, self.reader.lane_rows
+        watch = rows > 0 and self.reader.exhaustion == "repeat"
+        before: dict[str, Any] | None = None
         while True:
             doc: Document = next(self.reader)
             assert doc.tokens is not None
@@ -97,6 +107,17 @@ class FilteredReader(BaseNode[Document]):
                 doc.tokens = self._as_int32(doc)
             if self.op.keep(doc.tokens, self.source_name):
                 return doc
+            rejected += 1
+            if watch and rejected % (2 * rows) == rows:  # 2 passes of rejections apart
+                state = self.op.state_dict()
+                if state == before:
+                    raise DataError(
+                        f"the stateful filter {self.op.name!r} rejected every document of "
+                        "this lane for two passes without changing its state: with "
+                        "exhaustion='repeat' it would read for ever without keeping one",
+                        dataset=self.layout.name,
+                    )
+                before = state
 
     def _as_int32(self, doc: Document) -> npt.NDArray[np.int32]:
         """The document's ids as int32, as filters always see them; ``DataError`` naming the

@@ -108,3 +108,76 @@ def test_a_filter_sees_pre_tokenized_ids_as_int32_whatever_their_stored_type() -
     wide = [np.array([1], dtype=np.int64), np.array([2, 2**40], dtype=np.int64)]
     with pytest.raises(DataError, match=rf"row 1: holds token id {2**40}; ids must lie in"):
         list(pipeline(wide).stateful_filter(lambda lane: Recorder()).batch(1))
+
+
+class KeepUnseen(StatefulFilter):
+    """Deduplicates: keeps a document only the first time its ids are seen."""
+
+    name = "keep_unseen"
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.seen: list[list[int]] = []
+        self.calls, self.limit = 0, limit
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.calls += 1
+        assert self.calls < self.limit, "read on and on: the endless rejection was not caught"
+        if tokens.tolist() in self.seen:
+            return False
+        self.seen.append(tokens.tolist())
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = [list(ids) for ids in state["seen"]]
+
+
+class KeepEvery(StatefulFilter):
+    """Keeps one document in ``every``, counting each it sees: its state moves on rejects."""
+
+    name = "keep_every"
+
+    def __init__(self, every: int) -> None:
+        self.every, self.count = every, 0
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.count += 1
+        return self.count % self.every == 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = state["count"]
+
+
+def _repeating(rows: int) -> Any:
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    ids = [[i + 1] * 3 for i in range(rows)]
+    dataset = Dataset.from_dict("d", {"ids": ids})
+    source = StaticMixtureWorkSource([dataset], exhaustion="repeat")
+    return Pipeline(source).pretokenized("ids").pack_flat(3)
+
+
+def test_a_filter_that_rejects_every_document_for_ever_under_repeat_is_an_error() -> None:
+    from zephon_torch import DataError
+
+    pipeline = _repeating(5).stateful_filter(lambda lane: KeepUnseen()).batch(1)
+    batches = iter(pipeline)
+    kept = [next(batches).input_ids[0].tolist() for _ in range(5)]  # each document once
+    assert sorted(kept) == [[i + 1] * 3 for i in range(5)]
+    with pytest.raises(DataError, match="'keep_unseen' rejected every document of this lane"):
+        next(batches)
+
+
+def test_a_filter_whose_state_moves_while_it_rejects_is_read_on() -> None:
+    # a pass is 4 documents: 11 rejections in a row span more than two passes
+    pipeline = _repeating(4).stateful_filter(lambda lane: KeepEvery(12)).batch(1)
+    batches = iter(pipeline)
+    for _ in range(3):
+        assert next(batches).num_tokens == 3
