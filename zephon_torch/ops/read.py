@@ -23,6 +23,9 @@ from zephon_torch.ops.document import Document
 from zephon_torch.work.mixture import Exhaustion
 from zephon_torch.work.pointers import PointerLayout, lane_length
 
+_VIEW_GROWTH = 256  # chunks of stored views grow to this many times chunk_docs
+_VIEW_TOKENS = 1 << 22  # and to about this many tokens
+
 
 class DocumentReader(BaseNode[Document]):
     """In-order, read-ahead reader of one (lane, source) pointer stream.
@@ -71,9 +74,10 @@ class DocumentReader(BaseNode[Document]):
         self._chunk: Chunk = []  # the chunk being returned, from document _index on
         self._index = 0
         self.columnar = isinstance(runner.chain, TokenChain)  # chunks are TokenChunks
-        # inline chunks of stored views cost no memory: they grow further (see _top_up)
+        # inline chunks of stored views cost no copy: they grow further (see _top_up)
         views = self.columnar and runner.chain.eos_token_id is None  # type: ignore[union-attr]
-        self._growth = 32 if runner.kind == "inline" and views else 8
+        self._growth = _VIEW_GROWTH if runner.kind == "inline" and views else 8
+        self._seen = [0, 0]  # documents and tokens of the view chunks returned so far
         self._next: tuple[int, int] = (0, 0)  # next document to return
         self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
         self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
@@ -138,6 +142,10 @@ class DocumentReader(BaseNode[Document]):
             start = time.perf_counter()
             chunk = self._futures.popleft().result()
             self.waited += time.perf_counter() - start
+            if self._growth == _VIEW_GROWTH:  # counted before the next chunk is sized
+                assert isinstance(chunk, TokenChunk)
+                self._seen[0] += len(chunk)
+                self._seen[1] += sum(map(len, chunk.tokens))
             self._top_up()
             if len(chunk):
                 self._chunk, self._index = chunk, 0
@@ -177,10 +185,17 @@ class DocumentReader(BaseNode[Document]):
         while self._cursor is not None and len(self._futures) < self.ahead:
             pass_index, pos = self._cursor
             # chunks double from small (a fast first batch, little read ahead of a short run)
-            # to 8x (fewer, larger tokenizer calls in the steady state); to 32x for token
+            # to 8x (fewer, larger tokenizer calls in the steady state); to 256x for token
             # columns read inline without an EOS to append, where a chunk holds views of the
-            # stored ids and the per-chunk cost (locating its pointers) is what is left
+            # stored ids and the per-chunk numpy work (locating its pointers, grouping its
+            # reads) is what is left: with short documents, 1,024 a chunk spent 0.26 us a
+            # document locating them, 8,192 a chunk 0.1 us. Such a chunk is capped at about
+            # _VIEW_TOKENS tokens by the documents' mean length so far, so that decoded MDS
+            # or LitData shards it holds views of are not kept much longer than needed.
             size = self.chunk_docs * min(self._growth, 2**self._submitted)
+            docs, tokens = self._seen
+            if self._growth == _VIEW_GROWTH and tokens:  # and hold about _VIEW_TOKENS tokens
+                size = min(size, max(self.chunk_docs, _VIEW_TOKENS * docs // tokens))
             self._submitted += 1
             count = min(size, self._lane_rows - pos)
             span = self.layout.span(

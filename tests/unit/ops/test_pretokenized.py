@@ -212,11 +212,36 @@ def test_eos_and_pad_ids_outside_int32_are_refused_when_the_recipe_is_built() ->
 def test_inline_token_columns_read_further_ahead_only_when_they_hold_views() -> None:
     ids = [np.arange(i + 1, dtype=np.int32) for i in range(40)]
     base = recipe_one(Dataset.from_dict("d", {"ids": ids}))
-    for eos, runner, growth in ((None, "inline", 32), (0, "inline", 8), (None, "threads", 8)):
+    for eos, runner, growth in ((None, "inline", 256), (0, "inline", 8), (None, "threads", 8)):
         pipeline = base.pretokenized("ids", eos_token_id=eos, runner=runner).pack_flat(8).batch(1)
         next(iter(pipeline))  # copies (an EOS appended) or another thread: the usual 8x
         assert pipeline._runtime is not None
         assert pipeline._runtime.readers[0]._growth == growth
+
+
+def test_chunks_of_views_grow_to_about_a_token_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zephon_torch.ops import read
+    from zephon_torch.work.pointers import PointerLayout
+
+    monkeypatch.setattr(read, "_VIEW_TOKENS", 400)  # 100 documents of 4 tokens
+    counts: list[int] = []
+    span = PointerLayout.span
+
+    def recorded(self: PointerLayout, **where: int) -> Any:
+        counts.append(where["count"])
+        return span(self, **where)
+
+    monkeypatch.setattr(PointerLayout, "span", recorded)
+    ids = [np.full(4, i, dtype=np.int32) for i in range(1000)]
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": ids})).pretokenized("ids")
+    batches = list(pipeline.pack_flat(8).batch(2))
+    assert sum(b.num_tokens for b in batches) == 4000
+    # doubling from chunk_docs while no chunk was returned yet (those read ahead at the
+    # start), then held at the budget's 100 documents of 4 tokens
+    chunk_docs, held = counts[0], counts.index(100)
+    assert counts[:held] == [chunk_docs * 2**i for i in range(held)]
+    assert set(counts[held:-1]) == {100} and 0 < counts[-1] <= 100
+    assert sum(counts) == 1000
 
 
 @pytest.mark.parametrize("runner", ["inline", "threads", "processes"])
