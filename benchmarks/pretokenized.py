@@ -18,7 +18,7 @@ match the baseline's (no EOS is added), else exit code 2. Target: each format at
 the baseline (best of `--repeats`); a missed target still exits 0.
 
     .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--seq 2048]
-        [--batch 8] [--profile npy]
+        [--batch 8] [--doc-tokens 0] [--profile npy]
 """
 
 from __future__ import annotations
@@ -98,6 +98,22 @@ def tokenized_corpus() -> list[Tokens]:
     np.savez(tmp, tokens=np.concatenate(docs), offsets=offsets)
     tmp.replace(cached)
     return docs
+
+
+def cut_documents(docs: list[Tokens], mean: int) -> list[Tokens]:
+    """Each document cut into consecutive pieces of uniformly random lengths in
+    ``[mean // 4, 7 * mean // 4]`` (the last piece shorter), seeded: the same tokens as
+    documents of about ``mean`` tokens, as web text or chat corpora hold them."""
+    rng = np.random.default_rng(0)
+    out: list[Tokens] = []
+    low, high = max(1, mean // 4), max(1, 7 * mean // 4)
+    for doc in docs:
+        start = 0
+        while start < doc.size:
+            end = start + int(rng.integers(low, high + 1))
+            out.append(doc[start:end])
+            start = end
+    return out
 
 
 def _split(docs: list[Tokens], parts: int) -> list[list[Tokens]]:
@@ -326,9 +342,12 @@ def _rate(tokens: int, seconds: float) -> str:
 def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     docs = tokenized_corpus() * args.copies
+    if args.doc_tokens:
+        docs = cut_documents(docs, args.doc_tokens)
     total = sum(d.size for d in docs)
     print(
-        f"tokenized {len(docs):,} documents, {total:,} tokens in {time.perf_counter() - t0:.1f} s"
+        f"tokenized {len(docs):,} documents (mean {total / len(docs):,.0f} tokens), "
+        f"{total:,} tokens in {time.perf_counter() - t0:.1f} s"
     )
     t0 = time.perf_counter()
     writers: dict[str, Callable[[list[Tokens], pathlib.Path], None]] = {
@@ -410,6 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=_SHAPE[0], help="B, rows per micro-batch")
     p.add_argument("--copies", type=int, default=4, help="times the tokenized corpus is repeated")
     p.add_argument(
+        "--doc-tokens",
+        type=int,
+        default=0,
+        help="cut the documents into pieces of about this many tokens (0: as they are, "
+        "about 4,900 on average)",
+    )
+    p.add_argument(
         "--profile",
         action="append",
         default=[],
@@ -427,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keep",
         help="write the stored formats here instead of a temporary folder, or reuse the ones "
-        "already there (same --copies; for profiling: reused files are no verdict)",
+        "already there (same --copies and --doc-tokens; for profiling: reused files are no "
+        "verdict)",
     )
     args = p.parse_args(argv)
     if args.keep:

@@ -2,9 +2,13 @@
 
 Row counts come from the footer, so opening a dataset reads no data. Parquet cannot decode a
 single row, so a read decodes each row group it touches to Python lists once and keeps it in an
-LRU bounded by count and by the groups' uncompressed size (256 MiB by default; Python objects
-take a few times more). A window of rows drawn from a few shards then costs one conversion per
-row group, not one per request.
+LRU bounded by the groups' uncompressed size (256 MiB by default; Python objects take a few
+times more) and, loosely, by count (1,024). A window of rows drawn from a few shards then costs
+one conversion per row group, not one per request, as long as the window's row groups fit the
+bound: when they do not, rows drawn at random from the window decode a group for a few rows
+each (lower `shuffle_window_shards`, or write smaller shards). The count bound was 16: shards
+of short documents, with many small row groups per window, then decoded a group for about every
+row (measured 20x slower).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class ParquetReader:
         *,
         dataset: str,
         max_open: int = 16,
-        max_row_groups: int = 16,
+        max_row_groups: int = 1024,
         max_row_group_bytes: int = 256 << 20,
         projection: Projection | None = None,
     ) -> None:

@@ -121,3 +121,30 @@ def test_a_pickled_dataset_keeps_its_projection(parquet_dir: Path) -> None:
     before = [plain(row) for row in dataset.read_rows(0, [3, 4])]
     copy = pickle.loads(pickle.dumps(dataset))
     assert [plain(row) for row in copy.read_rows(0, [3, 4])] == before
+
+
+def test_rows_drawn_at_random_from_many_small_row_groups_decode_each_group_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short documents make many row groups per shuffle window: as long as they fit the
+    cache's byte bound, each is decoded once however the window's rows are drawn."""
+    from zephon_torch.io.parquet import ParquetReader
+
+    groups, per_group = 300, 4
+    table = pa.table({"ids": [[i, i + 1] for i in range(groups * per_group)]})
+    pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=per_group)
+    decoded: list[int] = []
+    decode = ParquetReader._decode
+
+    def counted(self: ParquetReader, path: str, opened: object, group: int) -> object:
+        decoded.append(group)
+        return decode(self, path, opened, group)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ParquetReader, "_decode", counted)
+    dataset = Dataset.from_path("d", tmp_path, token_columns=["ids"])
+    order = np.random.default_rng(0).permutation(groups * per_group)
+    for start in range(0, len(order), 32):  # a chunk of 32 documents at a time
+        rows = order[start : start + 32]
+        got = dataset.read_rows(0, rows)
+        assert [int(r["ids"][0]) for r in got] == rows.tolist()
+    assert sorted(decoded) == list(range(groups))
