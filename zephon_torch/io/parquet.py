@@ -6,7 +6,8 @@ LRU bounded by the groups' uncompressed size (256 MiB by default; Python objects
 times more) and, loosely, by count (1,024). A window of rows drawn from a few shards then costs
 one conversion per row group, not one per request, as long as the window's row groups fit the
 bound: when they do not, rows drawn at random from the window decode a group for a few rows
-each (lower `shuffle_window_shards`, or write smaller shards). The count bound was 16: shards
+each (lower `shuffle_window_shards`, or write smaller shards), and a warning says so once
+(groups decoded again soon after being dropped; see `_DecodeLog`). The count bound was 16: shards
 of short documents, with many small row groups per window, then decoded a group for about every
 row (measured 20x slower).
 """
@@ -14,6 +15,7 @@ row (measured 20x slower).
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -87,6 +89,7 @@ class ParquetReader:
         self._groups: LruCache[_RowGroup] = LruCache(
             self.max_row_groups, max_weight=self.max_row_group_bytes, weigh=lambda g: g.nbytes
         )
+        self._decodes = _DecodeLog()
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -175,6 +178,15 @@ class ParquetReader:
         check_schema(self.projection, schema, dataset=self.dataset, shard=path)
 
     def _decode(self, path: str, opened: _OpenFile, group: int) -> _RowGroup:
+        if self._decodes.again_soon((path, group)):
+            warnings.warn(
+                f"dataset {self.dataset!r}: Parquet row groups are decoded again soon after "
+                "being dropped from the row-group cache "
+                f"({self.max_row_group_bytes >> 20} MiB): the rows of a shuffle window do not "
+                "fit it, so most rows cost a row-group decode. Lower shuffle_window_shards or "
+                "write smaller shards (or smaller row groups).",
+                stacklevel=2,
+            )
         columns = None if self.projection.columns is None else list(self.projection.columns)
         try:
             with opened.lock:
@@ -189,3 +201,31 @@ class ParquetReader:
             columns=values,
             nbytes=column_bytes(values, opened.group_bytes[group]),
         )
+
+
+class _DecodeLog:
+    """When each row group was last decoded, to tell a cache too small for the shuffle window:
+    a group decoded again within half as many decodes as there are groups seen was dropped and
+    needed again in the same window, while a new pass re-decodes a group only after about all
+    the others. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._last: dict[tuple[str, int], int] = {}
+        self._soon = 0
+        self._warned = False
+
+    def again_soon(self, key: tuple[str, int]) -> bool:
+        """Record a decode of ``key``; True once, when such early re-decodes first outnumber
+        the groups seen (and 64)."""
+        with self._lock:
+            self._count += 1
+            last = self._last.get(key)
+            self._last[key] = self._count
+            if last is not None and self._count - last < len(self._last) // 2:
+                self._soon += 1
+            if self._warned or self._soon <= max(64, len(self._last)):
+                return False
+            self._warned = True
+            return True

@@ -148,3 +148,35 @@ def test_rows_drawn_at_random_from_many_small_row_groups_decode_each_group_once(
         got = dataset.read_rows(0, rows)
         assert [int(r["ids"][0]) for r in got] == rows.tolist()
     assert sorted(decoded) == list(range(groups))
+
+
+def test_a_row_group_cache_too_small_for_the_window_is_reported_once(tmp_path: Path) -> None:
+    import warnings
+
+    from zephon_torch.io.parquet import ParquetReader
+
+    groups, per_group = 300, 4
+    table = pa.table({"x": list(range(groups * per_group))})
+    path = str(tmp_path / "part-0.parquet")
+    pq.write_table(table, path, row_group_size=per_group)
+    # rows drawn at random within windows of 30 groups, window after window, as a shuffle
+    # window of shards draws them; a cache of one group decodes one for almost every row
+    window = 30 * per_group
+    rng = np.random.default_rng(0)
+    rows = np.concatenate(
+        [start + rng.permutation(window) for start in range(0, groups * per_group, window)]
+    )
+    small = ParquetReader(dataset="web", max_row_group_bytes=1)
+    with pytest.warns(UserWarning, match="dataset 'web': Parquet row groups are decoded again"):
+        for start in range(0, len(rows), 32):
+            small.read(path, rows[start : start + 32])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once only
+        small.read(path, rows)
+    # in order, pass after pass, each group is decoded once a pass: nothing to report
+    ordered = ParquetReader(dataset="web", max_row_group_bytes=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):
+            for start in range(0, groups * per_group, 32):
+                ordered.read(path, np.arange(start, min(start + 32, groups * per_group)))
