@@ -9,6 +9,7 @@ a kept document must be reproducible by re-reading it (edit documents with ``map
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -93,13 +94,14 @@ class FilteredReader(BaseNode[Document]):
 
         Raises:
             DataError: under ``exhaustion="repeat"``, when the filter rejects twice a lane
-                pass of documents in a row and its state is the same after them as before:
-                the same decisions on the same documents would then go on for ever (a
-                deduplicating filter once every document was seen, for example).
+                pass of documents in a row and its state, and the states of the filters
+                beneath it, are the same after them as before: the same decisions on the same
+                documents would then go on for ever (a deduplicating filter once every
+                document was seen, for example).
         """
         rejected, rows = 0, self.reader.lane_rows
         watch = rows > 0 and self.reader.exhaustion == "repeat"
-        before: dict[str, Any] | None = None
+        before: str | None = None
         while True:
             doc: Document = next(self.reader)
             assert doc.tokens is not None
@@ -109,7 +111,7 @@ class FilteredReader(BaseNode[Document]):
                 return doc
             rejected += 1
             if watch and rejected % (2 * rows) == rows:  # 2 passes of rejections apart
-                state = self.op.state_dict()
+                state = self._filter_states()
                 if state == before:
                     raise DataError(
                         f"the stateful filter {self.op.name!r} rejected every document of "
@@ -118,6 +120,16 @@ class FilteredReader(BaseNode[Document]):
                         dataset=self.layout.name,
                     )
                 before = state
+
+    def _filter_states(self) -> str:
+        """This filter's state and those of the filters beneath it, as JSON text: a copy, so
+        a filter that keeps updating the dict it returns is compared by value."""
+        states = []
+        reader: Any = self
+        while isinstance(reader, FilteredReader):
+            states.append(reader.op.state_dict())
+            reader = reader.reader
+        return json.dumps(states, sort_keys=True, default=repr)
 
     def _as_int32(self, doc: Document) -> npt.NDArray[np.int32]:
         """The document's ids as int32, as filters always see them; ``DataError`` naming the

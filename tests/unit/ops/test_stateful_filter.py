@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,68 @@ def test_a_filter_whose_state_moves_while_it_rejects_is_read_on() -> None:
     batches = iter(pipeline)
     for _ in range(3):
         assert next(batches).num_tokens == 3
+
+
+class Warmup(StatefulFilter):
+    """Skips the first ``skip`` documents; updates in place the dict it returns as state."""
+
+    name = "warmup"
+
+    def __init__(self, skip: int) -> None:
+        self.skip, self.state = skip, {"seen": 0}
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.state["seen"] += 1
+        return self.state["seen"] > self.skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = dict(state)
+
+
+class LongerLater(StatefulFilter):
+    """Keeps 3-token documents only after its first 40: a curriculum."""
+
+    name = "longer_later"
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.count += 1
+        return len(tokens) < 3 or self.count > 40
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = state["count"]
+
+
+def test_a_filter_returning_its_live_state_dict_is_compared_by_value() -> None:
+    pipeline = _repeating(4).stateful_filter(lambda lane: Warmup(skip=20)).batch(1)
+    batches = iter(pipeline)
+    assert [next(batches).num_tokens for _ in range(3)] == [3, 3, 3]
+
+
+def test_a_filter_above_another_whose_state_moves_is_read_on() -> None:
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    dataset = Dataset.from_dict("d", {"ids": [[1, 2], [3, 4], [5, 6, 7], [8, 9, 10]]})
+    source = StaticMixtureWorkSource([dataset], exhaustion="repeat", shuffle=False)
+    pipeline = (
+        Pipeline(source)
+        .pretokenized("ids")
+        .stateful_filter(lambda lane: LongerLater())
+        .stateful_filter(lambda lane: KeepUnseen())
+        .pack_flat(3, "wrap")
+        .batch(1)
+    )
+    # the dedup above sees the two short documents, then nothing new for 10 passes while the
+    # curriculum beneath counts on, then the two long ones
+    rows = [b.input_ids[0].tolist() for b in itertools.islice(pipeline, 3)]
+    assert rows == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
