@@ -73,12 +73,17 @@ def test_choose_source_picks_the_most_underserved_active_source() -> None:
     assert choose_source([0.5, 0.5], [10, 3], [True, False]) == 0
     assert choose_source([0.9, 0.1], [80, 10], [True, True]) == 0
     assert choose_source([0.5, 0.5], [1, 1], [False, False]) == -1
+    # an exact tie (every source on target) that a float sum rounded step by step (Python
+    # 3.11's built-in sum: 1 - 2**-53 here) would break towards source 1; the weights' sum is
+    # exactly rounded (1.0), the same on every Python, and the tie goes to the lowest index
+    assert choose_source((9 / 21, 6 / 21, 6 / 21), [24, 16, 16], [True] * 3) == 0
 
 
 def _furthest_below_target(weights: list[float], delivered: list[int], active: list[bool]) -> int:
     """The definition, written plainly: the active source with the largest deficit against
-    its share of the active sources' total (lowest index on ties), or -1."""
-    weight_sum = sum(w for w, a in zip(weights, active) if a)
+    its share of the active sources' total (lowest index on ties), or -1; the weights summed
+    exactly rounded, so the same on every Python."""
+    weight_sum = math.fsum(w for w, a in zip(weights, active) if a)
     total = sum(d for d, a in zip(delivered, active) if a)
     deficits = [
         (w / weight_sum * total - d, -i)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 from zephon_torch.errors import ConfigError
@@ -181,7 +182,7 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
             raise ConfigError(
                 f"`mixture` weight of {name!r} must be a positive finite number, got {weight!r}"
             )
-    total = sum(float(mixture[n]) for n in names)
+    total = math.fsum(float(mixture[n]) for n in names)  # the same on every Python (see below)
     return tuple(float(mixture[n]) / total for n in names)
 
 
@@ -195,12 +196,11 @@ def choose_source(
     """
     if len(weights) == 1:
         return 0 if active[0] else -1
-    # plain loops: this runs once per piece packed (generator sums cost twice as much)
-    weight_sum = 0.0
+    # once per piece packed: plain loops, and the weights' sum cached per set of active sources
+    weight_sum = _active_weight(tuple(weights), tuple(active))
     total = 0
-    for w, d, a in zip(weights, delivered, active):
+    for d, a in zip(delivered, active):
         if a:
-            weight_sum += w
             total += d
     best, best_deficit = -1, -math.inf
     for i, (w, d, a) in enumerate(zip(weights, delivered, active)):
@@ -209,3 +209,11 @@ def choose_source(
             if deficit > best_deficit:
                 best, best_deficit = i, deficit
     return best
+
+
+@lru_cache(maxsize=256)
+def _active_weight(weights: tuple[float, ...], active: tuple[bool, ...]) -> float:
+    """The active sources' weights, summed exactly rounded (``math.fsum``): the same on every
+    Python, where the built-in ``sum`` of floats rounds differently since 3.12, which would
+    change which source a tie goes to, and so the data, with the interpreter."""
+    return math.fsum(w for w, a in zip(weights, active) if a)
