@@ -218,14 +218,16 @@ class _DecodeLog:
 
     def again_soon(self, key: tuple[str, int]) -> bool:
         """Record a decode of ``key``; True once, when such early re-decodes first outnumber
-        the groups seen (and 64)."""
+        the groups seen (and 64) and make a quarter of all decodes (a group of the last window
+        of a pass may fall in the first window of the next: over many passes, a few add up)."""
         with self._lock:
             self._count += 1
             last = self._last.get(key)
             self._last[key] = self._count
             if last is not None and self._count - last < len(self._last) // 2:
                 self._soon += 1
-            if self._warned or self._soon <= max(64, len(self._last)):
+            many = self._soon > max(64, len(self._last)) and 4 * self._soon > self._count
+            if self._warned or not many:
                 return False
             self._warned = True
             return True

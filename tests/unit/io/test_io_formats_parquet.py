@@ -180,3 +180,20 @@ def test_a_row_group_cache_too_small_for_the_window_is_reported_once(tmp_path: P
         for _ in range(4):
             for start in range(0, groups * per_group, 32):
                 ordered.read(path, np.arange(start, min(start + 32, groups * per_group)))
+
+
+def test_the_decode_log_stays_quiet_over_many_shuffled_passes_that_fit() -> None:
+    """Each pass decodes every group once, its windows in a new order: the last window of a
+    pass may come first in the next, re-decoding a few groups early, pass after pass."""
+    from zephon_torch.io.parquet import _DecodeLog
+
+    rng = np.random.default_rng(0)
+    log = _DecodeLog()
+    windows = [list(range(w, w + 30)) for w in range(0, 300, 30)]
+    for _ in range(300):
+        for window in rng.permutation(len(windows)):
+            for group in rng.permutation(windows[window]):
+                assert not log.again_soon(("part-0", int(group)))
+    thrashing = _DecodeLog()  # a cache of a few groups under a 30-group window
+    said = [thrashing.again_soon(("part-0", int(g))) for g in rng.integers(0, 30, 2000)]
+    assert said.count(True) == 1
