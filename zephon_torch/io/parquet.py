@@ -6,14 +6,16 @@ LRU bounded by the groups' uncompressed size (256 MiB by default; Python objects
 times more) and, loosely, by count (1,024). A window of rows drawn from a few shards then costs
 one conversion per row group, not one per request, as long as the window's row groups fit the
 bound: when they do not, rows drawn at random from the window decode a group for a few rows
-each (lower `shuffle_window_shards`, or write smaller shards), and a warning says so once
-(groups decoded again soon after being dropped; see `_DecodeLog`). The count bound was 16: shards
+each (lower `shuffle_window_shards`, or write smaller shards), and in a dataset of many windows
+a warning says so once (groups decoded again and again; see `_DecodeLog`). The count bound was
+16: shards
 of short documents, with many small row groups per window, then decoded a group for about every
 row (measured 20x slower).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -181,10 +183,10 @@ class ParquetReader:
         if self._decodes.again_soon((path, group)):
             warnings.warn(
                 f"dataset {self.dataset!r}: Parquet row groups are decoded again soon after "
-                "being dropped from the row-group cache "
-                f"({self.max_row_group_bytes >> 20} MiB): the rows of a shuffle window do not "
-                "fit it, so most rows cost a row-group decode. Lower shuffle_window_shards or "
-                "write smaller shards (or smaller row groups).",
+                f"being dropped from the row-group cache ({self.max_row_group_bytes >> 20} MiB, "
+                f"{self.max_row_groups:,} groups): the row groups of a shuffle window do not fit "
+                "it, so most rows cost a row-group decode. Lower shuffle_window_shards or write "
+                "smaller shards.",
                 stacklevel=2,
             )
         columns = None if self.projection.columns is None else list(self.projection.columns)
@@ -204,30 +206,46 @@ class ParquetReader:
 
 
 class _DecodeLog:
-    """When each row group was last decoded, to tell a cache too small for the shuffle window:
-    a group decoded again within half as many decodes as there are groups seen was dropped and
-    needed again in the same window, while a new pass re-decodes a group only after about all
-    the others. Thread-safe."""
+    """When each row group was decoded, to tell a cache too small for the shuffle window.
+
+    A decode is a thrash when the group was decoded twice before within a quarter as many
+    decodes as there are groups seen: dropped and needed again, over and over, in the same
+    window. A new pass brings a group back early at most once (last in one pass, first in the
+    next), never twice, as a pass decodes (nearly) every group. The verdict is taken per block
+    of ``_BLOCK`` decodes, not over the process's life: a block of which half are thrashes
+    means the window's groups do not fit. It tells only a dataset of many windows (whose
+    groups seen far outnumber a window's): with two or three windows, a thrash and a new pass
+    look alike by timing. Thread-safe; a forked child starts afresh, as the caches do.
+    """
+
+    _BLOCK = 256
 
     def __init__(self) -> None:
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._count = 0
-        self._last: dict[tuple[str, int], int] = {}
-        self._soon = 0
+        self._seen: dict[tuple[str, int], tuple[int, int]] = {}  # last two decodes' numbers
+        self._block = [0, 0]  # decodes and thrashes in the current block
         self._warned = False
 
     def again_soon(self, key: tuple[str, int]) -> bool:
-        """Record a decode of ``key``; True once, when such early re-decodes first outnumber
-        the groups seen (and 64) and make a quarter of all decodes (a group of the last window
-        of a pass may fall in the first window of the next: over many passes, a few add up)."""
+        """Record a decode of ``key``; True once, at the end of the first block of decodes of
+        which half were thrashes."""
+        if self._pid != os.getpid():
+            self.__init__()  # type: ignore[misc]
         with self._lock:
             self._count += 1
-            last = self._last.get(key)
-            self._last[key] = self._count
-            if last is not None and self._count - last < len(self._last) // 2:
-                self._soon += 1
-            many = self._soon > max(64, len(self._last)) and 4 * self._soon > self._count
-            if self._warned or not many:
+            before, last = self._seen.get(key, (0, 0))
+            self._seen[key] = (last, self._count)
+            block = self._block
+            block[0] += 1
+            if before and self._count - before < len(self._seen) // 4:
+                block[1] += 1
+            if block[0] < self._BLOCK:
+                return False
+            thrashing = 2 * block[1] >= block[0]
+            self._block = [0, 0]
+            if self._warned or not thrashing:
                 return False
             self._warned = True
             return True

@@ -93,14 +93,21 @@ class FilteredReader(BaseNode[Document]):
         """The next kept document.
 
         Raises:
-            DataError: under ``exhaustion="repeat"``, when the filter rejects twice a lane
-                pass of documents in a row and its state, and the states of the filters
-                beneath it, are the same after them as before: the same decisions on the same
-                documents would then go on for ever (a deduplicating filter once every
-                document was seen, for example).
+            DataError: under ``exhaustion="repeat"`` with one lane or without shuffling
+                (where each pass brings the lane the same documents), when the filter rejects
+                twice a lane pass of documents in a row and its state, and the states of the
+                filters beneath it, are the same after them as before: the same decisions on
+                the same documents would then go on for ever (a deduplicating filter once
+                every document was seen, for example).
         """
         rejected, rows = 0, self.reader.lane_rows
-        watch = rows > 0 and self.reader.exhaustion == "repeat"
+        base: Any = self.reader
+        while isinstance(base, FilteredReader):
+            base = base.reader
+        # sound only where every pass hands this lane the same documents: one lane, or no
+        # shuffle (with several lanes, each pass deals the documents to the lanes anew)
+        same_each_pass = base.num_lanes == 1 or not base.layout.shuffle
+        watch = rows > 0 and self.reader.exhaustion == "repeat" and same_each_pass
         before: str | None = None
         while True:
             doc: Document = next(self.reader)
@@ -129,7 +136,7 @@ class FilteredReader(BaseNode[Document]):
         while isinstance(reader, FilteredReader):
             states.append(reader.op.state_dict())
             reader = reader.reader
-        return json.dumps(states, sort_keys=True, default=repr)
+        return json.dumps(states, default=_exact)
 
     def _as_int32(self, doc: Document) -> npt.NDArray[np.int32]:
         """The document's ids as int32, as filters always see them; ``DataError`` naming the
@@ -150,3 +157,9 @@ class FilteredReader(BaseNode[Document]):
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read a document that was kept (no decision is made again)."""
         return self.reader.fetch(pass_index, pos)
+
+
+def _exact(value: Any) -> Any:
+    """A JSON stand-in for a value ``json`` cannot write: arrays and numpy numbers in full
+    (``repr`` would elide long arrays, making different states look equal)."""
+    return value.tolist() if hasattr(value, "tolist") else repr(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -155,7 +156,7 @@ def test_a_row_group_cache_too_small_for_the_window_is_reported_once(tmp_path: P
 
     from zephon_torch.io.parquet import ParquetReader
 
-    groups, per_group = 300, 4
+    groups, per_group = 300, 16
     table = pa.table({"x": list(range(groups * per_group))})
     path = str(tmp_path / "part-0.parquet")
     pq.write_table(table, path, row_group_size=per_group)
@@ -168,11 +169,12 @@ def test_a_row_group_cache_too_small_for_the_window_is_reported_once(tmp_path: P
     )
     small = ParquetReader(dataset="web", max_row_group_bytes=1)
     with pytest.warns(UserWarning, match="dataset 'web': Parquet row groups are decoded again"):
-        for start in range(0, len(rows), 32):
-            small.read(path, rows[start : start + 32])
+        for start in range(0, len(rows), 8):
+            small.read(path, rows[start : start + 8])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once only
-        small.read(path, rows)
+        for start in range(0, len(rows), 8):
+            small.read(path, rows[start : start + 8])
     # in order, pass after pass, each group is decoded once a pass: nothing to report
     ordered = ParquetReader(dataset="web", max_row_group_bytes=1)
     with warnings.catch_warnings():
@@ -194,6 +196,16 @@ def test_the_decode_log_stays_quiet_over_many_shuffled_passes_that_fit() -> None
         for window in rng.permutation(len(windows)):
             for group in rng.permutation(windows[window]):
                 assert not log.again_soon(("part-0", int(group)))
-    thrashing = _DecodeLog()  # a cache of a few groups under a 30-group window
-    said = [thrashing.again_soon(("part-0", int(g))) for g in rng.integers(0, 30, 2000)]
+    # a cache of 4 groups under the same windows, rows drawn at random in each, for 3 passes
+    thrashing, cache, said = _DecodeLog(), OrderedDict[int, None](), []
+    for _ in range(3):
+        for window in rng.permutation(len(windows)):
+            for group in rng.choice(windows[window], size=16 * 30):
+                if int(group) in cache:
+                    cache.move_to_end(int(group))
+                    continue
+                said.append(thrashing.again_soon(("part-0", int(group))))
+                cache[int(group)] = None
+                if len(cache) > 4:
+                    cache.popitem(last=False)
     assert said.count(True) == 1

@@ -247,3 +247,47 @@ def test_a_filter_above_another_whose_state_moves_is_read_on() -> None:
     # curriculum beneath counts on, then the two long ones
     rows = [b.input_ids[0].tolist() for b in itertools.islice(pipeline, 3)]
     assert rows == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+
+
+class KeepMarked(StatefulFilter):
+    """Keeps only documents that begin with 999, counting those it keeps."""
+
+    name = "keep_marked"
+
+    def __init__(self) -> None:
+        self.kept, self.calls = 0, 0
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.calls += 1
+        assert self.calls < 100_000, "read on and on"
+        if int(tokens[0]) != 999:
+            return False
+        self.kept += 1
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kept": self.kept}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.kept = state["kept"]
+
+
+def test_with_several_shuffled_lanes_a_filter_waiting_for_its_documents_is_read_on() -> None:
+    """Each pass deals the documents to the lanes anew: a lane that saw nothing to keep for two
+    passes may be dealt the marked document in the next."""
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    ids = [[999, 1, 2]] + [[i + 3, i + 3, i + 3] for i in range(39)]
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"ids": ids})], exhaustion="repeat")
+    pipeline = (
+        Pipeline(source)
+        .options(canonical_replicas=4)
+        .pretokenized("ids")
+        .stateful_filter(lambda lane: KeepMarked())
+        .pack_flat(3)
+        .batch(1)
+    )
+    rows = [b.input_ids[0].tolist() for b in itertools.islice(pipeline, 8)]
+    assert rows == [[999, 1, 2]] * 8
