@@ -119,7 +119,7 @@ class FilteredReader(BaseNode[Document]):
             rejected += 1
             if watch and rejected % (2 * rows) == rows:  # 2 passes of rejections apart
                 state = self._filter_states()
-                if state == before:
+                if state is not None and state == before:
                     raise DataError(
                         f"the stateful filter {self.op.name!r} rejected every document of "
                         "this lane for two passes without changing its state: with "
@@ -128,15 +128,19 @@ class FilteredReader(BaseNode[Document]):
                     )
                 before = state
 
-    def _filter_states(self) -> str:
+    def _filter_states(self) -> str | None:
         """This filter's state and those of the filters beneath it, as JSON text: a copy, so
-        a filter that keeps updating the dict it returns is compared by value."""
+        a filter that keeps updating the dict it returns is compared by value. None for a
+        state JSON cannot write (keys that are not strings or numbers): never judged equal."""
         states = []
         reader: Any = self
         while isinstance(reader, FilteredReader):
             states.append(reader.op.state_dict())
             reader = reader.reader
-        return json.dumps(states, default=_exact)
+        try:
+            return json.dumps(states, default=_exact)
+        except (TypeError, ValueError):
+            return None
 
     def _as_int32(self, doc: Document) -> npt.NDArray[np.int32]:
         """The document's ids as int32, as filters always see them; ``DataError`` naming the

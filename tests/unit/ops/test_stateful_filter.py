@@ -291,3 +291,21 @@ def test_with_several_shuffled_lanes_a_filter_waiting_for_its_documents_is_read_
     )
     rows = [b.input_ids[0].tolist() for b in itertools.islice(pipeline, 8)]
     assert rows == [[999, 1, 2]] * 8
+
+
+class TupleKeyed(Warmup):
+    """A warm-up whose state JSON cannot write (a tuple key): the check must not fail on it."""
+
+    name = "tuple_keyed"
+
+    def state_dict(self) -> dict[Any, Any]:
+        return {("seen", 0): self.state["seen"]}
+
+    def load_state_dict(self, state: dict[Any, Any]) -> None:
+        self.state = {"seen": next(iter(state.values()))}
+
+
+def test_a_state_json_cannot_write_is_never_judged_unchanged() -> None:
+    pipeline = _repeating(4).stateful_filter(lambda lane: TupleKeyed(skip=20)).batch(1)
+    batches = iter(pipeline)
+    assert [next(batches).num_tokens for _ in range(3)] == [3, 3, 3]
