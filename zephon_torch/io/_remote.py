@@ -78,16 +78,38 @@ class CacheOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ParquetOptions:
+    """How Parquet shards are read, local or remote.
+
+    Args:
+        row_group_cache_bytes: the most bytes of decoded row groups a dataset keeps per
+            process (default 256 MiB, by the footers' uncompressed sizes; Python objects of
+            text columns take a few times more). A shuffle window's row groups should fit.
+    """
+
+    row_group_cache_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        value = self.row_group_cache_bytes
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"parquet `row_group_cache_bytes` must be a positive int, got {value!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class IoOptions:
     """Storage settings of `Dataset.from_path`, built from its `io_options` mapping.
 
     Args:
         cache: the shard cache (`{"dir", "max_bytes", "prefetch_bytes", "prefetch_threads"}`).
         retry: the retry policy (`{"attempts", "initial_delay", "max_delay", "timeout"}`).
+        parquet: Parquet reading (`{"row_group_cache_bytes"}`), for local datasets too.
     """
 
     cache: CacheOptions = field(default_factory=CacheOptions)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    parquet: ParquetOptions = field(default_factory=ParquetOptions)
 
     @classmethod
     def of(cls, options: Mapping[str, Any] | IoOptions | None) -> IoOptions:
@@ -98,12 +120,18 @@ class IoOptions:
             return options
         if not isinstance(options, Mapping):
             raise ConfigError(f"`io_options` must be a mapping or None, got {options!r}")
-        _check_keys("io_options", options, ("cache", "retry"))
+        _check_keys("io_options", options, ("cache", "retry", "parquet"))
         cache = options.get("cache") or {}
         retry = options.get("retry") or {}
+        parquet = options.get("parquet") or {}
         _check_keys("io_options['cache']", cache, tuple(CacheOptions.__dataclass_fields__))
         _check_keys("io_options['retry']", retry, tuple(RetryPolicy.__dataclass_fields__))
-        return cls(cache=CacheOptions(**cache), retry=RetryPolicy(**retry))
+        _check_keys("io_options['parquet']", parquet, tuple(ParquetOptions.__dataclass_fields__))
+        return cls(
+            cache=CacheOptions(**cache),
+            retry=RetryPolicy(**retry),
+            parquet=ParquetOptions(**parquet),
+        )
 
     def merged(self, overrides: Mapping[str, Any] | IoOptions) -> IoOptions:
         """These options with the keys of an `io_options` mapping replaced, the rest kept; an
@@ -113,7 +141,12 @@ class IoOptions:
             return given
         cache = {key: getattr(given.cache, key) for key in overrides.get("cache") or {}}
         retry = {key: getattr(given.retry, key) for key in overrides.get("retry") or {}}
-        return IoOptions(cache=replace(self.cache, **cache), retry=replace(self.retry, **retry))
+        parquet = {key: getattr(given.parquet, key) for key in overrides.get("parquet") or {}}
+        return IoOptions(
+            cache=replace(self.cache, **cache),
+            retry=replace(self.retry, **retry),
+            parquet=replace(self.parquet, **parquet),
+        )
 
 
 def _check_keys(what: str, given: Any, known: tuple[str, ...]) -> None:

@@ -256,6 +256,7 @@ class RemoteReader:
                     projection=self.projection,
                     locate=self._locate,
                     max_open=self._max_open(),
+                    row_group_cache_bytes=self.options.parquet.row_group_cache_bytes,
                 )
                 missing = [shard for shard in shards if shard not in self.objects]
                 if missing:

@@ -27,6 +27,7 @@ from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader
 from zephon_torch.io.memory import MemoryReader, rows_of
+from zephon_torch.io.parquet import ParquetReader
 
 _MAX_OPENING_THREADS = 8
 _MAX_REMOTE_OPENING_THREADS = 16
@@ -144,8 +145,9 @@ class Dataset:
                 `client_kwargs={"endpoint_url": ...}`, ...).
             io_options: `{"cache": {"dir", "max_bytes", "prefetch_bytes",
                 "prefetch_threads"}, "retry": {"attempts", "initial_delay", "max_delay",
-                "timeout"}}` (see `CacheOptions`, `RetryPolicy`); unknown keys are refused.
-                Only remote URLs use them.
+                "timeout"}, "parquet": {"row_group_cache_bytes"}}` (see `CacheOptions`,
+                `RetryPolicy`, `ParquetOptions`); unknown keys are refused. Only remote URLs
+                use `cache` and `retry`; `parquet` applies to local Parquet too.
 
         Returns:
             The dataset, with row counts read from Parquet and Vortex footers, `.npy` headers
@@ -182,7 +184,12 @@ class Dataset:
         else:
             detected, found = find_files(text, format_=format, exclude=cache_dir)
         reader, files = open_reader(
-            detected, found, dataset=name, index_cache_dir=cache_dir, projection=projection
+            detected,
+            found,
+            dataset=name,
+            index_cache_dir=cache_dir,
+            projection=projection,
+            row_group_cache_bytes=options.parquet.row_group_cache_bytes,
         )
         counts = _count_rows(reader, files)
         shards = [
@@ -294,17 +301,24 @@ class Dataset:
         return self._reader.cache_counters() if isinstance(self._reader, RemoteReader) else None
 
     def with_io_options(self, io_options: Mapping[str, Any] | IoOptions) -> Dataset:
-        """This dataset read with other shard-cache and retry settings.
+        """This dataset read with other shard-cache, retry and Parquet settings.
 
         The keys of an `io_options` mapping (as for `from_path`) replace the dataset's own;
-        the rest are kept. An `IoOptions` replaces them all. Local and in-memory datasets have
-        none and are returned as they are.
+        the rest are kept. An `IoOptions` replaces them all. A local dataset takes only the
+        `parquet` settings (a Parquet one: a new reader, its caches empty); in-memory and
+        other local datasets are returned as they are.
 
         Raises:
             ConfigError: for unknown keys or bad values.
         """
         if not isinstance(self._reader, RemoteReader):
-            IoOptions.of(io_options)  # validates
+            given = IoOptions.of(io_options)  # validates
+            sets_parquet = isinstance(io_options, IoOptions) or "parquet" in io_options
+            if isinstance(self._reader, ParquetReader) and sets_parquet:
+                resized = self._reader.resized(given.parquet.row_group_cache_bytes)
+                return Dataset(
+                    name=self.name, format=self.format, shards=self.shards, reader=resized
+                )
             return self
         reader = self._reader.with_options(self._reader.options.merged(io_options))
         return Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)

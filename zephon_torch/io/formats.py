@@ -111,6 +111,7 @@ def make_reader(
     projection: Projection | None = None,
     locate: Locate = local_file,
     max_open: int | None = None,
+    row_group_cache_bytes: int | None = None,
 ) -> ShardReader:
     """Builds the reader of a file format (not an indexed one) for one dataset.
 
@@ -121,6 +122,7 @@ def make_reader(
         projection: the columns rows keep and the token columns; None keeps all.
         locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
         max_open: how many shards the reader keeps open or mapped; None: its default.
+        row_group_cache_bytes: Parquet's bound on decoded row groups; None: its default.
 
     Returns:
         A new reader with empty caches.
@@ -133,6 +135,8 @@ def make_reader(
     if format_ == "parquet":
         from zephon_torch.io.parquet import ParquetReader
 
+        if row_group_cache_bytes is not None:
+            sizing["max_row_group_bytes"] = row_group_cache_bytes
         return ParquetReader(dataset=dataset, projection=projection, **sizing)
     if format_ == "vortex":
         from zephon_torch.io.vortex import VortexReader
@@ -159,6 +163,7 @@ def open_reader(
     projection: Projection | None = None,
     locate: Locate = local_file,
     max_open: int | None = None,
+    row_group_cache_bytes: int | None = None,
 ) -> tuple[ShardReader, list[str]]:
     """Builds a dataset's reader and lists its shards.
 
@@ -171,6 +176,7 @@ def open_reader(
         projection: the columns rows keep and the token columns; None keeps all.
         locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
         max_open: how many shards the reader keeps open or mapped; None: its default.
+        row_group_cache_bytes: Parquet's bound on decoded row groups; None: its default.
 
     Returns:
         The reader and the shard paths, in order.
@@ -215,6 +221,7 @@ def open_reader(
         projection=projection,
         locate=locate,
         max_open=max_open,
+        row_group_cache_bytes=row_group_cache_bytes,
     )
     if format_ == "npy":
         from zephon_torch.io.npy import token_files

@@ -106,6 +106,14 @@ class ParquetReader:
         self.__dict__.update(state)
         self._open_caches()
 
+    def resized(self, max_row_group_bytes: int) -> ParquetReader:
+        """A reader like this one with another bound on decoded row groups (caches empty)."""
+        state = self.__getstate__()
+        state["max_row_group_bytes"] = max_row_group_bytes
+        reader = ParquetReader.__new__(ParquetReader)
+        reader.__setstate__(state)
+        return reader
+
     def num_rows(self, path: str) -> int:
         """Returns the row count recorded in the shard's footer; reads no data."""
         return self._file(path).num_rows
@@ -185,8 +193,9 @@ class ParquetReader:
                 f"dataset {self.dataset!r}: Parquet row groups are decoded again soon after "
                 f"being dropped from the row-group cache ({self.max_row_group_bytes >> 20} MiB, "
                 f"{self.max_row_groups:,} groups): the row groups of a shuffle window do not fit "
-                "it, so most rows cost a row-group decode. Lower shuffle_window_shards or write "
-                "smaller shards.",
+                "it, so most rows cost a row-group decode. Lower shuffle_window_shards, write "
+                "smaller shards, or raise io_options={'parquet': {'row_group_cache_bytes': "
+                "...}}.",
                 stacklevel=2,
             )
         columns = None if self.projection.columns is None else list(self.projection.columns)

@@ -459,3 +459,40 @@ def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
     holder.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_parquet_row_group_cache_is_set_for_local_and_remote_datasets(
+    tmp_path: Path,
+) -> None:
+    from zephon_torch.io.parquet import ParquetReader
+
+    local_dir = tmp_path / "local"
+    local_dir.mkdir()
+    pq.write_table(pa.table({"n": list(range(10))}), local_dir / "a.parquet")
+    small = {"parquet": {"row_group_cache_bytes": 12345}}
+
+    def bound(dataset: Dataset) -> int:
+        reader = dataset._reader
+        if not isinstance(reader, ParquetReader):  # remote: the local reader behind it
+            reader = reader._open()[0]  # type: ignore[attr-defined]
+        assert isinstance(reader, ParquetReader)
+        return reader.max_row_group_bytes
+
+    local = Dataset.from_path("l", local_dir)
+    assert bound(local) == 256 << 20
+    assert bound(Dataset.from_path("l", local_dir, io_options=small)) == 12345
+    resized = local.with_io_options(small)
+    assert bound(resized) == 12345 and bound(local) == 256 << 20
+    assert resized.read_rows(0, [3]) == local.read_rows(0, [3])
+    assert local.with_io_options({"cache": {"max_bytes": 1 << 20}}) is local
+    source = StaticMixtureWorkSource([local], seed=0, exhaustion="stop")
+    assert bound(Pipeline(source).options(io_options=small)._datasets[0]) == 12345
+
+    root, _ = _equal_parquet_shards(2)
+    remote = Dataset.from_path("r", f"memory://{root}", io_options={**_options(tmp_path), **small})
+    assert bound(remote) == 12345
+    moved = remote.with_io_options({"parquet": {"row_group_cache_bytes": 777}})
+    assert bound(moved) == 777
+    for bad in ({"parquet": {"row_group_cache_bytes": 0}}, {"parquet": {"rows": 1}}):
+        with pytest.raises(ConfigError, match="parquet"):
+            local.with_io_options(bad)
