@@ -8,9 +8,8 @@ one conversion per row group, not one per request, as long as the window's row g
 bound: when they do not, rows drawn at random from the window decode a group for a few rows
 each (lower `shuffle_window_shards`, or write smaller shards), and in a dataset of many windows
 a warning says so once (groups decoded again and again; see `_DecodeLog`). The count bound was
-16: shards
-of short documents, with many small row groups per window, then decoded a group for about every
-row (measured 20x slower).
+16: shards of short documents, with many small row groups per window, then decoded a group for
+about every row (measured 20x slower).
 """
 
 from __future__ import annotations

@@ -197,13 +197,8 @@ class MixPack(BaseNode[PackedRow]):
                 piece = self._pull(width - filled % width)
             if piece is None:
                 break
-            doc, begin, end = piece.doc, piece.start, piece.end
-            parts.append(doc.tokens[begin:end])  # type: ignore[index]
-            owners.append((doc.source, doc.shard, doc.row))
-            sizes.append(end - begin)
-            sources.append(doc.source)
-            starts.append(begin == 0)
-            filled += end - begin
+            filled += _add(piece, parts, owners, sizes, starts)
+            sources.append(piece.doc.source)
         return RowBlock(parts, sizes, sources, starts, owners, filled)
 
     def _run(
@@ -220,16 +215,9 @@ class MixPack(BaseNode[PackedRow]):
         (same rules, counts and carry), without an object per document. Returns the tokens
         taken; the source is marked inactive when its stream is spent."""
         taken = 0
-        piece = self.carry[source]
-        if piece is not None:  # the rest of a cut document
-            doc, begin = piece.doc, piece.start
-            taken = min(piece.end - begin, want)
-            parts.append(doc.tokens[begin : begin + taken])  # type: ignore[index]
-            owners.append((source, doc.shard, doc.row))
-            sizes.append(taken)
-            starts.append(begin == 0)
-            cut = begin + taken
-            self.carry[source] = Piece(doc, cut, piece.end) if cut < piece.end else None
+        carried = self.carry[source]
+        if carried is not None:  # the rest of a cut document
+            taken = _add(self._cut(source, carried, want), parts, owners, sizes, starts)
             if taken == want:
                 self.tokens[source] += taken
                 return taken
@@ -283,14 +271,19 @@ class MixPack(BaseNode[PackedRow]):
                 if not self._admit(source, size):
                     continue
                 piece = Piece(doc, 0, size)
-            if piece.end - piece.start <= max_tokens:
-                self.carry[source] = None
-                self.tokens[source] += piece.end - piece.start
-                return piece
-            cut = piece.start + max_tokens
-            self.carry[source] = Piece(piece.doc, cut, piece.end)
-            self.tokens[source] += max_tokens
-            return Piece(piece.doc, piece.start, cut)
+            piece = self._cut(source, piece, max_tokens)
+            self.tokens[source] += piece.end - piece.start
+            return piece
+
+    def _cut(self, source: int, piece: Piece, max_tokens: int) -> Piece:
+        """``piece`` of ``source`` up to ``max_tokens`` tokens; its rest, if any, becomes the
+        source's carry (none otherwise)."""
+        cut = piece.start + max_tokens
+        if cut >= piece.end:
+            self.carry[source] = None
+            return piece
+        self.carry[source] = Piece(piece.doc, cut, piece.end)
+        return Piece(piece.doc, piece.start, cut)
 
     def _admit(self, source: int, size: int) -> bool:
         """Count a new document of ``source`` of ``size`` tokens under the length rules (a
@@ -329,6 +322,23 @@ class MixPack(BaseNode[PackedRow]):
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         return self.readers[source].fetch(pass_index, pos)
+
+
+def _add(
+    piece: Piece,
+    parts: list[npt.NDArray[Any]],
+    owners: list[Owner | None],
+    sizes: list[int],
+    starts: list[bool],
+) -> int:
+    """Append ``piece``'s tokens, document, size and whether it begins its document; returns
+    its size."""
+    doc, begin, end = piece.doc, piece.start, piece.end
+    parts.append(doc.tokens[begin:end])  # type: ignore[index]
+    owners.append((doc.source, doc.shard, doc.row))
+    sizes.append(end - begin)
+    starts.append(begin == 0)
+    return end - begin
 
 
 def _to_row(pieces: list[Piece]) -> PackedRow:

@@ -2,7 +2,7 @@
 
 Accepts a 1-D integer numpy array (MDS/LitData token columns, ``.npy`` files) or a list of ints
 (JSON, Parquet list columns), kept in its stored integer type. Whether every id lies in
-``[0, 2**31)`` is checked once the ids are in their batch (``check_batch_ids``): one pass over
+``[0, 2**31)`` is checked once the ids are in their batch (``IdCheck``): one pass over
 the int64 buffer the batch was just copied into, instead of a second read of each document.
 """
 

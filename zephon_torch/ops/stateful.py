@@ -101,9 +101,7 @@ class FilteredReader(BaseNode[Document]):
                 every document was seen, for example).
         """
         rejected, rows = 0, self.reader.lane_rows
-        base: Any = self.reader
-        while isinstance(base, FilteredReader):
-            base = base.reader
+        filters, base = self._stack()
         # sound only where every pass hands this lane the same documents: one lane, or no
         # shuffle (with several lanes, each pass deals the documents to the lanes anew)
         same_each_pass = base.num_lanes == 1 or not base.layout.shuffle
@@ -118,7 +116,7 @@ class FilteredReader(BaseNode[Document]):
                 return doc
             rejected += 1
             if watch and rejected % (2 * rows) == rows:  # 2 passes of rejections apart
-                state = self._filter_states()
+                state = _states(filters)
                 if state is not None and state == before:
                     raise DataError(
                         f"the stateful filter {self.op.name!r} rejected every document of "
@@ -128,19 +126,14 @@ class FilteredReader(BaseNode[Document]):
                     )
                 before = state
 
-    def _filter_states(self) -> str | None:
-        """This filter's state and those of the filters beneath it, as JSON text: a copy, so
-        a filter that keeps updating the dict it returns is compared by value. None for a
-        state JSON cannot write (keys that are not strings or numbers): never judged equal."""
-        states = []
+    def _stack(self) -> tuple[list[FilteredReader], DocumentReader]:
+        """This filtered reader and those beneath it, top first, and the reader at the bottom."""
+        filters: list[FilteredReader] = []
         reader: Any = self
         while isinstance(reader, FilteredReader):
-            states.append(reader.op.state_dict())
+            filters.append(reader)
             reader = reader.reader
-        try:
-            return json.dumps(states, default=_exact)
-        except (TypeError, ValueError):
-            return None
+        return filters, reader
 
     def _as_int32(self, doc: Document) -> npt.NDArray[np.int32]:
         """The document's ids as int32, as filters always see them; ``DataError`` naming the
@@ -161,6 +154,16 @@ class FilteredReader(BaseNode[Document]):
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read a document that was kept (no decision is made again)."""
         return self.reader.fetch(pass_index, pos)
+
+
+def _states(filters: list[FilteredReader]) -> str | None:
+    """The filters' states as JSON text: a copy, so a filter that keeps updating the dict it
+    returns is compared by value. None for a state JSON cannot write (keys that are not strings
+    or numbers): never judged equal."""
+    try:
+        return json.dumps([f.op.state_dict() for f in filters], default=_exact)
+    except (TypeError, ValueError):
+        return None
 
 
 def _exact(value: Any) -> Any:
