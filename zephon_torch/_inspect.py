@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from zephon_torch.errors import ZephonError
-from zephon_torch.io import Dataset
+from zephon_torch.io import Dataset, parquet
 
 ERROR_EXIT = 2
 _MAX_CHARS = 200
@@ -101,6 +101,15 @@ def _inspect(
     print(f"format:  {dataset.format}", file=out)
     print(f"shards:  {len(dataset.shards):,}", file=out)
     print(f"rows:    {dataset.num_rows:,}", file=out)
+    split = [shard for shard in dataset.shards if shard.blocks]
+    if split:
+        blocks = sum(len(shard.blocks) for shard in split)
+        size = f"{parquet.WINDOW_BLOCK_BYTES / (1 << 20):g}"
+        print(
+            f"windows: {len(split):,} of {len(dataset.shards):,} shards split into {blocks:,} "
+            f"blocks of row groups (up to {size} MiB each), which shuffle windows count as shards",
+            file=out,
+        )
     print(f"fields (types from the first {len(sample)} rows):", file=out)
     for name, kinds in field_types(sample).items():
         print(f"  {name}: {kinds}", file=out)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -151,3 +155,126 @@ def test_upcoming_shards_list_every_shard_still_to_read_in_order_of_first_need(
     key = window_of if shuffle else position
     assert [key[s] for s in needed] == sorted(key[s] for s in needed)
     assert [position[s] for s in upcoming] == sorted(position[s] for s in upcoming)
+
+
+# -- shards split into window blocks (big Parquet shards) -----------------------------------------
+
+
+@st.composite
+def split_shards(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Shard row counts and, per shard, a split into blocks (empty: unsplit)."""
+    blocks = draw(
+        st.lists(st.lists(st.integers(1, 12), min_size=1, max_size=5), min_size=1, max_size=8)
+    )
+    rows = tuple(sum(b) for b in blocks)
+    return rows, tuple(tuple(b) if len(b) > 1 else () for b in blocks)
+
+
+def _blocked(rows: tuple[int, ...], blocks: tuple[tuple[int, ...], ...], **kw: object) -> Any:
+    return PointerLayout(name="d", shard_rows=rows, shard_blocks=blocks, **kw)  # type: ignore[arg-type]
+
+
+@given(
+    shards=split_shards(),
+    lanes=st.integers(1, 6),
+    window=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+    shuffle=st.booleans(),
+)
+@settings(max_examples=150, deadline=None)
+def test_split_shards_still_give_every_row_to_exactly_one_lane_per_pass(
+    shards: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]],
+    lanes: int,
+    window: int,
+    seed: int,
+    shuffle: bool,
+) -> None:
+    rows, blocks = shards
+    layout = _blocked(rows, blocks, seed=seed, window_shards=window, shuffle=shuffle)
+    seen = []
+    for lane in range(lanes):
+        n = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=lanes)
+        span = layout.span(pass_index=2, lane=lane, num_lanes=lanes, start=0, count=n)
+        seen += list(zip(span.shards.tolist(), span.rows.tolist()))
+    assert sorted(seen) == [(s, r) for s, count in enumerate(rows) for r in range(count)]
+
+
+@given(shards=split_shards(), window=st.integers(1, 4), seed=st.integers(0, 1000))
+@settings(max_examples=150, deadline=None)
+def test_a_window_holds_at_most_window_blocks_and_a_shard_is_read_over_one_stretch(
+    shards: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], window: int, seed: int
+) -> None:
+    rows, blocks = shards
+    layout = _blocked(rows, blocks, seed=seed, window_shards=window, shuffle=True)
+    span = layout.span(pass_index=0, lane=0, num_lanes=1, start=0, count=layout.num_rows)
+    # the block of each row: its shard and which run of the shard's rows it lies in
+    starts = {s: np.cumsum((0,) + (blocks[s] or (rows[s],))) for s in range(len(rows))}
+    block_of = [
+        (s, int(np.searchsorted(starts[s], r, side="right")) - 1)
+        for s, r in zip(span.shards.tolist(), span.rows.tolist())
+    ]
+    # rows of one window (window_starts) come from at most `window` blocks
+    window_starts = layout._layout(0).window_starts.tolist()
+    for begin, end in itertools.pairwise(window_starts):
+        assert len(set(block_of[begin:end])) <= window
+    # each block's and each shard's rows lie in consecutive windows: read over one stretch
+    which = np.searchsorted(window_starts, np.arange(layout.num_rows), side="right") - 1
+    for key in [lambda b: b, lambda b: b[0]]:
+        groups: dict[Any, list[int]] = {}
+        for position, block in enumerate(block_of):
+            groups.setdefault(key(block), []).append(int(which[position]))
+        for windows in groups.values():
+            assert sorted(set(windows)) == list(range(min(windows), max(windows) + 1))
+
+
+@given(
+    rows=shard_rows, window=st.integers(1, 4), seed=st.integers(0, 1000), lanes=st.integers(1, 4)
+)
+@settings(max_examples=100, deadline=None)
+def test_shards_that_are_one_block_each_keep_the_order_of_unsplit_shards(
+    rows: list[int], window: int, seed: int, lanes: int
+) -> None:
+    plain = PointerLayout(
+        name="d", shard_rows=tuple(rows), seed=seed, window_shards=window, shuffle=True
+    )
+    ones = _blocked(
+        tuple(rows), tuple(() for _ in rows), seed=seed, window_shards=window, shuffle=True
+    )
+    n = lane_length(num_rows=sum(rows), lane=lanes - 1, num_lanes=lanes)
+    where = {"pass_index": 1, "lane": lanes - 1, "num_lanes": lanes, "start": 0, "count": n}
+    assert plain.pointers(**where) == ones.pointers(**where)
+
+
+@given(shards=split_shards(), window=st.integers(1, 4), seed=st.integers(0, 1000), data=st.data())
+@settings(max_examples=150, deadline=None)
+def test_upcoming_shards_of_split_shards_name_each_shard_once_in_order_of_first_need(
+    shards: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]],
+    window: int,
+    seed: int,
+    data: st.DataObject,
+) -> None:
+    rows, blocks = shards
+    layout = _blocked(rows, blocks, seed=seed, window_shards=window, shuffle=True)
+    start = data.draw(st.integers(0, layout.num_rows - 1))
+    upcoming = list(layout.upcoming_shards(pass_index=0, lane=0, num_lanes=1, start=start))
+    assert len(set(upcoming)) == len(upcoming)
+    span = layout.span(
+        pass_index=0, lane=0, num_lanes=1, start=start, count=layout.num_rows - start
+    )
+    needed = list(dict.fromkeys(span.shards.tolist()))
+    assert set(needed) <= set(upcoming)
+    # a shard comes up no later than the window of its first row
+    window_starts = layout._layout(0).window_starts
+    first_window = {}
+    for position, shard in enumerate(span.shards.tolist()):
+        w = int(np.searchsorted(window_starts, start + position, side="right")) - 1
+        first_window.setdefault(shard, w)
+    windows = [first_window[s] for s in upcoming if s in first_window]
+    assert windows == sorted(windows)
+
+
+def test_blocks_that_do_not_split_their_shard_are_refused() -> None:
+    with pytest.raises(ValueError, match="do not split"):
+        _blocked((10, 5), ((4, 5), ()), seed=0, window_shards=1, shuffle=True)
+    with pytest.raises(ValueError, match="block lists"):
+        _blocked((10, 5), ((4, 6),), seed=0, window_shards=1, shuffle=True)

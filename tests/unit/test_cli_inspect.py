@@ -75,6 +75,20 @@ def test_inspect_summarises_parquet_token_lists_and_mixed_types(
     assert "  input_ids: list[int]" in out
     assert "  source: str | null" in out
     assert "input_ids: list of 40 [0, 1, 2, 3, 4, 5, 6, 7, ...]" in out
+    assert "windows:" not in out
+
+
+def test_inspect_says_how_big_parquet_shards_are_split_for_shuffle_windows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zephon_torch.io import parquet
+
+    table = pa.table({"text": [f"row {i}" for i in range(40)]})
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=10)
+    monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", 1)  # every group a block
+    assert main(["inspect", str(tmp_path / "big.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert "windows: 1 of 1 shards split into 4 blocks of row groups" in out
 
 
 def test_arrays_are_previewed_as_dtype_shape_and_first_values() -> None:

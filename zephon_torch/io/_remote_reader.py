@@ -31,9 +31,9 @@ from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._remote_rows import (
     npy_rows,
-    parquet_rows,
-    remember_rows,
-    remembered_rows,
+    parquet_layout,
+    remember_layout,
+    remembered_layout,
 )
 from zephon_torch.io._retry import call_with_retry
 from zephon_torch.io._rows import Rows
@@ -158,24 +158,28 @@ class RemoteReader:
         return list(self._open()[1])
 
     def num_rows(self, path: str) -> int:
-        """Counts a shard's rows: from `index.json`, a Parquet footer or `.npy` headers by
-        range reads, else from the downloaded file. A one-object count (Parquet, JSONL, Vortex)
-        is remembered in the index cache folder, keyed by the object's URL, size and version, so
-        a later open (a restart, another worker, rank or node sharing the folder) reads nothing
-        but the listing."""
+        """Counts a shard's rows (see `shard_layout`)."""
+        return self.shard_layout(path)[0]
+
+    def shard_layout(self, path: str) -> tuple[int, tuple[int, ...]]:
+        """A shard's row count and window blocks (Parquet; see `parquet.window_blocks`):
+        from `index.json`, a Parquet footer or `.npy` headers by range reads, else from the
+        downloaded file. A one-object count (Parquet, JSONL, Vortex) is remembered in the index
+        cache folder, keyed by the object's URL, size and version, so a later open (a restart,
+        another worker, rank or node sharing the folder) reads nothing but the listing."""
         if self.format == "npy":  # two objects: read from their headers each time
-            return self._npy_rows(path)
+            return self._npy_rows(path), ()
         if self.format in LOCATING_FORMATS:
-            return self._with_reader(path, lambda reader, local: reader.num_rows(local))
+            return self._with_reader(path, lambda reader, local: reader.num_rows(local)), ()
         item = self.objects[path][1]
-        rows = remembered_rows(self.index_cache_dir, item)
-        if rows is None:
+        layout = remembered_layout(self.index_cache_dir, item)
+        if layout is None:
             if self.format == "parquet":
-                rows = self._parquet_rows(path)
+                layout = self._parquet_layout(path)
             else:
-                rows = self._with_reader(path, lambda reader, local: reader.num_rows(local))
-            remember_rows(self.index_cache_dir, item, rows)
-        return rows
+                layout = self._with_reader(path, lambda r, local: r.num_rows(local)), ()
+            remember_layout(self.index_cache_dir, item, *layout)
+        return layout
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
@@ -286,8 +290,9 @@ class RemoteReader:
         partner = offsets_path(url) if self.format == "npy" else None
         return [url, partner] if partner in self.objects else [url]
 
-    def _parquet_rows(self, path: str) -> int:
-        """The row count from the footer, by range reads (retried); no download."""
+    def _parquet_layout(self, path: str) -> tuple[int, tuple[int, ...]]:
+        """The row count and window blocks from the footer, by range reads (retried); no
+        download."""
         fs_path, item = self.objects[path]
 
         def tail(length: int) -> bytes:
@@ -299,7 +304,7 @@ class RemoteReader:
             retry = self.options.retry
             return call_with_retry(attempt, url=path, policy=retry, what="reading the footer")
 
-        return parquet_rows(tail, size=item.size, url=path, dataset=self.dataset)
+        return parquet_layout(tail, size=item.size, url=path, dataset=self.dataset)
 
     def _npy_rows(self, path: str) -> int:
         """From the `.npy` headers when they tell (see `npy_rows`), else from the files."""

@@ -2,9 +2,10 @@
 
 A Parquet footer is read from the file's tail by one range read (two when the footer is longer
 than the guess); a `.npy` token file's rows come from its header, or its offsets file's header
-and two values; JSONL and Vortex shards are downloaded whole to be counted. Either count is
-remembered in the index cache folder, under the object's cache name (URL, size and version), so
-a later open, by any run, process or node sharing the folder, reads nothing but the listing.
+and two values; JSONL and Vortex shards are downloaded whole to be counted. Either count, with
+a Parquet shard's window blocks, is remembered in the index cache folder, under the object's
+cache name (URL, size and version), so a later open, by any run, process or node sharing the
+folder, reads nothing but the listing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.npy import offsets_path, read_header
+from zephon_torch.io.parquet import window_blocks
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
@@ -31,8 +33,10 @@ _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch 
 Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, listing entry)
 
 
-def parquet_rows(tail: Callable[[int], bytes], *, size: int, url: str, dataset: str) -> int:
-    """The row count in a Parquet footer.
+def parquet_layout(
+    tail: Callable[[int], bytes], *, size: int, url: str, dataset: str
+) -> tuple[int, tuple[int, ...]]:
+    """The row count and window blocks (see `parquet.window_blocks`) in a Parquet footer.
 
     Args:
         tail: the last n bytes of the object (the caller retries the read).
@@ -58,7 +62,8 @@ def parquet_rows(tail: Callable[[int], bytes], *, size: int, url: str, dataset: 
     if length > len(data) and len(data) < size:
         data = tail(length)
     try:
-        return int(pq.read_metadata(pa.BufferReader(data[-length:])).num_rows)
+        metadata = pq.read_metadata(pa.BufferReader(data[-length:]))
+        return int(metadata.num_rows), window_blocks(metadata)
     except (pa.ArrowInvalid, OSError) as error:  # pyarrow raises OSError for bad thrift
         raise bad(error) from error
 
@@ -115,26 +120,33 @@ def _npy_value(
     return call_with_retry(value, url=url, policy=policy, what="reading the offsets")
 
 
-def remembered_rows(index_cache_dir: str, item: CachedObject) -> int | None:
-    """The row count remembered for this version of the object, else None (always for an
-    object listed without a version: a rewrite of the same size could not be told apart)."""
+def remembered_layout(
+    index_cache_dir: str, item: CachedObject
+) -> tuple[int, tuple[int, ...]] | None:
+    """The row count and window blocks remembered for this version of the object, else None
+    (always for an object listed without a version: a rewrite of the same size could not be
+    told apart; and for a record written before blocks were kept)."""
     if not item.version:
         return None
     with (
         contextlib.suppress(OSError, ValueError, KeyError, TypeError),
         open(_record(index_cache_dir, item), encoding="utf-8") as handle,
     ):
-        return int(json.load(handle)["rows"])
+        record = json.load(handle)
+        return int(record["rows"]), tuple(int(n) for n in record["blocks"])
     return None
 
 
-def remember_rows(index_cache_dir: str, item: CachedObject, rows: int) -> None:
-    """Remembers the object's row count; a folder that cannot be written is skipped, and so is
-    an object listed without a version (ETag, time), which is counted again at every open."""
+def remember_layout(
+    index_cache_dir: str, item: CachedObject, rows: int, blocks: tuple[int, ...] = ()
+) -> None:
+    """Remembers the object's row count and window blocks; a folder that cannot be written is
+    skipped, and so is an object listed without a version (ETag, time), which is counted
+    again at every open."""
     if not item.version:
         return
     with contextlib.suppress(OSError):
-        text = json.dumps({"url": item.url, "rows": rows})
+        text = json.dumps({"url": item.url, "rows": rows, "blocks": list(blocks)})
         write_text_atomically(_record(index_cache_dir, item), text)
 
 

@@ -41,10 +41,15 @@ class Shard:
         path: the absolute local path, the URL of a remote shard, or `memory://<dataset>/<i>`
             for in-memory shards.
         num_rows: the number of rows; always positive.
+        blocks: where the reader splits the shard for shuffle windows, the row counts of its
+            blocks of consecutive rows, in order (they sum to `num_rows`); empty otherwise.
+            Only Parquet shards of more than `parquet.WINDOW_BLOCK_BYTES` of row groups are
+            split: a window then holds `shuffle_window_shards` blocks, not whole shards.
     """
 
     path: str
     num_rows: int
+    blocks: tuple[int, ...] = ()
 
 
 class Dataset:
@@ -191,10 +196,7 @@ class Dataset:
             projection=projection,
             row_group_cache_bytes=options.parquet.row_group_cache_bytes,
         )
-        counts = _count_rows(reader, files)
-        shards = [
-            Shard(path=file, num_rows=count) for file, count in zip(files, counts, strict=True)
-        ]
+        shards = _shards(reader, files)
         return cls(name=name, format=detected, shards=shards, reader=reader)
 
     @classmethod
@@ -224,9 +226,7 @@ class Dataset:
             index_data=listing.index_data,
             fs=listing.fs,
         )
-        urls = reader.shard_urls
-        counts = _count_rows(reader, urls, remote=True)
-        shards = [Shard(path=u, num_rows=n) for u, n in zip(urls, counts, strict=True)]
+        shards = _shards(reader, reader.shard_urls, remote=True)
         return cls(name=name, format=listing.format, shards=shards, reader=reader)
 
     @classmethod
@@ -344,17 +344,21 @@ class Dataset:
 
         `rows_digest` is the first 16 hex digits of a sha256 over each shard's file name
         (basename) and row count, in order: a changed dataset is noticed without reading data,
-        while moving the files to another folder or machine keeps the fingerprint.
+        while moving the files to another folder or machine keeps the fingerprint. Where
+        shards are split into window blocks (see `Shard.blocks`), which set the order,
+        `blocks_digest` covers them likewise.
         """
         listing = [[os.path.basename(shard.path), shard.num_rows] for shard in self.shards]
-        payload = json.dumps(listing, separators=(",", ":")).encode()
-        return {
+        out = {
             "name": self.name,
             "format": self.format,
             "num_shards": len(self.shards),
             "num_rows": self.num_rows,
-            "rows_digest": hashlib.sha256(payload).hexdigest()[:16],
+            "rows_digest": _digest(listing),
         }
+        if any(shard.blocks for shard in self.shards):
+            out["blocks_digest"] = _digest([list(shard.blocks) for shard in self.shards])
+        return out
 
     def __repr__(self) -> str:
         return (
@@ -377,16 +381,34 @@ def _check_name(name: object) -> None:
         raise ConfigError(f"`name` must be a non-empty str, got {name!r}")
 
 
-def _count_rows(reader: ShardReader, files: list[str], *, remote: bool = False) -> list[int]:
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _shards(reader: ShardReader, files: list[str], *, remote: bool = False) -> list[Shard]:
+    """Each file as a shard, with its row count (and window blocks, for the readers that
+    split shards)."""
+    if isinstance(reader, (ParquetReader, RemoteReader)):
+        layout = reader.shard_layout
+    else:
+
+        def layout(path: str) -> tuple[int, tuple[int, ...]]:
+            return reader.num_rows(path), ()
+
     # Footers and index scans of many shards overlap well: both wait on I/O or run numpy,
     # zlib or zstd code that releases the GIL. Remote ones mostly wait on the network, so
     # they use more threads than there are cores.
     if len(files) == 1:
-        return [reader.num_rows(files[0])]
-    if remote:
-        workers = min(_MAX_REMOTE_OPENING_THREADS, len(files))
+        layouts = [layout(files[0])]
     else:
-        workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
-        # a bar on a terminal: the first open of many JSONL shards scans them all
-        return list(track(pool.map(reader.num_rows, files), "opening shards", total=len(files)))
+        if remote:
+            workers = min(_MAX_REMOTE_OPENING_THREADS, len(files))
+        else:
+            workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
+            # a bar on a terminal: the first open of many JSONL shards scans them all
+            layouts = list(track(pool.map(layout, files), "opening shards", total=len(files)))
+    return [
+        Shard(path=file, num_rows=rows, blocks=blocks)
+        for file, (rows, blocks) in zip(files, layouts, strict=True)
+    ]

@@ -1,15 +1,16 @@
 """Random access to rows of Parquet shards, one decoded row group at a time.
 
-Row counts come from the footer, so opening a dataset reads no data. Parquet cannot decode a
-single row, so a read decodes each row group it touches to Python lists once and keeps it in an
-LRU bounded by the groups' uncompressed size (256 MiB by default; Python objects take a few
-times more) and, loosely, by count (1,024). A window of rows drawn from a few shards then costs
-one conversion per row group, not one per request, as long as the window's row groups fit the
-bound: when they do not, rows drawn at random from the window decode a group for a few rows
-each (lower `shuffle_window_shards`, or write smaller shards), and in a dataset of many windows
-a warning says so once (groups decoded again and again; see `_DecodeLog`). The count bound was
-16: shards of short documents, with many small row groups per window, then decoded a group for
-about every row (measured 20x slower).
+Row counts, and the split of big shards into window blocks (`window_blocks`), come from the
+footer, so opening a dataset reads no data. Parquet cannot decode a single row, so a read
+decodes each row group it touches to Python lists once and keeps it in an LRU bounded by the
+groups' uncompressed size (256 MiB by default; Python objects take a few times more) and,
+loosely, by count (1,024). A window of rows drawn from a few shards, or blocks of at most
+`WINDOW_BLOCK_BYTES` of big shards, then costs one conversion per row group, not one per
+request, as long as the window's row groups fit the bound: when they do not (row groups bigger
+than a block, or more window shards), rows drawn at random from the window decode a group for a
+few rows each, and in a dataset of many windows a warning says so once (groups decoded again
+and again; see `_DecodeLog`). The count bound was 16: shards of short documents, with many
+small row groups per window, then decoded a group for about every row (measured 20x slower).
 """
 
 from __future__ import annotations
@@ -32,6 +33,37 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 
+WINDOW_BLOCK_BYTES = 64 << 20
+"""A Parquet shard whose row groups hold more uncompressed bytes than this is split into
+blocks of consecutive row groups of at most this size (a bigger group alone), which shuffle
+windows count in place of shards (see `window_blocks`). Data-affecting: it sets the order."""
+
+
+def window_blocks(metadata: pq.FileMetaData) -> tuple[int, ...]:
+    """The row counts of a shard's window blocks, from its footer: runs of consecutive row
+    groups of at most `WINDOW_BLOCK_BYTES` uncompressed bytes (all columns, so that the order
+    does not depend on the columns read). Empty when the whole shard fits one block.
+
+    A shuffle window of `shuffle_window_shards` whole shards of hub size (hundreds of MB)
+    would hold GBs of row groups, far above the row-group cache, and most rows would cost a
+    row-group decode; windows of blocks bound the decoded data a window needs whatever the
+    shard size.
+    """
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    sizes = [int(group.total_byte_size) for group in groups]
+    if len(groups) < 2 or sum(sizes) <= WINDOW_BLOCK_BYTES:
+        return ()
+    blocks: list[int] = []
+    rows = size = 0
+    for group, nbytes in zip(groups, sizes):
+        if rows and size + nbytes > WINDOW_BLOCK_BYTES:
+            blocks.append(rows)
+            rows = size = 0
+        rows += group.num_rows
+        size += nbytes
+    blocks.append(rows)
+    return tuple(blocks) if len(blocks) > 1 else ()
+
 
 @dataclass(frozen=True)
 class _OpenFile:
@@ -41,6 +73,7 @@ class _OpenFile:
     lock: threading.Lock
     offsets: npt.NDArray[np.int64]  # first row of each row group, then the row count
     group_bytes: tuple[int, ...]
+    blocks: tuple[int, ...]  # see `window_blocks`
 
     @property
     def num_rows(self) -> int:
@@ -117,6 +150,11 @@ class ParquetReader:
         """Returns the row count recorded in the shard's footer; reads no data."""
         return self._file(path).num_rows
 
+    def shard_layout(self, path: str) -> tuple[int, tuple[int, ...]]:
+        """The shard's row count and window blocks (see `window_blocks`); reads no data."""
+        opened = self._file(path)
+        return opened.num_rows, opened.blocks
+
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns the given rows of the shard as dicts of Python values, in the order asked.
 
@@ -171,16 +209,19 @@ class ParquetReader:
             lock=threading.Lock(),
             offsets=offsets,
             group_bytes=tuple(self._group_bytes(group) for group in groups),
+            blocks=window_blocks(metadata),
         )
 
     def _group_bytes(self, group: pq.RowGroupMetaData) -> int:
-        if self.projection.columns is None:
-            return int(group.total_byte_size)
+        """The uncompressed size of the group's columns that are read as Python values; token
+        columns are weighed by their decoded arrays instead (see `column_bytes`)."""
+        columns, tokens = self.projection.columns, self.projection.token_columns
         chunks = (group.column(i) for i in range(group.num_columns))
         return sum(
             int(chunk.total_uncompressed_size)
             for chunk in chunks
-            if chunk.path_in_schema.split(".", 1)[0] in self.projection.columns
+            if (name := chunk.path_in_schema.split(".", 1)[0]) not in tokens
+            and (columns is None or name in columns)
         )
 
     def _check_columns(self, path: str, schema: pa.Schema) -> None:
@@ -193,7 +234,7 @@ class ParquetReader:
                 f"being dropped from the row-group cache ({self.max_row_group_bytes >> 20} MiB, "
                 f"{self.max_row_groups:,} groups): the row groups of a shuffle window do not fit "
                 "it, so most rows cost a row-group decode. Lower shuffle_window_shards, write "
-                "smaller shards, or raise io_options={'parquet': {'row_group_cache_bytes': "
+                "smaller row groups, or raise io_options={'parquet': {'row_group_cache_bytes': "
                 "...}}.",
                 stacklevel=2,
             )

@@ -70,7 +70,9 @@ class StaticMixtureWorkSource:
         passes: with ``"stop"``, passes over each dataset (each reshuffled): one int for all,
             or per dataset name (up-sampling: ``{"small": 3, "big": 1}``). Default 1.
         shuffle: shuffle documents within windows of shards each pass; False reads in order.
-        shuffle_window_shards: shards whose rows are shuffled together (bounds open shards).
+        shuffle_window_shards: shards whose rows are shuffled together (bounds open shards);
+            a Parquet shard split into window blocks (see `Shard.blocks`) counts once per
+            block, so a window's decoded row groups stay bounded whatever the shard size.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class StaticMixtureWorkSource:
             PointerLayout(
                 name=d.name,
                 shard_rows=tuple(s.num_rows for s in d.shards),
+                shard_blocks=tuple(s.blocks for s in d.shards),
                 seed=seed,
                 window_shards=shuffle_window_shards,
                 shuffle=shuffle,

@@ -1,11 +1,15 @@
 """Pure pointer streams: the p-th document of a dataset in a lane, as a function of names.
 
-For pass k of dataset d, the shard order is a keyed permutation of the shards; consecutive
-groups of ``window_shards`` shards (in that order) form windows whose rows are permuted by a
-keyed Feistel permutation. The concatenated windows form the pass order, and lane l of L takes
-positions l, l+L, l+2L, ... of it. So every row belongs to exactly one lane per pass, a lane
-reads at most one or two windows at a time (bounded open shards, known ahead for prefetch), and
-nothing proportional to the row count is ever built: set-up is O(shards) per pass.
+For pass k of dataset d, the shard order is a keyed permutation of the shards. A shard is one
+block of rows, or, where its reader splits it (a Parquet shard too big to decode at once, see
+``Shard.blocks``), several consecutive runs of rows, which follow one another in a keyed order
+inside their shard. Consecutive groups of ``window_shards`` blocks (in that order) form windows
+whose rows are permuted by a keyed Feistel permutation. The concatenated windows form the pass
+order, and lane l of L takes positions l, l+L, l+2L, ... of it. So every row belongs to exactly
+one lane per pass, a lane reads at most one or two windows at a time (bounded open shards and
+decoded data, known ahead for prefetch), each shard is read over one stretch of the pass, and
+nothing proportional to the row count is ever built: set-up is O(blocks) per pass. Where no
+shard is split, blocks are shards.
 """
 
 from __future__ import annotations
@@ -63,8 +67,10 @@ def lane_length(*, num_rows: int, lane: int, num_lanes: int) -> int:
 @dataclass(frozen=True)
 class _PassLayout:
     shard_order: npt.NDArray[np.int64]
-    ordered_starts: npt.NDArray[np.int64]  # row offset of each ordered shard, plus the total
-    window_starts: npt.NDArray[np.int64]  # row offset of each window, plus the total
+    block_shards: npt.NDArray[np.int64]  # the shard of each block, in pass order
+    block_rows: npt.NDArray[np.int64]  # each block's first row in its shard
+    ordered_starts: npt.NDArray[np.int64]  # pass offset of each ordered block, plus the total
+    window_starts: npt.NDArray[np.int64]  # pass offset of each window, plus the total
 
 
 class PointerLayout:
@@ -74,8 +80,11 @@ class PointerLayout:
         name: the dataset's name; part of every key.
         shard_rows: row count of each shard.
         seed: the recipe seed.
-        window_shards: shards whose rows are shuffled together; 1 shuffles within each shard.
+        window_shards: blocks (shards, where none is split) whose rows are shuffled
+            together; 1 shuffles within each block.
         shuffle: when False, rows come in storage order (shards in order, rows in order).
+        shard_blocks: per shard, the row counts of its blocks where it is split, else empty
+            (one block); all empty when omitted.
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class PointerLayout:
         seed: int,
         window_shards: int,
         shuffle: bool,
+        shard_blocks: tuple[tuple[int, ...], ...] = (),
     ) -> None:
         self.name = name
         self.shard_rows = shard_rows
@@ -93,6 +103,13 @@ class PointerLayout:
         self.seed = seed
         self.window_shards = window_shards
         self.shuffle = shuffle
+        if shard_blocks and len(shard_blocks) != len(shard_rows):
+            raise ValueError(f"{len(shard_blocks)} block lists for {len(shard_rows)} shards")
+        for rows, blocks in zip(shard_rows, shard_blocks):
+            if blocks and (sum(blocks) != rows or min(blocks) < 1):
+                raise ValueError(f"blocks {blocks} do not split a shard of {rows} rows")
+        # unsplit shards are one block: the same layout as without blocks
+        self.shard_blocks = shard_blocks if any(shard_blocks) else ()
 
     def pointers(
         self, *, pass_index: int, lane: int, num_lanes: int, start: int, count: int
@@ -117,7 +134,7 @@ class PointerLayout:
         """The shards lane positions ``start, start+1, ...`` of pass ``pass_index`` read, in
         the order they are first needed: the current window's shards, then each later window's.
 
-        A window's rows are permuted across its shards, so all of them are needed from its
+        A window's rows are permuted across its blocks, so all of them are needed from its
         first row on. Shards without rows are left out. Lazy: prefetch stops walking once its
         byte budget is spent.
         """
@@ -130,9 +147,11 @@ class PointerLayout:
             first = window * self.window_shards
         else:
             first = int(np.searchsorted(layout.ordered_starts, global_pos, side="right")) - 1
-        for shard in layout.shard_order[first:]:
-            if self.shard_rows[shard]:
-                yield int(shard)
+        previous = -1
+        for shard in layout.block_shards[first:].tolist():  # a shard's blocks are adjacent
+            if shard != previous and self.shard_rows[shard]:
+                yield shard
+            previous = shard
 
     def _locate(
         self, pass_index: int, global_pos: npt.NDArray[np.int64]
@@ -149,12 +168,18 @@ class PointerLayout:
                 key = stable_key(self.seed, self.name, pass_index, "window", w)
                 offsets[sel] = begin + permute(global_pos[sel] - begin, end - begin, key)
         ordered = np.searchsorted(layout.ordered_starts, offsets, side="right") - 1
-        rows = offsets - layout.ordered_starts[ordered]
-        return layout.shard_order[ordered], rows
+        rows = offsets - layout.ordered_starts[ordered] + layout.block_rows[ordered]
+        return layout.block_shards[ordered], rows
 
     def _layout(self, pass_index: int) -> _PassLayout:
         return _pass_layout(
-            self.name, self.shard_rows, self.seed, self.window_shards, self.shuffle, pass_index
+            self.name,
+            self.shard_rows,
+            self.shard_blocks,
+            self.seed,
+            self.window_shards,
+            self.shuffle,
+            pass_index,
         )
 
 
@@ -162,6 +187,7 @@ class PointerLayout:
 def _pass_layout(
     name: str,
     shard_rows: tuple[int, ...],
+    shard_blocks: tuple[tuple[int, ...], ...],
     seed: int,
     window_shards: int,
     shuffle: bool,
@@ -173,9 +199,43 @@ def _pass_layout(
         order = permute(np.arange(num_shards), num_shards, key)
     else:
         order = np.arange(num_shards, dtype=np.int64)
-    sizes = np.asarray(shard_rows, dtype=np.int64)[order]
+    if shard_blocks:
+        block_shards, block_rows, sizes = _ordered_blocks(
+            order, shard_rows, shard_blocks, seed, name, pass_index, shuffle
+        )
+    else:
+        block_shards, block_rows = order, np.zeros(num_shards, dtype=np.int64)
+        sizes = np.asarray(shard_rows, dtype=np.int64)[order]
     ordered_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     window_starts = ordered_starts[::window_shards]
     if window_starts[-1] != ordered_starts[-1]:
         window_starts = np.concatenate([window_starts, ordered_starts[-1:]])
-    return _PassLayout(order, ordered_starts, window_starts)
+    return _PassLayout(order, block_shards, block_rows, ordered_starts, window_starts)
+
+
+def _ordered_blocks(
+    order: npt.NDArray[np.int64],
+    shard_rows: tuple[int, ...],
+    shard_blocks: tuple[tuple[int, ...], ...],
+    seed: int,
+    name: str,
+    pass_index: int,
+    shuffle: bool,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The blocks of the shards in ``order``, a split shard's in a keyed order of their own
+    (stored order without shuffle): each block's shard, first row and row count."""
+    shards: list[int] = []
+    firsts: list[int] = []
+    sizes: list[int] = []
+    for shard in order.tolist():
+        blocks = shard_blocks[shard] or (shard_rows[shard],)
+        starts = np.concatenate([[0], np.cumsum(blocks[:-1])]).astype(np.int64)
+        picked = np.arange(len(blocks))
+        if shuffle and len(blocks) > 1:
+            key = stable_key(seed, name, pass_index, "blocks", shard)
+            picked = permute(picked, len(blocks), key)
+        shards += [shard] * len(blocks)
+        firsts += starts[picked].tolist()
+        sizes += [blocks[b] for b in picked.tolist()]
+    as_array = np.asarray
+    return as_array(shards, np.int64), as_array(firsts, np.int64), as_array(sizes, np.int64)

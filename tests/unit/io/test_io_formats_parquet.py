@@ -209,3 +209,111 @@ def test_the_decode_log_stays_quiet_over_many_shuffled_passes_that_fit() -> None
                 if len(cache) > 4:
                     cache.popitem(last=False)
     assert said.count(True) == 1
+
+
+# -- big shards split into window blocks ----------------------------------------------------------
+
+
+def _token_shards(
+    folder: Path, shards: int, groups: int, per_group: int = 16, width: int = 64
+) -> int:
+    """`shards` Parquet files of `groups` row groups of `per_group` rows of `width` token ids
+    (row i holds ids i, i+1, ... of its shard); returns one row group's footer size."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for shard in range(shards):
+        rows = [list(range(i, i + width)) for i in range(groups * per_group)]
+        table = pa.table({"ids": pa.array(rows, type=pa.list_(pa.int32()))})
+        pq.write_table(table, folder / f"part-{shard}.parquet", row_group_size=per_group)
+    return int(pq.ParquetFile(folder / "part-0.parquet").metadata.row_group(0).total_byte_size)
+
+
+def test_a_shard_above_the_block_size_is_split_into_runs_of_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zephon_torch.io import parquet
+
+    group = _token_shards(tmp_path / "big", shards=1, groups=10)
+    unsplit = Dataset.from_path("d", tmp_path / "big")
+    assert unsplit.shards[0].blocks == ()
+    assert "blocks_digest" not in unsplit.fingerprint()
+    monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", 3 * group + group // 2)
+    split = Dataset.from_path("d", tmp_path / "big")
+    assert split.shards[0].blocks == (48, 48, 48, 16)  # 3 groups of 16 rows, then the rest
+    assert split.fingerprint()["blocks_digest"] != ""
+    assert split.fingerprint()["rows_digest"] == unsplit.fingerprint()["rows_digest"]
+    # a group above the size stands alone; a shard of one group is never split
+    monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", group // 2)
+    assert Dataset.from_path("d", tmp_path / "big").shards[0].blocks == (16,) * 10
+    _token_shards(tmp_path / "one", shards=1, groups=1)
+    assert Dataset.from_path("d", tmp_path / "one").shards[0].blocks == ()
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_windows_of_blocks_decode_each_row_group_once_a_pass_where_windows_of_shards_thrash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: bool
+) -> None:
+    """Two shards of 40 row groups of 128 rows, a window of 2 blocks (or shards) and a
+    row-group cache of 32 groups: blocks of 4 groups keep the groups of the windows being read
+    (chunks of up to 256 rows, two at a time, so at most two windows of 8 groups) in the
+    cache, and each group is decoded once a pass; windows of two whole shards (80 groups)
+    decode groups again and again."""
+    from zephon_torch import Pipeline
+    from zephon_torch.io import parquet
+    from zephon_torch.io.parquet import ParquetReader
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    per_group, width = 128, 8
+    group = _token_shards(tmp_path / "data", shards=2, groups=40, per_group=per_group, width=width)
+    if split:
+        monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", 4 * group + group // 2)
+    decoded: list[tuple[str, int]] = []
+    decode = ParquetReader._decode
+
+    def counted(self: ParquetReader, path: str, opened: object, number: int) -> object:
+        decoded.append((path, number))
+        return decode(self, path, opened, number)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ParquetReader, "_decode", counted)
+    weight = per_group * width * 4 + (per_group + 1) * 8  # a group's decoded ids and offsets
+    cache = {"parquet": {"row_group_cache_bytes": 32 * weight}}
+    dataset = Dataset.from_path("d", tmp_path / "data", token_columns=["ids"], io_options=cache)
+    assert [len(s.blocks) for s in dataset.shards] == ([10, 10] if split else [0, 0])
+    source = StaticMixtureWorkSource([dataset], seed=5, exhaustion="stop", shuffle_window_shards=2)
+    pipeline = Pipeline(source).pretokenized("ids").pack_flat(256).batch(2)
+    firsts = []
+    for batch in pipeline:
+        ids = batch.input_ids.reshape(-1, width)[: batch.num_tokens // width]
+        firsts += ids[:, 0].tolist()
+    assert sorted(firsts) == sorted(list(range(40 * per_group)) * 2)  # every row once
+    every_group = [
+        (str(p), g) for p in sorted((tmp_path / "data").glob("*.parquet")) for g in range(40)
+    ]
+    if split:
+        assert sorted(decoded) == every_group
+    else:
+        assert len(decoded) > 10 * len(every_group)
+
+
+def test_a_row_group_is_weighed_by_its_decoded_token_arrays_plus_its_other_columns(
+    tmp_path: Path,
+) -> None:
+    """A token column counts once, by its decoded arrays: counting its footer size as well
+    made a window of token shards weigh twice what it holds."""
+    table = pa.table(
+        {
+            "ids": pa.array([[i] * 100 for i in range(50)], pa.list_(pa.int32())),
+            "text": [f"row {i} " * 20 for i in range(50)],
+        }
+    )
+    pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=50)
+    column = pq.ParquetFile(tmp_path / "part-0.parquet").metadata.row_group(0).column(1)
+    assert column.path_in_schema == "text"
+    ids_bytes = 50 * 100 * 4 + 51 * 8  # values and offsets
+    for columns, expected in (
+        (["ids"], ids_bytes),
+        (["ids", "text"], ids_bytes + column.total_uncompressed_size),
+    ):
+        dataset = Dataset.from_path("d", tmp_path, columns=columns, token_columns=["ids"])
+        dataset.read_rows(0, [7])
+        groups = dataset._reader._groups  # type: ignore[attr-defined]
+        assert groups._current().weight == expected

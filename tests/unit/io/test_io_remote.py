@@ -375,13 +375,13 @@ def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
         _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": list(range(rows))}))
     index = str(tmp_path / "index")
     footers: list[str] = []
-    count = remote_reader.parquet_rows
+    count = remote_reader.parquet_layout
 
-    def counted(tail: Any, **where: Any) -> int:
+    def counted(tail: Any, **where: Any) -> tuple[int, tuple[int, ...]]:
         footers.append(where["url"])
         return count(tail, **where)
 
-    monkeypatch.setattr(remote_reader, "parquet_rows", counted)
+    monkeypatch.setattr(remote_reader, "parquet_layout", counted)
 
     def open_cold() -> Dataset:
         return Dataset.from_path(
@@ -402,16 +402,22 @@ def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
 def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
     tmp_path: Path,
 ) -> None:
-    from zephon_torch.io._remote_rows import remember_rows, remembered_rows
+    from zephon_torch.io._remote_rows import remember_layout, remembered_layout
     from zephon_torch.io._shard_cache import CachedObject
 
     index = str(tmp_path / "index")
     versioned = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-1"')
-    remember_rows(index, versioned, 7)
-    assert remembered_rows(index, versioned) == 7
+    remember_layout(index, versioned, 7, (3, 4))
+    assert remembered_layout(index, versioned) == (7, (3, 4))
     bare = CachedObject(url="s3://b/a.parquet", size=100, version="")
-    remember_rows(index, bare, 9)
-    assert remembered_rows(index, bare) is None
+    remember_layout(index, bare, 9)
+    assert remembered_layout(index, bare) is None
+    # a record from before window blocks were kept is counted again, not read as unsplit
+    old = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-2"')
+    remember_layout(index, old, 7)
+    record = next(Path(index).rglob(f"{old.name}.json"))
+    record.write_text(json.dumps({"url": old.url, "rows": 7}))
+    assert remembered_layout(index, old) is None
 
 
 def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
@@ -496,3 +502,50 @@ def test_the_parquet_row_group_cache_is_set_for_local_and_remote_datasets(
     for bad in ({"parquet": {"row_group_cache_bytes": 0}}, {"parquet": {"rows": 1}}):
         with pytest.raises(ConfigError, match="parquet"):
             local.with_io_options(bad)
+
+
+def test_a_big_remote_parquet_shard_is_split_into_the_blocks_of_its_local_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zephon_torch.io._remote_reader as remote_reader
+    from zephon_torch.io import parquet
+
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    local = tmp_path / "local"
+    local.mkdir()
+    table = pa.table(
+        {"ids": pa.array([[i, i + 1, i + 2] for i in range(600)], pa.list_(pa.int32()))}
+    )
+    for number in range(2):
+        pq.write_table(table, local / f"{number}.parquet", row_group_size=50)
+        _put_parquet(fs, f"{root}/{number}.parquet", table, row_group_size=50)
+    group = pq.ParquetFile(local / "0.parquet").metadata.row_group(0).total_byte_size
+    monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", 3 * group + group // 2)
+    on_disk = Dataset.from_path("p", local, token_columns=["ids"])
+
+    def open_remote() -> Dataset:
+        return Dataset.from_path(
+            "p",
+            f"memory://{root}",
+            token_columns=["ids"],
+            io_options=_options(tmp_path),
+            index_cache_dir=str(tmp_path / "index"),
+        )
+
+    remote = open_remote()
+    assert [s.blocks for s in remote.shards] == [(150, 150, 150, 150)] * 2
+    assert [s.blocks for s in on_disk.shards] == [(150, 150, 150, 150)] * 2
+    assert remote.fingerprint()["blocks_digest"] == on_disk.fingerprint()["blocks_digest"]
+
+    def no_footer(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a remembered shard's footer was read again")
+
+    monkeypatch.setattr(remote_reader, "parquet_layout", no_footer)
+    assert [s.blocks for s in open_remote().shards] == [(150, 150, 150, 150)] * 2
+
+    def build(dataset: Dataset) -> Pipeline:
+        source = StaticMixtureWorkSource([dataset], seed=2, shuffle_window_shards=2)
+        return Pipeline(source).pretokenized("ids").pack_flat(32).batch(2)
+
+    assert keys(build(remote)) == keys(build(on_disk))
