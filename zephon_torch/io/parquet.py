@@ -33,16 +33,34 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 
-WINDOW_BLOCK_BYTES = 64 << 20
-"""A Parquet shard whose row groups hold more uncompressed bytes than this is split into
-blocks of consecutive row groups of at most this size (a bigger group alone), which shuffle
-windows count in place of shards (see `window_blocks`). Data-affecting: it sets the order."""
+WINDOW_BLOCK_BYTES = 32 << 20
+"""A Parquet shard whose row groups hold more than this many bytes (see `decoded_bytes`) is
+split into blocks of consecutive row groups of at most this size (a bigger group alone), which
+shuffle windows count in place of shards (see `window_blocks`): a window of 4 blocks needs at
+most half the default row-group cache, leaving the rest to the next window's first groups and
+to estimates that fall short. Data-affecting: it sets the order."""
+
+_FIXED_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+
+
+def decoded_bytes(group: pq.RowGroupMetaData) -> int:
+    """A row group's size once decoded, from its footer, over all columns (so that it does not
+    depend on the columns read): a fixed-width column's values at their width, as token arrays
+    hold them, and any other column's uncompressed pages. The footer's uncompressed size alone
+    falls short for dictionary-encoded values: token ids below 65,536 stored as int32 take 2
+    bytes there, 4 decoded."""
+    total = 0
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        width = _FIXED_WIDTHS.get(chunk.physical_type, 0)
+        total += max(int(chunk.total_uncompressed_size), int(chunk.num_values) * width)
+    return total
 
 
 def window_blocks(metadata: pq.FileMetaData) -> tuple[int, ...]:
     """The row counts of a shard's window blocks, from its footer: runs of consecutive row
-    groups of at most `WINDOW_BLOCK_BYTES` uncompressed bytes (all columns, so that the order
-    does not depend on the columns read). Empty when the whole shard fits one block.
+    groups of at most `WINDOW_BLOCK_BYTES` (see `decoded_bytes`). Empty when the whole shard
+    fits one block.
 
     A shuffle window of `shuffle_window_shards` whole shards of hub size (hundreds of MB)
     would hold GBs of row groups, far above the row-group cache, and most rows would cost a
@@ -50,7 +68,7 @@ def window_blocks(metadata: pq.FileMetaData) -> tuple[int, ...]:
     shard size.
     """
     groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
-    sizes = [int(group.total_byte_size) for group in groups]
+    sizes = [decoded_bytes(group) for group in groups]
     if len(groups) < 2 or sum(sizes) <= WINDOW_BLOCK_BYTES:
         return ()
     blocks: list[int] = []

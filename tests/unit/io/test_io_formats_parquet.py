@@ -218,13 +218,15 @@ def _token_shards(
     folder: Path, shards: int, groups: int, per_group: int = 16, width: int = 64
 ) -> int:
     """`shards` Parquet files of `groups` row groups of `per_group` rows of `width` token ids
-    (row i holds ids i, i+1, ... of its shard); returns one row group's footer size."""
+    (row i holds ids i, i+1, ... of its shard); returns one row group's `decoded_bytes`."""
     folder.mkdir(parents=True, exist_ok=True)
     for shard in range(shards):
         rows = [list(range(i, i + width)) for i in range(groups * per_group)]
         table = pa.table({"ids": pa.array(rows, type=pa.list_(pa.int32()))})
         pq.write_table(table, folder / f"part-{shard}.parquet", row_group_size=per_group)
-    return int(pq.ParquetFile(folder / "part-0.parquet").metadata.row_group(0).total_byte_size)
+    from zephon_torch.io.parquet import decoded_bytes
+
+    return decoded_bytes(pq.ParquetFile(folder / "part-0.parquet").metadata.row_group(0))
 
 
 def test_a_shard_above_the_block_size_is_split_into_runs_of_row_groups(
@@ -317,3 +319,24 @@ def test_a_row_group_is_weighed_by_its_decoded_token_arrays_plus_its_other_colum
         dataset.read_rows(0, [7])
         groups = dataset._reader._groups  # type: ignore[attr-defined]
         assert groups._current().weight == expected
+
+
+def test_decoded_bytes_count_dictionary_encoded_token_ids_at_their_width(tmp_path: Path) -> None:
+    """Dictionary-encoded ids take a few bits each in the pages (2 bytes below 65,536) and 4
+    as int32 arrays: window blocks sized by the pages held twice what they should and
+    thrashed the cache."""
+    from zephon_torch.io.parquet import decoded_bytes
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, size=(400, 500), dtype=np.int32)
+    table = pa.table(
+        {
+            "ids": pa.array(list(ids), pa.list_(pa.int32())),
+            "text": [f"document {i}" for i in range(400)],
+        }
+    )
+    pq.write_table(table, tmp_path / "part-0.parquet", compression="none")
+    group = pq.ParquetFile(tmp_path / "part-0.parquet").metadata.row_group(0)
+    assert group.total_byte_size < 0.5 * ids.nbytes  # the pages fall short
+    text = group.column(1).total_uncompressed_size
+    assert decoded_bytes(group) == ids.nbytes + text
