@@ -340,3 +340,33 @@ def test_decoded_bytes_count_dictionary_encoded_token_ids_at_their_width(tmp_pat
     assert group.total_byte_size < 0.5 * ids.nbytes  # the pages fall short
     text = group.column(1).total_uncompressed_size
     assert decoded_bytes(group) == ids.nbytes + text
+
+
+def test_a_pipeline_over_split_shards_resumes_exactly_at_every_step_and_refuses_old_states(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.helpers import assert_resumes_at_every_step
+    from zephon_torch import Pipeline
+    from zephon_torch.errors import ZephonError
+    from zephon_torch.io import parquet
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    group = _token_shards(tmp_path / "data", shards=3, groups=6, per_group=4, width=5)
+    unsplit = Dataset.from_path("d", tmp_path / "data", token_columns=["ids"])
+    monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", 2 * group)
+    split = Dataset.from_path("d", tmp_path / "data", token_columns=["ids"])
+    assert [s.blocks for s in split.shards] == [(8, 8, 8)] * 3
+
+    def build(dataset: Dataset = split) -> Pipeline:
+        source = StaticMixtureWorkSource(
+            [dataset], seed=4, exhaustion="repeat", shuffle_window_shards=2
+        )
+        pipeline = Pipeline(source).options(canonical_replicas=2)
+        return pipeline.pretokenized("ids").pack_flat(12, "best_fit").batch(2)
+
+    assert assert_resumes_at_every_step(build, max_steps=40) == 40  # past a pass (72 rows)
+    # a state of the same files read before the split names another order: refused
+    old = build(unsplit)
+    next(iter(old))
+    with pytest.raises(ZephonError, match=r"(?s)does not match this pipeline.*blocks_digest"):
+        build().load_state_dict(old.state_dict())
