@@ -40,6 +40,7 @@ from zephon_torch.io._rows import Rows
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader
 from zephon_torch.io.npy import offsets_path
+from zephon_torch.io.parquet import window_blocks
 
 T = TypeVar("T")
 
@@ -179,7 +180,8 @@ class RemoteReader:
             else:
                 layout = self._with_reader(path, lambda r, local: r.num_rows(local)), ()
             remember_layout(self.index_cache_dir, item, *layout)
-        return layout
+        rows, groups = layout
+        return rows, window_blocks(groups)
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
@@ -290,8 +292,8 @@ class RemoteReader:
         partner = offsets_path(url) if self.format == "npy" else None
         return [url, partner] if partner in self.objects else [url]
 
-    def _parquet_layout(self, path: str) -> tuple[int, tuple[int, ...]]:
-        """The row count and window blocks from the footer, by range reads (retried); no
+    def _parquet_layout(self, path: str) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """The row count and row-group sizes from the footer, by range reads (retried); no
         download."""
         fs_path, item = self.objects[path]
 

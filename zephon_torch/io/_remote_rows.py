@@ -3,7 +3,7 @@
 A Parquet footer is read from the file's tail by one range read (two when the footer is longer
 than the guess); a `.npy` token file's rows come from its header, or its offsets file's header
 and two values; JSONL and Vortex shards are downloaded whole to be counted. Either count, with
-a Parquet shard's window blocks, is remembered in the index cache folder, under the object's
+a Parquet shard's row-group sizes, is remembered in the index cache folder, under the object's
 cache name (URL, size and version), so a later open, by any run, process or node sharing the
 folder, reads nothing but the listing.
 """
@@ -23,7 +23,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.npy import offsets_path, read_header
-from zephon_torch.io.parquet import window_blocks
+from zephon_torch.io.parquet import ESTIMATE_VERSION, group_sizes
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
@@ -33,10 +33,13 @@ _HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch 
 Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, listing entry)
 
 
+Groups = tuple[tuple[int, int], ...]  # each row group's rows and decoded bytes
+
+
 def parquet_layout(
     tail: Callable[[int], bytes], *, size: int, url: str, dataset: str
-) -> tuple[int, tuple[int, ...]]:
-    """The row count and window blocks (see `parquet.window_blocks`) in a Parquet footer.
+) -> tuple[int, Groups]:
+    """The row count and row-group sizes (see `parquet.group_sizes`) in a Parquet footer.
 
     Args:
         tail: the last n bytes of the object (the caller retries the read).
@@ -63,7 +66,7 @@ def parquet_layout(
         data = tail(length)
     try:
         metadata = pq.read_metadata(pa.BufferReader(data[-length:]))
-        return int(metadata.num_rows), window_blocks(metadata)
+        return int(metadata.num_rows), group_sizes(metadata)
     except (pa.ArrowInvalid, OSError) as error:  # pyarrow raises OSError for bad thrift
         raise bad(error) from error
 
@@ -120,12 +123,12 @@ def _npy_value(
     return call_with_retry(value, url=url, policy=policy, what="reading the offsets")
 
 
-def remembered_layout(
-    index_cache_dir: str, item: CachedObject
-) -> tuple[int, tuple[int, ...]] | None:
-    """The row count and window blocks remembered for this version of the object, else None
-    (always for an object listed without a version: a rewrite of the same size could not be
-    told apart; and for a record written before blocks were kept)."""
+def remembered_layout(index_cache_dir: str, item: CachedObject) -> tuple[int, Groups] | None:
+    """The row count and row-group sizes remembered for this version of the object, else None:
+    always for an object listed without a version (a rewrite of the same size could not be
+    told apart), and for a record of an older format or size estimate (see
+    `parquet.ESTIMATE_VERSION`). Window blocks are derived from the sizes at each open, so a
+    new block size never meets stale blocks."""
     if not item.version:
         return None
     with (
@@ -133,21 +136,24 @@ def remembered_layout(
         open(_record(index_cache_dir, item), encoding="utf-8") as handle,
     ):
         record = json.load(handle)
-        return int(record["rows"]), tuple(int(n) for n in record["blocks"])
+        if record["estimate"] != ESTIMATE_VERSION:
+            return None
+        groups = tuple((int(rows), int(nbytes)) for rows, nbytes in record["groups"])
+        return int(record["rows"]), groups
     return None
 
 
 def remember_layout(
-    index_cache_dir: str, item: CachedObject, rows: int, blocks: tuple[int, ...] = ()
+    index_cache_dir: str, item: CachedObject, rows: int, groups: Groups = ()
 ) -> None:
-    """Remembers the object's row count and window blocks; a folder that cannot be written is
-    skipped, and so is an object listed without a version (ETag, time), which is counted
-    again at every open."""
+    """Remembers the object's row count and row-group sizes (none for other formats); a folder
+    that cannot be written is skipped, and so is an object listed without a version (ETag,
+    time), which is counted again at every open."""
     if not item.version:
         return
     with contextlib.suppress(OSError):
-        text = json.dumps({"url": item.url, "rows": rows, "blocks": list(blocks)})
-        write_text_atomically(_record(index_cache_dir, item), text)
+        record = {"url": item.url, "rows": rows, "groups": groups, "estimate": ESTIMATE_VERSION}
+        write_text_atomically(_record(index_cache_dir, item), json.dumps(record))
 
 
 def _record(index_cache_dir: str, item: CachedObject) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -57,27 +58,37 @@ def decoded_bytes(group: pq.RowGroupMetaData) -> int:
     return total
 
 
-def window_blocks(metadata: pq.FileMetaData) -> tuple[int, ...]:
-    """The row counts of a shard's window blocks, from its footer: runs of consecutive row
-    groups of at most `WINDOW_BLOCK_BYTES` (see `decoded_bytes`). Empty when the whole shard
-    fits one block.
+ESTIMATE_VERSION = 1
+"""Changes whenever `decoded_bytes` estimates differently, so that sizes remembered for remote
+shards by an older rule are measured again rather than reused."""
+
+
+def group_sizes(metadata: pq.FileMetaData) -> tuple[tuple[int, int], ...]:
+    """Each row group's row count and `decoded_bytes`, from a footer."""
+    groups = (metadata.row_group(i) for i in range(metadata.num_row_groups))
+    return tuple((int(group.num_rows), decoded_bytes(group)) for group in groups)
+
+
+def window_blocks(groups: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """The row counts of a shard's window blocks, given its row groups' rows and decoded bytes
+    (`group_sizes`): runs of consecutive row groups of at most `WINDOW_BLOCK_BYTES`, a bigger
+    group alone, an empty group with the run before it (or after, at the start). Empty when
+    the whole shard fits one block.
 
     A shuffle window of `shuffle_window_shards` whole shards of hub size (hundreds of MB)
     would hold GBs of row groups, far above the row-group cache, and most rows would cost a
     row-group decode; windows of blocks bound the decoded data a window needs whatever the
-    shard size.
+    shard size (but a single row group above the block size stays whole).
     """
-    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
-    sizes = [decoded_bytes(group) for group in groups]
-    if len(groups) < 2 or sum(sizes) <= WINDOW_BLOCK_BYTES:
+    if sum(nbytes for _, nbytes in groups) <= WINDOW_BLOCK_BYTES:
         return ()
     blocks: list[int] = []
     rows = size = 0
-    for group, nbytes in zip(groups, sizes):
-        if rows and size + nbytes > WINDOW_BLOCK_BYTES:
+    for count, nbytes in groups:
+        if rows and count and size + nbytes > WINDOW_BLOCK_BYTES:
             blocks.append(rows)
             rows = size = 0
-        rows += group.num_rows
+        rows += count
         size += nbytes
     blocks.append(rows)
     return tuple(blocks) if len(blocks) > 1 else ()
@@ -227,7 +238,7 @@ class ParquetReader:
             lock=threading.Lock(),
             offsets=offsets,
             group_bytes=tuple(self._group_bytes(group) for group in groups),
-            blocks=window_blocks(metadata),
+            blocks=window_blocks(group_sizes(metadata)),
         )
 
     def _group_bytes(self, group: pq.RowGroupMetaData) -> int:

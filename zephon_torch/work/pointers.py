@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from zephon_torch.work._hashing import stable_key
+from zephon_torch.work._hashing import mix64_inplace, stable_key
 from zephon_torch.work._permutation import permute
 
 
@@ -110,6 +110,7 @@ class PointerLayout:
                 raise ValueError(f"blocks {blocks} do not split a shard of {rows} rows")
         # unsplit shards are one block: the same layout as without blocks
         self.shard_blocks = shard_blocks if any(shard_blocks) else ()
+        self._key = _LayoutKey((name, shard_rows, self.shard_blocks, seed, window_shards, shuffle))
 
     def pointers(
         self, *, pass_index: int, lane: int, num_lanes: int, start: int, count: int
@@ -148,9 +149,9 @@ class PointerLayout:
         else:
             first = int(np.searchsorted(layout.ordered_starts, global_pos, side="right")) - 1
         previous = -1
-        for shard in layout.block_shards[first:].tolist():  # a shard's blocks are adjacent
+        for shard in layout.block_shards[first:]:  # lazily; a shard's blocks are adjacent
             if shard != previous and self.shard_rows[shard]:
-                yield shard
+                yield int(shard)
             previous = shard
 
     def _locate(
@@ -172,27 +173,35 @@ class PointerLayout:
         return layout.block_shards[ordered], rows
 
     def _layout(self, pass_index: int) -> _PassLayout:
-        return _pass_layout(
-            self.name,
-            self.shard_rows,
-            self.shard_blocks,
-            self.seed,
-            self.window_shards,
-            self.shuffle,
-            pass_index,
-        )
+        return _pass_layout(self._key, pass_index)
+
+
+class _LayoutKey:
+    """A layout's settings as a cache key that hashes its (long) shard tuples once, not at
+    every lookup; pickled as its settings, so a process hashes them afresh."""
+
+    __slots__ = ("_hash", "settings")
+
+    def __init__(
+        self,
+        settings: tuple[str, tuple[int, ...], tuple[tuple[int, ...], ...], int, int, bool],
+    ) -> None:
+        self.settings = settings
+        self._hash = hash(settings)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _LayoutKey) and self.settings == other.settings)
+
+    def __reduce__(self) -> tuple[type[_LayoutKey], tuple[Any, ...]]:
+        return _LayoutKey, (self.settings,)
 
 
 @lru_cache(maxsize=64)
-def _pass_layout(
-    name: str,
-    shard_rows: tuple[int, ...],
-    shard_blocks: tuple[tuple[int, ...], ...],
-    seed: int,
-    window_shards: int,
-    shuffle: bool,
-    pass_index: int,
-) -> _PassLayout:
+def _pass_layout(settings: _LayoutKey, pass_index: int) -> _PassLayout:
+    name, shard_rows, shard_blocks, seed, window_shards, shuffle = settings.settings
     num_shards = len(shard_rows)
     if shuffle:
         key = stable_key(seed, name, pass_index, "shards")
@@ -223,19 +232,30 @@ def _ordered_blocks(
     shuffle: bool,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The blocks of the shards in ``order``, a split shard's in a keyed order of their own
-    (stored order without shuffle): each block's shard, first row and row count."""
-    shards: list[int] = []
-    firsts: list[int] = []
-    sizes: list[int] = []
-    for shard in order.tolist():
-        blocks = shard_blocks[shard] or (shard_rows[shard],)
-        starts = np.concatenate([[0], np.cumsum(blocks[:-1])]).astype(np.int64)
-        picked = np.arange(len(blocks))
-        if shuffle and len(blocks) > 1:
-            key = stable_key(seed, name, pass_index, "blocks", shard)
-            picked = permute(picked, len(blocks), key)
-        shards += [shard] * len(blocks)
-        firsts += starts[picked].tolist()
-        sizes += [blocks[b] for b in picked.tolist()]
-    as_array = np.asarray
-    return as_array(shards, np.int64), as_array(firsts, np.int64), as_array(sizes, np.int64)
+    (stored order without shuffle): each block's shard, first row and row count.
+
+    Vectorised over all blocks: each block of a shard draws a keyed 64-bit sort key (a
+    bijective scramble of its shard and index, so no two tie), and one sort orders the blocks
+    by their shard's place in ``order``, then by key.
+    """
+    counts = np.fromiter((len(b) or 1 for b in shard_blocks), np.int64, len(shard_blocks))
+    sizes = np.fromiter(
+        (n for rows, b in zip(shard_rows, shard_blocks) for n in (b or (rows,))),
+        np.int64,
+        int(counts.sum()),
+    )
+    shards = np.repeat(np.arange(len(shard_rows), dtype=np.int64), counts)
+    first_block = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    within = np.arange(len(sizes), dtype=np.int64) - first_block[shards]
+    starts = np.cumsum(sizes) - sizes  # each block's first row in the storage order
+    firsts = starts - starts[first_block][shards]
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    if shuffle:
+        scramble = (shards.astype(np.uint64) << np.uint64(32)) | within.astype(np.uint64)
+        scramble ^= np.uint64(stable_key(seed, name, pass_index, "blocks"))
+        mix64_inplace(scramble)
+        picked = np.lexsort((scramble, rank[shards]))
+    else:
+        picked = np.lexsort((within, rank[shards]))
+    return shards[picked], firsts[picked], sizes[picked]

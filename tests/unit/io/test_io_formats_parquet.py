@@ -370,3 +370,26 @@ def test_a_pipeline_over_split_shards_resumes_exactly_at_every_step_and_refuses_
     next(iter(old))
     with pytest.raises(ZephonError, match=r"(?s)does not match this pipeline.*blocks_digest"):
         build().load_state_dict(old.state_dict())
+
+
+def test_empty_row_groups_join_a_block_and_never_make_one_of_their_own(tmp_path: Path) -> None:
+    from zephon_torch.io.parquet import WINDOW_BLOCK_BYTES, group_sizes, window_blocks
+
+    big = WINDOW_BLOCK_BYTES  # each non-empty group fills a block alone
+    assert window_blocks([(0, 14), (100, big), (100, big), (0, 14)]) == (100, 100)
+    assert window_blocks([(100, big), (0, 14), (100, big), (100, big), (0, 14)]) == (
+        100,
+        100,
+        100,
+    )
+    # a writer's last, empty, write makes an empty row group
+    path = tmp_path / "part-0.parquet"
+    table = pa.table({"n": list(range(30))})
+    with pq.ParquetWriter(path, table.schema) as writer:
+        for start in (0, 10, 20):
+            writer.write_table(table.slice(start, 10))
+        writer.write_table(table.slice(30, 0))
+    groups = group_sizes(pq.ParquetFile(path).metadata)
+    assert [rows for rows, _ in groups] == [10, 10, 10, 0]
+    sized = [(rows, big if rows else 14) for rows, _ in groups]
+    assert window_blocks(sized) == (10, 10, 10)

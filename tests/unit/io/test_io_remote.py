@@ -407,17 +407,23 @@ def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
 
     index = str(tmp_path / "index")
     versioned = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-1"')
-    remember_layout(index, versioned, 7, (3, 4))
-    assert remembered_layout(index, versioned) == (7, (3, 4))
+    remember_layout(index, versioned, 7, ((3, 100), (4, 120)))
+    assert remembered_layout(index, versioned) == (7, ((3, 100), (4, 120)))
     bare = CachedObject(url="s3://b/a.parquet", size=100, version="")
     remember_layout(index, bare, 9)
     assert remembered_layout(index, bare) is None
-    # a record from before window blocks were kept is counted again, not read as unsplit
+    # a record of an older format, or of sizes estimated by another rule, is counted again
     old = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-2"')
     remember_layout(index, old, 7)
     record = next(Path(index).rglob(f"{old.name}.json"))
-    record.write_text(json.dumps({"url": old.url, "rows": 7}))
-    assert remembered_layout(index, old) is None
+    assert remembered_layout(index, old) == (7, ())
+    for stale in (
+        {"rows": 7},
+        {"rows": 7, "blocks": [3, 4]},
+        {"rows": 7, "groups": [], "estimate": 0},
+    ):
+        record.write_text(json.dumps({"url": old.url, **stale}))
+        assert remembered_layout(index, old) is None
 
 
 def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
@@ -549,3 +555,28 @@ def test_a_big_remote_parquet_shard_is_split_into_the_blocks_of_its_local_copy(
         return Pipeline(source).pretokenized("ids").pack_flat(32).batch(2)
 
     assert keys(build(remote)) == keys(build(on_disk))
+
+
+def test_remembered_remote_sizes_give_the_blocks_of_the_current_block_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row-group sizes are remembered, not blocks: a later block size applies to a remote
+    reopen as to a local open (blocks remembered as such went stale)."""
+    from zephon_torch.io import parquet
+
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    local = tmp_path / "local"
+    local.mkdir()
+    table = pa.table({"ids": pa.array([[i, i] for i in range(600)], pa.list_(pa.int32()))})
+    pq.write_table(table, local / "0.parquet", row_group_size=50)
+    _put_parquet(fs, f"{root}/0.parquet", table, row_group_size=50)
+    group = parquet.decoded_bytes(pq.ParquetFile(local / "0.parquet").metadata.row_group(0))
+
+    def blocks(path: str) -> tuple[int, ...]:
+        options = {"io_options": _options(tmp_path), "index_cache_dir": str(tmp_path / "i")}
+        return Dataset.from_path("p", path, **options).shards[0].blocks
+
+    for size, expected in ((3, (150,) * 4), (6, (300, 300)), (100, ())):
+        monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", size * group + group // 2)
+        assert blocks(f"memory://{root}") == blocks(str(local)) == expected
