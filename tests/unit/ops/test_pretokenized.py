@@ -119,6 +119,8 @@ def test_an_inline_runner_raises_bad_ids_where_the_document_is_read() -> None:
     ("stored", "shown"),
     [
         (np.array([1, -7], dtype=np.int32), "-7"),
+        (np.array([1, -7], dtype=np.int16), "-7"),  # narrow but signed: still checked
+        (np.array([1, -7], dtype=np.int8), "-7"),
         (np.array([1, 2**31], dtype=np.int64), str(2**31)),
         (np.array([1, 2**32 - 1], dtype=np.uint32), str(2**32 - 1)),
         (np.array([1, 2**64 - 3], dtype=np.uint64), str(2**64 - 3)),  # -3 in int64
@@ -141,6 +143,21 @@ def test_an_id_outside_int32_is_refused_naming_its_document_on_every_path(
     good = [np.arange(1, 6, dtype=stored.dtype)] * 3
     ok = recipe_one(Dataset.from_dict("d", {"ids": good})).pretokenized("ids").pack_flat(5)
     assert [b.input_ids.tolist() for b in ok.batch(1)] == [[[1, 2, 3, 4, 5]]] * 3
+
+
+@pytest.mark.parametrize("how", ["columns", "bins"])
+def test_uint16_ids_need_no_check_but_a_wider_document_among_them_is_still_checked(
+    how: str,
+) -> None:
+    docs = [np.array([65535, 0, 7], dtype=np.uint16), np.array([3, 4], dtype=np.uint8)] * 4
+    packer = "best_fit" if how == "bins" else "wrap"
+    ok = recipe_one(Dataset.from_dict("d", {"ids": docs})).pretokenized("ids")
+    delivered = [t for b in ok.pack_flat(5, packer).batch(1) for t in b.input_ids[0].tolist()]
+    assert sorted(t for t in delivered if t != 0) == sorted([65535, 7, 3, 4] * 4)
+    docs[5] = np.array([3, -2], dtype=np.int32)
+    mixed = recipe_one(Dataset.from_dict("d", {"ids": docs})).pretokenized("ids")
+    with pytest.raises(DataError, match=r"row 5: field 'ids' holds token id -2"):
+        list(mixed.pack_flat(5, packer).batch(1))
 
 
 def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_read_forever() -> (
