@@ -1,10 +1,11 @@
 """Pre-tokenized loading: the pipeline over stored token ids against a plain memmap read, one run.
 
 The demo corpus (stdlib code and pydoc prose) is tokenized once with the demo tokenizer and
-stored four ways under a temporary folder: (a) `.npy` int32 token files with `.offsets.npy`
-siblings, (b) MDS shards of an `ndarray:int32` column written by mosaicml-streaming's MDSWriter,
-(c) LitData token chunks written by `litdata.optimize` with its `TokensLoader`, (d) Parquet
-with a `list<int32>` column read with `token_columns=["input_ids"]`, once with pyarrow's
+stored four ways under a temporary folder, as int32 (or `--dtype uint16`): (a) `.npy` token
+files with `.offsets.npy` siblings, (b) MDS shards of an `ndarray:int32` column written by
+mosaicml-streaming's MDSWriter, (c) LitData token chunks written by `litdata.optimize` with its
+`TokensLoader`, (d) Parquet with a `list<int32>` column read with
+`token_columns=["input_ids"]`, once with pyarrow's
 default writer settings (dictionary pages, snappy: "parquet") and once without dictionary
 pages, zstd ("parquet_plain"). Each is read by
 `Pipeline(...).pretokenized("input_ids").pack_flat(2048, "wrap").batch(8)` to the end (one pass,
@@ -18,7 +19,7 @@ match the baseline's (no EOS is added), else exit code 2. Target: each format at
 the baseline (best of `--repeats`); a missed target still exits 0.
 
     .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--seq 2048]
-        [--batch 8] [--doc-tokens 0] [--profile npy]
+        [--batch 8] [--doc-tokens 0] [--dtype int32] [--profile npy]
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def _mds_writer_class() -> Any:
 
 def write_mds(docs: list[Tokens], folder: pathlib.Path) -> None:
     writer_class = _mds_writer_class()
-    columns = {"input_ids": "ndarray:int32"}
+    columns = {"input_ids": f"ndarray:{docs[0].dtype}"}
     with writer_class(out=str(folder), columns=columns, size_limit=_MDS_SHARD_BYTES) as writer:
         for doc in docs:
             writer.write({"input_ids": doc})
@@ -344,6 +345,8 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     docs = tokenized_corpus() * args.copies
     if args.doc_tokens:
         docs = cut_documents(docs, args.doc_tokens)
+    if args.dtype != "int32":
+        docs = [d.astype(args.dtype) for d in docs]
     total = sum(d.size for d in docs)
     print(
         f"tokenized {len(docs):,} documents (mean {total / len(docs):,.0f} tokens), "
@@ -394,6 +397,7 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         print(f"repeat {repeat + 1}: " + ", ".join(line), flush=True)
     print(
         f"\nsettings: lanes {args.lanes}, batch [{args.batch}, {args.seq}] int64 wrap, "
+        f"{args.dtype} ids stored, "
         f"{total:,} tokens, {os.cpu_count()} cores; best of {args.repeats}"
     )
     print(f"{'memmap baseline':<18}{_rate(int(best['memmap']), 1.0)}")
@@ -443,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         help="cProfile one more pass of this format (repeatable)",
     )
     p.add_argument("--profile-lines", type=int, default=25)
+    p.add_argument(
+        "--dtype",
+        choices=["int32", "uint16"],
+        default="int32",
+        help="how every format stores the ids (the demo vocabulary fits uint16)",
+    )
     p.add_argument(
         "--prefetch",
         type=lambda v: v if v == "auto" else int(v),
