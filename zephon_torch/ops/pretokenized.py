@@ -38,8 +38,12 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
 
 def with_eos(tokens: npt.NDArray[np.integer[Any]], eos_token_id: int) -> npt.NDArray[Any]:
     """A copy of ``tokens`` with the EOS id (in ``[0, 2**31)``) appended: in the stored type
-    when it holds the id (32 and 64 bits), else int32."""
-    out = np.empty(len(tokens) + 1, dtype=tokens.dtype if tokens.itemsize >= 4 else np.int32)
+    when it holds the id (32 and 64 bits always; uint16 ids stay uint16, whose batches need no
+    id check), else int32."""
+    dtype = tokens.dtype
+    if dtype.itemsize < 4 and eos_token_id > np.iinfo(dtype).max:
+        dtype = np.dtype(np.int32)
+    out = np.empty(len(tokens) + 1, dtype=dtype)
     out[:-1] = tokens
     out[-1] = eos_token_id
     return out

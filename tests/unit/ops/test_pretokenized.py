@@ -12,6 +12,7 @@ from tests.conftest import prose_documents
 from tests.helpers import assert_resumes_at_every_step, keys
 from zephon_torch import DataError, Pipeline
 from zephon_torch.io import Dataset
+from zephon_torch.ops.pretokenized import with_eos
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
@@ -158,6 +159,17 @@ def test_uint16_ids_need_no_check_but_a_wider_document_among_them_is_still_check
     mixed = recipe_one(Dataset.from_dict("d", {"ids": docs})).pretokenized("ids")
     with pytest.raises(DataError, match=r"row 5: field 'ids' holds token id -2"):
         list(mixed.pack_flat(5, packer).batch(1))
+    # an EOS id appended in the stored type where it fits, else in int32: never wrapped
+    cases = [(65535, np.uint16, np.uint16), (200, np.uint8, np.uint8)]
+    cases += [(300, np.uint8, np.int32), (65536, np.uint16, np.int32)]
+    for eos, kind, dtype in cases:
+        stored = [np.array([5, 6], dtype=kind)]
+        with_end = recipe_one(Dataset.from_dict("d", {"ids": stored * 3})).pretokenized(
+            "ids", eos_token_id=eos
+        )
+        rows = [b.input_ids[0].tolist() for b in with_end.pack_flat(3, packer).batch(1)]
+        assert rows == [[5, 6, eos]] * 3
+        assert with_eos(stored[0], eos).dtype == dtype
 
 
 def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_read_forever() -> (
