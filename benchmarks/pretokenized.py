@@ -2,10 +2,10 @@
 
 The demo corpus (stdlib code and pydoc prose) is tokenized once with the demo tokenizer and
 stored four ways under a temporary folder, as int32 (or `--dtype uint16`): (a) `.npy` token
-files with `.offsets.npy` siblings, (b) MDS shards of an `ndarray:int32` column written by
-mosaicml-streaming's MDSWriter, (c) LitData token chunks written by `litdata.optimize` with its
-`TokensLoader`, (d) Parquet with a `list<int32>` column read with
-`token_columns=["input_ids"]`, once with pyarrow's
+files with `.offsets.npy` siblings, (b) MDS shards of an `ndarray:int32` (`uint16`) column
+written by mosaicml-streaming's MDSWriter, (c) LitData token chunks written by
+`litdata.optimize` with its `TokensLoader`, (d) Parquet with a `list<int32>` (`list<uint16>`)
+column read with `token_columns=["input_ids"]`, once with pyarrow's
 default writer settings (dictionary pages, snappy: "parquet") and once without dictionary
 pages, zstd ("parquet_plain"). Each is read by
 `Pipeline(...).pretokenized("input_ids").pack_flat(2048, "wrap").batch(8)` to the end (one pass,

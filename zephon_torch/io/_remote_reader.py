@@ -173,9 +173,10 @@ class RemoteReader:
         if self.format in LOCATING_FORMATS:
             return self._with_reader(path, lambda reader, local: reader.num_rows(local)), ()
         item = self.objects[path][1]
-        layout = remembered_layout(self.index_cache_dir, item)
+        parquet = self.format == "parquet"
+        layout = remembered_layout(self.index_cache_dir, item, parquet=parquet)
         if layout is None:
-            if self.format == "parquet":
+            if parquet:
                 layout = self._parquet_layout(path)
             else:
                 layout = self._with_reader(path, lambda r, local: r.num_rows(local)), ()

@@ -123,12 +123,15 @@ def _npy_value(
     return call_with_retry(value, url=url, policy=policy, what="reading the offsets")
 
 
-def remembered_layout(index_cache_dir: str, item: CachedObject) -> tuple[int, Groups] | None:
-    """The row count and row-group sizes remembered for this version of the object, else None:
-    always for an object listed without a version (a rewrite of the same size could not be
-    told apart), and for a record of an older format or size estimate (see
-    `parquet.ESTIMATE_VERSION`). Window blocks are derived from the sizes at each open, so a
-    new block size never meets stale blocks."""
+def remembered_layout(
+    index_cache_dir: str, item: CachedObject, *, parquet: bool
+) -> tuple[int, Groups] | None:
+    """The row count (and, for a `parquet` object, its row-group sizes) remembered for this
+    version of the object, else None: always for an object listed without a version (a rewrite
+    of the same size could not be told apart), and for a Parquet record without sizes, or with
+    sizes of another estimate (see `parquet.ESTIMATE_VERSION`). Window blocks are derived from
+    the sizes at each open, so a new block size never meets stale blocks; a record of another
+    format is read for its row count alone, whatever else it holds."""
     if not item.version:
         return None
     with (
@@ -136,6 +139,8 @@ def remembered_layout(index_cache_dir: str, item: CachedObject) -> tuple[int, Gr
         open(_record(index_cache_dir, item), encoding="utf-8") as handle,
     ):
         record = json.load(handle)
+        if not parquet:
+            return int(record["rows"]), ()
         if record["estimate"] != ESTIMATE_VERSION:
             return None
         groups = tuple((int(rows), int(nbytes)) for rows, nbytes in record["groups"])

@@ -408,22 +408,24 @@ def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
     index = str(tmp_path / "index")
     versioned = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-1"')
     remember_layout(index, versioned, 7, ((3, 100), (4, 120)))
-    assert remembered_layout(index, versioned) == (7, ((3, 100), (4, 120)))
+    assert remembered_layout(index, versioned, parquet=True) == (7, ((3, 100), (4, 120)))
     bare = CachedObject(url="s3://b/a.parquet", size=100, version="")
     remember_layout(index, bare, 9)
-    assert remembered_layout(index, bare) is None
-    # a record of an older format, or of sizes estimated by another rule, is counted again
+    assert remembered_layout(index, bare, parquet=True) is None
+    # a Parquet record of an older format, or of sizes estimated by another rule, is measured
+    # again; another format's record gives its row count, whatever its format
     old = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-2"')
     remember_layout(index, old, 7)
     record = next(Path(index).rglob(f"{old.name}.json"))
-    assert remembered_layout(index, old) == (7, ())
+    assert remembered_layout(index, old, parquet=True) == (7, ())
     for stale in (
         {"rows": 7},
         {"rows": 7, "blocks": [3, 4]},
         {"rows": 7, "groups": [], "estimate": 0},
     ):
         record.write_text(json.dumps({"url": old.url, **stale}))
-        assert remembered_layout(index, old) is None
+        assert remembered_layout(index, old, parquet=True) is None
+        assert remembered_layout(index, old, parquet=False) == (7, ())
 
 
 def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
