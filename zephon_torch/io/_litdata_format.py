@@ -75,6 +75,17 @@ _LEAVES: dict[str, Decoder] = {
 }
 
 
+def leaf_dtype(name: str) -> np.dtype[Any] | None:
+    """The value type of a headerless array leaf (`no_header_numpy:<n>`,
+    `no_header_tensor:<n>`), else None."""
+    kind, _, argument = name.partition(":")
+    tables = {"no_header_numpy": _NUMPY_DTYPES, "no_header_tensor": _TORCH_DTYPES}
+    if kind not in tables or not argument.isdigit():
+        return None
+    found = tables[kind].get(int(argument))
+    return None if found is None else np.dtype(found)
+
+
 def leaf_decoder(name: str) -> Decoder | None:
     """Returns the decoder of a `data_format` entry, or None when it is not read."""
     kind, _, argument = name.partition(":")

@@ -111,12 +111,23 @@ def _shape_header(byte: int) -> Struct:
     return Struct(f"<{byte >> 2}{_SHAPE_CODES[byte & 3]}")
 
 
-def _array_decoder(config: str) -> Decoder:
+def array_config(config: str) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+    """An `ndarray` encoding's stated dtype and shape (the part after `ndarray:`); None for
+    either when each sample carries its own.
+
+    Raises:
+        ValueError: for an unknown dtype.
+    """
     dtype_name, _, shape_text = config.partition(":")
     if dtype_name and dtype_name not in _SCALARS:
         raise ValueError(f"unknown ndarray dtype {dtype_name!r}")
     dtype = np.dtype(_SCALARS[dtype_name]) if dtype_name else None
     shape = tuple(int(part) for part in shape_text.split(",")) if shape_text else None
+    return dtype, shape
+
+
+def _array_decoder(config: str) -> Decoder:
+    dtype, shape = array_config(config)
 
     def decode(view: memoryview) -> npt.NDArray[Any]:
         index = 0

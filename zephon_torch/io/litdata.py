@@ -14,12 +14,11 @@ hook that downloads them into the shard cache (see `_locate`). litdata is not im
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -35,6 +34,7 @@ from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+from zephon_torch.io._views import TypedViews
 
 _ITEM_FIELD = "item"
 _CORRUPT = (ValueError, KeyError, IndexError, struct.error)
@@ -47,6 +47,10 @@ class _Chunk:
     footer: pa.ipc.RecordBatchFileReader | None
     batch_rows: int
     lock: threading.Lock
+    views: TypedViews = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "views", TypedViews(self.data))
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,8 @@ class LitDataReader:
         self.projection.check_available(names, dataset=self.dataset, shard=self.index_path)
         self._names = self.projection.columns or names
         self._decoders: list[fmt.Decoder | None] = [None] * len(formats)
+        # TokensLoader items are bare arrays of this type (sliced from the chunk, see read)
+        self._token_dtype = fmt.leaf_dtype(formats[0]) if self._loader == "TokensLoader" else None
         self._body_ok = True  # False when a kept leaf only reads from Arrow footers
         for name in self._names:
             for leaf in range(*spans[name]):
@@ -172,12 +178,13 @@ class LitDataReader:
         check_in_range(positions, self._rows[path][0], dataset=self.dataset, shard=path)
         chunk = self._chunks.get_or_load(path, partial(self._load, path))
         if self._whole_token_items(chunk):
-            decode = self._decoders[0]
-            assert decode is not None
-            data, offsets = chunk.data, chunk.layout.offsets
-            starts, ends = offsets[positions].tolist(), offsets[positions + 1].tolist()
-            with contextlib.suppress(*_CORRUPT):  # else item by item below, naming the item
-                return [{TOKENS_FIELD: decode(data[a:b])} for a, b in zip(starts, ends)]
+            offsets, dtype = chunk.layout.offsets, self._token_dtype
+            starts, ends = offsets[positions], offsets[positions + 1]
+            if dtype is not None and not ((ends - starts) % dtype.itemsize).any():
+                counts = (ends - starts) // dtype.itemsize
+                arrays = chunk.views.slices(dtype, starts, counts)
+                return [{TOKENS_FIELD: array} for array in arrays]
+            # else item by item below, naming the item that does not decode
         result = []
         for row in positions.tolist():
             try:

@@ -6,6 +6,7 @@ import json
 import pickle
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -204,3 +205,64 @@ def test_a_sample_that_does_not_decode_is_a_data_error_naming_shard_and_row(
     assert len(dataset.read_rows(0, [2])) == 1
     with pytest.raises(DataError, match=r"dataset 'm'.*shard\.00000\.mds.*row 3.*does not decode"):
         dataset.read_rows(0, [3])
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"tokens": "ndarray:int32"},
+        {"text": "str", "tokens": "ndarray:uint16", "id": "int"},
+        {"a": "int32", "b": "ndarray:int64", "tokens": "ndarray:int32", "z": "str"},
+        {"tokens": "ndarray:int32:7", "text": "str"},
+        {"text": "str", "tokens": "ndarray:uint8"},
+    ],
+    ids=["alone", "between", "after-fixed-and-array", "fixed-shape", "bytes-wide"],
+)
+def test_one_array_column_read_in_bulk_equals_the_per_sample_decoder(
+    tmp_path: Path, columns: dict[str, str], compression: str | None
+) -> None:
+    """A row keeping a single 1-D array column is read for a whole request at once; rows
+    keeping more columns decode sample by sample. Both give the same arrays, for lengths
+    across the shape's size codes (under 256, under 65,536, above) and rows starting at every
+    byte shift (the strings before them have odd lengths)."""
+    rng = np.random.default_rng(7)
+    fixed = columns["tokens"].count(":") == 2
+    lengths = [1, 255, 256, 300, 65535, 65536, 70000, *rng.integers(1, 600, 40).tolist()]
+    dtype_of = {name: enc.split(":")[1] for name, enc in columns.items() if ":" in enc}
+    rows = []
+    for i, length in enumerate(lengths):
+        row: dict[str, Any] = {}
+        for name, encoding in columns.items():
+            if encoding.startswith("ndarray"):
+                size = (7 if fixed else length) if name == "tokens" else i % 5 + 1
+                row[name] = rng.integers(0, 200, size, dtype=dtype_of[name])
+            else:
+                row[name] = "x" * (i % 7) if encoding == "str" else i
+        rows.append(row)
+    out = write_mds(tmp_path / "mds", rows, columns, compression=compression, size_limit=1 << 18)
+    bulk = Dataset.from_path("m", out, columns=["tokens"], token_columns=["tokens"])
+    both = [*columns] if len(columns) > 1 else None  # alone: against the rows written only
+    single = Dataset.from_path("m", out, columns=both, token_columns=["tokens"])
+    info = bulk._reader._infos[bulk.shards[0].path]  # type: ignore[attr-defined]
+    assert info.layout.one_array is not None  # the bulk path is the one under test
+    fast: list[Any] = []
+    slow: list[Any] = []
+    for number, shard in enumerate(bulk.shards):
+        picked = [*rng.permutation(shard.num_rows).tolist(), 0, 0]
+        fast += bulk.read_rows(number, picked)
+        slow += single.read_rows(number, picked)
+    assert len(fast) == len(slow) == len(rows) + 2 * len(bulk.shards)
+    assert {got["tokens"].dtype for got in fast} == {np.dtype(dtype_of["tokens"])}
+    for got, want in zip(fast, slow, strict=True):
+        if both is None:
+            break
+        assert got["tokens"].dtype == want["tokens"].dtype
+        assert np.array_equal(got["tokens"], want["tokens"])
+        assert not got["tokens"].flags.writeable
+    every = [
+        tuple(row["tokens"].tolist())
+        for number, shard in enumerate(bulk.shards)
+        for row in bulk.read_rows(number, range(shard.num_rows))
+    ]
+    assert every == [tuple(row["tokens"].tolist()) for row in rows]
