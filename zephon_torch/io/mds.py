@@ -49,6 +49,7 @@ class _OneArray:
     dtype: np.dtype[Any]
     before: tuple[int | None, ...]  # sizes of the columns stored before it (None: variable)
     length_at: int | None  # its place among the variable columns; None when fixed-size
+    size: int | None  # its bytes when fixed-size
     count: int | None  # elements of a fixed shape, or None when each sample states its own
 
 
@@ -320,7 +321,8 @@ def _one_array(
         return None
     before = sizes[:column]
     length_at = None if sizes[column] is not None else sum(s is None for s in before)
-    return _OneArray(names[column], dtype, before, length_at, None if shape is None else shape[0])
+    count = None if shape is None else shape[0]
+    return _OneArray(names[column], dtype, before, length_at, sizes[column], count)
 
 
 def _read_arrays(
@@ -355,7 +357,7 @@ def _read_arrays(
             column = column + size
     itemsize = spec.dtype.itemsize
     if spec.length_at is None:
-        column_end = column + (spec.count or 0) * itemsize
+        column_end = column + (spec.size or 0)
     else:
         column_end = column + little(starts + 4 * spec.length_at, 4)
     if (column_end > ends).any():
@@ -375,7 +377,8 @@ def _read_arrays(
     else:
         begin = column
         counts = np.full(len(positions), spec.count, dtype=np.int64)
-    if (begin > column_end).any() or (counts * itemsize != column_end - begin).any():
+    room = column_end - begin
+    if (room < 0).any() or (counts > room).any() or (counts * itemsize != room).any():
         return None
     return shard.views.slices(spec.dtype, begin, counts)
 
