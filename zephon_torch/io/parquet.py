@@ -213,9 +213,11 @@ class ParquetReader:
                 values = decoded[group] = self._groups.get_or_load(
                     (path, group), partial(self._decode, path, opened, group)
                 )
-            result.append(
-                dict(zip(values.names, [column[row] for column in values.columns], strict=True))
-            )
+            if len(values.names) == 1:  # one column (token ids, typically): no zip
+                result.append({values.names[0]: values.columns[0][row]})
+            else:
+                names, columns = values.names, values.columns
+                result.append(dict(zip(names, [column[row] for column in columns], strict=True)))
         return result
 
     def _file(self, path: str) -> _OpenFile:
