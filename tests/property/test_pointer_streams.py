@@ -160,8 +160,11 @@ def test_upcoming_shards_list_every_shard_still_to_read_in_order_of_first_need(
 # -- shards split into window blocks (big Parquet shards) -----------------------------------------
 
 
+Split = tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]  # shard rows, each one's blocks
+
+
 @st.composite
-def split_shards(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+def split_shards(draw: st.DrawFn) -> Split:
     """Shard row counts and, per shard, a split into blocks (empty: unsplit)."""
     blocks = draw(
         st.lists(st.lists(st.integers(1, 12), min_size=1, max_size=5), min_size=1, max_size=8)
@@ -183,7 +186,7 @@ def _blocked(rows: tuple[int, ...], blocks: tuple[tuple[int, ...], ...], **kw: o
 )
 @settings(max_examples=150, deadline=None)
 def test_split_shards_still_give_every_row_to_exactly_one_lane_per_pass(
-    shards: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]],
+    shards: Split,
     lanes: int,
     window: int,
     seed: int,
@@ -202,7 +205,7 @@ def test_split_shards_still_give_every_row_to_exactly_one_lane_per_pass(
 @given(shards=split_shards(), window=st.integers(1, 4), seed=st.integers(0, 1000))
 @settings(max_examples=150, deadline=None)
 def test_a_window_holds_at_most_window_blocks_and_a_shard_is_read_over_one_stretch(
-    shards: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], window: int, seed: int
+    shards: Split, window: int, seed: int
 ) -> None:
     rows, blocks = shards
     layout = _blocked(rows, blocks, seed=seed, window_shards=window, shuffle=True)
@@ -248,7 +251,7 @@ def test_shards_that_are_one_block_each_keep_the_order_of_unsplit_shards(
 @given(shards=split_shards(), window=st.integers(1, 4), seed=st.integers(0, 1000), data=st.data())
 @settings(max_examples=150, deadline=None)
 def test_upcoming_shards_of_split_shards_name_each_shard_once_in_order_of_first_need(
-    shards: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]],
+    shards: Split,
     window: int,
     seed: int,
     data: st.DataObject,
@@ -303,7 +306,7 @@ def test_an_unsplit_dataset_keeps_the_order_it_had_before_blocks_existed() -> No
 )
 @settings(max_examples=150, deadline=None)
 def test_upcoming_shards_of_split_shards_cover_every_lane_from_any_position(
-    shards: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]],
+    shards: Split,
     lanes: int,
     window: int,
     seed: int,
