@@ -377,8 +377,10 @@ def _read_arrays(
     else:
         begin = column
         counts = np.full(len(positions), spec.count, dtype=np.int64)
-    room = column_end - begin
-    if (room < 0).any() or (counts > room).any() or (counts * itemsize != room).any():
+    room = column_end - begin  # a dimension of 2**63 or more read as int64 is negative:
+    if (room < 0).any() or (counts < 0).any() or (counts > room).any():
+        return None
+    if (counts * itemsize != room).any():
         return None
     return shard.views.slices(spec.dtype, begin, counts)
 

@@ -266,3 +266,41 @@ def test_one_array_column_read_in_bulk_equals_the_per_sample_decoder(
         for row in bulk.read_rows(number, range(shard.num_rows))
     ]
     assert every == [tuple(row["tokens"].tolist()) for row in rows]
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int32"])
+def test_a_shape_of_two_to_the_63_is_a_data_error_not_an_empty_array(
+    tmp_path: Path, dtype: str
+) -> None:
+    """Read as int64, an 8-byte dimension of 2**63 + n is negative, and its product with the
+    item size wraps around to the column's size: the bulk path must refuse it like the
+    per-sample decoder does."""
+    rows = [{"tokens": np.arange(i + 3, dtype=dtype)} for i in range(6)]
+    out = write_mds(tmp_path / "mds", rows, {"tokens": f"ndarray:{dtype}"})
+    shard = out / "shard.00000.mds"
+    data = bytearray(shard.read_bytes())
+    count = int.from_bytes(data[:4], "little")
+    offsets = np.frombuffer(bytes(data[4 : 4 * (count + 2)]), "<u4").astype(int)
+    start, end = int(offsets[3]), int(offsets[4])
+    itemsize = np.dtype(dtype).itemsize
+    values = 8  # the sample keeps its length: a u8 dimension and 8 values
+    sample = (
+        (1 + 8 + values * itemsize).to_bytes(4, "little")
+        + bytes([(1 << 2) | 3])
+        + (values + 2**63).to_bytes(8, "little")
+        + bytes(values * itemsize)
+    )
+    data[start:end] = sample
+    grown = len(sample) - (end - start)
+    table = bytearray(data[4 : 4 * (count + 2)])
+    moved = np.frombuffer(bytes(table), "<u4").astype(np.int64)
+    moved[4:] += grown
+    data[4 : 4 * (count + 2)] = moved.astype("<u4").tobytes()
+    shard.write_bytes(bytes(data))
+    index = json.loads((out / "index.json").read_text())
+    index["shards"][0]["raw_data"]["bytes"] = len(data)
+    (out / "index.json").write_text(json.dumps(index))
+    dataset = Dataset.from_path("m", out, token_columns=["tokens"])
+    assert len(dataset.read_rows(0, [2, 4])) == 2
+    with pytest.raises(DataError, match=r"dataset 'm'.*row 3.*does not decode"):
+        dataset.read_rows(0, [2, 3])
