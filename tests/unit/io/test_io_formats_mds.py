@@ -203,8 +203,12 @@ def test_a_sample_that_does_not_decode_is_a_data_error_naming_shard_and_row(
     shard.write_bytes(bytes(data))
     dataset = Dataset.from_path("m", out)
     assert len(dataset.read_rows(0, [2])) == 1
-    with pytest.raises(DataError, match=r"dataset 'm'.*shard\.00000\.mds.*row 3.*does not decode"):
-        dataset.read_rows(0, [3])
+    assert len(dataset.read_rows(0, [2] * 40)) == 40  # a request the bulk path takes
+    for request in ([3], [2] * 40 + [3]):  # sample by sample, and bulk falling back
+        with pytest.raises(
+            DataError, match=r"dataset 'm'.*shard\.00000\.mds.*row 3.*does not decode"
+        ):
+            dataset.read_rows(0, request)
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
@@ -301,6 +305,6 @@ def test_a_shape_of_two_to_the_63_is_a_data_error_not_an_empty_array(
     index["shards"][0]["raw_data"]["bytes"] = len(data)
     (out / "index.json").write_text(json.dumps(index))
     dataset = Dataset.from_path("m", out, token_columns=["tokens"])
-    assert len(dataset.read_rows(0, [2, 4])) == 2
+    assert len(dataset.read_rows(0, [2, 4] * 20)) == 40  # the bulk path
     with pytest.raises(DataError, match=r"dataset 'm'.*row 3.*does not decode"):
-        dataset.read_rows(0, [2, 3])
+        dataset.read_rows(0, [2] * 40 + [3])
