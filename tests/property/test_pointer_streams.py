@@ -150,7 +150,7 @@ def test_upcoming_shards_list_every_shard_still_to_read_in_order_of_first_need(
     # first needs follow the list, up to the order inside one window of shards
     order = list(layout.upcoming_shards(pass_index=1, lane=0, num_lanes=1, start=0))
     position = {shard: i for i, shard in enumerate(order)}
-    shard_order = layout._layout(1).shard_order.tolist()  # the pass's keyed order of shards
+    shard_order = layout._layout(1).block_shards.tolist()  # unsplit: the keyed shard order
     window_of = {s: i // window for i, s in enumerate(shard_order)}
     key = window_of if shuffle else position
     assert [key[s] for s in needed] == sorted(key[s] for s in needed)

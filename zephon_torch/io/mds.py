@@ -31,26 +31,14 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import zstandard_module
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
-from zephon_torch.io._mds_columns import SUPPORTED, Decoder, array_config, decoder, is_array
+from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
+from zephon_torch.io._mds_columns import SUPPORTED, Decoder, decoder, is_array
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
 
 _OPTIONAL_CODECS = {"br": ("brotli", "brotli"), "snappy": ("snappy", "python-snappy")}
 _CODECS = ("bz2", "gz", "zstd", *_OPTIONAL_CODECS)
-
-
-@dataclass(frozen=True)
-class _OneArray:
-    """Rows that keep one `ndarray` column of a stated dtype and one dimension (a token
-    column, typically): read for a whole request at once by `_read_arrays`."""
-
-    name: str
-    dtype: np.dtype[Any]
-    before: tuple[int | None, ...]  # sizes of the columns stored before it (None: variable)
-    length_at: int | None  # its place among the variable columns; None when fixed-size
-    size: int | None  # its bytes when fixed-size
-    count: int | None  # elements of a fixed shape, or None when each sample states its own
 
 
 @dataclass(frozen=True)
@@ -61,7 +49,7 @@ class _Layout:
     sizes: tuple[int | None, ...]
     decoders: tuple[Decoder | None, ...]  # None for columns the projection drops
     kept: tuple[int, ...]  # positions of kept columns, in the order rows list them
-    one_array: _OneArray | None = None
+    one_array: OneArray | None = None
     variable: int = field(init=False)  # columns without a fixed size: their lengths lead
     lengths: Struct = field(init=False)  # reads those lengths
     columns: tuple[tuple[int | None, Decoder | None], ...] = field(init=False)  # to the last kept
@@ -174,8 +162,10 @@ class MdsReader:
         cache = self._shards if info.codec is None else self._inflated
         shard = cache.get_or_load(path, partial(self._load, path, info))
         layout = info.layout
-        if layout.one_array is not None and len(positions) >= _BULK_ROWS:
-            arrays = _read_arrays(shard, positions, layout.one_array, layout.variable)
+        if layout.one_array is not None and len(positions) >= BULK_ROWS:
+            arrays = read_arrays(
+                shard.views, shard.offsets, positions, layout.one_array, layout.variable
+            )
             if arrays is not None:
                 name = layout.one_array.name
                 return [{name: array} for array in arrays]
@@ -264,7 +254,7 @@ class MdsReader:
             sizes=sizes,
             decoders=tuple(decoders),
             kept=kept,
-            one_array=_one_array(names, encodings, sizes, kept),
+            one_array=one_array(names, encodings, sizes, kept),
         )
 
     def _load(self, path: str, info: _ShardInfo) -> _Shard:
@@ -300,93 +290,6 @@ class MdsReader:
                 "the shard's sample offsets are corrupt", dataset=self.dataset, shard=path
             )
         return _Shard(data=memoryview(data), offsets=offsets)
-
-
-_BULK_ROWS = 32  # fewer rows are decoded one by one: the bulk path's set-up costs about 30 rows
-_STEPS = np.arange(8, dtype=np.int64)
-
-
-def _one_array(
-    names: tuple[str, ...],
-    encodings: tuple[str, ...],
-    sizes: tuple[int | None, ...],
-    kept: tuple[int, ...],
-) -> _OneArray | None:
-    """The fast layout of rows keeping a single `ndarray:<dtype>` column of one dimension
-    (stated or per sample), else None."""
-    if len(kept) != 1:
-        return None
-    column = kept[0]
-    name, _, config = encodings[column].partition(":")
-    if name != "ndarray":
-        return None
-    dtype, shape = array_config(config)
-    if dtype is None or (shape is not None and len(shape) != 1):
-        return None
-    before = sizes[:column]
-    length_at = None if sizes[column] is not None else sum(s is None for s in before)
-    count = None if shape is None else shape[0]
-    return _OneArray(names[column], dtype, before, length_at, sizes[column], count)
-
-
-def _read_arrays(
-    shard: _Shard, positions: npt.NDArray[np.int64], spec: _OneArray, variable: int
-) -> list[npt.NDArray[Any]] | None:
-    """The arrays of ``spec``'s column at ``positions``, as read-only views of the shard:
-    column places, lengths and shape headers found for every sample at once with numpy, then
-    one view per sample. None when any sample is not as the encoding says (the per-sample
-    decoder then names it)."""
-    raw = shard.views.raw()
-    last = len(raw) - 1
-    starts = shard.offsets[positions]
-    ends = shard.offsets[positions + 1]
-
-    def little(at: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.int64]:
-        # little-endian unsigned ints of `width` (1, 2, 4 or 8) bytes at byte offsets `at`,
-        # gathered at once (clipped to the buffer: a sample too short for them is refused
-        # below); 8-byte values of 2**63 or more come out negative
-        gathered = raw[np.minimum(at[:, None] + _STEPS[:width], last)]
-        values: npt.NDArray[np.int64] = gathered.view(f"<u{width}").reshape(-1).astype(np.int64)
-        return values
-
-    if (ends - starts < 4 * variable).any():
-        return None
-    column = starts + 4 * variable
-    variable_seen = 0
-    for size in spec.before:
-        if size is None:
-            column = column + little(starts + 4 * variable_seen, 4)
-            variable_seen += 1
-        else:
-            column = column + size
-    itemsize = spec.dtype.itemsize
-    if spec.length_at is None:
-        column_end = column + (spec.size or 0)
-    else:
-        column_end = column + little(starts + 4 * spec.length_at, 4)
-    if (column_end > ends).any():
-        return None
-    if spec.count is None:  # a shape header per sample: one byte, then one dimension
-        if (column >= column_end).any():
-            return None
-        shape_byte = raw[column].astype(np.int64)
-        if (shape_byte >> 2 != 1).any():
-            return None
-        widths = 1 << (shape_byte & 3)
-        begin = column + 1 + widths
-        counts = np.zeros(len(positions), dtype=np.int64)
-        for width in np.unique(widths).tolist():
-            chosen = widths == width
-            counts[chosen] = little(column[chosen] + 1, width)
-    else:
-        begin = column
-        counts = np.full(len(positions), spec.count, dtype=np.int64)
-    room = column_end - begin  # a dimension of 2**63 or more read as int64 is negative:
-    if (room < 0).any() or (counts < 0).any() or (counts > room).any():
-        return None
-    if (counts * itemsize != room).any():
-        return None
-    return shard.views.slices(spec.dtype, begin, counts)
 
 
 def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:

@@ -66,7 +66,6 @@ def lane_length(*, num_rows: int, lane: int, num_lanes: int) -> int:
 
 @dataclass(frozen=True)
 class _PassLayout:
-    shard_order: npt.NDArray[np.int64]
     block_shards: npt.NDArray[np.int64]  # the shard of each block, in pass order
     block_rows: npt.NDArray[np.int64]  # each block's first row in its shard
     ordered_starts: npt.NDArray[np.int64]  # pass offset of each ordered block, plus the total
@@ -219,7 +218,7 @@ def _pass_layout(settings: _LayoutKey, pass_index: int) -> _PassLayout:
     window_starts = ordered_starts[::window_shards]
     if window_starts[-1] != ordered_starts[-1]:
         window_starts = np.concatenate([window_starts, ordered_starts[-1:]])
-    return _PassLayout(order, block_shards, block_rows, ordered_starts, window_starts)
+    return _PassLayout(block_shards, block_rows, ordered_starts, window_starts)
 
 
 def _ordered_blocks(

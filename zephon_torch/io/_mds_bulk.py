@@ -1,0 +1,123 @@
+"""MDS rows that keep a single 1-D `ndarray` column of a stated dtype (a token column,
+typically), read for a whole request at once.
+
+The column's place, its length and the shape header of every requested sample are found with
+numpy over the shard's bytes; each row is then a slice of a typed view (`_views`). Any sample
+that is not as the encoding says makes the whole request return None: the caller decodes it
+sample by sample, and the per-sample decoder names the sample that does not decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zephon_torch.io._mds_columns import array_config
+from zephon_torch.io._views import TypedViews
+
+
+@dataclass(frozen=True)
+class OneArray:
+    """Rows that keep one `ndarray` column of a stated dtype and one dimension (a token
+    column, typically): read for a whole request at once by `read_arrays`."""
+
+    name: str
+    dtype: np.dtype[Any]
+    before: tuple[int | None, ...]  # sizes of the columns stored before it (None: variable)
+    length_at: int | None  # its place among the variable columns; None when fixed-size
+    size: int | None  # its bytes when fixed-size
+    count: int | None  # elements of a fixed shape, or None when each sample states its own
+
+
+BULK_ROWS = 32  # fewer rows are decoded one by one: the bulk path's set-up costs about 30 rows
+_STEPS = np.arange(8, dtype=np.int64)
+
+
+def one_array(
+    names: tuple[str, ...],
+    encodings: tuple[str, ...],
+    sizes: tuple[int | None, ...],
+    kept: tuple[int, ...],
+) -> OneArray | None:
+    """The fast layout of rows keeping a single `ndarray:<dtype>` column of one dimension
+    (stated or per sample), else None."""
+    if len(kept) != 1:
+        return None
+    column = kept[0]
+    name, _, config = encodings[column].partition(":")
+    if name != "ndarray":
+        return None
+    dtype, shape = array_config(config)
+    if dtype is None or (shape is not None and len(shape) != 1):
+        return None
+    before = sizes[:column]
+    length_at = None if sizes[column] is not None else sum(s is None for s in before)
+    count = None if shape is None else shape[0]
+    return OneArray(names[column], dtype, before, length_at, sizes[column], count)
+
+
+def read_arrays(
+    views: TypedViews,
+    offsets: npt.NDArray[np.int64],
+    positions: npt.NDArray[np.int64],
+    spec: OneArray,
+    variable: int,
+) -> list[npt.NDArray[Any]] | None:
+    """The arrays of ``spec``'s column at ``positions``, as read-only views of the shard:
+    column places, lengths and shape headers found for every sample at once with numpy, then
+    one view per sample. None when any sample is not as the encoding says (the per-sample
+    decoder then names it)."""
+    raw = views.raw()
+    last = len(raw) - 1
+    starts = offsets[positions]
+    ends = offsets[positions + 1]
+
+    def little(at: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.int64]:
+        # little-endian unsigned ints of `width` (1, 2, 4 or 8) bytes at byte offsets `at`,
+        # gathered at once (clipped to the buffer: a sample too short for them is refused
+        # below); 8-byte values of 2**63 or more come out negative
+        gathered = raw[np.minimum(at[:, None] + _STEPS[:width], last)]
+        values: npt.NDArray[np.int64] = gathered.view(f"<u{width}").reshape(-1).astype(np.int64)
+        return values
+
+    if (ends - starts < 4 * variable).any():
+        return None
+    column = starts + 4 * variable
+    variable_seen = 0
+    for size in spec.before:
+        if size is None:
+            column = column + little(starts + 4 * variable_seen, 4)
+            variable_seen += 1
+        else:
+            column = column + size
+    itemsize = spec.dtype.itemsize
+    if spec.length_at is None:
+        column_end = column + (spec.size or 0)
+    else:
+        column_end = column + little(starts + 4 * spec.length_at, 4)
+    if (column_end > ends).any():
+        return None
+    if spec.count is None:  # a shape header per sample: one byte, then one dimension
+        if (column >= column_end).any():
+            return None
+        shape_byte = raw[column].astype(np.int64)
+        if (shape_byte >> 2 != 1).any():
+            return None
+        widths = 1 << (shape_byte & 3)
+        begin = column + 1 + widths
+        counts = np.zeros(len(positions), dtype=np.int64)
+        for width in np.unique(widths).tolist():
+            chosen = widths == width
+            counts[chosen] = little(column[chosen] + 1, width)
+    else:
+        begin = column
+        counts = np.full(len(positions), spec.count, dtype=np.int64)
+    room = column_end - begin  # a dimension of 2**63 or more read as int64 is negative:
+    if (room < 0).any() or (counts < 0).any() or (counts > room).any():
+        return None
+    if (counts * itemsize != room).any():
+        return None
+    return views.slices(spec.dtype, begin, counts)
