@@ -10,6 +10,7 @@ same documents in the same order as the per-document chain, at a fraction of the
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +37,34 @@ class TokenChunk:
     tokens: list[npt.NDArray[Any]]
     shards: list[int]
     rows: list[int]
+    _sizes: list[int] | None = None
+    _ends: list[int] | None = None
+    _bounds: tuple[int, int] = (0, 0)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def sizes(self) -> list[int]:
+        """Each document's token count (computed once per chunk, with ``ends`` and
+        ``size_bounds``)."""
+        if self._sizes is None:
+            sizes = list(map(len, self.tokens))
+            self._bounds = (min(sizes, default=0), max(sizes, default=0))
+            self._ends = list(itertools.accumulate(sizes, initial=0))
+            self._sizes = sizes
+        return self._sizes
+
+    def ends(self) -> list[int]:
+        """``ends()[i]``: the tokens of documents ``0..i-1`` (``len(self) + 1`` entries, from
+        0)."""
+        self.sizes()
+        assert self._ends is not None
+        return self._ends
+
+    def size_bounds(self) -> tuple[int, int]:
+        """The smallest and largest document size in the chunk (0, 0 when empty)."""
+        self.sizes()
+        return self._bounds
 
     def __getitem__(self, i: int) -> Document:
         """The i-th document as an object (for the per-piece paths and saved carries)."""

@@ -15,6 +15,8 @@ may run on across row ends.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,6 +26,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch.errors import DataError
+from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.document import Document, Tokens
 from zephon_torch.ops.packers import Packer, Piece, WrapPacker, pieces_from_state
 from zephon_torch.ops.pretokenized import Owner
@@ -229,6 +232,10 @@ class MixPack(BaseNode[PackedRow]):
             self.tokens[source] += taken
             return taken
         chunk, i = got
+        if self._admits_all(chunk):
+            taken += self._take(source, chunk, i, want - taken, parts, owners, sizes, starts)
+            self.tokens[source] += taken
+            return taken
         tokens, shards, rows = chunk.tokens, chunk.shards, chunk.rows
         count = len(tokens)
         while i < count and taken < want:
@@ -251,6 +258,53 @@ class MixPack(BaseNode[PackedRow]):
                 taken += size
         reader.advance(i)
         self.tokens[source] += taken
+        return taken
+
+    def _admits_all(self, chunk: TokenChunk) -> bool:
+        """Whether the length rules keep every document of ``chunk``, and each gives tokens."""
+        low, high = chunk.size_bounds()
+        longest = self.drop_longer_than
+        return low >= max(1, self.drop_shorter_than) and (longest is None or high <= longest)
+
+    def _take(
+        self,
+        source: int,
+        chunk: TokenChunk,
+        first: int,
+        room: int,
+        parts: list[npt.NDArray[Any]],
+        owners: list[Owner | None],
+        sizes: list[int],
+        starts: list[bool],
+    ) -> int:
+        """``_run``'s loop over ``chunk`` from document ``first`` on, for a chunk whose every
+        document is kept (``_admits_all``), found by a search in the running token sums instead
+        of a step per document: the whole documents that fit in ``room`` tokens, then the next
+        one cut to fill it (its rest becoming the carry). Counts the documents, advances the
+        reader and returns the tokens taken."""
+        ends = chunk.ends()
+        last = bisect.bisect_right(ends, ends[first] + room, first) - 1  # first..last-1 fit
+        whole = last - first
+        taken = ends[last] - ends[first]
+        parts += chunk.tokens[first:last]
+        sizes += chunk.sizes()[first:last]
+        starts += [True] * whole
+        owners += zip(
+            itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
+        )
+        taken_docs = whole
+        if taken < room and last < len(chunk):  # cut: the rest waits as the carry
+            cut = room - taken
+            parts.append(chunk.tokens[last][:cut])
+            sizes.append(cut)
+            starts.append(True)
+            owners.append((source, chunk.shards[last], chunk.rows[last]))
+            self.carry[source] = Piece(chunk[last], cut, chunk.sizes()[last])
+            taken, last, taken_docs = room, last + 1, whole + 1
+        if taken_docs:
+            self.documents[source] += taken_docs
+            self._idle[source] = 0
+        self.readers[source].advance(last)  # type: ignore[union-attr]
         return taken
 
     def _pull(self, max_tokens: int) -> Piece | None:
