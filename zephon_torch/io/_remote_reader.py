@@ -36,9 +36,9 @@ from zephon_torch.io._remote_rows import (
     remembered_layout,
 )
 from zephon_torch.io._retry import call_with_retry
-from zephon_torch.io._rows import Rows
+from zephon_torch.io._rows import Rows, TokenIds
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
-from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader
+from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, TokenReader, open_reader
 from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import window_blocks
 
@@ -187,6 +187,16 @@ class RemoteReader:
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
         return self._with_reader(path, lambda reader, local: reader.read(local, rows))
+
+    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+        """As `read`, the rows' token ids where the local reader gives them (`TokenReader`)."""
+
+        def call(reader: ShardReader, local: str) -> list[TokenIds] | None:
+            if not isinstance(reader, TokenReader):
+                return None
+            return reader.read_tokens(local, rows, field)
+
+        return self._with_reader(path, call)
 
     def _with_reader(self, path: str, call: Callable[[ShardReader, str], T]) -> T:
         """Runs `call(local reader, shard path)`: the URL for readers that locate their files

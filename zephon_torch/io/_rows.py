@@ -11,6 +11,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 
 Rows: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
+TokenIds: TypeAlias = npt.NDArray[np.integer[Any]]  # a row's stored token ids, 1-D
 """Row numbers within a shard: a sequence of ints or an integer numpy array."""
 
 CHANGED_NOTE = " (did the file change after the dataset was opened?)"

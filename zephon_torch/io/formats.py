@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._index import INDEX_FILE, index_format
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import ProjectedReader, Projection
-from zephon_torch.io._rows import Rows
+from zephon_torch.io._rows import Rows, TokenIds
 
 FILE_FORMATS = ("jsonl", "litdata", "mds", "npy", "parquet", "vortex")
 """The formats `Dataset.from_path` reads, sorted."""
@@ -84,6 +84,18 @@ class ShardReader(Protocol):
         Raises:
             DataError: when a row cannot be decoded, naming the dataset, shard and row.
         """
+        ...
+
+
+@runtime_checkable
+class TokenReader(ShardReader, Protocol):
+    """A reader of stored token ids (`.npy`, MDS and LitData arrays) that can hand over a
+    row's ids without a row dict around them."""
+
+    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+        """Returns the rows' `field` as 1-D integer arrays (views of the stored ids), in the
+        order asked, where the shard stores them so and rows keep only that field; None
+        otherwise (then `read` gives them, and names any row that does not decode)."""
         ...
 
 

@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from zephon_torch.errors import DataError
@@ -33,7 +34,7 @@ from zephon_torch.io._compression import zstandard_module
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
 
 _ITEM_FIELD = "item"
@@ -174,17 +175,10 @@ class LitDataReader:
             DataError: for a truncated or corrupt chunk, naming it, or an item that does not
                 decode, naming it too.
         """
-        positions = as_row_array(rows)
-        check_in_range(positions, self._rows[path][0], dataset=self.dataset, shard=path)
-        chunk = self._chunks.get_or_load(path, partial(self._load, path))
-        if self._whole_token_items(chunk):
-            offsets, dtype = chunk.layout.offsets, self._token_dtype
-            starts, ends = offsets[positions], offsets[positions + 1]
-            if dtype is not None and not ((ends - starts) % dtype.itemsize).any():
-                counts = (ends - starts) // dtype.itemsize
-                arrays = chunk.views.slices(dtype, starts, counts)
-                return [{TOKENS_FIELD: array} for array in arrays]
-            # else item by item below, naming the item that does not decode
+        positions, chunk = self._open_rows(path, rows)
+        arrays = self._token_items(chunk, positions)
+        if arrays is not None:
+            return [{TOKENS_FIELD: array} for array in arrays]
         result = []
         for row in positions.tolist():
             try:
@@ -195,6 +189,32 @@ class LitDataReader:
             except _CORRUPT as error:
                 raise self._error(f"item does not decode: {error!r}", path, row) from None
         return result
+
+    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+        """The items' token ids (views of the chunk) for `TokensLoader` chunks of integer ids
+        stored whole, and the field "input_ids"; else None."""
+        positions, chunk = self._open_rows(path, rows)
+        return self._token_items(chunk, positions) if field == TOKENS_FIELD else None
+
+    def _open_rows(self, path: str, rows: Rows) -> tuple[npt.NDArray[np.int64], _Chunk]:
+        positions = as_row_array(rows)
+        check_in_range(positions, self._rows[path][0], dataset=self.dataset, shard=path)
+        return positions, self._chunks.get_or_load(path, partial(self._load, path))
+
+    def _token_items(
+        self, chunk: _Chunk, positions: npt.NDArray[np.int64]
+    ) -> list[TokenIds] | None:
+        """The items as slices of the chunk where they are `TokensLoader` integer arrays
+        lying whole in its body; None otherwise, or when an item's size is not a whole number
+        of ids (then `read` decodes item by item, naming the one that does not decode)."""
+        dtype = self._token_dtype
+        if not self._whole_token_items(chunk) or dtype is None or dtype.kind not in "iu":
+            return None
+        offsets = chunk.layout.offsets
+        starts, ends = offsets[positions], offsets[positions + 1]
+        if ((ends - starts) % dtype.itemsize).any():
+            return None
+        return chunk.views.slices(dtype, starts, (ends - starts) // dtype.itemsize)
 
     def _whole_token_items(self, chunk: _Chunk) -> bool:
         """Whether the chunk's items are `TokensLoader` arrays lying whole in its body (no

@@ -34,7 +34,7 @@ from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, decoder, is_array
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
 
 _OPTIONAL_CODECS = {"br": ("brotli", "brotli"), "snappy": ("snappy", "python-snappy")}
@@ -156,20 +156,12 @@ class MdsReader:
             DataError: for a truncated or corrupt shard, naming it, or a sample that does not
                 decode, naming it too.
         """
-        info = self._infos[path]
-        positions = as_row_array(rows)
-        check_in_range(positions, info.samples, dataset=self.dataset, shard=path)
-        cache = self._shards if info.codec is None else self._inflated
-        shard = cache.get_or_load(path, partial(self._load, path, info))
+        info, positions, shard = self._open_rows(path, rows)
         layout = info.layout
-        if layout.one_array is not None and len(positions) >= BULK_ROWS:
-            arrays = read_arrays(
-                shard.views, shard.offsets, positions, layout.one_array, layout.variable
-            )
-            if arrays is not None:
-                name = layout.one_array.name
-                return [{name: array} for array in arrays]
-            # a sample the fast path does not take: decoded one by one, which names it
+        arrays = self._arrays(info, positions, shard)
+        if arrays is not None:
+            name = layout.one_array.name  # type: ignore[union-attr]
+            return [{name: array} for array in arrays]
         starts = shard.offsets[positions].tolist()
         ends = shard.offsets[positions + 1].tolist()
         result = []
@@ -191,6 +183,41 @@ class MdsReader:
                         row=row,
                     )
         return result
+
+    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+        """The rows' arrays where rows keep one 1-D integer array column, `field`; else None.
+
+        Read in bulk (see `read_arrays`), else sample by sample (a short request, or a sample
+        the bulk read does not take: the per-sample decoder names one that does not decode).
+        """
+        info, positions, shard = self._open_rows(path, rows)
+        one = info.layout.one_array
+        if one is None or one.name != field or one.dtype.kind not in "iu":
+            return None
+        arrays = self._arrays(info, positions, shard)
+        if arrays is None:
+            arrays = [row[field] for row in self.read(path, positions)]
+            if any(array.ndim != 1 for array in arrays):
+                return None  # rows then say which sample is not a 1-D array
+        return arrays
+
+    def _open_rows(self, path: str, rows: Rows) -> tuple[_ShardInfo, npt.NDArray[np.int64], _Shard]:
+        info = self._infos[path]
+        positions = as_row_array(rows)
+        check_in_range(positions, info.samples, dataset=self.dataset, shard=path)
+        cache = self._shards if info.codec is None else self._inflated
+        return info, positions, cache.get_or_load(path, partial(self._load, path, info))
+
+    def _arrays(
+        self, info: _ShardInfo, positions: npt.NDArray[np.int64], shard: _Shard
+    ) -> list[TokenIds] | None:
+        """The rows' one array each, read in bulk; None when the layout has no single array
+        column, the request is short, or a sample needs the per-sample decoder (which names
+        it)."""
+        layout = info.layout
+        if layout.one_array is None or len(positions) < BULK_ROWS:
+            return None
+        return read_arrays(shard.views, shard.offsets, positions, layout.one_array, layout.variable)
 
     def _read_index(self) -> dict[str, _ShardInfo]:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)

@@ -29,7 +29,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 
 OFFSETS_SUFFIX = ".offsets.npy"
 
@@ -119,16 +119,22 @@ class NpyReader:
         Raises:
             DataError: for a row past the end of the file.
         """
+        return [{TOKENS_FIELD: ids} for ids in self._ids(path, rows)]
+
+    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+        """The rows' token ids (views of the map), for the field "input_ids"; else None."""
+        return self._ids(path, rows) if field == TOKENS_FIELD else None
+
+    def _ids(self, path: str, rows: Rows) -> list[TokenIds]:
         file = self._file(path)
         positions = as_row_array(rows)
         check_in_range(positions, file.num_rows, dataset=self.dataset, shard=path)
+        tokens = file.tokens
         if file.offsets is None:
-            return [{TOKENS_FIELD: file.tokens[row]} for row in positions.tolist()]
+            return [tokens[row] for row in positions.tolist()]
         starts = file.offsets[positions].tolist()
         ends = file.offsets[positions + 1].tolist()
-        return [
-            {TOKENS_FIELD: file.tokens[start:end]} for start, end in zip(starts, ends, strict=True)
-        ]
+        return [tokens[start:end] for start, end in zip(starts, ends, strict=True)]
 
     def _file(self, path: str) -> _TokenFile:
         return self._files.get_or_load(path, partial(self._open, path))

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
 from zephon_torch.ops.document import Document, OperatorClock
-from zephon_torch.ops.fetch import read_span
+from zephon_torch.ops.fetch import read_span, read_token_span
 from zephon_torch.ops.pretokenized import field_error, token_ids, with_eos
 from zephon_torch.work.pointers import PointerSpan
 
@@ -100,20 +100,32 @@ class TokenChain(OperatorClock):
         start = time.perf_counter()
         dataset, field = self.datasets[source], self.field
         count = len(span)
-        read = read_span(dataset, span.shards, span.rows)
+        # stored ids come as views, nothing to check; else rows are read and checked
+        stored = read_token_span(dataset, span.shards, span.rows, field)
+        read = read_span(dataset, span.shards, span.rows) if stored is None else []
         fetched = time.perf_counter()
         shards = span.shards.tolist()
         rows = span.rows.tolist()
-        try:
-            values = [row[field] for row in read]
-            tokens = values if _all_token_arrays(values) else [token_ids(v) for v in values]
-        except (KeyError, TypeError, ValueError):
-            tokens = [self._checked(row, source, shards[i], rows[i]) for i, row in enumerate(read)]
+        tokens = self._tokens(source, read, shards, rows) if stored is None else stored
         if self.eos_token_id is not None:
             eos = self.eos_token_id
             tokens = [with_eos(ids, eos) for ids in tokens]
         self.record([(count, fetched - start), (count, time.perf_counter() - fetched)])
         return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)
+
+    def _tokens(
+        self, source: int, read: list[dict[str, Any]], shards: list[int], rows: list[int]
+    ) -> list[npt.NDArray[Any]]:
+        """The token field of each row read, as 1-D integer arrays; a ``DataError`` names
+        the first row whose field is missing or not token ids."""
+        field = self.field
+        try:
+            values = [row[field] for row in read]
+            if _all_token_arrays(values):
+                return values
+            return [token_ids(v) for v in values]
+        except (KeyError, TypeError, ValueError):
+            return [self._checked(row, source, shards[i], rows[i]) for i, row in enumerate(read)]
 
     def _checked(
         self, row: dict[str, Any], source: int, shard: int, position: int

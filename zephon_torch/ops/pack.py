@@ -304,7 +304,7 @@ class MixPack(BaseNode[PackedRow]):
         if taken_docs:
             self.documents[source] += taken_docs
             self._idle[source] = 0
-        self.readers[source].advance(last)  # type: ignore[union-attr]
+        self.readers[source].advance(last)
         return taken
 
     def _pull(self, max_tokens: int) -> Piece | None:

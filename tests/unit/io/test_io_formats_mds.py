@@ -209,6 +209,8 @@ def test_a_sample_that_does_not_decode_is_a_data_error_naming_shard_and_row(
             DataError, match=r"dataset 'm'.*shard\.00000\.mds.*row 3.*does not decode"
         ):
             dataset.read_rows(0, request)
+        with pytest.raises(DataError, match=r"shard\.00000\.mds.*row 3.*does not decode"):
+            dataset.read_tokens(0, request, "tokens")  # as views of the stored ids
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
@@ -308,3 +310,5 @@ def test_a_shape_of_two_to_the_63_is_a_data_error_not_an_empty_array(
     assert len(dataset.read_rows(0, [2, 4] * 20)) == 40  # the bulk path
     with pytest.raises(DataError, match=r"dataset 'm'.*row 3.*does not decode"):
         dataset.read_rows(0, [2] * 40 + [3])
+    with pytest.raises(DataError, match=r"dataset 'm'.*row 3.*does not decode"):
+        dataset.read_tokens(0, [2] * 40 + [3], "tokens")
