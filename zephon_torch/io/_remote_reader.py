@@ -38,7 +38,7 @@ from zephon_torch.io._remote_rows import (
 from zephon_torch.io._retry import call_with_retry
 from zephon_torch.io._rows import Rows, TokenIds
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
-from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, TokenReader, open_reader
+from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
 from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import window_blocks
 
@@ -192,9 +192,8 @@ class RemoteReader:
         """As `read`, the rows' token ids where the local reader gives them (`TokenReader`)."""
 
         def call(reader: ShardReader, local: str) -> list[TokenIds] | None:
-            if not isinstance(reader, TokenReader):
-                return None
-            return reader.read_tokens(local, rows, field)
+            tokens = token_reader(reader)
+            return None if tokens is None else tokens.read_tokens(local, rows, field)
 
         return self._with_reader(path, call)
 

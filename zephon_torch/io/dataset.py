@@ -25,7 +25,7 @@ from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions, is_remote, list_remote
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
-from zephon_torch.io.formats import ShardReader, TokenReader, open_reader
+from zephon_torch.io.formats import ShardReader, open_reader, token_reader
 from zephon_torch.io.memory import MemoryReader, rows_of
 from zephon_torch.io.parquet import ParquetReader
 
@@ -295,12 +295,13 @@ class Dataset:
         """As `read_rows`, each row's `field` alone, where the format stores it as token ids
         (`.npy`, MDS and LitData arrays): 1-D integer arrays, views of the stored ids. None
         where it does not (then read the rows)."""
-        if not isinstance(self._reader, TokenReader):
+        reader = token_reader(self._reader)
+        if reader is None:
             return None
         entry = self._shard(shard)
         positions = as_row_array(rows)
         check_in_range(positions, entry.num_rows, dataset=self.name, shard=entry.path)
-        return self._reader.read_tokens(entry.path, positions, field)
+        return reader.read_tokens(entry.path, positions, field)
 
     @property
     def remote(self) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._index import INDEX_FILE, index_format
@@ -52,6 +52,7 @@ __all__ = [
     "INDEX_FILE",
     "LOCATING_FORMATS",
     "ShardReader",
+    "TokenReader",
     "check_format",
     "check_indexed",
     "detect_format",
@@ -59,6 +60,7 @@ __all__ = [
     "indexed_format",
     "make_reader",
     "open_reader",
+    "token_reader",
 ]
 
 
@@ -87,16 +89,21 @@ class ShardReader(Protocol):
         ...
 
 
-@runtime_checkable
 class TokenReader(ShardReader, Protocol):
     """A reader of stored token ids (`.npy`, MDS and LitData arrays) that can hand over a
-    row's ids without a row dict around them."""
+    row's ids without a row dict around them: a `ShardReader` with a `read_tokens` method."""
 
     def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
         """Returns the rows' `field` as 1-D integer arrays (views of the stored ids), in the
         order asked, where the shard stores them so and rows keep only that field; None
         otherwise (then `read` gives them, and names any row that does not decode)."""
         ...
+
+
+def token_reader(reader: ShardReader) -> TokenReader | None:
+    """`reader` as a `TokenReader` when it is one, else None (a cheap check: it runs once per
+    shard of every pre-tokenized chunk)."""
+    return reader if hasattr(reader, "read_tokens") else None  # type: ignore[return-value]
 
 
 def detect_format(path: str) -> str | None:

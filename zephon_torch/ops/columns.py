@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,34 +37,20 @@ class TokenChunk:
     tokens: list[npt.NDArray[Any]]
     shards: list[int]
     rows: list[int]
-    _sizes: list[int] | None = None
-    _ends: list[int] | None = None
-    _bounds: tuple[int, int] = (0, 0)
+    sizes: list[int] = field(init=False)  # each document's token count
+    ends: list[int] = field(init=False)  # ends[i]: the tokens of documents 0..i-1 (from 0)
+    smallest: int = field(init=False)  # the fewest tokens of a document (0 when empty)
+    largest: int = field(init=False)  # the most
+
+    def __post_init__(self) -> None:
+        sizes = list(map(len, self.tokens))
+        self.sizes = sizes
+        self.ends = list(itertools.accumulate(sizes, initial=0))
+        self.smallest = min(sizes, default=0)
+        self.largest = max(sizes, default=0)
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    def sizes(self) -> list[int]:
-        """Each document's token count (computed once per chunk, with ``ends`` and
-        ``size_bounds``)."""
-        if self._sizes is None:
-            sizes = list(map(len, self.tokens))
-            self._bounds = (min(sizes, default=0), max(sizes, default=0))
-            self._ends = list(itertools.accumulate(sizes, initial=0))
-            self._sizes = sizes
-        return self._sizes
-
-    def ends(self) -> list[int]:
-        """``ends()[i]``: the tokens of documents ``0..i-1`` (``len(self) + 1`` entries, from
-        0)."""
-        self.sizes()
-        assert self._ends is not None
-        return self._ends
-
-    def size_bounds(self) -> tuple[int, int]:
-        """The smallest and largest document size in the chunk (0, 0 when empty)."""
-        self.sizes()
-        return self._bounds
 
     def __getitem__(self, i: int) -> Document:
         """The i-th document as an object (for the per-piece paths and saved carries)."""

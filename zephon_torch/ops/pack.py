@@ -262,9 +262,10 @@ class MixPack(BaseNode[PackedRow]):
 
     def _admits_all(self, chunk: TokenChunk) -> bool:
         """Whether the length rules keep every document of ``chunk``, and each gives tokens."""
-        low, high = chunk.size_bounds()
         longest = self.drop_longer_than
-        return low >= max(1, self.drop_shorter_than) and (longest is None or high <= longest)
+        return chunk.smallest >= max(1, self.drop_shorter_than) and (
+            longest is None or chunk.largest <= longest
+        )
 
     def _take(
         self,
@@ -282,16 +283,17 @@ class MixPack(BaseNode[PackedRow]):
         of a step per document: the whole documents that fit in ``room`` tokens, then the next
         one cut to fill it (its rest becoming the carry). Counts the documents, advances the
         reader and returns the tokens taken."""
-        ends = chunk.ends()
+        ends = chunk.ends
         last = bisect.bisect_right(ends, ends[first] + room, first) - 1  # first..last-1 fit
         whole = last - first
         taken = ends[last] - ends[first]
-        parts += chunk.tokens[first:last]
-        sizes += chunk.sizes()[first:last]
-        starts += [True] * whole
-        owners += zip(
-            itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
-        )
+        if whole:
+            parts += chunk.tokens[first:last]
+            sizes += chunk.sizes[first:last]
+            starts += [True] * whole
+            owners += zip(
+                itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
+            )
         taken_docs = whole
         if taken < room and last < len(chunk):  # cut: the rest waits as the carry
             cut = room - taken
@@ -299,7 +301,7 @@ class MixPack(BaseNode[PackedRow]):
             sizes.append(cut)
             starts.append(True)
             owners.append((source, chunk.shards[last], chunk.rows[last]))
-            self.carry[source] = Piece(chunk[last], cut, chunk.sizes()[last])
+            self.carry[source] = Piece(chunk[last], cut, chunk.sizes[last])
             taken, last, taken_docs = room, last + 1, whole + 1
         if taken_docs:
             self.documents[source] += taken_docs

@@ -145,7 +145,7 @@ class DocumentReader(BaseNode[Document]):
             if self._growth == _VIEW_GROWTH:  # counted before the next chunk is sized
                 assert isinstance(chunk, TokenChunk)
                 self._seen[0] += len(chunk)
-                self._seen[1] += sum(map(len, chunk.tokens))
+                self._seen[1] += chunk.ends[-1]
             self._top_up()
             if len(chunk):
                 self._chunk, self._index = chunk, 0

@@ -141,7 +141,7 @@ def test_a_chunk_from_views_equals_one_from_rows_with_and_without_eos(
         assert views.shards == from_rows.shards == shards.tolist()
         assert views.rows == from_rows.rows == rows.tolist()
         assert [t.tolist() for t in views.tokens] == [t.tolist() for t in from_rows.tokens]
-        assert views.sizes() == [len(t) for t in from_rows.tokens]
+        assert views.sizes == [len(t) for t in from_rows.tokens]
 
 
 def test_remote_token_files_give_the_views_of_their_local_copy(
