@@ -1,4 +1,4 @@
-"""Whole-file decompression of JSONL shards, chosen by the file's magic bytes.
+"""Streaming decompression of JSONL shards, chosen by the file's magic bytes.
 
 The magic bytes decide, not the extension, so `format="jsonl"` on a compressed file with an odd
 name still reads. No plain JSONL file can start with either magic: both begin with bytes that are
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import shutil
 from types import ModuleType
 from typing import Literal
 
@@ -17,6 +18,7 @@ Compression = Literal["gzip", "zstd"]
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_HINT = "pip install 'zephon-torch[zstd]'"
+_COPY_BYTES = 1 << 22
 
 
 def compression_of(path: str) -> Compression | None:
@@ -30,30 +32,27 @@ def compression_of(path: str) -> Compression | None:
     return None
 
 
-def decompress_file(path: str, compression: Compression) -> bytes:
-    """Reads and decompresses a whole file, every gzip member or zstd frame in it.
+def decompress_to(path: str, compression: Compression, target: str) -> None:
+    """Decompresses a whole file, every gzip member or zstd frame in it, into the file
+    `target`, streaming (a few MiB of memory whatever the size).
 
     Args:
         path: the compressed file.
         compression: how it is compressed.
-
-    Returns:
-        The decompressed bytes.
+        target: the file to write.
 
     Raises:
         ImportError: for zstd when `zstandard` is not installed; the message has the install hint.
         OSError, EOFError, zlib.error, zstandard.ZstdError: when the data is corrupt.
     """
-    if compression == "gzip":
-        with open(path, "rb") as handle:
-            return gzip.decompress(handle.read())
-    decompressor = zstandard_module().ZstdDecompressor()
-    with (
-        open(path, "rb") as handle,
-        decompressor.stream_reader(handle, read_across_frames=True) as reader,
-    ):
-        data: bytes = reader.read()
-    return data
+    with open(path, "rb") as handle, open(target, "wb") as out:
+        if compression == "gzip":
+            with gzip.GzipFile(fileobj=handle) as reader:
+                shutil.copyfileobj(reader, out, _COPY_BYTES)
+            return
+        decompressor = zstandard_module().ZstdDecompressor()
+        with decompressor.stream_reader(handle, read_across_frames=True) as stream:
+            shutil.copyfileobj(stream, out, _COPY_BYTES)
 
 
 def zstandard_module() -> ModuleType:

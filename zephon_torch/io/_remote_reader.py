@@ -273,6 +273,7 @@ class RemoteReader:
                     locate=self._locate,
                     max_open=self._max_open(),
                     row_group_cache_bytes=self.options.parquet.row_group_cache_bytes,
+                    cache=self.options.cache,
                 )
                 missing = [shard for shard in shards if shard not in self.objects]
                 if missing:

@@ -33,6 +33,7 @@ from zephon_torch.errors import ConfigError, StorageError
 _TMP = ".tmp"
 _RESERVE = ".reserve"
 _LOCKS = ".locks"
+_SIZES = ".sizes"  # the sizes of made files (see `open_made`)
 _FOLDER_LOCK = ".lock"
 _FULL_POLL_S = 0.05
 
@@ -77,7 +78,7 @@ class ShardCache:
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.max_bytes = max_bytes
         self.full_timeout = full_timeout
-        for sub in (_TMP, _RESERVE, _LOCKS):
+        for sub in (_TMP, _RESERVE, _LOCKS, _SIZES):
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
         self._lock = threading.Lock()
         self._pins: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
@@ -155,6 +156,44 @@ class ShardCache:
                 with _flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
                     os.unlink(reservation)
         return self._finish(item, pin)
+
+    @contextlib.contextmanager
+    def open_made(self, key: str, url: str, make: Callable[[str], None]) -> Iterator[str]:
+        """Yields the local path of a file that `make(path)` writes (a decompressed shard),
+        pinned as in `open`; made once per node, then cached and evicted like a download.
+
+        The cache names a file by its size, known here only once it is made. So the first
+        process to need it makes it under a lock on `key`, places it, and records its size
+        under `key`; the others wait on the lock, then find both. Made again (into the same
+        name) when it was evicted. While it is first made, its partial file is not yet counted
+        against `max_bytes`.
+
+        Args:
+            key: names the file's content; must change when its source does.
+            url: what errors name (the source, and how the file derives from it).
+            make: writes the whole file to the path it is given.
+        """
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        memo = os.path.join(self.directory, _SIZES, digest)
+        size = _read_size(memo)
+        if size is None:
+            with _flock(os.path.join(self.directory, _LOCKS, f"{digest}.make.lock"), fcntl.LOCK_EX):
+                size = _read_size(memo)
+                if size is None:
+                    temp = os.path.join(
+                        self.directory, _TMP, f"{digest}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+                    )
+                    try:
+                        make(temp)
+                        size = os.path.getsize(temp)
+                        item = CachedObject(url=url, size=size, version=key)
+                        self.ensure(item, lambda target: os.replace(temp, target), pin=False)
+                    finally:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(temp)
+                    _write_size(memo, size)
+        with self.open(CachedObject(url=url, size=size, version=key), make) as path:
+            yield path
 
     def used_bytes(self) -> int:
         """Bytes held by cached shards (reservations not counted)."""
@@ -279,6 +318,22 @@ class ShardCache:
             if pid.isdigit() and not _alive(int(pid)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(folder, name))
+
+
+def _read_size(path: str) -> int | None:
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _write_size(path: str, size: int) -> None:
+    temp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    with open(temp, "w") as handle:
+        handle.write(str(size))
+    os.replace(temp, path)
 
 
 def _alive(pid: int) -> bool:

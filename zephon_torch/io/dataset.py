@@ -21,11 +21,12 @@ from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
-from zephon_torch.io._projection import Projection
+from zephon_torch.io._projection import ProjectedReader, Projection
 from zephon_torch.io._remote import IoOptions, is_remote, list_remote
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader, token_reader
+from zephon_torch.io.jsonl import JsonlReader
 from zephon_torch.io.memory import MemoryReader, rows_of
 from zephon_torch.io.parquet import ParquetReader
 
@@ -151,8 +152,9 @@ class Dataset:
             io_options: `{"cache": {"dir", "max_bytes", "prefetch_bytes",
                 "prefetch_threads"}, "retry": {"attempts", "initial_delay", "max_delay",
                 "timeout"}, "parquet": {"row_group_cache_bytes"}}` (see `CacheOptions`,
-                `RetryPolicy`, `ParquetOptions`); unknown keys are refused. Only remote URLs
-                use `cache` and `retry`; `parquet` applies to local Parquet too.
+                `RetryPolicy`, `ParquetOptions`); unknown keys are refused. Remote URLs use
+                `cache` and `retry`; `parquet` applies to local Parquet too, and `cache` to
+                local compressed JSONL (decompressed into it).
 
         Returns:
             The dataset, with row counts read from Parquet and Vortex footers, `.npy` headers
@@ -195,6 +197,7 @@ class Dataset:
             index_cache_dir=cache_dir,
             projection=projection,
             row_group_cache_bytes=options.parquet.row_group_cache_bytes,
+            cache=options.cache,
         )
         shards = _shards(reader, files)
         return cls(name=name, format=detected, shards=shards, reader=reader)
@@ -317,8 +320,9 @@ class Dataset:
 
         The keys of an `io_options` mapping (as for `from_path`) replace the dataset's own;
         the rest are kept. An `IoOptions` replaces them all. A local dataset takes only the
-        `parquet` settings (a Parquet one: a new reader, its caches empty); in-memory and
-        other local datasets are returned as they are.
+        `parquet` settings (a Parquet one: a new reader, its caches empty) and, for JSONL,
+        the `cache` settings (where compressed shards are decompressed); in-memory and other
+        local datasets are returned as they are.
 
         Raises:
             ConfigError: for unknown keys or bad values.
@@ -330,6 +334,12 @@ class Dataset:
                 resized = self._reader.resized(given.parquet.row_group_cache_bytes)
                 return Dataset(
                     name=self.name, format=self.format, shards=self.shards, reader=resized
+                )
+            sets_cache = isinstance(io_options, IoOptions) or "cache" in io_options
+            if sets_cache and self.format == "jsonl":
+                reader = _with_jsonl_cache(self._reader, io_options)
+                return Dataset(
+                    name=self.name, format=self.format, shards=self.shards, reader=reader
                 )
             return self
         reader = self._reader.with_options(self._reader.options.merged(io_options))
@@ -424,3 +434,17 @@ def _shards(reader: ShardReader, files: list[str], *, remote: bool = False) -> l
         Shard(path=file, num_rows=rows, blocks=blocks)
         for file, (rows, blocks) in zip(files, layouts, strict=True)
     ]
+
+
+def _with_jsonl_cache(
+    reader: ShardReader, io_options: Mapping[str, Any] | IoOptions
+) -> ShardReader:
+    """A local JSONL reader (projected or not) whose compressed shards are decompressed into
+    the shard cache of `io_options` merged over its own; its caches empty."""
+    projected = reader if isinstance(reader, ProjectedReader) else None
+    jsonl = projected.reader if projected is not None else reader
+    assert isinstance(jsonl, JsonlReader)
+    fresh = jsonl.with_cache(IoOptions(cache=jsonl.cache).merged(io_options).cache)
+    if projected is None:
+        return fresh
+    return ProjectedReader(fresh, projection=projected.projection, dataset=projected.dataset)

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._index import INDEX_FILE, index_format
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import ProjectedReader, Projection
 from zephon_torch.io._rows import Rows, TokenIds
+
+if TYPE_CHECKING:
+    from zephon_torch.io._remote import CacheOptions
 
 FILE_FORMATS = ("jsonl", "litdata", "mds", "npy", "parquet", "vortex")
 """The formats `Dataset.from_path` reads, sorted."""
@@ -131,6 +134,7 @@ def make_reader(
     locate: Locate = local_file,
     max_open: int | None = None,
     row_group_cache_bytes: int | None = None,
+    cache: CacheOptions | None = None,
 ) -> ShardReader:
     """Builds the reader of a file format (not an indexed one) for one dataset.
 
@@ -142,12 +146,14 @@ def make_reader(
         locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
         max_open: how many shards the reader keeps open or mapped; None: its default.
         row_group_cache_bytes: Parquet's bound on decoded row groups; None: its default.
+        cache: the shard cache compressed JSONL shards are decompressed into; None: the
+            default one.
 
     Returns:
         A new reader with empty caches.
     """
     projection = projection or Projection()
-    sizing = {} if max_open is None else {"max_open": max_open}
+    sizing: dict[str, Any] = {} if max_open is None else {"max_open": max_open}
     format_ = check_format(format_)
     if format_ in INDEXED_FORMATS:
         raise ConfigError(f"format {format_!r} is a directory with an index: use `open_reader`")
@@ -167,7 +173,7 @@ def make_reader(
         return NpyReader(dataset=dataset, projection=projection, locate=locate, **sizing)
     from zephon_torch.io.jsonl import JsonlReader
 
-    reader = JsonlReader(dataset=dataset, index_cache_dir=index_cache_dir, **sizing)
+    reader = JsonlReader(dataset=dataset, index_cache_dir=index_cache_dir, cache=cache, **sizing)
     if projection == Projection():
         return reader
     return ProjectedReader(reader, projection=projection, dataset=dataset)
@@ -183,6 +189,7 @@ def open_reader(
     locate: Locate = local_file,
     max_open: int | None = None,
     row_group_cache_bytes: int | None = None,
+    cache: CacheOptions | None = None,
 ) -> tuple[ShardReader, list[str]]:
     """Builds a dataset's reader and lists its shards.
 
@@ -196,6 +203,8 @@ def open_reader(
         locate: how a reader of `LOCATING_FORMATS` turns a path into a local file.
         max_open: how many shards the reader keeps open or mapped; None: its default.
         row_group_cache_bytes: Parquet's bound on decoded row groups; None: its default.
+        cache: the shard cache compressed JSONL shards are decompressed into; None: the
+            default one.
 
     Returns:
         The reader and the shard paths, in order.
@@ -241,6 +250,7 @@ def open_reader(
         locate=locate,
         max_open=max_open,
         row_group_cache_bytes=row_group_cache_bytes,
+        cache=cache,
     )
     if format_ == "npy":
         from zephon_torch.io.npy import token_files
