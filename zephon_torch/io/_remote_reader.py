@@ -189,7 +189,10 @@ class RemoteReader:
         return self._with_reader(path, lambda reader, local: reader.read(local, rows))
 
     def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
-        """As `read`, the rows' token ids where the local reader gives them (`TokenReader`)."""
+        """As `read`, the rows' token ids where the local reader gives them (`TokenReader`);
+        None at once for the others (Parquet, JSONL, Vortex), before any download."""
+        if token_reader(self._open()[0]) is None:
+            return None
 
         def call(reader: ShardReader, local: str) -> list[TokenIds] | None:
             tokens = token_reader(reader)

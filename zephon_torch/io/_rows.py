@@ -11,8 +11,10 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 
 Rows: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
-TokenIds: TypeAlias = npt.NDArray[np.integer[Any]]  # a row's stored token ids, 1-D
 """Row numbers within a shard: a sequence of ints or an integer numpy array."""
+
+TokenIds: TypeAlias = npt.NDArray[np.integer[Any]]
+"""A row's stored token ids: a 1-D integer array (a view of the stored ids where it can be)."""
 
 CHANGED_NOTE = " (did the file change after the dataset was opened?)"
 """Appended by readers whose own row count disagrees with the one the dataset recorded."""

@@ -193,8 +193,10 @@ class LitDataReader:
     def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
         """The items' token ids (views of the chunk) for `TokensLoader` chunks of integer ids
         stored whole, and the field "input_ids"; else None."""
+        if field != TOKENS_FIELD or self._loader != "TokensLoader":
+            return None
         positions, chunk = self._open_rows(path, rows)
-        return self._token_items(chunk, positions) if field == TOKENS_FIELD else None
+        return self._token_items(chunk, positions)
 
     def _open_rows(self, path: str, rows: Rows) -> tuple[npt.NDArray[np.int64], _Chunk]:
         positions = as_row_array(rows)

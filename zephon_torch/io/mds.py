@@ -157,11 +157,17 @@ class MdsReader:
                 decode, naming it too.
         """
         info, positions, shard = self._open_rows(path, rows)
-        layout = info.layout
         arrays = self._arrays(info, positions, shard)
         if arrays is not None:
-            name = layout.one_array.name  # type: ignore[union-attr]
+            name = info.layout.one_array.name  # type: ignore[union-attr]
             return [{name: array} for array in arrays]
+        return self._decoded(path, info, positions, shard)
+
+    def _decoded(
+        self, path: str, info: _ShardInfo, positions: npt.NDArray[np.int64], shard: _Shard
+    ) -> list[dict[str, Any]]:
+        """The rows decoded sample by sample, naming one that does not decode."""
+        layout = info.layout
         starts = shard.offsets[positions].tolist()
         ends = shard.offsets[positions + 1].tolist()
         result = []
@@ -190,13 +196,13 @@ class MdsReader:
         Read in bulk (see `read_arrays`), else sample by sample (a short request, or a sample
         the bulk read does not take: the per-sample decoder names one that does not decode).
         """
-        info, positions, shard = self._open_rows(path, rows)
-        one = info.layout.one_array
+        one = self._infos[path].layout.one_array
         if one is None or one.name != field or one.dtype.kind not in "iu":
             return None
+        info, positions, shard = self._open_rows(path, rows)
         arrays = self._arrays(info, positions, shard)
         if arrays is None:
-            arrays = [row[field] for row in self.read(path, positions)]
+            arrays = [row[field] for row in self._decoded(path, info, positions, shard)]
             if any(array.ndim != 1 for array in arrays):
                 return None  # rows then say which sample is not a 1-D array
         return arrays

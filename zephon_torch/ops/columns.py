@@ -66,9 +66,10 @@ class TokenChunk:
 
 
 class TokenChain(OperatorClock):
-    """Pointers in, a ``TokenChunk`` out: rows read a shard at a time, their token field taken
-    and validated (a 1-D integer array or list), the EOS id appended when asked. Picklable, so
-    any runner can run it.
+    """Pointers in, a ``TokenChunk`` out: each shard's ids read at once, as views of the stored
+    ids where the format keeps them as 1-D integer arrays (``Dataset.read_tokens``: nothing to
+    check), else rows read and their token field taken and validated (a 1-D integer array or
+    list); the EOS id appended when asked. Picklable, so any runner can run it.
 
     Args:
         datasets: the work source's datasets, by source index.

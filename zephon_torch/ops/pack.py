@@ -121,6 +121,8 @@ class MixPack(BaseNode[PackedRow]):
         self.drop_shorter_than = drop_shorter_than
         self.skipped = {"too_long": 0, "too_short": 0}
         self._idle = [0] * len(readers)  # documents in a row that gave no tokens, per source
+        # per source, its current token chunk and the documents _admit refuses there
+        self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
         # documents come as columns: a lone active source's are taken a chunk at a time
         self._columnar = all(isinstance(r, DocumentReader) and r.columnar for r in self.readers)
 
@@ -128,6 +130,7 @@ class MixPack(BaseNode[PackedRow]):
         """Start fresh, or restore counters, reader positions and open rows."""
         super().reset(initial_state)
         self._idle = [0] * len(self.readers)
+        self._refusals = [None] * len(self.readers)
         if initial_state is None:
             for reader in self.readers:
                 reader.reset(None)
@@ -232,60 +235,60 @@ class MixPack(BaseNode[PackedRow]):
             self.tokens[source] += taken
             return taken
         chunk, i = got
-        if self._admits_all(chunk):
-            taken += self._take(source, chunk, i, want - taken, parts, owners, sizes, starts)
-            self.tokens[source] += taken
-            return taken
-        tokens, shards, rows = chunk.tokens, chunk.shards, chunk.rows
-        count = len(tokens)
+        refused = self._refused(source, chunk)
+        count = len(chunk)
         while i < count and taken < want:
-            ids = tokens[i]
-            size = len(ids)
-            i += 1
-            if not self._admit(source, size):
-                continue
-            owners.append((source, shards[i - 1], rows[i - 1]))
-            starts.append(True)
-            room = want - taken
-            if size > room:  # cut: the rest waits as the carry, as _pull leaves it
-                parts.append(ids[:room])
-                sizes.append(room)
-                self.carry[source] = Piece(chunk[i - 1], room, size)
-                taken = want
-            else:
-                parts.append(ids)
-                sizes.append(size)
-                taken += size
+            at = bisect.bisect_left(refused, i)
+            stop = refused[at] if at < len(refused) else count  # the next refused document
+            if stop > i:  # kept documents i..stop-1: taken by a search, not one by one
+                more, i = self._take(
+                    source, chunk, i, stop, want - taken, parts, owners, sizes, starts
+                )
+                taken += more
+            else:  # counted as skipped, or as giving no tokens
+                self._admit(source, chunk.sizes[i])
+                i += 1
         reader.advance(i)
         self.tokens[source] += taken
         return taken
 
-    def _admits_all(self, chunk: TokenChunk) -> bool:
-        """Whether the length rules keep every document of ``chunk``, and each gives tokens."""
-        longest = self.drop_longer_than
-        return chunk.smallest >= max(1, self.drop_shorter_than) and (
-            longest is None or chunk.largest <= longest
-        )
+    def _refused(self, source: int, chunk: TokenChunk) -> list[int]:
+        """The documents of ``chunk`` (by index, ascending) that ``_admit`` would not take: cut
+        by the length rules, or empty. Found once per chunk: none, by the chunk's extremes,
+        in the usual case."""
+        held = self._refusals[source]
+        if held is not None and held[0] is chunk:
+            return held[1]
+        low, high = max(1, self.drop_shorter_than), self.drop_longer_than
+        if chunk.smallest >= low and (high is None or chunk.largest <= high):
+            refused: list[int] = []
+        else:
+            refused = [
+                k for k, n in enumerate(chunk.sizes) if n < low or (high is not None and n > high)
+            ]
+        self._refusals[source] = (chunk, refused)
+        return refused
 
     def _take(
         self,
         source: int,
         chunk: TokenChunk,
         first: int,
+        stop: int,
         room: int,
         parts: list[npt.NDArray[Any]],
         owners: list[Owner | None],
         sizes: list[int],
         starts: list[bool],
-    ) -> int:
-        """``_run``'s loop over ``chunk`` from document ``first`` on, for a chunk whose every
-        document is kept (``_admits_all``), found by a search in the running token sums instead
-        of a step per document: the whole documents that fit in ``room`` tokens, then the next
-        one cut to fill it (its rest becoming the carry). Counts the documents, advances the
-        reader and returns the tokens taken."""
+    ) -> tuple[int, int]:
+        """``chunk``'s documents from ``first`` up to ``stop`` (all kept by ``_admit``), as
+        ``_admit`` and the block would take them one by one, found by a search in the running
+        token sums: the whole documents that fit in ``room`` tokens, then the next one cut to
+        fill it (its rest becoming the carry). Counts the documents; returns the tokens taken
+        and the index of the next document."""
         ends = chunk.ends
-        last = bisect.bisect_right(ends, ends[first] + room, first) - 1  # first..last-1 fit
-        whole = last - first
+        last = bisect.bisect_right(ends, ends[first] + room, first, stop + 1) - 1
+        whole = last - first  # documents first..last-1 fit whole
         taken = ends[last] - ends[first]
         if whole:
             parts += chunk.tokens[first:last]
@@ -295,7 +298,7 @@ class MixPack(BaseNode[PackedRow]):
                 itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
             )
         taken_docs = whole
-        if taken < room and last < len(chunk):  # cut: the rest waits as the carry
+        if taken < room and last < stop:  # cut: the rest waits as the carry
             cut = room - taken
             parts.append(chunk.tokens[last][:cut])
             sizes.append(cut)
@@ -306,8 +309,7 @@ class MixPack(BaseNode[PackedRow]):
         if taken_docs:
             self.documents[source] += taken_docs
             self._idle[source] = 0
-        self.readers[source].advance(last)
-        return taken
+        return taken, last
 
     def _pull(self, max_tokens: int) -> Piece | None:
         counts = self.tokens if self.count == "tokens" else self.documents

@@ -1,0 +1,250 @@
+"""``MixPack._run`` over token chunks (kept documents found by a search in the chunk's running
+token sums, ``_take``; refused ones counted one by one) gives exactly what a step per document
+gives (``loop_run`` below, the reference): the same blocks (parts, sizes, sources, starts,
+owners), the same state after every block (counts, skips, carries, reader positions), the same
+idle counts, and either resumes from the other's states."""
+
+from __future__ import annotations
+
+import collections
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_torch.io import Dataset
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops.columns import TokenChain
+from zephon_torch.ops.pack import MixPack, RowBlock
+from zephon_torch.ops.packers import Piece, make_packer
+from zephon_torch.ops.read import DocumentReader
+from zephon_torch.work.pointers import PointerLayout
+
+BRANCHES: collections.Counter[str] = collections.Counter()
+
+
+def loop_run(
+    node: MixPack,
+    source: int,
+    want: int,
+    parts: list[Any],
+    owners: list[Any],
+    sizes: list[int],
+    starts: list[bool],
+) -> int:
+    """The reference: ``_run`` taking the chunk's documents one at a time through ``_admit``."""
+    taken = 0
+    carried = node.carry[source]
+    if carried is not None:
+        piece = node._cut(source, carried, want)
+        parts.append(piece.doc.tokens[piece.start : piece.end])  # type: ignore[index]
+        owners.append((piece.doc.source, piece.doc.shard, piece.doc.row))
+        sizes.append(piece.end - piece.start)
+        starts.append(piece.start == 0)
+        taken = piece.end - piece.start
+        if taken == want:
+            node.tokens[source] += taken
+            return taken
+    reader = node.readers[source]
+    assert isinstance(reader, DocumentReader)
+    got = reader.columns()
+    if got is None:
+        node.active[source] = False
+        node.tokens[source] += taken
+        return taken
+    chunk, i = got
+    while i < len(chunk) and taken < want:
+        ids = chunk.tokens[i]
+        size = len(ids)
+        i += 1
+        if not node._admit(source, size):
+            continue
+        owners.append((source, chunk.shards[i - 1], chunk.rows[i - 1]))
+        starts.append(True)
+        room = want - taken
+        if size > room:
+            parts.append(ids[:room])
+            sizes.append(room)
+            node.carry[source] = Piece(chunk[i - 1], room, size)
+            taken = want
+        else:
+            parts.append(ids)
+            sizes.append(size)
+            taken += size
+    reader.advance(i)
+    node.tokens[source] += taken
+    return taken
+
+
+def build(
+    sources: list[list[int]],
+    width: int,
+    *,
+    fast: bool,
+    chunk_docs: int,
+    runner_kind: str = "inline",
+    eos: int | None = None,
+    exhaustion: str = "stop",
+    **mix: Any,
+) -> MixPack:
+    """A wrap MixPack over in-memory token columns; ``fast=False`` runs the reference loop."""
+    datasets = tuple(
+        Dataset.from_dict(
+            f"s{s}",
+            {"ids": [[s * 1_000_000 + d * 1000 + i for i in range(n)] for d, n in enumerate(docs)]},
+        )
+        for s, docs in enumerate(sources)
+    )
+    runner = Runner(TokenChain(datasets, "ids", eos), parallelism=1, kind=runner_kind)
+    readers = [
+        DocumentReader(
+            source=s,
+            layout=PointerLayout(
+                name=d.name, shard_rows=(d.num_rows,), seed=0, window_shards=1, shuffle=False
+            ),
+            lane=0,
+            num_lanes=1,
+            exhaustion=exhaustion,  # type: ignore[arg-type]
+            runner=runner,
+            chunk_docs=chunk_docs,
+            ahead=2,
+        )
+        for s, d in enumerate(datasets)
+    ]
+    weights = tuple(1 / len(sources) for _ in sources)
+    node = MixPack(readers, weights, "tokens", make_packer("wrap", width, 1, None), **mix)
+    if not fast:
+        node._run = lambda *args: loop_run(node, *args)  # type: ignore[method-assign]
+    else:
+        take = node._take
+
+        def counted(source: int, chunk: Any, first: int, stop: int, room: int, *rest: Any) -> Any:
+            before = node.carry[source]
+            got, after = take(source, chunk, first, stop, room, *rest)
+            cut = node.carry[source] is not before and node.carry[source] is not None
+            BRANCHES["calls"] += 1
+            BRANCHES["cut" if cut else "no cut"] += 1
+            BRANCHES["whole==0"] += after - first - cut == 0
+            BRANCHES["first>0"] += first > 0
+            BRANCHES["stops at a refused document"] += stop < len(chunk) and after == stop
+            BRANCHES["chunk exhausted"] += after == len(chunk)
+            BRANCHES["fills room exactly, no cut"] += (not cut) and got == room
+            return got, after
+
+        node._take = counted  # type: ignore[method-assign]
+    node.reset(None)
+    return node
+
+
+def snapshot(node: MixPack, block: RowBlock) -> tuple[Any, ...]:
+    return (
+        [p.tolist() for p in block.parts],
+        block.sizes,
+        block.sources,
+        block.starts,
+        block.owners,
+        block.tokens,
+        node.get_state(),
+        list(node._idle),
+        [None if c is None else (c.doc.source, c.doc.pos, c.start, c.end) for c in node.carry],
+    )
+
+
+def blocks(node: MixPack, rows: int) -> list[tuple[Any, ...]]:
+    out = []
+    limit = 10 + 200 * sum(r.layout.num_rows for r in node.readers)  # docs <= 80 tokens
+    for _ in range(limit):
+        block = node.wrap_rows(rows)
+        out.append(snapshot(node, block))
+        if block.tokens == 0:
+            return out
+    raise AssertionError("did not end")
+
+
+docs_st = st.lists(
+    st.lists(st.one_of(st.integers(0, 3), st.integers(0, 80)), min_size=1, max_size=40),
+    min_size=1,
+    max_size=3,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sources=docs_st,
+    width=st.integers(1, 40),
+    rows=st.integers(1, 8),
+    chunk_docs=st.integers(1, 16),
+    drop_short=st.integers(0, 4),
+    drop_long=st.one_of(st.none(), st.integers(0, 90)),
+    eos=st.one_of(st.none(), st.just(5)),
+)
+def test_take_is_the_loop(
+    sources: list[list[int]],
+    width: int,
+    rows: int,
+    chunk_docs: int,
+    drop_short: int,
+    drop_long: int | None,
+    eos: int | None,
+) -> None:
+    mix = {"drop_shorter_than": drop_short, "drop_longer_than": drop_long}
+    kw = {"chunk_docs": chunk_docs, "eos": eos, **mix}
+    fast = blocks(build(sources, width, fast=True, **kw), rows)
+    slow = blocks(build(sources, width, fast=False, **kw), rows)
+    assert fast == slow
+    for cut in range(len(slow) - 1):
+        for resume_fast, state in ((True, slow[cut][6]), (False, fast[cut][6])):
+            node = build(sources, width, fast=resume_fast, **kw)
+            node.reset(state)
+            resumed = blocks(node, rows)
+            # _idle is not state: compare everything else
+            assert [s[:7] + s[8:] for s in resumed] == [s[:7] + s[8:] for s in slow[cut + 1 :]]
+
+
+def test_every_branch_of_take_is_exercised() -> None:
+    rng = random.Random(0)
+    BRANCHES.clear()
+    for _ in range(300):
+        sources = [
+            [rng.choice([0, 1, 2, 3, rng.randint(1, 90)]) for _ in range(rng.randint(1, 60))]
+        ]
+        width, rows, chunk_docs = rng.randint(1, 40), rng.randint(1, 8), rng.randint(1, 16)
+        kw: dict[str, Any] = {"chunk_docs": chunk_docs, "drop_shorter_than": rng.randint(0, 2)}
+        fast = blocks(build(sources, width, fast=True, **kw), rows)
+        slow = blocks(build(sources, width, fast=False, **kw), rows)
+        assert fast == slow
+    for branch in (
+        "cut",
+        "no cut",
+        "whole==0",
+        "first>0",
+        "stops at a refused document",
+        "chunk exhausted",
+        "fills room exactly, no cut",
+    ):
+        assert BRANCHES[branch] > 0, (branch, dict(BRANCHES))
+
+
+@pytest.mark.parametrize("runner_kind", ["inline", "threads"])
+def test_repeat_and_idle_counts_match(runner_kind: str) -> None:
+    # a source with empty documents in between (they reset nothing, the others reset _idle),
+    # and one whose short documents are dropped: the same blocks and idle counts on both paths
+    for sources, mix in (
+        ([[0, 0, 5, 0, 0, 0, 7] * 5], {}),
+        ([[3, 4, 5] * 10], {"drop_shorter_than": 4}),
+    ):
+        out = []
+        for fast in (True, False):
+            node = build(
+                sources,
+                4,
+                fast=fast,
+                chunk_docs=2,
+                runner_kind=runner_kind,
+                exhaustion="repeat",
+                **mix,
+            )
+            out.append([snapshot(node, node.wrap_rows(3)) for _ in range(60)])
+        assert out[0] == out[1]
