@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import io
 import shutil
+import zlib
 from types import ModuleType
-from typing import Literal
+from typing import BinaryIO, Literal
 
 Compression = Literal["gzip", "zstd"]
 
@@ -32,27 +34,60 @@ def compression_of(path: str) -> Compression | None:
     return None
 
 
+class CorruptError(Exception):
+    """The compressed data does not decompress (corrupt, or truncated)."""
+
+
 def decompress_to(path: str, compression: Compression, target: str) -> None:
     """Decompresses a whole file, every gzip member or zstd frame in it, into the file
     `target`, streaming (a few MiB of memory whatever the size).
 
-    Args:
-        path: the compressed file.
-        compression: how it is compressed.
-        target: the file to write.
-
     Raises:
         ImportError: for zstd when `zstandard` is not installed; the message has the install hint.
-        OSError, EOFError, zlib.error, zstandard.ZstdError: when the data is corrupt.
+        CorruptError: when the data is corrupt or ends inside a member or frame.
+        OSError: when a file cannot be read or written.
     """
     with open(path, "rb") as handle, open(target, "wb") as out:
-        if compression == "gzip":
+        _copy(handle, out, compression)
+
+
+def decompress_bytes(path: str, compression: Compression) -> bytes:
+    """As `decompress_to`, into memory."""
+    out = io.BytesIO()
+    with open(path, "rb") as handle:
+        _copy(handle, out, compression)
+    return out.getvalue()
+
+
+def _copy(handle: BinaryIO, out: BinaryIO, compression: Compression) -> None:
+    zstandard = zstandard_module() if compression == "zstd" else None
+    corrupt: tuple[type[Exception], ...] = (EOFError, zlib.error, gzip.BadGzipFile)
+    if zstandard is not None:
+        corrupt += (zstandard.ZstdError,)
+    try:
+        if zstandard is None:
             with gzip.GzipFile(fileobj=handle) as reader:
                 shutil.copyfileobj(reader, out, _COPY_BYTES)
-            return
-        decompressor = zstandard_module().ZstdDecompressor()
-        with decompressor.stream_reader(handle, read_across_frames=True) as stream:
-            shutil.copyfileobj(stream, out, _COPY_BYTES)
+        else:
+            _copy_zstd(zstandard, handle, out)
+    except corrupt as error:
+        raise CorruptError(str(error) or type(error).__name__) from error
+
+
+def _copy_zstd(zstandard: ModuleType, handle: BinaryIO, out: BinaryIO) -> None:
+    """Every frame, one after another; data that ends inside a frame is an error (zstandard's
+    stream reader ends quietly there)."""
+    context = zstandard.ZstdDecompressor()
+    frame, inside = context.decompressobj(), False
+    while chunk := handle.read(_COPY_BYTES):
+        while chunk:
+            out.write(frame.decompress(chunk))
+            inside = True
+            if not frame.eof:
+                break
+            chunk, frame, inside = frame.unused_data, context.decompressobj(), False
+    if inside:
+        raise EOFError("the zstd data ends inside a frame (truncated)")
 
 
 def zstandard_module() -> ModuleType:

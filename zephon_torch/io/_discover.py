@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Sequence
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io.formats import (
@@ -28,7 +29,7 @@ SKIPPED_PREFIXES = (".", "_")
 
 
 def find_files(
-    path: str | os.PathLike[str], *, format_: str | None, exclude: str | None = None
+    path: str | os.PathLike[str], *, format_: str | None, exclude: str | Sequence[str] = ()
 ) -> tuple[str, list[str]]:
     """Lists the data files a path names and decides their format.
 
@@ -36,7 +37,7 @@ def find_files(
         path: a file, a directory, a glob (`**` matches across folders), or a `file://` URL.
         format_: the format to read; None detects it from the file name endings, and a format
             given for a directory or glob takes every file whatever its ending.
-        exclude: a folder whose files are never data (the index cache).
+        exclude: folders whose files are never data (the index and shard caches).
 
     Returns:
         The format and the files, absolute and sorted; for an MDS or LitData directory (or
@@ -94,15 +95,21 @@ def _local(text: str) -> str:
     return os.path.expanduser(text)
 
 
-def _walk(directory: str, exclude: str | None) -> list[str]:
-    skipped = os.path.realpath(exclude) if exclude else None
+def _skipped(exclude: str | Sequence[str]) -> set[str]:
+    return {
+        os.path.realpath(folder) for folder in ([exclude] if isinstance(exclude, str) else exclude)
+    }
+
+
+def _walk(directory: str, exclude: str | Sequence[str]) -> list[str]:
+    skipped = _skipped(exclude)
     files: list[str] = []
     for root, folders, names in os.walk(directory):
         folders[:] = [
             folder
             for folder in folders
             if not folder.startswith(SKIPPED_PREFIXES)
-            and os.path.realpath(os.path.join(root, folder)) != skipped
+            and os.path.realpath(os.path.join(root, folder)) not in skipped
         ]
         files.extend(
             os.path.abspath(os.path.join(root, name))
@@ -112,13 +119,13 @@ def _walk(directory: str, exclude: str | None) -> list[str]:
     return sorted(files)
 
 
-def _glob(pattern: str, exclude: str | None) -> list[str]:
-    skipped = os.path.join(os.path.realpath(exclude), "") if exclude else None
+def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:
+    skipped = tuple(os.path.join(folder, "") for folder in _skipped(exclude))
     matches = (os.path.abspath(match) for match in glob.glob(pattern, recursive=True))
     return sorted(
         match
         for match in matches
-        if os.path.isfile(match) and not (skipped and os.path.realpath(match).startswith(skipped))
+        if os.path.isfile(match) and not os.path.realpath(match).startswith(skipped)
     )
 
 

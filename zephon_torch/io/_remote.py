@@ -31,8 +31,9 @@ class CacheOptions:
     """The node-local shard cache.
 
     Args:
-        dir: the cache folder; None means `$ZEPHON_TORCH_CACHE/shards`, else
-            `~/.cache/zephon_torch/shards`. Share it between the ranks of a node.
+        dir: the cache folder, for remote shards and decompressed JSONL shards (local ones
+            too); None means `$ZEPHON_TORCH_CACHE/shards`, else `~/.cache/zephon_torch/shards`.
+            Share it between the ranks of a node; keep it on node-local disk.
         max_bytes: the most bytes of shards it holds (default 64 GiB); least recently used
             shards not in use are evicted to stay under it.
         prefetch_bytes: how far ahead of each dataset's readers shards are downloaded, in bytes

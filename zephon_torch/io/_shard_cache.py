@@ -1,4 +1,5 @@
-"""The node-local shard cache: remote shards downloaded whole, then read by the local readers.
+"""The node-local shard cache: remote shards downloaded whole, then read by the local readers,
+and files made from shards (decompressed JSONL, `open_made`).
 
 A shard is downloaded once per node into `dir`, under a name derived from its URL, size and
 version (etag or mtime), so a changed remote object gets a new file and the stale one ages out.
@@ -33,7 +34,6 @@ from zephon_torch.errors import ConfigError, StorageError
 _TMP = ".tmp"
 _RESERVE = ".reserve"
 _LOCKS = ".locks"
-_SIZES = ".sizes"  # the sizes of made files (see `open_made`)
 _FOLDER_LOCK = ".lock"
 _FULL_POLL_S = 0.05
 
@@ -78,7 +78,7 @@ class ShardCache:
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.max_bytes = max_bytes
         self.full_timeout = full_timeout
-        for sub in (_TMP, _RESERVE, _LOCKS, _SIZES):
+        for sub in (_TMP, _RESERVE, _LOCKS):
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
         self._lock = threading.Lock()
         self._pins: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
@@ -160,40 +160,65 @@ class ShardCache:
     @contextlib.contextmanager
     def open_made(self, key: str, url: str, make: Callable[[str], None]) -> Iterator[str]:
         """Yields the local path of a file that `make(path)` writes (a decompressed shard),
-        pinned as in `open`; made once per node, then cached and evicted like a download.
+        pinned as in `open`: made once per node, then cached and evicted like a download.
 
-        The cache names a file by its size, known here only once it is made. So the first
-        process to need it makes it under a lock on `key`, places it, and records its size
-        under `key`; the others wait on the lock, then find both. Made again (into the same
-        name) when it was evicted. While it is first made, its partial file is not yet counted
-        against `max_bytes`.
+        Its name comes from `key` alone (its size is known only once it is made), so the
+        first process to need it makes it under that name's lock while the others wait, then
+        find it. Made again when it was evicted. Space is reserved, and evicted for, once the
+        file is made: while it is being made, its partial file is not yet counted against
+        `max_bytes`.
 
         Args:
             key: names the file's content; must change when its source does.
             url: what errors name (the source, and how the file derives from it).
             make: writes the whole file to the path it is given.
+
+        Raises:
+            ConfigError: when the file alone is larger than `max_bytes`.
+            StorageError: when space stays held by shards in use.
         """
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        memo = os.path.join(self.directory, _SIZES, digest)
-        size = _read_size(memo)
-        if size is None:
-            with _flock(os.path.join(self.directory, _LOCKS, f"{digest}.make.lock"), fcntl.LOCK_EX):
-                size = _read_size(memo)
-                if size is None:
-                    temp = os.path.join(
-                        self.directory, _TMP, f"{digest}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-                    )
-                    try:
-                        make(temp)
-                        size = os.path.getsize(temp)
-                        item = CachedObject(url=url, size=size, version=key)
-                        self.ensure(item, lambda target: os.replace(temp, target), pin=False)
-                    finally:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(temp)
-                    _write_size(memo, size)
-        with self.open(CachedObject(url=url, size=size, version=key), make) as path:
+        name = f"{digest}-{url.rstrip('/').rsplit('/', 1)[-1]}"
+        if self._pin_existing(name):
+            self.hits += 1
+        else:
+            with _flock(os.path.join(self.directory, _LOCKS, f"{name}.lock"), fcntl.LOCK_EX):
+                if self._pin_existing(name):
+                    self.hits += 1
+                else:
+                    self._make(name, url, make)
+        path = os.path.join(self.directory, name)
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the LRU clock, shared by every process
+        try:
             yield path
+        finally:
+            self._unpin(name)
+
+    def _make(self, name: str, url: str, make: Callable[[str], None]) -> None:
+        """Under `name`'s lock: makes the file, reserves its size, places it pinned."""
+        temp = os.path.join(self.directory, _TMP, f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        try:
+            make(temp)
+            size = os.path.getsize(temp)
+            if size > self.max_bytes:
+                raise ConfigError(
+                    f"cache `max_bytes` is {self.max_bytes}, smaller than {url!r} "
+                    f"({size} bytes): raise the limit"
+                )
+            reservation = self._reserve(CachedObject(url=url, size=size, version=name))
+            try:
+                fd = os.open(temp, os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # pinned before it becomes visible
+                os.replace(temp, os.path.join(self.directory, name))
+                self._add_pin(name, fd)
+                self.misses += 1
+            finally:
+                with _flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
+                    os.unlink(reservation)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
 
     def used_bytes(self) -> int:
         """Bytes held by cached shards (reservations not counted)."""
@@ -320,22 +345,6 @@ class ShardCache:
                     os.unlink(os.path.join(folder, name))
 
 
-def _read_size(path: str) -> int | None:
-    try:
-        with open(path) as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _write_size(path: str, size: int) -> None:
-    temp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    with open(temp, "w") as handle:
-        handle.write(str(size))
-    os.replace(temp, path)
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -364,11 +373,32 @@ def _try_delete(path: str) -> bool:
     return True
 
 
+_HELD: set[int] = set()  # descriptors of the locks this process's threads hold now
+
+
 @contextlib.contextmanager
 def _flock(path: str, mode: int) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, mode)
+        _HELD.add(fd)
         yield
     finally:
+        _HELD.discard(fd)
         os.close(fd)
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close its copies of the lock descriptors the parent's threads held.
+
+    A flock belongs to the open file, which a fork shares: a child keeping the copy would keep
+    the lock after the parent's thread released it, and wait forever on it itself (a DataLoader
+    worker forked while a thread was decompressing or evicting). The parent's threads release
+    their own copies as before."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)

@@ -189,7 +189,8 @@ class Dataset:
             else:
                 detected, found = format, local_files
         else:
-            detected, found = find_files(text, format_=format, exclude=cache_dir)
+            skipped = (cache_dir, options.cache.directory)  # the index and shard caches
+            detected, found = find_files(text, format_=format, exclude=skipped)
         reader, files = open_reader(
             detected,
             found,
@@ -443,7 +444,8 @@ def _with_jsonl_cache(
     the shard cache of `io_options` merged over its own; its caches empty."""
     projected = reader if isinstance(reader, ProjectedReader) else None
     jsonl = projected.reader if projected is not None else reader
-    assert isinstance(jsonl, JsonlReader)
+    if not isinstance(jsonl, JsonlReader):
+        raise TypeError(f"a local JSONL dataset reads with a JsonlReader, not {jsonl!r}")
     fresh = jsonl.with_cache(IoOptions(cache=jsonl.cache).merged(io_options).cache)
     if projected is None:
         return fresh

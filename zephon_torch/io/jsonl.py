@@ -14,6 +14,7 @@ throughput (the GIL).
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 from functools import partial
@@ -21,7 +22,13 @@ from typing import Any
 
 from zephon_torch.errors import DataError, ZephonError
 from zephon_torch.io._cache import LruCache
-from zephon_torch.io._compression import Compression, compression_of, decompress_to
+from zephon_torch.io._compression import (
+    Compression,
+    CorruptError,
+    compression_of,
+    decompress_bytes,
+    decompress_to,
+)
 from zephon_torch.io._line_index import LineIndex, load_or_build
 from zephon_torch.io._remote import CacheOptions
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -37,6 +44,7 @@ _JSON_TYPE_NAMES = {
 }
 _PREVIEW_CHARS = 60
 _DECODER = json.JSONDecoder()
+_log = logging.getLogger(__name__)
 _RAW_DECODE = _DECODER.raw_decode
 
 
@@ -47,8 +55,9 @@ class JsonlReader:
         dataset: the dataset name, used in error messages.
         index_cache_dir: where line indexes are cached (see `_line_index`).
         max_open: how many plain shards (memory maps) and line indexes to keep open.
-        max_decompressed: how many decompressed shards to keep mapped (an evicted one's disk
-            space is freed when no process maps it any more).
+        max_decompressed: how many decompressed shards to keep mapped, at most an eighth of the
+            cache's `max_bytes` of them (an evicted one's disk space is freed when no process
+            maps it any more).
         cache: the shard cache decompressed shards go to; None: the default one.
     """
 
@@ -71,7 +80,11 @@ class JsonlReader:
     def _open_caches(self) -> None:
         self._indexes: LruCache[LineIndex] = LruCache(self.max_open)
         self._mapped: LruCache[mmap.mmap | bytes] = LruCache(self.max_open)
-        self._decompressed: LruCache[mmap.mmap | bytes] = LruCache(self.max_decompressed)
+        # mapped files of evicted shards hold their disk space until unmapped: an eighth of
+        # the cache at most, as remote readers keep open
+        self._decompressed: LruCache[mmap.mmap | bytes] = LruCache(
+            self.max_decompressed, max_weight=max(1, self.cache.max_bytes // 8), weigh=len
+        )
         self._compression: dict[str, Compression | None] = {}
         self._shard_cache: tuple[int, ShardCache] | None = None  # (pid, cache)
 
@@ -85,7 +98,7 @@ class JsonlReader:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"cache": CacheOptions(), **state})
         self._open_caches()
 
     def with_cache(self, cache: CacheOptions) -> JsonlReader:
@@ -163,19 +176,31 @@ class JsonlReader:
         return self._decompressed.get_or_load(path, partial(self._decompress, path, compression))
 
     def _decompress(self, path: str, compression: Compression) -> mmap.mmap | bytes:
-        """The shard decompressed in the shard cache, mapped (see the module's docstring)."""
-        stat = os.stat(path)
+        """The shard decompressed in the shard cache, mapped (see the module's docstring); in
+        memory, with a warning, where the cache folder cannot take it (not writable, full)."""
+        folder = self.cache.directory
         source = os.path.abspath(path)
-        key = f"decompressed\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}"
+        stat = os.stat(path)
+        if os.path.dirname(source) == folder:  # a download: its name says what it is
+            key = f"decompressed\0{os.path.basename(source)}"
+        else:
+            key = f"decompressed\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}"
+        make = partial(decompress_to, path, compression)
         try:
-            made = self._cache().open_made(
-                key, f"{source} (decompressed)", partial(decompress_to, path, compression)
-            )
-            with made as local:
-                return _map(local)  # stays valid once unpinned, even if evicted
-        except (ImportError, ZephonError):
-            raise
-        except Exception as error:
+            try:
+                with self._cache().open_made(key, f"{source} (decompressed)", make) as local:
+                    return _map(local)  # stays valid once unpinned, even if evicted
+            except (ImportError, ZephonError, CorruptError):
+                raise
+            except OSError as error:
+                _log.warning(
+                    "cannot decompress %r into the shard cache %r (%s): holding it in memory",
+                    path,
+                    folder,
+                    error,
+                )
+                return decompress_bytes(path, compression)
+        except CorruptError as error:
             raise DataError(
                 f"cannot decompress this {compression} file: {error}",
                 dataset=self.dataset,

@@ -4,19 +4,32 @@ many processes read them."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import gzip
+import io
 import json
 import multiprocessing
 import os
+import pickle
+import random
+import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
+import zstandard
 
 from tests.unit.io.conftest import WriteJsonl
 from zephon_torch import Pipeline
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset
 from zephon_torch.io import jsonl as jsonl_module
+from zephon_torch.io._compression import CorruptError
+from zephon_torch.io._remote import CacheOptions
 from zephon_torch.io._shard_cache import ShardCache
 from zephon_torch.io.jsonl import JsonlReader
 from zephon_torch.work import StaticMixtureWorkSource
@@ -170,3 +183,230 @@ def test_pipeline_io_options_choose_where_a_local_dataset_decompresses(
     )
     assert sum(batch.num_tokens for batch in pipeline) > 0
     assert len(_cached_files(chosen)) == 1
+
+
+# -- review regressions: remote copies, forks, errors, truncation, stress ---------------------
+
+
+def _lines(count: int, tag: int = 0) -> bytes:
+    rows = (json.dumps({"s": tag, "i": i, "t": "y" * (i % 97)}) + "\n" for i in range(count))
+    return "".join(rows).encode()
+
+
+def _zstd(data: bytes) -> bytes:
+    buffer = io.BytesIO()  # streamed: no content size in the frame header
+    with zstandard.ZstdCompressor().stream_writer(buffer, closefd=False) as writer:
+        writer.write(data)
+    return buffer.getvalue()
+
+
+def _reader(tmp_path: Path, max_bytes: int = 1 << 26, **kw: Any) -> JsonlReader:
+    options = CacheOptions(dir=str(tmp_path / "cache"), max_bytes=max_bytes)
+    return JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"), cache=options, **kw)
+
+
+def test_a_remote_compressed_shard_is_decompressed_once_per_node(tmp_path: Path) -> None:
+    """Downloads live in the cache under names that say what they are, while their modification
+    times move with the cache's LRU clock: the decompressed copy is keyed by the name."""
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("memory").pipe(f"{root}/a.jsonl.gz", gzip.compress(_lines(2000)))
+    options = {"cache": {"dir": str(tmp_path / "cache")}}
+    dataset = Dataset.from_path(
+        "r", f"memory://{root}", io_options=options, index_cache_dir=str(tmp_path / "idx")
+    )
+    for _ in range(3):  # as three DataLoader workers or ranks would
+        worker = pickle.loads(pickle.dumps(dataset))
+        time.sleep(0.01)
+        assert worker.read_rows(0, [1999])[0]["i"] == 1999
+    names = [p.name for p in _cached_files(tmp_path / "cache")]
+    assert len([n for n in names if n.endswith("(decompressed)")]) == 1, names
+
+
+def test_a_truncated_zstd_shard_is_a_data_error(tmp_path: Path) -> None:
+    blob = _zstd(_lines(300))
+    for cut in (1, len(blob) // 2):
+        path = tmp_path / f"cut{cut}.jsonl.zst"
+        path.write_bytes(blob[: len(blob) - cut])
+        with pytest.raises(DataError, match=rf"cut{cut}\.jsonl\.zst.*ends inside a frame"):
+            _reader(tmp_path).num_rows(str(path))
+    several = tmp_path / "frames.jsonl.zst"  # several frames, one after another: all read
+    several.write_bytes(_zstd(_lines(10)) + _zstd(_lines(20, tag=1)) + _zstd(_lines(5, tag=2)))
+    assert _reader(tmp_path).num_rows(str(several)) == 35
+
+
+def test_an_unusable_cache_folder_falls_back_to_memory_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(gzip.compress(_lines(30)))
+    (tmp_path / "blocker").write_text("a file where the cache folder should be")
+    reader = JsonlReader(
+        dataset="d",
+        index_cache_dir=str(tmp_path / "idx"),
+        cache=CacheOptions(dir=str(tmp_path / "blocker" / "cache")),
+    )
+    with caplog.at_level("WARNING"):
+        assert reader.read(str(path), [29])[0]["i"] == 29
+    assert "holding it in memory" in caplog.text
+
+
+def test_a_failing_make_leaves_no_file_temp_file_or_held_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(gzip.compress(_lines(30)))
+
+    def failing(source: str, compression: Any, target: str) -> None:
+        Path(target).write_bytes(b"partial")
+        raise CorruptError("boom")
+
+    monkeypatch.setattr(jsonl_module, "decompress_to", failing)
+    with pytest.raises(DataError, match="boom"):
+        _reader(tmp_path).num_rows(str(path))
+    cache = tmp_path / "cache"
+    assert _cached_files(cache) == [] and os.listdir(cache / ".tmp") == []
+    for name in os.listdir(cache / ".locks"):
+        fd = os.open(cache / ".locks" / name, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
+        finally:
+            os.close(fd)
+
+
+def _child_make(directory: str, out: Any) -> None:
+    cache = ShardCache(directory, 1 << 20)
+    with cache.open_made("key", "src (made)", lambda t: Path(t).write_bytes(b"x" * 100)):
+        out.put("ok")
+
+
+def test_a_child_forked_while_a_thread_makes_a_file_does_not_wait_forever(tmp_path: Path) -> None:
+    """flock locks belong to the open file, which a fork shares: the child drops its copies."""
+    directory = str(tmp_path / "cache")
+    cache = ShardCache(directory, 1 << 20)
+    making = threading.Event()
+
+    def slow(target: str) -> None:
+        making.set()
+        time.sleep(0.5)
+        Path(target).write_bytes(b"x" * 100)
+
+    def parent_read() -> None:
+        with cache.open_made("key", "src (made)", slow):
+            pass
+
+    thread = threading.Thread(target=parent_read)
+    thread.start()
+    making.wait()
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_child_make, args=(directory, out))
+    child.start()  # forked while a parent thread holds the lock on the name
+    thread.join()
+    child.join(timeout=20)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+    assert not hung and child.exitcode == 0 and out.get(timeout=5) == "ok"
+
+
+def test_a_cache_folder_inside_the_data_folder_is_not_data(
+    tmp_path: Path, write_jsonl: WriteJsonl
+) -> None:
+    write_jsonl(tmp_path / "data" / "a.jsonl.gz", _rows(2), compression="gzip")
+    options = {"cache": {"dir": str(tmp_path / "data" / "cache")}}
+    dataset = Dataset.from_path("d", tmp_path / "data", format="jsonl", io_options=options)
+    again = Dataset.from_path("d", tmp_path / "data", format="jsonl", io_options=options)
+    assert [s.num_rows for s in dataset.shards] == [s.num_rows for s in again.shards] == [2]
+
+
+STRESS_SHARDS = 6
+
+
+def _stress_table(n: int) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in _lines(1500 + 300 * n, tag=n).splitlines()]
+
+
+def _stress_worker(
+    paths: list[str], cache: str, limit: int, index: str, seed: int, out: Any
+) -> None:
+    tables = [_stress_table(n) for n in range(STRESS_SHARDS)]
+    options = CacheOptions(dir=cache, max_bytes=limit)
+    errors: list[str] = []
+
+    def fresh() -> JsonlReader:
+        return JsonlReader(
+            dataset="d", index_cache_dir=index, max_open=1, max_decompressed=1, cache=options
+        )
+
+    shared = fresh()
+
+    def loop(thread: int) -> None:
+        rng = random.Random(seed * 100 + thread)
+        for step in range(100):
+            n = rng.randrange(STRESS_SHARDS)
+            rows = [rng.randrange(len(tables[n])) for _ in range(8)]
+            try:
+                got = (shared if step % 2 else fresh()).read(paths[n], rows)
+                if got != [tables[n][r] for r in rows]:
+                    errors.append(f"wrong rows from shard {n}")
+            except Exception as error:  # reported below, with its kind
+                errors.append(f"{type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put(errors)
+
+
+def test_processes_and_threads_share_a_cache_that_must_evict(tmp_path: Path) -> None:
+    paths = []
+    for n in range(STRESS_SHARDS):
+        data = _lines(1500 + 300 * n, tag=n)
+        path = tmp_path / "data" / (f"{n}.jsonl.zst" if n % 2 else f"{n}.jsonl.gz")
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(_zstd(data) if n % 2 else gzip.compress(data))
+        paths.append(str(path))
+    largest = len(_lines(1500 + 300 * (STRESS_SHARDS - 1)))
+    limit = 2 * largest + largest // 2
+    cache = tmp_path / "cache"
+    ShardCache(str(cache), limit)
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            total = 0
+            for entry in os.scandir(cache):
+                if entry.is_file() and not entry.name.startswith("."):
+                    with contextlib.suppress(FileNotFoundError):
+                        total += entry.stat().st_size
+            peak[0] = max(peak[0], total)
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    children = [
+        context.Process(
+            target=_stress_worker,
+            args=(paths, str(cache), limit, str(tmp_path / "idx"), seed, out),
+        )
+        for seed in range(4)
+    ]
+    for child in children:
+        child.start()
+    try:
+        results = [out.get(timeout=240) for _ in children]  # a deadlock fails here
+    finally:
+        for child in children:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+        stop.set()
+        watcher.join()
+    assert all(child.exitcode == 0 for child in children)
+    assert all(errors == [] for errors in results), [errors[:3] for errors in results]
+    assert peak[0] <= limit
+    assert os.listdir(cache / ".tmp") == [] and os.listdir(cache / ".reserve") == []
