@@ -79,22 +79,30 @@ def default_cache_dir() -> str:
     return os.path.join(root, "index")
 
 
-def cache_file(cache_dir: str, path: str) -> str:
+def cache_file(cache_dir: str, path: str, name: str | None = None) -> str:
     """Returns where the index of the current version of `path` is cached.
 
     Args:
         cache_dir: the index cache folder.
         path: the indexed file; it is stat-ed, not read.
+        name: a name that says which version of which file `path` holds (a download in the
+            shard cache: its cache name), used instead of its path, size and mtime.
 
     Returns:
-        A path inside `cache_dir` that changes whenever the file's size or mtime changes.
+        A path inside `cache_dir` that changes whenever the file's size or mtime (or `name`)
+        changes.
     """
-    stat = os.stat(path)
-    key = f"{_INDEX_VERSION}\0{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    if name is None:
+        stat = os.stat(path)
+        key = f"{_INDEX_VERSION}\0{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    else:
+        key = f"{_INDEX_VERSION}\0named\0{name}"
     return os.path.join(cache_dir, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
 
 
-def load_or_build(path: str, cache_dir: str, read: Callable[[], Any]) -> LineIndex:
+def load_or_build(
+    path: str, cache_dir: str, read: Callable[[], Any], *, name: str | None = None
+) -> LineIndex:
     """Loads the cached index of `path`, or scans `read()` and caches the result.
 
     Args:
@@ -102,11 +110,12 @@ def load_or_build(path: str, cache_dir: str, read: Callable[[], Any]) -> LineInd
         cache_dir: the index cache folder; created when missing. When it cannot be written the
             index is still returned, only not cached.
         read: returns the file's (decompressed) bytes; called only when no valid index is cached.
+        name: see `cache_file`.
 
     Returns:
         The index, memory-mapped when it came from the cache.
     """
-    target = cache_file(cache_dir, path)
+    target = cache_file(cache_dir, path, name)
     cached = _load(target)
     if cached is not None:
         return cached

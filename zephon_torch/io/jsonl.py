@@ -163,8 +163,17 @@ class JsonlReader:
 
     def _index(self, path: str) -> LineIndex:
         return self._indexes.get_or_load(
-            path, lambda: load_or_build(path, self.index_cache_dir, lambda: self._buffer(path))
+            path,
+            lambda: load_or_build(
+                path, self.index_cache_dir, lambda: self._buffer(path), name=self._download(path)
+            ),
         )
+
+    def _download(self, path: str) -> str | None:
+        """The shard cache's name of `path` when it is a download there (the name says which
+        object and version it holds, while its mtime moves with the cache's LRU clock)."""
+        source = os.path.abspath(path)
+        return os.path.basename(source) if os.path.dirname(source) == self.cache.directory else None
 
     def _buffer(self, path: str) -> mmap.mmap | bytes:
         if path in self._compression:
@@ -180,10 +189,11 @@ class JsonlReader:
         memory, with a warning, where the cache folder cannot take it (not writable, full)."""
         folder = self.cache.directory
         source = os.path.abspath(path)
-        stat = os.stat(path)
-        if os.path.dirname(source) == folder:  # a download: its name says what it is
-            key = f"decompressed\0{os.path.basename(source)}"
+        download = self._download(path)
+        if download is not None:
+            key = f"decompressed\0{download}"
         else:
+            stat = os.stat(path)
             key = f"decompressed\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}"
         make = partial(decompress_to, path, compression)
         try:

@@ -220,6 +220,8 @@ def test_a_remote_compressed_shard_is_decompressed_once_per_node(tmp_path: Path)
         assert worker.read_rows(0, [1999])[0]["i"] == 1999
     names = [p.name for p in _cached_files(tmp_path / "cache")]
     assert len([n for n in names if n.endswith("(decompressed)")]) == 1, names
+    indexes = [p.name for p in (tmp_path / "idx").rglob("*.npy")]
+    assert len(indexes) == 1, indexes  # and its line index is built once, too
 
 
 def test_a_truncated_zstd_shard_is_a_data_error(tmp_path: Path) -> None:
