@@ -38,17 +38,37 @@ class CorruptError(Exception):
     """The compressed data does not decompress (corrupt, or truncated)."""
 
 
-def decompress_to(path: str, compression: Compression, target: str) -> None:
+class TooLargeError(Exception):
+    """The decompressed data passed the limit it was given."""
+
+
+def decompress_to(
+    path: str, compression: Compression, target: str, *, limit: int | None = None
+) -> None:
     """Decompresses a whole file, every gzip member or zstd frame in it, into the file
     `target`, streaming (a few MiB of memory whatever the size).
 
     Raises:
         ImportError: for zstd when `zstandard` is not installed; the message has the install hint.
         CorruptError: when the data is corrupt or ends inside a member or frame.
+        TooLargeError: as soon as more than `limit` bytes come out (the rest is not read).
         OSError: when a file cannot be read or written.
     """
     with open(path, "rb") as handle, open(target, "wb") as out:
-        _copy(handle, out, compression)
+        _copy(handle, out if limit is None else _Bounded(out, limit), compression)
+
+
+class _Bounded:
+    """A writer that refuses to take more than `limit` bytes in all."""
+
+    def __init__(self, out: BinaryIO, limit: int) -> None:
+        self.out, self.limit, self.written = out, limit, 0
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written > self.limit:
+            raise TooLargeError(f"more than {self.limit} bytes")
+        return self.out.write(data)
 
 
 def decompress_bytes(path: str, compression: Compression) -> bytes:
@@ -59,7 +79,7 @@ def decompress_bytes(path: str, compression: Compression) -> bytes:
     return out.getvalue()
 
 
-def _copy(handle: BinaryIO, out: BinaryIO, compression: Compression) -> None:
+def _copy(handle: BinaryIO, out: BinaryIO | _Bounded, compression: Compression) -> None:
     zstandard = zstandard_module() if compression == "zstd" else None
     corrupt: tuple[type[Exception], ...] = (EOFError, zlib.error, gzip.BadGzipFile)
     if zstandard is not None:
@@ -74,7 +94,7 @@ def _copy(handle: BinaryIO, out: BinaryIO, compression: Compression) -> None:
         raise CorruptError(str(error) or type(error).__name__) from error
 
 
-def _copy_zstd(zstandard: ModuleType, handle: BinaryIO, out: BinaryIO) -> None:
+def _copy_zstd(zstandard: ModuleType, handle: BinaryIO, out: BinaryIO | _Bounded) -> None:
     """Every frame, one after another; data that ends inside a frame is an error (zstandard's
     stream reader ends quietly there)."""
     context = zstandard.ZstdDecompressor()

@@ -20,11 +20,12 @@ import os
 from functools import partial
 from typing import Any
 
-from zephon_torch.errors import DataError, ZephonError
+from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import (
     Compression,
     CorruptError,
+    TooLargeError,
     compression_of,
     decompress_bytes,
     decompress_to,
@@ -195,11 +196,17 @@ class JsonlReader:
         else:
             stat = os.stat(path)
             key = f"decompressed\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}"
-        make = partial(decompress_to, path, compression)
+        make = partial(decompress_to, path, compression, limit=self.cache.max_bytes)
         try:
             try:
                 with self._cache().open_made(key, f"{source} (decompressed)", make) as local:
                     return _map(local)  # stays valid once unpinned, even if evicted
+            except TooLargeError:
+                raise ConfigError(
+                    f"{path!r} decompresses to more than the shard cache's `max_bytes` "
+                    f"({self.cache.max_bytes}): raise it (io_options={{'cache': "
+                    "{'max_bytes': ...}})"
+                ) from None
             except (ImportError, ZephonError, CorruptError):
                 raise
             except OSError as error:

@@ -47,9 +47,9 @@ def _count_makes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     made: list[str] = []
     original = jsonl_module.decompress_to
 
-    def counted(path: str, compression: Any, target: str) -> None:
+    def counted(path: str, compression: Any, target: str, **kw: Any) -> None:
         made.append(path)
-        original(path, compression, target)
+        original(path, compression, target, **kw)
 
     monkeypatch.setattr(jsonl_module, "decompress_to", counted)
     return made
@@ -89,9 +89,9 @@ def _count_makes_in_child() -> list[str]:
     made: list[str] = []
     original = jsonl_module.decompress_to
 
-    def counted(path: str, compression: Any, target: str) -> None:
+    def counted(path: str, compression: Any, target: str, **kw: Any) -> None:
         made.append(path)
-        original(path, compression, target)
+        original(path, compression, target, **kw)
 
     jsonl_module.decompress_to = counted  # type: ignore[assignment]  # this child only
     return made
@@ -153,8 +153,9 @@ def test_a_shard_larger_than_the_cache_is_a_config_error_naming_it(
 ) -> None:
     path = write_jsonl(tmp_path / "a.jsonl.gz", _rows(300), compression="gzip")
     options = {"cache": {"dir": str(tmp_path / "c"), "max_bytes": 1000}}
-    with pytest.raises(ConfigError, match=r"max_bytes` is 1000.*a\.jsonl\.gz \(decompressed\)"):
+    with pytest.raises(ConfigError, match=r"a\.jsonl\.gz' decompresses to more than .*\(1000\)"):
         Dataset.from_path("d", path, io_options=options)  # which counts its rows
+    assert os.listdir(tmp_path / "c" / ".tmp") == []  # stopped at the limit, nothing left
 
 
 def test_a_rewritten_shard_is_decompressed_again(tmp_path: Path, write_jsonl: WriteJsonl) -> None:
@@ -258,7 +259,7 @@ def test_a_failing_make_leaves_no_file_temp_file_or_held_lock(
     path = tmp_path / "a.jsonl.gz"
     path.write_bytes(gzip.compress(_lines(30)))
 
-    def failing(source: str, compression: Any, target: str) -> None:
+    def failing(source: str, compression: Any, target: str, **kw: Any) -> None:
         Path(target).write_bytes(b"partial")
         raise CorruptError("boom")
 
