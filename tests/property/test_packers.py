@@ -38,6 +38,11 @@ def build(
     max_length: int,
     bins: int,
     columns: bool = False,
+    *,
+    chunk_docs: int = 3,
+    runner_kind: str = "threads",
+    eos: int | None = None,
+    exhaustion: str = "stop",
     **mix: Any,
 ) -> MixPack:
     """A real MixPack over in-memory datasets; document d of source s holds s*1e6 + d*1e3 + i."""
@@ -54,9 +59,9 @@ def build(
     )
     # columns: documents travel as token columns (TokenChain), else one object each
     chain = (
-        TokenChain(datasets, "ids", None) if columns else DocChain(FetchOp(datasets), [IdsField()])
+        TokenChain(datasets, "ids", eos) if columns else DocChain(FetchOp(datasets), [IdsField()])
     )
-    runner = Runner(chain, parallelism=1, kind="threads")
+    runner = Runner(chain, parallelism=1, kind=runner_kind)  # type: ignore[arg-type]
     readers = [
         DocumentReader(
             source=s,
@@ -65,9 +70,9 @@ def build(
             ),
             lane=0,
             num_lanes=1,
-            exhaustion="stop",
+            exhaustion=exhaustion,  # type: ignore[arg-type]
             runner=runner,
-            chunk_docs=3,
+            chunk_docs=chunk_docs,
             ahead=2,
         )
         for s, d in enumerate(datasets)

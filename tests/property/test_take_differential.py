@@ -14,13 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_torch.io import Dataset
-from zephon_torch.ops._runner import Runner
-from zephon_torch.ops.columns import TokenChain
+from tests.property.test_packers import build as build_mixpack
 from zephon_torch.ops.pack import MixPack, RowBlock
-from zephon_torch.ops.packers import Piece, make_packer
+from zephon_torch.ops.packers import Piece
 from zephon_torch.ops.read import DocumentReader
-from zephon_torch.work.pointers import PointerLayout
 
 BRANCHES: collections.Counter[str] = collections.Counter()
 
@@ -90,31 +87,18 @@ def build(
     **mix: Any,
 ) -> MixPack:
     """A wrap MixPack over in-memory token columns; ``fast=False`` runs the reference loop."""
-    datasets = tuple(
-        Dataset.from_dict(
-            f"s{s}",
-            {"ids": [[s * 1_000_000 + d * 1000 + i for i in range(n)] for d, n in enumerate(docs)]},
-        )
-        for s, docs in enumerate(sources)
+    node = build_mixpack(
+        sources,
+        "wrap",
+        width,
+        1,
+        True,
+        chunk_docs=chunk_docs,
+        runner_kind=runner_kind,
+        eos=eos,
+        exhaustion=exhaustion,
+        **mix,
     )
-    runner = Runner(TokenChain(datasets, "ids", eos), parallelism=1, kind=runner_kind)
-    readers = [
-        DocumentReader(
-            source=s,
-            layout=PointerLayout(
-                name=d.name, shard_rows=(d.num_rows,), seed=0, window_shards=1, shuffle=False
-            ),
-            lane=0,
-            num_lanes=1,
-            exhaustion=exhaustion,  # type: ignore[arg-type]
-            runner=runner,
-            chunk_docs=chunk_docs,
-            ahead=2,
-        )
-        for s, d in enumerate(datasets)
-    ]
-    weights = tuple(1 / len(sources) for _ in sources)
-    node = MixPack(readers, weights, "tokens", make_packer("wrap", width, 1, None), **mix)
     if not fast:
         node._run = lambda *args: loop_run(node, *args)  # type: ignore[method-assign]
     else:

@@ -191,14 +191,10 @@ class RemoteReader:
     def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
         """As `read`, the rows' token ids where the local reader gives them (`TokenReader`);
         None at once for the others (Parquet, JSONL, Vortex), before any download."""
-        if token_reader(self._open()[0]) is None:
+        reader = token_reader(self._open()[0])
+        if reader is None:
             return None
-
-        def call(reader: ShardReader, local: str) -> list[TokenIds] | None:
-            tokens = token_reader(reader)
-            return None if tokens is None else tokens.read_tokens(local, rows, field)
-
-        return self._with_reader(path, call)
+        return self._with_reader(path, lambda _, local: reader.read_tokens(local, rows, field))
 
     def _with_reader(self, path: str, call: Callable[[ShardReader, str], T]) -> T:
         """Runs `call(local reader, shard path)`: the URL for readers that locate their files

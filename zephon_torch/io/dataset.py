@@ -15,20 +15,24 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
-from zephon_torch.io._projection import ProjectedReader, Projection
+from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions, is_remote, list_remote
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader, token_reader
-from zephon_torch.io.jsonl import JsonlReader
+from zephon_torch.io.jsonl import with_jsonl_cache
 from zephon_torch.io.memory import MemoryReader, rows_of
 from zephon_torch.io.parquet import ParquetReader
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 _MAX_OPENING_THREADS = 8
 _MAX_REMOTE_OPENING_THREADS = 16
@@ -290,10 +294,8 @@ class Dataset:
                 the dataset, the shard and the row.
             TypeError: when `rows` holds anything but integers.
         """
-        entry = self._shard(shard)
-        positions = as_row_array(rows)
-        check_in_range(positions, entry.num_rows, dataset=self.name, shard=entry.path)
-        return self._reader.read(entry.path, positions)
+        path, positions = self._checked_rows(shard, rows)
+        return self._reader.read(path, positions)
 
     def read_tokens(self, shard: int, rows: Rows, field: str) -> list[TokenIds] | None:
         """As `read_rows`, each row's `field` alone, where the format stores it as token ids
@@ -302,10 +304,14 @@ class Dataset:
         reader = token_reader(self._reader)
         if reader is None:
             return None
+        return reader.read_tokens(*self._checked_rows(shard, rows), field)
+
+    def _checked_rows(self, shard: int, rows: Rows) -> tuple[str, npt.NDArray[np.int64]]:
+        """The shard's path and `rows` as an array, each checked to lie in the shard."""
         entry = self._shard(shard)
         positions = as_row_array(rows)
         check_in_range(positions, entry.num_rows, dataset=self.name, shard=entry.path)
-        return reader.read_tokens(entry.path, positions, field)
+        return entry.path, positions
 
     @property
     def remote(self) -> bool:
@@ -338,7 +344,7 @@ class Dataset:
                 )
             sets_cache = isinstance(io_options, IoOptions) or "cache" in io_options
             if sets_cache and self.format == "jsonl":
-                reader = _with_jsonl_cache(self._reader, io_options)
+                reader = with_jsonl_cache(self._reader, io_options)
                 return Dataset(
                     name=self.name, format=self.format, shards=self.shards, reader=reader
                 )
@@ -435,18 +441,3 @@ def _shards(reader: ShardReader, files: list[str], *, remote: bool = False) -> l
         Shard(path=file, num_rows=rows, blocks=blocks)
         for file, (rows, blocks) in zip(files, layouts, strict=True)
     ]
-
-
-def _with_jsonl_cache(
-    reader: ShardReader, io_options: Mapping[str, Any] | IoOptions
-) -> ShardReader:
-    """A local JSONL reader (projected or not) whose compressed shards are decompressed into
-    the shard cache of `io_options` merged over its own; its caches empty."""
-    projected = reader if isinstance(reader, ProjectedReader) else None
-    jsonl = projected.reader if projected is not None else reader
-    if not isinstance(jsonl, JsonlReader):
-        raise TypeError(f"a local JSONL dataset reads with a JsonlReader, not {jsonl!r}")
-    fresh = jsonl.with_cache(IoOptions(cache=jsonl.cache).merged(io_options).cache)
-    if projected is None:
-        return fresh
-    return ProjectedReader(fresh, projection=projected.projection, dataset=projected.dataset)

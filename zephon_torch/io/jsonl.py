@@ -17,8 +17,9 @@ import json
 import logging
 import mmap
 import os
+from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.io._cache import LruCache
@@ -31,9 +32,13 @@ from zephon_torch.io._compression import (
     decompress_to,
 )
 from zephon_torch.io._line_index import LineIndex, load_or_build
-from zephon_torch.io._remote import CacheOptions
+from zephon_torch.io._projection import ProjectedReader
+from zephon_torch.io._remote import CacheOptions, IoOptions
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 from zephon_torch.io._shard_cache import ShardCache
+
+if TYPE_CHECKING:
+    from zephon_torch.io.formats import ShardReader
 
 _JSON_TYPE_NAMES = {
     list: "array",
@@ -263,3 +268,16 @@ def _parse(line: bytes, start: int) -> Any:
 
 def _preview(line: bytes) -> str:
     return line[:_PREVIEW_CHARS].decode("utf-8", errors="replace")
+
+
+def with_jsonl_cache(reader: ShardReader, io_options: Mapping[str, Any] | IoOptions) -> ShardReader:
+    """A local JSONL dataset's reader (projected or not) whose compressed shards are
+    decompressed into the shard cache of `io_options` merged over its own; its caches empty."""
+    projected = reader if isinstance(reader, ProjectedReader) else None
+    jsonl = projected.reader if projected is not None else reader
+    if not isinstance(jsonl, JsonlReader):
+        raise TypeError(f"a local JSONL dataset reads with a JsonlReader, not {jsonl!r}")
+    fresh = jsonl.with_cache(IoOptions(cache=jsonl.cache).merged(io_options).cache)
+    if projected is None:
+        return fresh
+    return ProjectedReader(fresh, projection=projected.projection, dataset=projected.dataset)

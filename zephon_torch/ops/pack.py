@@ -297,17 +297,12 @@ class MixPack(BaseNode[PackedRow]):
             owners += zip(
                 itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
             )
-        taken_docs = whole
         if taken < room and last < stop:  # cut: the rest waits as the carry
-            cut = room - taken
-            parts.append(chunk.tokens[last][:cut])
-            sizes.append(cut)
-            starts.append(True)
-            owners.append((source, chunk.shards[last], chunk.rows[last]))
-            self.carry[source] = Piece(chunk[last], cut, chunk.sizes[last])
-            taken, last, taken_docs = room, last + 1, whole + 1
-        if taken_docs:
-            self.documents[source] += taken_docs
+            whole_doc = Piece(chunk[last], 0, chunk.sizes[last])
+            taken += _add(self._cut(source, whole_doc, room - taken), parts, owners, sizes, starts)
+            last += 1
+        if last > first:
+            self.documents[source] += last - first
             self._idle[source] = 0
         return taken, last
 
