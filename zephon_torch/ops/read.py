@@ -82,6 +82,7 @@ class DocumentReader(BaseNode[Document]):
         self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
         self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
         self._submitted = 0
+        self._walked: tuple[int, int] | None = None  # where _prefetch_ahead last walked from
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start at the beginning, or at the saved stream position."""
@@ -91,6 +92,7 @@ class DocumentReader(BaseNode[Document]):
         self._futures.clear()
         self._chunk, self._index = [], 0
         self._submitted = 0
+        self._walked = None
         start = (0, 0) if initial_state is None else (initial_state["pass"], initial_state["pos"])
         self._next = start
         self._cursor = self._normalise(start)
@@ -220,6 +222,15 @@ class DocumentReader(BaseNode[Document]):
             return
         pass_index, pos = self._cursor
         where = {"lane": self.lane, "num_lanes": self.num_lanes}
+        # the walk (a stat of each shard, up to the budget) gives the same shards until the
+        # cursor enters the next window: skip it until then
+        walk = (
+            pass_index,
+            self.layout.first_upcoming_block(pass_index=pass_index, start=pos, **where),
+        )
+        if walk == self._walked:
+            return
+        self._walked = walk
         upcoming: Iterable[int] = self.layout.upcoming_shards(
             pass_index=pass_index, start=pos, **where
         )

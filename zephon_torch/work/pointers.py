@@ -141,17 +141,28 @@ class PointerLayout:
         if self.num_rows == 0:
             return
         layout = self._layout(pass_index)
-        global_pos = min(start * num_lanes + lane, self.num_rows - 1)
-        if self.shuffle:
-            window = int(np.searchsorted(layout.window_starts, global_pos, side="right")) - 1
-            first = window * self.window_shards
-        else:
-            first = int(np.searchsorted(layout.ordered_starts, global_pos, side="right")) - 1
+        first = self.first_upcoming_block(
+            pass_index=pass_index, lane=lane, num_lanes=num_lanes, start=start
+        )
         previous = -1
         for shard in layout.block_shards[first:]:  # lazily; a shard's blocks are adjacent
             if shard != previous and self.shard_rows[shard]:
                 yield int(shard)
             previous = shard
+
+    def first_upcoming_block(
+        self, *, pass_index: int, lane: int, num_lanes: int, start: int
+    ) -> int:
+        """Where ``upcoming_shards`` starts its walk (a block index; 0 without rows): positions
+        with the same value have the same upcoming shards, so a caller can skip the walk."""
+        if self.num_rows == 0:
+            return 0
+        layout = self._layout(pass_index)
+        global_pos = min(start * num_lanes + lane, self.num_rows - 1)
+        if self.shuffle:
+            window = int(np.searchsorted(layout.window_starts, global_pos, side="right")) - 1
+            return window * self.window_shards
+        return int(np.searchsorted(layout.ordered_starts, global_pos, side="right")) - 1
 
     def _locate(
         self, pass_index: int, global_pos: npt.NDArray[np.int64]

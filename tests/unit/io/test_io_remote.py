@@ -22,7 +22,11 @@ from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io import Dataset
 from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops.columns import TokenChain
+from zephon_torch.ops.read import DocumentReader
 from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work.pointers import PointerLayout
 
 
 def _put_jsonl(fs: Any, path: str, rows: list[dict[str, Any]]) -> None:
@@ -320,6 +324,52 @@ def test_a_bad_parquet_footer_is_a_data_error_at_once_not_a_retried_storage_erro
     # retried, the OSError pyarrow raises for bad thrift would end as a StorageError
     with pytest.raises(DataError, match=r"a\.parquet.*not a readable Parquet file"):
         Dataset.from_path("p", f"memory://{root}/a.parquet", io_options=_options(tmp_path))
+
+
+def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
+    tmp_path: Path,
+) -> None:
+    """Each walk stats the shards ahead (up to the byte budget); it gives the same shards for
+    every chunk of a window, so the reader walks again only when it enters the next one."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(6):
+        ids = [[number * 100 + i] * 3 for i in range(10)]
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": ids}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    walks: list[list[int]] = []
+    prefetch = dataset.prefetch
+
+    def recorded(urls: Any, share: int = 1) -> None:
+        walks.append(list(urls))
+        prefetch(iter(walks[-1]), share=share)
+
+    dataset.prefetch = recorded  # type: ignore[method-assign]
+    layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
+    reader = DocumentReader(
+        source=0,
+        layout=layout,
+        lane=0,
+        num_lanes=1,
+        exhaustion="stop",
+        runner=Runner(TokenChain((dataset,), "ids", None), parallelism=1, kind="inline"),
+        chunk_docs=1,
+        ahead=2,
+    )
+    seen = []
+    while (found := reader.columns()) is not None:
+        chunk, index = found
+        seen.extend(int(ids[0]) for ids in chunk.tokens[index:])
+        reader.advance(len(chunk))
+    assert sorted(seen) == sorted(n * 100 + i for n in range(6) for i in range(10))
+    # each walk is the upcoming order from the start of a window the cursor entered: once
+    # per window (three here) however many chunks were asked for in it
+    order = list(layout.upcoming_shards(pass_index=0, lane=0, num_lanes=1, start=0))
+    suffixes = [order[first:] for first in range(0, 6, layout.window_shards)]
+    assert walks[0] == order
+    assert all(walk in suffixes for walk in walks)
+    assert len({len(walk) for walk in walks}) == len(walks) <= 3 < reader._submitted
+    assert dataset.cache_counters()["misses"] == 6
 
 
 def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
