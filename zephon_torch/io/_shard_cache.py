@@ -6,10 +6,14 @@ version (etag or mtime), so a changed remote object gets a new file and the stal
 Downloads go to a temporary file that is renamed into place (`os.replace`): no reader ever sees
 a partial shard. Processes and ranks of one node share the folder safely through `flock` locks:
 one lock per shard name, so a shard is fetched once however many ask, and one folder lock for
-the space bookkeeping. Before a download, space is reserved (a marker file naming the process
-and the size) and least recently used shards are evicted until files plus reservations fit in
-`max_bytes`. A shard that a process is opening or reading holds a shared lock on its file, and
-eviction skips any file it cannot lock exclusively, so a shard is never deleted under a read.
+the space bookkeeping. A name's lock file exists only while it is held (its holder deletes it),
+so lock files do not pile up. Before a download, space is reserved (a marker file naming the
+size and the shard) and least recently used shards are evicted until files plus reservations
+fit in `max_bytes`. A process that dies mid-download leaves its temporary file and reservation
+behind without their name's lock; the next reservation sweeps such leftovers (liveness is the
+lock, not a process id, so containers with their own process ids can share the folder).
+A shard that a process is opening or reading holds a shared lock on its file, and eviction
+skips any file it cannot lock exclusively, so a shard is never deleted under a read.
 Readers keep recently used shards open or memory-mapped between reads without a lock; Linux
 keeps an evicted file's data alive for them, so they stay valid, but its disk space is freed only
 when the reader lets the shard go. Remote readers therefore keep at most an eighth of
@@ -19,7 +23,6 @@ when the reader lets the shard go. Remote readers therefore keep at most an eigh
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import os
@@ -126,15 +129,13 @@ class ShardCache:
         if self._pin_existing(item.name):
             self.hits += 1
             return self._finish(item, pin)
-        with _flock(os.path.join(self.directory, _LOCKS, f"{item.name}.lock"), fcntl.LOCK_EX):
+        with self._name_locked(item.name):
             if self._pin_existing(item.name):
                 self.hits += 1
                 return self._finish(item, pin)
-            reservation = self._reserve(item)
+            reservation = self._reserve(item.name, item.size, item.url)
             try:
-                temp = os.path.join(
-                    self.directory, _TMP, f"{item.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-                )
+                temp = self._temp(item.name)
                 try:
                     download(temp)
                     got = os.path.getsize(temp)
@@ -182,7 +183,7 @@ class ShardCache:
         if self._pin_existing(name):
             self.hits += 1
         else:
-            with _flock(os.path.join(self.directory, _LOCKS, f"{name}.lock"), fcntl.LOCK_EX):
+            with self._name_locked(name):
                 if self._pin_existing(name):
                     self.hits += 1
                 else:
@@ -197,7 +198,7 @@ class ShardCache:
 
     def _make(self, name: str, url: str, make: Callable[[str], None]) -> None:
         """Under `name`'s lock: makes the file, reserves its size, places it pinned."""
-        temp = os.path.join(self.directory, _TMP, f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        temp = self._temp(name)
         try:
             make(temp)
             size = os.path.getsize(temp)
@@ -206,7 +207,7 @@ class ShardCache:
                     f"cache `max_bytes` is {self.max_bytes}, smaller than {url!r} "
                     f"({size} bytes): raise the limit"
                 )
-            reservation = self._reserve(CachedObject(url=url, size=size, version=name))
+            reservation = self._reserve(name, size, url)
             try:
                 fd = os.open(temp, os.O_RDONLY)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # pinned before it becomes visible
@@ -235,6 +236,25 @@ class ShardCache:
     @property
     def _folder_lock(self) -> str:
         return os.path.join(self.directory, _FOLDER_LOCK)
+
+    def _name_lock(self, name: str) -> str:
+        return os.path.join(self.directory, _LOCKS, f"{name}.lock")
+
+    @contextlib.contextmanager
+    def _name_locked(self, name: str) -> Iterator[None]:
+        """Holds `name`'s lock: only its holder downloads or makes the file `name`, and its
+        temporary file and reservation exist only while it holds the lock (see `_sweep`)."""
+        path = self._name_lock(name)
+        fd = _lock_file(path, wait=True)
+        assert fd is not None
+        try:
+            yield
+        finally:
+            _release_file(path, fd)
+
+    def _temp(self, name: str) -> str:
+        """A fresh temporary path for the file `name` (written under `name`'s lock)."""
+        return os.path.join(self.directory, _TMP, f"{name}.{uuid.uuid4().hex[:12]}")
 
     def _pin_existing(self, name: str) -> bool:
         """Pins the cached file `name` if it exists; False when it does not."""
@@ -278,14 +298,15 @@ class ShardCache:
                 del self._pins[name]
                 os.close(fd)
 
-    def _reserve(self, item: CachedObject) -> str:
-        """Evicts until `item` fits, then records a reservation; returns its marker file."""
+    def _reserve(self, name: str, size: int, url: str) -> str:
+        """Under `name`'s lock: evicts until `size` more bytes fit, then records a reservation
+        for the file `name`; returns its marker file."""
         deadline = time.monotonic() + self.full_timeout
         while True:
             with _flock(self._folder_lock, fcntl.LOCK_EX):
-                if self._evict_for(item.size):
+                if self._evict_for(size):
                     marker = os.path.join(
-                        self.directory, _RESERVE, f"{os.getpid()}-{item.size}-{item.name}"
+                        self.directory, _RESERVE, f"{size}-{uuid.uuid4().hex[:12]}-{name}"
                     )
                     with open(marker, "w"):
                         pass
@@ -294,7 +315,7 @@ class ShardCache:
                 raise StorageError(
                     f"the shard cache {self.directory!r} (max_bytes={self.max_bytes}) stayed "
                     f"full of shards in use for {self.full_timeout:.0f} s; raise `max_bytes`",
-                    url=item.url,
+                    url=url,
                 )
             time.sleep(_FULL_POLL_S)
 
@@ -324,33 +345,42 @@ class ShardCache:
         return found
 
     def _reserved_bytes(self) -> int:
+        """Under the folder lock: the bytes reserved by downloads and makes under way, once
+        the leftovers of dead processes are swept (see `_sweep`)."""
+        markers: dict[str, list[str]] = {}
+        for marker in os.listdir(os.path.join(self.directory, _RESERVE)):
+            markers.setdefault(marker.split("-", 2)[-1], []).append(marker)
+        temps: dict[str, list[str]] = {}
+        for temp in os.listdir(os.path.join(self.directory, _TMP)):
+            temps.setdefault(temp.rsplit(".", 1)[0], []).append(temp)
+        self._sweep(markers, temps)
         total = 0
-        folder = os.path.join(self.directory, _RESERVE)
-        for name in os.listdir(folder):
-            pid, size, _ = [*name.split("-", 2), "", ""][:3]
-            if not pid.isdigit() or not size.isdigit() or not _alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(folder, name))  # left by a dead process
-                continue
-            total += int(size)
-        self._sweep_temp()
+        for found in markers.values():
+            for marker in found:
+                size = marker.split("-", 1)[0]
+                total += int(size) if size.isdigit() else 0
         return total
 
-    def _sweep_temp(self) -> None:
-        folder = os.path.join(self.directory, _TMP)
-        for name in os.listdir(folder):
-            pid = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
-            if pid.isdigit() and not _alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(folder, name))
+    def _sweep(self, markers: dict[str, list[str]], temps: dict[str, list[str]]) -> None:
+        """Deletes the reservations and temporary files (grouped by the name of the file they
+        are for) whose name's lock no one holds: their process died while downloading or
+        making that file. Swept names leave `markers`.
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as error:
-        return error.errno == errno.EPERM
-    return True
+        Liveness is the lock, not a process id: containers sharing the cache folder on one
+        kernel, each with its own process ids, sweep only what the dead left."""
+        for name in set(markers) | set(temps):
+            path = self._name_lock(name)
+            fd = _lock_file(path, wait=False)
+            if fd is None:  # held: a download or make under way
+                continue
+            try:
+                leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
+                leftovers += [(_TMP, t) for t in temps.get(name, [])]
+                for folder, leftover in leftovers:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.directory, folder, leftover))
+            finally:
+                _release_file(path, fd)
 
 
 def _try_delete(path: str) -> bool:
@@ -374,6 +404,40 @@ def _try_delete(path: str) -> bool:
 
 
 _HELD: set[int] = set()  # descriptors of the locks this process's threads hold now
+
+
+def _lock_file(path: str, *, wait: bool) -> int | None:
+    """An exclusive lock on the lock file `path` (created when missing): its descriptor, or
+    None when `wait` is False and it is held.
+
+    Holders delete the file as they let it go (`_release_file`), so lock files do not pile
+    up: a lock taken on a file already deleted (or replaced) guards nothing, and is taken
+    again on the file now at `path`."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            _HELD.add(fd)
+            return fd
+        os.close(fd)
+
+
+def _release_file(path: str, fd: int) -> None:
+    """Deletes the lock file `path` while still holding it (see `_lock_file`), then lets go."""
+    _HELD.discard(fd)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

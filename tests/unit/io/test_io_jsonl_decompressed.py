@@ -5,7 +5,6 @@ many processes read them."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gzip
 import io
 import json
@@ -268,12 +267,7 @@ def test_a_failing_make_leaves_no_file_temp_file_or_held_lock(
         _reader(tmp_path).num_rows(str(path))
     cache = tmp_path / "cache"
     assert _cached_files(cache) == [] and os.listdir(cache / ".tmp") == []
-    for name in os.listdir(cache / ".locks"):
-        fd = os.open(cache / ".locks" / name, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
-        finally:
-            os.close(fd)
+    assert os.listdir(cache / ".locks") == []  # let go, and deleted as it was
 
 
 def _child_make(directory: str, out: Any) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.io._shard_cache import CachedObject, ShardCache
+from zephon_torch.io._shard_cache import CachedObject, ShardCache, _lock_file, _release_file
 
 
 def _item(name: str, size: int, version: str = "v1") -> CachedObject:
@@ -137,3 +137,112 @@ def test_a_changed_remote_object_is_downloaded_again(tmp_path: Path) -> None:
     second = Dataset.from_path("d", "memory:///changing", io_options=options)
     assert second.read_rows(0, [0, 1]) == [{"v": 2}, {"v": 3}]
     assert len(_cached(tmp_path / "c")) == 2
+
+
+def _bookkeeping(directory: Path) -> dict[str, list[str]]:
+    return {sub: sorted(os.listdir(directory / sub)) for sub in (".locks", ".tmp", ".reserve")}
+
+
+def _fetch_all(directory: str, order: list[int], log: str) -> None:
+    cache = ShardCache(directory, max_bytes=1 << 20)
+    for number in order:
+        content = str(number).encode() * 100
+
+        def download(target: str, content: bytes = content, number: int = number) -> None:
+            with open(log, "a") as handle:  # one short append per call: no interleaving
+                handle.write(f"{number}\n")
+            _writer(content, delay=0.02)(target)
+
+        with cache.open(_item(f"{number}.bin", len(content)), download) as path:
+            assert Path(path).read_bytes() == content
+
+
+def test_processes_racing_for_the_same_shards_download_each_once_and_leave_no_lock_file(
+    tmp_path: Path,
+) -> None:
+    """Name lock files are deleted by whoever lets them go; a process that was waiting on a
+    deleted one must lock the current file, or two processes would download the same shard."""
+    log = tmp_path / "downloads.log"
+    log.touch()
+    context = multiprocessing.get_context("spawn")
+    orders = [[0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [2, 0, 4, 1, 5, 3], [0, 1, 2, 3, 4, 5]]
+    workers = [
+        context.Process(target=_fetch_all, args=(str(tmp_path / "c"), order, str(log)))
+        for order in orders
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [worker.exitcode for worker in workers] == [0] * len(workers)
+    assert sorted(log.read_text().split()) == [str(n) for n in range(6)]  # each exactly once
+    assert _bookkeeping(tmp_path / "c") == {".locks": [], ".tmp": [], ".reserve": []}
+
+
+def _hold_a_download(directory: str, started: str) -> None:
+    cache = ShardCache(directory, max_bytes=10_000)
+
+    def download(target: str) -> None:
+        Path(target).write_bytes(b"half")
+        Path(started).touch()
+        time.sleep(60)  # killed here, mid-download
+
+    cache.ensure(_item("held.bin", 100), download, pin=False)
+
+
+def test_only_the_leftovers_of_a_dead_download_are_swept_whatever_their_pid(
+    tmp_path: Path,
+) -> None:
+    """A download under way keeps its temporary file and reservation (it holds its name's
+    lock); once its process is killed, the next reservation sweeps them."""
+    directory = tmp_path / "c"
+    cache = ShardCache(str(directory), max_bytes=10_000)
+    started = tmp_path / "started"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_hold_a_download, args=(str(directory), str(started))
+    )
+    child.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert started.exists()
+        cache.ensure(_item("a.bin", 10), _writer(b"a" * 10), pin=False)  # sweeps: keeps the live
+        live = _bookkeeping(directory)
+        assert len(live[".tmp"]) == len(live[".reserve"]) == len(live[".locks"]) == 1
+        assert live[".reserve"][0].startswith("100-")
+    finally:
+        child.kill()
+        child.join(10)
+    cache.ensure(_item("b.bin", 10), _writer(b"b" * 10), pin=False)
+    assert _bookkeeping(directory) == {".locks": [], ".tmp": [], ".reserve": []}
+    assert {name.split("-", 1)[1] for name in _cached(directory)} == {"a.bin", "b.bin"}
+
+
+def test_a_name_lock_excludes_its_holders_while_each_deletes_its_file_on_release(
+    tmp_path: Path,
+) -> None:
+    """Threads lock like processes (each lock is its own open file). A waiter that opened the
+    lock file before its holder deleted it must not count that file's lock as the lock."""
+    path = str(tmp_path / "name.lock")
+    inside: list[int] = []
+    overlaps: list[int] = []
+
+    def contend() -> None:
+        for _ in range(300):
+            fd = _lock_file(path, wait=True)
+            assert fd is not None
+            inside.append(1)
+            if len(inside) > 1:
+                overlaps.append(len(inside))
+            time.sleep(0.0001)
+            inside.pop()
+            _release_file(path, fd)
+
+    threads = [threading.Thread(target=contend) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert overlaps == []
+    assert not os.path.exists(path)
