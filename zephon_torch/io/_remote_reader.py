@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import fsspec.callbacks
 
 from zephon_torch._progress import Progress
-from zephon_torch.errors import DataError
+from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions
@@ -210,6 +210,11 @@ class RemoteReader:
                 raise DataError(
                     error.detail, dataset=self.dataset, shard=path, row=error.row
                 ) from error
+            except ConfigError as error:  # the cache too small to decompress it: name the URL
+                raise ConfigError(str(error).replace(local, path)) from error
+            except StorageError as error:
+                detail, url = error.detail.replace(local, path), error.url.replace(local, path)
+                raise StorageError(detail, url=url) from error
 
     def prefetch(self, urls: Iterable[str], *, share: int = 1) -> None:
         """Downloads upcoming shards (and their `.npy` offsets files) in the background, as far

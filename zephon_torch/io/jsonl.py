@@ -196,20 +196,24 @@ class JsonlReader:
         folder = self.cache.directory
         source = os.path.abspath(path)
         download = self._download(path)
+        held = 0  # a download stays pinned in the cache while it is decompressed: room for both
         if download is not None:
             key = f"decompressed\0{download}"
+            held = os.path.getsize(path)
         else:
             stat = os.stat(path)
             key = f"decompressed\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}"
-        make = partial(decompress_to, path, compression, limit=self.cache.max_bytes)
+        room = self.cache.max_bytes - held
+        make = partial(decompress_to, path, compression, limit=room)
         try:
             try:
                 with self._cache().open_made(key, f"{source} (decompressed)", make) as local:
                     return _map(local)  # stays valid once unpinned, even if evicted
             except TooLargeError:
+                beside = f" minus its {held}-byte compressed download" if held else ""
                 raise ConfigError(
                     f"{path!r} decompresses to more than the shard cache's `max_bytes` "
-                    f"({self.cache.max_bytes}): raise it (io_options={{'cache': "
+                    f"({self.cache.max_bytes}){beside}: raise it (io_options={{'cache': "
                     "{'max_bytes': ...}})"
                 ) from None
             except (ImportError, ZephonError, CorruptError):

@@ -224,6 +224,26 @@ def test_a_remote_compressed_shard_is_decompressed_once_per_node(tmp_path: Path)
     assert len(indexes) == 1, indexes  # and its line index is built once, too
 
 
+def test_a_remote_shard_whose_copies_cannot_both_fit_is_a_config_error_naming_its_url(
+    tmp_path: Path,
+) -> None:
+    """The download stays pinned while it is decompressed: a cache that holds the decompressed
+    file alone, but not both, is too small (it waited for space until `full_timeout` before)."""
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    data = _lines(3000)
+    packed = gzip.compress(data)
+    fsspec.filesystem("memory").pipe(f"{root}/a.jsonl.gz", packed)
+    cache = tmp_path / "cache"
+    options = {"cache": {"dir": str(cache), "max_bytes": len(data) + len(packed) // 2}}
+    with pytest.raises(ConfigError, match=rf"minus its {len(packed)}-byte compressed") as error:
+        Dataset.from_path(  # which counts the shard's rows
+            "r", f"memory://{root}", io_options=options, index_cache_dir=str(tmp_path / "idx")
+        )
+    assert f"memory://{root}/a.jsonl.gz" in str(error.value)
+    assert str(cache) not in str(error.value)
+    assert os.listdir(cache / ".tmp") == [] and os.listdir(cache / ".reserve") == []
+
+
 def test_a_truncated_zstd_shard_is_a_data_error(tmp_path: Path) -> None:
     blob = _zstd(_lines(300))
     for cut in (1, len(blob) // 2):
