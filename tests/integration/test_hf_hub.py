@@ -1,6 +1,8 @@
-"""`hf://` datasets read offline from a pre-populated hub cache: plain data files and the hub's
-auto-converted Parquet (`refs/convert/parquet`). huggingface_hub reads HF_HUB_OFFLINE at import,
-so each read runs in a fresh interpreter with the environment set."""
+"""`hf://` datasets: read offline from a pre-populated hub cache, and online from a stand-in for
+the hub on loopback (`tests/hub_server.py`), shard by shard through the shard cache: plain data
+files and the hub's auto-converted Parquet (`refs/convert/parquet`). huggingface_hub reads
+HF_HUB_OFFLINE and HF_ENDPOINT at import, so each read runs in a fresh interpreter with the
+environment set."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.hub_server import Hub, serve
 from zephon_torch.io._hf import parse_hf_url, split_files
 
 pytest.importorskip("huggingface_hub")
@@ -106,3 +109,116 @@ def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
     files = ["data/train-0.parquet", "data/training.txt", "test.jsonl", "c/train/x.parquet"]
     assert split_files(files, None, "train") == ["c/train/x.parquet", "data/train-0.parquet"]
     assert split_files(files, "c", "train") == ["c/train/x.parquet"]
+
+
+_READ_ONLINE = """
+import json, pickle, sys, urllib.error, urllib.request
+from zephon_torch.io import Dataset
+url, endpoint = sys.argv[1], sys.argv[2]
+dataset = Dataset.from_path("hf", url, io_options={"retry": {"attempts": 2, "initial_delay": 0.01}})
+opened = [s.num_rows for s in dataset.shards]
+if endpoint:  # a request the hub does not know marks its log: reads come next
+    try:
+        urllib.request.urlopen(endpoint + "/opened")
+    except urllib.error.HTTPError:
+        pass
+copy = pickle.loads(pickle.dumps(dataset))  # as a DataLoader worker gets it: its own hub client
+last = copy.read_rows(len(copy.shards) - 1, [0])
+rows = [r for n, s in enumerate(dataset.shards) for r in dataset.read_rows(n, range(s.num_rows))]
+assert last == [rows[-copy.shards[-1].num_rows]]
+shards = [s.path for s in dataset.shards]
+print(json.dumps({"format": dataset.format, "rows": rows, "shards": shards}))
+"""
+
+
+def _read_online(url: str, endpoint: str, tmp_path: Path, **env: str) -> dict[str, Any]:
+    environment = {
+        **os.environ,
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "ZEPHON_TORCH_CACHE": str(tmp_path / "zt"),
+        **env,
+    }
+    environment.pop("HF_HUB_OFFLINE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_ONLINE, url, endpoint if "HF_ENDPOINT" not in env else ""],
+        check=False,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["stderr"] = done.stderr
+    return result
+
+
+def _plain_repo(folder: Path) -> None:
+    _parquet(folder / "data" / "train-00000-of-00002.parquet", "train", 300)
+    _parquet(folder / "data" / "train-00001-of-00002.parquet", "train", 200)
+    _parquet(folder / "data" / "test-00000-of-00001.parquet", "test", 4)
+    (folder / "README.md").write_text("# card")
+
+
+def test_online_a_split_is_listed_then_read_shard_by_shard_into_the_shard_cache(
+    tmp_path: Path,
+) -> None:
+    hub = Hub()
+    _plain_repo(tmp_path / "repo")
+    hub.add("org/plain", "main", tmp_path / "repo")
+    with serve(hub) as endpoint:
+        result = _read_online("hf://org/plain/train", endpoint, tmp_path)
+    assert result["format"] == "parquet"
+    texts = [row["text"] for row in result["rows"]]
+    assert texts == [f"train {i}" for i in range(300)] + [f"train {i}" for i in range(200)]
+    assert result["shards"] == [
+        f"hf://datasets/org/plain/data/train-0000{n}-of-00002.parquet" for n in range(2)
+    ]
+    marker = hub.log.index(("GET", "/opened", ""))
+    files = [(path, asked) for method, path, asked in hub.log if "/resolve/" in path]
+    opening = [(path, asked) for method, path, asked in hub.log[:marker] if "/resolve/" in path]
+    assert opening and all(asked for _, asked in opening)  # footers by range: no download
+    whole = {path.rsplit("/", 1)[-1] for path, asked in files if not asked}
+    assert whole <= {f"train-0000{n}-of-00002.parquet" for n in range(2)}
+    assert not any("test-" in path for path, _ in files)  # the other split: never fetched
+    shards = (tmp_path / "zt" / "shards").iterdir()
+    cached = {p.name.split("-", 1)[1] for p in shards if not p.name.startswith(".")}
+    assert cached == {f"train-0000{n}-of-00002.parquet" for n in range(2)}
+    assert not (tmp_path / "hub").exists() or not any((tmp_path / "hub").rglob("*.parquet"))
+
+
+def test_online_the_auto_converted_parquet_is_read_when_main_has_no_data_files(
+    tmp_path: Path,
+) -> None:
+    hub = Hub()
+    (tmp_path / "main").mkdir()
+    (tmp_path / "main" / "README.md").write_text("# a dataset with a loading script")
+    (tmp_path / "main" / "conv.py").write_text("# builder")
+    converted = tmp_path / "converted"
+    _parquet(converted / "wiki" / "train" / "0000.parquet", "wiki-train", 3)
+    _parquet(converted / "wiki" / "partial-validation" / "0000.parquet", "wiki-val", 2)
+    _parquet(converted / "other" / "train" / "0000.parquet", "other", 1)
+    hub.add("org/conv", "main", tmp_path / "main")
+    hub.add("org/conv", "refs/convert/parquet", converted)
+    with serve(hub) as endpoint:
+        train = _read_online("hf://org/conv/wiki/train", endpoint, tmp_path)
+        validation = _read_online("hf://org/conv/wiki/validation", endpoint, tmp_path)
+    assert [row["text"] for row in train["rows"]] == [f"wiki-train {i}" for i in range(3)]
+    assert [row["text"] for row in validation["rows"]] == ["wiki-val 0", "wiki-val 1"]
+    assert train["shards"] == [
+        "hf://datasets/org/conv@refs%2Fconvert%2Fparquet/wiki/train/0000.parquet"
+    ]
+
+
+def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(
+    tmp_path: Path,
+) -> None:
+    snapshot = _snapshot(tmp_path / "hub", "org/plain", "main", "a" * 40)
+    _plain_repo(snapshot)
+    with serve(Hub()) as endpoint:
+        pass  # now closed: nothing listens there
+    result = _read_online("hf://org/plain/train", endpoint, tmp_path, HF_ENDPOINT=endpoint)
+    assert len(result["rows"]) == 500
+    assert "reading the hub cache" in result["stderr"]

@@ -1,21 +1,36 @@
 """`hf://org/name[/config]/split`: a Hugging Face hub dataset's data files, via huggingface_hub.
 
-The repo's files are fetched with `snapshot_download` (so the local hub cache and
-`HF_HUB_OFFLINE=1` are honoured) and read as local files. The split's files are those under
-`{config}/` (when a config is named) whose path has a folder named `split` or a file name
-starting with `split` followed by `-`, `_` or `.`. When the main revision has none, the hub's
-auto-converted Parquet (`refs/convert/parquet`: `{config}/{split}/*.parquet` or
-`{config}/partial-{split}/*.parquet`, config "default" when none is named) is used.
+Online, the split's files are listed through the hub's fsspec file system (`HfFileSystem`) and
+read like any remote URL (`list_hf`): downloaded shard by shard, as readers reach them, into the
+node-local shard cache (LRU under `max_bytes`, prefetched ahead), with Parquet row counts from
+footers read by range. Offline (`HF_HUB_OFFLINE=1`), or when the hub cannot be reached, the
+split's files come from the local hub cache (`resolve_hf`, through `snapshot_download`) and are
+read as local files.
+
+The split's files are those under `{config}/` (when a config is named) whose path has a folder
+named `split` or a file name starting with `split` followed by `-`, `_` or `.`. When the main
+revision has none, the hub's auto-converted Parquet (`refs/convert/parquet`:
+`{config}/{split}/*.parquet` or `{config}/partial-{split}/*.parquet`, config "default" when none
+is named) is used.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+from urllib.parse import quote
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, StorageError
+from zephon_torch.io._discover import detect_files
+from zephon_torch.io._remote import Listing, identity
+from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io.formats import detect_format
+
+_log = logging.getLogger(__name__)
 
 CONVERTED_REVISION = "refs/convert/parquet"
 
@@ -50,6 +65,72 @@ def split_files(files: Sequence[str], config: str | None, split: str) -> list[st
     return sorted(chosen)
 
 
+def _hub() -> Any:
+    try:
+        import huggingface_hub
+    except ImportError as error:
+        raise ImportError(
+            "hf:// paths need huggingface_hub: pip install 'zephon-torch[hf]'"
+        ) from error
+    return huggingface_hub
+
+
+def list_hf(
+    url: str,
+    *,
+    format_: str | None,
+    storage_options: Mapping[str, Any],
+    retry: RetryPolicy,
+) -> tuple[str, Listing] | None:
+    """Lists an `hf://` split on the hub, downloading nothing: the root URL of its revision on
+    the hub's file system (`hf://datasets/org/name[@revision]`) and its files as remote objects.
+
+    Returns:
+        None when huggingface_hub is offline (`HF_HUB_OFFLINE=1`) or the hub cannot be reached
+        (a warning says so): then read the hub cache with `resolve_hf`.
+
+    Raises:
+        ImportError: when huggingface_hub is not installed.
+        ConfigError: for a bad URL, or a split with no data files in either revision.
+    """
+    hub = _hub()
+    repo, config, split = parse_hf_url(url)
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    fs = hub.HfFileSystem(**storage_options)
+    tried = []
+    for revision, configs in ((None, config), (CONVERTED_REVISION, config or "default")):
+        root = f"datasets/{repo}" + (f"@{quote(revision, safe='')}" if revision else "")
+        under = f"{root}/{configs}" if configs else root
+        try:
+            found: dict[str, dict[str, Any]] = call_with_retry(
+                partial(fs.find, under, detail=True),
+                url=fs.unstrip_protocol(under),
+                policy=retry,
+                what="listing",
+            )
+        except FileNotFoundError as error:  # no such repo, revision or config
+            tried.append(f"{revision or 'main'}: {error}")
+            continue
+        except StorageError as error:
+            _log.warning("cannot list %s on the hub (%s): reading the hub cache", url, error)
+            return None
+        paths = {
+            path[len(root) + 1 :]: path for path, info in found.items() if info["type"] == "file"
+        }
+        files = split_files(list(paths), configs, split)
+        if files:
+            detected, chosen = format_, [paths[file] for file in files]
+            if detected is None:
+                detected, chosen = detect_files(url, "glob", chosen)
+            objects = [(path, identity(fs, path, found[path])) for path in chosen]
+            return fs.unstrip_protocol(root), Listing(detected, objects, fs=fs)
+        tried.append(f"{revision or 'main'}: no files of split {split!r}")
+    raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
+
+
 def resolve_hf(url: str) -> tuple[str, list[str]]:
     """Fetches (or finds in the hub cache) the files of an `hf://` split.
 
@@ -60,12 +141,7 @@ def resolve_hf(url: str) -> tuple[str, list[str]]:
         ImportError: when huggingface_hub is not installed.
         ConfigError: for a bad URL, or a split with no data files in either revision.
     """
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as error:
-        raise ImportError(
-            "hf:// paths need huggingface_hub: pip install 'zephon-torch[hf]'"
-        ) from error
+    snapshot_download = _hub().snapshot_download
     repo, config, split = parse_hf_url(url)
     tried = []
     for revision, configs in ((None, config), (CONVERTED_REVISION, config or "default")):

@@ -23,7 +23,16 @@ from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.formats import INDEX_FILE, INDEXED_FORMATS, check_format, check_indexed
 
-_VERSION_KEYS = ("ETag", "etag", "md5Hash", "LastModified", "last_modified", "mtime", "updated")
+_VERSION_KEYS = (
+    "ETag",
+    "etag",
+    "md5Hash",
+    "blob_id",
+    "LastModified",
+    "last_modified",
+    "mtime",
+    "updated",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +253,7 @@ def list_remote(
                 "per folder"
             )
         format_, paths = detect_files(url, where, paths)
-    return Listing(format_, [(path, _identity(fs, path, infos[path])) for path in paths], fs=fs)
+    return Listing(format_, [(path, identity(fs, path, infos[path])) for path in paths], fs=fs)
 
 
 def _indexed(
@@ -280,7 +289,7 @@ def _indexed(
             lambda: fs.find(directory, detail=True), url=url, policy=retry, what="listing"
         )
     infos = _visible(found, directory, "directory")
-    objects = [(path, _identity(fs, path, infos[path])) for path in sorted(infos)]
+    objects = [(path, identity(fs, path, infos[path])) for path in sorted(infos)]
     return Listing(str(kind), objects, fs.unstrip_protocol(index), index_data=data, fs=fs)
 
 
@@ -320,7 +329,8 @@ def _kind_of(data: bytes, where: str) -> str | None:
     return index_kind(index, where)
 
 
-def _identity(fs: Any, path: str, info: Mapping[str, Any]) -> CachedObject:
+def identity(fs: Any, path: str, info: Mapping[str, Any]) -> CachedObject:
+    """The cache identity of the object `path` that `fs` listed with `info`."""
     version = next((str(info[key]) for key in _VERSION_KEYS if info.get(key)), "")
     if not version and info.get("created") is not None:
         version = str(info["created"])

@@ -22,7 +22,7 @@ from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, is_remote, list_remote
+from zephon_torch.io._remote import IoOptions, Listing, is_remote, list_remote
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader, token_reader
@@ -130,7 +130,9 @@ class Dataset:
         Vortex shard is downloaded once to be counted, and its count is kept in
         `index_cache_dir` so later opens download nothing (`zephon-torch index URL` does this
         ahead of a job). `hf://org/name[/config]/split` reads a Hugging Face dataset's data
-        files through `huggingface_hub` and its cache.
+        files: online, listed on the hub and read like any remote URL (`storage_options` go to
+        `huggingface_hub.HfFileSystem`, e.g. `token`); offline (`HF_HUB_OFFLINE=1`) or when
+        the hub cannot be reached, from the local hub cache.
 
         Args:
             name: the dataset name.
@@ -185,8 +187,23 @@ class Dataset:
                 name, text, format, projection, cache_dir, storage_options or {}, options
             )
         if text.startswith("hf://"):
-            from zephon_torch.io._hf import resolve_hf
+            from zephon_torch.io._hf import list_hf, resolve_hf
 
+            online = list_hf(
+                text, format_=format, storage_options=storage_options or {}, retry=options.retry
+            )
+            if online is not None:  # read from the hub shard by shard, like any remote URL
+                root, listing = online
+                return cls._from_remote(
+                    name,
+                    root,
+                    format,
+                    projection,
+                    cache_dir,
+                    storage_options or {},
+                    options,
+                    listing=listing,
+                )
             where, local_files = resolve_hf(text)
             if format is None:
                 detected, found = detect_files(text, where, local_files)
@@ -217,10 +234,13 @@ class Dataset:
         index_cache_dir: str,
         storage_options: Mapping[str, Any],
         options: IoOptions,
+        *,
+        listing: Listing | None = None,
     ) -> Dataset:
-        listing = list_remote(
-            url, format_=format_, storage_options=storage_options, retry=options.retry
-        )
+        if listing is None:
+            listing = list_remote(
+                url, format_=format_, storage_options=storage_options, retry=options.retry
+            )
         reader = RemoteReader(
             dataset=name,
             format_=listing.format,

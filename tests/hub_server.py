@@ -1,0 +1,193 @@
+"""A stand-in for the Hugging Face hub on loopback, for `hf://` reads while online.
+
+The hub cannot be reached from the test machines, so this serves dataset repos from local
+folders through the few HTTP routes huggingface_hub's `HfFileSystem` calls: a revision's
+repo info, the recursive file tree, paths info, and file bytes (with `Range`). Point a client
+at it with `HF_ENDPOINT`. It answers only what those calls need; every request is logged
+(method and path), so tests can check what was fetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+
+class Hub:
+    """Dataset repos: `repos[repo_id][revision]` is the folder holding that revision's files."""
+
+    def __init__(self) -> None:
+        self.repos: dict[str, dict[str, Path]] = {}
+        self.log: list[tuple[str, str, str]] = []  # method, unquoted path, Range header
+
+    def add(self, repo: str, revision: str, folder: Path) -> None:
+        self.repos.setdefault(repo, {})[revision] = folder
+
+    def files(self, repo: str, revision: str) -> dict[str, Path]:
+        folder = self.repos[repo][revision]
+        found = (p for p in sorted(folder.rglob("*")) if p.is_file())
+        return {p.relative_to(folder).as_posix(): p for p in found}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _entry(path: str, file: Path) -> dict[str, Any]:
+    data = file.read_bytes()
+    return {"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data), "path": path}
+
+
+def _split(route: str) -> tuple[str, str, str] | None:
+    """`org/name/<kind>/<revision>/<path>` (revision URL-quoted) into (repo, revision, path)."""
+    parts = route.split("/", 4)
+    if len(parts) < 4:
+        return None
+    return f"{parts[0]}/{parts[1]}", unquote(parts[3]), parts[4] if len(parts) > 4 else ""
+
+
+def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def _json(self, value: Any, status: int = 200) -> None:
+            body = json.dumps(value).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _missing(self) -> None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _known(self, repo: str, revision: str) -> bool:
+            return revision in hub.repos.get(repo, {})
+
+        def do_GET(self) -> None:
+            self._serve(body=True)
+
+        def do_HEAD(self) -> None:
+            self._serve(body=False)
+
+        def do_POST(self) -> None:
+            path = unquote(urlsplit(self.path).path)
+            hub.log.append(("POST", path, ""))
+            length = int(self.headers.get("Content-Length") or 0)
+            payload = self.rfile.read(length).decode()
+            prefix = "/api/datasets/"
+            where = _split(path[len(prefix) :]) if path.startswith(prefix) else None
+            if where is None or "/paths-info/" not in path or not self._known(*where[:2]):
+                self._missing()
+                return
+            repo, revision, _ = where
+            try:
+                asked = json.loads(payload)["paths"]
+            except ValueError:  # a form: paths=a&paths=b
+                from urllib.parse import parse_qs
+
+                asked = parse_qs(payload)["paths"]
+            files = hub.files(repo, revision)
+            self._json([_entry(p, files[p]) for p in asked if p in files])
+
+        def _serve(self, *, body: bool) -> None:
+            path = urlsplit(self.path).path
+            hub.log.append((self.command, unquote(path), self.headers.get("Range") or ""))
+            if path.startswith("/api/datasets/"):
+                self._api(path[len("/api/datasets/") :])
+                return
+            if path.startswith("/datasets/"):
+                self._resolve(path[len("/datasets/") :], body=body)
+                return
+            self._missing()
+
+        def _api(self, route: str) -> None:
+            if route.count("/") == 1:  # the repo's info at its default revision
+                route = f"{route}/revision/main"
+            where = _split(route)
+            if where is None or not self._known(*where[:2]):
+                self._missing()
+                return
+            repo, revision, rest = where
+            kind = route.split("/")[2]
+            files = hub.files(repo, revision)
+            if kind == "revision":
+                siblings = [{"rfilename": p} for p in files]
+                sha = _sha(f"{repo}@{revision}")
+                self._json({"id": repo, "sha": sha, "siblings": siblings, "private": False})
+            elif kind == "tree":
+                under = unquote(rest).strip("/")
+                prefix = f"{under}/" if under else ""
+                entries = [_entry(p, f) for p, f in files.items() if p.startswith(prefix)]
+                folders = {
+                    p[:i]
+                    for p in files
+                    if p.startswith(prefix)
+                    for i in range(len(prefix), len(p))
+                    if p[i] == "/"
+                }
+                entries += [
+                    {"type": "directory", "oid": _sha(d), "size": 0, "path": d} for d in folders
+                ]
+                self._json(sorted(entries, key=lambda e: e["path"]))
+            else:
+                self._missing()
+
+        def _resolve(self, route: str, *, body: bool) -> None:
+            parts = route.split("/", 4)
+            if len(parts) < 5 or parts[2] != "resolve":
+                self._missing()
+                return
+            repo, revision, name = f"{parts[0]}/{parts[1]}", unquote(parts[3]), unquote(parts[4])
+            if not self._known(repo, revision) or name not in hub.files(repo, revision):
+                self._missing()
+                return
+            data = hub.files(repo, revision)[name].read_bytes()
+            status, start, end = 200, 0, len(data)
+            asked = self.headers.get("Range")
+            if asked and asked.startswith("bytes="):
+                first, _, last = asked[len("bytes=") :].partition("-")
+                if first == "":  # the last N bytes
+                    start = max(0, len(data) - int(last))
+                else:
+                    start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+                status = 206
+            chunk = data[start:end]
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(chunk)))
+            self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+            self.send_header("X-Repo-Commit", _sha(f"{repo}@{revision}"))
+            self.send_header("Accept-Ranges", "bytes")
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+            self.end_headers()
+            if body:
+                self.wfile.write(chunk)
+
+    return Handler
+
+
+@contextlib.contextmanager
+def serve(hub: Hub) -> Iterator[str]:
+    """Serves `hub` on 127.0.0.1 in a thread; yields its endpoint URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
