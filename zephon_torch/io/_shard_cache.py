@@ -34,9 +34,11 @@ from dataclasses import dataclass
 
 from zephon_torch.errors import ConfigError, StorageError
 
-_TMP = ".tmp"
-_RESERVE = ".reserve"
-_LOCKS = ".locks"
+# New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
+# .tmp, .reserve and .locks; sharing those with them would break both (see _sweep).
+_TMP = ".downloading"
+_RESERVE = ".reserved"
+_LOCKS = ".name_locks"
 _FOLDER_LOCK = ".lock"
 _FULL_POLL_S = 0.05
 
@@ -207,7 +209,7 @@ class ShardCache:
                     f"cache `max_bytes` is {self.max_bytes}, smaller than {url!r} "
                     f"({size} bytes): raise the limit"
                 )
-            reservation = self._reserve(name, size, url)
+            reservation = self._reserve(name, size, url, made=os.path.basename(temp))
             try:
                 fd = os.open(temp, os.O_RDONLY)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # pinned before it becomes visible
@@ -298,13 +300,14 @@ class ShardCache:
                 del self._pins[name]
                 os.close(fd)
 
-    def _reserve(self, name: str, size: int, url: str) -> str:
+    def _reserve(self, name: str, size: int, url: str, *, made: str = "") -> str:
         """Under `name`'s lock: evicts until `size` more bytes fit, then records a reservation
-        for the file `name`; returns its marker file."""
+        for the file `name`; returns its marker file. `made`: the caller's own temporary file
+        for `name`, already written (any other is a dead holder's)."""
         deadline = time.monotonic() + self.full_timeout
         while True:
             with _flock(self._folder_lock, fcntl.LOCK_EX):
-                if self._evict_for(size):
+                if self._evict_for(size, (name, made)):
                     marker = os.path.join(
                         self.directory, _RESERVE, f"{size}-{uuid.uuid4().hex[:12]}-{name}"
                     )
@@ -319,9 +322,10 @@ class ShardCache:
                 )
             time.sleep(_FULL_POLL_S)
 
-    def _evict_for(self, size: int) -> bool:
-        """Under the folder lock: evicts LRU unpinned shards until `size` more bytes fit."""
-        used = self._reserved_bytes()
+    def _evict_for(self, size: int, mine: tuple[str, str]) -> bool:
+        """Under the folder lock and the lock of `mine` (a name and its caller's temporary
+        file, see `_reserve`): evicts LRU unpinned shards until `size` more bytes fit."""
+        used = self._reserved_bytes(mine)
         entries = sorted(self._entries(), key=lambda entry: entry[2])
         used += sum(entry_size for _, entry_size, _ in entries)
         for path, entry_size, _ in entries:
@@ -344,7 +348,7 @@ class ShardCache:
                 found.append((entry.path, stat.st_size, stat.st_mtime))
         return found
 
-    def _reserved_bytes(self) -> int:
+    def _reserved_bytes(self, mine: tuple[str, str]) -> int:
         """Under the folder lock: the bytes reserved by downloads and makes under way, once
         the leftovers of dead processes are swept (see `_sweep`)."""
         markers: dict[str, list[str]] = {}
@@ -353,7 +357,7 @@ class ShardCache:
         temps: dict[str, list[str]] = {}
         for temp in os.listdir(os.path.join(self.directory, _TMP)):
             temps.setdefault(temp.rsplit(".", 1)[0], []).append(temp)
-        self._sweep(markers, temps)
+        self._sweep(markers, temps, mine)
         total = 0
         for found in markers.values():
             for marker in found:
@@ -361,14 +365,26 @@ class ShardCache:
                 total += int(size) if size.isdigit() else 0
         return total
 
-    def _sweep(self, markers: dict[str, list[str]], temps: dict[str, list[str]]) -> None:
+    def _sweep(
+        self, markers: dict[str, list[str]], temps: dict[str, list[str]], mine: tuple[str, str]
+    ) -> None:
         """Deletes the reservations and temporary files (grouped by the name of the file they
         are for) whose name's lock no one holds: their process died while downloading or
         making that file. Swept names leave `markers`.
 
         Liveness is the lock, not a process id: containers sharing the cache folder on one
-        kernel, each with its own process ids, sweep only what the dead left."""
+        kernel, each with its own process ids, sweep only what the dead left. The caller holds
+        the lock of `mine`'s name, so what lies there (but its own temporary file) is a dead
+        holder's: a job killed mid-download that restarts on the same shard."""
+        own, made = mine
         for name in set(markers) | set(temps):
+            if name == own:
+                leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
+                leftovers += [(_TMP, t) for t in temps.get(name, []) if t != made]
+                for folder, leftover in leftovers:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.directory, folder, leftover))
+                continue
             path = self._name_lock(name)
             fd = _lock_file(path, wait=False)
             if fd is None:  # held: a download or make under way
@@ -403,7 +419,23 @@ def _try_delete(path: str) -> bool:
     return True
 
 
-_HELD: set[int] = set()  # descriptors of the locks this process's threads hold now
+_HELD: set[int] = set()  # descriptors of lock files this process opened and has not closed
+_OPENING = threading.Lock()  # held while a descriptor enters or leaves _HELD, and over a fork
+
+
+def _open_lock(path: str) -> int:
+    """Opens (creates) the lock file `path`, tracked in `_HELD` from the start: a thread may be
+    waiting for its lock when the process forks (see `_drop_inherited_locks`)."""
+    with _OPENING:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        _HELD.add(fd)
+    return fd
+
+
+def _close_lock(fd: int) -> None:
+    with _OPENING:
+        _HELD.discard(fd)
+        os.close(fd)
 
 
 def _lock_file(path: str, *, wait: bool) -> int | None:
@@ -414,55 +446,64 @@ def _lock_file(path: str, *, wait: bool) -> int | None:
     up: a lock taken on a file already deleted (or replaced) guards nothing, and is taken
     again on the file now at `path`."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
+            _close_lock(fd)
             return None
         try:
             current = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             current = False
         if current:
-            _HELD.add(fd)
             return fd
-        os.close(fd)
+        _close_lock(fd)
 
 
 def _release_file(path: str, fd: int) -> None:
     """Deletes the lock file `path` while still holding it (see `_lock_file`), then lets go."""
-    _HELD.discard(fd)
     try:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     finally:
-        os.close(fd)
+        _close_lock(fd)
 
 
 @contextlib.contextmanager
 def _flock(path: str, mode: int) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, mode)
-        _HELD.add(fd)
         yield
     finally:
-        _HELD.discard(fd)
-        os.close(fd)
+        _close_lock(fd)
 
 
 def _drop_inherited_locks() -> None:
-    """In a forked child: close its copies of the lock descriptors the parent's threads held.
+    """In a forked child: close its copies of the lock files the parent's threads had open.
 
     A flock belongs to the open file, which a fork shares: a child keeping the copy would keep
-    the lock after the parent's thread released it, and wait forever on it itself (a DataLoader
-    worker forked while a thread was decompressing or evicting). The parent's threads release
-    their own copies as before."""
+    the lock after the parent's thread released it (or, for a thread still waiting, once it
+    got it), and wait forever on it itself (a DataLoader worker forked while a thread was
+    decompressing or evicting). The parent's threads release their own copies as before."""
     for fd in list(_HELD):
         with contextlib.suppress(OSError):
             os.close(fd)
     _HELD.clear()
+    _OPENING.release()  # taken by the forking thread before the fork (`_before_fork`)
 
 
-os.register_at_fork(after_in_child=_drop_inherited_locks)
+def _before_fork() -> None:
+    _OPENING.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _OPENING.release()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_drop_inherited_locks,
+)

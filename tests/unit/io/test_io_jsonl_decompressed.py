@@ -29,7 +29,7 @@ from zephon_torch.io import Dataset
 from zephon_torch.io import jsonl as jsonl_module
 from zephon_torch.io._compression import CorruptError
 from zephon_torch.io._remote import CacheOptions
-from zephon_torch.io._shard_cache import ShardCache
+from zephon_torch.io._shard_cache import _LOCKS, _RESERVE, _TMP, ShardCache
 from zephon_torch.io.jsonl import JsonlReader
 from zephon_torch.work import StaticMixtureWorkSource
 
@@ -154,7 +154,7 @@ def test_a_shard_larger_than_the_cache_is_a_config_error_naming_it(
     options = {"cache": {"dir": str(tmp_path / "c"), "max_bytes": 1000}}
     with pytest.raises(ConfigError, match=r"a\.jsonl\.gz' decompresses to more than .*\(1000\)"):
         Dataset.from_path("d", path, io_options=options)  # which counts its rows
-    assert os.listdir(tmp_path / "c" / ".tmp") == []  # stopped at the limit, nothing left
+    assert os.listdir(tmp_path / "c" / _TMP) == []  # stopped at the limit, nothing left
 
 
 def test_a_rewritten_shard_is_decompressed_again(tmp_path: Path, write_jsonl: WriteJsonl) -> None:
@@ -241,7 +241,7 @@ def test_a_remote_shard_whose_copies_cannot_both_fit_is_a_config_error_naming_it
         )
     assert f"memory://{root}/a.jsonl.gz" in str(error.value)
     assert str(cache) not in str(error.value)
-    assert os.listdir(cache / ".tmp") == [] and os.listdir(cache / ".reserve") == []
+    assert os.listdir(cache / _TMP) == [] and os.listdir(cache / _RESERVE) == []
 
 
 def test_a_truncated_zstd_shard_is_a_data_error(tmp_path: Path) -> None:
@@ -286,8 +286,8 @@ def test_a_failing_make_leaves_no_file_temp_file_or_held_lock(
     with pytest.raises(DataError, match="boom"):
         _reader(tmp_path).num_rows(str(path))
     cache = tmp_path / "cache"
-    assert _cached_files(cache) == [] and os.listdir(cache / ".tmp") == []
-    assert os.listdir(cache / ".locks") == []  # let go, and deleted as it was
+    assert _cached_files(cache) == [] and os.listdir(cache / _TMP) == []
+    assert os.listdir(cache / _LOCKS) == []  # let go, and deleted as it was
 
 
 def _child_make(directory: str, out: Any) -> None:
@@ -426,4 +426,4 @@ def test_processes_and_threads_share_a_cache_that_must_evict(tmp_path: Path) -> 
     assert all(child.exitcode == 0 for child in children)
     assert all(errors == [] for errors in results), [errors[:3] for errors in results]
     assert peak[0] <= limit
-    assert os.listdir(cache / ".tmp") == [] and os.listdir(cache / ".reserve") == []
+    assert os.listdir(cache / _TMP) == [] and os.listdir(cache / _RESERVE) == []

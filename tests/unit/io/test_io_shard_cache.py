@@ -15,7 +15,15 @@ import pytest
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.io._shard_cache import CachedObject, ShardCache, _lock_file, _release_file
+from zephon_torch.io._shard_cache import (
+    _LOCKS,
+    _RESERVE,
+    _TMP,
+    CachedObject,
+    ShardCache,
+    _lock_file,
+    _release_file,
+)
 
 
 def _item(name: str, size: int, version: str = "v1") -> CachedObject:
@@ -89,8 +97,8 @@ def test_a_failed_or_short_download_leaves_nothing_behind(tmp_path: Path) -> Non
     with pytest.raises(OSError, match="expected 100"):
         cache.ensure(_item("a.jsonl", 100), _writer(b"short"), pin=False)
     assert _cached(tmp_path) == {}
-    assert os.listdir(tmp_path / ".tmp") == []
-    assert os.listdir(tmp_path / ".reserve") == []
+    assert os.listdir(tmp_path / _TMP) == []
+    assert os.listdir(tmp_path / _RESERVE) == []
 
 
 def test_a_shard_larger_than_the_limit_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -140,7 +148,7 @@ def test_a_changed_remote_object_is_downloaded_again(tmp_path: Path) -> None:
 
 
 def _bookkeeping(directory: Path) -> dict[str, list[str]]:
-    return {sub: sorted(os.listdir(directory / sub)) for sub in (".locks", ".tmp", ".reserve")}
+    return {sub: sorted(os.listdir(directory / sub)) for sub in (_LOCKS, _TMP, _RESERVE)}
 
 
 def _fetch_all(directory: str, order: list[int], log: str) -> None:
@@ -176,7 +184,7 @@ def test_processes_racing_for_the_same_shards_download_each_once_and_leave_no_lo
         worker.join(60)
     assert [worker.exitcode for worker in workers] == [0] * len(workers)
     assert sorted(log.read_text().split()) == [str(n) for n in range(6)]  # each exactly once
-    assert _bookkeeping(tmp_path / "c") == {".locks": [], ".tmp": [], ".reserve": []}
+    assert _bookkeeping(tmp_path / "c") == {_LOCKS: [], _TMP: [], _RESERVE: []}
 
 
 def _hold_a_download(directory: str, started: str) -> None:
@@ -209,13 +217,13 @@ def test_only_the_leftovers_of_a_dead_download_are_swept_whatever_their_pid(
         assert started.exists()
         cache.ensure(_item("a.bin", 10), _writer(b"a" * 10), pin=False)  # sweeps: keeps the live
         live = _bookkeeping(directory)
-        assert len(live[".tmp"]) == len(live[".reserve"]) == len(live[".locks"]) == 1
-        assert live[".reserve"][0].startswith("100-")
+        assert len(live[_TMP]) == len(live[_RESERVE]) == len(live[_LOCKS]) == 1
+        assert live[_RESERVE][0].startswith("100-")
     finally:
         child.kill()
         child.join(10)
     cache.ensure(_item("b.bin", 10), _writer(b"b" * 10), pin=False)
-    assert _bookkeeping(directory) == {".locks": [], ".tmp": [], ".reserve": []}
+    assert _bookkeeping(directory) == {_LOCKS: [], _TMP: [], _RESERVE: []}
     assert {name.split("-", 1)[1] for name in _cached(directory)} == {"a.bin", "b.bin"}
 
 
@@ -246,3 +254,72 @@ def test_a_name_lock_excludes_its_holders_while_each_deletes_its_file_on_release
         thread.join()
     assert overlaps == []
     assert not os.path.exists(path)
+
+
+def _killed_mid_download(directory: str, size: int, started: str) -> None:
+    def download(target: str) -> None:
+        Path(target).write_bytes(b"x" * (size // 2))
+        Path(started).touch()
+        time.sleep(60)
+
+    ShardCache(directory, max_bytes=1000).ensure(_item("n.bin", size), download, pin=False)
+
+
+def test_a_restart_downloading_the_shard_its_killed_run_was_downloading_sweeps_that_run(
+    tmp_path: Path,
+) -> None:
+    """The usual restart resumes at the shard it died on: holding that name's lock, it must
+    take what lies under the name for a dead holder's, or count the dead reservation."""
+    directory, started = tmp_path / "c", tmp_path / "started"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_killed_mid_download, args=(str(directory), 600, str(started))
+    )
+    child.start()
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    child.kill()
+    child.join(10)
+    assert started.exists()
+    assert len(_bookkeeping(directory)[_RESERVE]) == 1
+    cache = ShardCache(str(directory), max_bytes=1000, full_timeout=1)  # 600 + 600 > 1000
+    path = cache.ensure(_item("n.bin", 600), _writer(b"y" * 600), pin=False)
+    assert Path(path).read_bytes() == b"y" * 600
+    assert _bookkeeping(directory) == {_LOCKS: [], _TMP: [], _RESERVE: []}
+
+
+def test_a_child_forked_while_a_thread_waits_for_a_lock_does_not_keep_that_lock(
+    tmp_path: Path,
+) -> None:
+    """A thread still waiting for a lock file at a fork: the child must not keep a copy of it,
+    or it would share the lock once the parent's thread gets it, and block later lockers."""
+    path = str(tmp_path / "n.lock")
+    holder = _lock_file(path, wait=True)
+    assert holder is not None
+    got: dict[str, float] = {}
+
+    def wait_for_it(tag: str) -> None:
+        fd = _lock_file(path, wait=True)
+        assert fd is not None
+        got[tag] = time.monotonic()
+        _release_file(path, fd)
+
+    first = threading.Thread(target=wait_for_it, args=("first",))
+    first.start()
+    time.sleep(0.2)  # waiting in flock
+    child = os.fork()
+    if child == 0:  # a DataLoader worker, say: lives on for a while
+        time.sleep(3)
+        os._exit(0)
+    try:
+        second = threading.Thread(target=wait_for_it, args=("second",))
+        second.start()
+        time.sleep(0.2)  # waiting on the same file as the first
+        released = time.monotonic()
+        _release_file(path, holder)
+        first.join(10)
+        second.join(10)
+        assert set(got) == {"first", "second"}
+        assert max(got.values()) - released < 2.5  # not held until the child exits
+    finally:
+        os.waitpid(child, 0)
