@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,17 +21,45 @@ from urllib.parse import unquote, urlsplit
 
 
 class Hub:
-    """Dataset repos: `repos[repo_id][revision]` is the folder holding that revision's files."""
+    """Dataset repos: `repos[repo_id][revision]` is the folder holding that revision's files.
+
+    Each (repo, revision, folder) is a commit whose sha `sha()` gives; a revision is asked for
+    by name or by sha. `add` again moves the revision to a new commit (the old one stays
+    readable by its sha). `fail[route]` (a route kind: "revision", "tree", "resolve") answers
+    that HTTP status instead; `on_unknown` runs on a request for a route the hub does not know
+    (tests use one to mark their log, or to move a branch mid-run).
+    """
 
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, Path]] = {}
+        self.commits: dict[tuple[str, str], Path] = {}  # (repo, sha) -> folder
         self.log: list[tuple[str, str, str]] = []  # method, unquoted path, Range header
+        self.fail: dict[str, int] = {}
+        self.on_unknown: Callable[[str], None] = lambda path: None
 
     def add(self, repo: str, revision: str, folder: Path) -> None:
         self.repos.setdefault(repo, {})[revision] = folder
+        self.commits[(repo, self.sha(repo, revision, folder))] = folder
+
+    @staticmethod
+    def sha(repo: str, revision: str, folder: Path) -> str:
+        return _sha(f"{repo}@{revision}:{folder}")
+
+    def folder(self, repo: str, revision: str) -> Path | None:
+        """The folder of a revision (a name or a sha); None when there is none."""
+        if revision in self.repos.get(repo, {}):
+            return self.repos[repo][revision]
+        return self.commits.get((repo, revision))
+
+    def head(self, repo: str, revision: str) -> str:
+        """The sha a revision (a name or a sha) points at."""
+        if revision in self.repos.get(repo, {}):
+            return self.sha(repo, revision, self.repos[repo][revision])
+        return revision
 
     def files(self, repo: str, revision: str) -> dict[str, Path]:
-        folder = self.repos[repo][revision]
+        folder = self.folder(repo, revision)
+        assert folder is not None
         found = (p for p in sorted(folder.rglob("*")) if p.is_file())
         return {p.relative_to(folder).as_posix(): p for p in found}
 
@@ -68,14 +96,25 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def _missing(self) -> None:
-            self.send_response(404)
-            self.send_header("X-Error-Code", "RepoNotFound")
+        def _missing(self, code: str = "RepoNotFound", status: int = 404) -> None:
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
         def _known(self, repo: str, revision: str) -> bool:
-            return revision in hub.repos.get(repo, {})
+            """Whether the revision exists; answers the hub's 404 when not."""
+            if hub.folder(repo, revision) is not None:
+                return True
+            self._missing("RevisionNotFound" if repo in hub.repos else "RepoNotFound")
+            return False
+
+        def _failing(self, kind: str) -> bool:
+            status = hub.fail.get(kind)
+            if status is None:
+                return False
+            self._missing("Failure", status)
+            return True
 
         def do_GET(self) -> None:
             self._serve(body=True)
@@ -90,8 +129,10 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             payload = self.rfile.read(length).decode()
             prefix = "/api/datasets/"
             where = _split(path[len(prefix) :]) if path.startswith(prefix) else None
-            if where is None or "/paths-info/" not in path or not self._known(*where[:2]):
+            if where is None or "/paths-info/" not in path:
                 self._missing()
+                return
+            if not self._known(*where[:2]):
                 return
             repo, revision, _ = where
             try:
@@ -112,21 +153,24 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             if path.startswith("/datasets/"):
                 self._resolve(path[len("/datasets/") :], body=body)
                 return
-            self._missing()
+            hub.on_unknown(unquote(path))
+            self._missing("EntryNotFound")
 
         def _api(self, route: str) -> None:
             if route.count("/") == 1:  # the repo's info at its default revision
                 route = f"{route}/revision/main"
             where = _split(route)
-            if where is None or not self._known(*where[:2]):
+            if where is None:
                 self._missing()
                 return
-            repo, revision, rest = where
             kind = route.split("/")[2]
+            if self._failing(kind) or not self._known(*where[:2]):
+                return
+            repo, revision, rest = where
             files = hub.files(repo, revision)
             if kind == "revision":
                 siblings = [{"rfilename": p} for p in files]
-                sha = _sha(f"{repo}@{revision}")
+                sha = hub.head(repo, revision)
                 self._json({"id": repo, "sha": sha, "siblings": siblings, "private": False})
             elif kind == "tree":
                 under = unquote(rest).strip("/")
@@ -152,8 +196,10 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self._missing()
                 return
             repo, revision, name = f"{parts[0]}/{parts[1]}", unquote(parts[3]), unquote(parts[4])
-            if not self._known(repo, revision) or name not in hub.files(repo, revision):
-                self._missing()
+            if self._failing("resolve") or not self._known(repo, revision):
+                return
+            if name not in hub.files(repo, revision):
+                self._missing("EntryNotFound")
                 return
             data = hub.files(repo, revision)[name].read_bytes()
             status, start, end = 200, 0, len(data)
@@ -169,7 +215,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Length", str(len(chunk)))
             self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
-            self.send_header("X-Repo-Commit", _sha(f"{repo}@{revision}"))
+            self.send_header("X-Repo-Commit", hub.head(repo, revision))
             self.send_header("Accept-Ranges", "bytes")
             if status == 206:
                 self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")

@@ -18,6 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.hub_server import Hub, serve
+from zephon_torch.errors import ConfigError
+from zephon_torch.io import Dataset
 from zephon_torch.io._hf import parse_hf_url, split_files
 
 pytest.importorskip("huggingface_hub")
@@ -122,7 +124,9 @@ if endpoint:  # a request the hub does not know marks its log: reads come next
         urllib.request.urlopen(endpoint + "/opened")
     except urllib.error.HTTPError:
         pass
-copy = pickle.loads(pickle.dumps(dataset))  # as a DataLoader worker gets it: its own hub client
+from huggingface_hub import HfFileSystem
+HfFileSystem.clear_instance_cache()  # a DataLoader worker in another process: its own client
+copy = pickle.loads(pickle.dumps(dataset))
 last = copy.read_rows(len(copy.shards) - 1, [0])
 rows = [r for n, s in enumerate(dataset.shards) for r in dataset.read_rows(n, range(s.num_rows))]
 assert last == [rows[-copy.shards[-1].num_rows]]
@@ -131,7 +135,11 @@ print(json.dumps({"format": dataset.format, "rows": rows, "shards": shards}))
 """
 
 
-def _read_online(url: str, endpoint: str, tmp_path: Path, **env: str) -> dict[str, Any]:
+def _read_online(
+    url: str, endpoint: str, tmp_path: Path, *, fails: bool = False, **env: str
+) -> dict[str, Any]:
+    """Reads `url` in a fresh interpreter against the hub at `endpoint` (HF_ENDPOINT in `env`
+    overrides it and leaves out the log marker): the rows, or with `fails` its stderr."""
     environment = {
         **os.environ,
         "HF_ENDPOINT": endpoint,
@@ -149,6 +157,9 @@ def _read_online(url: str, endpoint: str, tmp_path: Path, **env: str) -> dict[st
         text=True,
         timeout=120,
     )
+    if fails:
+        assert done.returncode != 0, done.stdout
+        return {"stderr": done.stderr}
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["stderr"] = done.stderr
@@ -173,8 +184,9 @@ def test_online_a_split_is_listed_then_read_shard_by_shard_into_the_shard_cache(
     assert result["format"] == "parquet"
     texts = [row["text"] for row in result["rows"]]
     assert texts == [f"train {i}" for i in range(300)] + [f"train {i}" for i in range(200)]
+    sha = Hub.sha("org/plain", "main", tmp_path / "repo")  # read at the listed commit
     assert result["shards"] == [
-        f"hf://datasets/org/plain/data/train-0000{n}-of-00002.parquet" for n in range(2)
+        f"hf://datasets/org/plain@{sha}/data/train-0000{n}-of-00002.parquet" for n in range(2)
     ]
     marker = hub.log.index(("GET", "/opened", ""))
     files = [(path, asked) for method, path, asked in hub.log if "/resolve/" in path]
@@ -207,9 +219,8 @@ def test_online_the_auto_converted_parquet_is_read_when_main_has_no_data_files(
         validation = _read_online("hf://org/conv/wiki/validation", endpoint, tmp_path)
     assert [row["text"] for row in train["rows"]] == [f"wiki-train {i}" for i in range(3)]
     assert [row["text"] for row in validation["rows"]] == ["wiki-val 0", "wiki-val 1"]
-    assert train["shards"] == [
-        "hf://datasets/org/conv@refs%2Fconvert%2Fparquet/wiki/train/0000.parquet"
-    ]
+    sha = Hub.sha("org/conv", "refs/convert/parquet", converted)
+    assert train["shards"] == [f"hf://datasets/org/conv@{sha}/wiki/train/0000.parquet"]
 
 
 def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(
@@ -222,3 +233,56 @@ def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(
     result = _read_online("hf://org/plain/train", endpoint, tmp_path, HF_ENDPOINT=endpoint)
     assert len(result["rows"]) == 500
     assert "reading the hub cache" in result["stderr"]
+
+
+def test_online_a_commit_landing_mid_run_does_not_change_what_is_read(tmp_path: Path) -> None:
+    """Shards are read at the commit the branch pointed at when the dataset was opened (the
+    hub's converter rewrites `refs/convert/parquet` while jobs read it)."""
+    hub = Hub()
+    _plain_repo(tmp_path / "v1")
+    for number, count in enumerate((300, 200)):  # the same names, other rows
+        path = tmp_path / "v2" / "data" / f"train-0000{number}-of-00002.parquet"
+        _parquet(path, "moved", count)
+    hub.add("org/plain", "main", tmp_path / "v1")
+    hub.on_unknown = lambda path: hub.add("org/plain", "main", tmp_path / "v2")  # on "/opened"
+    with serve(hub) as endpoint:
+        result = _read_online("hf://org/plain/train", endpoint, tmp_path)
+    assert hub.repos["org/plain"]["main"] == tmp_path / "v2"  # it moved before the reads
+    assert {row["text"].split()[0] for row in result["rows"]} == {"train"}
+
+
+def test_online_a_repo_that_is_missing_or_denied_is_a_config_error_at_once(
+    tmp_path: Path,
+) -> None:
+    hub = Hub()
+    _plain_repo(tmp_path / "repo")
+    hub.add("org/plain", "main", tmp_path / "repo")
+    with serve(hub) as endpoint:
+        missing = _read_online("hf://org/absent/train", endpoint, tmp_path, fails=True)
+        hub.fail["tree"] = 403
+        denied = _read_online("hf://org/plain/train", endpoint, tmp_path, fails=True)
+        trees = [path for _, path, _ in hub.log if "/tree/" in path]
+    assert "ConfigError" in missing["stderr"] and "org/absent" in missing["stderr"]
+    assert "ConfigError" in denied["stderr"] and "403" in denied["stderr"]
+    assert "hub cache" not in missing["stderr"] + denied["stderr"]  # no fallback
+    assert len(trees) == 1  # a 403 is not retried
+
+
+def test_online_a_hub_that_cannot_be_reached_with_an_empty_cache_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    with serve(Hub()) as endpoint:
+        pass  # closed: nothing listens there
+    failed = _read_online(
+        "hf://org/plain/train", endpoint, tmp_path, fails=True, HF_ENDPOINT=endpoint
+    )
+    assert "the hub cannot be reached" in failed["stderr"]
+    assert (
+        "ConfigError: no files found at 'hf://org/plain/train' in the hub cache"
+        in (failed["stderr"])
+    )
+
+
+def test_a_url_that_names_no_hub_repo_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="does not name a hub repo"):
+        Dataset.from_path("hf", "hf://org/bad..name/train")

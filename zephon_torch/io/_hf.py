@@ -3,9 +3,9 @@
 Online, the split's files are listed through the hub's fsspec file system (`HfFileSystem`) and
 read like any remote URL (`list_hf`): downloaded shard by shard, as readers reach them, into the
 node-local shard cache (LRU under `max_bytes`, prefetched ahead), with Parquet row counts from
-footers read by range. Offline (`HF_HUB_OFFLINE=1`), or when the hub cannot be reached, the
-split's files come from the local hub cache (`resolve_hf`, through `snapshot_download`) and are
-read as local files.
+footers read by range, all from the commit the revision pointed at when the dataset was opened.
+Offline (`HF_HUB_OFFLINE=1`), or when no answer comes from the hub, the split's files come from
+the local hub cache (`resolve_hf`, nothing downloaded) and are read as local files.
 
 The split's files are those under `{config}/` (when a config is named) whose path has a folder
 named `split` or a file name starting with `split` followed by `-`, `_` or `.`. When the main
@@ -20,14 +20,14 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
-from urllib.parse import quote
 
 from zephon_torch.errors import ConfigError, StorageError
 from zephon_torch.io._discover import detect_files
 from zephon_torch.io._remote import Listing, identity
-from zephon_torch.io._retry import RetryPolicy, call_with_retry
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, http_status
 from zephon_torch.io.formats import detect_format
 
 _log = logging.getLogger(__name__)
@@ -82,41 +82,66 @@ def list_hf(
     storage_options: Mapping[str, Any],
     retry: RetryPolicy,
 ) -> tuple[str, Listing] | None:
-    """Lists an `hf://` split on the hub, downloading nothing: the root URL of its revision on
-    the hub's file system (`hf://datasets/org/name[@revision]`) and its files as remote objects.
+    """Lists an `hf://` split on the hub, downloading nothing: the root URL of the commit it
+    reads on the hub's file system (`hf://datasets/org/name@sha`) and its files there, as
+    remote objects. The revision (main, else `refs/convert/parquet`) is resolved to its commit
+    once: shards are read from that commit however the branch moves during the run.
 
     Returns:
-        None when huggingface_hub is offline (`HF_HUB_OFFLINE=1`) or the hub cannot be reached
-        (a warning says so): then read the hub cache with `resolve_hf`.
+        None when huggingface_hub is offline (`HF_HUB_OFFLINE=1`), or when no answer came from
+        the hub after the retries (a warning says so): then read the hub cache (`resolve_hf`).
 
     Raises:
         ImportError: when huggingface_hub is not installed.
-        ConfigError: for a bad URL, or a split with no data files in either revision.
+        ConfigError: for a bad URL or repo id, a repo that does not exist or is not open to
+            this token (the hub's 4xx answer), or a split with no data files in either revision.
+        StorageError: when the hub kept answering with errors (429, 5xx).
     """
     hub = _hub()
     repo, config, split = parse_hf_url(url)
     from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError, RevisionNotFoundError
+    from huggingface_hub.utils._validators import validate_repo_id
 
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as error:
+        raise ConfigError(f"{url!r} does not name a hub repo: {error}") from None
     if constants.HF_HUB_OFFLINE:
         return None
     fs = hub.HfFileSystem(**storage_options)
+    api = hub.HfApi(endpoint=fs.endpoint, token=fs.token)
+    once = replace(retry, attempts=1)  # huggingface_hub retries 429 and 5xx answers itself
     tried = []
     for revision, configs in ((None, config), (CONVERTED_REVISION, config or "default")):
-        root = f"datasets/{repo}" + (f"@{quote(revision, safe='')}" if revision else "")
-        under = f"{root}/{configs}" if configs else root
+        where = f"hf://datasets/{repo}@{revision or 'main'}"
         try:
-            found: dict[str, dict[str, Any]] = call_with_retry(
-                partial(fs.find, under, detail=True),
-                url=fs.unstrip_protocol(under),
-                policy=retry,
-                what="listing",
+            sha: str = call_with_retry(
+                partial(_commit, api, repo, revision),
+                url=where,
+                policy=once,
+                what="resolving",
             )
-        except FileNotFoundError as error:  # no such repo, revision or config
-            tried.append(f"{revision or 'main'}: {error}")
+            root = f"datasets/{repo}@{sha}"
+            under = f"{root}/{configs}" if configs else root
+            found: dict[str, dict[str, Any]] = call_with_retry(
+                partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
+            )
+        except RevisionNotFoundError:
+            tried.append(f"{revision or 'main'}: no such revision")
+            continue
+        except FileNotFoundError:  # the config folder
+            tried.append(f"{revision or 'main'}: no folder {configs!r}")
             continue
         except StorageError as error:
-            _log.warning("cannot list %s on the hub (%s): reading the hub cache", url, error)
+            if http_status(error.__cause__ or error) is not None:
+                raise  # the hub answered, with errors
+            _log.warning("the hub cannot be reached for %s (%s): reading the hub cache", url, error)
             return None
+        except OSError as error:  # the hub's 4xx answers: no such repo, gated, denied
+            if http_status(error) is None:
+                raise
+            raise ConfigError(f"cannot read {url!r} from the hub: {error}") from error
         paths = {
             path[len(root) + 1 :]: path for path, info in found.items() if info["type"] == "file"
         }
@@ -131,15 +156,22 @@ def list_hf(
     raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
 
 
+def _commit(api: Any, repo: str, revision: str | None) -> str:
+    """The commit a revision of a dataset repo points at now."""
+    sha: str = api.dataset_info(repo, revision=revision).sha
+    return sha
+
+
 def resolve_hf(url: str) -> tuple[str, list[str]]:
-    """Fetches (or finds in the hub cache) the files of an `hf://` split.
+    """Finds the files of an `hf://` split in the local hub cache (nothing is downloaded).
 
     Returns:
         "glob" and the local paths of the split's files, sorted.
 
     Raises:
         ImportError: when huggingface_hub is not installed.
-        ConfigError: for a bad URL, or a split with no data files in either revision.
+        ConfigError: for a bad URL, or a split with no data files in either revision's
+            cached snapshot.
     """
     snapshot_download = _hub().snapshot_download
     repo, config, split = parse_hf_url(url)
@@ -149,16 +181,20 @@ def resolve_hf(url: str) -> tuple[str, list[str]]:
         patterns = [f"{configs}/*{split}*"] if configs else [f"*{split}*"]
         try:
             folder = snapshot_download(
-                repo, repo_type="dataset", revision=revision, allow_patterns=patterns
+                repo,
+                repo_type="dataset",
+                revision=revision,
+                allow_patterns=patterns,
+                local_files_only=True,
             )
-        except Exception as error:  # offline and not cached, missing revision, ...
+        except Exception as error:  # not cached
             tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
             continue
         files = split_files(_listing(folder), configs, split)
         if files:
             return "glob", [os.path.join(folder, file) for file in files]
         tried.append(f"{revision or 'main'}: no files of split {split!r}")
-    raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
+    raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
 
 
 def _listing(folder: str) -> list[str]:

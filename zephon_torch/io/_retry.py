@@ -57,9 +57,21 @@ class RetryPolicy:
                 raise ConfigError(f"retry `{field}` must be a number >= 0, got {value!r}")
 
 
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status of the answer an error carries (`error.response.status_code`, as
+    huggingface_hub's and requests' errors have it), else None: no answer came."""
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
 def is_transient(error: BaseException) -> bool:
-    """Whether waiting and trying again may cure `error`."""
-    return isinstance(error, Exception) and not isinstance(error, _PERMANENT)
+    """Whether waiting and trying again may cure `error`: not a missing object, denied
+    access, a bad argument, or an HTTP 4xx answer other than 408 (timeout) and 429 (too many
+    requests)."""
+    if not isinstance(error, Exception) or isinstance(error, _PERMANENT):
+        return False
+    status = http_status(error)
+    return status is None or status >= 500 or status in (408, 429)
 
 
 def call_with_retry(

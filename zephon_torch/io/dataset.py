@@ -130,9 +130,10 @@ class Dataset:
         Vortex shard is downloaded once to be counted, and its count is kept in
         `index_cache_dir` so later opens download nothing (`zephon-torch index URL` does this
         ahead of a job). `hf://org/name[/config]/split` reads a Hugging Face dataset's data
-        files: online, listed on the hub and read like any remote URL (`storage_options` go to
-        `huggingface_hub.HfFileSystem`, e.g. `token`); offline (`HF_HUB_OFFLINE=1`) or when
-        the hub cannot be reached, from the local hub cache.
+        files: online, listed on the hub and read like any remote URL, at the commit the
+        revision pointed at when opened (`storage_options` go to `huggingface_hub`'s
+        `HfFileSystem`, e.g. `token`); offline (`HF_HUB_OFFLINE=1`) or when no answer comes
+        from the hub, from the local hub cache.
 
         Args:
             name: the dataset name.

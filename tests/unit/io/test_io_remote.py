@@ -164,6 +164,42 @@ def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
         )
 
 
+class _Answered(OSError):
+    """An HTTP client's error carrying the server's answer, as huggingface_hub's do."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.response = type("Response", (), {"status_code": status})()
+
+
+@pytest.mark.parametrize(
+    ("status", "retried"),
+    [
+        (400, False),
+        (401, False),
+        (403, False),
+        (404, False),
+        (408, True),
+        (429, True),
+        (500, True),
+        (503, True),
+    ],
+)
+def test_an_http_answer_is_retried_only_when_waiting_may_cure_it(
+    status: int, retried: bool
+) -> None:
+    calls: list[int] = []
+
+    def answered() -> None:
+        calls.append(1)
+        raise _Answered(status)
+
+    policy = RetryPolicy(attempts=3, initial_delay=0)
+    with pytest.raises(StorageError if retried else _Answered):
+        call_with_retry(answered, url="hf://datasets/o/n", policy=policy)
+    assert len(calls) == (3 if retried else 1)
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
