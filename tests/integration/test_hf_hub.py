@@ -173,12 +173,18 @@ def _plain_repo(folder: Path) -> None:
     (folder / "README.md").write_text("# card")
 
 
+def _plain_hub(folder: Path) -> Hub:
+    """A stand-in hub holding `_plain_repo` as org/plain at main."""
+    hub = Hub()
+    _plain_repo(folder)
+    hub.add("org/plain", "main", folder)
+    return hub
+
+
 def test_online_a_split_is_listed_then_read_shard_by_shard_into_the_shard_cache(
     tmp_path: Path,
 ) -> None:
-    hub = Hub()
-    _plain_repo(tmp_path / "repo")
-    hub.add("org/plain", "main", tmp_path / "repo")
+    hub = _plain_hub(tmp_path / "repo")
     with serve(hub) as endpoint:
         result = _read_online("hf://org/plain/train", endpoint, tmp_path)
     assert result["format"] == "parquet"
@@ -254,9 +260,7 @@ def test_online_a_commit_landing_mid_run_does_not_change_what_is_read(tmp_path: 
 def test_online_a_repo_that_is_missing_or_denied_is_a_config_error_at_once(
     tmp_path: Path,
 ) -> None:
-    hub = Hub()
-    _plain_repo(tmp_path / "repo")
-    hub.add("org/plain", "main", tmp_path / "repo")
+    hub = _plain_hub(tmp_path / "repo")
     with serve(hub) as endpoint:
         missing = _read_online("hf://org/absent/train", endpoint, tmp_path, fails=True)
         hub.fail["tree"] = 403
