@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from zephon_torch.errors import ConfigError, StorageError
+from zephon_torch.io._locks import flock, lock_file, release_file
 
 # New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
 # .tmp, .reserve and .locks; sharing those with them would break both (see _sweep).
@@ -156,7 +157,7 @@ class ShardCache:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(temp)
             finally:
-                with _flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
+                with flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
                     os.unlink(reservation)
         return self._finish(item, pin)
 
@@ -217,7 +218,7 @@ class ShardCache:
                 self._add_pin(name, fd)
                 self.misses += 1
             finally:
-                with _flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
+                with flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
                     os.unlink(reservation)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -247,12 +248,12 @@ class ShardCache:
         """Holds `name`'s lock: only its holder downloads or makes the file `name`, and its
         temporary file and reservation exist only while it holds the lock (see `_sweep`)."""
         path = self._name_lock(name)
-        fd = _lock_file(path, wait=True)
+        fd = lock_file(path, wait=True)
         assert fd is not None
         try:
             yield
         finally:
-            _release_file(path, fd)
+            release_file(path, fd)
 
     def _temp(self, name: str) -> str:
         """A fresh temporary path for the file `name` (written under `name`'s lock)."""
@@ -306,7 +307,7 @@ class ShardCache:
         for `name`, already written (any other is a dead holder's)."""
         deadline = time.monotonic() + self.full_timeout
         while True:
-            with _flock(self._folder_lock, fcntl.LOCK_EX):
+            with flock(self._folder_lock, fcntl.LOCK_EX):
                 if self._evict_for(size, (name, made)):
                     marker = os.path.join(
                         self.directory, _RESERVE, f"{size}-{uuid.uuid4().hex[:12]}-{name}"
@@ -386,7 +387,7 @@ class ShardCache:
                         os.unlink(os.path.join(self.directory, folder, leftover))
                 continue
             path = self._name_lock(name)
-            fd = _lock_file(path, wait=False)
+            fd = lock_file(path, wait=False)
             if fd is None:  # held: a download or make under way
                 continue
             try:
@@ -396,7 +397,7 @@ class ShardCache:
                     with contextlib.suppress(OSError):
                         os.unlink(os.path.join(self.directory, folder, leftover))
             finally:
-                _release_file(path, fd)
+                release_file(path, fd)
 
 
 def _try_delete(path: str) -> bool:
@@ -417,93 +418,3 @@ def _try_delete(path: str) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-_HELD: set[int] = set()  # descriptors of lock files this process opened and has not closed
-_OPENING = threading.Lock()  # held while a descriptor enters or leaves _HELD, and over a fork
-
-
-def _open_lock(path: str) -> int:
-    """Opens (creates) the lock file `path`, tracked in `_HELD` from the start: a thread may be
-    waiting for its lock when the process forks (see `_drop_inherited_locks`)."""
-    with _OPENING:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        _HELD.add(fd)
-    return fd
-
-
-def _close_lock(fd: int) -> None:
-    with _OPENING:
-        _HELD.discard(fd)
-        os.close(fd)
-
-
-def _lock_file(path: str, *, wait: bool) -> int | None:
-    """An exclusive lock on the lock file `path` (created when missing): its descriptor, or
-    None when `wait` is False and it is held.
-
-    Holders delete the file as they let it go (`_release_file`), so lock files do not pile
-    up: a lock taken on a file already deleted (or replaced) guards nothing, and is taken
-    again on the file now at `path`."""
-    while True:
-        fd = _open_lock(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _close_lock(fd)
-            return None
-        try:
-            current = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            current = False
-        if current:
-            return fd
-        _close_lock(fd)
-
-
-def _release_file(path: str, fd: int) -> None:
-    """Deletes the lock file `path` while still holding it (see `_lock_file`), then lets go."""
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    finally:
-        _close_lock(fd)
-
-
-@contextlib.contextmanager
-def _flock(path: str, mode: int) -> Iterator[None]:
-    fd = _open_lock(path)
-    try:
-        fcntl.flock(fd, mode)
-        yield
-    finally:
-        _close_lock(fd)
-
-
-def _drop_inherited_locks() -> None:
-    """In a forked child: close its copies of the lock files the parent's threads had open.
-
-    A flock belongs to the open file, which a fork shares: a child keeping the copy would keep
-    the lock after the parent's thread released it (or, for a thread still waiting, once it
-    got it), and wait forever on it itself (a DataLoader worker forked while a thread was
-    decompressing or evicting). The parent's threads release their own copies as before."""
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-    _OPENING.release()  # taken by the forking thread before the fork (`_before_fork`)
-
-
-def _before_fork() -> None:
-    _OPENING.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    _OPENING.release()
-
-
-os.register_at_fork(
-    before=_before_fork,
-    after_in_parent=_after_fork_in_parent,
-    after_in_child=_drop_inherited_locks,
-)

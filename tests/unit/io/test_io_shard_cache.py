@@ -15,14 +15,13 @@ import pytest
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
+from zephon_torch.io._locks import lock_file, release_file
 from zephon_torch.io._shard_cache import (
     _LOCKS,
     _RESERVE,
     _TMP,
     CachedObject,
     ShardCache,
-    _lock_file,
-    _release_file,
 )
 
 
@@ -165,7 +164,7 @@ def _fetch_all(directory: str, order: list[int], log: str) -> None:
             assert Path(path).read_bytes() == content
 
 
-def test_processes_racing_for_the_same_shards_download_each_once_and_leave_no_lock_file(
+def test_processes_racing_for_the_same_shards_download_each_once_and_leave_nolock_file(
     tmp_path: Path,
 ) -> None:
     """Name lock files are deleted by whoever lets them go; a process that was waiting on a
@@ -238,14 +237,14 @@ def test_a_name_lock_excludes_its_holders_while_each_deletes_its_file_on_release
 
     def contend() -> None:
         for _ in range(300):
-            fd = _lock_file(path, wait=True)
+            fd = lock_file(path, wait=True)
             assert fd is not None
             inside.append(1)
             if len(inside) > 1:
                 overlaps.append(len(inside))
             time.sleep(0.0001)
             inside.pop()
-            _release_file(path, fd)
+            release_file(path, fd)
 
     threads = [threading.Thread(target=contend) for _ in range(4)]
     for thread in threads:
@@ -294,15 +293,15 @@ def test_a_child_forked_while_a_thread_waits_for_a_lock_does_not_keep_that_lock(
     """A thread still waiting for a lock file at a fork: the child must not keep a copy of it,
     or it would share the lock once the parent's thread gets it, and block later lockers."""
     path = str(tmp_path / "n.lock")
-    holder = _lock_file(path, wait=True)
+    holder = lock_file(path, wait=True)
     assert holder is not None
     got: dict[str, float] = {}
 
     def wait_for_it(tag: str) -> None:
-        fd = _lock_file(path, wait=True)
+        fd = lock_file(path, wait=True)
         assert fd is not None
         got[tag] = time.monotonic()
-        _release_file(path, fd)
+        release_file(path, fd)
 
     first = threading.Thread(target=wait_for_it, args=("first",))
     first.start()
@@ -316,7 +315,7 @@ def test_a_child_forked_while_a_thread_waits_for_a_lock_does_not_keep_that_lock(
         second.start()
         time.sleep(0.2)  # waiting on the same file as the first
         released = time.monotonic()
-        _release_file(path, holder)
+        release_file(path, holder)
         first.join(10)
         second.join(10)
         assert set(got) == {"first", "second"}

@@ -1,0 +1,104 @@
+"""File locks for the shard cache, shared by processes and threads: `flock` on lock files.
+
+A name's lock file is deleted by the holder that lets it go (`lock_file`/`release_file`), so
+lock files do not pile up; the folder's lock (`flock`) stays. Every lock file this process has
+open is tracked from its `open`, so a forked child closes its copies (a flock belongs to the
+open file, which a fork shares).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+
+_HELD: set[int] = set()  # descriptors of lock files this process opened and has not closed
+_OPENING = threading.Lock()  # held while a descriptor enters or leaves _HELD, and over a fork
+
+
+def _open_lock(path: str) -> int:
+    """Opens (creates) the lock file `path`, tracked in `_HELD` from the start: a thread may be
+    waiting for its lock when the process forks (see `_drop_inherited_locks`)."""
+    with _OPENING:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        _HELD.add(fd)
+    return fd
+
+
+def _close_lock(fd: int) -> None:
+    with _OPENING:
+        _HELD.discard(fd)
+        os.close(fd)
+
+
+def lock_file(path: str, *, wait: bool) -> int | None:
+    """An exclusive lock on the lock file `path` (created when missing): its descriptor, or
+    None when `wait` is False and it is held.
+
+    Holders delete the file as they let it go (`release_file`), so lock files do not pile
+    up: a lock taken on a file already deleted (or replaced) guards nothing, and is taken
+    again on the file now at `path`."""
+    while True:
+        fd = _open_lock(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _close_lock(fd)
+            return None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            return fd
+        _close_lock(fd)
+
+
+def release_file(path: str, fd: int) -> None:
+    """Deletes the lock file `path` while still holding it (see `lock_file`), then lets go."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    finally:
+        _close_lock(fd)
+
+
+@contextlib.contextmanager
+def flock(path: str, mode: int) -> Iterator[None]:
+    fd = _open_lock(path)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        _close_lock(fd)
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close its copies of the lock files the parent's threads had open.
+
+    A flock belongs to the open file, which a fork shares: a child keeping the copy would keep
+    the lock after the parent's thread released it (or, for a thread still waiting, once it
+    got it), and wait forever on it itself (a DataLoader worker forked while a thread was
+    decompressing or evicting). The parent's threads release their own copies as before."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+    _OPENING.release()  # taken by the forking thread before the fork (`_before_fork`)
+
+
+def _before_fork() -> None:
+    _OPENING.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _OPENING.release()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_drop_inherited_locks,
+)
