@@ -25,16 +25,17 @@ class Hub:
 
     Each (repo, revision, folder) is a commit whose sha `sha()` gives; a revision is asked for
     by name or by sha. `add` again moves the revision to a new commit (the old one stays
-    readable by its sha). `fail[route]` (a route kind: "revision", "tree", "resolve") answers
-    that HTTP status instead; `on_unknown` runs on a request for a route the hub does not know
-    (tests use one to mark their log, or to move a branch mid-run).
+    readable by its sha). `fail[route]` (a route kind: "revision", "tree", "resolve") lists
+    HTTP statuses the next requests of that kind get instead, one each; `on_unknown` runs on a
+    request for a route the hub does not know (tests use one to mark their log, or to move a
+    branch mid-run).
     """
 
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, Path]] = {}
         self.commits: dict[tuple[str, str], Path] = {}  # (repo, sha) -> folder
         self.log: list[tuple[str, str, str]] = []  # method, unquoted path, Range header
-        self.fail: dict[str, int] = {}
+        self.fail: dict[str, list[int]] = {}
         self.on_unknown: Callable[[str], None] = lambda path: None
 
     def add(self, repo: str, revision: str, folder: Path) -> None:
@@ -110,10 +111,10 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             return False
 
         def _failing(self, kind: str) -> bool:
-            status = hub.fail.get(kind)
-            if status is None:
+            statuses = hub.fail.get(kind)
+            if not statuses:
                 return False
-            self._missing("Failure", status)
+            self._missing("Failure", statuses.pop(0))
             return True
 
         def do_GET(self) -> None:

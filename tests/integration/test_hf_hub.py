@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -263,7 +264,7 @@ def test_online_a_repo_that_is_missing_or_denied_is_a_config_error_at_once(
     hub = _plain_hub(tmp_path / "repo")
     with serve(hub) as endpoint:
         missing = _read_online("hf://org/absent/train", endpoint, tmp_path, fails=True)
-        hub.fail["tree"] = 403
+        hub.fail["tree"] = [403]
         denied = _read_online("hf://org/plain/train", endpoint, tmp_path, fails=True)
         trees = [path for _, path, _ in hub.log if "/tree/" in path]
     assert "ConfigError" in missing["stderr"] and "org/absent" in missing["stderr"]
@@ -290,3 +291,29 @@ def test_online_a_hub_that_cannot_be_reached_with_an_empty_cache_is_a_config_err
 def test_a_url_that_names_no_hub_repo_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="does not name a hub repo"):
         Dataset.from_path("hf", "hf://org/bad..name/train")
+
+
+def test_online_a_busy_hub_is_retried(tmp_path: Path) -> None:
+    hub = _plain_hub(tmp_path / "repo")
+    hub.fail["revision"] = [503]  # the first ask for the commit (the read retries twice)
+    hub.fail["tree"] = [429]
+    with serve(hub) as endpoint:
+        result = _read_online("hf://org/plain/train", endpoint, tmp_path)
+    assert len(result["rows"]) == 500 and hub.fail == {"revision": [], "tree": []}
+
+
+def test_online_a_commit_that_leaves_the_shards_alone_downloads_nothing_again(
+    tmp_path: Path,
+) -> None:
+    """The cache knows a hub file by its path and blob id, not by the commit it was read at."""
+    hub = _plain_hub(tmp_path / "v1")
+    with serve(hub) as endpoint:
+        first = _read_online("hf://org/plain/train", endpoint, tmp_path)
+        shutil.copytree(tmp_path / "v1", tmp_path / "v2")
+        (tmp_path / "v2" / "README.md").write_text("# a new card")
+        hub.add("org/plain", "main", tmp_path / "v2")
+        hub.log.clear()
+        second = _read_online("hf://org/plain/train", endpoint, tmp_path)
+    assert second["rows"] == first["rows"]
+    assert second["shards"] != first["shards"]  # read at the new commit
+    assert [path for _, path, _ in hub.log if "/resolve/" in path] == []  # nor footers

@@ -28,6 +28,7 @@ from zephon_torch.errors import ConfigError, StorageError
 from zephon_torch.io._discover import detect_files
 from zephon_torch.io._remote import Listing, identity
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, http_status
+from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.formats import detect_format
 
 _log = logging.getLogger(__name__)
@@ -111,7 +112,6 @@ def list_hf(
         return None
     fs = hub.HfFileSystem(**storage_options)
     api = hub.HfApi(endpoint=fs.endpoint, token=fs.token)
-    once = replace(retry, attempts=1)  # huggingface_hub retries 429 and 5xx answers itself
     tried = []
     for revision, configs in ((None, config), (CONVERTED_REVISION, config or "default")):
         where = f"hf://datasets/{repo}@{revision or 'main'}"
@@ -119,13 +119,13 @@ def list_hf(
             sha: str = call_with_retry(
                 partial(_commit, api, repo, revision),
                 url=where,
-                policy=once,
+                policy=retry,
                 what="resolving",
             )
             root = f"datasets/{repo}@{sha}"
             under = f"{root}/{configs}" if configs else root
             found: dict[str, dict[str, Any]] = call_with_retry(
-                partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
+                partial(fs.find, under, detail=True), url=where, policy=retry, what="listing"
             )
         except RevisionNotFoundError:
             tried.append(f"{revision or 'main'}: no such revision")
@@ -150,10 +150,20 @@ def list_hf(
             detected, chosen = format_, [paths[file] for file in files]
             if detected is None:
                 detected, chosen = detect_files(url, "glob", chosen)
-            objects = [(path, identity(fs, path, found[path])) for path in chosen]
+            objects = [(path, _hub_object(fs, path, found[path], repo, root)) for path in chosen]
             return fs.unstrip_protocol(root), Listing(detected, objects, fs=fs)
         tried.append(f"{revision or 'main'}: no files of split {split!r}")
     raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
+
+
+def _hub_object(fs: Any, path: str, info: Mapping[str, Any], repo: str, root: str) -> CachedObject:
+    """A hub file at a commit, keyed in the caches by its path without the commit when the hub
+    gave its blob id (content-addressed): commits that leave it unchanged reuse its download
+    and its remembered row count."""
+    item = identity(fs, path, info)
+    if not item.version:
+        return item
+    return replace(item, key=f"hf://datasets/{repo}/{path[len(root) + 1 :]}")
 
 
 def _commit(api: Any, repo: str, revision: str | None) -> str:

@@ -57,14 +57,17 @@ class CachedObject:
     url: str
     size: int
     version: str
+    key: str = ""  # names it in the cache instead of `url` (see `name`)
 
     @property
     def name(self) -> str:
-        """The file name in the cache: a digest of url, size and version, then the basename.
+        """The file name in the cache: a digest of url (or `key`), size and version, then the
+        basename. A hub file's key is its path without the commit, as its version (a blob id)
+        already says what it holds: a commit that leaves it unchanged downloads nothing.
 
         The basename keeps the extension, which readers use to tell compression apart.
         """
-        key = f"{self.url}\0{self.size}\0{self.version}"
+        key = f"{self.key or self.url}\0{self.size}\0{self.version}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
         base = self.url.rstrip("/").rsplit("/", 1)[-1] or "shard"
         return f"{digest}-{base}"
