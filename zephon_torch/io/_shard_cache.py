@@ -381,24 +381,24 @@ class ShardCache:
         the lock of `mine`'s name, so what lies there (but its own temporary file) is a dead
         holder's: a job killed mid-download that restarts on the same shard."""
         own, made = mine
+
+        def delete(name: str) -> None:  # under the name's lock
+            leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
+            leftovers += [(_TMP, t) for t in temps.get(name, []) if t != made]
+            for folder, leftover in leftovers:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.directory, folder, leftover))
+
         for name in set(markers) | set(temps):
             if name == own:
-                leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
-                leftovers += [(_TMP, t) for t in temps.get(name, []) if t != made]
-                for folder, leftover in leftovers:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.directory, folder, leftover))
+                delete(name)
                 continue
             path = self._name_lock(name)
             fd = lock_file(path, wait=False)
             if fd is None:  # held: a download or make under way
                 continue
             try:
-                leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
-                leftovers += [(_TMP, t) for t in temps.get(name, [])]
-                for folder, leftover in leftovers:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.directory, folder, leftover))
+                delete(name)
             finally:
                 release_file(path, fd)
 
