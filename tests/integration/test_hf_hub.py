@@ -317,3 +317,70 @@ def test_online_a_commit_that_leaves_the_shards_alone_downloads_nothing_again(
     assert second["rows"] == first["rows"]
     assert second["shards"] != first["shards"]  # read at the new commit
     assert [path for _, path, _ in hub.log if "/resolve/" in path] == []  # nor footers
+
+
+_PIPELINE = """
+import hashlib, json, sys
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.torch import DataLoader
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def digests(path, workers):
+    dataset = Dataset.from_path("t", path, token_columns=["input_ids"])
+    source = StaticMixtureWorkSource(
+        [dataset], seed=3, exhaustion="stop", shuffle_window_shards=2
+    )
+    pipeline = (
+        Pipeline(source).options(canonical_replicas=2)
+        .pretokenized("input_ids").pack_flat(32).batch(2)
+    )
+    options = {"num_workers": workers, "multiprocessing_context": "spawn"} if workers else {}
+    loader = DataLoader(pipeline, **options)
+    return [hashlib.sha1(item["input_ids"].numpy().tobytes()).hexdigest() for item in loader]
+
+
+if __name__ == "__main__":
+    hub, local = digests(sys.argv[1], 2), digests(sys.argv[2], 0)
+    print(json.dumps({"hub": hub, "local": local}))
+"""
+
+
+def test_online_dataloader_workers_give_the_batches_of_the_local_copy(tmp_path: Path) -> None:
+    """Each spawned worker unpickles the dataset and reads the hub at the listed commit with a
+    client of its own; the batches are those of the same files read locally in one process."""
+    repo = tmp_path / "tokens"
+    for shard in range(4):
+        ids = [
+            [shard * 1000 + row * 10 + i for i in range(3 + (row * 7) % 40)] for row in range(20)
+        ]
+        path = repo / "data" / f"train-0000{shard}-of-00004.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32()))}), path)
+    hub = Hub()
+    hub.add("org/tokens", "main", repo)
+    script = tmp_path / "pipeline.py"
+    script.write_text(_PIPELINE)
+    environment = {
+        **os.environ,
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "ZEPHON_TORCH_CACHE": str(tmp_path / "zt"),
+    }
+    environment.pop("HF_HUB_OFFLINE", None)
+    with serve(hub) as endpoint:
+        done = subprocess.run(
+            [sys.executable, str(script), "hf://org/tokens/train", str(repo / "data")],
+            check=False,
+            env={**environment, "HF_ENDPOINT": endpoint},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(result["local"]) > 10
+    assert result["hub"] == result["local"]
+    downloaded = {path.rsplit("/", 1)[-1] for _, path, asked in hub.log if "/resolve/" in path}
+    assert downloaded == {f"train-0000{shard}-of-00004.parquet" for shard in range(4)}
