@@ -117,8 +117,8 @@ def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
 _READ_ONLINE = """
 import json, pickle, sys, urllib.error, urllib.request
 from zephon_torch.io import Dataset
-url, endpoint = sys.argv[1], sys.argv[2]
-dataset = Dataset.from_path("hf", url, io_options={"retry": {"attempts": 2, "initial_delay": 0.01}})
+url, endpoint, retry = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+dataset = Dataset.from_path("hf", url, io_options={"retry": retry})
 opened = [s.num_rows for s in dataset.shards]
 if endpoint:  # a request the hub does not know marks its log: reads come next
     try:
@@ -137,7 +137,13 @@ print(json.dumps({"format": dataset.format, "rows": rows, "shards": shards}))
 
 
 def _read_online(
-    url: str, endpoint: str, tmp_path: Path, *, fails: bool = False, **env: str
+    url: str,
+    endpoint: str,
+    tmp_path: Path,
+    *,
+    fails: bool = False,
+    retry: dict[str, Any] | None = None,
+    **env: str,
 ) -> dict[str, Any]:
     """Reads `url` in a fresh interpreter against the hub at `endpoint` (HF_ENDPOINT in `env`
     overrides it and leaves out the log marker): the rows, or with `fails` its stderr."""
@@ -151,7 +157,14 @@ def _read_online(
     }
     environment.pop("HF_HUB_OFFLINE", None)
     done = subprocess.run(
-        [sys.executable, "-c", _READ_ONLINE, url, endpoint if "HF_ENDPOINT" not in env else ""],
+        [
+            sys.executable,
+            "-c",
+            _READ_ONLINE,
+            url,
+            endpoint if "HF_ENDPOINT" not in env else "",
+            json.dumps(retry or {"attempts": 2, "initial_delay": 0.01}),
+        ],
         check=False,
         env=environment,
         capture_output=True,
@@ -237,7 +250,15 @@ def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(
     _plain_repo(snapshot)
     with serve(Hub()) as endpoint:
         pass  # now closed: nothing listens there
-    result = _read_online("hf://org/plain/train", endpoint, tmp_path, HF_ENDPOINT=endpoint)
+    result = (
+        _read_online(  # at once: a refused connection is not waited on (150 s, past the 120 s run)
+            "hf://org/plain/train",
+            endpoint,
+            tmp_path,
+            retry={"attempts": 2, "initial_delay": 150, "max_delay": 150, "timeout": 1000},
+            HF_ENDPOINT=endpoint,
+        )
+    )
     assert len(result["rows"]) == 500
     assert "reading the hub cache" in result["stderr"]
 

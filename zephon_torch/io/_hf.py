@@ -24,10 +24,10 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from zephon_torch.errors import ConfigError, StorageError
+from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._discover import detect_files
 from zephon_torch.io._remote import Listing, identity
-from zephon_torch.io._retry import RetryPolicy, call_with_retry, http_status
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, http_status, is_transient
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.formats import detect_format
 
@@ -112,6 +112,7 @@ def list_hf(
         return None
     fs = hub.HfFileSystem(**storage_options)
     api = hub.HfApi(endpoint=fs.endpoint, token=fs.token)
+    once = replace(retry, attempts=1)
     tried = []
     for revision, configs in ((None, config), (CONVERTED_REVISION, config or "default")):
         where = f"hf://datasets/{repo}@{revision or 'main'}"
@@ -124,8 +125,8 @@ def list_hf(
             )
             root = f"datasets/{repo}@{sha}"
             under = f"{root}/{configs}" if configs else root
-            found: dict[str, dict[str, Any]] = call_with_retry(
-                partial(fs.find, under, detail=True), url=where, policy=retry, what="listing"
+            found: dict[str, dict[str, Any]] = call_with_retry(  # the tree retries itself
+                partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
             )
         except RevisionNotFoundError:
             tried.append(f"{revision or 'main'}: no such revision")
@@ -133,10 +134,11 @@ def list_hf(
         except FileNotFoundError:  # the config folder
             tried.append(f"{revision or 'main'}: no folder {configs!r}")
             continue
-        except StorageError as error:
-            if http_status(error.__cause__ or error) is not None:
+        except (_NoAnswer, StorageError) as error:
+            cause = error.__cause__ or error
+            if http_status(cause) is not None:
                 raise  # the hub answered, with errors
-            _log.warning("the hub cannot be reached for %s (%s): reading the hub cache", url, error)
+            _log.warning("the hub cannot be reached for %s (%s): reading the hub cache", url, cause)
             return None
         except OSError as error:  # the hub's 4xx answers: no such repo, gated, denied
             if http_status(error) is None:
@@ -166,9 +168,25 @@ def _hub_object(fs: Any, path: str, info: Mapping[str, Any], repo: str, root: st
     return replace(item, key=f"hf://datasets/{repo}/{path[len(root) + 1 :]}")
 
 
+class _NoAnswer(ZephonError):
+    """No answer came from the hub (refused, timed out): read its cache now, not after the
+    retries' waits."""
+
+
 def _commit(api: Any, repo: str, revision: str | None) -> str:
-    """The commit a revision of a dataset repo points at now."""
-    sha: str = api.dataset_info(repo, revision=revision).sha
+    """The commit a revision of a dataset repo points at now. Its request has no backoff of
+    its own: the hub's 429 and 5xx answers are retried by the caller's policy.
+
+    Raises:
+        _NoAnswer: when no answer came.
+    """
+    try:
+        sha: str = api.dataset_info(repo, revision=revision).sha
+    except Exception as error:
+        no_answer = http_status(error) is None and is_transient(error)
+        if no_answer and not isinstance(error, ValueError):  # refused, timed out, reset
+            raise _NoAnswer(str(error)) from error
+        raise
     return sha
 
 

@@ -164,7 +164,7 @@ def _fetch_all(directory: str, order: list[int], log: str) -> None:
             assert Path(path).read_bytes() == content
 
 
-def test_processes_racing_for_the_same_shards_download_each_once_and_leave_nolock_file(
+def test_processes_racing_for_the_same_shards_download_each_once_and_leave_no_lock_file(
     tmp_path: Path,
 ) -> None:
     """Name lock files are deleted by whoever lets them go; a process that was waiting on a
