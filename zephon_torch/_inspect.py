@@ -129,6 +129,9 @@ def _inspect(
             print(f"    {name}: {preview(value)}", file=out)
 
 
+_REMEMBERED = ("parquet", "vortex")  # remote row counts kept in the index cache
+
+
 def _index(path: str, format_: str | None, index_cache_dir: str | None, out: TextIO) -> None:
     from zephon_torch.io._line_index import default_cache_dir
 
@@ -137,6 +140,14 @@ def _index(path: str, format_: str | None, index_cache_dir: str | None, out: Tex
     started = time.perf_counter()
     dataset = _open(path, format_, cache)
     seconds = time.perf_counter() - started
+    if dataset.remote and dataset.format in _REMEMBERED:
+        print(
+            f"remembered the row counts of {len(dataset.shards):,} shards "
+            f"({dataset.num_rows:,} rows) in {seconds:.2f} s; index cache {cache}: later opens "
+            "read only the listing",
+            file=out,
+        )
+        return
     if dataset.format != _INDEXED:
         print(
             f"format {dataset.format!r} needs no index: row counts come from its footers, "

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -148,6 +150,22 @@ def test_index_says_a_format_without_line_indexes_needs_none(
     path = write_parquet(tmp_path / "tokens.parquet")
     assert main(["index", str(path)]) == 0
     assert "format 'parquet' needs no index" in capsys.readouterr().out
+
+
+def test_index_of_remote_parquet_remembers_its_row_counts_for_later_opens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fs = fsspec.filesystem("memory")
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    for number in range(2):
+        fs.pipe(
+            f"{root}/{number}.parquet", write_parquet(tmp_path / f"{number}.parquet").read_bytes()
+        )
+    cache = tmp_path / "idx"
+    assert main(["index", f"memory://{root}", "--index-cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "remembered the row counts of 2 shards" in out and str(cache) in out
+    assert len(list(cache.rglob("*.json"))) == 2
 
 
 @pytest.mark.parametrize("command", ["inspect", "index"])
