@@ -86,19 +86,11 @@ def _drop_inherited_locks() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _HELD.clear()
-    _OPENING.release()  # taken by the forking thread before the fork (`_before_fork`)
-
-
-def _before_fork() -> None:
-    _OPENING.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    _OPENING.release()
+    _OPENING.release()  # taken by the forking thread before the fork
 
 
 os.register_at_fork(
-    before=_before_fork,
-    after_in_parent=_after_fork_in_parent,
+    before=_OPENING.acquire,
+    after_in_parent=_OPENING.release,
     after_in_child=_drop_inherited_locks,
 )

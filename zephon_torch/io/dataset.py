@@ -183,27 +183,17 @@ class Dataset:
         options = IoOptions.of(io_options)
         cache_dir = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
         text = os.fspath(path)
+        storage = storage_options or {}
         if is_remote(text):
-            return cls._from_remote(
-                name, text, format, projection, cache_dir, storage_options or {}, options
-            )
+            return cls._from_remote(name, text, format, projection, cache_dir, storage, options)
         if text.startswith("hf://"):
             from zephon_torch.io._hf import list_hf, resolve_hf
 
-            online = list_hf(
-                text, format_=format, storage_options=storage_options or {}, retry=options.retry
-            )
+            online = list_hf(text, format_=format, storage_options=storage, retry=options.retry)
             if online is not None:  # read from the hub shard by shard, like any remote URL
                 root, listing = online
                 return cls._from_remote(
-                    name,
-                    root,
-                    format,
-                    projection,
-                    cache_dir,
-                    storage_options or {},
-                    options,
-                    listing=listing,
+                    name, root, format, projection, cache_dir, storage, options, listing=listing
                 )
             where, local_files = resolve_hf(text)
             if format is None:
