@@ -25,6 +25,9 @@ include opening (remote: listing, and Parquet footers by range reads). Target: r
 at least 0.8 of local (best of `--repeats`), judged twice: on the streaming rate after opening
 (what a long run sees) and on the whole pass with its cold open (which weighs by how short the
 pass is: `--copies` sets the pre-tokenized pass length, 24 copies being about 1.5 s locally).
+Each best pass's CPU seconds are printed too (this process, all threads, and the server's):
+on a machine whose cores the local pass already keeps busy, what a remote pass adds (the
+downloads' writes into the page cache, most of it) comes out of the same cores.
 Loopback only; the run stops by itself (a deadline skips the remaining repeats). Exit code 0
 whether or not the target is met; 2 when a side delivers another token count than local.
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import resource
 import shutil
 import sys
 import tempfile
@@ -127,8 +131,21 @@ def timed(
     return tokens, time.perf_counter() - start, opened
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """User and system CPU seconds of this process (all its threads), or of process ``pid``
+    (from /proc; NaN where there is none)."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(
-    workload: Workload, endpoint: str, root: pathlib.Path, args: argparse.Namespace
+    workload: Workload, endpoint: str, server: int, root: pathlib.Path, args: argparse.Namespace
 ) -> float:
     """Runs local, remote with prefetch and remote without, interleaved; prints the summary and
     returns the ratio remote+prefetch / local (best of the repeats)."""
@@ -141,24 +158,28 @@ def measure(
         flush=True,
     )
     url = f"s3://{_BUCKET}/{workload.prefix}/"
+    # each pass's index and shard cache folders, removed after it: its page cache is freed
+    # for the next pass, as the cache's own eviction frees it in a long run (kept, every pass
+    # would write its downloads into never-used memory, which costs this VM ~1.7 ms per MB)
+    scratch = root / "scratch"
 
     def local() -> Dataset:
         return Dataset.from_path(
             workload.name,
             workload.folder,
-            index_cache_dir=tempfile.mkdtemp(dir=root, prefix="index-"),
+            index_cache_dir=tempfile.mkdtemp(dir=scratch, prefix="index-"),
             **workload.open_options,
         )
 
     def remote(prefetch: bool) -> Callable[[], Dataset]:
         def open_remote() -> Dataset:
-            cache: dict[str, Any] = {"dir": tempfile.mkdtemp(dir=root, prefix="cache-")}
+            cache: dict[str, Any] = {"dir": tempfile.mkdtemp(dir=scratch, prefix="cache-")}
             if not prefetch:
                 cache["prefetch_bytes"] = 0
             return Dataset.from_path(
                 workload.name,
                 url,
-                index_cache_dir=tempfile.mkdtemp(dir=root, prefix="index-"),
+                index_cache_dir=tempfile.mkdtemp(dir=scratch, prefix="index-"),
                 storage_options=storage_options(endpoint),
                 io_options={"cache": cache},
                 **workload.open_options,
@@ -173,6 +194,7 @@ def measure(
     }
     best: dict[str, float] = {}
     opens: dict[str, float] = {}
+    cpu: dict[str, tuple[float, float, float]] = {}  # the best pass's CPU: ours, server's; wall
     iterate: dict[str, float] = {}
     expected: int | None = None
     deadline = time.monotonic() + args.budget_s
@@ -183,13 +205,17 @@ def measure(
             break
         line = []
         for name, open_dataset in sides.items():
+            scratch.mkdir()
+            used = cpu_seconds(), cpu_seconds(server)
             tokens, seconds, opened = timed(workload, open_dataset, args)
+            used = cpu_seconds() - used[0], cpu_seconds(server) - used[1]
+            shutil.rmtree(scratch)
             expected = tokens if expected is None else expected
             if tokens != expected:
                 print(f"MISMATCH: {name} gave {tokens:,} tokens, local gave {expected:,}")
                 raise SystemExit(_MISMATCH_EXIT)
             if tokens / seconds > best.get(name, 0.0):
-                best[name], opens[name] = tokens / seconds, opened
+                best[name], opens[name], cpu[name] = tokens / seconds, opened, (*used, seconds)
             iterate[name] = max(iterate.get(name, 0.0), tokens / (seconds - opened))
             line.append(f"{name} {tokens / seconds / 1e6:.2f} M tok/s (open {opened:.2f} s)")
         done += 1
@@ -205,6 +231,12 @@ def measure(
             f"{opens[name]:.2f} s; after opening {iterate[name] / 1e6:.2f} M tok/s, ratio "
             f"{iterate[name] / iterate['local']:.3f})"
         )
+    print("  CPU of each best pass (this process, all threads; the server's):")
+    for name, (ours, served, wall) in cpu.items():
+        print(
+            f"    {name:<20}{ours:6.2f} s ({ours / wall:.2f} cores busy)"
+            + ("" if name == "local" else f", server {served:.2f} s")
+        )
     ratio = best["remote+prefetch"] / best["local"]
     streaming = iterate["remote+prefetch"] / iterate["local"]
     for what, value in (("streaming, after opening", streaming), ("with the cold open", ratio)):
@@ -219,8 +251,8 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     builders = {"pretokenized": pretokenized_workload, "text": text_workload}
     names = list(builders) if args.workload == "both" else [args.workload]
     workloads = [builders[name](root, args) for name in names]
-    with moto_server() as (endpoint, _):
-        ratios = {w.name: measure(w, endpoint, root, args) for w in workloads}
+    with moto_server() as (endpoint, server):
+        ratios = {w.name: measure(w, endpoint, server.pid, root, args) for w in workloads}
     print("\nremote+prefetch / local: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     return 0
 
