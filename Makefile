@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# Writers for test fixtures only: their declared dependencies would pull torchvision,
 	# numpy<2.2 and transformers<5, so they are installed without them.
 	$(BIN)/python -m pip install -q -c constraints.txt --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0
+	# Azurite, Azure's storage emulator, for the az:// tests (with the machine's Node.js)
+	npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.35.0
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,4 +38,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .azurite .pytest_cache .mypy_cache .ruff_cache

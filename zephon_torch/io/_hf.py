@@ -162,7 +162,7 @@ def _hub_object(fs: Any, path: str, info: Mapping[str, Any], repo: str, root: st
     """A hub file at a commit, keyed in the caches by its path without the commit when the hub
     gave its blob id (content-addressed): commits that leave it unchanged reuse its download
     and its remembered row count."""
-    item = identity(fs, path, info)
+    item = identity(fs.unstrip_protocol(path), info)
     if not item.version:
         return item
     return replace(item, key=f"hf://datasets/{repo}/{path[len(root) + 1 :]}")

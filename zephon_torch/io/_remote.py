@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -223,6 +223,7 @@ def list_remote(
         raise ConfigError(f"cannot open {url!r}: {error}") from error
     if format_ is not None:
         check_format(format_)
+    name = url_namer(fs, url)
 
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
         if GLOB_CHARS.intersection(root):
@@ -236,7 +237,7 @@ def list_remote(
 
     where, found = call_with_retry(listing, url=url, policy=retry, what="listing")
     if format_ is None or format_ in INDEXED_FORMATS:
-        indexed = _indexed(fs, url, root, where, found, format_, retry)
+        indexed = _indexed(fs, name, url, root, where, found, format_, retry)
         if indexed is not None:
             return indexed
     infos = _visible(found, root.rstrip("/"), where)
@@ -245,19 +246,20 @@ def list_remote(
     paths = sorted(infos)
     if format_ is None:
         nested = [path for path in paths if posixpath.basename(path) == INDEX_FILE]
-        indexes = [path for path in nested if _index_kind(fs, path, retry) is not None]
+        indexes = [path for path in nested if _index_kind(fs, name, path, retry) is not None]
         if indexes:
             raise ConfigError(
                 f"{url!r} holds {len(indexes)} MDS/LitData datasets in subfolders, e.g. "
-                f"{fs.unstrip_protocol(posixpath.dirname(indexes[0]))!r}; make one Dataset "
+                f"{name(posixpath.dirname(indexes[0]))!r}; make one Dataset "
                 "per folder"
             )
         format_, paths = detect_files(url, where, paths)
-    return Listing(format_, [(path, identity(fs, path, infos[path])) for path in paths], fs=fs)
+    return Listing(format_, [(path, identity(name(path), infos[path])) for path in paths], fs=fs)
 
 
 def _indexed(
     fs: Any,
+    name: Callable[[str], str],
     url: str,
     root: str,
     where: str,
@@ -280,8 +282,8 @@ def _indexed(
         return None
     directory = posixpath.dirname(root) if named_index else root.rstrip("/")
     index = f"{directory}/{INDEX_FILE}"
-    data = _read_index(fs, index, retry) if index in found else None
-    kind = None if data is None else _kind_of(data, fs.unstrip_protocol(index))
+    data = _read_index(fs, name, index, retry) if index in found else None
+    kind = None if data is None else _kind_of(data, name(index))
     if check_indexed(kind, format_, url) is None:
         return None
     if named_index:
@@ -289,8 +291,8 @@ def _indexed(
             lambda: fs.find(directory, detail=True), url=url, policy=retry, what="listing"
         )
     infos = _visible(found, directory, "directory")
-    objects = [(path, identity(fs, path, infos[path])) for path in sorted(infos)]
-    return Listing(str(kind), objects, fs.unstrip_protocol(index), index_data=data, fs=fs)
+    objects = [(path, identity(name(path), infos[path])) for path in sorted(infos)]
+    return Listing(str(kind), objects, name(index), index_data=data, fs=fs)
 
 
 def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[str, dict[str, Any]]:
@@ -308,13 +310,13 @@ def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[st
     return infos
 
 
-def _index_kind(fs: Any, path: str, retry: RetryPolicy) -> str | None:
+def _index_kind(fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy) -> str | None:
     """Reads a remote `index.json` and returns "mds", "litdata" or None, as `index_format`."""
-    return _kind_of(_read_index(fs, path, retry), fs.unstrip_protocol(path))
+    return _kind_of(_read_index(fs, name, path, retry), name(path))
 
 
-def _read_index(fs: Any, path: str, retry: RetryPolicy) -> bytes:
-    where = fs.unstrip_protocol(path)
+def _read_index(fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy) -> bytes:
+    where = name(path)
     data: bytes = call_with_retry(
         lambda: fs.cat_file(path), url=where, policy=retry, what="reading"
     )
@@ -329,9 +331,24 @@ def _kind_of(data: bytes, where: str) -> str | None:
     return index_kind(index, where)
 
 
-def identity(fs: Any, path: str, info: Mapping[str, Any]) -> CachedObject:
-    """The cache identity of the object `path` that `fs` listed with `info`."""
+def url_namer(fs: Any, url: str) -> Callable[[str], str]:
+    """`fs.unstrip_protocol`, in the scheme `url` was given in: adlfs names its objects
+    abfs:// when asked for az://, and a dataset's shards, errors and cache keys must carry
+    the URL the user wrote."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if scheme not in protocols[1:]:
+        return fs.unstrip_protocol  # type: ignore[no-any-return]
+
+    def name(path: str) -> str:
+        return f"{scheme}://{fs.unstrip_protocol(path).split('://', 1)[1]}"
+
+    return name
+
+
+def identity(url: str, info: Mapping[str, Any]) -> CachedObject:
+    """The cache identity of the object at `url` that a listing gave with `info`."""
     version = next((str(info[key]) for key in _VERSION_KEYS if info.get(key)), "")
     if not version and info.get("created") is not None:
         version = str(info["created"])
-    return CachedObject(url=fs.unstrip_protocol(path), size=int(info["size"]), version=version)
+    return CachedObject(url=url, size=int(info["size"]), version=version)
