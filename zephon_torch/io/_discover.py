@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Sequence
 
 from zephon_torch.errors import ConfigError
@@ -25,6 +26,7 @@ from zephon_torch.io.formats import (
 )
 
 GLOB_CHARS = frozenset("*?[")
+_INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chunks
 SKIPPED_PREFIXES = (".", "_")
 
 
@@ -156,6 +158,16 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
         if detected is not None:
             by_format.setdefault(detected, []).append(file)
     endings = ", ".join(EXTENSIONS)
+    if list(by_format) == ["jsonl"] and all(
+        os.path.basename(file) == INDEX_FILE for file in by_format["jsonl"]
+    ):
+        shards = [file for file in files if _INDEXED_SHARD.search(os.path.basename(file))]
+        if shards:
+            raise ConfigError(
+                f"{text!r} holds {INDEX_FILE} next to {len(shards)} MDS or LitData shard "
+                f"files, e.g. {shards[0]!r}, but it does not read as an MDS or LitData index "
+                "(damaged or cut short?); pass `format='jsonl'` to read it as JSON Lines"
+            )
     if not by_format:
         if where == "file":
             raise ConfigError(

@@ -38,9 +38,9 @@ def index_kind(index: object, index_path: str) -> str | None:
     if isinstance(index.get("chunks"), list) and isinstance(index.get("config"), dict):
         return "litdata"
     shards = index.get("shards")
-    if isinstance(shards, list) and shards and all(isinstance(s, dict) for s in shards):
+    if isinstance(shards, list) and all(isinstance(s, dict) for s in shards):
         formats = sorted({str(shard.get("format")) for shard in shards})
-        if formats == ["mds"]:
+        if formats in (["mds"], []):  # none: MDSWriter's index of no samples
             return "mds"
         raise ConfigError(
             f"{index_path!r} indexes mosaicml-streaming shards of format {', '.join(formats)}; "

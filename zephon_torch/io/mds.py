@@ -257,6 +257,12 @@ class MdsReader:
                 dataset=self.dataset,
                 shard=self.index_path,
             ) from None
+        if not infos:
+            raise DataError(
+                "the index lists no shards: the dataset is empty",
+                dataset=self.dataset,
+                shard=self.index_path,
+            )
         return infos
 
     def _layout(

@@ -54,6 +54,16 @@ def test_a_jsonl_file_named_index_json_is_still_jsonl(tmp_path: Path) -> None:
     assert (dataset.format, dataset.num_rows) == ("jsonl", 2)
 
 
+@pytest.mark.parametrize("damage", ["cut short", "not an index"])
+def test_a_damaged_mds_index_is_not_read_as_jsonl(tmp_path: Path, damage: str) -> None:
+    write_mds(tmp_path, sample_rows(3), {"id": "int"})
+    index = tmp_path / "index.json"
+    text = index.read_text()
+    index.write_text(text[: len(text) // 2] if damage == "cut short" else '{"version": 2}')
+    with pytest.raises(ConfigError, match=r"does not read as an MDS or LitData index"):
+        Dataset.from_path("d", tmp_path)
+
+
 @pytest.fixture
 def jsonl_file(tmp_path: Path) -> Path:
     path = tmp_path / "a.jsonl"

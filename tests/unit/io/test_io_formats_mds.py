@@ -171,6 +171,14 @@ def test_a_shard_missing_from_disk_is_refused_at_open(tmp_path: Path) -> None:
         Dataset.from_path("m", out)
 
 
+def test_an_mds_dataset_of_no_samples_is_refused_not_read_as_jsonl(tmp_path: Path) -> None:
+    out = write_mds(tmp_path / "empty", [], COLUMNS)
+    for format_ in (None, "mds"):
+        with pytest.raises(DataError, match=r"the index lists no shards") as caught:
+            Dataset.from_path("m", out, format=format_)
+        assert caught.value.shard == str(out / "index.json")
+
+
 def test_eight_threads_reading_at_random_see_what_one_thread_sees(mds_dir: Path) -> None:
     assert_threads_read_like_one(lambda: Dataset.from_path("m", mds_dir))
 
