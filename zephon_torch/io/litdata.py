@@ -100,6 +100,8 @@ class LitDataReader:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
         try:
             self._configure(index["config"])
+            if not index["chunks"]:
+                raise ValueError("it lists no chunks")
             self._rows = {
                 shard_path(self.index_path, chunk["filename"], dataset=self.dataset): (
                     int(chunk["chunk_size"]),
@@ -134,6 +136,10 @@ class LitDataReader:
             if self._tree.kind == "dict":
                 ends = np.cumsum([child.leaves for child in self._tree.children]).tolist()
                 spans = dict(zip(names, zip([0, *ends[:-1]], ends), strict=True))
+                # fields the first item lacks are in `types` and the Arrow footers only
+                late = tuple(key for key in config.get("types") or {} if key not in spans)
+                names += late
+                spans.update(dict.fromkeys(late, (0, 0)))
         self.projection.check_available(names, dataset=self.dataset, shard=self.index_path)
         self._names = self.projection.columns or names
         self._decoders: list[fmt.Decoder | None] = [None] * len(formats)
@@ -147,7 +153,8 @@ class LitDataReader:
                     raise ValueError(f"column {name!r} has leaf format {formats[leaf]!r}")
                 self._body_ok &= decoder is not None
                 self._decoders[leaf] = decoder
-            kind = formats[spans[name][0]].partition(":")[0]
+            first, end = spans[name]
+            kind = formats[first].partition(":")[0] if end > first else "json"
             if name in self.projection.token_columns and kind not in (*fmt.ARRAY_LEAVES, "json"):
                 raise ValueError(f"token column {name!r} has leaf format {kind!r}")
 
@@ -237,7 +244,10 @@ class LitDataReader:
         assert chunk.footer is not None
         with chunk.lock:
             batch = chunk.footer.get_batch(number)
-        batch = batch.select(list(self._names))
+        # an optional field that no item of the chunk has is not in its footer: null there
+        stored, rows = batch.schema.names, len(batch)
+        arrays = [batch.column(name) if name in stored else pa.nulls(rows) for name in self._names]
+        batch = pa.RecordBatch.from_arrays(arrays, names=list(self._names))
         names, columns = row_columns(batch, self.projection.token_columns)
         return _Batch(names, columns, column_bytes(columns, batch.nbytes))
 
@@ -261,7 +271,7 @@ class LitDataReader:
         value = self._tree.build(iter(leaves))
         if self._tree.kind != "dict":
             value = {_ITEM_FIELD: value}
-        row_value = {name: value[name] for name in self._names}
+        row_value = {name: value.get(name) for name in self._names}
         for name in self.projection.token_columns:
             if row_value[name].ndim != 1:
                 raise ValueError(f"token column {name!r} holds shape {row_value[name].shape}")

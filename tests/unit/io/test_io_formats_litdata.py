@@ -126,6 +126,24 @@ def test_array_and_list_columns_come_back_as_token_arrays(written: dict[str, Pat
         Dataset.from_path("l", written["arrays"], token_columns=["text"])
 
 
+def test_an_optional_field_that_no_item_of_a_chunk_has_reads_as_none(tmp_path: Path) -> None:
+    items = [{"text": f"t{i}", **({"opt": f"o{i}"} if i < 4 else {})} for i in range(12)]
+    out = write_litdata(tmp_path / "optional", items, chunk_bytes=None, chunk_size=4)
+    dataset = Dataset.from_path("l", out)
+    assert len(dataset.shards) == 3
+    assert all_rows(dataset) == [{"opt": None, **item} for item in items]
+    projected = Dataset.from_path("l", out, columns=["opt"])
+    assert projected.read_rows(2, [0]) == [{"opt": None}]
+
+
+def test_a_field_the_first_item_lacks_reads_from_the_arrow_footers(tmp_path: Path) -> None:
+    items = [{"text": f"t{i}", **({"late": i} if i >= 3 else {})} for i in range(12)]
+    out = write_litdata(tmp_path / "late", items, chunk_bytes=None, chunk_size=6)
+    dataset = Dataset.from_path("l", out)
+    assert all_rows(dataset) == [{"late": None, **item} for item in items]
+    assert Dataset.from_path("l", out, columns=["late"]).read_rows(1, [0]) == [{"late": 6}]
+
+
 def test_items_that_are_not_dicts_come_back_under_item(tmp_path: Path) -> None:
     items = [(f"t{i}", i) for i in range(5)]
     dataset = Dataset.from_path("l", write_litdata(tmp_path / "tuples", items))
@@ -145,6 +163,16 @@ def test_a_truncated_chunk_raises_a_data_error_naming_dataset_and_chunk(
         dataset.read_rows(1, [0])
     assert (caught.value.dataset, caught.value.shard) == ("broken", str(victim))
     assert len(dataset.read_rows(0, [0])) == 1
+
+
+def test_an_index_listing_no_chunks_is_a_data_error_naming_it(
+    written: dict[str, Path], tmp_path: Path
+) -> None:
+    index = json.loads((written["tokens"] / "index.json").read_text())
+    index["chunks"] = []
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DataError, match=r"cannot read this LitData index: it lists no chunks"):
+        Dataset.from_path("empty", tmp_path)
 
 
 @pytest.mark.parametrize("variant", ["arrays-framed-zstd", "text-arrow-footer", "tokens"])
