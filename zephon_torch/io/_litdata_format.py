@@ -5,7 +5,9 @@ of the same rows (`[ipc][uint32 length]LDARW01\\0`; newer writers store flat JSO
 there), optionally zstd-compressed whole (`.zstd.bin`) or framed (`LDFZ01` magic: logical item
 offsets plus independently compressed frames of items). A `PyTreeLoader` item is
 `[uint32 size of each leaf][leaf bytes]`; a `TokensLoader` item is the raw token array. Leaves
-are decoded by the `data_format` names in `index.json`; tensors come back as numpy arrays.
+are decoded by the `data_format` names in `index.json`; tensors come back as numpy arrays. A
+`json` leaf (a list or dict value of a dict item) is litdata's compact nested encoding, a tag
+byte first, or JSON text from older writers.
 """
 
 from __future__ import annotations
@@ -63,6 +65,95 @@ def _tensor(view: memoryview) -> npt.NDArray[Any]:
     return np.frombuffer(view, _TORCH_DTYPES[dtype], offset=8 + 4 * ndim).reshape(shape)
 
 
+_U32 = struct.Struct("<I")
+_RECORD_SCALARS = {0x12: struct.Struct("<q"), 0x13: struct.Struct("<d")}  # int, float
+_NESTED_SCALARS = {8: struct.Struct("<q"), 9: struct.Struct("<d")}
+_NESTED_ARRAYS = {2: "<i8", 3: "<f8"}  # lists of ints, of floats
+
+
+def _nested(view: memoryview) -> Any:
+    """A `json` leaf: litdata's compact nested encoding, or JSON text (a first byte above
+    0x20, as JSON text starts)."""
+    raw = bytes(view)
+    if not raw or raw[0] > 0x20:
+        return json.loads(raw)
+    value, end = _nested_at(raw, 0)
+    if end != len(raw):
+        raise ValueError(f"a json leaf holds {len(raw) - end} bytes past its value")
+    return value
+
+
+def _text_at(raw: bytes, at: int) -> tuple[str, int]:
+    end = at + 4 + _U32.unpack_from(raw, at)[0]
+    if end > len(raw):
+        raise ValueError("a json leaf's text runs past its end")
+    return raw[at + 4 : end].decode("utf-8"), end
+
+
+def _nested_at(raw: bytes, at: int) -> tuple[Any, int]:
+    """The value tagged at `raw[at]` and where it ends."""
+    tag = raw[at]
+    if tag == 11:
+        return None, at + 1
+    if tag == 10:
+        return raw[at + 1] != 0, at + 2
+    if tag == 7:
+        return _text_at(raw, at + 1)
+    if tag in _NESTED_SCALARS:
+        return _NESTED_SCALARS[tag].unpack_from(raw, at + 1)[0], at + 9
+    count = _U32.unpack_from(raw, at + 1)[0]
+    at += 5
+    if tag == 0:  # JSON text of `count` bytes
+        end = at + count
+        if end > len(raw):
+            raise ValueError("a json leaf's text runs past its end")
+        return json.loads(raw[at:end]), end
+    if tag in _NESTED_ARRAYS:
+        end = at + 8 * count
+        if end > len(raw):
+            raise ValueError("a json leaf's list runs past its end")
+        return np.frombuffer(raw, _NESTED_ARRAYS[tag], count, at).tolist(), end
+    if tag == 4:  # bools
+        if at + count > len(raw):
+            raise ValueError("a json leaf's list runs past its end")
+        return [byte != 0 for byte in raw[at : at + count]], at + count
+    values: list[Any] = []
+    if tag == 1:  # strs
+        for _ in range(count):
+            text, at = _text_at(raw, at)
+            values.append(text)
+        return values, at
+    if tag == 5:  # dict
+        mapping: dict[str, Any] = {}
+        for _ in range(count):
+            key, at = _text_at(raw, at)
+            mapping[key], at = _nested_at(raw, at)
+        return mapping, at
+    if tag == 6:  # records: `count` dicts of the same keys, each value tagged
+        keys: list[str] = []
+        key_count, at = _U32.unpack_from(raw, at)[0], at + 4
+        for _ in range(key_count):
+            key, at = _text_at(raw, at)
+            keys.append(key)
+        for _ in range(count):
+            record: dict[str, Any] = {}
+            for key in keys:
+                kind, at = raw[at], at + 1
+                if kind == 0x10:
+                    record[key] = None
+                elif kind == 0x11:
+                    record[key], at = _text_at(raw, at)
+                elif kind == 0x14:
+                    record[key], at = raw[at] != 0, at + 1
+                elif kind in _RECORD_SCALARS:
+                    record[key], at = _RECORD_SCALARS[kind].unpack_from(raw, at)[0], at + 8
+                else:
+                    raise ValueError(f"a json leaf has an unknown record tag {kind}")
+            values.append(record)
+        return values, at
+    raise ValueError(f"a json leaf has an unknown tag {tag}")
+
+
 _LEAVES: dict[str, Decoder] = {
     "bool": lambda view: view[0] != 0,
     "bytes": bytes,
@@ -72,6 +163,7 @@ _LEAVES: dict[str, Decoder] = {
     "text": lambda view: str(view, "utf-8"),
     "numpy": _numpy,
     "tensor": _tensor,
+    "json": _nested,
 }
 
 

@@ -33,7 +33,7 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import zstandard_module
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
-from zephon_torch.io._projection import TOKENS_FIELD, Projection
+from zephon_torch.io._projection import TOKENS_FIELD, Projection, token_array
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
 
@@ -145,13 +145,11 @@ class LitDataReader:
         self._decoders: list[fmt.Decoder | None] = [None] * len(formats)
         # TokensLoader items are bare arrays of this type (sliced from the chunk, see read)
         self._token_dtype = fmt.leaf_dtype(formats[0]) if self._loader == "TokensLoader" else None
-        self._body_ok = True  # False when a kept leaf only reads from Arrow footers
         for name in self._names:
             for leaf in range(*spans[name]):
                 decoder = fmt.leaf_decoder(formats[leaf])
-                if decoder is None and formats[leaf] != "json":
+                if decoder is None:
                     raise ValueError(f"column {name!r} has leaf format {formats[leaf]!r}")
-                self._body_ok &= decoder is not None
                 self._decoders[leaf] = decoder
             first, end = spans[name]
             kind = formats[first].partition(":")[0] if end > first else "json"
@@ -252,8 +250,6 @@ class LitDataReader:
         return _Batch(names, columns, column_bytes(columns, batch.nbytes))
 
     def _body_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:
-        if not self._body_ok:
-            raise ValueError("a kept column has 'json' leaves, read only from Arrow footers")
         item = self._item(path, chunk, row)
         if self._loader == "TokensLoader":
             decode = self._decoders[0]
@@ -273,6 +269,8 @@ class LitDataReader:
             value = {_ITEM_FIELD: value}
         row_value = {name: value.get(name) for name in self._names}
         for name in self.projection.token_columns:
+            if not isinstance(row_value[name], np.ndarray):  # a "json" leaf: a list of ids
+                row_value[name] = token_array(row_value[name])
             if row_value[name].ndim != 1:
                 raise ValueError(f"token column {name!r} holds shape {row_value[name].shape}")
         return row_value

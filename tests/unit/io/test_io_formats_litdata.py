@@ -150,6 +150,32 @@ def test_items_that_are_not_dicts_come_back_under_item(tmp_path: Path) -> None:
     assert dataset.read_rows(0, range(5)) == [{"item": item} for item in items]
 
 
+def test_list_and_dict_values_next_to_an_array_read_from_the_chunk_body(tmp_path: Path) -> None:
+    # an array leaf keeps litdata from writing an Arrow footer: lists and dicts are "json" leaves
+    # of the chunk body, in litdata's compact nested encoding
+    items = [
+        {
+            "ids": list(range(i % 4 + 1)),
+            "words": [f"w{i}", "é"][: i % 3],
+            "floats": [i / 2, -1.5],
+            "flags": [True, i % 2 == 0],
+            "turns": [{"role": "user", "n": i, "x": None, "ok": True, "f": 0.5}],
+            "mixed": [i, "a", None, [1.5]],
+            "meta": {"source": f"s{i}", "tags": ["a", "b"], "deep": {"k": i}},
+            "arr": np.arange(3, dtype=np.int16) + i,
+        }
+        for i in range(30)
+    ]
+    out = write_litdata(tmp_path / "body", items, chunk_bytes=1024)
+    index = json.loads((out / "index.json").read_text())
+    assert "json" in index["config"]["data_format"]
+    dataset = Dataset.from_path("l", out)
+    assert len(dataset.shards) > 1
+    assert all_rows(dataset) == [plain(item) for item in items]
+    tokens = Dataset.from_path("l", out, columns=["ids"], token_columns=["ids"])
+    assert [row["ids"].tolist() for row in tokens.read_rows(0, [2, 1])] == [[0, 1, 2], [0, 1]]
+
+
 @pytest.mark.parametrize("variant", ["arrays", "arrays-framed-zstd", "arrays-chunk-zstd"])
 def test_a_truncated_chunk_raises_a_data_error_naming_dataset_and_chunk(
     written: dict[str, Path], variant: str, tmp_path: Path
