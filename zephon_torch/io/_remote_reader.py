@@ -36,7 +36,7 @@ from zephon_torch.io._remote_rows import (
     remembered_layout,
 )
 from zephon_torch.io._retry import call_with_retry
-from zephon_torch.io._rows import Rows, TokenIds
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
 from zephon_torch.io.npy import offsets_path
@@ -363,7 +363,12 @@ class RemoteReader:
                 if got != item.size:
                     raise OSError(f"truncated download: {got} of {item.size} bytes")
 
-            call_with_retry(attempt, url=item.url, policy=self.options.retry, what="download")
+            try:
+                call_with_retry(attempt, url=item.url, policy=self.options.retry, what="download")
+            except FileNotFoundError:  # listed when the dataset was opened, gone since
+                raise DataError(
+                    f"the object is missing{CHANGED_NOTE}", dataset=self.dataset, shard=item.url
+                ) from None
 
         return download
 

@@ -119,7 +119,10 @@ class JsonlReader:
 
     def num_rows(self, path: str) -> int:
         """Returns the number of non-blank lines of the shard, from its (cached) line index."""
-        return int(self._index(path).shape[1])
+        try:
+            return int(self._index(path).shape[1])
+        except FileNotFoundError:
+            raise self._missing(path) from None
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns the given rows of the shard, decoded, in the order asked.
@@ -133,10 +136,14 @@ class JsonlReader:
 
         Raises:
             DataError: for a malformed line, a line that is not a JSON object, a row past the
-                end of the shard, or a compressed shard that does not decompress.
+                end of the shard, a compressed shard that does not decompress, or a shard file
+                that is gone.
         """
-        index = self._index(path)
-        buffer = self._buffer(path)
+        try:
+            index = self._index(path)
+            buffer = self._buffer(path)
+        except FileNotFoundError:
+            raise self._missing(path) from None
         positions = as_row_array(rows)
         count = int(index.shape[1])
         check_in_range(positions, count, dataset=self.dataset, shard=path, note=CHANGED_NOTE)
@@ -166,6 +173,11 @@ class JsonlReader:
                 )
             decoded.append(value)
         return decoded
+
+    def _missing(self, path: str) -> DataError:
+        return DataError(
+            f"the shard file is missing{CHANGED_NOTE}", dataset=self.dataset, shard=path
+        )
 
     def _index(self, path: str) -> LineIndex:
         return self._indexes.get_or_load(

@@ -189,7 +189,7 @@ class NpyReader:
                 )
             except FileNotFoundError:
                 raise
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, EOFError) as error:  # EOFError: an empty file
                 raise DataError(
                     f"not a readable .npy file: {error}", dataset=self.dataset, shard=path
                 ) from None

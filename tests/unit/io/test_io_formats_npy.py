@@ -57,6 +57,18 @@ def test_bad_offsets_or_non_integer_tokens_raise_a_data_error_naming_the_shard(
     assert caught.value.shard == str(tmp_path / "t.npy")
 
 
+@pytest.mark.parametrize("empty", ["t.npy", "t.offsets.npy"])
+def test_an_empty_token_or_offsets_file_is_a_data_error_naming_it(
+    tmp_path: Path, empty: str
+) -> None:
+    np.save(tmp_path / "t.npy", np.arange(10, dtype=np.int32))
+    np.save(tmp_path / "t.offsets.npy", np.array([0, 4, 10]))
+    (tmp_path / empty).write_bytes(b"")
+    with pytest.raises(DataError, match=r"not a readable \.npy file") as caught:
+        Dataset.from_path("n", tmp_path)
+    assert caught.value.shard == str(tmp_path / empty)
+
+
 def test_threads_and_pickling_read_the_same_rows(npy_dir: Path) -> None:
     assert_threads_read_like_one(lambda: Dataset.from_path("n", npy_dir), asks=50)
     dataset = Dataset.from_path("n", npy_dir)

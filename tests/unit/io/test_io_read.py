@@ -236,3 +236,26 @@ def test_a_file_that_shrank_after_opening_is_reported_not_misread(
     write_jsonl(path, [{"a": i} for i in range(3)])
     with pytest.raises(DataError, match="did the file change"):
         copy.read_rows(0, [5])
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz"])
+def test_a_jsonl_shard_removed_after_opening_is_a_data_error_naming_it(
+    tmp_path: Path, write_jsonl: Any, name: str
+) -> None:
+    compression = "gzip" if name.endswith(".gz") else None
+    path = write_jsonl(tmp_path / name, [{"a": i} for i in range(10)], compression=compression)
+    dataset = Dataset.from_path("d", path)
+    copy = pickle.loads(pickle.dumps(dataset))  # a worker that opens the file later
+    path.unlink()
+    with pytest.raises(DataError, match="the shard file is missing") as caught:
+        copy.read_rows(0, [5])
+    assert (caught.value.dataset, caught.value.shard) == ("d", str(path))
+
+
+def test_a_dangling_link_in_a_jsonl_folder_is_a_data_error_naming_it(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"a": 1}])
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    with pytest.raises(DataError, match=r"b\.jsonl': the shard file is missing"):
+        Dataset.from_path("d", tmp_path)

@@ -121,6 +121,25 @@ def test_a_truncated_shard_raises_a_data_error_naming_the_url(tmp_path: Path) ->
     assert dataset.num_rows == 100
 
 
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_shard_removed_after_opening_is_a_data_error_naming_the_url(
+    tmp_path: Path, kind: str
+) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for name in ("a", "b"):
+        if kind == "parquet":
+            _put_parquet(fs, f"{root}/{name}.parquet", pa.table({"n": [1, 2]}))
+        else:
+            _put_jsonl(fs, f"{root}/{name}.jsonl", [{"n": 1}, {"n": 2}])
+    opened = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    dataset = opened.with_io_options({"cache": {"dir": str(tmp_path / "other")}})  # not cached
+    fs.rm(f"{root}/b.{kind}")
+    with pytest.raises(DataError, match="the object is missing") as caught:
+        dataset.read_rows(1, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("p", f"memory://{root}/b.{kind}")
+
+
 def test_a_missing_url_and_bad_options_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         Dataset.from_path("m", f"memory://{_root()}/none", io_options=_options(tmp_path))
