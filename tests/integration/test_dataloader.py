@@ -10,7 +10,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import small_pipeline, two_sources
-from zephon_torch import ConfigError, Pipeline, StateMismatchError, merge_states
+from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError, merge_states
 from zephon_torch.io import Dataset
 from zephon_torch.torch import DataLoader
 from zephon_torch.torch.dataset import lanes_for_worker, workers_used
@@ -161,6 +161,23 @@ def test_a_state_from_eight_lanes_is_refused_by_a_four_lane_loader(tokenizer: An
 def test_three_ranks_over_eight_lanes_are_refused_with_the_supported_list(tokenizer: Any) -> None:
     with pytest.raises(ConfigError, match=r"supported world sizes: \[1, 2, 4, 8\]"):
         build(tokenizer, lanes=8, world_size=3)
+
+
+def test_a_data_error_in_a_worker_reaches_the_loop_as_a_data_error(
+    tokenizer: Any, tmp_path: Any
+) -> None:
+    shard = tmp_path / "a.jsonl"
+    shard.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(9)))
+    with shard.open("a") as out:
+        out.write('{"text": "broken\n')
+    source = StaticMixtureWorkSource([Dataset.from_path("web", shard)], shuffle=False)
+    pipeline = Pipeline(source).options(canonical_replicas=2).tokenize(tokenizer=tokenizer)
+    loader = DataLoader(
+        pipeline.pack_flat(16).batch(1), num_workers=2, multiprocessing_context="spawn"
+    )
+    with pytest.raises(DataError) as caught:
+        list(loader)
+    assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("web", str(shard), 9)
 
 
 def test_persistent_workers_are_refused(tokenizer: Any) -> None:

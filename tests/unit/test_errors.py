@@ -51,6 +51,15 @@ def test_a_non_string_field_is_refused(tokenizer: Any) -> None:
         list(pipeline_over(Dataset.from_dict("nums", {"text": [1, 2]}), tokenizer))
 
 
+def test_a_lone_surrogate_in_a_json_line_names_the_row(tmp_path: Path, tokenizer: Any) -> None:
+    shard = tmp_path / "a.jsonl"
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(5)]
+    lines[3] = '{"text": "broken \\ud800 text"}'  # valid JSON, not valid Unicode
+    shard.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"row 3: field 'text' is not valid Unicode text"):
+        list(pipeline_over(Dataset.from_path("web", shard), tokenizer))
+
+
 def test_an_empty_shard_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
     (tmp_path / "b.jsonl").write_text("")

@@ -8,7 +8,7 @@ their cost is paid on worker threads or processes, never on the packer's thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +61,18 @@ def document_error(
         shard=shard_paths[doc.source][doc.shard],
         row=doc.row,
     )
+
+
+def not_unicode(texts: Sequence[str]) -> tuple[int, str] | None:
+    """The first text that is not valid Unicode (a lone surrogate, such as the JSON escape
+    "\\ud800" gives), with what is wrong; None when every one is. Tokenizers refuse such a
+    text with a TypeError that names no text; it is looked for only after one did."""
+    for at, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return at, f"{error.reason} ({text[error.start]!r}) at character {error.start}"
+    return None
 
 
 class OperatorClock:

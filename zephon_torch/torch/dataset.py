@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon_torch._state import STATE_VERSION
-from zephon_torch.errors import StateMismatchError
+from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.torch._transport import pack
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
 
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from zephon_torch.pipeline import Pipeline
 
 META_KEY = "zephon"
+ERROR_KEY = "zephon_error"
+"""A worker's only item after it raised a zephon_torch error: the error itself. torch re-raises
+a worker's exception as a RuntimeError when its class takes more than a message (DataError and
+StorageError do), so `zephon_torch.torch.DataLoader` sends it as an item and raises it."""
 
 
 def workers_used(*, num_lanes: int, num_workers: int) -> int:
@@ -112,21 +116,26 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             if self._loaded is not None:
                 state["estimation"] = self._loaded.get("estimation")
             pipeline.load_state_dict(state)
-        for batch in pipeline:
-            self._delivered[str(batch.lane)] = batch.state
-            item: dict[str, Any] = dict(
-                batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
-            )
-            if batch.payloads is not None:
-                item["payloads"] = batch.payloads
-            if self.with_meta:
-                item[META_KEY] = {
-                    "lane": batch.lane,
-                    "turn": batch.turn,
-                    "tokens": batch.num_tokens,
-                    "state": batch.state,
-                }
-            yield pack(item) if self.pack_transport and info is not None else item
+        try:
+            for batch in pipeline:
+                self._delivered[str(batch.lane)] = batch.state
+                item: dict[str, Any] = dict(
+                    batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
+                )
+                if batch.payloads is not None:
+                    item["payloads"] = batch.payloads
+                if self.with_meta:
+                    item[META_KEY] = {
+                        "lane": batch.lane,
+                        "turn": batch.turn,
+                        "tokens": batch.num_tokens,
+                        "state": batch.state,
+                    }
+                yield pack(item) if self.pack_transport and info is not None else item
+        except ZephonError as error:
+            if info is None or not self.with_meta:
+                raise
+            yield {ERROR_KEY: error}
 
     def state_dict(self) -> dict[str, Any]:
         """The state after what this process's iterator yielded (see the class docstring).

@@ -17,7 +17,7 @@ import torch.utils.data
 from zephon_torch._lanes import cut_at_empty_turn, in_lane_order
 from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.torch._transport import unpack
-from zephon_torch.torch.dataset import META_KEY, PipelineDataset
+from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset
 from zephon_torch.torch.distributed import distributed_ready, equal_ending
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         dataset.with_meta = True
         dataset.pack_transport = self.num_workers > 0 and self._pack_transport
         dataset.endless = self.num_workers > 1 or equalise
-        items: Iterator[dict[str, Any]] = map(unpack, super().__iter__())
+        items: Iterator[dict[str, Any]] = _raising(map(unpack, super().__iter__()))
         if self.num_workers > 1:
             turns = self._lane_turns()
             items = in_lane_order(items, key=_turn_and_lane, turns=turns)
@@ -148,6 +148,14 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers."""
         self.pipeline_dataset.load_state_dict(state)
         self._delivered = {}
+
+
+def _raising(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The items, raising a worker's error where it sent one (see `ERROR_KEY`)."""
+    for item in items:
+        if ERROR_KEY in item:
+            raise item[ERROR_KEY]
+        yield item
 
 
 def _as_is(item: Any) -> Any:

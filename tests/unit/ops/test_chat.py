@@ -81,3 +81,13 @@ def test_malformed_messages_name_the_row(tokenizer: Any) -> None:
     )
     with pytest.raises(DataError, match=r"row 1: field 'messages' must be a list"):
         list(pipeline.pack_flat(64).batch(1))
+
+
+def test_a_lone_surrogate_in_a_message_names_the_row(tokenizer: Any) -> None:
+    lone = [{"role": "user", "content": "\ud800"}]  # not valid Unicode
+    dataset = Dataset.from_dict("sft", {"messages": [[{"role": "user", "content": "hi"}], lone]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False)).tokenize_chat(
+        tokenizer=tokenizer
+    )
+    with pytest.raises(DataError, match=r"row 1: field 'messages' is not valid Unicode text"):
+        list(pipeline.pack_flat(64).batch(1))
