@@ -32,6 +32,7 @@ from zephon_torch.io._compression import (
     decompress_to,
 )
 from zephon_torch.io._line_index import LineIndex, load_or_build
+from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._projection import ProjectedReader
 from zephon_torch.io._remote import CacheOptions, IoOptions
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -144,6 +145,7 @@ class JsonlReader:
             buffer = self._buffer(path)
         except FileNotFoundError:
             raise self._missing(path) from None
+        check_whole(buffer, dataset=self.dataset, shard=path)
         positions = as_row_array(rows)
         count = int(index.shape[1])
         check_in_range(positions, count, dataset=self.dataset, shard=path, note=CHANGED_NOTE)
@@ -199,7 +201,7 @@ class JsonlReader:
         else:
             compression = self._compression[path] = compression_of(path)
         if compression is None:
-            return self._mapped.get_or_load(path, partial(_map, path))
+            return self._mapped.get_or_load(path, partial(map_file, path))
         return self._decompressed.get_or_load(path, partial(self._decompress, path, compression))
 
     def _decompress(self, path: str, compression: Compression) -> mmap.mmap | bytes:
@@ -220,7 +222,7 @@ class JsonlReader:
         try:
             try:
                 with self._cache().open_made(key, f"{source} (decompressed)", make) as local:
-                    return _map(local)  # stays valid once unpinned, even if evicted
+                    return map_file(local)  # stays valid once unpinned, even if evicted
             except TooLargeError:
                 beside = f" minus its {held}-byte compressed download" if held else ""
                 raise ConfigError(
@@ -252,13 +254,6 @@ class JsonlReader:
             held = (os.getpid(), ShardCache(self.cache.directory, self.cache.max_bytes))
             self._shard_cache = held
         return held[1]
-
-
-def _map(path: str) -> mmap.mmap | bytes:
-    with open(path, "rb") as handle:
-        if not handle.seek(0, 2):
-            return b""  # mmap refuses empty files
-        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def _parse(line: bytes, start: int) -> Any:

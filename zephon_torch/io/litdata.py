@@ -14,8 +14,6 @@ hook that downloads them into the shard cache (see `_locate`). litdata is not im
 
 from __future__ import annotations
 
-import mmap
-import os
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import zstandard_module
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
+from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection, token_array
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
@@ -206,7 +205,9 @@ class LitDataReader:
     def _open_rows(self, path: str, rows: Rows) -> tuple[npt.NDArray[np.int64], _Chunk]:
         positions = as_row_array(rows)
         check_in_range(positions, self._rows[path][0], dataset=self.dataset, shard=path)
-        return positions, self._chunks.get_or_load(path, partial(self._load, path))
+        chunk = self._chunks.get_or_load(path, partial(self._load, path))
+        check_whole(chunk.data, dataset=self.dataset, shard=path)
+        return positions, chunk
 
     def _token_items(
         self, chunk: _Chunk, positions: npt.NDArray[np.int64]
@@ -343,7 +344,4 @@ def _unzstd(data: memoryview, size: int = 0) -> memoryview:
 
 
 def _read(path: str) -> memoryview:
-    with open(path, "rb") as handle:
-        if not os.fstat(handle.fileno()).st_size:
-            return memoryview(b"")
-        return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+    return memoryview(map_file(path))

@@ -31,6 +31,7 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import zstandard_module
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
+from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, decoder, is_array
 from zephon_torch.io._projection import Projection
@@ -212,7 +213,9 @@ class MdsReader:
         positions = as_row_array(rows)
         check_in_range(positions, info.samples, dataset=self.dataset, shard=path)
         cache = self._shards if info.codec is None else self._inflated
-        return info, positions, cache.get_or_load(path, partial(self._load, path, info))
+        shard = cache.get_or_load(path, partial(self._load, path, info))
+        check_whole(shard.data, dataset=self.dataset, shard=path)
+        return info, positions, shard
 
     def _arrays(
         self, info: _ShardInfo, positions: npt.NDArray[np.int64], shard: _Shard
@@ -354,11 +357,9 @@ def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
 
 
 def _read(path: str, info: _ShardInfo) -> mmap.mmap | bytes:
+    if info.codec is None:
+        return map_file(path)
     with open(path, "rb") as handle:
-        if info.codec is None:
-            if not handle.seek(0, 2):
-                return b""
-            return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         packed = handle.read()
     if info.codec == "zstd":
         inflater = zstandard_module().ZstdDecompressor()

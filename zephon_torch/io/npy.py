@@ -28,6 +28,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._locate import Locate, local_file
+from zephon_torch.io._mapped import check_whole
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 
@@ -130,8 +131,10 @@ class NpyReader:
         positions = as_row_array(rows)
         check_in_range(positions, file.num_rows, dataset=self.dataset, shard=path)
         tokens = file.tokens
+        check_whole(tokens, dataset=self.dataset, shard=path)
         if file.offsets is None:
             return [tokens[row] for row in positions.tolist()]
+        check_whole(file.offsets, dataset=self.dataset, shard=offsets_path(path))
         starts = file.offsets[positions].tolist()
         ends = file.offsets[positions + 1].tolist()
         return [tokens[start:end] for start, end in zip(starts, ends, strict=True)]
