@@ -35,6 +35,7 @@ def run_inspect(
     format_: str | None = None,
     rows: int = 3,
     index_cache_dir: str | None = None,
+    storage_options: dict[str, Any] | None = None,
     out: TextIO | None = None,
 ) -> int:
     """Prints a dataset's format, shards, rows, field types and first rows; returns the exit code.
@@ -43,15 +44,20 @@ def run_inspect(
         path: a local path, glob or fsspec URL, as for `Dataset.from_path`.
         format_: the format, or None to detect it.
         rows: rows to preview (0 for none); they also give the field types.
-        index_cache_dir: the JSONL line index cache (default: the library's).
+        index_cache_dir: where line indexes and remembered row counts go (default: the
+            library's).
+        storage_options: passed to the fsspec file system of a URL.
         out: where to print (default stdout); errors go to stderr.
 
     Returns:
         0, or `ERROR_EXIT` for a bad path, format or file.
     """
     stream = out or sys.stdout
+    storage = storage_options or {}
     return _guarded(
-        "inspect", lambda: _inspect(path, format_, rows, index_cache_dir, stream), stream
+        "inspect",
+        lambda: _inspect(_open(path, format_, index_cache_dir, storage), path, rows, stream),
+        stream,
     )
 
 
@@ -60,15 +66,21 @@ def run_index(
     *,
     format_: str | None = None,
     index_cache_dir: str | None = None,
+    storage_options: dict[str, Any] | None = None,
     out: TextIO | None = None,
 ) -> int:
-    """Builds the line index of every JSONL shard at `path` (cached; stale ones are rebuilt).
+    """Builds the line index of every JSONL shard at `path` (cached; stale ones are rebuilt), and
+    for remote Parquet and Vortex remembers the row counts; `storage_options` as for
+    `run_inspect`.
 
     Prints the shards indexed (and how many were already cached), the rows and the time; for a
     format without line indexes it says so. Returns 0, or `ERROR_EXIT` for a bad path.
     """
     stream = out or sys.stdout
-    return _guarded("index", lambda: _index(path, format_, index_cache_dir, stream), stream)
+    storage = storage_options or {}
+    return _guarded(
+        "index", lambda: _index(path, format_, index_cache_dir, storage, stream), stream
+    )
 
 
 def _guarded(command: str, body: Callable[[], None], out: TextIO) -> int:
@@ -82,20 +94,23 @@ def _guarded(command: str, body: Callable[[], None], out: TextIO) -> int:
     return 0
 
 
-def _open(path: str, format_: str | None, index_cache_dir: str | None) -> Dataset:
+def _open(
+    path: str, format_: str | None, index_cache_dir: str | None, storage: dict[str, Any]
+) -> Dataset:
     return Dataset.from_path(
-        _dataset_name(path), path, format=format_, index_cache_dir=index_cache_dir
+        _dataset_name(path),
+        path,
+        format=format_,
+        index_cache_dir=index_cache_dir,
+        storage_options=storage,
     )
 
 
 def _dataset_name(path: str) -> str:
-    return os.path.basename(path.rstrip("/")) or path
+    return os.path.basename(path.rstrip("/")) or path or "dataset"
 
 
-def _inspect(
-    path: str, format_: str | None, rows: int, index_cache_dir: str | None, out: TextIO
-) -> None:
-    dataset = _open(path, format_, index_cache_dir)
+def _inspect(dataset: Dataset, path: str, rows: int, out: TextIO) -> None:
     sample = dataset.read_rows(0, list(range(min(max(rows, 1), dataset.shards[0].num_rows))))
     print(f"path:    {path}", file=out)
     print(f"format:  {dataset.format}", file=out)
@@ -132,13 +147,19 @@ def _inspect(
 _REMEMBERED = ("parquet", "vortex")  # remote row counts kept in the index cache
 
 
-def _index(path: str, format_: str | None, index_cache_dir: str | None, out: TextIO) -> None:
+def _index(
+    path: str,
+    format_: str | None,
+    index_cache_dir: str | None,
+    storage: dict[str, Any],
+    out: TextIO,
+) -> None:
     from zephon_torch.io._line_index import default_cache_dir
 
     cache = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
     before = _cached_shards(path, format_, cache)
     started = time.perf_counter()
-    dataset = _open(path, format_, cache)
+    dataset = _open(path, format_, cache, storage)
     seconds = time.perf_counter() - started
     if dataset.remote and dataset.format in _REMEMBERED:
         print(

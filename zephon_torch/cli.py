@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -91,14 +93,33 @@ def _inspect(args: argparse.Namespace) -> int:
     from zephon_torch._inspect import run_inspect
 
     return run_inspect(
-        args.path, format_=args.format, rows=args.rows, index_cache_dir=args.index_cache_dir
+        args.path,
+        format_=args.format,
+        rows=args.rows,
+        index_cache_dir=args.index_cache_dir,
+        storage_options=args.storage_options,
     )
 
 
 def _index(args: argparse.Namespace) -> int:
     from zephon_torch._inspect import run_index
 
-    return run_index(args.path, format_=args.format, index_cache_dir=args.index_cache_dir)
+    return run_index(
+        args.path,
+        format_=args.format,
+        index_cache_dir=args.index_cache_dir,
+        storage_options=args.storage_options,
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,13 +179,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.set_defaults(run=_verify)
     for name, run, summary in (
         ("inspect", _inspect, "print a dataset's format, shards, rows, fields and first rows"),
-        ("index", _index, "build the JSONL line indexes of every shard, so later opens skip it"),
+        (
+            "index",
+            _index,
+            "do the first open's counting ahead of a job (JSONL line indexes; row counts of "
+            "remote Parquet and Vortex), so later opens skip it",
+        ),
     ):
         command = commands.add_parser(name, help=summary)
         command.add_argument("path", help="a file, directory, glob or fsspec URL")
         command.add_argument("--format", default=None, help="default: detected from the files")
         command.add_argument(
-            "--index-cache-dir", default=None, help="JSONL index cache (default: the library's)"
+            "--index-cache-dir",
+            default=None,
+            help="where line indexes and remembered row counts go (default: the library's)",
+        )
+        command.add_argument(
+            "--storage-options",
+            type=_json_object,
+            default=None,
+            help="a JSON object for the URL's fsspec file system, e.g. '{\"client_kwargs\": "
+            '{"endpoint_url": "http://127.0.0.1:9000"}}\'',
         )
         if name == "inspect":
             command.add_argument("--rows", type=int, default=3, help="rows to preview")

@@ -185,3 +185,29 @@ def test_a_file_not_of_the_given_format_gives_exit_code_2(
     path = write_parquet(tmp_path / "tokens.parquet")
     assert main(["inspect", str(path), "--format", "jsonl"]) == 2
     assert "error: dataset 'tokens.parquet'" in capsys.readouterr().err
+
+
+def test_storage_options_reach_the_url_s_file_system(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("s3fs")
+    from zephon_torch._moto import moto_server, upload
+
+    write_jsonl_shards(tmp_path / "local", shards=2, rows=4)
+    with moto_server() as (endpoint, _):
+        upload(endpoint, tmp_path / "local", "bucket", "corpus")
+        options = {
+            "key": "x",
+            "secret": "x",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+        url = "s3://bucket/corpus"
+        assert main(["inspect", url, "--storage-options", json.dumps(options)]) == 0
+        out = capsys.readouterr().out
+        assert "format:  jsonl" in out and "rows:    8" in out
+        assert main(["index", url, "--storage-options", json.dumps(options)]) == 0
+        assert "indexed 2 shards" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        main(["inspect", url, "--storage-options", "{'key': 1}"])
+    assert bad.value.code == 2
+    assert "--storage-options: not JSON" in capsys.readouterr().err
