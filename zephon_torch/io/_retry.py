@@ -9,6 +9,7 @@ object, a denied permission, a bad setting) are raised at once.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,11 +58,33 @@ class RetryPolicy:
                 raise ConfigError(f"retry `{field}` must be a number >= 0, got {value!r}")
 
 
+# Clients that found no usable credentials: a setting to fix, not a failure to wait out. Looked
+# up only in modules already imported (the client that raised has imported its own).
+_CREDENTIAL_ERRORS = {
+    "botocore.exceptions": ("NoCredentialsError", "PartialCredentialsError"),
+    "google.auth.exceptions": ("DefaultCredentialsError",),
+}
+
+
 def http_status(error: BaseException) -> int | None:
     """The HTTP status of the answer an error carries (`error.response.status_code`, as
-    huggingface_hub's and requests' errors have it), else None: no answer came."""
+    huggingface_hub's, requests' and Azure's errors have it, or an int `error.code`, as
+    gcsfs's), else None: no answer came."""
     status = getattr(getattr(error, "response", None), "status_code", None)
-    return status if isinstance(status, int) else None
+    if not isinstance(status, int):
+        status = getattr(error, "code", None)
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def lacks_credentials(error: BaseException) -> bool:
+    """Whether `error` is a storage client's "no usable credentials"."""
+    for module, names in _CREDENTIAL_ERRORS.items():
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(
+            error, tuple(getattr(loaded, name) for name in names if hasattr(loaded, name))
+        ):
+            return True
+    return False
 
 
 def is_transient(error: BaseException) -> bool:
@@ -69,6 +92,8 @@ def is_transient(error: BaseException) -> bool:
     access, a bad argument, or an HTTP 4xx answer other than 408 (timeout) and 429 (too many
     requests)."""
     if not isinstance(error, Exception) or isinstance(error, _PERMANENT):
+        return False
+    if lacks_credentials(error):
         return False
     status = http_status(error)
     return status is None or status >= 500 or status in (408, 429)
@@ -87,6 +112,7 @@ def call_with_retry(
 
     Raises:
         StorageError: when the attempts or the time run out, naming `url` and the last error.
+        ConfigError: at once, when the client found no usable credentials.
         Exception: a permanent error (missing object, denied access), unchanged.
     """
     start = time.monotonic()
@@ -97,6 +123,11 @@ def call_with_retry(
         try:
             return call()
         except Exception as error:
+            if lacks_credentials(error):
+                raise ConfigError(
+                    f"{what} of {url!r} found no usable credentials: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
             if not is_transient(error):
                 raise
             elapsed = time.monotonic() - start

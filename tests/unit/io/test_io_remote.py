@@ -219,6 +219,36 @@ def test_an_http_answer_is_retried_only_when_waiting_may_cure_it(
     assert len(calls) == (3 if retried else 1)
 
 
+def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
+    """Real exception classes: gcsfs's HttpError carries its status as `code`; botocore's and
+    google-auth's missing credentials are a ConfigError at once, not six retries."""
+    from botocore.exceptions import NoCredentialsError
+    from gcsfs.retry import HttpError
+    from google.auth.exceptions import DefaultCredentialsError
+
+    policy = RetryPolicy(attempts=3, initial_delay=0)
+    for status, retried in ((401, False), (403, False), (429, True), (503, True)):
+        calls: list[int] = []
+
+        def answered(status: int = status, calls: list[int] = calls) -> None:
+            calls.append(1)
+            raise HttpError({"code": status, "message": "no"})
+
+        with pytest.raises(StorageError if retried else HttpError):
+            call_with_retry(answered, url="gs://b/k", policy=policy)
+        assert len(calls) == (3 if retried else 1)
+    for error in (NoCredentialsError(), DefaultCredentialsError("none found")):
+        calls = []
+
+        def refused(error: Exception = error, calls: list[int] = calls) -> None:
+            calls.append(1)
+            raise error
+
+        with pytest.raises(ConfigError, match=r"listing of 's3://b/k' found no usable cred"):
+            call_with_retry(refused, url="s3://b/k", policy=policy, what="listing")
+        assert len(calls) == 1
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
