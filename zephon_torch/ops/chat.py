@@ -16,7 +16,7 @@ import numpy as np
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
-from zephon_torch.ops.document import Document, document_error, not_unicode
+from zephon_torch.ops.document import Document, document_error, encode_texts
 from zephon_torch.ops.map import function_name
 
 ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
@@ -79,19 +79,14 @@ class TokenizeChatOp:
     def __call__(self, docs: list[Document]) -> list[Document]:
         segments = [self._segments(doc) for doc in docs]
         texts = [text for doc_segments in segments for text, _ in doc_segments]
-        try:
-            encodings = self.tokenizer.backend.encode_batch_fast(texts, add_special_tokens=False)
-        except TypeError:
-            bad = not_unicode(texts)
-            if bad is None:
-                raise
-            owners = [doc for doc, doc_segments in zip(docs, segments) for _ in doc_segments]
-            raise document_error(
-                owners[bad[0]],
-                f"field {self.field!r} is not valid Unicode text: {bad[1]}",
-                dataset_names=self.dataset_names,
-                shard_paths=self.shard_paths,
-            ) from None
+        encodings = encode_texts(
+            self.tokenizer.backend,
+            texts,
+            lambda at: [doc for doc, parts in zip(docs, segments) for _ in parts][at],
+            field=self.field,
+            dataset_names=self.dataset_names,
+            shard_paths=self.shard_paths,
+        )
         at = 0
         for doc, doc_segments in zip(docs, segments):
             ids: list[np.ndarray[Any, Any]] = []

@@ -8,7 +8,7 @@ their cost is paid on worker threads or processes, never on the packer's thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -63,16 +63,38 @@ def document_error(
     )
 
 
-def not_unicode(texts: Sequence[str]) -> tuple[int, str] | None:
-    """The first text that is not valid Unicode (a lone surrogate, such as the JSON escape
-    "\\ud800" gives), with what is wrong; None when every one is. Tokenizers refuse such a
-    text with a TypeError that names no text; it is looked for only after one did."""
-    for at, text in enumerate(texts):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:
-            return at, f"{error.reason} ({text[error.start]!r}) at character {error.start}"
-    return None
+def encode_texts(
+    backend: Any,
+    texts: list[str],
+    owner: Callable[[int], Document],
+    *,
+    field: str,
+    dataset_names: list[str],
+    shard_paths: list[list[str]],
+) -> list[Any]:
+    """``backend.encode_batch_fast(texts)`` without special tokens; ``owner(i)`` is the
+    document of ``texts[i]``.
+
+    Raises:
+        DataError: naming the document of the first text that is not valid Unicode (a lone
+            surrogate, such as the JSON escape "\\ud800" gives), which the tokenizer refuses
+            with a TypeError naming no text; looked for only after it did.
+    """
+    try:
+        return list(backend.encode_batch_fast(texts, add_special_tokens=False))
+    except TypeError:
+        for at, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                what = f"{error.reason} ({text[error.start]!r}) at character {error.start}"
+                raise document_error(
+                    owner(at),
+                    f"field {field!r} is not valid Unicode text: {what}",
+                    dataset_names=dataset_names,
+                    shard_paths=shard_paths,
+                ) from None
+        raise
 
 
 class OperatorClock:

@@ -14,7 +14,7 @@ import numpy as np
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
-from zephon_torch.ops.document import Document, document_error, not_unicode
+from zephon_torch.ops.document import Document, document_error, encode_texts
 
 SpecialTokens = Literal["eos", "bos", "both", "none"]
 SPECIAL_TOKENS = ("eos", "bos", "both", "none")
@@ -74,18 +74,14 @@ class TokenizeOp:
         if not docs:
             return docs
         texts = [self._text(doc) for doc in docs]
-        try:
-            encodings = self.tokenizer.backend.encode_batch_fast(texts, add_special_tokens=False)
-        except TypeError:
-            bad = not_unicode(texts)
-            if bad is None:
-                raise
-            raise document_error(
-                docs[bad[0]],
-                f"field {self.field!r} is not valid Unicode text: {bad[1]}",
-                dataset_names=self.dataset_names,
-                shard_paths=self.shard_paths,
-            ) from None
+        encodings = encode_texts(
+            self.tokenizer.backend,
+            texts,
+            docs.__getitem__,
+            field=self.field,
+            dataset_names=self.dataset_names,
+            shard_paths=self.shard_paths,
+        )
         lengths = [len(e) for e in encodings]
         flat = np.fromiter(
             chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=sum(lengths)
