@@ -10,21 +10,20 @@ each, so a test reads either one the same way.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zephon_torch._moto import free_port, serving
+
 # gcsfs asks a GCS endpoint over gRPC whether a bucket is zonal or hierarchical, which the
 # emulator does not serve (a 60 s timeout per bucket); read when gcsfs is first imported.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
-START_S = 60.0
 AZURITE = (
     Path(__file__).resolve().parents[1] / ".azurite" / "node_modules" / ".bin" / "azurite-blob"
 )
@@ -61,38 +60,13 @@ class Store:
             fs.put_file(str(file), f"{bucket}/{prefix}/{file.name}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextmanager
-def _serving(command: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError(f"{command[0]} did not start") from None
-                time.sleep(0.1)
-        yield process
-    finally:
-        process.kill()
-        process.wait(10)
-
-
 @contextmanager
 def gcs_store() -> Iterator[Store]:
     """A fresh in-memory GCS emulator, read anonymously through gcsfs."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "gcp_storage_emulator", "start"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--in-memory"]
-    with _serving(command, port) as process:
+    with serving(command, port) as process:
         options = {
             "endpoint_url": f"http://127.0.0.1:{port}",
             "token": "anon",
@@ -107,10 +81,10 @@ def azure_store() -> Iterator[Store]:
     """A fresh in-memory Azurite blob service, read with the development account's key."""
     if not AZURITE.exists():
         raise RuntimeError(f"Azurite is not installed at {AZURITE}: run `make install`")
-    port = _free_port()
+    port = free_port()
     command = [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port)]
     command += ["--inMemoryPersistence", "--silent", "--disableTelemetry", "--skipApiVersionCheck"]
-    with _serving(command, port) as process:
+    with serving(command, port) as process:
         connection = (
             f"DefaultEndpointsProtocol=http;AccountName={AZURE_ACCOUNT};AccountKey={AZURE_KEY};"
             f"BlobEndpoint=http://127.0.0.1:{port}/{AZURE_ACCOUNT};"

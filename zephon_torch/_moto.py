@@ -2,7 +2,7 @@
 
 Started as its own process (``python -m moto.server``) on a free port, with dummy credentials;
 the tests and ``benchmarks/remote.py`` use it to read through the real s3fs client. Needs the
-dev extras (moto, boto3).
+dev extras (moto, boto3). ``serving`` runs any such server (the tests' GCS and Azure emulators).
 """
 
 from __future__ import annotations
@@ -27,15 +27,32 @@ def moto_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     Raises:
         RuntimeError: when it does not accept connections within ``START_S`` seconds.
     """
+    port = free_port()
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with serving(command, port, env=env) as server:
+        yield f"http://127.0.0.1:{port}", server
+
+
+def free_port() -> int:
+    """A loopback port free now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def serving(
+    command: list[str], port: int, *, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Runs the server `command` until it accepts connections on loopback `port`, yields its
+    process, and kills it on exit.
+
+    Raises:
+        RuntimeError: when it does not accept connections within ``START_S`` seconds.
+    """
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     )
     try:
         deadline = time.monotonic() + START_S
@@ -45,9 +62,9 @@ def moto_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("the moto server did not start") from None
+                    raise RuntimeError(f"{command[0]} did not start") from None
                 time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}", server
+        yield server
     finally:
         server.kill()
         server.wait(10)
