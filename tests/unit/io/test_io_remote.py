@@ -6,7 +6,6 @@ import io
 import json
 import pickle
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,10 @@ import pytest
 
 from tests.helpers import keys
 from zephon_torch import Pipeline
-from zephon_torch.errors import ConfigError, DataError, StorageError
+from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset
 from zephon_torch.io._remote import IoOptions
-from zephon_torch.io._retry import RetryPolicy, call_with_retry
-from zephon_torch.ops._runner import Runner
-from zephon_torch.ops.columns import TokenChain
-from zephon_torch.ops.read import DocumentReader
 from zephon_torch.work import StaticMixtureWorkSource
-from zephon_torch.work.pointers import PointerLayout
 
 
 def _put_jsonl(fs: Any, path: str, rows: list[dict[str, Any]]) -> None:
@@ -94,22 +88,6 @@ def test_parquet_rows_are_counted_from_the_footer_without_a_download(tmp_path: P
     assert dataset.read_rows(0, [39, 0]) == [{"text": "t39", "n": 39}, {"text": "t0", "n": 0}]
 
 
-def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
-    fs = fsspec.filesystem("memory")
-    root = _root()
-    for number in range(2):
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
-    dataset.prefetch([1, 0])
-    deadline = time.monotonic() + 10
-    cached: list[Path] = []
-    while time.monotonic() < deadline and len(cached) < 2:
-        cached = [p for p in (tmp_path / "cache").glob("*") if not p.name.startswith(".")]
-        time.sleep(0.01)
-    assert len(cached) == 2
-    assert dataset.read_rows(1, [3]) == [{"n": 1}]
-
-
 def test_a_truncated_shard_raises_a_data_error_naming_the_url(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
@@ -157,98 +135,6 @@ def test_a_shard_larger_than_the_cache_is_an_error_naming_it(tmp_path: Path) -> 
         Dataset.from_path("b", f"memory://{root}", io_options=_options(tmp_path, 100))
 
 
-def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
-    calls: list[int] = []
-
-    def flaky() -> str:
-        calls.append(1)
-        if len(calls) < 3:
-            raise ConnectionResetError("reset")
-        return "ok"
-
-    policy = RetryPolicy(attempts=3, initial_delay=0.001)
-    assert call_with_retry(flaky, url="s3://b/k", policy=policy) == "ok"
-
-    def broken() -> None:
-        raise TimeoutError("slow")
-
-    with pytest.raises(StorageError, match=r"s3://b/k.*2 attempt") as caught:
-        call_with_retry(broken, url="s3://b/k", policy=RetryPolicy(attempts=2, initial_delay=0))
-    assert caught.value.url == "s3://b/k"
-    with pytest.raises(FileNotFoundError):
-        call_with_retry(
-            lambda: (_ for _ in ()).throw(FileNotFoundError("gone")),
-            url="s3://b/k",
-            policy=policy,
-        )
-
-
-class _Answered(OSError):
-    """An HTTP client's error carrying the server's answer, as huggingface_hub's do."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.response = type("Response", (), {"status_code": status})()
-
-
-@pytest.mark.parametrize(
-    ("status", "retried"),
-    [
-        (400, False),
-        (401, False),
-        (403, False),
-        (404, False),
-        (408, True),
-        (429, True),
-        (500, True),
-        (503, True),
-    ],
-)
-def test_an_http_answer_is_retried_only_when_waiting_may_cure_it(
-    status: int, retried: bool
-) -> None:
-    calls: list[int] = []
-
-    def answered() -> None:
-        calls.append(1)
-        raise _Answered(status)
-
-    policy = RetryPolicy(attempts=3, initial_delay=0)
-    with pytest.raises(StorageError if retried else _Answered):
-        call_with_retry(answered, url="hf://datasets/o/n", policy=policy)
-    assert len(calls) == (3 if retried else 1)
-
-
-def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
-    """Real exception classes: gcsfs's HttpError carries its status as `code`; botocore's and
-    google-auth's missing credentials are a ConfigError at once, not six retries."""
-    from botocore.exceptions import NoCredentialsError
-    from gcsfs.retry import HttpError
-    from google.auth.exceptions import DefaultCredentialsError
-
-    policy = RetryPolicy(attempts=3, initial_delay=0)
-    for status, retried in ((401, False), (403, False), (429, True), (503, True)):
-        calls: list[int] = []
-
-        def answered(status: int = status, calls: list[int] = calls) -> None:
-            calls.append(1)
-            raise HttpError({"code": status, "message": "no"})
-
-        with pytest.raises(StorageError if retried else HttpError):
-            call_with_retry(answered, url="gs://b/k", policy=policy)
-        assert len(calls) == (3 if retried else 1)
-    for error in (NoCredentialsError(), DefaultCredentialsError("none found")):
-        calls = []
-
-        def refused(error: Exception = error, calls: list[int] = calls) -> None:
-            calls.append(1)
-            raise error
-
-        with pytest.raises(ConfigError, match=r"listing of 's3://b/k' found no usable cred"):
-            call_with_retry(refused, url="s3://b/k", policy=policy, what="listing")
-        assert len(calls) == 1
-
-
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -270,35 +156,6 @@ def test_a_foreground_download_shows_a_bar_on_a_terminal_only(
     _put_jsonl(fs, f"{root}2/b.jsonl", [{"text": "y"}] * 5)
     Dataset.from_path("q", f"memory://{root}2/", io_options=_options(tmp_path)).read_rows(0, [0])
     assert quiet.getvalue() == ""
-
-
-def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: Path) -> None:
-    root, size = _equal_parquet_shards(6)
-    options = _options(tmp_path)
-    options["cache"]["prefetch_bytes"] = 3 * size + size // 2  # three shards ahead
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
-    cache = tmp_path / "cache"
-
-    def cached(count: int) -> set[str]:
-        """The cached shards, once `count` are there and nothing more arrives for 0.2 s."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            names = {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
-            if len(names) >= count:
-                time.sleep(0.2)
-                return {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
-            time.sleep(0.01)
-        return names
-
-    order = [4, 1, 5, 0, 2, 3]
-    dataset.prefetch(iter(order))
-    assert cached(3) == {"4.parquet", "1.parquet", "5.parquet"}
-    dataset.prefetch(iter(order[2:]))  # the reader moved on two shards: two more come
-    assert cached(5) == {f"{n}.parquet" for n in order[:5]}
-    dataset.prefetch(iter(order[3:]))  # one more, and nothing twice
-    assert cached(6) == {f"{n}.parquet" for n in order}
-    assert dataset.cache_counters() == {"hits": 0, "misses": 6, "bytes_downloaded": 6 * size}
-    assert dataset.read_rows(3, [0]) == [{"n": 7}]
 
 
 def test_a_parquet_footer_longer_than_the_first_tail_read_is_read_whole(tmp_path: Path) -> None:
@@ -411,71 +268,6 @@ def test_a_bad_parquet_footer_is_a_data_error_at_once_not_a_retried_storage_erro
         Dataset.from_path("p", f"memory://{root}/a.parquet", io_options=_options(tmp_path))
 
 
-def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
-    tmp_path: Path,
-) -> None:
-    """Each walk stats the shards ahead (up to the byte budget); it gives the same shards for
-    every chunk of a window, so the reader walks again only when it enters the next one."""
-    fs = fsspec.filesystem("memory")
-    root = _root()
-    for number in range(6):
-        ids = [[number * 100 + i] * 3 for i in range(10)]
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": ids}))
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
-    walks: list[list[int]] = []
-    prefetch = dataset.prefetch
-
-    def recorded(urls: Any, share: int = 1) -> None:
-        walks.append(list(urls))
-        prefetch(iter(walks[-1]), share=share)
-
-    dataset.prefetch = recorded  # type: ignore[method-assign]
-    layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
-    reader = DocumentReader(
-        source=0,
-        layout=layout,
-        lane=0,
-        num_lanes=1,
-        exhaustion="stop",
-        runner=Runner(TokenChain((dataset,), "ids", None), parallelism=1, kind="inline"),
-        chunk_docs=1,
-        ahead=2,
-    )
-    seen = []
-    while (found := reader.columns()) is not None:
-        chunk, index = found
-        seen.extend(int(ids[0]) for ids in chunk.tokens[index:])
-        reader.advance(len(chunk))
-    assert sorted(seen) == sorted(n * 100 + i for n in range(6) for i in range(10))
-    # each walk is the upcoming order from the start of a window the cursor entered: once
-    # per window (three here) however many chunks were asked for in it
-    order = list(layout.upcoming_shards(pass_index=0, lane=0, num_lanes=1, start=0))
-    suffixes = [order[first:] for first in range(0, 6, layout.window_shards)]
-    assert walks[0] == order
-    assert all(walk in suffixes for walk in walks)
-    assert len({len(walk) for walk in walks}) == len(walks) <= 3 < reader._submitted
-    assert dataset.cache_counters()["misses"] == 6
-
-
-def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
-    fs = fsspec.filesystem("memory")
-    root = _root()
-    for number in range(3):
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
-    options = _options(tmp_path)
-    options["cache"]["prefetch_bytes"] = 0
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
-    dataset.prefetch(iter([0, 1, 2]))
-    time.sleep(0.2)
-    assert not list((tmp_path / "cache").glob("*.parquet"))
-    assert dataset.read_rows(1, [0]) == [{"n": 1}]  # the read downloads its shard itself
-    assert dataset.cache_counters() == {
-        "hits": 0,
-        "misses": 1,
-        "bytes_downloaded": fs.size(f"{root}/1.parquet"),
-    }
-
-
 def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
@@ -483,20 +275,6 @@ def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None
     fs.pipe(f"{root}/b.jsonl", b"")
     with pytest.raises(DataError, match=r"b\.jsonl.*no rows"):
         Dataset.from_path("e", f"memory://{root}", io_options=_options(tmp_path))
-
-
-def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
-    root, size = _equal_parquet_shards(4)
-    options = _options(tmp_path)
-    options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four shards alone, two shared
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
-    dataset.prefetch(iter([3, 2, 1, 0]), share=2)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(list((tmp_path / "cache").glob("*.parquet"))) < 2:
-        time.sleep(0.01)
-    time.sleep(0.2)
-    names = {p.name.split("-")[-1] for p in (tmp_path / "cache").glob("*.parquet")}
-    assert names == {"3.parquet", "2.parquet"}
 
 
 def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(

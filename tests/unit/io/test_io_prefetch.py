@@ -1,0 +1,147 @@
+"""Prefetch of remote shards (memory://): in the background, as far ahead as the byte budget,
+shared by datasets, walked once per window."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+
+from tests.unit.io.test_io_remote import (
+    _equal_parquet_shards,
+    _options,
+    _put_parquet,
+    _root,
+)
+from zephon_torch.io import Dataset
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops.columns import TokenChain
+from zephon_torch.ops.read import DocumentReader
+from zephon_torch.work.pointers import PointerLayout
+
+
+def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(2):
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    dataset.prefetch([1, 0])
+    deadline = time.monotonic() + 10
+    cached: list[Path] = []
+    while time.monotonic() < deadline and len(cached) < 2:
+        cached = [p for p in (tmp_path / "cache").glob("*") if not p.name.startswith(".")]
+        time.sleep(0.01)
+    assert len(cached) == 2
+    assert dataset.read_rows(1, [3]) == [{"n": 1}]
+
+
+def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: Path) -> None:
+    root, size = _equal_parquet_shards(6)
+    options = _options(tmp_path)
+    options["cache"]["prefetch_bytes"] = 3 * size + size // 2  # three shards ahead
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    cache = tmp_path / "cache"
+
+    def cached(count: int) -> set[str]:
+        """The cached shards, once `count` are there and nothing more arrives for 0.2 s."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            names = {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
+            if len(names) >= count:
+                time.sleep(0.2)
+                return {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
+            time.sleep(0.01)
+        return names
+
+    order = [4, 1, 5, 0, 2, 3]
+    dataset.prefetch(iter(order))
+    assert cached(3) == {"4.parquet", "1.parquet", "5.parquet"}
+    dataset.prefetch(iter(order[2:]))  # the reader moved on two shards: two more come
+    assert cached(5) == {f"{n}.parquet" for n in order[:5]}
+    dataset.prefetch(iter(order[3:]))  # one more, and nothing twice
+    assert cached(6) == {f"{n}.parquet" for n in order}
+    assert dataset.cache_counters() == {"hits": 0, "misses": 6, "bytes_downloaded": 6 * size}
+    assert dataset.read_rows(3, [0]) == [{"n": 7}]
+
+
+def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
+    tmp_path: Path,
+) -> None:
+    """Each walk stats the shards ahead (up to the byte budget); it gives the same shards for
+    every chunk of a window, so the reader walks again only when it enters the next one."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(6):
+        ids = [[number * 100 + i] * 3 for i in range(10)]
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": ids}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    walks: list[list[int]] = []
+    prefetch = dataset.prefetch
+
+    def recorded(urls: Any, share: int = 1) -> None:
+        walks.append(list(urls))
+        prefetch(iter(walks[-1]), share=share)
+
+    dataset.prefetch = recorded  # type: ignore[method-assign]
+    layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
+    reader = DocumentReader(
+        source=0,
+        layout=layout,
+        lane=0,
+        num_lanes=1,
+        exhaustion="stop",
+        runner=Runner(TokenChain((dataset,), "ids", None), parallelism=1, kind="inline"),
+        chunk_docs=1,
+        ahead=2,
+    )
+    seen = []
+    while (found := reader.columns()) is not None:
+        chunk, index = found
+        seen.extend(int(ids[0]) for ids in chunk.tokens[index:])
+        reader.advance(len(chunk))
+    assert sorted(seen) == sorted(n * 100 + i for n in range(6) for i in range(10))
+    # each walk is the upcoming order from the start of a window the cursor entered: once
+    # per window (three here) however many chunks were asked for in it
+    order = list(layout.upcoming_shards(pass_index=0, lane=0, num_lanes=1, start=0))
+    suffixes = [order[first:] for first in range(0, 6, layout.window_shards)]
+    assert walks[0] == order
+    assert all(walk in suffixes for walk in walks)
+    assert len({len(walk) for walk in walks}) == len(walks) <= 3 < reader._submitted
+    assert dataset.cache_counters()["misses"] == 6
+
+
+def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(3):
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
+    options = _options(tmp_path)
+    options["cache"]["prefetch_bytes"] = 0
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    dataset.prefetch(iter([0, 1, 2]))
+    time.sleep(0.2)
+    assert not list((tmp_path / "cache").glob("*.parquet"))
+    assert dataset.read_rows(1, [0]) == [{"n": 1}]  # the read downloads its shard itself
+    assert dataset.cache_counters() == {
+        "hits": 0,
+        "misses": 1,
+        "bytes_downloaded": fs.size(f"{root}/1.parquet"),
+    }
+
+
+def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
+    root, size = _equal_parquet_shards(4)
+    options = _options(tmp_path)
+    options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four shards alone, two shared
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    dataset.prefetch(iter([3, 2, 1, 0]), share=2)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(list((tmp_path / "cache").glob("*.parquet"))) < 2:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    names = {p.name.split("-")[-1] for p in (tmp_path / "cache").glob("*.parquet")}
+    assert names == {"3.parquet", "2.parquet"}

@@ -1,0 +1,101 @@
+"""Retries of storage calls: transient errors retried then raised as StorageErrors; answers and
+client errors that waiting cannot cure raised at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from zephon_torch.errors import ConfigError, StorageError
+from zephon_torch.io._retry import RetryPolicy, call_with_retry
+
+
+def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset")
+        return "ok"
+
+    policy = RetryPolicy(attempts=3, initial_delay=0.001)
+    assert call_with_retry(flaky, url="s3://b/k", policy=policy) == "ok"
+
+    def broken() -> None:
+        raise TimeoutError("slow")
+
+    with pytest.raises(StorageError, match=r"s3://b/k.*2 attempt") as caught:
+        call_with_retry(broken, url="s3://b/k", policy=RetryPolicy(attempts=2, initial_delay=0))
+    assert caught.value.url == "s3://b/k"
+    with pytest.raises(FileNotFoundError):
+        call_with_retry(
+            lambda: (_ for _ in ()).throw(FileNotFoundError("gone")),
+            url="s3://b/k",
+            policy=policy,
+        )
+
+
+class _Answered(OSError):
+    """An HTTP client's error carrying the server's answer, as huggingface_hub's do."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.response = type("Response", (), {"status_code": status})()
+
+
+@pytest.mark.parametrize(
+    ("status", "retried"),
+    [
+        (400, False),
+        (401, False),
+        (403, False),
+        (404, False),
+        (408, True),
+        (429, True),
+        (500, True),
+        (503, True),
+    ],
+)
+def test_an_http_answer_is_retried_only_when_waiting_may_cure_it(
+    status: int, retried: bool
+) -> None:
+    calls: list[int] = []
+
+    def answered() -> None:
+        calls.append(1)
+        raise _Answered(status)
+
+    policy = RetryPolicy(attempts=3, initial_delay=0)
+    with pytest.raises(StorageError if retried else _Answered):
+        call_with_retry(answered, url="hf://datasets/o/n", policy=policy)
+    assert len(calls) == (3 if retried else 1)
+
+
+def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
+    """Real exception classes: gcsfs's HttpError carries its status as `code`; botocore's and
+    google-auth's missing credentials are a ConfigError at once, not six retries."""
+    from botocore.exceptions import NoCredentialsError
+    from gcsfs.retry import HttpError
+    from google.auth.exceptions import DefaultCredentialsError
+
+    policy = RetryPolicy(attempts=3, initial_delay=0)
+    for status, retried in ((401, False), (403, False), (429, True), (503, True)):
+        calls: list[int] = []
+
+        def answered(status: int = status, calls: list[int] = calls) -> None:
+            calls.append(1)
+            raise HttpError({"code": status, "message": "no"})
+
+        with pytest.raises(StorageError if retried else HttpError):
+            call_with_retry(answered, url="gs://b/k", policy=policy)
+        assert len(calls) == (3 if retried else 1)
+    for error in (NoCredentialsError(), DefaultCredentialsError("none found")):
+        calls = []
+
+        def refused(error: Exception = error, calls: list[int] = calls) -> None:
+            calls.append(1)
+            raise error
+
+        with pytest.raises(ConfigError, match=r"listing of 's3://b/k' found no usable cred"):
+            call_with_retry(refused, url="s3://b/k", policy=policy, what="listing")
+        assert len(calls) == 1
