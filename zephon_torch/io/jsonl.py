@@ -185,9 +185,16 @@ class JsonlReader:
         return self._indexes.get_or_load(
             path,
             lambda: load_or_build(
-                path, self.index_cache_dir, lambda: self._buffer(path), name=self._download(path)
+                path, self.index_cache_dir, lambda: self._whole(path), name=self._download(path)
             ),
         )
+
+    def _whole(self, path: str) -> mmap.mmap | bytes:
+        """The shard's buffer, checked against its file before the line index scans it: its
+        map may be older than the index (the two caches evict apart)."""
+        buffer = self._buffer(path)
+        check_whole(buffer, dataset=self.dataset, shard=path)
+        return buffer
 
     def _download(self, path: str) -> str | None:
         """The shard cache's name of `path` when it is a download there (the name says which

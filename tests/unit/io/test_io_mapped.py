@@ -49,3 +49,31 @@ def test_a_shard_cut_short_while_mapped_is_a_data_error_naming_it(
         dataset.read_rows(0, [last])
     assert (caught.value.dataset, caught.value.shard) == ("d", dataset.shards[0].path)
     assert len(first) == 1
+
+
+def test_a_jsonl_shard_cut_short_while_mapped_is_a_data_error_when_its_line_index_is_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """The line index left the reader's memory before the map did: rebuilding it (the file's
+    size changed, so the cached index is not reused) must not scan the stale map."""
+    from zephon_torch.io.jsonl import JsonlReader
+
+    shards = [tmp_path / f"{name}.jsonl" for name in "abc"]
+    for shard in shards:
+        lines = (json.dumps({"text": "x" * 90, "i": i}) + "\n" for i in range(2000))
+        shard.write_text("".join(lines))
+    index_dir = str(tmp_path / "idx")
+    for shard in shards:  # the line indexes on disk
+        JsonlReader(dataset="d", index_cache_dir=index_dir).num_rows(str(shard))
+    reader = JsonlReader(dataset="d", index_cache_dir=index_dir, max_open=2)
+    first, second, third = (str(shard) for shard in shards)
+    reader.read(first, [0])  # mapped; its index from disk
+    reader.num_rows(second)
+    reader.num_rows(third)  # the first shard's index leaves the LRU, its map stays
+    with open(first, "r+b") as handle:
+        handle.truncate(os.path.getsize(first) // 2)
+    for call in (lambda: reader.num_rows(first), lambda: reader.read(first, [0])):
+        cut = r"was cut to \d+ bytes while \d+ were mapped"
+        with pytest.raises(DataError, match=cut) as caught:
+            call()
+        assert (caught.value.dataset, caught.value.shard) == ("d", first)
