@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import small_pipeline
 from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError
 from zephon_torch.io import Dataset
-from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
 def pipeline_over(dataset: Dataset, tokenizer: Any, field: str = "text") -> Pipeline:
@@ -58,6 +58,23 @@ def test_a_lone_surrogate_in_a_json_line_names_the_row(tmp_path: Path, tokenizer
     shard.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"row 3: field 'text' is not valid Unicode text"):
         list(pipeline_over(Dataset.from_path("web", shard), tokenizer))
+
+
+def test_a_lone_surrogate_among_the_calibration_documents_names_the_row(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Token estimation reads the first documents (and counts their bytes) before any
+    batch: the bad text must still be a DataError naming the row."""
+    shard = tmp_path / "a.jsonl"
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(5)]
+    lines[3] = '{"text": "broken \\ud800 text"}'
+    shard.write_text("\n".join(lines) + "\n")
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path("web", shard)], seed=0, token_estimation=TokenEstimation()
+    )
+    pipeline = Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(32).batch(2)
+    with pytest.raises(DataError, match=r"row 3: field 'text' is not valid Unicode text"):
+        list(pipeline)
 
 
 def test_an_empty_shard_is_refused_by_name(tmp_path: Path) -> None:

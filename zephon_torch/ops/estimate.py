@@ -36,7 +36,8 @@ def calibrate(
         for op in chain.ops[:-1]:
             docs = op(docs)
         texts = [t for d in docs if d.data is not None and isinstance(t := d.data.get(field), str)]
-        text_bytes = sum(len(t.encode()) for t in texts)
+        # surrogatepass: a text that is not valid Unicode is named by the tokenizer (DataError)
+        text_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
         if texts and layout.name in pinned:
             tokens = pinned[layout.name] * text_bytes
         elif texts and estimation.measure is not None:
