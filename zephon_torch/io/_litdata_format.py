@@ -75,9 +75,12 @@ def _nested(view: memoryview) -> Any:
     """A `json` leaf: litdata's compact nested encoding, or JSON text (a first byte above
     0x20, as JSON text starts)."""
     raw = bytes(view)
-    if not raw or raw[0] > 0x20:
-        return json.loads(raw)
-    value, end = _nested_at(raw, 0)
+    try:
+        if not raw or raw[0] > 0x20:
+            return json.loads(raw)
+        value, end = _nested_at(raw, 0)
+    except RecursionError:
+        raise ValueError("a json leaf nests too deep") from None
     if end != len(raw):
         raise ValueError(f"a json leaf holds {len(raw) - end} bytes past its value")
     return value
@@ -135,6 +138,8 @@ def _nested_at(raw: bytes, at: int) -> tuple[Any, int]:
         for _ in range(key_count):
             key, at = _text_at(raw, at)
             keys.append(key)
+        if count and not keys:  # litdata writes keyless dicts as JSON: no bytes bound `count`
+            raise ValueError("a json leaf has records of no keys")
         for _ in range(count):
             record: dict[str, Any] = {}
             for key in keys:

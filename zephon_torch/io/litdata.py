@@ -243,6 +243,8 @@ class LitDataReader:
         assert chunk.footer is not None
         with chunk.lock:
             batch = chunk.footer.get_batch(number)
+        # read without checks: damaged offsets would crash the process (SystemError, SIGSEGV)
+        batch.validate(full=True)
         # an optional field that no item of the chunk has is not in its footer: null there
         stored, rows = batch.schema.names, len(batch)
         arrays = [batch.column(name) if name in stored else pa.nulls(rows) for name in self._names]

@@ -233,3 +233,49 @@ def test_a_token_item_that_does_not_decode_is_named_by_row(
     with pytest.raises(DataError, match=r"row 3: item does not decode") as caught:
         dataset.read_rows(0, [5, 3, 4])
     assert (caught.value.dataset, caught.value.shard) == ("broken", str(victim))
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        # records of no keys: litdata writes none (keyless dicts go as JSON), and no bytes
+        # bound their count (0xFFFFFFFF of them hung the reader, then ran out of memory)
+        bytes([6]) + (2).to_bytes(4, "little") + (0).to_bytes(4, "little"),
+        # dicts nested past the recursion limit (a RecursionError the reader did not catch)
+        (bytes([5]) + (1).to_bytes(4, "little") + (0).to_bytes(4, "little")) * 5000 + bytes([11]),
+        b"[" * 100_000,
+    ],
+)
+def test_a_damaged_json_leaf_is_a_value_error_the_reader_names(leaf: bytes) -> None:
+    from zephon_torch.io._litdata_format import _nested
+    from zephon_torch.io.litdata import _CORRUPT
+
+    with pytest.raises(_CORRUPT):
+        _nested(memoryview(leaf))
+
+
+def test_damaged_offsets_in_an_arrow_footer_are_a_data_error_naming_the_row(
+    tmp_path: Path,
+) -> None:
+    """pyarrow reads a footer's record batch unchecked: a string offset gone backwards was a
+    SystemError (other damage a segfault) when the rows were converted."""
+    import pyarrow as pa
+
+    from zephon_torch.io import _litdata_format as fmt
+
+    items = [{"text": f"text {i}"} for i in range(6)]
+    out = write_litdata(tmp_path / "footer", items, chunk_bytes=None, chunk_size=6)
+    chunk = next(out.glob("*.bin"))
+    data = bytearray(chunk.read_bytes())
+    footer = fmt.parse_layout(memoryview(bytes(data)), len(items)).footer
+    assert footer is not None
+    start, length = footer
+    ipc = pa.py_buffer(bytes(data[start : start + length]))
+    offsets = pa.ipc.open_file(ipc).get_batch(0).column("text").buffers()[1]
+    at = start + offsets.address - ipc.address
+    # row 1 ends before it starts
+    data[at + 8 : at + 12] = (-100).to_bytes(4, "little", signed=True)
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="item does not decode") as caught:
+        Dataset.from_path("l", out).read_rows(0, [1])
+    assert (caught.value.dataset, caught.value.shard) == ("l", str(chunk))
