@@ -68,6 +68,15 @@ def test_every_format_reads_the_same_rows_as_the_local_copy(store: Store, tmp_pa
         ]
 
 
+def test_a_url_naming_one_object_reads_it(store: Store, tmp_path: Path) -> None:
+    _write_corpus(tmp_path / "one", "jsonl", shards=2, rows=5)
+    store.upload(tmp_path / "one", "bucket", "one")
+    remote = _open(store, "bucket", "one/part-001.jsonl", tmp_path)
+    local = Dataset.from_path("one", tmp_path / "one" / "part-001.jsonl")
+    assert [shard.path for shard in remote.shards] == [store.url("bucket", "one/part-001.jsonl")]
+    assert _plain_rows(remote) == _plain_rows(local)
+
+
 def test_pipelines_give_the_batches_of_the_local_copy(
     store: Store, tmp_path: Path, tokenizer: Any
 ) -> None:

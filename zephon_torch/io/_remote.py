@@ -229,6 +229,8 @@ def list_remote(
         if GLOB_CHARS.intersection(root):
             return "glob", fs.glob(root, detail=True)
         found = fs.find(root, detail=True)  # a file lists as itself: no separate isdir/isfile
+        if isinstance(found, list):  # adlfs lists a file by its name alone, detail or not
+            found = {path: fs.info(path) for path in found}
         if list(found) == [root.rstrip("/")]:
             return "file", found
         if found or fs.isdir(root):
