@@ -66,13 +66,25 @@ _CREDENTIAL_ERRORS = {
 }
 
 
+# Errors holding the status elsewhere, looked up only in modules already imported (aiohttp's
+# `code` is a deprecated alias of its `status`: not read).
+_STATUS_ATTRIBUTES = (
+    ("gcsfs.retry", "HttpError", "code"),
+    ("aiohttp.client_exceptions", "ClientResponseError", "status"),
+)
+
+
 def http_status(error: BaseException) -> int | None:
     """The HTTP status of the answer an error carries (`error.response.status_code`, as
-    huggingface_hub's, requests' and Azure's errors have it, or an int `error.code`, as
-    gcsfs's), else None: no answer came."""
+    huggingface_hub's, requests' and Azure's errors have it, gcsfs's `code`, aiohttp's `status`
+    (for fsspec's http://)), else None: no answer came."""
     status = getattr(getattr(error, "response", None), "status_code", None)
-    if not isinstance(status, int):
-        status = getattr(error, "code", None)
+    for module, name, attribute in _STATUS_ATTRIBUTES:
+        loaded = sys.modules.get(module)
+        if not isinstance(status, int) and loaded is not None:
+            kind = getattr(loaded, name, None)
+            if isinstance(kind, type) and isinstance(error, kind):
+                status = getattr(error, attribute, None)
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 

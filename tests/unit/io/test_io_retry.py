@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zephon_torch.errors import ConfigError, StorageError
-from zephon_torch.io._retry import RetryPolicy, call_with_retry
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, is_transient
 
 
 def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
@@ -72,8 +72,9 @@ def test_an_http_answer_is_retried_only_when_waiting_may_cure_it(
 
 
 def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
-    """Real exception classes: gcsfs's HttpError carries its status as `code`; botocore's and
-    google-auth's missing credentials are a ConfigError at once, not six retries."""
+    """Real exception classes: gcsfs's HttpError carries its status as `code`, aiohttp's as
+    `status`; botocore's and google-auth's missing credentials are a ConfigError at once, not
+    six retries."""
     from botocore.exceptions import NoCredentialsError
     from gcsfs.retry import HttpError
     from google.auth.exceptions import DefaultCredentialsError
@@ -89,6 +90,16 @@ def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
         with pytest.raises(StorageError if retried else HttpError):
             call_with_retry(answered, url="gs://b/k", policy=policy)
         assert len(calls) == (3 if retried else 1)
+    import warnings
+
+    from aiohttp import ClientResponseError, RequestInfo
+    from yarl import URL
+
+    info = RequestInfo(URL("http://h/k"), "GET", {}, URL("http://h/k"))  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its deprecated `code` is not read
+        assert not is_transient(ClientResponseError(info, (), status=404))  # fsspec's http://
+        assert is_transient(ClientResponseError(info, (), status=503))
     for error in (NoCredentialsError(), DefaultCredentialsError("none found")):
         calls = []
 
