@@ -63,6 +63,7 @@ class RetryPolicy:
 _CREDENTIAL_ERRORS = {
     "botocore.exceptions": ("NoCredentialsError", "PartialCredentialsError"),
     "google.auth.exceptions": ("DefaultCredentialsError",),
+    "azure.core.exceptions": ("ClientAuthenticationError",),  # none found, or refused
 }
 
 

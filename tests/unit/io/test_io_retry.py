@@ -73,7 +73,7 @@ def test_an_http_answer_is_retried_only_when_waiting_may_cure_it(
 
 def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
     """Real exception classes: gcsfs's HttpError carries its status as `code`, aiohttp's as
-    `status`; botocore's and google-auth's missing credentials are a ConfigError at once, not
+    `status`; missing credentials (botocore, google-auth, Azure) are a ConfigError at once, not
     six retries."""
     from botocore.exceptions import NoCredentialsError
     from gcsfs.retry import HttpError
@@ -100,7 +100,10 @@ def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
         warnings.simplefilter("error")  # its deprecated `code` is not read
         assert not is_transient(ClientResponseError(info, (), status=404))  # fsspec's http://
         assert is_transient(ClientResponseError(info, (), status=503))
-    for error in (NoCredentialsError(), DefaultCredentialsError("none found")):
+    from azure.core.exceptions import ClientAuthenticationError
+
+    errors = (NoCredentialsError(), DefaultCredentialsError("none"), ClientAuthenticationError())
+    for error in errors:
         calls = []
 
         def refused(error: Exception = error, calls: list[int] = calls) -> None:
