@@ -63,7 +63,6 @@ class RetryPolicy:
 _CREDENTIAL_ERRORS = {
     "botocore.exceptions": ("NoCredentialsError", "PartialCredentialsError"),
     "google.auth.exceptions": ("DefaultCredentialsError",),
-    "azure.core.exceptions": ("ClientAuthenticationError",),  # none found, or refused
 }
 
 

@@ -73,7 +73,7 @@ def test_an_http_answer_is_retried_only_when_waiting_may_cure_it(
 
 def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
     """Real exception classes: gcsfs's HttpError carries its status as `code`, aiohttp's as
-    `status`; missing credentials (botocore, google-auth, Azure) are a ConfigError at once, not
+    `status`; missing credentials (botocore, google-auth) are a ConfigError at once, not
     six retries."""
     from botocore.exceptions import NoCredentialsError
     from gcsfs.retry import HttpError
@@ -100,10 +100,7 @@ def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
         warnings.simplefilter("error")  # its deprecated `code` is not read
         assert not is_transient(ClientResponseError(info, (), status=404))  # fsspec's http://
         assert is_transient(ClientResponseError(info, (), status=503))
-    from azure.core.exceptions import ClientAuthenticationError
-
-    errors = (NoCredentialsError(), DefaultCredentialsError("none"), ClientAuthenticationError())
-    for error in errors:
+    for error in (NoCredentialsError(), DefaultCredentialsError("none found")):
         calls = []
 
         def refused(error: Exception = error, calls: list[int] = calls) -> None:
@@ -113,3 +110,45 @@ def test_the_cloud_clients_errors_are_told_apart_without_waiting() -> None:
         with pytest.raises(ConfigError, match=r"listing of 's3://b/k' found no usable cred"):
             call_with_retry(refused, url="s3://b/k", policy=policy, what="listing")
         assert len(calls) == 1
+
+
+def test_an_azure_token_request_that_failed_in_transit_is_retried_a_refused_one_is_not() -> None:
+    """azure-identity wraps an unreachable token endpoint in ClientAuthenticationError, the
+    class it also raises for a refused key: only its status tells them apart."""
+    from azure.core.exceptions import ClientAuthenticationError
+    from azure.identity import ClientSecretCredential
+
+    credential = ClientSecretCredential(
+        "tenant",
+        "client",
+        "secret",
+        authority="127.0.0.1:9",  # nothing listens there
+        disable_instance_discovery=True,
+        retry_total=0,
+    )
+    calls: list[int] = []
+
+    def refresh() -> None:
+        calls.append(1)
+        credential.get_token("https://storage.azure.com/.default")
+
+    policy = RetryPolicy(attempts=3, initial_delay=0.0)
+    with pytest.raises(StorageError) as raised:
+        call_with_retry(refresh, url="az://c/k", policy=policy)
+    assert isinstance(raised.value.__cause__, ClientAuthenticationError)
+    assert len(calls) == 3
+
+    class Answer:
+        status_code, reason = 403, "Forbidden"
+
+    refused = ClientAuthenticationError("AuthenticationFailed")
+    refused.response = Answer()  # type: ignore[assignment]
+    calls.clear()
+
+    def denied() -> None:
+        calls.append(1)
+        raise refused
+
+    with pytest.raises(ClientAuthenticationError):
+        call_with_retry(denied, url="az://c/k", policy=policy)
+    assert len(calls) == 1
