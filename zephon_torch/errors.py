@@ -31,21 +31,31 @@ class StateMismatchError(ZephonError, ValueError):
 
 
 class DataError(ZephonError, ValueError):
-    """Bad input data, with the dataset, shard and row where it was found."""
+    """Bad input data, with the dataset, shard and row where it was found.
+
+    The library always names the dataset. The fields may be left out only so that torch, which
+    re-raises a DataLoader worker's error as ``type(error)(message)``, keeps its type (the
+    message still says where; ``zephon_torch.torch.DataLoader`` passes the fields too).
+    """
 
     def __init__(
-        self, message: str, *, dataset: str, shard: str | None = None, row: int | None = None
+        self,
+        message: str,
+        *,
+        dataset: str | None = None,
+        shard: str | None = None,
+        row: int | None = None,
     ) -> None:
         self.dataset = dataset
         self.shard = shard
         self.row = row
-        where = f"dataset {dataset!r}"
+        where = [] if dataset is None else [f"dataset {dataset!r}"]
         if shard is not None:
-            where += f", shard {shard!r}"
+            where.append(f"shard {shard!r}")
         if row is not None:
-            where += f", row {row}"
+            where.append(f"row {row}")
         self.detail = message
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only fields survive the trip back from a worker process.
@@ -53,22 +63,22 @@ class DataError(ZephonError, ValueError):
 
 
 class StorageError(ZephonError, OSError):
-    """Storage failed after retries; names the URL."""
+    """Storage failed after retries; names the URL (left out only as for ``DataError``)."""
 
-    def __init__(self, message: str, *, url: str) -> None:
+    def __init__(self, message: str, *, url: str | None = None) -> None:
         self.url = url
         self.detail = message
-        super().__init__(f"{url}: {message}")
+        super().__init__(message if url is None else f"{url}: {message}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (StorageError._rebuild, (self.detail, self.url))
 
     @staticmethod
-    def _rebuild(message: str, url: str) -> StorageError:
+    def _rebuild(message: str, url: str | None) -> StorageError:
         return StorageError(message, url=url)
 
 
 def _rebuild_data_error(
-    message: str, dataset: str, shard: str | None, row: int | None
+    message: str, dataset: str | None, shard: str | None, row: int | None
 ) -> DataError:
     return DataError(message, dataset=dataset, shard=shard, row=row)

@@ -180,6 +180,22 @@ def test_a_data_error_in_a_worker_reaches_the_loop_as_a_data_error(
     assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("web", str(shard), 9)
 
 
+def test_a_plain_torch_loader_keeps_a_worker_s_data_error_type(tmp_path: Any) -> None:
+    """torch (and torchdata's StatefulDataLoader) re-raise a worker's error as
+    `type(error)(message)`: DataError accepts that, so `except DataError` still works there,
+    with the dataset, shard and row in the message."""
+    import torch.utils.data
+
+    docs = [[1, 2, 3]] * 8 + [[4, -5]]  # the last one holds an id outside [0, 2**31)
+    source = StaticMixtureWorkSource([Dataset.from_dict("ids", {"ids": docs})], shuffle=False)
+    pipeline = Pipeline(source).pretokenized("ids").pack_flat(4).batch(1)
+    loader = torch.utils.data.DataLoader(
+        pipeline.to_torch(), batch_size=None, num_workers=1, multiprocessing_context="fork"
+    )
+    with pytest.raises(DataError, match=r"dataset 'ids', shard 'memory://ids/0', row 8"):
+        list(loader)
+
+
 def test_persistent_workers_are_refused(tokenizer: Any) -> None:
     with pytest.raises(ConfigError, match="persistent_workers"):
         DataLoader(build(tokenizer), num_workers=1, persistent_workers=True)

@@ -213,8 +213,8 @@ class RemoteReader:
             except ConfigError as error:  # the cache too small to decompress it: name the URL
                 raise ConfigError(str(error).replace(local, path)) from error
             except StorageError as error:
-                detail, url = error.detail.replace(local, path), error.url.replace(local, path)
-                raise StorageError(detail, url=url) from error
+                url = path if error.url is None else error.url.replace(local, path)
+                raise StorageError(error.detail.replace(local, path), url=url) from error
 
     def prefetch(self, urls: Iterable[str], *, share: int = 1) -> None:
         """Downloads upcoming shards (and their `.npy` offsets files) in the background, as far
