@@ -225,7 +225,8 @@ class ParquetReader:
 
     def _open(self, path: str) -> _OpenFile:
         try:
-            file = pq.ParquetFile(path)
+            # pages written with checksums are verified (none written: nothing to verify)
+            file = pq.ParquetFile(path, page_checksum_verification=True)
         except (pa.ArrowException, OSError) as error:
             raise DataError(
                 f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path

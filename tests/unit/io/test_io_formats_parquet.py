@@ -111,6 +111,26 @@ def test_a_truncated_parquet_file_raises_a_data_error_naming_dataset_and_shard(
     assert (caught.value.dataset, caught.value.shard) == ("broken", str(path))
 
 
+@pytest.mark.parametrize("checksums", [True, False])
+def test_a_flipped_byte_in_a_page_written_with_checksums_is_a_data_error(
+    tmp_path: Path, checksums: bool
+) -> None:
+    ids = pa.array([list(range(i, i + 50)) for i in range(200)], type=pa.list_(pa.int32()))
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"ids": ids}), path, compression="none", write_page_checksum=checksums)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the values: an id off by one, still a valid file
+    path.write_bytes(bytes(data))
+    dataset = Dataset.from_path("flipped", path, token_columns=["ids"])
+    if not checksums:  # nothing to tell a flipped value from a stored one
+        rows = dataset.read_rows(0, list(range(200)))
+        assert sum(row["ids"].tolist() != list(range(i, i + 50)) for i, row in enumerate(rows)) == 1
+        return
+    with pytest.raises(DataError, match=r"CRC checksum verification failed") as caught:
+        dataset.read_rows(0, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("flipped", str(path))
+
+
 def test_eight_threads_reading_token_columns_see_what_one_thread_sees(parquet_dir: Path) -> None:
     assert_threads_read_like_one(
         lambda: Dataset.from_path("p", parquet_dir, columns=["id", "ids"], token_columns=["ids"])
