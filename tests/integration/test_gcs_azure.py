@@ -6,7 +6,6 @@ URL (in the scheme the user wrote) after bounded retries."""
 from __future__ import annotations
 
 import pickle
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,10 @@ from typing import Any
 import pytest
 
 from tests.helpers import keys
-from tests.integration.test_s3 import _plain_rows, _write_corpus, _write_format
+from tests.integration.test_s3 import _plain_rows, _write_corpus, _write_format, dies_naming
 from tests.object_stores import Store, azure_store, gcs_store
 from tests.unit.io.test_io_formats_writers import plain
 from zephon_torch import Pipeline
-from zephon_torch.errors import StorageError
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -119,12 +117,4 @@ def test_a_dead_azure_endpoint_raises_a_storage_error_naming_the_url_in_bounded_
         store.upload(tmp_path / "local", "bucket", "dying")
         retry = {"attempts": 1, "initial_delay": 0.1, "timeout": 5}
         remote = _open(store, "bucket", "dying", tmp_path, retry=retry)
-        assert remote.read_rows(0, [0])[0]["id"] == 0
-        store.process.kill()
-        store.process.wait(10)
-        start = time.monotonic()
-        with pytest.raises(StorageError) as caught:
-            remote.read_rows(1, [0])
-        assert time.monotonic() - start < 150
-        assert caught.value.url == "az://bucket/dying/part-001.parquet"
-        assert remote.read_rows(0, [1])[0]["id"] == 1  # cached shards still read
+        dies_naming(remote, store.process, "az://bucket/dying/part-001.parquet", bound=150)
