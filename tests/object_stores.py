@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ class Store:
 
     scheme: str
     process: subprocess.Popen[bytes]
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any]
 
     def url(self, bucket: str, prefix: str) -> str:
         return f"{self.scheme}://{bucket}/{prefix}"

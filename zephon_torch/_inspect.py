@@ -53,10 +53,11 @@ def run_inspect(
         0, or `ERROR_EXIT` for a bad path, format or file.
     """
     stream = out or sys.stdout
-    storage = storage_options or {}
     return _guarded(
         "inspect",
-        lambda: _inspect(_open(path, format_, index_cache_dir, storage), path, rows, stream),
+        lambda: _inspect(
+            _open(path, format_, index_cache_dir, storage_options), path, rows, stream
+        ),
         stream,
     )
 
@@ -77,9 +78,8 @@ def run_index(
     format without line indexes it says so. Returns 0, or `ERROR_EXIT` for a bad path.
     """
     stream = out or sys.stdout
-    storage = storage_options or {}
     return _guarded(
-        "index", lambda: _index(path, format_, index_cache_dir, storage, stream), stream
+        "index", lambda: _index(path, format_, index_cache_dir, storage_options, stream), stream
     )
 
 
@@ -95,7 +95,7 @@ def _guarded(command: str, body: Callable[[], None], out: TextIO) -> int:
 
 
 def _open(
-    path: str, format_: str | None, index_cache_dir: str | None, storage: dict[str, Any]
+    path: str, format_: str | None, index_cache_dir: str | None, storage: dict[str, Any] | None
 ) -> Dataset:
     return Dataset.from_path(
         _dataset_name(path),
@@ -151,7 +151,7 @@ def _index(
     path: str,
     format_: str | None,
     index_cache_dir: str | None,
-    storage: dict[str, Any],
+    storage: dict[str, Any] | None,
     out: TextIO,
 ) -> None:
     from zephon_torch.io._line_index import default_cache_dir
