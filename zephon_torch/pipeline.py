@@ -128,12 +128,13 @@ class Pipeline:
             on_stats: the periodic stats hook (e.g. a logger).
             stats: keep the per-batch counters of ``stats()`` (default True; False leaves
                 its batch, token and stall figures at zero, for measuring their cost).
-            io_options: shard-cache, retry and Parquet settings for every dataset this
-                pipeline reads, as for ``Dataset.from_path`` (``{"cache": {"dir",
+            io_options: shard-cache, retry, Parquet and MDS settings for every dataset
+                this pipeline reads, as for ``Dataset.from_path`` (``{"cache": {"dir",
                 "max_bytes", "prefetch_bytes", "prefetch_threads", "enabled"}, "retry":
-                {...}, "parquet": {"row_group_cache_bytes"}}``); the keys given replace the
-                dataset's own (and earlier calls'), the rest are kept. Local datasets take
-                only ``parquet``.
+                {...}, "parquet": {"row_group_cache_bytes"}, "mds": {"verify_hashes"}}``);
+                the keys given replace the dataset's own (and earlier calls'), the rest are
+                kept. Local datasets take only ``parquet`` and ``mds`` (and compressed JSONL
+                ``cache``).
         """
         given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,

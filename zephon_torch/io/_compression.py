@@ -1,4 +1,5 @@
-"""Streaming decompression of JSONL shards, chosen by the file's magic bytes.
+"""Streaming decompression of JSONL shards, chosen by the file's magic bytes; and whole MDS
+shards by their index's codec name (`inflate`).
 
 The magic bytes decide, not the extension, so `format="jsonl"` on a compressed file with an odd
 name still reads. No plain JSONL file can start with either magic: both begin with bytes that are
@@ -7,6 +8,7 @@ not valid at the start of UTF-8 JSON text. zstandard is optional and imported on
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import importlib
 import io
@@ -21,6 +23,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_HINT = "pip install 'zephon-torch[zstd]'"
 _COPY_BYTES = 1 << 22
+_OPTIONAL_MDS_CODECS = {"br": ("brotli", "brotli"), "snappy": ("snappy", "python-snappy")}
+MDS_CODECS = ("bz2", "gz", "zstd", *_OPTIONAL_MDS_CODECS)
 
 
 def compression_of(path: str) -> Compression | None:
@@ -118,3 +122,28 @@ def zstandard_module() -> ModuleType:
         raise ImportError(
             f"reading .zst files needs the optional `zstandard` package: {ZSTD_HINT}"
         ) from error
+
+
+def inflate(packed: bytes, codec: str, size: int) -> bytes:
+    """A whole MDS shard compressed with `codec` (one of `MDS_CODECS`), decompressed; zstd
+    stops at `size` bytes, the size the index records.
+
+    Raises:
+        ImportError: for a codec whose optional package is missing, naming it.
+    """
+    if codec == "zstd":
+        data: bytes = zstandard_module().ZstdDecompressor().decompress(packed, max_output_size=size)
+        return data
+    if codec == "gz":
+        return gzip.decompress(packed)
+    if codec == "bz2":
+        return bz2.decompress(packed)
+    module, package = _OPTIONAL_MDS_CODECS[codec]
+    try:
+        found = importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(
+            f"reading {codec}-compressed MDS shards needs `pip install {package}`"
+        ) from error
+    inflated: bytes = found.decompress(packed)
+    return inflated

@@ -13,7 +13,7 @@ import json
 import os
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from zephon_torch.errors import ConfigError
@@ -108,6 +108,36 @@ class ParquetOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MdsOptions:
+    """How MDS shards are read, local or remote.
+
+    Args:
+        verify_hashes: check each shard file, the first time a process opens it, against a
+            hash `index.json` records for it (MDSWriter's `hashes=[...]`; the fastest one
+            recorded: xxh3/xxh64 where `xxhash` is installed, else sha1, sha256, ..., md5). A shard
+            whose hash differs is a DataError naming it; an index recording no hash this
+            machine can compute is a DataError at open. Costs one read of each shard per
+            process (a plain shard is mapped, so the read warms the page cache for the rows).
+    """
+
+    verify_hashes: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.verify_hashes, bool):
+            raise ConfigError(
+                f"mds `verify_hashes` must be True or False, got {self.verify_hashes!r}"
+            )
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "cache": CacheOptions,
+    "retry": RetryPolicy,
+    "parquet": ParquetOptions,
+    "mds": MdsOptions,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
 class IoOptions:
     """Storage settings of `Dataset.from_path`, built from its `io_options` mapping.
 
@@ -115,11 +145,13 @@ class IoOptions:
         cache: the shard cache (`{"dir", "max_bytes", "prefetch_bytes", "prefetch_threads"}`).
         retry: the retry policy (`{"attempts", "initial_delay", "max_delay", "timeout"}`).
         parquet: Parquet reading (`{"row_group_cache_bytes"}`), for local datasets too.
+        mds: MDS reading (`{"verify_hashes"}`), for local datasets too.
     """
 
     cache: CacheOptions = field(default_factory=CacheOptions)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     parquet: ParquetOptions = field(default_factory=ParquetOptions)
+    mds: MdsOptions = field(default_factory=MdsOptions)
 
     @classmethod
     def of(cls, options: Mapping[str, Any] | IoOptions | None) -> IoOptions:
@@ -130,18 +162,13 @@ class IoOptions:
             return options
         if not isinstance(options, Mapping):
             raise ConfigError(f"`io_options` must be a mapping or None, got {options!r}")
-        _check_keys("io_options", options, ("cache", "retry", "parquet"))
-        cache = options.get("cache") or {}
-        retry = options.get("retry") or {}
-        parquet = options.get("parquet") or {}
-        _check_keys("io_options['cache']", cache, tuple(CacheOptions.__dataclass_fields__))
-        _check_keys("io_options['retry']", retry, tuple(RetryPolicy.__dataclass_fields__))
-        _check_keys("io_options['parquet']", parquet, tuple(ParquetOptions.__dataclass_fields__))
-        return cls(
-            cache=CacheOptions(**cache),
-            retry=RetryPolicy(**retry),
-            parquet=ParquetOptions(**parquet),
-        )
+        _check_keys("io_options", options, tuple(_SECTIONS))
+        sections: dict[str, Any] = {}
+        for name, kind in _SECTIONS.items():
+            given = options.get(name) or {}
+            _check_keys(f"io_options[{name!r}]", given, tuple(f.name for f in fields(kind)))
+            sections[name] = kind(**given)
+        return cls(**sections)
 
     def merged(self, overrides: Mapping[str, Any] | IoOptions) -> IoOptions:
         """These options with the keys of an `io_options` mapping replaced, the rest kept; an
@@ -149,14 +176,12 @@ class IoOptions:
         given = IoOptions.of(overrides)  # validates
         if isinstance(overrides, IoOptions):
             return given
-        cache = {key: getattr(given.cache, key) for key in overrides.get("cache") or {}}
-        retry = {key: getattr(given.retry, key) for key in overrides.get("retry") or {}}
-        parquet = {key: getattr(given.parquet, key) for key in overrides.get("parquet") or {}}
-        return IoOptions(
-            cache=replace(self.cache, **cache),
-            retry=replace(self.retry, **retry),
-            parquet=replace(self.parquet, **parquet),
-        )
+        sections: dict[str, Any] = {}
+        for name in _SECTIONS:
+            keys = overrides.get(name) or {}
+            changed = {key: getattr(getattr(given, name), key) for key in keys}
+            sections[name] = replace(getattr(self, name), **changed)
+        return IoOptions(**sections)
 
 
 def _check_keys(what: str, given: Any, known: tuple[str, ...]) -> None:

@@ -278,6 +278,7 @@ class RemoteReader:
                     max_open=self._max_open(),
                     row_group_cache_bytes=self.options.parquet.row_group_cache_bytes,
                     cache=self.options.cache,
+                    verify_hashes=self.options.mds.verify_hashes,
                 )
                 missing = [shard for shard in shards if shard not in self.objects]
                 if missing:

@@ -27,6 +27,7 @@ from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader, token_reader
 from zephon_torch.io.jsonl import with_jsonl_cache
+from zephon_torch.io.mds import MdsReader
 from zephon_torch.io.memory import MemoryReader, rows_of
 from zephon_torch.io.parquet import ParquetReader
 
@@ -158,10 +159,11 @@ class Dataset:
                 `client_kwargs={"endpoint_url": ...}`, ...).
             io_options: `{"cache": {"dir", "max_bytes", "prefetch_bytes",
                 "prefetch_threads"}, "retry": {"attempts", "initial_delay", "max_delay",
-                "timeout"}, "parquet": {"row_group_cache_bytes"}}` (see `CacheOptions`,
-                `RetryPolicy`, `ParquetOptions`); unknown keys are refused. Remote URLs use
-                `cache` and `retry`; `parquet` applies to local Parquet too, and `cache` to
-                local compressed JSONL (decompressed into it).
+                "timeout"}, "parquet": {"row_group_cache_bytes"}, "mds": {"verify_hashes"}}`
+                (see `CacheOptions`, `RetryPolicy`, `ParquetOptions`, `MdsOptions`); unknown
+                keys are refused. Remote URLs use `cache` and `retry`; `parquet` and `mds`
+                apply to local datasets too, and `cache` to local compressed JSONL
+                (decompressed into it).
 
         Returns:
             The dataset, with row counts read from Parquet and Vortex footers, `.npy` headers
@@ -211,6 +213,7 @@ class Dataset:
             projection=projection,
             row_group_cache_bytes=options.parquet.row_group_cache_bytes,
             cache=options.cache,
+            verify_hashes=options.mds.verify_hashes,
         )
         shards = _shards(reader, files)
         return cls(name=name, format=detected, shards=shards, reader=reader)
@@ -334,13 +337,13 @@ class Dataset:
         return self._reader.cache_counters() if isinstance(self._reader, RemoteReader) else None
 
     def with_io_options(self, io_options: Mapping[str, Any] | IoOptions) -> Dataset:
-        """This dataset read with other shard-cache, retry and Parquet settings.
+        """This dataset read with other shard-cache, retry, Parquet and MDS settings.
 
         The keys of an `io_options` mapping (as for `from_path`) replace the dataset's own;
         the rest are kept. An `IoOptions` replaces them all. A local dataset takes only the
-        `parquet` settings (a Parquet one: a new reader, its caches empty) and, for JSONL,
-        the `cache` settings (where compressed shards are decompressed); in-memory and other
-        local datasets are returned as they are.
+        `parquet` settings (a Parquet one: a new reader, its caches empty), the `mds` ones (an
+        MDS one: likewise) and, for JSONL, the `cache` settings (where compressed shards are
+        decompressed); in-memory and other local datasets are returned as they are.
 
         Raises:
             ConfigError: for unknown keys or bad values.
@@ -352,6 +355,12 @@ class Dataset:
                 resized = self._reader.resized(given.parquet.row_group_cache_bytes)
                 return Dataset(
                     name=self.name, format=self.format, shards=self.shards, reader=resized
+                )
+            sets_mds = isinstance(io_options, IoOptions) or "mds" in io_options
+            if isinstance(self._reader, MdsReader) and sets_mds:
+                verifying = self._reader.verifying(given.mds.verify_hashes)
+                return Dataset(
+                    name=self.name, format=self.format, shards=self.shards, reader=verifying
                 )
             sets_cache = isinstance(io_options, IoOptions) or "cache" in io_options
             if sets_cache and self.format == "jsonl":

@@ -190,6 +190,7 @@ def open_reader(
     max_open: int | None = None,
     row_group_cache_bytes: int | None = None,
     cache: CacheOptions | None = None,
+    verify_hashes: bool = False,
 ) -> tuple[ShardReader, list[str]]:
     """Builds a dataset's reader and lists its shards.
 
@@ -205,6 +206,7 @@ def open_reader(
         row_group_cache_bytes: Parquet's bound on decoded row groups; None: its default.
         cache: the shard cache compressed JSONL shards are decompressed into; None: the
             default one.
+        verify_hashes: MDS only: check each shard against a hash `index.json` records.
 
     Returns:
         The reader and the shard paths, in order.
@@ -229,6 +231,7 @@ def open_reader(
                 index_path=files[0],
                 projection=projection,
                 locate=locate,
+                verify_hashes=verify_hashes,
                 **sizing,
             )
         else:

@@ -13,10 +13,8 @@ downloads them into the shard cache (see `_locate`). mosaicml-streaming is not i
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import importlib
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from struct import Struct
@@ -28,7 +26,8 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
-from zephon_torch.io._compression import zstandard_module
+from zephon_torch.io._compression import MDS_CODECS, inflate
+from zephon_torch.io._hashes import ShardHashes
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
@@ -37,9 +36,6 @@ from zephon_torch.io._mds_columns import SUPPORTED, Decoder, decoder, is_array
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
-
-_OPTIONAL_CODECS = {"br": ("brotli", "brotli"), "snappy": ("snappy", "python-snappy")}
-_CODECS = ("bz2", "gz", "zstd", *_OPTIONAL_CODECS)
 
 
 @dataclass(frozen=True)
@@ -70,6 +66,7 @@ class _ShardInfo:
     raw_bytes: int
     codec: str | None  # "zstd", "gz", ...; None for a plain shard
     layout: _Layout
+    hashes: dict[str, str] = field(default_factory=dict, compare=False)  # of the stored file
 
 
 @dataclass(frozen=True)
@@ -97,10 +94,13 @@ class MdsReader:
         max_decompressed: how many decompressed shards to keep in memory.
         locate: turns the index's and the shards' paths into local files; the default reads
             local paths as they are.
+        verify_hashes: check each shard file against a hash `index.json` records for it, the
+            first time this process opens it (see `MdsOptions`).
 
     Raises:
         DataError: for an unreadable index, a local shard file it lists that is missing, a
-            column with an encoding not read, or a projection naming a missing column.
+            column with an encoding not read, a projection naming a missing column, or (with
+            `verify_hashes`) a shard with no hash recorded that this machine can compute.
     """
 
     def __init__(
@@ -112,6 +112,7 @@ class MdsReader:
         max_open: int = 32,
         max_decompressed: int = 4,
         locate: Locate = local_file,
+        verify_hashes: bool = False,
     ) -> None:
         self.dataset = dataset
         self.index_path = index_path
@@ -119,20 +120,34 @@ class MdsReader:
         self.max_open = max_open
         self.max_decompressed = max_decompressed
         self.locate = locate
+        self.verify_hashes = verify_hashes
         self._setup()
 
     def _setup(self) -> None:
+        self._hashes = ShardHashes(self.dataset) if self.verify_hashes else None
         self._infos = self._read_index()
         self._shards: LruCache[_Shard] = LruCache(self.max_open)
         self._inflated: LruCache[_Shard] = LruCache(self.max_decompressed)
 
     def __getstate__(self) -> dict[str, Any]:
-        keys = ("dataset", "index_path", "projection", "max_open", "max_decompressed", "locate")
+        keys = (
+            "dataset",
+            "index_path",
+            "projection",
+            "max_open",
+            "max_decompressed",
+            "locate",
+            "verify_hashes",
+        )
         return {key: self.__dict__[key] for key in keys}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._setup()
+
+    def verifying(self, verify_hashes: bool) -> MdsReader:
+        """A reader of the same dataset, with `verify_hashes` set and its caches empty."""
+        return MdsReader(**{**self.__getstate__(), "verify_hashes": verify_hashes})
 
     @property
     def shard_paths(self) -> list[str]:
@@ -243,7 +258,7 @@ class MdsReader:
                 if key not in layouts:
                     layouts[key] = self._layout(*key, sizes)
                 codec = (entry.get("compression") or "").split(":")[0] or None
-                if packed and codec not in _CODECS:
+                if packed and codec not in MDS_CODECS:
                     raise ValueError(f"unknown compression {codec!r}")
                 path = shard_path(self.index_path, basename, dataset=self.dataset)
                 infos[path] = _ShardInfo(
@@ -251,7 +266,10 @@ class MdsReader:
                     raw_bytes=int(raw["bytes"]),
                     codec=codec if packed else None,
                     layout=layouts[key],
+                    hashes=dict((packed or raw).get("hashes") or {}),
                 )
+                if self._hashes is not None:  # refused at open when none is usable
+                    self._hashes.pick(path, infos[path].hashes)
         except DataError:
             raise
         except (KeyError, TypeError, ValueError) as error:
@@ -303,8 +321,11 @@ class MdsReader:
         # Outside the try: a failed download is a StorageError, not bad data.
         with self.locate(path) as local:
             try:
-                data = _read(local, info)
-            except ImportError:
+                check = (
+                    None if self._hashes is None else self._hashes.check(path, local, info.hashes)
+                )
+                data = _read(local, info, check)
+            except (ImportError, DataError):
                 raise
             except Exception as error:
                 raise DataError(
@@ -356,25 +377,15 @@ def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
     return {names[i]: values[i] for i in layout.kept}
 
 
-def _read(path: str, info: _ShardInfo) -> mmap.mmap | bytes:
+def _read(path: str, info: _ShardInfo, check: Callable[[Any], None] | None) -> mmap.mmap | bytes:
+    """The shard's bytes, decompressed; `check` is given the file's bytes as stored."""
     if info.codec is None:
-        return map_file(path)
+        mapped = map_file(path)
+        if check is not None:
+            check(mapped)
+        return mapped
     with open(path, "rb") as handle:
         packed = handle.read()
-    if info.codec == "zstd":
-        inflater = zstandard_module().ZstdDecompressor()
-        data: bytes = inflater.decompress(packed, max_output_size=info.raw_bytes)
-        return data
-    if info.codec == "gz":
-        return gzip.decompress(packed)
-    if info.codec == "bz2":
-        return bz2.decompress(packed)
-    module, package = _OPTIONAL_CODECS[info.codec]
-    try:
-        codec = importlib.import_module(module)
-    except ImportError as error:
-        raise ImportError(
-            f"reading {info.codec}-compressed MDS shards needs `pip install {package}`"
-        ) from error
-    inflated: bytes = codec.decompress(packed)
-    return inflated
+    if check is not None:
+        check(packed)
+    return inflate(packed, info.codec, info.raw_bytes)

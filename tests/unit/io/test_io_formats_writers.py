@@ -47,11 +47,17 @@ def write_mds(
     *,
     compression: str | None = None,
     size_limit: int = 1 << 16,
+    hashes: Sequence[str] = (),
 ) -> Path:
-    """Writes rows with `MDSWriter`; returns the dataset directory."""
+    """Writes rows with `MDSWriter` (recording `hashes` of each shard); returns the dataset
+    directory."""
     writer_class = mds_writer_class()
     with writer_class(
-        out=str(out), columns=columns, compression=compression, size_limit=size_limit
+        out=str(out),
+        columns=columns,
+        compression=compression,
+        size_limit=size_limit,
+        hashes=sorted(hashes),
     ) as writer:
         for row in rows:
             writer.write(row)
