@@ -75,6 +75,21 @@ def test_a_url_naming_one_object_reads_it(store: Store, tmp_path: Path) -> None:
     assert _plain_rows(remote) == _plain_rows(local)
 
 
+def test_a_chained_url_names_its_shards_in_the_scheme_written(store: Store, tmp_path: Path) -> None:
+    _write_corpus(tmp_path / "c", "jsonl", shards=2, rows=5)
+    store.upload(tmp_path / "c", "bucket", "c")
+    remote = Dataset.from_path(
+        "c",
+        f"simplecache::{store.url('bucket', 'c')}",
+        storage_options={store.scheme: store.options},  # a chained URL's options, by link
+        io_options={"cache": {"dir": str(tmp_path / "cache")}},
+    )
+    assert [shard.path for shard in remote.shards] == [
+        store.url("bucket", f"c/part-{n:03d}.jsonl") for n in range(2)
+    ]
+    assert _plain_rows(remote) == _plain_rows(Dataset.from_path("c", tmp_path / "c"))
+
+
 def test_pipelines_give_the_batches_of_the_local_copy(
     store: Store, tmp_path: Path, tokenizer: Any
 ) -> None:

@@ -361,9 +361,13 @@ def _kind_of(data: bytes, where: str) -> str | None:
 def url_namer(fs: Any, url: str) -> Callable[[str], str]:
     """`fs.unstrip_protocol`, in the scheme `url` was given in: adlfs names its objects
     abfs:// when asked for az://, and a dataset's shards, errors and cache keys must carry
-    the URL the user wrote."""
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    the URL the user wrote. A chained URL (`simplecache::az://...`) names its objects by its
+    last link's scheme, as its wrapping file system names them by its target's."""
+    last = url.rsplit("::", 1)[-1]
+    scheme = last.split("://", 1)[0] if "://" in last else ""
+    target = getattr(fs, "fs", None) if "::" in url else None  # a caching wrapper's target
+    protocol = (target if target is not None else fs).protocol
+    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
     if scheme not in protocols[1:]:
         return fs.unstrip_protocol  # type: ignore[no-any-return]
 
