@@ -22,7 +22,14 @@ from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, Listing, is_remote, list_remote
+from zephon_torch.io._remote import (
+    IoOptions,
+    Listing,
+    MdsOptions,
+    ParquetOptions,
+    is_remote,
+    list_remote,
+)
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io.formats import ShardReader, open_reader, token_reader
@@ -349,26 +356,25 @@ class Dataset:
             ConfigError: for unknown keys or bad values.
         """
         if not isinstance(self._reader, RemoteReader):
-            given = IoOptions.of(io_options)  # validates
-            sets_parquet = isinstance(io_options, IoOptions) or "parquet" in io_options
-            if isinstance(self._reader, ParquetReader) and sets_parquet:
-                resized = self._reader.resized(given.parquet.row_group_cache_bytes)
-                return Dataset(
-                    name=self.name, format=self.format, shards=self.shards, reader=resized
-                )
-            sets_mds = isinstance(io_options, IoOptions) or "mds" in io_options
-            if isinstance(self._reader, MdsReader) and sets_mds:
-                verifying = self._reader.verifying(given.mds.verify_hashes)
-                return Dataset(
-                    name=self.name, format=self.format, shards=self.shards, reader=verifying
-                )
-            sets_cache = isinstance(io_options, IoOptions) or "cache" in io_options
-            if sets_cache and self.format == "jsonl":
-                reader = with_jsonl_cache(self._reader, io_options)
-                return Dataset(
-                    name=self.name, format=self.format, shards=self.shards, reader=reader
-                )
-            return self
+            reader = self._reader
+            if isinstance(reader, ParquetReader):  # merged over its own bound
+                bound = ParquetOptions(row_group_cache_bytes=reader.max_row_group_bytes)
+                wanted = IoOptions(parquet=bound).merged(io_options).parquet
+                if wanted != bound:
+                    reader = reader.resized(wanted.row_group_cache_bytes)
+            elif isinstance(reader, MdsReader):  # merged over its own setting
+                checks = MdsOptions(verify_hashes=reader.verify_hashes)
+                asked = IoOptions(mds=checks).merged(io_options).mds
+                if asked != checks:
+                    reader = reader.verifying(asked.verify_hashes)
+            else:
+                IoOptions.of(io_options)  # validates
+                sets_cache = isinstance(io_options, IoOptions) or "cache" in io_options
+                if sets_cache and self.format == "jsonl":
+                    reader = with_jsonl_cache(reader, io_options)
+            if reader is self._reader:
+                return self
+            return Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
         reader = self._reader.with_options(self._reader.options.merged(io_options))
         return Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
 

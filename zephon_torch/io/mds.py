@@ -266,7 +266,7 @@ class MdsReader:
                     raw_bytes=int(raw["bytes"]),
                     codec=codec if packed else None,
                     layout=layouts[key],
-                    hashes=dict((packed or raw).get("hashes") or {}),
+                    hashes=_hashes_of(packed or raw),
                 )
                 if self._hashes is not None:  # refused at open when none is usable
                     self._hashes.pick(path, infos[path].hashes)
@@ -353,6 +353,15 @@ class MdsReader:
                 "the shard's sample offsets are corrupt", dataset=self.dataset, shard=path
             )
         return _Shard(data=memoryview(data), offsets=offsets)
+
+
+def _hashes_of(file: dict[str, Any]) -> dict[str, str]:
+    """The `{algorithm: hexdigest}` an index entry records for a file; one it records in
+    another shape counts as none (it is read only with verify_hashes, which then says so)."""
+    recorded = file.get("hashes")
+    if not isinstance(recorded, dict):
+        return {}
+    return {name: value for name, value in recorded.items() if isinstance(value, str)}
 
 
 def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:

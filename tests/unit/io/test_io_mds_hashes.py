@@ -149,3 +149,26 @@ def test_a_remote_shard_is_checked_as_downloaded(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"shard's sha1 is") as caught:
         dataset.read_rows(2, [0])
     assert caught.value.shard == f"memory://{root}/shard.00002.mds"
+
+
+def test_an_mds_section_not_naming_verify_hashes_keeps_it_on_a_local_dataset(
+    tmp_path: Path,
+) -> None:
+    out = write_mds(tmp_path / "h", ROWS, COLUMNS, size_limit=1500, hashes=["sha1"])
+    _flip_byte(out / "shard.00000.mds", -1)
+    checked = Dataset.from_path("m", out, io_options=VERIFY)
+    for kept in ({"mds": {}}, {"mds": None}):  # as for a remote dataset: the rest are kept
+        with pytest.raises(DataError, match=r"shard's sha1 is"):
+            checked.with_io_options(kept).read_rows(0, [0])
+    assert checked.with_io_options({"mds": {"verify_hashes": False}}).read_rows(0, [0])
+
+
+def test_hashes_recorded_in_another_shape_do_not_stop_an_unchecked_open(tmp_path: Path) -> None:
+    out = write_mds(tmp_path / "odd", ROWS[:20], COLUMNS, size_limit=1500)
+    index = json.loads((out / "index.json").read_text())
+    for shard in index["shards"]:
+        shard["raw_data"]["hashes"] = ["sha1"]  # names, not {name: digest}
+    (out / "index.json").write_text(json.dumps(index))
+    assert Dataset.from_path("m", out).num_rows == 20  # read as before the hashes were
+    with pytest.raises(DataError, match=r"records no hash .* \(recorded: none;"):
+        Dataset.from_path("m", out, io_options=VERIFY)

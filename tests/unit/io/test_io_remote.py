@@ -412,6 +412,8 @@ def test_the_parquet_row_group_cache_is_set_for_local_and_remote_datasets(
     assert bound(resized) == 12345 and bound(local) == 256 << 20
     assert resized.read_rows(0, [3]) == local.read_rows(0, [3])
     assert local.with_io_options({"cache": {"max_bytes": 1 << 20}}) is local
+    for kept in ({"parquet": {}}, {"parquet": None}):  # the keys not given are kept
+        assert bound(resized.with_io_options(kept)) == 12345
     source = StaticMixtureWorkSource([local], seed=0, exhaustion="stop")
     assert bound(Pipeline(source).options(io_options=small)._datasets[0]) == 12345
 
