@@ -55,6 +55,12 @@ def pick_hash(recorded: Mapping[str, str]) -> tuple[str, Hasher] | None:
     return None
 
 
+class HashMismatch(DataError):
+    """A shard file's bytes do not hash to what its index records. Raised inside a `locate`
+    block, it drops a remote shard's node-local copy, so that the next read downloads it
+    again."""
+
+
 class ShardHashes:
     """Checks shard files against the hashes their index records for them, each file version
     (path, inode, size, mtime) once per process.
@@ -99,7 +105,7 @@ class ShardHashes:
         def check(data: Any) -> None:
             got = function(data).hexdigest()
             if got != recorded[algorithm].lower():
-                raise DataError(
+                raise HashMismatch(
                     f"the shard's {algorithm} is {got} where the index records "
                     f"{recorded[algorithm]}: the shard is corrupt, or was changed after the "
                     "index was written",

@@ -26,6 +26,7 @@ import fsspec.callbacks
 
 from zephon_torch._progress import Progress
 from zephon_torch.errors import ConfigError, DataError, StorageError
+from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions
@@ -296,12 +297,19 @@ class RemoteReader:
 
     @contextlib.contextmanager
     def _locate(self, url: str) -> Iterator[str]:
-        """Yields the cached file of a listed object, pinned; FileNotFoundError when unlisted."""
+        """Yields the cached file of a listed object, pinned; FileNotFoundError when unlisted.
+        A `HashMismatch` raised in the block drops the cached copy (unless another process
+        is reading it), so that the next read downloads the object again."""
         if url not in self.objects:
             raise FileNotFoundError(f"{url} is not in the listing of {self.url}")
         fs_path, item = self.objects[url]
-        with self._shard_cache().open(item, self._downloader(fs_path, item)) as local:
-            yield local
+        cache = self._shard_cache()
+        try:
+            with cache.open(item, self._downloader(fs_path, item)) as local:
+                yield local
+        except HashMismatch:
+            cache.discard(item)
+            raise
 
     def _files_of(self, url: str) -> list[str]:
         """The objects a shard reads: itself, and a 1-D `.npy` token file's offsets file."""

@@ -227,6 +227,12 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
 
+    def discard(self, item: CachedObject) -> bool:
+        """Deletes `item`'s cached file (a bad copy), unless a process has it pinned; True
+        when it is gone."""
+        with self._name_locked(item.name):
+            return _try_delete(self.path(item))
+
     def used_bytes(self) -> int:
         """Bytes held by cached shards (reservations not counted)."""
         return sum(size for _, size, _ in self._entries())

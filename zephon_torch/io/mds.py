@@ -27,7 +27,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import MDS_CODECS, inflate
-from zephon_torch.io._hashes import ShardHashes
+from zephon_torch.io._hashes import HashMismatch, ShardHashes
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
@@ -318,6 +318,12 @@ class MdsReader:
         )
 
     def _load(self, path: str, info: _ShardInfo) -> _Shard:
+        try:
+            return self._load_once(path, info)
+        except HashMismatch:  # a remote shard's cached copy is dropped by then: once more
+            return self._load_once(path, info)
+
+    def _load_once(self, path: str, info: _ShardInfo) -> _Shard:
         # Outside the try: a failed download is a StorageError, not bad data.
         with self.locate(path) as local:
             try:

@@ -172,3 +172,21 @@ def test_hashes_recorded_in_another_shape_do_not_stop_an_unchecked_open(tmp_path
     assert Dataset.from_path("m", out).num_rows == 20  # read as before the hashes were
     with pytest.raises(DataError, match=r"records no hash .* \(recorded: none;"):
         Dataset.from_path("m", out, io_options=VERIFY)
+
+
+def test_a_bad_cached_copy_of_a_good_remote_shard_is_downloaded_again(tmp_path: Path) -> None:
+    out = write_mds(tmp_path / "h", ROWS, COLUMNS, size_limit=1500, hashes=["sha1"])
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("memory").put(str(out), root, recursive=True)
+    options = {"cache": {"dir": str(tmp_path / "cache")}, **VERIFY}
+    url = f"memory://{root}"
+    first = Dataset.from_path("m", url, io_options=options)
+    expected = [plain(row) for row in first.read_rows(0, range(first.shards[0].num_rows))]
+    (cached,) = (tmp_path / "cache").glob("*shard.00000.mds")
+    _flip_byte(cached, -1)  # the node's copy rots; the object in the store is intact
+    for _ in range(2):  # each later open (a restarted job) reads the right rows
+        again = Dataset.from_path("m", url, io_options=options)
+        assert [plain(row) for row in again.read_rows(0, range(len(expected)))] == expected
+    assert cached.read_bytes() == (out / "shard.00000.mds").read_bytes()  # replaced
+    counters = again.cache_counters()
+    assert counters is not None and counters["misses"] == 0  # the second open downloaded nothing
