@@ -44,6 +44,15 @@ def hasher(algorithm: str) -> Hasher | None:
     return getattr(hashlib, algorithm, None)
 
 
+def recorded_hashes(file: Mapping[str, Any]) -> dict[str, str]:
+    """The `{algorithm: hexdigest}` an index entry records for a file; one it records in
+    another shape counts as none (it is read only with verify_hashes, which then says so)."""
+    recorded = file.get("hashes")
+    if not isinstance(recorded, dict):
+        return {}
+    return {name: value for name, value in recorded.items() if isinstance(value, str)}
+
+
 def pick_hash(recorded: Mapping[str, str]) -> tuple[str, Hasher] | None:
     """Of the hashes `recorded` for a file, the fastest this machine can compute, with its
     function; None when there is none."""

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import MDS_CODECS, inflate
-from zephon_torch.io._hashes import HashMismatch, ShardHashes
+from zephon_torch.io._hashes import HashMismatch, ShardHashes, recorded_hashes
 from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
@@ -266,7 +266,7 @@ class MdsReader:
                     raw_bytes=int(raw["bytes"]),
                     codec=codec if packed else None,
                     layout=layouts[key],
-                    hashes=_hashes_of(packed or raw),
+                    hashes=recorded_hashes(packed or raw),
                 )
                 if self._hashes is not None:  # refused at open when none is usable
                     self._hashes.pick(path, infos[path].hashes)
@@ -359,15 +359,6 @@ class MdsReader:
                 "the shard's sample offsets are corrupt", dataset=self.dataset, shard=path
             )
         return _Shard(data=memoryview(data), offsets=offsets)
-
-
-def _hashes_of(file: dict[str, Any]) -> dict[str, str]:
-    """The `{algorithm: hexdigest}` an index entry records for a file; one it records in
-    another shape counts as none (it is read only with verify_hashes, which then says so)."""
-    recorded = file.get("hashes")
-    if not isinstance(recorded, dict):
-        return {}
-    return {name: value for name, value in recorded.items() if isinstance(value, str)}
 
 
 def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
