@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
+
+_QUOTED = r"'(?:[^'\\\n]|\\.)*'|" + r'"(?:[^"\\\n]|\\.)*"'  # a str's repr
+# the last line of a worker's traceback that torch re-raises as text: "pkg.DataError: dataset
+# 'name', shard 'path', row 7: what" (shard and row only where known)
+_WHERE = re.compile(
+    rf"^[\w.]*Error: dataset (?P<dataset>{_QUOTED})(?:, shard (?P<shard>{_QUOTED}))?"
+    rf"(?:, row (?P<row>\d+))?: ",
+    re.MULTILINE,
+)
 
 
 class ZephonError(Exception):
@@ -34,8 +45,9 @@ class DataError(ZephonError, ValueError):
     """Bad input data, with the dataset, shard and row where it was found.
 
     The library always names the dataset. The fields may be left out only so that torch, which
-    re-raises a DataLoader worker's error as ``type(error)(message)``, keeps its type (the
-    message still says where; ``zephon_torch.torch.DataLoader`` passes the fields too).
+    re-raises a DataLoader worker's error as ``type(error)(message)`` (the worker's traceback
+    as text), keeps its type: the fields are then read back from the traceback's last line,
+    which this class wrote (``zephon_torch.torch.DataLoader`` passes them as they are).
     """
 
     def __init__(
@@ -46,19 +58,28 @@ class DataError(ZephonError, ValueError):
         shard: str | None = None,
         row: int | None = None,
     ) -> None:
+        given = dataset is not None or shard is not None or row is not None
+        if not given:
+            dataset, shard, row = _where_in_traceback(message)
         self.dataset = dataset
         self.shard = shard
         self.row = row
+        self.detail = message
+        if not given and dataset is not None:  # read back: the message says where already
+            super().__init__(message)
+            return
         where = [] if dataset is None else [f"dataset {dataset!r}"]
         if shard is not None:
             where.append(f"shard {shard!r}")
         if row is not None:
             where.append(f"row {row}")
-        self.detail = message
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Keyword-only fields survive the trip back from a worker process.
+        # Keyword-only fields survive the trip back from a worker process (ones read back
+        # from a traceback are read back again).
+        if str(self) == self.detail:
+            return (_rebuild_data_error, (self.detail, None, None, None))
         return (_rebuild_data_error, (self.detail, self.dataset, self.shard, self.row))
 
 
@@ -82,3 +103,20 @@ def _rebuild_data_error(
     message: str, dataset: str | None, shard: str | None, row: int | None
 ) -> DataError:
     return DataError(message, dataset=dataset, shard=shard, row=row)
+
+
+def _where_in_traceback(text: str) -> tuple[str | None, str | None, int | None]:
+    """The dataset, shard and row of the last DataError line in a traceback's text (torch's
+    re-raise of a worker's error); Nones when there is none."""
+    if "Traceback" not in text:
+        return None, None, None
+    matches = list(_WHERE.finditer(text))
+    if not matches:
+        return None, None, None
+    found = matches[-1]
+    shard, row = found["shard"], found["row"]
+    return (
+        ast.literal_eval(found["dataset"]),
+        None if shard is None else ast.literal_eval(shard),
+        None if row is None else int(row),
+    )

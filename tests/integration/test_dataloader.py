@@ -180,20 +180,28 @@ def test_a_data_error_in_a_worker_reaches_the_loop_as_a_data_error(
     assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("web", str(shard), 9)
 
 
-def test_a_plain_torch_loader_keeps_a_worker_s_data_error_type(tmp_path: Any) -> None:
+@pytest.mark.parametrize("kind", ["torch", "stateful"])
+def test_a_plain_torch_loader_keeps_a_worker_s_data_error_type_and_fields(kind: str) -> None:
     """torch (and torchdata's StatefulDataLoader) re-raise a worker's error as
-    `type(error)(message)`: DataError accepts that, so `except DataError` still works there,
-    with the dataset, shard and row in the message."""
+    `type(error)(traceback text)`: DataError accepts that, so `except DataError` still works
+    there, and reads the dataset, shard and row back from the text."""
     import torch.utils.data
 
     docs = [[1, 2, 3]] * 8 + [[4, -5]]  # the last one holds an id outside [0, 2**31)
     source = StaticMixtureWorkSource([Dataset.from_dict("ids", {"ids": docs})], shuffle=False)
     pipeline = Pipeline(source).pretokenized("ids").pack_flat(4).batch(1)
-    loader = torch.utils.data.DataLoader(
+    loader_class = torch.utils.data.DataLoader if kind == "torch" else StatefulDataLoader
+    loader = loader_class(
         pipeline.to_torch(), batch_size=None, num_workers=1, multiprocessing_context="fork"
     )
-    with pytest.raises(DataError, match=r"dataset 'ids', shard 'memory://ids/0', row 8"):
+    with pytest.raises(DataError, match=r"dataset 'ids', shard 'memory://ids/0', row 8") as caught:
         list(loader)
+    assert "Caught DataError in DataLoader worker process 0" in str(caught.value)
+    assert (caught.value.dataset, caught.value.shard, caught.value.row) == (
+        "ids",
+        "memory://ids/0",
+        8,
+    )
 
 
 def test_persistent_workers_are_refused(tokenizer: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +212,25 @@ def test_errors_survive_pickling() -> None:
     assert (s.url, str(s)) == ("s3://b/k", "s3://b/k: gone")
     m = pickle.loads(pickle.dumps(StateMismatchError({"seed": (1, 2)})))
     assert m.mismatches == {"seed": (1, 2)}
+
+
+@pytest.mark.parametrize(
+    ("dataset", "shard", "row"),
+    [("web", "/data/a.jsonl", 9), ('it\'s "odd"', "s3://b/x\\y.parquet", 0), ("m", None, None)],
+)
+def test_a_data_error_rebuilt_from_a_worker_traceback_reads_its_fields_back(
+    dataset: str, shard: str | None, row: int | None
+) -> None:
+    """As torch re-raises a DataLoader worker's error: `type(error)(traceback text)`."""
+    original = DataError("sample does not decode", dataset=dataset, shard=shard, row=row)
+    text = (
+        "Caught DataError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+        'call last):\n  File "worker.py", line 1, in <module>\n'
+        f"zephon_torch.errors.DataError: {original}\n"
+    )
+    rebuilt = DataError(text)
+    assert (rebuilt.dataset, rebuilt.shard, rebuilt.row) == (dataset, shard, row)
+    assert str(rebuilt) == text  # the message is torch's, not prefixed again
+    copy = pickle.loads(pickle.dumps(rebuilt))
+    assert (copy.dataset, copy.shard, copy.row, str(copy)) == (dataset, shard, row, text)
+    assert DataError("no traceback: dataset 'x', row 3: y").dataset is None  # only tracebacks
