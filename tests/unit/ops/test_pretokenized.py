@@ -123,6 +123,7 @@ def test_an_inline_runner_raises_bad_ids_where_the_document_is_read() -> None:
         (np.array([1, -7], dtype=np.int16), "-7"),  # narrow but signed: still checked
         (np.array([1, -7], dtype=np.int8), "-7"),
         (np.array([1, 2**31], dtype=np.int64), str(2**31)),
+        (np.array([1, 2**32], dtype=np.int64), str(2**32)),  # both int32 halves >= 0
         (np.array([1, 2**32 - 1], dtype=np.uint32), str(2**32 - 1)),
         (np.array([1, 2**64 - 3], dtype=np.uint64), str(2**64 - 3)),  # -3 in int64
     ],
