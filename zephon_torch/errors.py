@@ -15,6 +15,8 @@ _WHERE = re.compile(
     re.MULTILINE,
 )
 
+_URL = re.compile(r"^[\w.]*StorageError: (\S+): ", re.MULTILINE)  # its URL, in a traceback
+
 
 class ZephonError(Exception):
     """Base class of every zephon_torch error."""
@@ -84,14 +86,21 @@ class DataError(ZephonError, ValueError):
 
 
 class StorageError(ZephonError, OSError):
-    """Storage failed after retries; names the URL (left out only as for ``DataError``)."""
+    """Storage failed after retries; names the URL (left out only as for ``DataError``, and
+    read back from a worker's traceback text alike)."""
 
     def __init__(self, message: str, *, url: str | None = None) -> None:
+        read_back = url is None and "Traceback" in message
+        if read_back:
+            found = _URL.findall(message)
+            url = found[-1] if found else None
         self.url = url
         self.detail = message
-        super().__init__(message if url is None else f"{url}: {message}")
+        super().__init__(message if url is None or read_back else f"{url}: {message}")
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if str(self) == self.detail:  # no URL, or one read back: read back again
+            return (StorageError._rebuild, (self.detail, None))
         return (StorageError._rebuild, (self.detail, self.url))
 
     @staticmethod

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import small_pipeline
-from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError
+from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError, StorageError
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -234,3 +234,14 @@ def test_a_data_error_rebuilt_from_a_worker_traceback_reads_its_fields_back(
     copy = pickle.loads(pickle.dumps(rebuilt))
     assert (copy.dataset, copy.shard, copy.row, str(copy)) == (dataset, shard, row, text)
     assert DataError("no traceback: dataset 'x', row 3: y").dataset is None  # only tracebacks
+
+
+def test_a_storage_error_rebuilt_from_a_worker_traceback_reads_its_url_back() -> None:
+    original = StorageError("download failed after 6 attempts: timed out", url="s3://b/x.mds")
+    text = "Original Traceback (most recent call last):\n"
+    text += f"zephon_torch.errors.StorageError: {original}\n"
+    rebuilt = StorageError(text)
+    assert (rebuilt.url, str(rebuilt)) == ("s3://b/x.mds", text)
+    copy = pickle.loads(pickle.dumps(rebuilt))
+    assert (copy.url, str(copy)) == ("s3://b/x.mds", text)
+    assert StorageError("no traceback here").url is None
