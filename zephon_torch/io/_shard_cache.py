@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -42,6 +43,14 @@ _RESERVE = ".reserved"
 _LOCKS = ".name_locks"
 _FOLDER_LOCK = ".lock"
 _FULL_POLL_S = 0.05
+# The basename kept in a cached file's name: with the digest, the temporary file's and the
+# reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
+_MAX_BASE = 100
+
+
+def _base(url: str) -> str:
+    """The end of `url`'s basename (which keeps its extension), for a file name."""
+    return (url.rstrip("/").rsplit("/", 1)[-1] or "shard")[-_MAX_BASE:]
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,7 @@ class CachedObject:
         """
         key = f"{self.key or self.url}\0{self.size}\0{self.version}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        base = self.url.rstrip("/").rsplit("/", 1)[-1] or "shard"
-        return f"{digest}-{base}"
+        return f"{digest}-{_base(self.url)}"
 
 
 class ShardCache:
@@ -91,6 +99,9 @@ class ShardCache:
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
         self._lock = threading.Lock()
         self._pins: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
+        # pins a forked child inherited from its parent's threads: unpins still owed to them
+        self._orphaned: dict[str, int] = {}
+        _LIVE.add(self)
         # this process's use of the cache, for stats
         self.hits = 0
         self.misses = 0
@@ -98,8 +109,16 @@ class ShardCache:
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (a parent thread may have held this one at the
-        fork). The pins the child inherited stay held by its copies of their descriptors."""
+        fork), and its copies of the parent's pin descriptors closed: the parent's threads
+        unpin their own copies, and a child keeping them (a DataLoader worker) would keep
+        those shards from eviction for its whole life. Runs at every fork (see `_LIVE`);
+        a second call finds nothing left to close."""
         self._lock = threading.Lock()
+        for name, (fd, count) in self._pins.items():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self._orphaned[name] = self._orphaned.get(name, 0) + count
+        self._pins = {}
 
     def path(self, item: CachedObject) -> str:
         """The local path `item` has once cached."""
@@ -185,7 +204,7 @@ class ShardCache:
             StorageError: when space stays held by shards in use.
         """
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        name = f"{digest}-{url.rstrip('/').rsplit('/', 1)[-1]}"
+        name = f"{digest}-{_base(url)}"
         if self._pin_existing(name):
             self.hits += 1
         else:
@@ -303,6 +322,13 @@ class ShardCache:
 
     def _unpin(self, name: str) -> None:
         with self._lock:
+            owed = self._orphaned.get(name, 0)
+            if owed:  # the forking thread's pin, closed at the fork
+                if owed > 1:
+                    self._orphaned[name] = owed - 1
+                else:
+                    del self._orphaned[name]
+                return
             fd, count = self._pins[name]
             if count > 1:
                 self._pins[name] = (fd, count - 1)
@@ -407,6 +433,28 @@ class ShardCache:
                 delete(name)
             finally:
                 release_file(path, fd)
+        # Lock files alone: a process killed holding a name's lock before it reserved (waiting
+        # for space) leaves only that. Free ones are deleted; a locker that opened one just
+        # before finds it deleted and locks the current file (see `lock_file`).
+        for lock in os.listdir(os.path.join(self.directory, _LOCKS)):
+            name = lock.removesuffix(".lock")
+            if name == own or name in markers or name in temps:
+                continue
+            path = self._name_lock(name)
+            fd = lock_file(path, wait=False)
+            if fd is not None:
+                release_file(path, fd)
+
+
+_LIVE: weakref.WeakSet[ShardCache] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    for cache in list(_LIVE):
+        cache.after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def _try_delete(path: str) -> bool:

@@ -322,3 +322,93 @@ def test_a_child_forked_while_a_thread_waits_for_a_lock_does_not_keep_that_lock(
         assert max(got.values()) - released < 2.5  # not held until the child exits
     finally:
         os.waitpid(child, 0)
+
+
+def test_a_child_forked_while_a_thread_reads_a_shard_does_not_keep_it_pinned(
+    tmp_path: Path,
+) -> None:
+    """A DataLoader worker forked while a runner or prefetch thread has a shard pinned must not
+    keep that pin for its life: the parent's read ends, and the shard must be evictable."""
+    cache = ShardCache(str(tmp_path / "c"), max_bytes=150, full_timeout=2)
+    inside, leave = threading.Event(), threading.Event()
+
+    def read() -> None:
+        with cache.open(_item("a.bin", 100), _writer(b"a" * 100)):
+            inside.set()
+            leave.wait()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert inside.wait(10)
+    child = os.fork()
+    if child == 0:  # a worker: lives on for a while
+        time.sleep(6)
+        os._exit(0)
+    try:
+        leave.set()
+        reader.join(10)
+        path = cache.ensure(_item("b.bin", 100), _writer(b"b" * 100), pin=False)  # evicts a
+        assert Path(path).read_bytes() == b"b" * 100
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def test_a_child_unpinning_what_it_inherited_leaves_its_own_pins_alone(tmp_path: Path) -> None:
+    """The forking thread's block ends in the child too: that unpin must not drop a pin the
+    child took since, nor fail."""
+    cache = ShardCache(str(tmp_path / "c"), max_bytes=1000)
+    item = _item("a.bin", 10)
+    child = -1
+    try:
+        with cache.open(item, _writer(b"a" * 10)):
+            child = os.fork()
+            if child == 0:
+                with cache.open(item, _writer(b"a" * 10)):  # the child's own pin
+                    pass
+        if child == 0:  # the forking block ended in the child: every unpin balanced
+            os._exit(0 if cache._pins == {} and cache._orphaned == {} else 2)
+    except BaseException:
+        if child == 0:
+            os._exit(3)
+        raise
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cache._pins == {}
+
+
+def test_a_shard_with_a_long_basename_is_cached(tmp_path: Path) -> None:
+    """Object keys may be 1024 bytes: the name, its temporary file and its reservation must
+    stay under NAME_MAX, keeping the extension readers go by."""
+    cache = ShardCache(str(tmp_path / "c"), max_bytes=1000)
+    base = "x" * 240 + ".jsonl.zst"
+    path = cache.ensure(_item(base, 10), _writer(b"0123456789"), pin=False)
+    assert Path(path).read_bytes() == b"0123456789"
+    assert path.endswith(".jsonl.zst") and len(os.path.basename(path)) < 200
+    made = f"{tmp_path}/{base} (decompressed)"
+    with cache.open_made("k", made, lambda target: Path(target).write_bytes(b"m")) as local:
+        assert Path(local).read_bytes() == b"m"
+
+
+def _wait_for_space(directory: str, started: str) -> None:
+    Path(started).touch()
+    ShardCache(directory, max_bytes=150).ensure(_item("b.bin", 100), _writer(b"b" * 100), pin=False)
+
+
+def test_the_lock_file_of_a_process_killed_waiting_for_space_is_swept(tmp_path: Path) -> None:
+    directory, started = tmp_path / "c", tmp_path / "started"
+    cache = ShardCache(str(directory), max_bytes=150)
+    with cache.open(_item("a.bin", 100), _writer(b"a" * 100)):  # full of a shard in use
+        child = multiprocessing.get_context("spawn").Process(
+            target=_wait_for_space, args=(str(directory), str(started))
+        )
+        child.start()
+        deadline = time.monotonic() + 30
+        while not os.listdir(directory / _LOCKS) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # waiting in _reserve, holding b's lock
+        child.kill()
+        child.join(10)
+    assert len(os.listdir(directory / _LOCKS)) == 1
+    cache.ensure(_item("c.bin", 10), _writer(b"c" * 10), pin=False)  # a reservation sweeps
+    assert os.listdir(directory / _LOCKS) == []
