@@ -26,7 +26,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import threading
 import time
 import uuid
 import weakref
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 
 from zephon_torch.errors import ConfigError, StorageError
 from zephon_torch.io._locks import flock, lock_file, release_file
+from zephon_torch.io._pins import Pins
 
 # New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
 # .tmp, .reserve and .locks; sharing those with them would break both (see _sweep).
@@ -97,10 +97,7 @@ class ShardCache:
         self.full_timeout = full_timeout
         for sub in (_TMP, _RESERVE, _LOCKS):
             os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
-        self._lock = threading.Lock()
-        self._pins: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
-        # pins a forked child inherited from its parent's threads: unpins still owed to them
-        self._orphaned: dict[str, int] = {}
+        self._pins = Pins(self.directory)
         _LIVE.add(self)
         # this process's use of the cache, for stats
         self.hits = 0
@@ -108,17 +105,8 @@ class ShardCache:
         self.bytes_downloaded = 0
 
     def after_fork(self) -> None:
-        """In a forked child: a fresh lock (a parent thread may have held this one at the
-        fork), and its copies of the parent's pin descriptors closed: the parent's threads
-        unpin their own copies, and a child keeping them (a DataLoader worker) would keep
-        those shards from eviction for its whole life. Runs at every fork (see `_LIVE`);
-        a second call finds nothing left to close."""
-        self._lock = threading.Lock()
-        for name, (fd, count) in self._pins.items():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            self._orphaned[name] = self._orphaned.get(name, 0) + count
-        self._pins = {}
+        """In a forked child: see `Pins.after_fork`. Runs at every fork (see `_LIVE`)."""
+        self._pins.after_fork()
 
     def path(self, item: CachedObject) -> str:
         """The local path `item` has once cached."""
@@ -142,7 +130,7 @@ class ShardCache:
         try:
             yield path
         finally:
-            self._unpin(item.name)
+            self._pins.unpin(item.name)
 
     def ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
         """Makes sure `item` is cached and returns its path; pins it when `pin` (see `open`)."""
@@ -151,11 +139,11 @@ class ShardCache:
                 f"cache `max_bytes` is {self.max_bytes}, smaller than the shard {item.url!r} "
                 f"({item.size} bytes): raise the limit"
             )
-        if self._pin_existing(item.name):
+        if self._pins.pin_existing(item.name):
             self.hits += 1
             return self._finish(item, pin)
         with self._name_locked(item.name):
-            if self._pin_existing(item.name):
+            if self._pins.pin_existing(item.name):
                 self.hits += 1
                 return self._finish(item, pin)
             reservation = self._reserve(item.name, item.size, item.url)
@@ -172,7 +160,7 @@ class ShardCache:
                     fd = os.open(temp, os.O_RDONLY)
                     fcntl.flock(fd, fcntl.LOCK_SH)
                     os.replace(temp, self.path(item))
-                    self._add_pin(item.name, fd)
+                    self._pins.add(item.name, fd)
                     self.misses += 1
                     self.bytes_downloaded += got
                 finally:
@@ -205,11 +193,11 @@ class ShardCache:
         """
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
         name = f"{digest}-{_base(url)}"
-        if self._pin_existing(name):
+        if self._pins.pin_existing(name):
             self.hits += 1
         else:
             with self._name_locked(name):
-                if self._pin_existing(name):
+                if self._pins.pin_existing(name):
                     self.hits += 1
                 else:
                     self._make(name, url, make)
@@ -219,7 +207,7 @@ class ShardCache:
         try:
             yield path
         finally:
-            self._unpin(name)
+            self._pins.unpin(name)
 
     def _make(self, name: str, url: str, make: Callable[[str], None]) -> None:
         """Under `name`'s lock: makes the file, reserves its size, places it pinned."""
@@ -237,7 +225,7 @@ class ShardCache:
                 fd = os.open(temp, os.O_RDONLY)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # pinned before it becomes visible
                 os.replace(temp, os.path.join(self.directory, name))
-                self._add_pin(name, fd)
+                self._pins.add(name, fd)
                 self.misses += 1
             finally:
                 with flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
@@ -261,7 +249,7 @@ class ShardCache:
         with contextlib.suppress(OSError):
             os.utime(path)  # the LRU clock, shared by every process
         if not pin:
-            self._unpin(item.name)
+            self._pins.unpin(item.name)
         return path
 
     @property
@@ -286,55 +274,6 @@ class ShardCache:
     def _temp(self, name: str) -> str:
         """A fresh temporary path for the file `name` (written under `name`'s lock)."""
         return os.path.join(self.directory, _TMP, f"{name}.{uuid.uuid4().hex[:12]}")
-
-    def _pin_existing(self, name: str) -> bool:
-        """Pins the cached file `name` if it exists; False when it does not."""
-        with self._lock:
-            held = self._pins.get(name)
-            if held is not None:
-                self._pins[name] = (held[0], held[1] + 1)
-                return True
-            path = os.path.join(self.directory, name)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                return False
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            # An evicter may have unlinked it between our open and our lock.
-            try:
-                alive = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                alive = False
-            if not alive:
-                os.close(fd)
-                return False
-            self._pins[name] = (fd, 1)
-            return True
-
-    def _add_pin(self, name: str, fd: int) -> None:
-        with self._lock:
-            held = self._pins.get(name)
-            if held is None:
-                self._pins[name] = (fd, 1)
-            else:
-                self._pins[name] = (held[0], held[1] + 1)
-                os.close(fd)
-
-    def _unpin(self, name: str) -> None:
-        with self._lock:
-            owed = self._orphaned.get(name, 0)
-            if owed:  # the forking thread's pin, closed at the fork
-                if owed > 1:
-                    self._orphaned[name] = owed - 1
-                else:
-                    del self._orphaned[name]
-                return
-            fd, count = self._pins[name]
-            if count > 1:
-                self._pins[name] = (fd, count - 1)
-            else:
-                del self._pins[name]
-                os.close(fd)
 
     def _reserve(self, name: str, size: int, url: str, *, made: str = "") -> str:
         """Under `name`'s lock: evicts until `size` more bytes fit, then records a reservation

@@ -353,7 +353,7 @@ def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
     assert dataset.read_rows(0, [1]) == [{"n": 1}]  # the parent's file system and cache exist
     reader = dataset._reader
-    held = [reader._lock, reader._opening, reader._shard_cache()._lock]  # type: ignore[attr-defined]
+    held = [reader._lock, reader._opening, reader._shard_cache()._pins._lock]  # type: ignore[attr-defined]
     entered, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a parent thread inside the reader when the DataLoader forks

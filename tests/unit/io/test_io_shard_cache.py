@@ -367,14 +367,14 @@ def test_a_child_unpinning_what_it_inherited_leaves_its_own_pins_alone(tmp_path:
                 with cache.open(item, _writer(b"a" * 10)):  # the child's own pin
                     pass
         if child == 0:  # the forking block ended in the child: every unpin balanced
-            os._exit(0 if cache._pins == {} and cache._orphaned == {} else 2)
+            os._exit(0 if cache._pins.held == {} and cache._pins.owed == {} else 2)
     except BaseException:
         if child == 0:
             os._exit(3)
         raise
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert cache._pins == {}
+    assert cache._pins.held == {}
 
 
 def test_a_shard_with_a_long_basename_is_cached(tmp_path: Path) -> None:

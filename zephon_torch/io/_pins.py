@@ -1,0 +1,88 @@
+"""This process's pins on shard-cache files: a shared `flock` on each file in use, which no
+evicter's exclusive lock can take, counted per name so that one descriptor serves every reader
+of a file in the process."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+
+
+class Pins:
+    """Pins on the files of one cache folder; thread-safe.
+
+    Args:
+        directory: the cache folder.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        self.held: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
+        # pins a forked child inherited from its parent's threads: unpins still owed to them
+        self.owed: dict[str, int] = {}
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent thread may have held this one at the
+        fork), and its copies of the parent's pin descriptors closed: the parent's threads
+        unpin their own copies, and a child keeping them (a DataLoader worker) would keep
+        those shards from eviction for its whole life. A second call finds nothing to close."""
+        self._lock = threading.Lock()
+        for name, (fd, count) in self.held.items():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self.owed[name] = self.owed.get(name, 0) + count
+        self.held = {}
+
+    def pin_existing(self, name: str) -> bool:
+        """Pins the cached file `name` if it exists; False when it does not."""
+        with self._lock:
+            held = self.held.get(name)
+            if held is not None:
+                self.held[name] = (held[0], held[1] + 1)
+                return True
+            path = os.path.join(self.directory, name)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return False
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            # An evicter may have unlinked it between our open and our lock.
+            try:
+                alive = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                alive = False
+            if not alive:
+                os.close(fd)
+                return False
+            self.held[name] = (fd, 1)
+            return True
+
+    def add(self, name: str, fd: int) -> None:
+        """Counts a pin on `name` held by `fd` (closed when `name` is pinned already)."""
+        with self._lock:
+            held = self.held.get(name)
+            if held is None:
+                self.held[name] = (fd, 1)
+            else:
+                self.held[name] = (held[0], held[1] + 1)
+                os.close(fd)
+
+    def unpin(self, name: str) -> None:
+        """Lets one pin on `name` go; the last one closes its descriptor."""
+        with self._lock:
+            owed = self.owed.get(name, 0)
+            if owed:  # the forking thread's pin, closed at the fork
+                if owed > 1:
+                    self.owed[name] = owed - 1
+                else:
+                    del self.owed[name]
+                return
+            fd, count = self.held[name]
+            if count > 1:
+                self.held[name] = (fd, count - 1)
+            else:
+                del self.held[name]
+                os.close(fd)
