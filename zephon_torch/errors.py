@@ -9,13 +9,14 @@ from typing import Any
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'|" + r'"(?:[^"\\\n]|\\.)*"'  # a str's repr
 # the last line of a worker's traceback that torch re-raises as text: "pkg.DataError: dataset
 # 'name', shard 'path', row 7: what" (shard and row only where known)
-_WHERE = re.compile(
-    rf"^[\w.]*Error: dataset (?P<dataset>{_QUOTED})(?:, shard (?P<shard>{_QUOTED}))?"
-    rf"(?:, row (?P<row>\d+))?: ",
-    re.MULTILINE,
+# (the class's own name, so that a subclass not named *Error, like HashMismatch, reads back too)
+_WHERE = (
+    r"^(?:[\w.]+\.)?{name}: dataset (?P<dataset>{quoted})(?:, shard (?P<shard>{quoted}))?"
+    r"(?:, row (?P<row>\d+))?: "
 )
 
-_URL = re.compile(r"^[\w.]*StorageError: (\S+): ", re.MULTILINE)  # its URL, in a traceback
+# its URL, in a traceback (object keys may hold spaces)
+_URL = r"^(?:[\w.]+\.)?{name}: (.+?): "
 
 
 class ZephonError(Exception):
@@ -62,7 +63,7 @@ class DataError(ZephonError, ValueError):
     ) -> None:
         given = dataset is not None or shard is not None or row is not None
         if not given:
-            dataset, shard, row = _where_in_traceback(message)
+            dataset, shard, row = _where_in_traceback(message, type(self).__name__)
         self.dataset = dataset
         self.shard = shard
         self.row = row
@@ -80,9 +81,10 @@ class DataError(ZephonError, ValueError):
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only fields survive the trip back from a worker process (ones read back
         # from a traceback are read back again).
+        kind = type(self)
         if str(self) == self.detail:
-            return (_rebuild_data_error, (self.detail, None, None, None))
-        return (_rebuild_data_error, (self.detail, self.dataset, self.shard, self.row))
+            return (_rebuild_data_error, (self.detail, None, None, None, kind))
+        return (_rebuild_data_error, (self.detail, self.dataset, self.shard, self.row, kind))
 
 
 class StorageError(ZephonError, OSError):
@@ -92,7 +94,8 @@ class StorageError(ZephonError, OSError):
     def __init__(self, message: str, *, url: str | None = None) -> None:
         read_back = url is None and "Traceback" in message
         if read_back:
-            found = _URL.findall(message)
+            name = re.escape(type(self).__name__)
+            found = re.findall(_URL.format(name=name), message, re.MULTILINE)
             url = found[-1] if found else None
         self.url = url
         self.detail = message
@@ -109,17 +112,22 @@ class StorageError(ZephonError, OSError):
 
 
 def _rebuild_data_error(
-    message: str, dataset: str | None, shard: str | None, row: int | None
+    message: str,
+    dataset: str | None,
+    shard: str | None,
+    row: int | None,
+    kind: type[DataError] = DataError,
 ) -> DataError:
-    return DataError(message, dataset=dataset, shard=shard, row=row)
+    return kind(message, dataset=dataset, shard=shard, row=row)
 
 
-def _where_in_traceback(text: str) -> tuple[str | None, str | None, int | None]:
-    """The dataset, shard and row of the last DataError line in a traceback's text (torch's
-    re-raise of a worker's error); Nones when there is none."""
+def _where_in_traceback(text: str, name: str) -> tuple[str | None, str | None, int | None]:
+    """The dataset, shard and row of the last line of class `name` (a DataError's) in a
+    traceback's text (torch's re-raise of a worker's error); Nones when there is none."""
     if "Traceback" not in text:
         return None, None, None
-    matches = list(_WHERE.finditer(text))
+    where = re.compile(_WHERE.format(name=re.escape(name), quoted=_QUOTED), re.MULTILINE)
+    matches = list(where.finditer(text))
     if not matches:
         return None, None, None
     found = matches[-1]

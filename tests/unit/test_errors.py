@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from torch._utils import ExceptionWrapper
 
 from tests.helpers import small_pipeline
 from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError, StorageError
 from zephon_torch.io import Dataset
+from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
@@ -245,3 +248,36 @@ def test_a_storage_error_rebuilt_from_a_worker_traceback_reads_its_url_back() ->
     copy = pickle.loads(pickle.dumps(rebuilt))
     assert (copy.url, str(copy)) == ("s3://b/x.mds", text)
     assert StorageError("no traceback here").url is None
+
+
+def _reraised(error: BaseException) -> BaseException:
+    try:
+        raise error
+    except BaseException:
+        wrapper = ExceptionWrapper(sys.exc_info(), where="in DataLoader worker process 0")
+    try:
+        wrapper.reraise()
+    except BaseException as got:
+        return got
+    raise AssertionError
+
+
+def test_a_hash_mismatch_reraised_by_torch_reads_its_fields_back() -> None:
+    got = _reraised(HashMismatch("bad hash", dataset="web", shard="s3://b/shard.00000.mds"))
+    assert type(got) is HashMismatch
+    assert (got.dataset, got.shard) == ("web", "s3://b/shard.00000.mds")
+
+
+def test_a_data_error_reraised_by_torch_reads_its_fields_back() -> None:
+    got = _reraised(DataError("bad row", dataset="web", shard="s3://b/x.jsonl", row=3))
+    assert (got.dataset, got.shard, got.row) == ("web", "s3://b/x.jsonl", 3)
+
+
+def test_a_hash_mismatch_pickles_back_as_one() -> None:
+    error = HashMismatch("bad hash", dataset="web", shard="s")
+    assert type(pickle.loads(pickle.dumps(error))) is HashMismatch
+
+
+def test_a_storage_error_on_a_key_with_a_space_reads_its_url_back() -> None:
+    got = _reraised(StorageError("read failed", url="s3://b/my shard.jsonl"))
+    assert got.url == "s3://b/my shard.jsonl"
