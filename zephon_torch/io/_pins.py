@@ -21,8 +21,10 @@ class Pins:
         self.directory = directory
         self._lock = threading.Lock()
         self.held: dict[str, tuple[int, int]] = {}  # name -> (fd holding LOCK_SH, count)
-        # pins a forked child inherited from its parent's threads: unpins still owed to them
+        # pins a forked child inherited from the thread that forked it: unpins still owed to
+        # them (the parent's other threads do not run in the child, and never unpin)
         self.owed: dict[str, int] = {}
+        self._by_thread: dict[int, dict[str, int]] = {}  # thread ident -> name -> its pins
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (a parent thread may have held this one at the
@@ -30,11 +32,25 @@ class Pins:
         unpin their own copies, and a child keeping them (a DataLoader worker) would keep
         those shards from eviction for its whole life. A second call finds nothing to close."""
         self._lock = threading.Lock()
-        for name, (fd, count) in self.held.items():
+        for fd, _ in self.held.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
-            self.owed[name] = self.owed.get(name, 0) + count
         self.held = {}
+        forking = threading.get_ident()
+        for name, count in self._by_thread.get(forking, {}).items():
+            self.owed[name] = self.owed.get(name, 0) + count
+        self._by_thread = {}
+
+    def _count(self, name: str, step: int) -> None:
+        """Under the lock: this thread's pins on `name` change by `step`."""
+        mine = self._by_thread.setdefault(threading.get_ident(), {})
+        count = mine.get(name, 0) + step
+        if count > 0:
+            mine[name] = count
+        else:
+            mine.pop(name, None)
+            if not mine:
+                del self._by_thread[threading.get_ident()]
 
     def pin_existing(self, name: str) -> bool:
         """Pins the cached file `name` if it exists; False when it does not."""
@@ -42,6 +58,7 @@ class Pins:
             held = self.held.get(name)
             if held is not None:
                 self.held[name] = (held[0], held[1] + 1)
+                self._count(name, 1)
                 return True
             path = os.path.join(self.directory, name)
             try:
@@ -58,6 +75,7 @@ class Pins:
                 os.close(fd)
                 return False
             self.held[name] = (fd, 1)
+            self._count(name, 1)
             return True
 
     def add(self, name: str, fd: int) -> None:
@@ -69,6 +87,7 @@ class Pins:
             else:
                 self.held[name] = (held[0], held[1] + 1)
                 os.close(fd)
+            self._count(name, 1)
 
     def unpin(self, name: str) -> None:
         """Lets one pin on `name` go; the last one closes its descriptor."""
@@ -81,6 +100,7 @@ class Pins:
                     del self.owed[name]
                 return
             fd, count = self.held[name]
+            self._count(name, -1)
             if count > 1:
                 self.held[name] = (fd, count - 1)
             else:

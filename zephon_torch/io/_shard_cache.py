@@ -49,8 +49,12 @@ _MAX_BASE = 100
 
 
 def _base(url: str) -> str:
-    """The end of `url`'s basename (which keeps its extension), for a file name."""
-    return (url.rstrip("/").rsplit("/", 1)[-1] or "shard")[-_MAX_BASE:]
+    """The end of `url`'s basename (which keeps its extension), for a file name: at most
+    `_MAX_BASE` bytes in UTF-8, as NAME_MAX counts bytes (a CJK character takes 3)."""
+    base = (url.rstrip("/").rsplit("/", 1)[-1] or "shard")[-_MAX_BASE:]
+    while len(base.encode("utf-8", "surrogatepass")) > _MAX_BASE:
+        base = base[1:]
+    return base
 
 
 @dataclass(frozen=True)

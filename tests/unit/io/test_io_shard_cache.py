@@ -412,3 +412,53 @@ def test_the_lock_file_of_a_process_killed_waiting_for_space_is_swept(tmp_path: 
     assert len(os.listdir(directory / _LOCKS)) == 1
     cache.ensure(_item("c.bin", 10), _writer(b"c" * 10), pin=False)  # a reservation sweeps
     assert os.listdir(directory / _LOCKS) == []
+
+
+def test_a_child_reading_a_shard_a_parent_thread_had_pinned_lets_its_own_pin_go(
+    tmp_path: Path,
+) -> None:
+    cache = ShardCache(str(tmp_path / "c"), max_bytes=150, full_timeout=2)
+    a = _item("a.bin", 100)
+    inside, leave = threading.Event(), threading.Event()
+
+    def read() -> None:
+        with cache.open(a, _writer(b"a" * 100)):
+            inside.set()
+            leave.wait()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert inside.wait(10)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # a worker: reads a, then lives on
+        try:
+            with cache.open(a, _writer(b"a" * 100)):
+                pass
+            os.write(w, b"1" if cache._pins.held == {} else b"0")
+            time.sleep(6)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(r, 1) == b"1", "the child still holds its pin on a"
+        leave.set()
+        reader.join(10)
+        path = cache.ensure(_item("b.bin", 100), _writer(b"b" * 100), pin=False)  # evicts a
+        assert Path(path).read_bytes() == b"b" * 100
+    finally:
+        leave.set()
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def test_a_shard_with_a_long_non_ascii_basename_is_cached(tmp_path: Path) -> None:
+    """NAME_MAX is 255 bytes, not characters: 100 CJK characters are 300 bytes."""
+    cache = ShardCache(str(tmp_path / "c"), max_bytes=1000)
+    base = "语料" * 60 + ".jsonl.zst"
+    item = CachedObject(url=f"s3://bucket/{base}", size=10, version="v1")
+    path = cache.ensure(item, lambda target: Path(target).write_bytes(b"0123456789"), pin=False)
+    assert Path(path).read_bytes() == b"0123456789"
+    assert path.endswith(".jsonl.zst")
+    made = f"{tmp_path}/{base} (decompressed)"
+    with cache.open_made("k", made, lambda target: Path(target).write_bytes(b"m")) as local:
+        assert Path(local).read_bytes() == b"m"
