@@ -27,11 +27,10 @@ class Pins:
         self._by_thread: dict[int, dict[str, int]] = {}  # thread ident -> name -> its pins
 
     def after_fork(self) -> None:
-        """In a forked child: a fresh lock (the forking thread held this one over the fork,
-        see `before_fork`), and its copies of the parent's pin descriptors closed: the
-        parent's threads unpin their own copies, and a child keeping them (a DataLoader
-        worker) would keep those shards from eviction for its whole life. Only the forking
-        thread's pins stay owed (it runs on in the child). A second call finds nothing."""
+        """In a forked child: a fresh lock (a parent thread may have held this one at the
+        fork), and its copies of the parent's pin descriptors closed: the parent's threads
+        unpin their own copies, and a child keeping them (a DataLoader worker) would keep
+        those shards from eviction for its whole life. A second call finds nothing to close."""
         self._lock = threading.Lock()
         for fd, _ in self.held.values():
             with contextlib.suppress(OSError):
@@ -79,38 +78,16 @@ class Pins:
             self._count(name, 1)
             return True
 
-    def place(self, name: str, temp: str) -> None:
-        """Moves the finished file `temp` into the folder as `name`, pinned before it becomes
-        visible (so no evicter can take it in between), under the lock a fork waits for: a
-        child never holds a descriptor that is not recorded."""
+    def add(self, name: str, fd: int) -> None:
+        """Counts a pin on `name` held by `fd` (closed when `name` is pinned already)."""
         with self._lock:
-            fd = os.open(temp, os.O_RDONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                os.replace(temp, os.path.join(self.directory, name))
-            except BaseException:
+            held = self.held.get(name)
+            if held is None:
+                self.held[name] = (fd, 1)
+            else:
+                self.held[name] = (held[0], held[1] + 1)
                 os.close(fd)
-                raise
-            self._add(name, fd)
-
-    def before_fork(self) -> None:
-        """Holds the lock over a fork (see `after_fork`, `after_fork_in_parent`)."""
-        self._lock.acquire()
-
-    def after_fork_in_parent(self) -> None:
-        """Lets the lock taken by `before_fork` go."""
-        self._lock.release()
-
-    def _add(self, name: str, fd: int) -> None:
-        """Under the lock: counts a pin on `name` held by `fd` (closed when `name` is pinned
-        already)."""
-        held = self.held.get(name)
-        if held is None:
-            self.held[name] = (fd, 1)
-        else:
-            self.held[name] = (held[0], held[1] + 1)
-            os.close(fd)
-        self._count(name, 1)
+            self._count(name, 1)
 
     def unpin(self, name: str) -> None:
         """Lets one pin on `name` go; the last one closes its descriptor."""

@@ -160,7 +160,11 @@ class ShardCache:
                         raise StorageError(
                             f"downloaded {got} bytes, expected {item.size}", url=item.url
                         )
-                    self._pins.place(item.name, temp)
+                    # Pinned before it becomes visible, so no evicter can take it in between.
+                    fd = os.open(temp, os.O_RDONLY)
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                    os.replace(temp, self.path(item))
+                    self._pins.add(item.name, fd)
                     self.misses += 1
                     self.bytes_downloaded += got
                 finally:
@@ -222,7 +226,10 @@ class ShardCache:
                 )
             reservation = self._reserve(name, size, url, made=os.path.basename(temp))
             try:
-                self._pins.place(name, temp)
+                fd = os.open(temp, os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # pinned before it becomes visible
+                os.replace(temp, os.path.join(self.directory, name))
+                self._pins.add(name, fd)
                 self.misses += 1
             finally:
                 with flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
@@ -385,30 +392,12 @@ class ShardCache:
 _LIVE: weakref.WeakSet[ShardCache] = weakref.WeakSet()
 
 
-_FORKING: list[ShardCache] = []  # the caches whose pins' locks are held over a fork
-
-
-def _before_fork() -> None:
-    _FORKING[:] = list(_LIVE)
-    for cache in _FORKING:
-        cache._pins.before_fork()
-
-
-def _after_fork_in_parent() -> None:
-    for cache in _FORKING:
-        cache._pins.after_fork_in_parent()
-    _FORKING.clear()
-
-
 def _reset_in_child() -> None:
-    for cache in _FORKING:
+    for cache in list(_LIVE):
         cache.after_fork()
-    _FORKING.clear()
 
 
-os.register_at_fork(
-    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_reset_in_child
-)
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def _try_delete(path: str) -> bool:
