@@ -78,6 +78,18 @@ class Pins:
             self._count(name, 1)
             return True
 
+    def place(self, name: str, temp: str) -> None:
+        """Moves the finished file `temp` into the folder as `name`, pinned before it becomes
+        visible, so no evicter can take it in between."""
+        fd = os.open(temp, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            os.replace(temp, os.path.join(self.directory, name))
+        except BaseException:
+            os.close(fd)
+            raise
+        self.add(name, fd)
+
     def add(self, name: str, fd: int) -> None:
         """Counts a pin on `name` held by `fd` (closed when `name` is pinned already)."""
         with self._lock:

@@ -160,11 +160,7 @@ class ShardCache:
                         raise StorageError(
                             f"downloaded {got} bytes, expected {item.size}", url=item.url
                         )
-                    # Pinned before it becomes visible, so no evicter can take it in between.
-                    fd = os.open(temp, os.O_RDONLY)
-                    fcntl.flock(fd, fcntl.LOCK_SH)
-                    os.replace(temp, self.path(item))
-                    self._pins.add(item.name, fd)
+                    self._pins.place(item.name, temp)
                     self.misses += 1
                     self.bytes_downloaded += got
                 finally:
@@ -226,10 +222,7 @@ class ShardCache:
                 )
             reservation = self._reserve(name, size, url, made=os.path.basename(temp))
             try:
-                fd = os.open(temp, os.O_RDONLY)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # pinned before it becomes visible
-                os.replace(temp, os.path.join(self.directory, name))
-                self._pins.add(name, fd)
+                self._pins.place(name, temp)
                 self.misses += 1
             finally:
                 with flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
