@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import ast
 import re
 from typing import Any
+
+from zephon_torch._literal import literal_eval
 
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'|" + r'"(?:[^"\\\n]|\\.)*"'  # a str's repr
 # the last line of a worker's traceback that torch re-raises as text: "pkg.DataError: dataset
@@ -133,7 +134,7 @@ def _where_in_traceback(text: str, name: str) -> tuple[str | None, str | None, i
     found = matches[-1]
     shard, row = found["shard"], found["row"]
     return (
-        ast.literal_eval(found["dataset"]),
-        None if shard is None else ast.literal_eval(shard),
+        literal_eval(found["dataset"]),
+        None if shard is None else literal_eval(shard),
         None if row is None else int(row),
     )

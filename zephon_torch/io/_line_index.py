@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zephon_torch.io._mapped import map_array
+
 LineIndex = npt.NDArray[np.int64]
 
 _INDEX_VERSION = 2
@@ -128,14 +130,12 @@ def _load(target: str) -> LineIndex | None:
     if not os.path.exists(target):
         return None
     try:
-        index = np.load(target, mmap_mode="r", allow_pickle=False)
+        index = map_array(target)
     except (OSError, ValueError, EOFError):
         return None  # a torn or foreign file: rebuild it
     if index.ndim != 2 or index.shape[0] != 2 or index.dtype != np.int64:
         return None
-    # A plain view of the same pages: np.memmap's Python-level hooks on every slice cost more
-    # than the row lookups themselves.
-    return np.asarray(index).view(np.ndarray)
+    return index
 
 
 def _save(index: LineIndex, target: str) -> None:

@@ -6,13 +6,21 @@ in place while it is mapped, touching a page past its new end raises SIGBUS, whi
 process without a message (a DataLoader worker "killed by signal"). So each read first checks,
 with one fstat of the mapped file (about 1 us, per read call, not per row), that the file is
 still as long as its map. A file replaced by a rename keeps its old pages and passes.
+
+`.npy` files are mapped here too (`map_array`), their headers read by `read_header`.
 """
 
 from __future__ import annotations
 
 import mmap
-from typing import Any
+import re
+import struct
+from typing import IO, Any, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
+
+from zephon_torch._literal import AST_LOCK
 from zephon_torch.errors import DataError
 from zephon_torch.io._rows import CHANGED_NOTE
 
@@ -23,6 +31,75 @@ def map_file(path: str) -> mmap.mmap | bytes:
         if not handle.seek(0, 2):
             return b""
         return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+class NpyHeader(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    fortran_order: bool
+
+
+# The header numpy writes for an integer array: its dict's repr, keys sorted, space-padded.
+_INTEGER_HEADER = re.compile(
+    r"\{'descr': '([<>|=]?[iu][1248])', 'fortran_order': (False|True), "
+    r"'shape': \((|\d+,|\d+(?:, \d+)+)\), \}[ ]*\n"
+)
+
+
+def read_header(handle: IO[bytes]) -> NpyHeader:
+    """The shape, dtype and order a `.npy` header records, reading the header only; the
+    handle is left at the first data byte.
+
+    An integer header as numpy writes it is matched without `ast`; any other goes to numpy's
+    own parser under `AST_LOCK` (see `zephon_torch._literal`).
+
+    Raises:
+        ValueError: when the bytes are not a `.npy` header.
+    """
+    start = handle.tell()
+    version = np.lib.format.read_magic(handle)
+    size = struct.Struct("<H" if version == (1, 0) else "<I")
+    length = handle.read(size.size)
+    text = handle.read(size.unpack(length)[0]) if len(length) == size.size else b""
+    found = _INTEGER_HEADER.fullmatch(text.decode("latin1"))
+    if found is not None:
+        descr, fortran_order, dims = found.groups()
+        shape = tuple(int(dim) for dim in dims.split(",") if dim)
+        return NpyHeader(shape, np.dtype(descr), fortran_order == "True")
+    handle.seek(start)
+    with AST_LOCK:
+        np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+    return NpyHeader(tuple(int(dim) for dim in shape), np.dtype(dtype), bool(fortran))
+
+
+def map_array(path: str) -> npt.NDArray[Any]:
+    """Maps a `.npy` file read-only as a plain ndarray (np.memmap's Python-level hooks on every
+    slice cost more than small reads themselves), as `np.load(mmap_mode="r")` would.
+
+    Raises:
+        FileNotFoundError: when there is no file.
+        ValueError: when it is not a `.npy` file of plain values, or is shorter than its header
+            says.
+    """
+    with open(path, "rb") as handle:
+        header = read_header(handle)
+        offset = handle.tell()
+    if header.dtype.hasobject:
+        raise ValueError("holds Python objects, which cannot be memory-mapped")
+    mapped = np.memmap(
+        path,
+        dtype=header.dtype,
+        mode="r",
+        shape=header.shape,
+        order="F" if header.fortran_order else "C",
+        offset=offset,
+    )
+    array: npt.NDArray[Any] = mapped.view(np.ndarray)
+    return array
 
 
 def check_whole(data: Any, *, dataset: str, shard: str) -> None:

@@ -20,9 +20,10 @@ import numpy as np
 
 from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import DataError
+from zephon_torch.io._mapped import read_header
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
-from zephon_torch.io.npy import offsets_path, read_header
+from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import ESTIMATE_VERSION, group_sizes
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
@@ -102,10 +103,10 @@ def _npy_header(
     def header() -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
         with fs.open(fs_path, "rb", block_size=_HEADER_BLOCK) as handle:
             try:
-                dims, dtype = read_header(handle)
+                found = read_header(handle)
             except ValueError:
                 return None
-            return (dims, dtype, handle.tell()) if dtype.kind in "iu" else None
+            return (found.shape, found.dtype, handle.tell()) if found.dtype.kind in "iu" else None
 
     return call_with_retry(header, url=url, policy=policy, what="reading the header")
 

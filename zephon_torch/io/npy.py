@@ -11,7 +11,7 @@ Two layouts, both memory-mapped, so a row is a read-only view and opening reads 
 
 Rows are `{"input_ids": array}` in the stored integer dtype. A remote file and its offsets
 are reached through a `locate` hook that downloads them into the shard cache (see `_locate`);
-`read_header` lets the remote reader count rows from a few header bytes.
+`_mapped.read_header` lets the remote reader count rows from a few header bytes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._locate import Locate, local_file
-from zephon_torch.io._mapped import check_whole
+from zephon_torch.io._mapped import check_whole, map_array
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 
@@ -48,20 +48,6 @@ def token_files(files: Sequence[str]) -> list[str]:
         for file in files
         if not (file.endswith(OFFSETS_SUFFIX) and file[: -len(OFFSETS_SUFFIX)] + ".npy" in listed)
     ]
-
-
-def read_header(handle: IO[bytes]) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """Returns the shape and dtype a `.npy` header records, reading the header only.
-
-    Raises:
-        ValueError: when the bytes are not a `.npy` header.
-    """
-    version = np.lib.format.read_magic(handle)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
-    else:
-        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-    return tuple(int(size) for size in shape), np.dtype(dtype)
 
 
 @dataclass(frozen=True)
@@ -187,9 +173,7 @@ class NpyReader:
         """
         with self.locate(path) as local:
             try:
-                array: npt.NDArray[np.integer[Any]] = np.load(
-                    local, mmap_mode="r", allow_pickle=False
-                )
+                array: npt.NDArray[np.integer[Any]] = map_array(local)
             except FileNotFoundError:
                 raise
             except (OSError, ValueError, EOFError) as error:  # EOFError: an empty file
@@ -202,4 +186,4 @@ class NpyReader:
                 dataset=self.dataset,
                 shard=path,
             )
-        return array.view(np.ndarray)
+        return array

@@ -1,0 +1,139 @@
+"""`.npy` headers read and mapped as numpy does, and without `ast` for the integer headers
+numpy writes: CPython 3.11's AST builder fails when two threads parse at once."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import io
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_torch.io import Dataset
+from zephon_torch.io._mapped import map_array, read_header
+
+_INTEGERS = [f"{order}{kind}{size}" for order in "<>" for kind in "iu" for size in (1, 2, 4, 8)]
+
+
+def _numpy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    handle = io.BytesIO(data)
+    version = np.lib.format.read_magic(handle)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(handle)
+    else:  # 3.0 differs from 2.0 in the header's encoding only: utf-8, not latin-1
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(handle)
+    return shape, fortran_order, dtype, handle.tell()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    dtype=st.sampled_from([*_INTEGERS, "<f4", ">f8", "<c8", "|b1", "<U3", "[('a', '<i4')]"]),
+    shape=st.lists(st.integers(0, 4), max_size=3),
+    fortran=st.booleans(),
+    version=st.sampled_from([(1, 0), (2, 0), (3, 0)]),
+)
+def test_a_header_reads_and_maps_as_numpy_reads_it(
+    tmp_path_factory: pytest.TempPathFactory,
+    dtype: str,
+    shape: list[int],
+    fortran: bool,
+    version: tuple[int, int],
+) -> None:
+    described = np.dtype(ast.literal_eval(dtype) if dtype.startswith("[") else dtype)
+    array = np.arange(int(np.prod(shape)), dtype=np.int64).astype(described).reshape(shape)
+    array = np.asfortranarray(array) if fortran else array
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, version=version)
+    data = buffer.getvalue()
+
+    handle = io.BytesIO(data)
+    found = read_header(handle)
+    assert (found.shape, found.fortran_order, found.dtype, handle.tell()) == _numpy_header(data)
+    path = tmp_path_factory.mktemp("npy") / "a.npy"
+    path.write_bytes(data)
+    mapped = map_array(str(path))
+    expected = np.load(path, mmap_mode="r", allow_pickle=False)
+    assert type(mapped) is np.ndarray and mapped.dtype == expected.dtype
+    assert mapped.shape == expected.shape and np.array_equal(mapped, expected)
+    assert mapped.flags.f_contiguous == expected.flags.f_contiguous and not mapped.flags.writeable
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\x93NUMPY", b"not a numpy file at all", b"\x93NUMPY\x01\x00\x40\x00{'descr': '<i4'"],
+)
+def test_bytes_that_are_no_header_are_a_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        read_header(io.BytesIO(data))
+
+
+def test_an_array_of_python_objects_is_not_mapped(tmp_path: Path) -> None:
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="Python objects"):
+        map_array(str(tmp_path / "o.npy"))
+
+
+class _Collected:
+    """Garbage whose finalizer runs Python code: a collection inside the AST builder switches
+    threads there, which is what lets two parses meet."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        self.freed = [0] * 3
+
+
+@pytest.fixture
+def fast_thread_switches() -> Iterator[None]:
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(50)
+    yield
+    sys.setswitchinterval(interval)
+    gc.set_threshold(*thresholds)
+
+
+@pytest.mark.usefixtures("fast_thread_switches")
+def test_threads_open_npy_shards_while_another_thread_parses_python(tmp_path: Path) -> None:
+    for shard in range(30):
+        np.save(tmp_path / f"{shard:02}.npy", np.full((3, 4), shard, dtype=np.int32))
+    literal = "{" + ", ".join(f"'k{i}': (((((1,),),),),)" for i in range(20)) + "}"
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def parse() -> None:
+        try:
+            while not done.is_set():
+                _Collected()
+                ast.literal_eval(literal)
+        except BaseException as error:
+            errors.append(error)
+
+    def open_and_read() -> None:
+        try:
+            for _ in range(15):
+                _Collected()
+                dataset = Dataset.from_path("n", tmp_path)
+                assert [r["input_ids"][0] for r in dataset.read_rows(7, [0])] == [7]
+        except BaseException as error:
+            errors.append(error)
+
+    parser = threading.Thread(target=parse)
+    readers = [threading.Thread(target=open_and_read) for _ in range(3)]
+    parser.start()
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    done.set()
+    parser.join()
+    assert errors == []
