@@ -9,6 +9,7 @@ a kept document must be reproducible by re-reading it (edit documents with ``map
 
 from __future__ import annotations
 
+import copy
 import json
 from abc import ABC, abstractmethod
 from typing import Any
@@ -39,7 +40,9 @@ class StatefulFilter(ABC):
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """The filter's state as plain JSON data."""
+        """The filter's state as plain JSON data; called once per micro-batch, whose state
+        keeps a deep copy (so returning the live objects is safe, and a large state costs a
+        copy per micro-batch)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -58,7 +61,7 @@ class FilteredReader(BaseNode[Document]):
         self.reader = reader
         self.op = op
         self.source_name = source_name
-        self._initial = op.state_dict()
+        self._initial = copy.deepcopy(op.state_dict())
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or restore the reader's position and the filter's state."""
@@ -86,8 +89,10 @@ class FilteredReader(BaseNode[Document]):
         return self.reader.exhaustion
 
     def get_state(self) -> dict[str, Any]:
-        """Reader position and filter state."""
-        return {"reader": self.reader.get_state(), "filter": self.op.state_dict()}
+        """Reader position and a copy of the filter state: a filter may return (and go on
+        updating) its live objects, while this state travels with a batch to a consumer that
+        the packer runs ahead of (`prefetch`'s thread; a shuffle keeps it for a block)."""
+        return {"reader": self.reader.get_state(), "filter": copy.deepcopy(self.op.state_dict())}
 
     def next(self) -> Document:
         """The next kept document.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -309,3 +310,43 @@ def test_a_state_json_cannot_write_is_never_judged_unchanged() -> None:
     pipeline = _repeating(4).stateful_filter(lambda lane: TupleKeyed(skip=20)).batch(1)
     batches = iter(pipeline)
     assert [next(batches).num_tokens for _ in range(3)] == [3, 3, 3]
+
+
+def _dedup_pipeline(*, prefetch: int, shuffle: int | None = None) -> Any:
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    dataset = Dataset.from_dict("d", {"ids": [[i + 1] * 3 for i in range(40)]})
+    source = StaticMixtureWorkSource([dataset], shuffle=False)
+    pipeline = (
+        Pipeline(source)
+        .options(prefetch=prefetch)
+        .pretokenized("ids")
+        .stateful_filter(lambda lane: KeepUnseen())  # its state_dict is its live list
+        .pack_flat(3)
+    )
+    return (pipeline if shuffle is None else pipeline.shuffle(shuffle)).batch(1)
+
+
+def test_a_batch_carries_the_filter_state_of_its_own_time_while_the_producer_runs_ahead() -> None:
+    """With prefetch the lane is packed on a background thread, batches ahead of the consumer:
+    the state delivered with a batch must not move on with the filter's live objects."""
+    pipeline = _dedup_pipeline(prefetch=4)
+    batches = iter(pipeline)
+    delivered = [next(batches).input_ids[0].tolist() for _ in range(3)]
+    assert delivered == [[1] * 3, [2] * 3, [3] * 3]
+    deadline = time.monotonic() + 10
+    while pipeline._live.queued() < 4 and time.monotonic() < deadline:  # the producer ran ahead
+        time.sleep(0.01)
+    state = pipeline.state_dict()
+    assert state["lanes"]["0"]["pack"]["readers"][0]["filter"] == {"seen": delivered}
+    resumed = _dedup_pipeline(prefetch=4)
+    resumed.load_state_dict(state)
+    assert next(iter(resumed)).input_ids[0].tolist() == [4] * 3
+
+
+def test_a_filter_returning_its_live_state_resumes_exactly_under_a_shuffle() -> None:
+    """A shuffle keeps the source state from before it packed its block: the filter's state
+    there must not be the one it reached packing the block."""
+    assert assert_resumes_at_every_step(lambda: _dedup_pipeline(prefetch=0, shuffle=5)) == 40
