@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from zephon_torch._literal import literal_eval
-
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'|" + r'"(?:[^"\\\n]|\\.)*"'  # a str's repr
 # the last line of a worker's traceback that torch re-raises as text: "pkg.DataError: dataset
 # 'name', shard 'path', row 7: what" (shard and row only where known)
@@ -134,7 +132,14 @@ def _where_in_traceback(text: str, name: str) -> tuple[str | None, str | None, i
     found = matches[-1]
     shard, row = found["shard"], found["row"]
     return (
-        literal_eval(found["dataset"]),
-        None if shard is None else literal_eval(shard),
+        _unrepr(found["dataset"]),
+        None if shard is None else _unrepr(shard),
         None if row is None else int(row),
     )
+
+
+def _unrepr(quoted: str) -> str:
+    """The str whose `repr` is `quoted`, without `ast` (see `io._mapped.read_header` for why):
+    repr leaves printable characters as they are and escapes the rest, which `unicode_escape`
+    reads back once every character outside latin-1 is itself written as an escape."""
+    return quoted[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch._utils import ExceptionWrapper
 
 from tests.helpers import small_pipeline
@@ -237,6 +239,18 @@ def test_a_data_error_rebuilt_from_a_worker_traceback_reads_its_fields_back(
     copy = pickle.loads(pickle.dumps(rebuilt))
     assert (copy.dataset, copy.shard, copy.row, str(copy)) == (dataset, shard, row, text)
     assert DataError("no traceback: dataset 'x', row 3: y").dataset is None  # only tracebacks
+
+
+@settings(max_examples=300, deadline=None)
+@given(dataset=st.text(), shard=st.text(), row=st.integers(0, 2**40))
+def test_any_names_read_back_from_a_worker_traceback(dataset: str, shard: str, row: int) -> None:
+    """Names are read back from their reprs (quotes, backslashes, any code point) by
+    `unicode_escape`, not `ast`."""
+    original = DataError("bad", dataset=dataset, shard=shard, row=row)
+    rebuilt = DataError(
+        f"Traceback (most recent call last):\nzephon_torch.errors.DataError: {original}\n"
+    )
+    assert (rebuilt.dataset, rebuilt.shard, rebuilt.row) == (dataset, shard, row)
 
 
 def test_a_storage_error_rebuilt_from_a_worker_traceback_reads_its_url_back() -> None:

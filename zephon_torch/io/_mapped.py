@@ -20,7 +20,6 @@ from typing import IO, Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from zephon_torch._literal import AST_LOCK
 from zephon_torch.errors import DataError
 from zephon_torch.io._rows import CHANGED_NOTE
 
@@ -39,41 +38,70 @@ class NpyHeader(NamedTuple):
     fortran_order: bool
 
 
-# The header numpy writes for an integer array: its dict's repr, keys sorted, space-padded.
-_INTEGER_HEADER = re.compile(
-    r"\{'descr': '([<>|=]?[iu][1248])', 'fortran_order': (False|True), "
-    r"'shape': \((|\d+,|\d+(?:, \d+)+)\), \}[ ]*\n"
+_MAX_HEADER_BYTES = 10_000  # numpy's own limit (`max_header_size`)
+# One entry of a `.npy` header's dict, with its comma: a key, then a plain dtype string, a bool
+# or a tuple of ints (Python 2 wrote longs, `3L`). A structured dtype's list is not taken.
+_HEADER_ENTRY = re.compile(
+    r"\s*'(?P<key>\w+)'\s*:\s*(?:"
+    r"'(?P<descr>[<>|=]?[A-Za-z]\d*(?:\[\w+\])?)'"
+    r"|(?P<flag>True|False)"
+    r"|\((?P<dims>\s*|\s*\d+L?\s*,(?:\s*\d+L?\s*,)*(?:\s*\d+L?)?\s*)\)"
+    r")\s*(?:,|(?=\}))"
 )
+_HEADER_GROUPS = {"descr": "descr", "fortran_order": "flag", "shape": "dims"}
 
 
 def read_header(handle: IO[bytes]) -> NpyHeader:
     """The shape, dtype and order a `.npy` header records, reading the header only; the
     handle is left at the first data byte.
 
-    An integer header as numpy writes it is matched without `ast`; any other goes to numpy's
-    own parser under `AST_LOCK` (see `zephon_torch._literal`).
+    Read with a regex, not numpy's parser: that one calls `ast.literal_eval`, and CPython 3.11
+    keeps the AST builder's recursion count per interpreter, so a thread parsing while another
+    does (any `ast` user: the traceback module placing its carets, torch.compile) can fail
+    either with "SystemError: AST constructor recursion depth mismatch" (CPython issue
+    gh-106905; reproduced here on 3.11.7, not on 3.10, 3.12 or 3.13). Headers of plain dtypes,
+    as numpy and other writers lay them out, are taken; a structured dtype is refused.
 
     Raises:
-        ValueError: when the bytes are not a `.npy` header.
+        ValueError: when the bytes are not such a `.npy` header.
     """
-    start = handle.tell()
     version = np.lib.format.read_magic(handle)
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
     size = struct.Struct("<H" if version == (1, 0) else "<I")
     length = handle.read(size.size)
-    text = handle.read(size.unpack(length)[0]) if len(length) == size.size else b""
-    found = _INTEGER_HEADER.fullmatch(text.decode("latin1"))
-    if found is not None:
-        descr, fortran_order, dims = found.groups()
-        shape = tuple(int(dim) for dim in dims.split(",") if dim)
-        return NpyHeader(shape, np.dtype(descr), fortran_order == "True")
-    handle.seek(start)
-    with AST_LOCK:
-        np.lib.format.read_magic(handle)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-    return NpyHeader(tuple(int(dim) for dim in shape), np.dtype(dtype), bool(fortran))
+    wanted = size.unpack(length)[0] if len(length) == size.size else -1
+    if not 0 <= wanted <= _MAX_HEADER_BYTES:
+        raise ValueError("the header's length is cut short or over 10,000 bytes")
+    data = handle.read(wanted)
+    if len(data) != wanted:
+        raise ValueError(f"the header is cut short: {len(data)} of {wanted} bytes")
+    return _parse_header(data.decode("utf-8" if version == (3, 0) else "latin-1"))
+
+
+def _parse_header(text: str) -> NpyHeader:
+    body = text.strip()
+    fields: dict[str, str] = {}
+    at = 1 if body.startswith("{") else len(body)  # not a dict: refused below
+    while (found := _HEADER_ENTRY.match(body, at)) is not None:
+        key, group = found["key"], _HEADER_GROUPS.get(found["key"])
+        if group is None or key in fields or found[group] is None:
+            break
+        fields[key] = found[group]
+        at = found.end()
+    if len(fields) != len(_HEADER_GROUPS) or body[at:].strip() != "}":
+        raise ValueError(
+            f"a .npy header zephon_torch does not read: {body[:200]!r} (it takes a dict of "
+            "'descr' (a plain dtype, not a structured one), 'fortran_order' and 'shape')"
+        )
+    try:
+        dtype = np.dtype(fields["descr"])
+    except TypeError as error:
+        raise ValueError(
+            f"the header's dtype {fields['descr']!r} is not a numpy dtype: {error}"
+        ) from None
+    shape = tuple(int(dim.strip().rstrip("L")) for dim in fields["shape"].split(",") if dim.strip())
+    return NpyHeader(shape, dtype, fields["fortran_order"] == "True")
 
 
 def map_array(path: str) -> npt.NDArray[Any]:
