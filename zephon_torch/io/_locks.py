@@ -1,9 +1,10 @@
 """File locks for the shard cache, shared by processes and threads: `flock` on lock files.
 
 A name's lock file is deleted by the holder that lets it go (`lock_file`/`release_file`), so
-lock files do not pile up; the folder's lock (`flock`) stays. Every lock file this process has
-open is tracked from its `open`, so a forked child closes its copies (a flock belongs to the
-open file, which a fork shares).
+lock files do not pile up; the folder's lock (`flock`) stays. Every descriptor this process
+flocks (these lock files, and the cache's pins on its files, see `_pins`) is tracked from its
+`open` (`open_tracked`), so a forked child closes its copies (a flock belongs to the open
+file, which a fork shares).
 """
 
 from __future__ import annotations
@@ -14,23 +15,29 @@ import os
 import threading
 from collections.abc import Iterator
 
-_HELD: set[int] = set()  # descriptors of lock files this process opened and has not closed
+_HELD: set[int] = set()  # descriptors to flock this process opened and has not closed
 _OPENING = threading.Lock()  # held while a descriptor enters or leaves _HELD, and over a fork
 
 
-def _open_lock(path: str) -> int:
-    """Opens (creates) the lock file `path`, tracked in `_HELD` from the start: a thread may be
-    waiting for its lock when the process forks (see `_drop_inherited_locks`)."""
+def open_tracked(path: str, flags: int) -> int:
+    """`os.open(path, flags)`, tracked in `_HELD` from the start: a thread may be between
+    the open and its flock, or waiting for it, when the process forks (see
+    `_drop_inherited_locks`). Close it with `close_tracked`."""
     with _OPENING:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, flags, 0o644)
         _HELD.add(fd)
     return fd
 
 
-def _close_lock(fd: int) -> None:
+def close_tracked(fd: int) -> None:
     with _OPENING:
         _HELD.discard(fd)
         os.close(fd)
+
+
+def _open_lock(path: str) -> int:
+    """Opens (creates) the lock file `path`."""
+    return open_tracked(path, os.O_RDWR | os.O_CREAT)
 
 
 def lock_file(path: str, *, wait: bool) -> int | None:
@@ -45,7 +52,7 @@ def lock_file(path: str, *, wait: bool) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _close_lock(fd)
+            close_tracked(fd)
             return None
         try:
             current = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -53,7 +60,7 @@ def lock_file(path: str, *, wait: bool) -> int | None:
             current = False
         if current:
             return fd
-        _close_lock(fd)
+        close_tracked(fd)
 
 
 def release_file(path: str, fd: int) -> None:
@@ -62,7 +69,7 @@ def release_file(path: str, fd: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     finally:
-        _close_lock(fd)
+        close_tracked(fd)
 
 
 @contextlib.contextmanager
@@ -72,16 +79,17 @@ def flock(path: str, mode: int) -> Iterator[None]:
         fcntl.flock(fd, mode)
         yield
     finally:
-        _close_lock(fd)
+        close_tracked(fd)
 
 
 def _drop_inherited_locks() -> None:
-    """In a forked child: close its copies of the lock files the parent's threads had open.
+    """In a forked child: close its copies of the descriptors the parent's threads flock.
 
     A flock belongs to the open file, which a fork shares: a child keeping the copy would keep
     the lock after the parent's thread released it (or, for a thread still waiting, once it
     got it), and wait forever on it itself (a DataLoader worker forked while a thread was
-    decompressing or evicting). The parent's threads release their own copies as before."""
+    decompressing or evicting), or keep a shard pinned for its life. The parent's threads
+    release their own copies as before."""
     for fd in list(_HELD):
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -1,13 +1,16 @@
 """This process's pins on shard-cache files: a shared `flock` on each file in use, which no
 evicter's exclusive lock can take, counted per name so that one descriptor serves every reader
-of a file in the process."""
+of a file in the process. Pin descriptors are opened by `_locks.open_tracked`, so a forked
+child closes its copies of them, even one opened a moment before the fork and not yet
+counted here."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import threading
+
+from zephon_torch.io._locks import close_tracked, open_tracked
 
 
 class Pins:
@@ -28,13 +31,11 @@ class Pins:
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (a parent thread may have held this one at the
-        fork), and its copies of the parent's pin descriptors closed: the parent's threads
-        unpin their own copies, and a child keeping them (a DataLoader worker) would keep
-        those shards from eviction for its whole life. A second call finds nothing to close."""
+        fork), and no pins held: the child's copies of the parent's pin descriptors were
+        closed at the fork (`_locks`; the parent's threads unpin their own copies, and a child
+        keeping them, a DataLoader worker, would keep those shards from eviction for its whole
+        life), and the forking thread's pins are owed their unpins."""
         self._lock = threading.Lock()
-        for fd, _ in self.held.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
         self.held = {}
         forking = threading.get_ident()
         for name, count in self._by_thread.get(forking, {}).items():
@@ -62,7 +63,7 @@ class Pins:
                 return True
             path = os.path.join(self.directory, name)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_tracked(path, os.O_RDONLY)
             except FileNotFoundError:
                 return False
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -72,7 +73,7 @@ class Pins:
             except FileNotFoundError:
                 alive = False
             if not alive:
-                os.close(fd)
+                close_tracked(fd)
                 return False
             self.held[name] = (fd, 1)
             self._count(name, 1)
@@ -81,12 +82,12 @@ class Pins:
     def place(self, name: str, temp: str) -> None:
         """Moves the finished file `temp` into the folder as `name`, pinned before it becomes
         visible, so no evicter can take it in between."""
-        fd = os.open(temp, os.O_RDONLY)
+        fd = open_tracked(temp, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             os.replace(temp, os.path.join(self.directory, name))
         except BaseException:
-            os.close(fd)
+            close_tracked(fd)
             raise
         self.add(name, fd)
 
@@ -98,7 +99,7 @@ class Pins:
                 self.held[name] = (fd, 1)
             else:
                 self.held[name] = (held[0], held[1] + 1)
-                os.close(fd)
+                close_tracked(fd)
             self._count(name, 1)
 
     def unpin(self, name: str) -> None:
@@ -117,4 +118,4 @@ class Pins:
                 self.held[name] = (fd, count - 1)
             else:
                 del self.held[name]
-                os.close(fd)
+                close_tracked(fd)

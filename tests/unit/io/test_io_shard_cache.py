@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import multiprocessing
 import os
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import fsspec
 import pytest
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.io import Dataset
+from zephon_torch.io import Dataset, _pins
 from zephon_torch.io._locks import lock_file, release_file
 from zephon_torch.io._shard_cache import (
     _LOCKS,
@@ -349,6 +351,52 @@ def test_a_child_forked_while_a_thread_reads_a_shard_does_not_keep_it_pinned(
         reader.join(10)
         path = cache.ensure(_item("b.bin", 100), _writer(b"b" * 100), pin=False)  # evicts a
         assert Path(path).read_bytes() == b"b" * 100
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def test_a_child_forked_between_a_pin_s_open_and_its_lock_does_not_keep_the_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that has opened a pin's descriptor but not yet locked and counted it when a
+    worker forks: the child's copy must go too, or it would share the lock the parent's thread
+    then takes, and keep that shard from eviction for the child's life."""
+    cache = ShardCache(str(tmp_path / "c"), max_bytes=150, full_timeout=2)
+    cache.ensure(_item("a.bin", 100), _writer(b"a" * 100), pin=False)
+    opened, go, inside, leave = (threading.Event() for _ in range(4))
+    real = fcntl.flock
+
+    def paused_flock(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_SH and threading.current_thread() is reader:
+            opened.set()  # the pin's descriptor is open: hold the thread here over the fork
+            go.wait(10)
+        real(fd, operation)
+
+    monkeypatch.setattr(
+        _pins, "fcntl", types.SimpleNamespace(flock=paused_flock, LOCK_SH=fcntl.LOCK_SH)
+    )
+
+    def read() -> None:
+        with cache.open(_item("a.bin", 100), _writer(b"a" * 100)):
+            inside.set()
+            leave.wait(10)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert opened.wait(10)
+    child = os.fork()
+    if child == 0:  # a worker: lives on for a while
+        time.sleep(6)
+        os._exit(0)
+    try:
+        go.set()
+        assert inside.wait(10)
+        leave.set()
+        reader.join(10)
+        path = cache.ensure(_item("b.bin", 100), _writer(b"b" * 100), pin=False)  # evicts a
+        assert Path(path).read_bytes() == b"b" * 100
+        assert not (tmp_path / "c" / CachedObject("s3://bucket/a.bin", 100, "v1").name).exists()
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
