@@ -258,3 +258,34 @@ def test_repeat_with_an_empty_lane_keeps_one_process_order_with_workers() -> Non
     assert take(DataLoader(build(), num_workers=4, multiprocessing_context="spawn"), 24) == (
         reference
     )
+
+
+def test_editing_a_returned_state_leaves_the_loader_s_resume_point_alone() -> None:
+    """``state_dict()`` after a load hands out the lanes not delivered since: editing the dict
+    it returned must change neither the next ``state_dict()`` nor where iteration resumes."""
+
+    def build() -> Pipeline:
+        dataset = Dataset.from_dict("d", {"ids": [[i + 1] * 3 for i in range(40)]})
+        source = StaticMixtureWorkSource([dataset], shuffle=False)
+        return (
+            Pipeline(source)
+            .options(prefetch=0, canonical_replicas=2)
+            .pretokenized("ids")
+            .pack_flat(3)
+            .batch(1)
+        )
+
+    pipeline = build()
+    batches = iter(pipeline)
+    for _ in range(4):
+        next(batches)
+    saved = pipeline.state_dict()
+    loader = DataLoader(build())
+    loader.load_state_dict(saved)
+    given = loader.state_dict()
+    assert given == saved
+    given["lanes"]["0"]["turn"] = 0  # the caller edits what it was given
+    given["lanes"]["0"]["pack"]["readers"][0]["pos"] = 0
+    given["estimation"] = {"edited": True}
+    assert loader.state_dict() == saved
+    assert next(iter(loader))["input_ids"].tolist() == [[5, 5, 5]]

@@ -46,7 +46,8 @@ class StatefulFilter(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict()``."""
+        """Restore a ``state_dict()``; ``state`` is a copy of the filter's own (so keeping it
+        and updating it in place is safe)."""
 
 
 class FilteredReader(BaseNode[Document]):
@@ -66,12 +67,15 @@ class FilteredReader(BaseNode[Document]):
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or restore the reader's position and the filter's state."""
         super().reset(initial_state)
+        # the filter gets a copy: it may keep (and go on updating) the dict it loads, while
+        # the state it came from is still a delivered batch's, the pipeline's saved lane
+        # state, or the block start a shuffle hands out with its block's later batches
         if initial_state is None:
             self.reader.reset(None)
-            self.op.load_state_dict(self._initial)
+            self.op.load_state_dict(copy.deepcopy(self._initial))
         else:
             self.reader.reset(initial_state["reader"])
-            self.op.load_state_dict(initial_state["filter"])
+            self.op.load_state_dict(copy.deepcopy(initial_state["filter"]))
 
     @property
     def layout(self) -> PointerLayout:

@@ -161,14 +161,17 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         """A full pipeline state for this rank from per-lane delivered states; gathered over
         ranks when ``torch.distributed`` is initialised (then a collective)."""
         base = self.pipeline.state_dict()
-        lanes = dict(self._loaded["lanes"]) if self._loaded is not None else dict(base["lanes"])
+        # copies: the caller owns what it gets, and the loaded state is what a later
+        # iteration resumes from (lanes not delivered since the load come from it)
+        loaded = copy.deepcopy(self._loaded)
+        lanes = dict(loaded["lanes"]) if loaded is not None else dict(base["lanes"])
         lanes.update(copy.deepcopy(delivered))
         if get_worker_info() is None and distributed_ready():
             lanes = all_gather_lane_states(lanes)
         base["lanes"] = lanes
         base["step"] = min((0 if s is None else s["turn"]) for s in lanes.values())
-        if self._loaded is not None:
-            base["estimation"] = self._loaded.get("estimation")
+        if loaded is not None:
+            base["estimation"] = loaded.get("estimation")
         return base
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
