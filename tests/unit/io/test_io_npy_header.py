@@ -11,7 +11,7 @@ import re
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,21 @@ def fast_thread_switches() -> Iterator[None]:
     gc.set_threshold(*thresholds)
 
 
+def _run_against(
+    other: Callable[[], None], read: Callable[[], None], done: threading.Event
+) -> None:
+    """Three threads run `read` while one runs `other` until they are done."""
+    interloper = threading.Thread(target=other)
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    interloper.start()
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    done.set()
+    interloper.join()
+
+
 @pytest.mark.usefixtures("fast_thread_switches")
 def test_threads_open_npy_shards_while_another_thread_parses_python(tmp_path: Path) -> None:
     for shard in range(30):
@@ -175,15 +190,7 @@ def test_threads_open_npy_shards_while_another_thread_parses_python(tmp_path: Pa
         except BaseException as error:
             errors.append(error)
 
-    parser = threading.Thread(target=parse)
-    readers = [threading.Thread(target=open_and_read) for _ in range(3)]
-    parser.start()
-    for reader in readers:
-        reader.start()
-    for reader in readers:
-        reader.join()
-    done.set()
-    parser.join()
+    _run_against(parse, open_and_read, done)
     assert errors == []
 
 
@@ -228,13 +235,5 @@ def test_headers_of_any_dtype_read_while_another_thread_formats_tracebacks(tmp_p
         except BaseException as error:
             errors.append(error)
 
-    formatter = threading.Thread(target=format_tracebacks)
-    readers = [threading.Thread(target=read) for _ in range(3)]
-    formatter.start()
-    for reader in readers:
-        reader.start()
-    for reader in readers:
-        reader.join()
-    done.set()
-    formatter.join()
+    _run_against(format_tracebacks, read, done)
     assert errors == []
