@@ -89,9 +89,9 @@ class Pins:
         except BaseException:
             close_tracked(fd)
             raise
-        self.add(name, fd)
+        self._add(name, fd)
 
-    def add(self, name: str, fd: int) -> None:
+    def _add(self, name: str, fd: int) -> None:
         """Counts a pin on `name` held by `fd` (closed when `name` is pinned already)."""
         with self._lock:
             held = self.held.get(name)

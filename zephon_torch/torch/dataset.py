@@ -164,7 +164,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # copies: the caller owns what it gets, and the loaded state is what a later
         # iteration resumes from (lanes not delivered since the load come from it)
         loaded = copy.deepcopy(self._loaded)
-        lanes = dict(loaded["lanes"]) if loaded is not None else dict(base["lanes"])
+        lanes = loaded["lanes"] if loaded is not None else dict(base["lanes"])
         lanes.update(copy.deepcopy(delivered))
         if get_worker_info() is None and distributed_ready():
             lanes = all_gather_lane_states(lanes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import multiprocessing
@@ -9,7 +10,7 @@ import os
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fsspec
@@ -326,6 +327,20 @@ def test_a_child_forked_while_a_thread_waits_for_a_lock_does_not_keep_that_lock(
         os.waitpid(child, 0)
 
 
+@contextlib.contextmanager
+def _forked_worker() -> Iterator[None]:
+    """Forks a child that lives on for a while, as a DataLoader worker does, and ends it."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(6)
+        os._exit(0)
+    try:
+        yield
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
 def test_a_child_forked_while_a_thread_reads_a_shard_does_not_keep_it_pinned(
     tmp_path: Path,
 ) -> None:
@@ -342,18 +357,11 @@ def test_a_child_forked_while_a_thread_reads_a_shard_does_not_keep_it_pinned(
     reader = threading.Thread(target=read)
     reader.start()
     assert inside.wait(10)
-    child = os.fork()
-    if child == 0:  # a worker: lives on for a while
-        time.sleep(6)
-        os._exit(0)
-    try:
+    with _forked_worker():
         leave.set()
         reader.join(10)
         path = cache.ensure(_item("b.bin", 100), _writer(b"b" * 100), pin=False)  # evicts a
         assert Path(path).read_bytes() == b"b" * 100
-    finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
 
 
 def test_a_child_forked_between_a_pin_s_open_and_its_lock_does_not_keep_the_pin(
@@ -385,11 +393,7 @@ def test_a_child_forked_between_a_pin_s_open_and_its_lock_does_not_keep_the_pin(
     reader = threading.Thread(target=read)
     reader.start()
     assert opened.wait(10)
-    child = os.fork()
-    if child == 0:  # a worker: lives on for a while
-        time.sleep(6)
-        os._exit(0)
-    try:
+    with _forked_worker():
         go.set()
         assert inside.wait(10)
         leave.set()
@@ -397,9 +401,6 @@ def test_a_child_forked_between_a_pin_s_open_and_its_lock_does_not_keep_the_pin(
         path = cache.ensure(_item("b.bin", 100), _writer(b"b" * 100), pin=False)  # evicts a
         assert Path(path).read_bytes() == b"b" * 100
         assert not (tmp_path / "c" / CachedObject("s3://bucket/a.bin", 100, "v1").name).exists()
-    finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
 
 
 def test_a_child_unpinning_what_it_inherited_leaves_its_own_pins_alone(tmp_path: Path) -> None:
