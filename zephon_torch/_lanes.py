@@ -158,15 +158,30 @@ class LaneRuntime:
         self.runner.close()
 
 
-def deliver(pipeline: Pipeline, stream: Iterator[Batch], runtime: LaneRuntime) -> Iterator[Batch]:
+def deliver(
+    pipeline: Pipeline, stream: Iterator[Batch], runtime: LaneRuntime, iteration: int
+) -> Iterator[Batch]:
     """Hand ``stream``'s micro-batches to the consumer, recording each lane's delivered state
     in ``pipeline`` (and the stats counters, and the periodic stats hook); stops the producer
-    and the runtime when the consumer stops."""
-    pipeline._runtime, pipeline._counters = runtime, RunCounters()
+    and the runtime when the consumer stops.
+
+    ``iteration`` is the pipeline's ``_iteration`` when this iterator was made. Once a later
+    ``iter()`` or ``load_state_dict`` has moved it on, the next call raises RuntimeError: the
+    stream would otherwise go on from where it was and record its states over the loaded ones
+    (or, its prefetch thread stopped, wait forever).
+    """
     options = pipeline._options
     every, hook, counting = options.stats_every, options.on_stats, options.stats
     try:
+        if pipeline._iteration == iteration:
+            pipeline._runtime, pipeline._counters = runtime, RunCounters()
         while True:
+            if pipeline._iteration != iteration:
+                raise RuntimeError(
+                    "this iterator of the pipeline is stale: the pipeline was iterated again "
+                    "or loaded a state since it was made; call iter(pipeline) to continue from "
+                    "the pipeline's current state"
+                )
             start = time.perf_counter() if counting else 0.0
             batch = next(stream, None)
             if batch is None:

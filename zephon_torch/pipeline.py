@@ -79,6 +79,7 @@ class Pipeline:
         self._live: Prefetcher[Batch] | None = None
         self._runtime: LaneRuntime | None = None
         self._counters = RunCounters()
+        self._iteration = 0  # counts iter() and load_state_dict(): an older iterator is stale
 
     def __getstate__(self) -> dict[str, Any]:
         # A live iteration (threads) stays behind: a copy sent to a worker starts from the state.
@@ -422,7 +423,7 @@ class Pipeline:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from any world size dividing L); raises on any mismatch."""
         check_state(state, self.fingerprint(), self.lanes)
-        self._close_live()
+        self._end_live()
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
         self._estimation = copy.deepcopy(state.get("estimation"))
 
@@ -440,7 +441,7 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[Batch]:
         self._require_complete()
-        self._close_live()
+        self._end_live()
         runtime = LaneRuntime(self)
         stream: Iterator[Batch]
         produce = partial(runtime.batches, endless=self._endless)
@@ -450,7 +451,7 @@ class Pipeline:
             stream = self._live
         else:
             stream = produce()
-        return deliver(self, stream, runtime)
+        return deliver(self, stream, runtime, self._iteration)
 
     def explain(self, *, num_workers: int = 0) -> str:
         """The compiled plan as text: datasets and operators (data-affecting, in the
@@ -468,7 +469,10 @@ class Pipeline:
         and the state size in bytes. Operator timings cover the threads runner."""
         return pipeline_stats(self)
 
-    def _close_live(self) -> None:
+    def _end_live(self) -> None:
+        """End the current iteration, before a new one or a loaded state: its prefetch thread
+        stops and its iterator raises from now on (see ``deliver``)."""
+        self._iteration += 1
         if self._live is not None:
             self._live.close()
             self._live = None

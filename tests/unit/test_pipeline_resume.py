@@ -72,3 +72,38 @@ def test_iterating_again_continues_where_the_last_iteration_stopped(tokenizer: A
         if len(first) == 5:
             break
     assert first + [key(b) for b in pipeline] == reference
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_an_iterator_made_before_a_load_raises_instead_of_recording_over_it(
+    tokenizer: Any, prefetch: int
+) -> None:
+    reference = [key(b) for b in small_pipeline(tokenizer)]
+    pipeline = small_pipeline(tokenizer, prefetch=prefetch)
+    stale = iter(pipeline)
+    for _ in range(3):
+        next(stale)
+    saved = pipeline.state_dict()
+    next(stale)
+    pipeline.load_state_dict(saved)
+    # with prefetch it handed out what its stopped thread had queued, then waited forever;
+    # without, it went on and its states replaced the loaded one
+    with pytest.raises(RuntimeError, match="iterator of the pipeline is stale"):
+        next(stale)
+    assert pipeline.state_dict() == saved
+    assert [key(b) for b in pipeline] == reference[3:]
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_only_the_newest_iterator_of_a_pipeline_runs(tokenizer: Any, prefetch: int) -> None:
+    reference = [key(b) for b in small_pipeline(tokenizer)]
+    pipeline = small_pipeline(tokenizer, prefetch=prefetch)
+    first = iter(pipeline)
+    taken = [key(next(first)) for _ in range(2)]
+    second = iter(pipeline)
+    never_started = iter(pipeline)
+    latest = iter(pipeline)
+    for stale in (first, second, never_started):
+        with pytest.raises(RuntimeError, match="stale"):
+            next(stale)
+    assert taken + [key(b) for b in latest] == reference

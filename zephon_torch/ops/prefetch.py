@@ -1,7 +1,8 @@
 """Run a producer generator on a background thread, ahead of the consumer, bounded.
 
 Items are produced in order into a bounded queue; an exception in the producer is re-raised in
-the consumer at the position it happened; closing the consumer stops the producer.
+the consumer at the position it happened; closing the consumer stops the producer, and a
+consumer still asking for items after that (or waiting for one) gets a RuntimeError.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 _END = object()
+_CLOSED = object()
 
 
 class _Failure:
@@ -63,6 +65,9 @@ class Prefetcher(Generic[T]):
         if item is _END:
             self._queue.put(_END)
             raise StopIteration
+        if item is _CLOSED:
+            self._queue.put(_CLOSED)
+            raise RuntimeError("the prefetcher was closed: it gives no more items")
         if isinstance(item, _Failure):
             self._queue.put(item)
             raise item.exc
@@ -73,6 +78,18 @@ class Prefetcher(Generic[T]):
         return self._queue.qsize()
 
     def close(self) -> None:
-        """Stop the producer and wait for its thread."""
+        """Stop the producer and wait for its thread; the items it made are dropped, and every
+        later (or waiting) ``next`` raises instead of waiting for one that never comes."""
         self._stop.set()
         self._thread.join(timeout=10)
+        while True:  # a put of the producer (if the join timed out) may land in between
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            try:
+                self._queue.put_nowait(_CLOSED)
+                return
+            except queue.Full:
+                continue

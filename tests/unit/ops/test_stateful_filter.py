@@ -407,7 +407,7 @@ def test_a_filter_keeping_the_state_it_loads_leaves_an_undelivered_lane_state_al
     for _ in range(2):
         next(batches)
     saved = json.loads(json.dumps(pipeline.state_dict()))
-    pipeline._close_live()
+    pipeline._end_live()
     resumed = _keeping_pipeline(prefetch=4, lanes=2)
     resumed.load_state_dict(saved)
     batches = iter(resumed)
@@ -417,7 +417,7 @@ def test_a_filter_keeping_the_state_it_loads_leaves_an_undelivered_lane_state_al
         time.sleep(0.01)
     lane = resumed.state_dict()["lanes"]["1"]
     assert lane == saved["lanes"]["1"]
-    resumed._close_live()
+    resumed._end_live()
 
 
 def test_iterating_again_leaves_the_delivered_batch_states_alone() -> None:

@@ -1,0 +1,91 @@
+"""The background producer: order, errors at their position, bounded look-ahead, closing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from zephon_torch.ops.prefetch import Prefetcher
+
+
+def counting(made: list[int], stop: int | None = None, fail_at: int | None = None) -> Iterator[int]:
+    i = 0
+    while stop is None or i < stop:
+        if i == fail_at:
+            raise ValueError(f"item {i} is bad")
+        made.append(i)
+        yield i
+        i += 1
+
+
+def test_items_come_in_order_then_the_end_again_and_again() -> None:
+    made: list[int] = []
+    prefetcher = Prefetcher(lambda: counting(made, stop=50), depth=3)
+    assert list(prefetcher) == list(range(50))
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    prefetcher.close()
+
+
+def test_a_producer_error_is_raised_where_it_happened() -> None:
+    prefetcher = Prefetcher(lambda: counting([], stop=10, fail_at=4), depth=2)
+    assert [next(prefetcher) for _ in range(4)] == [0, 1, 2, 3]
+    for _ in range(2):  # and again on the next call
+        with pytest.raises(ValueError, match="item 4 is bad"):
+            next(prefetcher)
+    prefetcher.close()
+
+
+def test_the_producer_runs_at_most_depth_ahead() -> None:
+    made: list[int] = []
+    prefetcher = Prefetcher(lambda: counting(made), depth=3)
+    assert next(prefetcher) == 0
+    time.sleep(0.3)
+    # three queued, one made and waiting for room: never more
+    assert len(made) == 1 + 3 + 1
+    prefetcher.close()
+
+
+def test_closing_stops_the_producer_and_later_calls_raise() -> None:
+    made: list[int] = []
+    prefetcher = Prefetcher(lambda: counting(made), depth=2)
+    next(prefetcher)
+    prefetcher.close()
+    assert not prefetcher._thread.is_alive()
+    count = len(made)
+    time.sleep(0.2)
+    assert len(made) == count  # stopped
+    for _ in range(2):  # the items it had made are dropped, not handed out
+        with pytest.raises(RuntimeError, match="prefetcher was closed"):
+            next(prefetcher)
+
+
+def test_a_consumer_waiting_when_it_is_closed_is_woken_with_an_error() -> None:
+    gate = threading.Event()
+
+    def slow() -> Iterator[int]:
+        gate.wait(5)
+        yield 1
+
+    prefetcher = Prefetcher(slow, depth=1)
+    outcome: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            next(prefetcher)
+        except BaseException as exc:  # recorded for the assertion
+            outcome.append(exc)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.2)  # the consumer waits on an empty queue
+    closer = threading.Thread(target=prefetcher.close)
+    closer.start()
+    gate.set()  # the producer's item is dropped: it was stopped before it could put it
+    closer.join(10)
+    consumer.join(10)
+    assert not consumer.is_alive(), "the waiting consumer was left waiting"
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)
