@@ -421,7 +421,8 @@ class Pipeline:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from any world size dividing L); raises on any mismatch."""
+        """Continue from ``state`` (from any world size dividing L); raises on any mismatch.
+        An iterator made before the load raises RuntimeError on its next call."""
         check_state(state, self.fingerprint(), self.lanes)
         self._end_live()
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
@@ -440,6 +441,8 @@ class Pipeline:
         return dataset
 
     def __iter__(self) -> Iterator[Batch]:
+        """Micro-batches from the delivered (or loaded) state on. Only the newest iterator
+        runs: an older one raises RuntimeError on its next call."""
         self._require_complete()
         self._end_live()
         runtime = LaneRuntime(self)
