@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.work._hashing import stable_key
@@ -131,6 +131,14 @@ def _check_split(
     )
 
 
+def _integer(value: Any, name: str) -> int:
+    """``value`` as a plain int (numpy and torch integers too), else a ``ConfigError``."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None:
@@ -148,6 +156,10 @@ def _topology(num_replicas: int | None, rank: int | None) -> tuple[int, int, str
     """(world size, rank, and where each came from): explicit, torch.distributed, env, default."""
     initialised = dist.is_available() and dist.is_initialized()
     world_name, rank_name = "`num_replicas`", "`rank`"
+    if num_replicas is not None:
+        num_replicas = _integer(num_replicas, world_name)
+    if rank is not None:
+        rank = _integer(rank, rank_name)
     if num_replicas is None:
         if initialised:
             num_replicas, world_name = dist.get_world_size(), "torch.distributed world size"
@@ -161,14 +173,16 @@ def _topology(num_replicas: int | None, rank: int | None) -> tuple[int, int, str
     return num_replicas, rank, world_name, rank_name
 
 
-class ElasticDistributedSampler(Sampler[int]):
+class ElasticDistributedSampler(DistributedSampler[int]):
     """``DistributedSampler`` for map-style datasets with the same global batches for every W | G.
 
     Each step, rank r of W draws ``G/W`` indices (``rank_batch_size``): slice r of global batch
     b of the (seed, epoch) stream (see ``rank_indices``). Give the DataLoader
     ``batch_size=G // W``, or a divisor of it and accumulate gradients over the rest; a step is
     always one global batch. The tail is dropped (``drop_last``) or padded by wrapping around the
-    same permutation, so every rank gets the same number of indices.
+    same permutation, so every rank gets the same number of indices. It subclasses
+    ``DistributedSampler`` so that frameworks which test for one (Lightning's
+    ``use_distributed_sampler``) leave it alone instead of splitting each rank's share again.
 
     Args:
         dataset: A sized map-style dataset; its length is read once, here.
@@ -203,7 +217,9 @@ class ElasticDistributedSampler(Sampler[int]):
         *,
         global_batch_size: int,
     ) -> None:
-        super().__init__()
+        # Not DistributedSampler.__init__: it needs torch.distributed and splits differently.
+        Sampler.__init__(self)
+        global_batch_size = _integer(global_batch_size, "`global_batch_size`")
         world, this_rank, world_name, rank_name = _topology(num_replicas, rank)
         _check_split(
             global_batch_size=global_batch_size,
@@ -212,15 +228,18 @@ class ElasticDistributedSampler(Sampler[int]):
             world_name=world_name,
             rank_name=rank_name,
         )
-        self.dataset = dataset
+        self.dataset = dataset  # type: ignore[assignment]  # any Sized, not only a Dataset
         self.num_replicas = world
         self.rank = this_rank
         self.shuffle = shuffle
-        self.seed = operator.index(seed)  # a plain int: JSON state, one permutation key
+        self.seed = _integer(seed, "`seed`")  # a plain int: JSON state, one permutation key
         self.drop_last = drop_last
         self.global_batch_size = global_batch_size
         self.rank_batch_size = global_batch_size // world
         self.dataset_len = len(dataset)
+        # DistributedSampler's attributes: a whole epoch's indices, this rank's and all ranks'.
+        self.num_samples = self.num_global_batches() * self.rank_batch_size
+        self.total_size = self.num_samples * world
         self.epoch = 0
         self._start = 0  # global batch the next pass over ``epoch`` starts at
         self._consumed = 0  # whole global batches of ``epoch`` accounted for so far
@@ -264,14 +283,20 @@ class ElasticDistributedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's permutation; a new epoch starts at its first global batch."""
-        epoch = operator.index(epoch)
+        epoch = _integer(epoch, "`epoch`")
+        if epoch < 0:
+            raise ConfigError(f"`epoch` must be >= 0, got {epoch}")
         if epoch != self.epoch:
             self.epoch, self._start, self._consumed, self._into_share = epoch, 0, 0, 0
 
     def state_dict(self, consumed_global_batches: int | None = None) -> dict[str, Any]:
         """The resume point: ``consumed_global_batches`` of this epoch, else what was yielded."""
         total = self.num_global_batches()
-        consumed = self._consumed if consumed_global_batches is None else consumed_global_batches
+        consumed = (
+            self._consumed
+            if consumed_global_batches is None
+            else _integer(consumed_global_batches, "`consumed_global_batches`")
+        )
         if not 0 <= consumed <= total:
             raise ConfigError(
                 f"`consumed_global_batches` must be in [0, {total}] (the global batches of one "

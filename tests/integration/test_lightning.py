@@ -1,16 +1,21 @@
-"""Lightning: a tiny model checkpointed mid-epoch and resumed from the file sees the same data."""
+"""Lightning: a tiny model checkpointed mid-epoch and resumed from the file sees the same data;
+the elastic sampler is left alone by Lightning's distributed-sampler wrapping."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from integrations.lightning import PipelineDataModule
 from tests.helpers import small_pipeline, two_sources
+from zephon_torch.elastic import ElasticDistributedSampler
 
 DATASETS = two_sources(30, 20, shard_size=8)
 
@@ -71,3 +76,38 @@ def test_importing_zephon_torch_does_not_import_lightning() -> None:
     code = "import sys, zephon_torch, zephon_torch.torch; print('lightning' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class IndexDataset(Dataset[int]):
+    """Each sample is its own index; at module level, so spawned processes can unpickle it."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def _fabric_run(fabric: Any, out: str) -> None:
+    dataset = IndexDataset()
+    s = ElasticDistributedSampler(dataset, global_batch_size=8, seed=1)
+    own = [batch.tolist() for batch in DataLoader(dataset, batch_size=4, sampler=s)]
+    loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=4, sampler=s))
+    seen = [batch.tolist() for batch in loader]
+    Path(out, f"{fabric.global_rank}.json").write_text(json.dumps([own, seen]))
+
+
+@pytest.mark.slow
+def test_lightning_fabric_ddp_keeps_the_elastic_split(tmp_path: Path) -> None:
+    """Fabric (as the Trainer) wraps any sampler that is not a DistributedSampler in one that
+    splits each rank's share again: half the data of an epoch was lost, reshuffled."""
+    from functools import partial
+
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    fabric.launch(partial(_fabric_run, out=str(tmp_path)))
+    for rank in range(2):
+        own, seen = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert len(own) == 4  # 32 samples, G = 8: four steps of 4 per rank
+        assert seen == own
