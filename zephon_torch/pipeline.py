@@ -435,10 +435,7 @@ class Pipeline:
         ``zephon_torch.torch``); the loaded state, if any, carries over."""
         from zephon_torch.torch.dataset import PipelineDataset
 
-        dataset = PipelineDataset(self, mask_document_boundaries=mask_document_boundaries)
-        if any(s is not None for s in self._lane_states.values()):
-            dataset.load_state_dict(self.state_dict())
-        return dataset
+        return PipelineDataset(self, mask_document_boundaries=mask_document_boundaries)
 
     def __iter__(self) -> Iterator[Batch]:
         """Micro-batches from the delivered (or loaded) state on. Only the newest iterator

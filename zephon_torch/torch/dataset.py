@@ -80,6 +80,10 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self._loaded: dict[str, Any] | None = None
         self._delivered: dict[str, Any] = {}
         self._worker_lanes: list[int] | None = None
+        if any(s is not None for s in pipeline._lane_states.values()):
+            # the pipeline was iterated or loaded: continue from there (its own lane states
+            # move on as the dataset iterates it in this process, and are then no resume point)
+            self.load_state_dict(pipeline.state_dict())
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -110,7 +114,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             pipeline = pipeline.with_lanes(mine, endless=self.endless)
         elif self.endless:
             pipeline = pipeline.with_lanes(rank_lanes, endless=True)
-        if states:
+        if states or pipeline is self.pipeline:
+            # the shared pipeline recorded what it last produced, not what was delivered
             state = pipeline.state_dict()
             state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
             if self._loaded is not None:
@@ -164,12 +169,15 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # copies: the caller owns what it gets, and the loaded state is what a later
         # iteration resumes from (lanes not delivered since the load come from it)
         loaded = copy.deepcopy(self._loaded)
-        lanes = loaded["lanes"] if loaded is not None else dict(base["lanes"])
+        # not base["lanes"]: without workers the pipeline's own states are what it produced
+        fresh = {str(lane): None for lane in self.pipeline.lanes}
+        lanes = loaded["lanes"] if loaded is not None else fresh
         lanes.update(copy.deepcopy(delivered))
         if get_worker_info() is None and distributed_ready():
             lanes = all_gather_lane_states(lanes)
         base["lanes"] = lanes
-        base["step"] = min((0 if s is None else s["turn"]) for s in lanes.values())
+        # a worker left idle (StatefulDataLoader) holds no lanes
+        base["step"] = min(((0 if s is None else s["turn"]) for s in lanes.values()), default=0)
         if loaded is not None:
             base["estimation"] = loaded.get("estimation")
         return base

@@ -28,22 +28,26 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     """``torch.utils.data.DataLoader`` over a pipeline, with exact ``state_dict``.
 
     Args:
-        data: a ``Pipeline`` or its ``PipelineDataset``.
+        data: a ``Pipeline`` or its ``PipelineDataset`` (the loader works on its own copy
+            of the dataset, from the dataset's state now: load later states through the
+            loader).
         num_workers: DataLoader worker processes; a performance knob (never changes data).
         pin_memory: pin batches for asynchronous host-to-device copies.
-        prefetch_factor: batches each worker prepares ahead.
+        prefetch_factor: batches each worker prepares ahead (ignored without workers).
         multiprocessing_context: e.g. ``"spawn"`` (recommended with tokenizers' threads).
         timeout: seconds to wait for a worker's batch (0: forever).
         deliver_on_use: for loops that fetch batches ahead of using them (Lightning does): each
             batch keeps its ``"zephon"`` entry, and only ``mark_delivered(batch)``, called when
-            the batch is actually used, advances the state.
+            the batch is actually used, advances the state (a lane's batch marked after a
+            later one of the same lane does not move it back).
 
     ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank, between
     global steps (a state saved mid-step is refused on more than one rank). With
     ``exhaustion="stop"`` on several ranks, every rank ends on the same step: a rank whose lanes
     are spent yields all-padding micro-batches (``num_valid_tokens == 0``) until no rank has
     data, agreed by one small all-reduce per step. Persistent workers are refused: they would
-    keep producing from a stale state.
+    keep producing from a stale state. An iterator made before ``load_state_dict`` raises
+    RuntimeError on its next call.
     """
 
     def __init__(
@@ -63,19 +67,22 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 "`persistent_workers=True` is not supported: a persistent worker would resume "
                 "from what it produced, not from what the loop received"
             )
-        dataset = data if isinstance(data, PipelineDataset) else data.to_torch()
+        # its own copy: the flags set per iteration below (metadata, packed transport) must
+        # not reach another loader, a plain torch one too, iterating the caller's dataset
+        dataset = copy.copy(data) if isinstance(data, PipelineDataset) else data.to_torch()
         super().__init__(
             dataset,
             batch_size=None,
             collate_fn=_as_is,  # items are tensors already; payloads pass untouched
             num_workers=num_workers,
             pin_memory=pin_memory,
-            prefetch_factor=prefetch_factor,
+            prefetch_factor=prefetch_factor if num_workers else None,  # likewise
             # Meaningless without workers; accepted so a worker count can be set to 0 alone.
             multiprocessing_context=multiprocessing_context if num_workers else None,
             timeout=timeout,
         )
         self._delivered: dict[str, Any] = {}
+        self._loads = 0  # counts load_state_dict(): an iterator made before one is stale
         self.deliver_on_use = deliver_on_use
         self._pack_transport = True  # off only to measure torch's own transport
 
@@ -113,7 +120,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 )
         if equalise:
             items = equal_ending(items, lanes_per_turn=len(pipeline.lanes), tokens=_tokens)
-        return self._strip(items)
+        return self._strip(items, self._loads)
 
     def _lane_turns(self) -> dict[int, int]:
         """The turn each of this rank's lanes resumes at (0 for a lane not started)."""
@@ -127,8 +134,16 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
             )
 
-    def _strip(self, items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for item in items:
+    def _strip(self, items: Iterator[dict[str, Any]], loads: int) -> Iterator[dict[str, Any]]:
+        while True:
+            if self._loads != loads:
+                raise RuntimeError(
+                    "this iterator of the loader is stale: the loader loaded a state since it "
+                    "was made; call iter(loader) to continue from the loaded state"
+                )
+            item = next(items, None)
+            if item is None:
+                return
             if not self.deliver_on_use and META_KEY in item:
                 self.mark_delivered(item)
             yield item
@@ -136,8 +151,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def mark_delivered(self, item: dict[str, Any]) -> None:
         """Record ``item`` as used by the training loop (removes its ``"zephon"`` entry)."""
         meta = item.pop(META_KEY, None)
-        if meta is not None:  # an item marked twice changes nothing
-            self._delivered[str(meta["lane"])] = meta["state"]
+        if meta is None:  # an item marked twice changes nothing
+            return
+        lane, state = str(meta["lane"]), meta["state"]
+        held = self._delivered.get(lane)
+        # a lane's batch marked after a later one of the same lane must not move it back
+        if held is None or state["turn"] >= held["turn"]:
+            self._delivered[lane] = state
 
     def state_dict(self) -> dict[str, Any]:
         """The pipeline state after the last batch handed to the loop (global under
@@ -148,6 +168,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers."""
         self.pipeline_dataset.load_state_dict(state)
         self._delivered = {}
+        self._loads += 1
 
 
 def _raising(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,178 @@
+"""The loader's delivered state: batches fetched ahead and not used, marks out of order, stale
+iterators, an idle StatefulDataLoader worker, and a dataset shared with a plain torch loader."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from tests.helpers import small_pipeline, two_sources
+from zephon_torch.torch import DataLoader
+
+DATASETS = two_sources(40, 30, shard_size=8)
+
+
+def build(tokenizer: Any, **kw: Any) -> Any:
+    kw.setdefault("lanes", 4)
+    kw.setdefault("datasets", DATASETS)
+    kw.setdefault("exhaustion", "repeat")
+    return small_pipeline(tokenizer, **kw)
+
+
+def fingerprint(item: dict[str, Any]) -> bytes:
+    return b"".join(item[k].numpy().tobytes() for k in ("input_ids", "labels", "position_ids"))
+
+
+def take(loader: Any, n: int) -> list[bytes]:
+    out = []
+    for item in loader:
+        out.append(fingerprint(item))
+        if len(out) == n:
+            break
+    return out
+
+
+def test_deliver_on_use_state_leaves_out_a_fetched_batch_not_yet_marked(tokenizer: Any) -> None:
+    """Without workers the loader iterates the user's pipeline itself, whose lane states record
+    what was *fetched*: a lane fetched ahead but never marked leaked into ``state_dict()``."""
+    reference = take(DataLoader(build(tokenizer)), 8)
+    loader = DataLoader(build(tokenizer), deliver_on_use=True)
+    batches = iter(loader)
+    first, _fetched_ahead = next(batches), next(batches)  # as Lightning does
+    loader.mark_delivered(first)
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = DataLoader(build(tokenizer))
+    resumed.load_state_dict(state)
+    assert take(resumed, 5) == reference[1:6]
+
+
+def test_deliver_on_use_iterated_again_continues_from_the_marked_batches(tokenizer: Any) -> None:
+    reference = take(DataLoader(build(tokenizer)), 8)
+    loader = DataLoader(build(tokenizer), deliver_on_use=True)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)  # fetched, never used
+    del batches
+    assert take(loader, 3) == reference[:3]
+
+
+def test_marking_a_lane_s_older_batch_after_a_newer_one_does_not_move_the_state_back(
+    tokenizer: Any,
+) -> None:
+    reference = take(DataLoader(build(tokenizer)), 12)
+    loader = DataLoader(build(tokenizer), deliver_on_use=True)
+    batches = iter(loader)
+    fetched = [next(batches) for _ in range(8)]  # two turns of four lanes
+    for batch in reversed(fetched):  # all used, marked in another order
+        loader.mark_delivered(batch)
+    resumed = DataLoader(build(tokenizer))
+    resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert take(resumed, 4) == reference[8:12]
+
+
+def test_an_iterator_made_before_load_state_dict_is_stale(tokenizer: Any) -> None:
+    """As for a pipeline: the old iterator must not go on with the pre-load stream and record
+    its lane states over the loaded ones."""
+    reference = take(DataLoader(build(tokenizer)), 12)
+    loader = DataLoader(build(tokenizer))
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    saved = loader.state_dict()
+    for _ in range(3):
+        next(batches)
+    loader.load_state_dict(saved)
+    with pytest.raises(RuntimeError, match="stale"):
+        next(batches)
+    assert loader.state_dict() == saved
+    assert take(loader, 6) == reference[3:9]
+
+
+def test_stateful_dataloader_with_an_idle_worker_saves_and_resumes(tokenizer: Any) -> None:
+    """3 workers over 4 lanes: one idle worker (warned about, supported); its state holds no
+    lanes, and computing its ``step`` crashed with ``min() arg is an empty sequence``."""
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(
+            build(tokenizer).to_torch(),
+            batch_size=None,
+            num_workers=3,
+            multiprocessing_context="spawn",
+        )
+
+    reference = take(DataLoader(build(tokenizer)), 10)
+    first = loader()
+    assert take(first, 5) == reference[:5]
+    second = loader()
+    second.load_state_dict(first.state_dict())
+    assert take(second, 5) == reference[5:10]
+
+
+def test_prefetch_factor_is_accepted_when_the_worker_count_is_set_to_zero(tokenizer: Any) -> None:
+    """num_workers is a performance knob: a job resumed with 0 workers must not fail on the
+    prefetch_factor it kept (multiprocessing_context is already accepted that way)."""
+    loader = DataLoader(build(tokenizer), num_workers=0, prefetch_factor=4)
+    assert take(loader, 2) == take(DataLoader(build(tokenizer)), 2)
+
+
+def test_lightning_checkpoint_before_every_lane_was_used_resumes_exactly(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Lightning fetches one batch ahead; with more lanes than steps at the checkpoint, that
+    fetched lane was saved as used, so the resumed run skipped its batch."""
+    import lightning as L
+
+    from integrations.lightning import PipelineDataModule
+
+    class TinyLM(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Embedding(1024, 4)
+            self.seen: list[str] = []
+
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            self.seen.append(hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest())
+            return self.head(batch["input_ids"]).float().mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(root: Path, ckpt_path: str | None = None) -> list[str]:
+        model = TinyLM()
+        trainer = L.Trainer(
+            max_steps=6,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=root,
+            callbacks=[
+                L.pytorch.callbacks.ModelCheckpoint(
+                    dirpath=root, every_n_train_steps=2, save_top_k=-1
+                )
+            ],
+        )
+        trainer.fit(model, datamodule=PipelineDataModule(build(tokenizer)), ckpt_path=ckpt_path)
+        return model.seen
+
+    full = fit(tmp_path / "full")
+    (checkpoint,) = (tmp_path / "full").glob("*step=2.ckpt")
+    assert fit(tmp_path / "resumed", str(checkpoint)) == full[2:]
+
+
+def test_a_plain_loader_over_a_dataset_a_zephon_loader_used_gets_plain_training_dicts(
+    tokenizer: Any,
+) -> None:
+    """The zephon loader set ``with_meta`` (and, with workers, the packed transport) on the
+    caller's dataset for good: a plain torch loader over it then handed the model a
+    ``"zephon"`` entry (or a packed buffer instead of tensors)."""
+    dataset = build(tokenizer).to_torch()
+    next(iter(DataLoader(dataset)))
+    plain = torch.utils.data.DataLoader(dataset, batch_size=None)
+    assert "zephon" not in next(iter(plain))
