@@ -9,8 +9,9 @@ data ends the stream (after a mid-turn resume, the started turn is completed fir
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zephon_torch._stats import RunCounters
 from zephon_torch._token_stage import (
@@ -156,6 +157,20 @@ class LaneRuntime:
     def close(self) -> None:
         """Stop the workers."""
         self.runner.close()
+
+
+def warn_if_spent(states: Iterable[dict[str, Any] | None]) -> None:
+    """Warn that an iteration starting from these lane states gives no data: every lane ran
+    out (``exhaustion="stop"``), and iterating again continues from there, as it does after a
+    partial pass. A loop over epochs would otherwise see one epoch and then silence."""
+    states = list(states)
+    if states and all(state is not None and state["done"] for state in states):
+        warnings.warn(
+            "every lane of this pipeline is spent (exhaustion='stop'): this iteration gives "
+            "no data. Start a fresh pipeline (or load an earlier state) for another pass, or "
+            "use exhaustion='repeat' and stop on a step budget",
+            stacklevel=3,
+        )
 
 
 def deliver(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,17 @@ def test_a_plain_loader_over_a_dataset_a_zephon_loader_used_gets_plain_training_
     next(iter(DataLoader(dataset)))
     plain = torch.utils.data.DataLoader(dataset, batch_size=None)
     assert "zephon" not in next(iter(plain))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterating_a_spent_loader_again_warns_once(tokenizer: Any, workers: int) -> None:
+    pipeline = build(tokenizer, exhaustion="stop", datasets=two_sources(6, 4, shard_size=3))
+    loader = DataLoader(pipeline, num_workers=workers, multiprocessing_context="spawn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert take(loader, 10_000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = [item["num_valid_tokens"] for item in loader]
+    assert [str(w.message)[:36] for w in caught] == ["every lane of this pipeline is spent"]
+    assert sum(again) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import pytest
@@ -107,3 +108,14 @@ def test_only_the_newest_iterator_of_a_pipeline_runs(tokenizer: Any, prefetch: i
         with pytest.raises(RuntimeError, match="stale"):
             next(stale)
     assert taken + [key(b) for b in latest] == reference
+
+
+def test_iterating_a_spent_pipeline_again_warns_that_it_gives_no_data(tokenizer: Any) -> None:
+    pipeline = small_pipeline(tokenizer, lanes=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pass, and the rest of a cut one, do not warn
+        next(iter(pipeline))
+        assert list(pipeline)
+    with pytest.warns(UserWarning, match="every lane of this pipeline is spent"):
+        again = list(pipeline)
+    assert sum(b.num_tokens for b in again) == 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from zephon_torch._lanes import cut_at_empty_turn, in_lane_order
+from zephon_torch._lanes import cut_at_empty_turn, in_lane_order, warn_if_spent
 from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset
@@ -110,6 +110,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         dataset.with_meta = True
         dataset.pack_transport = self.num_workers > 0 and self._pack_transport
         dataset.endless = self.num_workers > 1 or equalise
+        if self.num_workers > 1 and not equalise:  # else the pipeline warns, or other ranks
+            warn_if_spent(dataset.resume_lanes(self._delivered).values())  # may have data
         items: Iterator[dict[str, Any]] = _raising(map(unpack, super().__iter__()))
         if self.num_workers > 1:
             turns = self._lane_turns()
