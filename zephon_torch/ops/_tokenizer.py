@@ -32,6 +32,12 @@ class ResolvedTokenizer:
     eos_id: int | None
     digest: str
     description: str
+    split_special_tokens: bool = False  # text spelling a special token stays text
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled (the processes runner): a pickled ``Tokenizer`` forgets the setting."""
+        self.__dict__.update(state)
+        self.backend.encode_special_tokens = self.split_special_tokens
 
 
 def resolve_tokenizer(
@@ -61,26 +67,40 @@ def resolve_tokenizer(
             f"got {type(tokenizer).__name__}"
         )
     text = backend.to_str()
+    dropout = json.loads(text).get("model", {}).get("dropout")
+    if dropout:  # random merges: the same document would give other ids on every read
+        raise ConfigError(
+            f"the tokenizer's BPE dropout is {dropout}: it tokenizes at random, so neither "
+            "the batches nor a resume (which re-reads open rows) could be reproduced; set "
+            "`tokenizer.model.dropout = None` (or 0)"
+        )
+    # tokenizer.json does not hold it: text that spells a special token ("<|endoftext|>" in a
+    # web page) stays text when the user asked so (transformers' split_special_tokens=True)
+    split_special = bool(backend.encode_special_tokens)
     # A private copy: the user's object keeps its truncation/padding settings, ours has none.
     backend = Tokenizer.from_str(text)
     backend.no_truncation()
     backend.no_padding()
+    backend.encode_special_tokens = split_special
     bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
     eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token")
     return ResolvedTokenizer(
         backend=backend,
         bos_id=bos_id,
         eos_id=eos_id,
-        digest=_digest(text),
+        digest=_digest(text, split_special_tokens=split_special),
         description=description,
+        split_special_tokens=split_special,
     )
 
 
-def _digest(text: str) -> str:
+def _digest(text: str, *, split_special_tokens: bool = False) -> str:
     """Hash of what decides the ids (post-processing, padding, truncation and decoding are
     never used: the pipeline adds BOS/EOS itself, and those ids are fingerprinted apart)."""
     config = json.loads(text)
     relevant = {k: config.get(k) for k in ("added_tokens", "normalizer", "pre_tokenizer", "model")}
+    if split_special_tokens:  # only when set, so the usual digests stay as they were
+        relevant["split_special_tokens"] = True
     blob = json.dumps(relevant, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

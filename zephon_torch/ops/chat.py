@@ -1,10 +1,12 @@
 """Chat/SFT tokenization: render messages with a template, train only on assistant turns.
 
-A chat template turns a conversation into ``(text, trainable)`` segments; each segment is
-tokenized on its own (one ``encode_batch_fast`` call per chunk for all segments) and its
-tokens inherit the flag. Packing carries the flags, and ``to_training`` sets ``-100`` on every
-label whose target token is not trainable. Encoding segments apart can split differently from
-encoding the whole text at a boundary: segments end at role markers, where that is harmless.
+A chat template turns a conversation into ``(text, trainable)`` segments. The whole rendered
+conversation is tokenized at once (one ``encode_batch`` call per chunk), so the ids are the
+ones the same text gets at inference; a token is trainable when its character span overlaps a
+trainable segment. (Encoding each segment on its own would give every segment the tokenizer's
+start-of-text treatment: a SentencePiece-style tokenizer, Llama or Mistral, would put a "▁"
+space before every message.) Packing carries the flags, and ``to_training`` sets ``-100`` on
+every label whose target token is not trainable.
 """
 
 from __future__ import annotations
@@ -78,26 +80,19 @@ class TokenizeChatOp:
 
     def __call__(self, docs: list[Document]) -> list[Document]:
         segments = [self._segments(doc) for doc in docs]
-        texts = [text for doc_segments in segments for text, _ in doc_segments]
+        texts = ["".join(text for text, _ in doc_segments) for doc_segments in segments]
         encodings = encode_texts(
             self.tokenizer.backend,
             texts,
-            lambda at: [doc for doc, parts in zip(docs, segments) for _ in parts][at],
+            docs.__getitem__,
             field=self.field,
             dataset_names=self.dataset_names,
             shard_paths=self.shard_paths,
+            offsets=True,
         )
-        at = 0
-        for doc, doc_segments in zip(docs, segments):
-            ids: list[np.ndarray[Any, Any]] = []
-            flags: list[np.ndarray[Any, Any]] = []
-            for _, trainable in doc_segments:
-                tokens = np.asarray(encodings[at].ids, dtype=np.int32)
-                at += 1
-                ids.append(tokens)
-                flags.append(np.full(len(tokens), trainable, dtype=bool))
-            doc.tokens = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
-            doc.trainable = np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
+        for doc, doc_segments, encoding in zip(docs, segments, encodings):
+            doc.tokens = np.asarray(encoding.ids, dtype=np.int32)
+            doc.trainable = _token_flags(doc_segments, encoding.offsets)
             doc.data = None
         return docs
 
@@ -119,13 +114,34 @@ class TokenizeChatOp:
                 doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths
             )
         assert isinstance(messages, list)
-        return self.template(messages)
+        return list(self.template(messages))  # read twice: text, then flags
 
     def fingerprint(self) -> dict[str, Any]:
-        """Tokenizer digest, field and template name."""
+        """Tokenizer digest, field, template name, and how conversations are encoded (whole,
+        since states of segment-by-segment encoding point at other token ranges)."""
         return {
             "kind": "tokenize_chat",
             "tokenizer": self.tokenizer.digest,
             "field": self.field,
             "chat_template": self.template_name,
+            "encoding": "whole conversation",
         }
+
+
+def _token_flags(
+    segments: list[tuple[str, bool]], offsets: list[tuple[int, int]]
+) -> np.ndarray[Any, Any]:
+    """Per token, whether its character span ``[start, end)`` overlaps a trainable segment (a
+    token of no span, as a normalizer's added space, takes its character's flag)."""
+    if not offsets:
+        return np.zeros(0, dtype=bool)
+    chars = np.concatenate(
+        [np.full(len(text), trainable, dtype=bool) for text, trainable in segments]
+        + [np.zeros(1, dtype=bool)]
+    )
+    cumulative = np.concatenate([[0], np.cumsum(chars, dtype=np.int64)])
+    spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    start = np.minimum(spans[:, 0], len(chars) - 1)
+    end = np.maximum(spans[:, 1], start + 1)
+    flags: np.ndarray[Any, Any] = (cumulative[end] - cumulative[start]) > 0
+    return flags

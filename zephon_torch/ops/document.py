@@ -71,17 +71,20 @@ def encode_texts(
     field: str,
     dataset_names: list[str],
     shard_paths: list[list[str]],
+    offsets: bool = False,
 ) -> list[Any]:
     """``backend.encode_batch_fast(texts)`` without special tokens; ``owner(i)`` is the
-    document of ``texts[i]``.
+    document of ``texts[i]``; ``offsets``: ``encode_batch``, whose encodings hold each token's
+    character span.
 
     Raises:
         DataError: naming the document of the first text that is not valid Unicode (a lone
             surrogate, such as the JSON escape "\\ud800" gives), which the tokenizer refuses
             with a TypeError naming no text; looked for only after it did.
     """
+    encode = backend.encode_batch if offsets else backend.encode_batch_fast
     try:
-        return list(backend.encode_batch_fast(texts, add_special_tokens=False))
+        return list(encode(texts, add_special_tokens=False))
     except TypeError:
         for at, text in enumerate(texts):
             try:

@@ -158,16 +158,27 @@ def _passes(
         return None
     if passes is None:
         passes = 1
-    if isinstance(passes, int):
+    if not isinstance(passes, Mapping):
         passes = dict.fromkeys(names, passes)
     unknown = sorted(set(passes) - set(names))
     if unknown:
         raise ConfigError(f"`passes` names unknown datasets {unknown}; datasets are {names}")
-    out = tuple(int(passes.get(n, 1)) for n in names)
-    bad = {n: p for n, p in zip(names, out) if p < 1}
+    given = {n: passes.get(n, 1) for n in names}
+    # whole passes only: int(2.5) would read "small" twice where 2.5 was asked, silently
+    bad = {n: p for n, p in given.items() if not _whole(p) or p < 1}
     if bad:
-        raise ConfigError(f"`passes` must be positive, got {bad}")
-    return out
+        raise ConfigError(f"`passes` must be positive whole numbers, got {bad}")
+    return tuple(int(p) for p in given.values())
+
+
+def _whole(value: Any) -> bool:
+    """An int (numpy's too, not a bool) or an integral float such as 2.0."""
+    if isinstance(value, (bool, str)):
+        return False
+    try:
+        return float(value) == int(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[float, ...]:
@@ -180,7 +191,10 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
     if missing:
         raise ConfigError(f"`mixture` has no weight for datasets {missing}; give every dataset one")
     for name, weight in mixture.items():
-        value = float(weight)
+        try:
+            value = float(weight)
+        except (TypeError, ValueError):
+            value = math.nan
         if not math.isfinite(value) or value <= 0:
             raise ConfigError(
                 f"`mixture` weight of {name!r} must be a positive finite number, got {weight!r}"

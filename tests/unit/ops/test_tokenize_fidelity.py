@@ -1,0 +1,155 @@
+"""Tokenizing as the model sees it: chat conversations encoded whole (SentencePiece-style
+tokenizers), the user's split_special_tokens kept, BPE dropout refused, whole passes only."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from zephon_torch import Pipeline
+from zephon_torch._corpus import pydoc_prose_documents
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+CHATML_JINJA = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+
+
+def sentencepiece_style(kind: str) -> Tokenizer:
+    """A small Llama/Mistral-style BPE (byte fallback, "▁" for spaces) trained locally:
+    ``"metaspace"`` as Mistral v0.3 / Llama (legacy=False) convert, ``"prepend"`` as the
+    legacy Llama-2 tokenizer.json."""
+    texts = [d["text"] for d in pydoc_prose_documents()]
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    if kind == "metaspace":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    else:
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+        )
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=800, special_tokens=SPECIALS))
+    return tok
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "What is a list?"},
+    {"role": "assistant", "content": "A mutable sequence."},
+    {"role": "user", "content": "And a tuple?"},
+    {"role": "assistant", "content": "An immutable one."},
+]
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "prepend"])
+def test_chat_tokens_are_those_of_the_rendered_conversation_for_sentencepiece_tokenizers(
+    kind: str,
+) -> None:
+    """tokenize_chat must give the ids the model sees at inference: the chat template's text
+    tokenized as a whole (transformers' apply_chat_template). Encoding each segment apart
+    prepends a "▁" before every message with a Llama/Mistral-style tokenizer."""
+    backend = sentencepiece_style(kind)
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", bos_token="<s>")
+    hf.chat_template = CHATML_JINJA
+    text = hf.apply_chat_template(CONVERSATION, tokenize=False)
+    expected = hf(text, add_special_tokens=False)["input_ids"]
+    dataset = Dataset.from_dict("sft", {"messages": [CONVERSATION]})
+    pipeline = (
+        Pipeline(StaticMixtureWorkSource([dataset]))
+        .tokenize_chat(tokenizer=hf)
+        .pack_flat(len(expected) + 8, "best_fit")
+        .batch(1)
+    )
+    batch = next(iter(pipeline))
+    got = batch.input_ids[0, : batch.num_tokens].tolist()
+    assert [backend.id_to_token(i) for i in got] == [backend.id_to_token(i) for i in expected]
+    # the loss covers exactly the assistant answers and their end markers
+    labels = batch.to_training()["labels"][0].tolist()
+    targets = "".join(backend.id_to_token(i) for i in labels if i != -100)
+    squeezed = "".join(c for c in targets.replace("<0x0A>", "") if c not in "▁ \n")
+    assert squeezed == "Amutablesequence.<|im_end|>Animmutableone.<|im_end|>"
+
+
+def test_split_special_tokens_set_by_the_user_is_kept(tokenizer: Tokenizer) -> None:
+    """A user who tokenizes raw web/code text with ``split_special_tokens=True`` (so a page
+    that spells "<|endoftext|>" does not get a fake end of document in its middle) must get
+    that behaviour; the private copy of the backend dropped the setting, silently."""
+    text = "Call gpt2 with <|endoftext|> between documents."
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", split_special_tokens=True
+    )
+    expected = hf(text, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert eos not in expected  # transformers keeps it as text
+    dataset = Dataset.from_dict("web", {"text": [text]})
+    raw = Tokenizer.from_str(tokenizer.to_str())
+    raw.encode_special_tokens = True  # the same setting on a tokenizers object
+    for tok, runner in ((hf, "threads"), (raw, "threads"), (hf, "processes")):
+        pipeline = (
+            Pipeline(StaticMixtureWorkSource([dataset]))
+            .tokenize(tokenizer=tok, runner=runner, parallelism=1)  # type: ignore[arg-type]
+            .pack_flat(len(expected) + 4, "best_fit")
+            .batch(1)
+        )
+        batch = next(iter(pipeline))
+        assert batch.input_ids[0, : batch.num_tokens].tolist() == [*expected, eos], runner
+
+
+def test_fractional_passes_are_refused_not_truncated() -> None:
+    """``passes={"small": 2.5}`` (up-sample by 2.5 epochs) silently read "small" twice; a
+    plain float and a non-numeric mixture weight escaped as TypeError/ValueError instead of
+    a ConfigError naming the argument."""
+    from zephon_torch.errors import ConfigError
+
+    small = Dataset.from_dict("small", {"text": ["a b c"] * 4})
+    big = Dataset.from_dict("big", {"text": ["d e f"] * 8})
+    with pytest.raises(ConfigError, match="`passes`"):
+        StaticMixtureWorkSource([small, big], passes={"small": 2.5})
+    with pytest.raises(ConfigError, match="`passes`"):
+        StaticMixtureWorkSource([small, big], passes=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="`mixture` weight of 'small'"):
+        StaticMixtureWorkSource([small, big], {"small": "heavy", "big": 1})  # type: ignore[dict-item]
+    assert StaticMixtureWorkSource([small, big], passes={"small": 3}).passes == (3, 1)
+    assert StaticMixtureWorkSource([small, big], passes=2).passes == (2, 2)
+
+
+def test_a_tokenizer_with_bpe_dropout_is_refused(tokenizer: Tokenizer) -> None:
+    """BPE dropout tokenizes at random: two runs of the same recipe gave different batches,
+    and a resume re-tokenizes the documents of open rows, whose saved token ranges then point
+    into other ids. It was accepted silently."""
+    from zephon_torch.errors import ConfigError
+
+    noisy = Tokenizer.from_str(tokenizer.to_str())
+    noisy.model.dropout = 0.1
+    dataset = Dataset.from_dict("d", {"text": ["a few words of text"] * 4})
+    with pytest.raises(ConfigError, match="dropout"):
+        Pipeline(StaticMixtureWorkSource([dataset])).tokenize(tokenizer=noisy)
+
+
+def test_a_chat_state_from_segment_by_segment_encoding_is_refused(tokenizer: Tokenizer) -> None:
+    """Its carried pieces point at token ranges of the old encoding: loading it must fail loudly,
+    naming the change."""
+    from zephon_torch.errors import StateMismatchError
+
+    dataset = Dataset.from_dict("sft", {"messages": [CONVERSATION] * 4})
+
+    def build() -> Pipeline:
+        return (
+            Pipeline(StaticMixtureWorkSource([dataset]))
+            .tokenize_chat(tokenizer=tokenizer)
+            .pack_flat(16, "wrap")
+            .batch(1)
+        )
+
+    pipeline = build()
+    next(iter(pipeline))
+    state = pipeline.state_dict()
+    old = copy.deepcopy(state["fingerprint"])
+    del old["ops"][0]["encoding"]  # as the segment-by-segment encoding's fingerprint was
+    with pytest.raises(StateMismatchError, match="encoding"):
+        build().load_state_dict({**state, "fingerprint": old})
