@@ -11,6 +11,7 @@ every label whose target token is not trainable.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from zephon_torch.ops.document import Document, document_error, encode_texts
 from zephon_torch.ops.map import function_name
 
 ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
+_CHATML_START = "<|im_start|>"
 
 
 def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
@@ -30,7 +32,7 @@ def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     for message in messages:
         role = message["role"]
-        out.append((f"<|im_start|>{role}\n", False))
+        out.append((f"{_CHATML_START}{role}\n", False))
         out.append((f"{message['content']}<|im_end|>\n", role == "assistant"))
     return out
 
@@ -75,6 +77,14 @@ class TokenizeChatOp:
         self.tokenizer = tokenizer
         self.field = field
         self.template, self.template_name = resolve_template(chat_template)
+        if self.template_name == "chatml" and tokenizer.backend.token_to_id(_CHATML_START) is None:
+            warnings.warn(
+                f"the tokenizer has no {_CHATML_START} token: the built-in chatml template's "
+                "markers are tokenized as plain text, a format the model may never see at "
+                "inference. Pass `chat_template=` a callable that renders your model's own "
+                "template as (text, trainable) segments",
+                stacklevel=2,
+            )
         self.dataset_names = dataset_names
         self.shard_paths = shard_paths
 

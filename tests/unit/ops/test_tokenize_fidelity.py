@@ -4,6 +4,8 @@ tokenizers), the user's split_special_tokens kept, BPE dropout refused, whole pa
 from __future__ import annotations
 
 import copy
+import warnings
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -153,3 +155,23 @@ def test_a_chat_state_from_segment_by_segment_encoding_is_refused(tokenizer: Tok
     del old["ops"][0]["encoding"]  # as the segment-by-segment encoding's fingerprint was
     with pytest.raises(StateMismatchError, match="encoding"):
         build().load_state_dict({**state, "fingerprint": old})
+
+
+def test_chatml_over_a_tokenizer_without_its_markers_warns(tokenizer: Tokenizer) -> None:
+    dataset = Dataset.from_dict("sft", {"messages": [CONVERSATION]})
+
+    def first_batch(tok: Any) -> None:
+        pipeline = (
+            Pipeline(StaticMixtureWorkSource([dataset]))
+            .tokenize_chat(tokenizer=tok)
+            .pack_flat(256, "best_fit")
+            .batch(1)
+        )
+        next(iter(pipeline))
+
+    assert tokenizer.token_to_id("<|im_start|>") is None
+    with pytest.warns(UserWarning, match=r"has no <\|im_start\|> token"):
+        first_batch(tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first_batch(sentencepiece_style("metaspace"))  # holds the markers: no warning
