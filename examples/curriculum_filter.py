@@ -3,8 +3,8 @@
     python examples/curriculum_filter.py
 
 Early in training only short documents pass; the cap on document length grows with every
-document the lane has seen. The filter's counter is part of the pipeline state, so a resume
-continues the curriculum exactly where it was.
+document the filter has seen (one filter per lane and source). The filter's counter is part
+of the pipeline state, so a resume continues the curriculum exactly where it was.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> None:
             break
     state = pipeline.state_dict()
     print(
-        "curriculum state per lane:",
+        "curriculum state per lane (first source's filter):",
         {k: v["pack"]["readers"][0]["filter"] for k, v in state["lanes"].items()},
     )
     print(f"state size: {len(json.dumps(state))} bytes")

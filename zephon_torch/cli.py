@@ -60,7 +60,7 @@ def _verify(args: argparse.Namespace) -> int:
         comparison = compare(
             build,
             steps=steps,
-            fault_step=args.fault_step or steps // 2,
+            fault_step=steps // 2 if args.fault_step is None else args.fault_step,
             world_sizes=sizes,
             train=args.train,
         )
@@ -69,12 +69,15 @@ def _verify(args: argparse.Namespace) -> int:
         runs = comparison.runs
         render(comparison, args.plot, title=f"zephon-torch verify {args.recipe}")
     else:
+        steps = args.steps or 8
+        # the default fault lies inside the run (a fault at or after its end resumes nothing)
+        fault_step = min(3, steps - 1) if args.fault_step is None else args.fault_step
         runs = verify(
             build,
-            steps=args.steps or 8,
+            steps=steps,
             world_sizes=sizes,
             workers=workers,
-            fault_step=args.fault_step or 3,
+            fault_step=fault_step or None,
             standard=not args.no_standard,
             runners=tuple(r for r in args.runners.split(",") if r in ("threads", "processes")),
         )
@@ -112,6 +115,16 @@ def _index(args: argparse.Namespace) -> int:
     )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -130,11 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--tokenizer", default=None, help="hub id or local path (default: a BPE trained locally)"
     )
-    demo.add_argument("--steps", type=int, default=100, help="global steps to run")
-    demo.add_argument("--lanes", type=int, default=8, help="canonical_replicas (L)")
-    demo.add_argument("--max-length", type=int, default=2048)
-    demo.add_argument("--microbatch-size", type=int, default=8)
-    demo.add_argument("--parallelism", type=int, default=None, help="default: 2 x CPUs")
+    demo.add_argument("--steps", type=_positive_int, default=100, help="global steps to run")
+    demo.add_argument("--lanes", type=_positive_int, default=8, help="canonical_replicas (L)")
+    demo.add_argument("--max-length", type=_positive_int, default=2048)
+    demo.add_argument("--microbatch-size", type=_positive_int, default=8)
+    demo.add_argument("--parallelism", type=_positive_int, default=None, help="default: 2 x CPUs")
     demo.set_defaults(run=_demo)
     check = commands.add_parser(
         "verify", help="check identical global batches across configurations"
@@ -144,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--runners", default="processes", help="other runners to compare (comma list; '' for none)"
     )
     check.add_argument(
-        "--steps", type=int, default=None, help="default: 8 (24 with --plot, 200 with --train)"
+        "--steps",
+        type=_positive_int,
+        default=None,
+        help="default: 8 (24 with --plot, 200 with --train)",
     )
     check.add_argument(
         "--world-sizes",
@@ -159,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fault-step",
         type=int,
         default=None,
-        help="save here, resume on another W (default: 3; with --plot: half the steps)",
+        help="save here, resume on another W (default: 3, at most steps - 1; with --plot: "
+        "half the steps; 0: no fault)",
     )
     check.add_argument(
         "--no-standard", action="store_true", help="skip the standard-loader baseline"

@@ -9,6 +9,7 @@ the lane state carried by the last batch each lane handed over.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
@@ -175,15 +176,22 @@ class Pipeline:
         bos_token: str | None = None,
         eos_token: str | None = None,
     ) -> Pipeline:
-        """Tokenize ``field`` with a hub id, a local directory or file, or a tokenizer object.
+        """Tokenize ``field`` with a hub id, a local directory or file, or a tokenizer object
+        (``tokenizers.Tokenizer`` or a transformers fast tokenizer, as the first argument or as
+        ``tokenizer=``).
 
         ``parallelism`` (default: twice the CPU count, at most 32; the workers mostly wait in
         the tokenizer's native code) and ``runner`` are performance knobs: they never change
         the data.
         """
         self._check_before_tokenize("tokenize")
+        if tokenizer_id is not None and not isinstance(tokenizer_id, (str, os.PathLike)):
+            # a tokenizer object in the first place ("hub id, dir, or object")
+            if tokenizer is not None:
+                raise ConfigError("`tokenize` needs exactly one of `tokenizer_id` or `tokenizer`")
+            tokenizer_id, tokenizer = None, tokenizer_id
         spec = TokenizeSpec(
-            tokenizer_id=None if tokenizer_id is None else str(tokenizer_id),
+            tokenizer_id=None if tokenizer_id is None else os.fspath(tokenizer_id),
             tokenizer=tokenizer,
             field=field,
             parallelism=default_parallelism() if parallelism is None else parallelism,
@@ -289,8 +297,10 @@ class Pipeline:
     def stateful_filter(
         self, factory: Callable[[int], StatefulFilter], *, name: str | None = None
     ) -> Pipeline:
-        """Filter each lane's tokenized documents with a ``StatefulFilter`` (one per lane,
-        ``factory(lane)``), serially and in order; its state is part of the lane state."""
+        """Filter each lane's tokenized documents with a ``StatefulFilter``: one instance per
+        lane and source (``factory(lane)`` is called once for each of the lane's datasets), each
+        seeing that source's documents serially and in order; its state is part of the lane
+        state."""
         if self._tokenize is None and self._pretokenized is None:
             raise ConfigError("`stateful_filter` sees token ids: call `tokenize` first")
         probe = factory(0)

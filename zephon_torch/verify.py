@@ -219,6 +219,8 @@ def verify(
     runner (``"processes"``: spawned workers) than the recipe's.
 
     Shows a progress bar over the configurations when stderr is a terminal."""
+    if fault_step is not None and not 0 < fault_step < steps:
+        raise ConfigError(f"`fault_step` must be in (0, steps={steps}), got {fault_step}")
     lanes = build()._options.canonical_replicas
     sizes = world_sizes or [w for w in supported_world_sizes(canonical_replicas=lanes) if w <= 64]
     jobs: list[tuple[str, Callable[[], list[str]], bool]] = [

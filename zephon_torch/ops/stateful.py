@@ -1,7 +1,8 @@
 """User stateful operators: per-lane, serial decisions whose state lives in the pipeline state.
 
-A ``StatefulFilter`` sees each lane's tokenized documents of every source in stream order and
-decides whether each is kept, updating its own state (a deduplicating filter, a curriculum).
+A ``StatefulFilter`` sees one source's tokenized documents of one lane in stream order (the
+factory makes one per lane and source) and decides whether each is kept, updating its own
+state (a deduplicating filter, a curriculum).
 It runs on the lane's serial thread, after the parallel stateless work, and its
 ``state_dict()`` is stored in the lane state, so resume is exact. It decides, it never edits:
 a kept document must be reproducible by re-reading it (edit documents with ``map``).
@@ -25,7 +26,7 @@ from zephon_torch.work.pointers import PointerLayout
 
 
 class StatefulFilter(ABC):
-    """Base class of user stateful filters; one instance per lane.
+    """Base class of user stateful filters; one instance per lane and source.
 
     Subclasses implement ``keep``, ``state_dict`` and ``load_state_dict``; ``name`` goes into
     the recipe fingerprint (change it when the rule changes).
