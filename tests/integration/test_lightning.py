@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from integrations.lightning import PipelineDataModule
 from tests.helpers import small_pipeline, two_sources
 from zephon_torch.elastic import ElasticDistributedSampler
+from zephon_torch.lightning import PipelineDataModule
 
 DATASETS = two_sources(30, 20, shard_size=8)
 
@@ -76,6 +76,18 @@ def test_importing_zephon_torch_does_not_import_lightning() -> None:
     code = "import sys, zephon_torch, zephon_torch.torch; print('lightning' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_data_module_ships_in_the_package(tmp_path: Path) -> None:
+    """Importable from anywhere, not only from a source checkout's root."""
+    import subprocess
+    import sys
+
+    code = "import zephon_torch.lightning as m; print(m.PipelineDataModule.__name__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() == "PipelineDataModule"
 
 
 class IndexDataset(Dataset[int]):

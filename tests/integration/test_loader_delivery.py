@@ -129,7 +129,7 @@ def test_lightning_checkpoint_before_every_lane_was_used_resumes_exactly(
     fetched lane was saved as used, so the resumed run skipped its batch."""
     import lightning as L
 
-    from integrations.lightning import PipelineDataModule
+    from zephon_torch.lightning import PipelineDataModule
 
     class TinyLM(L.LightningModule):
         def __init__(self) -> None:

@@ -5,13 +5,21 @@ batch ahead of training. This module records a batch as delivered in
 ``on_before_batch_transfer``, which Lightning calls when the batch is about to be used, and puts
 that state into every checkpoint (``state_dict``/``load_state_dict``). Resuming from the
 checkpoint file continues with exactly the batches an uninterrupted run would have seen.
+
+``import zephon_torch`` never imports Lightning; this module needs it
+(``pip install 'zephon-torch[lightning]'``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
+try:
+    import lightning as L
+except ImportError as error:
+    raise ImportError(
+        "zephon_torch.lightning needs Lightning: pip install 'zephon-torch[lightning]'"
+    ) from error
 
 from zephon_torch import Pipeline
 from zephon_torch.torch import DataLoader

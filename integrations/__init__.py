@@ -1,1 +1,0 @@
-"""Glue for training frameworks; imports only zephon_torch's public API."""
