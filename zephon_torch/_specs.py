@@ -14,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon_torch.elastic import check_topology
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, integer_setting
 from zephon_torch.ops._runner import RUNNERS, RunnerKind
 from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
 from zephon_torch.ops.tokenize import SpecialTokens
@@ -32,6 +32,10 @@ class Options:
     on_stats: Callable[[dict[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("canonical_replicas", "world_size", "rank", "read_ahead", "stats_every"):
+            value = getattr(self, name)
+            if value is not None:  # plain ints: the fingerprint and state are JSON
+                object.__setattr__(self, name, integer_setting(value, f"`{name}`"))
         check_topology(
             canonical_replicas=self.canonical_replicas,
             world_size=1 if self.world_size is None else self.world_size,

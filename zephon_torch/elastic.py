@@ -10,7 +10,6 @@ play the lanes, so the per-step union over ranks is the same G indices for every
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -19,7 +18,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, Sampler
 
-from zephon_torch.errors import ConfigError, StateMismatchError
+from zephon_torch.errors import ConfigError, StateMismatchError, integer_setting
 from zephon_torch.work._hashing import stable_key
 from zephon_torch.work._permutation import permute
 
@@ -38,8 +37,12 @@ def check_topology(
     world_name: str = "`world_size`",
     rank_name: str = "`rank`",
 ) -> None:
-    """Raise ``ConfigError`` unless ``world_size`` divides ``canonical_replicas`` (or the total
-    named ``total_name``, e.g. a global batch size) and the rank fits."""
+    """Raise ``ConfigError`` unless all three are ints, ``world_size`` divides
+    ``canonical_replicas`` (or the total named ``total_name``, e.g. a global batch size) and
+    the rank fits."""
+    canonical_replicas = integer_setting(canonical_replicas, total_name)
+    world_size = integer_setting(world_size, world_name)
+    rank = integer_setting(rank, rank_name)
     if canonical_replicas < 1:
         raise ConfigError(f"{total_name} must be positive, got {canonical_replicas}")
     if world_size < 1:
@@ -131,14 +134,6 @@ def _check_split(
     )
 
 
-def _integer(value: Any, name: str) -> int:
-    """``value`` as a plain int (numpy and torch integers too), else a ``ConfigError``."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-
-
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None:
@@ -157,9 +152,9 @@ def _topology(num_replicas: int | None, rank: int | None) -> tuple[int, int, str
     initialised = dist.is_available() and dist.is_initialized()
     world_name, rank_name = "`num_replicas`", "`rank`"
     if num_replicas is not None:
-        num_replicas = _integer(num_replicas, world_name)
+        num_replicas = integer_setting(num_replicas, world_name)
     if rank is not None:
-        rank = _integer(rank, rank_name)
+        rank = integer_setting(rank, rank_name)
     if num_replicas is None:
         if initialised:
             num_replicas, world_name = dist.get_world_size(), "torch.distributed world size"
@@ -219,7 +214,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
     ) -> None:
         # Not DistributedSampler.__init__: it needs torch.distributed and splits differently.
         Sampler.__init__(self)
-        global_batch_size = _integer(global_batch_size, "`global_batch_size`")
+        global_batch_size = integer_setting(global_batch_size, "`global_batch_size`")
         world, this_rank, world_name, rank_name = _topology(num_replicas, rank)
         _check_split(
             global_batch_size=global_batch_size,
@@ -232,7 +227,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         self.num_replicas = world
         self.rank = this_rank
         self.shuffle = shuffle
-        self.seed = _integer(seed, "`seed`")  # a plain int: JSON state, one permutation key
+        self.seed = integer_setting(seed, "`seed`")  # a plain int: JSON state, one permutation key
         self.drop_last = drop_last
         self.global_batch_size = global_batch_size
         self.rank_batch_size = global_batch_size // world
@@ -283,7 +278,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's permutation; a new epoch starts at its first global batch."""
-        epoch = _integer(epoch, "`epoch`")
+        epoch = integer_setting(epoch, "`epoch`")
         if epoch < 0:
             raise ConfigError(f"`epoch` must be >= 0, got {epoch}")
         if epoch != self.epoch:
@@ -295,7 +290,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         consumed = (
             self._consumed
             if consumed_global_batches is None
-            else _integer(consumed_global_batches, "`consumed_global_batches`")
+            else integer_setting(consumed_global_batches, "`consumed_global_batches`")
         )
         if not 0 <= consumed <= total:
             raise ConfigError(

@@ -1,7 +1,9 @@
-"""The exceptions zephon_torch raises: each subclasses the built-in a caller would expect."""
+"""The exceptions zephon_torch raises: each subclasses the built-in a caller would expect; and
+`integer_setting`, which reads an int setting or raises the ConfigError naming it."""
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any
 
@@ -41,6 +43,17 @@ class StateMismatchError(ZephonError, ValueError):
         super().__init__(
             f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}"
         )
+
+
+def integer_setting(value: Any, name: str) -> int:
+    """``value`` as a plain int (numpy and torch integers too: a state must be plain JSON),
+    else a ``ConfigError`` naming the setting ``name`` (a float, even 2.0, is refused)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
 
 
 class DataError(ZephonError, ValueError):

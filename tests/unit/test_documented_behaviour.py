@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.unit.test_verify import write_recipe
@@ -93,3 +94,27 @@ def test_demo_refuses_a_non_positive_setting_at_once(flag: str) -> None:
     )
     assert done.returncode == 2
     assert "must be a positive integer" in done.stderr
+
+
+def test_non_integer_counts_are_config_errors_naming_them() -> None:
+    """A float count failed later with a raw TypeError ("slice indices must be integers"), and
+    a numpy int went into the fingerprint, which json could not write."""
+    from zephon_torch.work import TokenEstimation
+
+    dataset = Dataset.from_dict("d", [{"text": "a b"}] * 4)
+    with pytest.raises(ConfigError, match="`shuffle_window_shards`"):
+        StaticMixtureWorkSource([dataset], shuffle_window_shards=2.5)  # type: ignore[arg-type]
+    for setting in ("canonical_replicas", "read_ahead", "world_size"):
+        with pytest.raises(ConfigError, match=f"`{setting}`"):
+            Pipeline(StaticMixtureWorkSource([dataset])).options(**{setting: 2.0})
+    with pytest.raises(ConfigError, match="`stats_every`"):
+        Pipeline(StaticMixtureWorkSource([dataset])).options(stats_every=1.5)  # type: ignore[arg-type]
+    options = Pipeline(StaticMixtureWorkSource([dataset])).options(
+        canonical_replicas=np.int64(4), world_size=np.int32(2), rank=np.int64(1)
+    )
+    assert type(options._options.canonical_replicas) is int
+    assert type(options._options.rank) is int
+    with pytest.raises(ConfigError, match=r"`tokens_per_byte` names unknown datasets \['D'\]"):
+        StaticMixtureWorkSource(
+            [dataset], token_estimation=TokenEstimation(tokens_per_byte={"D": 0.3})
+        )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, integer_setting
 from zephon_torch.io import Dataset
 from zephon_torch.work.pointers import PointerLayout
 
@@ -97,6 +97,7 @@ class StaticMixtureWorkSource:
             raise ConfigError(
                 f"`exhaustion` must be one of {list(_EXHAUSTION)}, got {exhaustion!r}"
             )
+        shuffle_window_shards = integer_setting(shuffle_window_shards, "`shuffle_window_shards`")
         if shuffle_window_shards < 1:
             raise ConfigError(
                 f"`shuffle_window_shards` must be positive, got {shuffle_window_shards}"
@@ -106,6 +107,12 @@ class StaticMixtureWorkSource:
         self.datasets = tuple(datasets)
         self.weights = _normalise(mixture, names)
         self.seed = seed
+        pinned = sorted(set((token_estimation and token_estimation.tokens_per_byte) or ()))
+        unknown = [name for name in pinned if name not in names]
+        if unknown:  # a misspelt name would be measured anyway, silently
+            raise ConfigError(
+                f"`tokens_per_byte` names unknown datasets {unknown}; datasets are {names}"
+            )
         self.token_estimation = token_estimation
         self.exhaustion: Exhaustion = exhaustion
         self.passes = _passes(passes, names, exhaustion)
