@@ -38,11 +38,19 @@ class TinyLM(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(tokenizer: Any, root: Path, max_steps: int, ckpt_path: str | None = None) -> TinyLM:
+def fit(
+    tokenizer: Any,
+    root: Path,
+    max_steps: int,
+    ckpt_path: str | None = None,
+    *,
+    lanes: int = 2,
+    every: int = 4,
+) -> TinyLM:
     torch.manual_seed(0)
     model = TinyLM()
     data = PipelineDataModule(
-        small_pipeline(tokenizer, lanes=2, exhaustion="repeat", datasets=DATASETS)
+        small_pipeline(tokenizer, lanes=lanes, exhaustion="repeat", datasets=DATASETS)
     )
     trainer = L.Trainer(
         max_steps=max_steps,
@@ -52,7 +60,9 @@ def fit(tokenizer: Any, root: Path, max_steps: int, ckpt_path: str | None = None
         enable_model_summary=False,
         default_root_dir=root,
         callbacks=[
-            L.pytorch.callbacks.ModelCheckpoint(dirpath=root, every_n_train_steps=4, save_top_k=-1)
+            L.pytorch.callbacks.ModelCheckpoint(
+                dirpath=root, every_n_train_steps=every, save_top_k=-1
+            )
         ],
     )
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
@@ -67,6 +77,17 @@ def test_resume_from_a_mid_epoch_checkpoint_file_sees_the_batches_of_an_uninterr
     (checkpoint,) = (tmp_path / "full").glob("*step=4.ckpt")
     resumed = fit(tokenizer, tmp_path / "resumed", max_steps=10, ckpt_path=str(checkpoint)).seen
     assert resumed == full[4:]
+
+
+def test_a_checkpoint_before_every_lane_was_used_resumes_exactly(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Lightning fetches one batch ahead; with more lanes than steps at the checkpoint, the
+    fetched lane was saved as used (without workers), so the resumed run skipped its batch."""
+    full = fit(tokenizer, tmp_path / "full", max_steps=6, lanes=4, every=2).seen
+    (checkpoint,) = (tmp_path / "full").glob("*step=2.ckpt")
+    resumed = fit(tokenizer, tmp_path / "resumed", 6, str(checkpoint), lanes=4, every=2).seen
+    assert resumed == full[2:]
 
 
 def test_importing_zephon_torch_does_not_import_lightning() -> None:

@@ -1,12 +1,11 @@
 """The loader's delivered state: batches fetched ahead and not used, marks out of order, stale
-iterators, an idle StatefulDataLoader worker, and a dataset shared with a plain torch loader."""
+iterators, an idle StatefulDataLoader worker, and a dataset shared with a plain torch loader
+(a Lightning checkpoint taken with a batch fetched ahead: test_lightning.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,51 +119,6 @@ def test_prefetch_factor_is_accepted_when_the_worker_count_is_set_to_zero(tokeni
     prefetch_factor it kept (multiprocessing_context is already accepted that way)."""
     loader = DataLoader(build(tokenizer), num_workers=0, prefetch_factor=4)
     assert take(loader, 2) == take(DataLoader(build(tokenizer)), 2)
-
-
-def test_lightning_checkpoint_before_every_lane_was_used_resumes_exactly(
-    tmp_path: Path, tokenizer: Any
-) -> None:
-    """Lightning fetches one batch ahead; with more lanes than steps at the checkpoint, that
-    fetched lane was saved as used, so the resumed run skipped its batch."""
-    import lightning as L
-
-    from zephon_torch.lightning import PipelineDataModule
-
-    class TinyLM(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.head = torch.nn.Embedding(1024, 4)
-            self.seen: list[str] = []
-
-        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-            self.seen.append(hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest())
-            return self.head(batch["input_ids"]).float().mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def fit(root: Path, ckpt_path: str | None = None) -> list[str]:
-        model = TinyLM()
-        trainer = L.Trainer(
-            max_steps=6,
-            accelerator="cpu",
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=root,
-            callbacks=[
-                L.pytorch.callbacks.ModelCheckpoint(
-                    dirpath=root, every_n_train_steps=2, save_top_k=-1
-                )
-            ],
-        )
-        trainer.fit(model, datamodule=PipelineDataModule(build(tokenizer)), ckpt_path=ckpt_path)
-        return model.seen
-
-    full = fit(tmp_path / "full")
-    (checkpoint,) = (tmp_path / "full").glob("*step=2.ckpt")
-    assert fit(tmp_path / "resumed", str(checkpoint)) == full[2:]
 
 
 def test_a_plain_loader_over_a_dataset_a_zephon_loader_used_gets_plain_training_dicts(
