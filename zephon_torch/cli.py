@@ -79,7 +79,7 @@ def _verify(args: argparse.Namespace) -> int:
             workers=workers,
             fault_step=fault_step or None,
             standard=not args.no_standard,
-            runners=tuple(r for r in args.runners.split(",") if r in ("threads", "processes")),
+            runners=args.runners,
         )
     print(table(runs))
     zephon = [r for r in runs if r.zephon]
@@ -125,6 +125,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _runner_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in ("threads", "processes")]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"runners are threads and processes, got {unknown}")
+    return names
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -154,7 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
     check.add_argument(
-        "--runners", default="processes", help="other runners to compare (comma list; '' for none)"
+        "--runners",
+        type=_runner_list,
+        default=("processes",),
+        help="other runners to compare: threads, processes (comma list; '' for none)",
     )
     check.add_argument(
         "--steps",
@@ -222,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.add_argument("--rows", type=int, default=3, help="rows to preview")
         command.set_defaults(run=run)
     args = parser.parse_args(argv)
+    if getattr(args, "train", False) and not args.plot:
+        parser.error("verify --train draws loss curves: it needs --plot")
     return int(args.run(args))
 
 

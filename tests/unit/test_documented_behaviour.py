@@ -118,3 +118,26 @@ def test_non_integer_counts_are_config_errors_naming_them() -> None:
         StaticMixtureWorkSource(
             [dataset], token_estimation=TokenEstimation(tokens_per_byte={"D": 0.3})
         )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--runners", "inline"], "runners are threads and processes, got ['inline']"),
+        (["--train"], "verify --train draws loss curves: it needs --plot"),
+    ],
+)
+def test_verify_refuses_what_it_would_ignore(
+    tmp_path: Path,
+    tokenizer: Any,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    """An unknown runner was dropped and --train without --plot did nothing, under a verdict
+    that still read IDENTICAL."""
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")
+    with pytest.raises(SystemExit) as caught:
+        main(["verify", str(recipe), "--steps", "2", *extra])
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err
