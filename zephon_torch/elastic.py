@@ -249,7 +249,11 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         )
 
     def __len__(self) -> int:
-        return (self.num_global_batches() - self._start) * self.rank_batch_size
+        """This rank's indices in a whole epoch, as ``DistributedSampler`` counts them, also
+        while a loaded state makes the pass begin later (it then yields fewer): loops that
+        size an epoch by ``len`` and restore their own progress (Lightning) would otherwise
+        count the skipped batches twice, ending the resumed epoch, and every later one, early."""
+        return self.num_global_batches() * self.rank_batch_size
 
     def __iter__(self) -> Iterator[int]:
         # A generator: the resume point is read at the first ``next``, so a state loaded after

@@ -144,3 +144,55 @@ def test_lightning_fabric_ddp_keeps_the_elastic_split(tmp_path: Path) -> None:
         own, seen = json.loads((tmp_path / f"{rank}.json").read_text())
         assert len(own) == 4  # 32 samples, G = 8: four steps of 4 per rank
         assert seen == own
+
+
+class IndexModel(L.LightningModule):
+    """Records the indices of each batch it trains on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Linear(1, 1)
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.seen.append(batch.tolist())
+        return self.weight(batch.float()[:, None]).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_mid_epoch_resume_with_the_elastic_sampler_trains_the_rest_of_every_epoch(
+    tmp_path: Path,
+) -> None:
+    """Trainer + StatefulDataLoader + ElasticDistributedSampler, 2 epochs of 8 steps, resumed
+    from step 3: the sampler's len shrank to the rest of the epoch after the load, and
+    Lightning, which restores its own progress, ended the resumed epoch after 2 steps and
+    every later epoch after 5 (7 batches instead of 13)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def fit(root: Path, ckpt_path: str | None = None) -> list[list[int]]:
+        dataset = IndexDataset()
+        sampler = ElasticDistributedSampler(dataset, global_batch_size=4, num_replicas=1, rank=0)
+        model = IndexModel()
+        trainer = L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=root,
+            callbacks=[
+                L.pytorch.callbacks.ModelCheckpoint(
+                    dirpath=root, every_n_train_steps=3, save_top_k=-1
+                )
+            ],
+        )
+        loader = StatefulDataLoader(dataset, batch_size=4, sampler=sampler)
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
+        return model.seen
+
+    full = fit(tmp_path / "full")
+    assert len(full) == 16
+    (checkpoint,) = (tmp_path / "full").glob("*step=3.ckpt")
+    assert fit(tmp_path / "resumed", str(checkpoint)) == full[3:]

@@ -52,7 +52,7 @@ def test_a_numpy_step_count_gives_a_json_state_that_loads() -> None:
     assert json.loads(json.dumps(state))["global_batches"] == 2
     resumed = sampler(num_replicas=4, rank=0)
     resumed.load_state_dict(state)  # a torch.save checkpoint keeps the numpy int as it is
-    assert len(resumed) == 2 * 2
+    assert len(list(resumed)) == 2 * 2
 
 
 @pytest.mark.parametrize(
