@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 def doc_ops(self: Pipeline) -> list[DocOp]:
     """The per-document chain after fetch: user maps and filters, payload, token op."""
-    ops: list[DocOp] = list(self._user_ops)
+    where = (list(self._source.names), shard_paths(self))  # user errors name their row
+    ops: list[DocOp] = [op.located(where) for op in self._user_ops]
     if self._pack is not None and self._pack.payload_fields:
         ops.append(
             PayloadOp(

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import prose_documents
 from tests.helpers import keys, small_pipeline
-from zephon_torch import Batch, Pipeline
+from zephon_torch import Batch, DataError, Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -215,3 +215,33 @@ def test_passes_are_refused_with_repeat_and_must_be_positive() -> None:
         StaticMixtureWorkSource(d, passes={"a": 0})
     with pytest.raises(ConfigError, match="unknown datasets"):
         StaticMixtureWorkSource(d, passes={"zz": 2})
+
+
+def _needs_title(row: dict[str, Any]) -> dict[str, Any]:
+    return {"text": row["title"] + row["text"]}
+
+
+def _short(row: dict[str, Any]) -> bool:
+    return len(row["text"]) < int(row["limit"])
+
+
+@pytest.mark.parametrize(
+    ("op", "raised", "runner"),
+    [
+        ("map", "KeyError: 'title'", "threads"),
+        ("filter", "ValueError: invalid literal", "threads"),
+        ("map", "KeyError: 'title'", "processes"),  # the DataError crosses the process
+    ],
+)
+def test_a_user_function_failing_on_a_row_names_the_row(
+    tokenizer: Any, runner: str, op: str, raised: str
+) -> None:
+    rows = [{"text": f"row {i}", "title": "t", "limit": "9"} for i in range(12)]
+    rows[7] = {"text": "row 7", "limit": "nine"}  # no title, and a limit that is no number
+    source = StaticMixtureWorkSource([Dataset.from_dict("notes", rows)], seed=0)
+    pipeline = Pipeline(source)
+    pipeline = pipeline.map(_needs_title) if op == "map" else pipeline.filter(_short)
+    pipeline = pipeline.tokenize(tokenizer=tokenizer, runner=runner, parallelism=2)
+    with pytest.raises(DataError, match=f"{op} '.*' raised {raised}") as caught:
+        list(pipeline.pack_flat(32).batch(2))
+    assert (caught.value.dataset, caught.value.row) == ("notes", 7)

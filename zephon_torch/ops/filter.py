@@ -7,16 +7,18 @@ from typing import Any
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops.document import Document
-from zephon_torch.ops.map import Row, function_name
+from zephon_torch.ops.map import Row, UserOp, function_name
 
 
-class FilterOp:
+class FilterOp(UserOp):
     """Keep documents whose row satisfies ``fn``.
 
     Args:
         fn: a pure predicate on the row dict; picklable for the processes runner.
         name: names the predicate in the state fingerprint; defaults to its qualified name.
     """
+
+    kind = "filter"
 
     def __init__(self, fn: Callable[[Row], bool], *, name: str | None = None) -> None:
         if not callable(fn):
@@ -25,7 +27,7 @@ class FilterOp:
         self.name = function_name(fn, name)
 
     def __call__(self, docs: list[Document]) -> list[Document]:
-        return [doc for doc in docs if doc.data is not None and self.fn(doc.data)]
+        return [doc for doc in docs if doc.data is not None and self.apply(self.fn, doc)]
 
     def fingerprint(self) -> dict[str, Any]:
         """The predicate's name: changing it changes the data."""

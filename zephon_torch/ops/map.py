@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from zephon_torch.errors import ConfigError
-from zephon_torch.ops.document import Document
+from zephon_torch.errors import ConfigError, ZephonError
+from zephon_torch.ops.document import Document, document_error
 
 Row = dict[str, Any]
+Where = tuple[list[str], list[list[str]]]  # dataset names; per source, shard paths
+R = TypeVar("R")
+Op = TypeVar("Op", bound="UserOp")
+
+
+class UserOp:
+    """A user's function over rows, ``kind`` (``"map"``, ``"filter"``) named ``name``; once
+    ``located``, an exception it raises on a row becomes a ``DataError`` naming that row."""
+
+    kind = "user function"
+    name: str
+    where: Where | None = None
+
+    def located(self: Op, where: Where) -> Op:
+        """A copy whose errors name the document's dataset, shard and row."""
+        out = copy.copy(self)
+        out.where = where
+        return out
+
+    def apply(self, fn: Callable[[Row], R], doc: Document) -> R:
+        """``fn(doc.data)``; a ZephonError passes as it is, any other error becomes a
+        DataError naming the document (its cause chained), where the op is located."""
+        try:
+            return fn(doc.data)  # type: ignore[arg-type]  # fetch fills data before user ops
+        except ZephonError:
+            raise
+        except Exception as error:
+            if self.where is None:
+                raise
+            names, paths = self.where
+            message = f"{self.kind} {self.name!r} raised {type(error).__name__}: {error}"
+            raise document_error(doc, message, dataset_names=names, shard_paths=paths) from error
 
 
 def function_name(fn: Callable[..., Any], name: str | None) -> str:
@@ -18,7 +51,7 @@ def function_name(fn: Callable[..., Any], name: str | None) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-class MapOp:
+class MapOp(UserOp):
     """Apply ``fn(row) -> row`` to each document's row.
 
     Args:
@@ -26,6 +59,8 @@ class MapOp:
             runner it must be picklable (a module-level function).
         name: names the function in the state fingerprint; defaults to its qualified name.
     """
+
+    kind = "map"
 
     def __init__(self, fn: Callable[[Row], Row], *, name: str | None = None) -> None:
         if not callable(fn):
@@ -36,7 +71,7 @@ class MapOp:
     def __call__(self, docs: list[Document]) -> list[Document]:
         for doc in docs:
             assert doc.data is not None  # fetch always fills data before user ops
-            out = self.fn(doc.data)
+            out = self.apply(self.fn, doc)
             if not isinstance(out, dict):
                 raise ConfigError(f"map {self.name!r} must return a dict, got {type(out).__name__}")
             doc.data = out
