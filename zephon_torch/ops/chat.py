@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, ZephonError
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
 from zephon_torch.ops.document import Document, document_error, encode_texts
 from zephon_torch.ops.map import function_name
@@ -124,7 +124,16 @@ class TokenizeChatOp:
                 doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths
             )
         assert isinstance(messages, list)
-        return list(self.template(messages))  # read twice: text, then flags
+        try:
+            segments = list(self.template(messages))  # read twice: text, then flags
+        except ZephonError:
+            raise
+        except Exception as error:  # a user's template failing on this row (a role it lacks)
+            problem = f"chat template {self.template_name!r} raised {type(error).__name__}: {error}"
+            raise document_error(
+                doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths
+            ) from error
+        return segments
 
     def fingerprint(self) -> dict[str, Any]:
         """Tokenizer digest, field, template name, and how conversations are encoded (whole,

@@ -91,3 +91,18 @@ def test_a_lone_surrogate_in_a_message_names_the_row(tokenizer: Any) -> None:
     )
     with pytest.raises(DataError, match=r"row 1: field 'messages' is not valid Unicode text"):
         list(pipeline.pack_flat(64).batch(1))
+
+
+def _roles_i_know(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    prefix = {"user": "Q: ", "assistant": "A: "}
+    return [(prefix[m["role"]] + m["content"] + "\n", m["role"] == "assistant") for m in messages]
+
+
+def test_a_user_template_failing_on_a_row_names_the_row(tokenizer: Any) -> None:
+    tool = [{"role": "tool", "content": "42"}]
+    dataset = Dataset.from_dict("sft", {"messages": [[{"role": "user", "content": "hi"}], tool]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False)).tokenize_chat(
+        tokenizer=tokenizer, chat_template=_roles_i_know
+    )
+    with pytest.raises(DataError, match=r"row 1: chat template '.*_roles_i_know' raised KeyError"):
+        list(pipeline.pack_flat(64).batch(1))
