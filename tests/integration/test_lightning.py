@@ -38,6 +38,23 @@ class TinyLM(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def trainer(root: Path, every: int, **limits: int) -> L.Trainer:
+    """A quiet CPU trainer checkpointing into ``root`` every ``every`` steps."""
+    return L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=[
+            L.pytorch.callbacks.ModelCheckpoint(
+                dirpath=root, every_n_train_steps=every, save_top_k=-1
+            )
+        ],
+        **limits,
+    )
+
+
 def fit(
     tokenizer: Any,
     root: Path,
@@ -52,20 +69,7 @@ def fit(
     data = PipelineDataModule(
         small_pipeline(tokenizer, lanes=lanes, exhaustion="repeat", datasets=DATASETS)
     )
-    trainer = L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-        callbacks=[
-            L.pytorch.callbacks.ModelCheckpoint(
-                dirpath=root, every_n_train_steps=every, save_top_k=-1
-            )
-        ],
-    )
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    trainer(root, every, max_steps=max_steps).fit(model, datamodule=data, ckpt_path=ckpt_path)
     return model
 
 
@@ -175,21 +179,8 @@ def test_a_mid_epoch_resume_with_the_elastic_sampler_trains_the_rest_of_every_ep
         dataset = IndexDataset()
         sampler = ElasticDistributedSampler(dataset, global_batch_size=4, num_replicas=1, rank=0)
         model = IndexModel()
-        trainer = L.Trainer(
-            max_epochs=2,
-            accelerator="cpu",
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=root,
-            callbacks=[
-                L.pytorch.callbacks.ModelCheckpoint(
-                    dirpath=root, every_n_train_steps=3, save_top_k=-1
-                )
-            ],
-        )
         loader = StatefulDataLoader(dataset, batch_size=4, sampler=sampler)
-        trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
+        trainer(root, 3, max_epochs=2).fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
         return model.seen
 
     full = fit(tmp_path / "full")
