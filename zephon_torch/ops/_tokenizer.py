@@ -81,6 +81,9 @@ def resolve_tokenizer(
     backend = Tokenizer.from_str(text)
     backend.no_truncation()
     backend.no_padding()
+    # nor post-processing: the pipeline adds BOS/EOS itself, and a ByteLevel post-processor
+    # trims whitespace off the offsets chat flags are read from (the ids are the same)
+    backend.post_processor = None
     backend.encode_special_tokens = split_special
     bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
     eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token")

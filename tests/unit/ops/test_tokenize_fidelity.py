@@ -4,6 +4,7 @@ tokenizers), the user's split_special_tokens kept, BPE dropout refused, whole pa
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 from typing import Any
 
@@ -175,3 +176,38 @@ def test_chatml_over_a_tokenizer_without_its_markers_warns(tokenizer: Tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         first_batch(sentencepiece_style("metaspace"))  # holds the markers: no warning
+
+
+def _answer_ends_in_spaces(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    out = []
+    for m in messages:
+        out.append((f"{m['role']}:", False))
+        out.append((f" {m['content']}   ", m["role"] == "assistant"))
+        out.append(("\n", False))
+    return out
+
+
+def test_chat_flags_ignore_a_post_processors_trimmed_offsets(tokenizer: Tokenizer) -> None:
+    # GPT-2, RoBERTa and GPT-NeoX tokenizers trim whitespace off offsets in their ByteLevel
+    # post-processor: a whitespace-only token's span becomes empty and lands on the next
+    # segment's first character, so the answer's trailing-spaces token lost its flag.
+    config = json.loads(tokenizer.to_str())
+    config["post_processor"] = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
+    gpt2_like = Tokenizer.from_str(json.dumps(config))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure."}]
+    dataset = Dataset.from_dict("one", {"messages": [messages]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset])).tokenize_chat(
+        tokenizer=gpt2_like, chat_template=_answer_ends_in_spaces
+    )
+    batch = next(iter(pipeline.pack_flat(64, "best_fit").batch(1)))
+    ids = batch.to_training()["input_ids"][0].tolist()
+    labels = batch.to_training()["labels"][0].tolist()
+    spaces = gpt2_like.token_to_id("ĠĠĠ")
+    assert spaces is not None and spaces in ids
+    at = len(ids) - 1 - ids[::-1].index(spaces)  # the answer's trailing spaces: trainable
+    assert labels[at - 1] == spaces, "the answer's last token is not a target"
