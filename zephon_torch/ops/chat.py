@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon_torch.errors import ConfigError, ZephonError
+from zephon_torch.errors import ConfigError
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
-from zephon_torch.ops.document import Document, document_error, encode_texts
+from zephon_torch.ops.document import Document, call_user, document_error, encode_texts
 from zephon_torch.ops.map import function_name
 
 ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
@@ -124,16 +124,14 @@ class TokenizeChatOp:
                 doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths
             )
         assert isinstance(messages, list)
-        try:
-            segments = list(self.template(messages))  # read twice: text, then flags
-        except ZephonError:
-            raise
-        except Exception as error:  # a user's template failing on this row (a role it lacks)
-            problem = f"chat template {self.template_name!r} raised {type(error).__name__}: {error}"
-            raise document_error(
-                doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths
-            ) from error
-        return segments
+        return call_user(  # read twice (text, then flags): a generator is listed
+            lambda m: list(self.template(m)),
+            messages,
+            doc,
+            f"chat template {self.template_name!r}",
+            dataset_names=self.dataset_names,
+            shard_paths=self.shard_paths,
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """Tokenizer digest, field, template name, and how conversations are encoded (whole,

@@ -10,12 +10,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from zephon_torch.errors import DataError
+from zephon_torch.errors import DataError, ZephonError
+
+R = TypeVar("R")
 
 Tokens = npt.NDArray[np.integer[Any]]  # int32 from tokenizers; stored type when pre-tokenized
 
@@ -61,6 +63,28 @@ def document_error(
         shard=shard_paths[doc.source][doc.shard],
         row=doc.row,
     )
+
+
+def call_user(
+    fn: Callable[[Any], R],
+    arg: Any,
+    doc: Document,
+    what: str,
+    *,
+    dataset_names: list[str],
+    shard_paths: list[list[str]],
+) -> R:
+    """``fn(arg)`` for a user's function ``what`` on ``doc``: a ZephonError passes as it is,
+    any other error becomes a DataError naming the document (its cause chained)."""
+    try:
+        return fn(arg)
+    except ZephonError:
+        raise
+    except Exception as error:
+        message = f"{what} raised {type(error).__name__}: {error}"
+        raise document_error(
+            doc, message, dataset_names=dataset_names, shard_paths=shard_paths
+        ) from error
 
 
 def encode_texts(

@@ -6,8 +6,8 @@ import copy
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from zephon_torch.errors import ConfigError, ZephonError
-from zephon_torch.ops.document import Document, document_error
+from zephon_torch.errors import ConfigError
+from zephon_torch.ops.document import Document, call_user
 
 Row = dict[str, Any]
 Where = tuple[list[str], list[list[str]]]  # dataset names; per source, shard paths
@@ -30,18 +30,13 @@ class UserOp:
         return out
 
     def apply(self, fn: Callable[[Row], R], doc: Document) -> R:
-        """``fn(doc.data)``; a ZephonError passes as it is, any other error becomes a
-        DataError naming the document (its cause chained), where the op is located."""
-        try:
+        """``fn(doc.data)``; once located, an error other than a ZephonError becomes a
+        DataError naming the document (``call_user``)."""
+        if self.where is None:
             return fn(doc.data)  # type: ignore[arg-type]  # fetch fills data before user ops
-        except ZephonError:
-            raise
-        except Exception as error:
-            if self.where is None:
-                raise
-            names, paths = self.where
-            message = f"{self.kind} {self.name!r} raised {type(error).__name__}: {error}"
-            raise document_error(doc, message, dataset_names=names, shard_paths=paths) from error
+        names, paths = self.where
+        what = f"{self.kind} {self.name!r}"
+        return call_user(fn, doc.data, doc, what, dataset_names=names, shard_paths=paths)
 
 
 def function_name(fn: Callable[..., Any], name: str | None) -> str:
