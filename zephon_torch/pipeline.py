@@ -30,7 +30,7 @@ from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import lanes_for_rank
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
-from zephon_torch.ops._tokenizer import ResolvedTokenizer
+from zephon_torch.ops._tokenizer import ResolvedTokenizer, fork_safe_backend
 from zephon_torch.ops.batch import Batch
 from zephon_torch.ops.chat import ChatTemplate, resolve_template
 from zephon_torch.ops.filter import FilterOp
@@ -454,6 +454,7 @@ class Pipeline:
         if not self._endless:  # endless: DataLoader workers, whose loader tells
             warn_if_spent(self._lane_states.get(lane) for lane in self.lanes)
         self._end_live()
+        fork_safe_backend()
         runtime = LaneRuntime(self)
         stream: Iterator[Batch]
         produce = partial(runtime.batches, endless=self._endless)

@@ -289,3 +289,19 @@ def test_editing_a_returned_state_leaves_the_loader_s_resume_point_alone() -> No
     given["estimation"] = {"edited": True}
     assert loader.state_dict() == saved
     assert next(iter(loader))["input_ids"].tolist() == [[5, 5, 5]]
+
+
+def test_forked_workers_tokenize_after_the_parent_used_the_backends_threads(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TOKENIZERS_PARALLELISM=true (a common setting, and this suite's) and a parent that
+    had used the backend's thread pool, workers started by fork (Linux's default) waited forever
+    in their first encode_batch. The timeout turns such a hang into a failure."""
+    import os
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    tokenizer.encode_batch(["the parent tokenizes first, on the backend's threads"] * 64)
+    expected = take(DataLoader(build(tokenizer)), 8)
+    loader = DataLoader(build(tokenizer), num_workers=2, multiprocessing_context="fork", timeout=60)
+    assert take(loader, 8) == expected
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"  # turned off in the workers only

@@ -21,6 +21,23 @@ from zephon_torch.errors import ConfigError
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
+_PARALLELISM = "TOKENIZERS_PARALLELISM"
+_PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")  # as the backend reads the variable
+_IMPORTED_IN = os.getpid()  # another pid later: a forked copy of the importing process
+
+
+def fork_safe_backend() -> None:
+    """In a forked process, keep the backend off the thread pool it inherited.
+
+    The backend's pool of threads is created on first use; a fork copies it without its threads,
+    so an ``encode_batch`` in the child waits forever if the parent had used the pool (a
+    DataLoader worker under Linux's default start method, after the parent tokenized anything).
+    The backend turns its pool off in such a child itself, unless ``TOKENIZERS_PARALLELISM``
+    asks for it: then this turns it off. The pipeline's own threads still tokenize in parallel.
+    """
+    value = os.environ.get(_PARALLELISM)
+    if os.getpid() != _IMPORTED_IN and value is not None and value.lower() not in _PARALLELISM_OFF:
+        os.environ[_PARALLELISM] = "false"
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         num_workers: DataLoader worker processes; a performance knob (never changes data).
         pin_memory: pin batches for asynchronous host-to-device copies.
         prefetch_factor: batches each worker prepares ahead (ignored without workers).
-        multiprocessing_context: e.g. ``"spawn"`` (recommended with tokenizers' threads).
+        multiprocessing_context: e.g. ``"spawn"``; the default (fork on Linux) works too.
         timeout: seconds to wait for a worker's batch (0: forever).
         deliver_on_use: for loops that fetch batches ahead of using them (Lightning does): each
             batch keeps its ``"zephon"`` entry, and only ``mark_delivered(batch)``, called when
