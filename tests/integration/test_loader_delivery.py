@@ -94,6 +94,25 @@ def test_an_iterator_made_before_load_state_dict_is_stale(tokenizer: Any) -> Non
     assert take(loader, 6) == reference[3:9]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterator_made_before_another_iter_is_stale(tokenizer: Any, workers: int) -> None:
+    """Both iterators ran and marked their batches as delivered (without workers, until the
+    newer one took its first batch): the state then named neither stream's position."""
+    reference = take(DataLoader(build(tokenizer)), 10)
+    options = {"multiprocessing_context": "spawn"} if workers else {}
+    loader = DataLoader(build(tokenizer), num_workers=workers, **options)
+    first = iter(loader)
+    got = [fingerprint(next(first)) for _ in range(3)]
+    second = iter(loader)
+    with pytest.raises(RuntimeError, match="stale"):
+        next(first)
+    got += [fingerprint(next(second)) for _ in range(3)]
+    assert got == reference[:6]
+    resumed = DataLoader(build(tokenizer))
+    resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert take(resumed, 4) == reference[6:10]
+
+
 def test_stateful_dataloader_with_an_idle_worker_saves_and_resumes(tokenizer: Any) -> None:
     """3 workers over 4 lanes: one idle worker (warned about, supported); its state holds no
     lanes, and computing its ``step`` crashed with ``min() arg is an empty sequence``."""

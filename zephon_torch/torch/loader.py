@@ -46,8 +46,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     ``exhaustion="stop"`` on several ranks, every rank ends on the same step: a rank whose lanes
     are spent yields all-padding micro-batches (``num_valid_tokens == 0``) until no rank has
     data, agreed by one small all-reduce per step. Persistent workers are refused: they would
-    keep producing from a stale state. An iterator made before ``load_state_dict`` raises
-    RuntimeError on its next call.
+    keep producing from a stale state. Only the newest iterator runs: one made before a later
+    ``iter(loader)`` or ``load_state_dict`` raises RuntimeError on its next call.
     """
 
     def __init__(
@@ -82,7 +82,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             timeout=timeout,
         )
         self._delivered: dict[str, Any] = {}
-        self._loads = 0  # counts load_state_dict(): an iterator made before one is stale
+        self._generation = 0  # counts iter() and load_state_dict(): older iterators are stale
         self.deliver_on_use = deliver_on_use
         self._pack_transport = True  # off only to measure torch's own transport
 
@@ -122,7 +122,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 )
         if equalise:
             items = equal_ending(items, lanes_per_turn=len(pipeline.lanes), tokens=_tokens)
-        return self._strip(items, self._loads)
+        self._generation += 1
+        return self._strip(items, self._generation)
 
     def _lane_turns(self) -> dict[int, int]:
         """The turn each of this rank's lanes resumes at (0 for a lane not started)."""
@@ -136,12 +137,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
             )
 
-    def _strip(self, items: Iterator[dict[str, Any]], loads: int) -> Iterator[dict[str, Any]]:
+    def _strip(self, items: Iterator[dict[str, Any]], generation: int) -> Iterator[dict[str, Any]]:
         while True:
-            if self._loads != loads:
+            if self._generation != generation:
                 raise RuntimeError(
-                    "this iterator of the loader is stale: the loader loaded a state since it "
-                    "was made; call iter(loader) to continue from the loaded state"
+                    "this iterator of the loader is stale: the loader was iterated again or "
+                    "loaded a state since it was made; use the newest iter(loader)"
                 )
             item = next(items, None)
             if item is None:
@@ -170,7 +171,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers."""
         self.pipeline_dataset.load_state_dict(state)
         self._delivered = {}
-        self._loads += 1
+        self._generation += 1
 
 
 def _raising(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
