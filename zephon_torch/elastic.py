@@ -199,6 +199,8 @@ class ElasticDistributedSampler(DistributedSampler[int]):
     sampler as each batch is sent). A plain DataLoader with workers prefetches ahead, so pass the
     training loop's step count within the epoch as ``consumed_global_batches``. A state taken in
     the middle of a global batch (between accumulation micro-batches) resumes at its start.
+    Only the newest pass runs: one started before a later pass, a ``load_state_dict`` or a
+    change of epoch raises RuntimeError on its next index.
     """
 
     def __init__(
@@ -239,6 +241,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         self._start = 0  # global batch the next pass over ``epoch`` starts at
         self._consumed = 0  # whole global batches of ``epoch`` accounted for so far
         self._into_share = 0  # indices yielded into the current, unfinished share
+        self._generation = 0  # counts started passes and loads: older passes are stale
 
     def num_global_batches(self) -> int:
         """Global batches (steps) in a whole epoch."""
@@ -257,9 +260,12 @@ class ElasticDistributedSampler(DistributedSampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         # A generator: the resume point is read at the first ``next``, so a state loaded after
-        # ``iter()`` (as StatefulDataLoader does) still applies.
+        # ``iter()`` (as StatefulDataLoader does) still applies. A pass started before a later
+        # one, or before a load, must not go on: it would count its own stream's position.
         epoch, start, total = self.epoch, self._start, self.num_global_batches()
         self._consumed, self._into_share = start, 0
+        self._generation += 1
+        generation = self._generation
         step = max(1, _CHUNK_SAMPLES // self.rank_batch_size)
         for lo in range(start, total, step):
             for index in rank_indices(
@@ -274,11 +280,17 @@ class ElasticDistributedSampler(DistributedSampler[int]):
                 start_batch=lo,
                 stop_batch=min(lo + step, total),
             ):
+                if self._generation != generation:
+                    raise RuntimeError(
+                        "this iterator of the sampler is stale: the sampler was iterated again "
+                        "or loaded a state since it started; use the newest iter(sampler)"
+                    )
                 self._into_share += 1
                 if self._into_share == self.rank_batch_size:
                     self._consumed, self._into_share = self._consumed + 1, 0
                 yield index
-        self._start = 0
+        if self._generation == generation:
+            self._start = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's permutation; a new epoch starts at its first global batch."""
@@ -287,6 +299,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
             raise ConfigError(f"`epoch` must be >= 0, got {epoch}")
         if epoch != self.epoch:
             self.epoch, self._start, self._consumed, self._into_share = epoch, 0, 0, 0
+            self._generation += 1
 
     def state_dict(self, consumed_global_batches: int | None = None) -> dict[str, Any]:
         """The resume point: ``consumed_global_batches`` of this epoch, else what was yielded."""
@@ -326,6 +339,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         if consumed == total and self.epoch > epoch:
             return
         self.epoch, self._start, self._consumed, self._into_share = epoch, consumed, consumed, 0
+        self._generation += 1
 
     def _settings(self) -> dict[str, Any]:
         return {

@@ -75,3 +75,35 @@ def test_set_epoch_refuses_an_epoch_whose_state_could_not_be_loaded() -> None:
     with pytest.raises(ConfigError, match="`epoch`"):
         s.set_epoch(-1)
     assert s.epoch == 0
+
+
+def test_a_pass_started_before_a_load_or_a_later_pass_is_stale() -> None:
+    """An older pass went on with its own stream and counted its position over the loaded one:
+    the next state_dict() then named a step the loop never reached."""
+    reference = list(sampler())
+    s = sampler()
+    old = iter(s)
+    got = [next(old) for _ in range(4)]  # one share of 4 indices: global batch 0
+    saved = s.state_dict()
+    got += [next(old) for _ in range(4)]
+    s.load_state_dict(saved)
+    with pytest.raises(RuntimeError, match="stale"):
+        next(old)
+    assert s.state_dict() == saved
+    newer = iter(s)
+    got += [next(newer) for _ in range(4)]
+    assert got == reference[:8] + reference[4:8]
+    latest = iter(s)
+    next(latest)
+    with pytest.raises(RuntimeError, match="stale"):
+        next(newer)
+    s.set_epoch(1)
+    with pytest.raises(RuntimeError, match="stale"):
+        next(latest)
+    assert list(s) == _epoch(1)
+
+
+def _epoch(epoch: int) -> list[int]:
+    s = sampler()
+    s.set_epoch(epoch)
+    return list(s)
