@@ -355,12 +355,18 @@ class MixPack(BaseNode[PackedRow]):
 
     def _barren(self, source: int) -> None:
         """Count a document of ``source`` that gave no tokens (empty or dropped by length). A
-        run of twice a lane pass holds a whole pass, and the length rules are pure, so every
-        later pass gives nothing either: under ``exhaustion="repeat"`` the source would be read
-        forever without a token, which is refused instead."""
+        run of twice a lane pass holds a whole pass, and the length rules are pure, so where
+        every pass hands the lane the same documents (one lane, or no shuffle), every later
+        pass gives nothing either: under ``exhaustion="repeat"`` the source would be read
+        forever without a token, which is refused instead. With several shuffled lanes a later
+        pass may deal the lane a document that gives tokens, so nothing is concluded."""
         self._idle[source] += 1
         reader = self.readers[source]
-        if self._idle[source] > 2 * reader.lane_rows and reader.exhaustion == "repeat":
+        if (
+            self._idle[source] > 2 * reader.lane_rows
+            and reader.exhaustion == "repeat"
+            and reader.same_each_pass
+        ):
             rules = []
             if self.drop_shorter_than:
                 rules.append(f"min_document_length={self.drop_shorter_than}")

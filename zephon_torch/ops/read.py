@@ -102,6 +102,12 @@ class DocumentReader(BaseNode[Document]):
         """Documents in one pass of this lane."""
         return self._lane_rows
 
+    @property
+    def same_each_pass(self) -> bool:
+        """Whether every pass hands this lane the same documents: one lane, or no shuffle
+        (with several lanes, each pass deals the dataset's documents to the lanes anew)."""
+        return self.num_lanes == 1 or not self.layout.shuffle
+
     def get_state(self) -> dict[str, Any]:
         """The position of the next document to return."""
         return {"pass": self._next[0], "pos": self._next[1]}

@@ -93,6 +93,11 @@ class FilteredReader(BaseNode[Document]):
         """The reader's exhaustion policy."""
         return self.reader.exhaustion
 
+    @property
+    def same_each_pass(self) -> bool:
+        """Whether every pass hands this lane the same documents (see ``DocumentReader``)."""
+        return self.reader.same_each_pass
+
     def get_state(self) -> dict[str, Any]:
         """Reader position and a copy of the filter state: a filter may return (and go on
         updating) its live objects, while this state travels with a batch to a consumer that
@@ -111,11 +116,9 @@ class FilteredReader(BaseNode[Document]):
                 every document was seen, for example).
         """
         rejected, rows = 0, self.reader.lane_rows
-        filters, base = self._stack()
-        # sound only where every pass hands this lane the same documents: one lane, or no
-        # shuffle (with several lanes, each pass deals the documents to the lanes anew)
-        same_each_pass = base.num_lanes == 1 or not base.layout.shuffle
-        watch = rows > 0 and self.reader.exhaustion == "repeat" and same_each_pass
+        filters, _ = self._stack()
+        # sound only where every pass hands this lane the same documents
+        watch = rows > 0 and self.reader.exhaustion == "repeat" and self.same_each_pass
         before: str | None = None
         while True:
             doc: Document = next(self.reader)

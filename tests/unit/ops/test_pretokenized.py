@@ -198,6 +198,32 @@ def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_r
     assert sum(b.num_tokens for b in batches) == 40 * 2 * 8
 
 
+def test_several_shuffled_lanes_read_on_through_passes_that_deal_a_lane_only_dropped_rows() -> None:
+    """Each pass deals a dataset's documents to the lanes anew: a lane may draw only dropped
+    documents for several passes and a good one after. That was refused as read forever."""
+    big = Dataset.from_dict("big", {"ids": [[1000 + d] * 30 for d in range(50)]})
+    small = Dataset.from_dict("small", {"ids": [[7], [9] * 20]})  # the first is dropped
+    source = StaticMixtureWorkSource(
+        [big, small],
+        {"big": 0.5, "small": 0.5},
+        seed=0,
+        token_estimation=TokenEstimation(calibration_documents=1),
+        exhaustion="repeat",
+    )
+    pipeline = (
+        Pipeline(source)
+        .options(canonical_replicas=2)
+        .pretokenized("ids")
+        .pack_flat(16, min_document_length=2)
+        .batch(1)
+    )
+    small_tokens = {0: 0, 1: 0}
+    for batch in itertools.islice(pipeline, 400):
+        small_tokens[batch.lane] += batch.tokens_by_source()["small"]
+    assert min(small_tokens.values()) > 0
+    assert pipeline.stats()["skipped_documents"]["too_short"] > 0
+
+
 def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_counted() -> None:
     short = Dataset.from_dict("short", {"ids": [[1, 2]] * 4})
     fine = Dataset.from_dict("fine", {"ids": [[3] * 5] * 4})
