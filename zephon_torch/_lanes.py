@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
 
     from zephon_torch.pipeline import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource
 
 
 class LaneRuntime:
@@ -66,6 +67,7 @@ class LaneRuntime:
             )
         chunk_docs = chunk_sizes(pipeline._estimation, source.names)
         num_lanes = pipeline._options.canonical_replicas
+        warn_if_fewer_rows_than_lanes(source, num_lanes)
         self.nodes: list[BatchNode] = []
         self.readers: list[DocumentReader] = []
         for lane in pipeline.lanes:
@@ -157,6 +159,25 @@ class LaneRuntime:
     def close(self) -> None:
         """Stop the workers."""
         self.runner.close()
+
+
+def warn_if_fewer_rows_than_lanes(source: StaticMixtureWorkSource, num_lanes: int) -> None:
+    """Warn for each weighted dataset with fewer documents than lanes: lane l reads documents
+    l, l + L, ... of each pass, so the lanes past its row count never read it."""
+    for name, weight, layout in zip(source.names, source.weights, source.layouts):
+        rows = layout.num_rows
+        if weight > 0 and 0 < rows < num_lanes:
+            effect = (
+                f"its share of every global batch is about {rows}/{num_lanes} of its weight"
+                if source.exhaustion == "repeat"
+                else f"its documents reach only {rows} lanes' batches"
+            )
+            warnings.warn(
+                f"dataset {name!r} has {rows} documents, fewer than the {num_lanes} lanes "
+                f"(canonical_replicas): lanes {rows} to {num_lanes - 1} never read it, so "
+                f"{effect}. Split it into more documents or use fewer lanes.",
+                stacklevel=2,
+            )
 
 
 def warn_if_spent(states: Iterable[dict[str, Any] | None]) -> None:

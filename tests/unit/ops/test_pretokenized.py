@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -222,6 +223,30 @@ def test_several_shuffled_lanes_read_on_through_passes_that_deal_a_lane_only_dro
         small_tokens[batch.lane] += batch.tokens_by_source()["small"]
     assert min(small_tokens.values()) > 0
     assert pipeline.stats()["skipped_documents"]["too_short"] > 0
+
+
+@pytest.mark.parametrize("exhaustion", ["repeat", "stop"])
+def test_a_weighted_dataset_with_fewer_documents_than_lanes_is_warned_of(exhaustion: str) -> None:
+    """Lanes past its row count never read it: under repeat its share of every global batch
+    fell to rows/L of its weight (6 rows, 8 lanes: 0.375 for 0.5), without a word."""
+    big = Dataset.from_dict("big", {"ids": [[1000 + d] * 30 for d in range(200)]})
+    small = Dataset.from_dict("small", {"ids": [[9] * 40] * 6})
+
+    def first_batches(lanes: int) -> None:
+        source = StaticMixtureWorkSource(
+            [big, small], {"big": 0.5, "small": 0.5}, seed=0, exhaustion=exhaustion
+        )
+        pipeline = Pipeline(source).options(canonical_replicas=lanes).pretokenized("ids")
+        list(itertools.islice(pipeline.pack_flat(16).batch(1), 8))
+
+    effect = "about 6/8 of its weight" if exhaustion == "repeat" else "reach only 6 lanes'"
+    with pytest.warns(UserWarning, match=r"dataset 'small' has 6 documents, fewer than the 8 "):
+        first_batches(8)
+    with pytest.warns(UserWarning, match=effect):
+        first_batches(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first_batches(6)
 
 
 def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_counted() -> None:
