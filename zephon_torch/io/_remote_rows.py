@@ -68,7 +68,8 @@ def parquet_layout(
     try:
         metadata = pq.read_metadata(pa.BufferReader(data[-length:]))
         return int(metadata.num_rows), group_sizes(metadata)
-    except (pa.ArrowInvalid, OSError) as error:  # pyarrow raises OSError for bad thrift
+    # pyarrow raises OSError for bad thrift, and UnicodeDecodeError for a name not in UTF-8
+    except (pa.ArrowInvalid, OSError, ValueError) as error:
         raise bad(error) from error
 
 

@@ -190,7 +190,15 @@ class MdsReader:
         for row, start, end in zip(positions.tolist(), starts, ends, strict=True):
             try:
                 result.append(_decode(shard.data[start:end], layout))
-            except (ValueError, KeyError, IndexError, StructError) as error:
+            # ArithmeticError: a str_decimal that is no number; RecursionError: deep json
+            except (
+                ValueError,
+                KeyError,
+                IndexError,
+                StructError,
+                ArithmeticError,
+                RecursionError,
+            ) as error:
                 raise DataError(
                     f"sample does not decode: {error!r}", dataset=self.dataset, shard=path, row=row
                 ) from None
@@ -261,6 +269,10 @@ class MdsReader:
                 if packed and codec not in MDS_CODECS:
                     raise ValueError(f"unknown compression {codec!r}")
                 path = shard_path(self.index_path, basename, dataset=self.dataset)
+                if int(entry["samples"]) == 0:
+                    # MDSWriter writes an empty shard when its first sample exceeds the
+                    # size limit: nothing to read, and not an error in the dataset
+                    continue
                 infos[path] = _ShardInfo(
                     samples=int(entry["samples"]),
                     raw_bytes=int(raw["bytes"]),

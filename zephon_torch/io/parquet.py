@@ -224,23 +224,32 @@ class ParquetReader:
         return self._files.get_or_load(path, partial(self._open, path))
 
     def _open(self, path: str) -> _OpenFile:
+        # A corrupt footer fails in pyarrow (ArrowException, OSError) or, a name that is not
+        # UTF-8, as a UnicodeDecodeError (a ValueError) when the schema or a column is read.
         try:
             # pages written with checksums are verified (none written: nothing to verify)
             file = pq.ParquetFile(path, page_checksum_verification=True)
-        except (pa.ArrowException, OSError) as error:
+            schema = file.schema_arrow
+        except (pa.ArrowException, OSError, ValueError) as error:
             raise DataError(
                 f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
             ) from error
-        self._check_columns(path, file.schema_arrow)
-        metadata = file.metadata
-        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+        self._check_columns(path, schema)
+        try:
+            metadata = file.metadata
+            groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+            group_bytes = tuple(self._group_bytes(group) for group in groups)
+        except (pa.ArrowException, OSError, ValueError) as error:
+            raise DataError(
+                f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
+            ) from error
         offsets = np.zeros(len(groups) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([group.num_rows for group in groups], dtype=np.int64)
         return _OpenFile(
             file=file,
             lock=threading.Lock(),
             offsets=offsets,
-            group_bytes=tuple(self._group_bytes(group) for group in groups),
+            group_bytes=group_bytes,
             blocks=window_blocks(group_sizes(metadata)),
         )
 

@@ -123,7 +123,7 @@ class VortexReader:
         try:
             file = vortex.open(path)
             schema = file.dtype.to_arrow_schema()
-        except (RuntimeError, ValueError) as error:
+        except (RuntimeError, ValueError, pa.ArrowException) as error:
             raise DataError(
                 f"not a readable Vortex file: {_first_line(error)}",
                 dataset=self.dataset,

@@ -179,6 +179,32 @@ def test_an_mds_dataset_of_no_samples_is_refused_not_read_as_jsonl(tmp_path: Pat
         assert caught.value.shard == str(out / "index.json")
 
 
+def test_an_empty_shard_written_before_an_oversized_first_sample_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """MDSWriter writes a shard of 0 samples when the first sample exceeds the size limit: the
+    whole dataset was refused as holding an empty shard, which no user could remove."""
+    rows = [{"text": "x" * 5000, "id": 0}] + [{"text": f"row {i}", "id": i} for i in range(1, 10)]
+    out = write_mds(tmp_path / "m", rows, {"text": "str", "id": "int"}, size_limit=4096)
+    assert json.loads((out / "index.json").read_text())["shards"][0]["samples"] == 0
+    dataset = Dataset.from_path("m", out)
+    read = [
+        r for n, s in enumerate(dataset.shards) for r in dataset.read_rows(n, range(s.num_rows))
+    ]
+    assert read == rows
+
+
+def test_a_decimal_that_is_no_number_is_a_data_error_naming_the_row(tmp_path: Path) -> None:
+    rows = [{"price": Decimal(f"{i}.25")} for i in range(10)]
+    out = write_mds(tmp_path / "m", rows, {"price": "str_decimal"}, size_limit=1 << 20)
+    shard = out / "shard.00000.mds"
+    data = shard.read_bytes()
+    at = data.index(b"7.25")
+    shard.write_bytes(data[:at] + b"x" + data[at + 1 :])  # same length: offsets still agree
+    with pytest.raises(DataError, match=r"shard\.00000\.mds.*row 7.*does not decode"):
+        Dataset.from_path("m", out).read_rows(0, [6, 7])
+
+
 def test_eight_threads_reading_at_random_see_what_one_thread_sees(mds_dir: Path) -> None:
     assert_threads_read_like_one(lambda: Dataset.from_path("m", mds_dir))
 

@@ -111,6 +111,24 @@ def test_a_truncated_parquet_file_raises_a_data_error_naming_dataset_and_shard(
     assert (caught.value.dataset, caught.value.shard) == ("broken", str(path))
 
 
+@pytest.mark.parametrize("occurrence", [0, 1])
+def test_a_footer_name_that_is_not_utf8_is_a_data_error_naming_dataset_and_shard(
+    tmp_path: Path, occurrence: int
+) -> None:
+    """One corrupt byte in a schema name (the first occurrence) or a column chunk's path (the
+    second) raised a bare UnicodeDecodeError, from pyarrow or from our walk of the footer."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"tokens": [[1], [2, 3]]}), path, store_schema=False)
+    data = bytearray(path.read_bytes())
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    at = [i for i in range(footer, len(data)) if data[i : i + 6] == b"tokens"][occurrence]
+    data[at + 3] = 0xE5  # b"tok\xe5ns"
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"not a readable Parquet file") as caught:
+        Dataset.from_path("broken", path)
+    assert (caught.value.dataset, caught.value.shard) == ("broken", str(path))
+
+
 @pytest.mark.parametrize("checksums", [True, False])
 def test_a_flipped_byte_in_a_page_written_with_checksums_is_a_data_error(
     tmp_path: Path, checksums: bool

@@ -64,13 +64,16 @@ def test_a_projection_reads_only_the_requested_columns(vortex_dir: Path) -> None
         Dataset.from_path("v", vortex_dir, token_columns=["text"])
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "nul in a name"])
 def test_a_damaged_file_raises_a_data_error_naming_dataset_and_shard(
     vortex_dir: Path, tmp_path: Path, damage: str
 ) -> None:
     path = tmp_path / "x.vortex"
     data = (vortex_dir / "a.vortex").read_bytes()
-    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"garbage")
+    if damage == "nul in a name":  # pyarrow's ArrowException from the schema, not a ValueError
+        at = data.index(b"text")
+        data = data[: at + 2] + b"\0" + data[at + 3 :]
+    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"garbage"}.get(damage, data))
     with pytest.raises(DataError, match=r"not a readable Vortex file") as caught:
         Dataset.from_path("broken", path)
     assert (caught.value.dataset, caught.value.shard) == ("broken", str(path))
