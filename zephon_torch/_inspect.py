@@ -36,6 +36,7 @@ def run_inspect(
     rows: int = 3,
     index_cache_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    columns: list[str] | None = None,
     out: TextIO | None = None,
 ) -> int:
     """Prints a dataset's format, shards, rows, field types and first rows; returns the exit code.
@@ -47,6 +48,8 @@ def run_inspect(
         index_cache_dir: where line indexes and remembered row counts go (default: the
             library's).
         storage_options: passed to the fsspec file system of a URL.
+        columns: the fields to read (default all): leaves out one that is not read, such as
+            an MDS `pkl` column.
         out: where to print (default stdout); errors go to stderr.
 
     Returns:
@@ -56,7 +59,7 @@ def run_inspect(
     return _guarded(
         "inspect",
         lambda: _inspect(
-            _open(path, format_, index_cache_dir, storage_options), path, rows, stream
+            _open(path, format_, index_cache_dir, storage_options, columns), path, rows, stream
         ),
         stream,
     )
@@ -68,18 +71,21 @@ def run_index(
     format_: str | None = None,
     index_cache_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    columns: list[str] | None = None,
     out: TextIO | None = None,
 ) -> int:
     """Builds the line index of every JSONL shard at `path` (cached; stale ones are rebuilt), and
     for remote Parquet and Vortex remembers the row counts; `storage_options` as for
-    `run_inspect`.
+    `run_inspect`, and `columns`.
 
     Prints the shards indexed (and how many were already cached), the rows and the time; for a
     format without line indexes it says so. Returns 0, or `ERROR_EXIT` for a bad path.
     """
     stream = out or sys.stdout
     return _guarded(
-        "index", lambda: _index(path, format_, index_cache_dir, storage_options, stream), stream
+        "index",
+        lambda: _index(path, format_, index_cache_dir, storage_options, columns, stream),
+        stream,
     )
 
 
@@ -95,7 +101,11 @@ def _guarded(command: str, body: Callable[[], None], out: TextIO) -> int:
 
 
 def _open(
-    path: str, format_: str | None, index_cache_dir: str | None, storage: dict[str, Any] | None
+    path: str,
+    format_: str | None,
+    index_cache_dir: str | None,
+    storage: dict[str, Any] | None,
+    columns: list[str] | None,
 ) -> Dataset:
     return Dataset.from_path(
         _dataset_name(path),
@@ -103,6 +113,7 @@ def _open(
         format=format_,
         index_cache_dir=index_cache_dir,
         storage_options=storage,
+        columns=columns,
     )
 
 
@@ -152,6 +163,7 @@ def _index(
     format_: str | None,
     index_cache_dir: str | None,
     storage: dict[str, Any] | None,
+    columns: list[str] | None,
     out: TextIO,
 ) -> None:
     from zephon_torch.io._line_index import default_cache_dir
@@ -159,7 +171,7 @@ def _index(
     cache = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
     before = _cached_shards(path, format_, cache)
     started = time.perf_counter()
-    dataset = _open(path, format_, cache, storage)
+    dataset = _open(path, format_, cache, storage, columns)
     seconds = time.perf_counter() - started
     if dataset.remote and dataset.format in _REMEMBERED:
         print(

@@ -101,6 +101,7 @@ def _inspect(args: argparse.Namespace) -> int:
         rows=args.rows,
         index_cache_dir=args.index_cache_dir,
         storage_options=args.storage_options,
+        columns=args.columns,
     )
 
 
@@ -112,6 +113,7 @@ def _index(args: argparse.Namespace) -> int:
         format_=args.format,
         index_cache_dir=args.index_cache_dir,
         storage_options=args.storage_options,
+        columns=args.columns,
     )
 
 
@@ -141,6 +143,13 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
     return value
+
+
+def _column_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"must be comma-separated field names, got {text!r}")
+    return names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,6 +237,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             default=None,
             help="a JSON object for the URL's fsspec file system, e.g. '{\"client_kwargs\": "
             '{"endpoint_url": "http://127.0.0.1:9000"}}\'',
+        )
+        command.add_argument(
+            "--columns",
+            type=_column_list,
+            default=None,
+            help="comma-separated fields to read (default all), e.g. to leave out an MDS "
+            "'pkl' column, which is not read",
         )
         if name == "inspect":
             command.add_argument("--rows", type=int, default=3, help="rows to preview")

@@ -211,3 +211,20 @@ def test_storage_options_reach_the_url_s_file_system(
         main(["inspect", url, "--storage-options", "{'key': 1}"])
     assert bad.value.code == 2
     assert "--storage-options: not JSON" in capsys.readouterr().err
+
+
+def test_columns_leave_out_an_mds_column_that_is_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal of a `pkl` column says to leave it out with `columns=`; inspect had no way
+    to, so an MDS dataset with one could not be inspected at all."""
+    from tests.unit.io.test_io_formats_writers import write_mds
+
+    rows = [{"text": f"row {i}", "meta": {"i": i}} for i in range(4)]
+    out = write_mds(tmp_path / "mds", rows, {"text": "str", "meta": "pkl"})
+    assert main(["inspect", str(out)]) == 2
+    assert "leave it out with `columns=`" in capsys.readouterr().err
+    assert main(["inspect", str(out), "--columns", "text"]) == 0
+    printed = capsys.readouterr().out
+    assert "rows:    4" in printed and "  text: str" in printed and "meta" not in printed
+    assert main(["index", str(out), "--columns", "text"]) == 0
