@@ -29,7 +29,7 @@ from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions
+from zephon_torch.io._remote import IoOptions, identity
 from zephon_torch.io._remote_rows import (
     npy_rows,
     parquet_layout,
@@ -370,16 +370,48 @@ class RemoteReader:
                         self._filesystem().get_file(fs_path, target, callback=callback)
                 got = os.path.getsize(target)
                 if got != item.size:
+                    self._check_unchanged(fs_path, item)  # else a cut transfer: retried
                     raise OSError(f"truncated download: {got} of {item.size} bytes")
 
             try:
                 call_with_retry(attempt, url=item.url, policy=self.options.retry, what="download")
+                # the bytes must be the listed version's: they are cached, and a JSONL line
+                # index is kept, under its name
+                self._check_unchanged(fs_path, item)
             except FileNotFoundError:  # listed when the dataset was opened, gone since
                 raise DataError(
                     f"the object is missing{CHANGED_NOTE}", dataset=self.dataset, shard=item.url
                 ) from None
 
         return download
+
+    def _check_unchanged(self, fs_path: str, item: CachedObject) -> None:
+        """``DataError`` when the object's size or version now differs from its listing's.
+
+        Listed again as the dataset was (``find``: file systems report a version in another
+        form through ``info``); a version that either listing lacks is not compared."""
+        fs = self._filesystem()
+        key = fs_path.rstrip("/")
+
+        def relist() -> Mapping[str, Any] | None:
+            fs.invalidate_cache(fs_path)  # not the first listing's answer again
+            found = fs.find(fs_path, detail=True)
+            if isinstance(found, list):  # adlfs lists a file by its name alone
+                found = {path: fs.info(path) for path in found if path.rstrip("/") == key}
+            return next((i for n, i in found.items() if n.rstrip("/") == key), None)
+
+        info = call_with_retry(relist, url=item.url, policy=self.options.retry, what="listing")
+        if info is None or info.get("size") is None:
+            return  # listed under another name, or without a size: nothing to compare
+        now = identity(item.url, info)
+        versions = item.version and now.version
+        if now.size != item.size or (versions and now.version != item.version):
+            raise DataError(
+                f"the object changed since it was listed (size {item.size}, version "
+                f"{item.version!r}; now size {now.size}, version {now.version!r}){CHANGED_NOTE}",
+                dataset=self.dataset,
+                shard=item.url,
+            )
 
     def _filesystem(self) -> Any:
         with self._lock:

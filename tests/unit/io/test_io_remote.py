@@ -268,6 +268,28 @@ def test_a_bad_parquet_footer_is_a_data_error_at_once_not_a_retried_storage_erro
         Dataset.from_path("p", f"memory://{root}/a.parquet", io_options=_options(tmp_path))
 
 
+@pytest.mark.parametrize("size", ["same size", "other size"])
+def test_an_object_rewritten_after_listing_is_refused_not_cached_as_the_listed_one(
+    tmp_path: Path, size: str
+) -> None:
+    """The download took whatever the object held then: a same-size rewrite was cached under
+    the listed version's name (a JSONL line index of the old bytes then cut the new ones), and
+    another size was retried as a cut transfer, then a StorageError."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    path = f"{root}/a.parquet"
+    _put_parquet(fs, path, pa.table({"n": [7] * 10}))
+    listed = fs.size(path)
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    rewritten = pa.table({"n": [8] * 10} if size == "same size" else {"n": list(range(40))})
+    _put_parquet(fs, path, rewritten)
+    assert (fs.size(path) == listed) == (size == "same size")
+    with pytest.raises(DataError, match=r"a\.parquet.*changed since it was listed"):
+        dataset.read_rows(0, [0])
+    cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size]
+    assert all(p.stat().st_size != listed for p in cached)  # nothing kept under the old name
+
+
 def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
