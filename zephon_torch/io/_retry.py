@@ -74,11 +74,35 @@ _STATUS_ATTRIBUTES = (
 )
 
 
+# S3 answers with a 400 that a later attempt may not get: a connection the server found idle
+# too long, and credentials that expired (refreshed by the client before it tries again).
+_S3_WAIT_CODES = frozenset({"RequestTimeout", "ExpiredToken"})
+
+
 def http_status(error: BaseException) -> int | None:
     """The HTTP status of the answer an error carries (`error.response.status_code`, as
-    huggingface_hub's, requests' and Azure's errors have it, gcsfs's `code`, aiohttp's `status`
-    (for fsspec's http://)), else None: no answer came."""
-    status = getattr(getattr(error, "response", None), "status_code", None)
+    huggingface_hub's, requests' and Azure's errors have it, botocore's `response` dict, gcsfs's
+    `code`, aiohttp's `status` (for fsspec's http://)), or that its causes carry: s3fs raises
+    most S3 answers as a plain OSError caused by botocore's error. None: no answer came."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = _own_status(current)
+        if status is not None:
+            return status
+        current = current.__cause__
+    return None
+
+
+def _own_status(error: BaseException) -> int | None:
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):  # botocore's ClientError
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if response.get("Error", {}).get("Code") in _S3_WAIT_CODES:
+            status = 408
+    else:
+        status = getattr(response, "status_code", None)
     for module, name, attribute in _STATUS_ATTRIBUTES:
         loaded = sys.modules.get(module)
         if not isinstance(status, int) and loaded is not None:
@@ -90,7 +114,12 @@ def http_status(error: BaseException) -> int | None:
 
 def lacks_credentials(error: BaseException) -> bool:
     """Whether `error` is a storage client's "no usable credentials"."""
-    for module, names in _CREDENTIAL_ERRORS.items():
+    return _loaded_instance(error, _CREDENTIAL_ERRORS)
+
+
+def _loaded_instance(error: BaseException, kinds: dict[str, tuple[str, ...]]) -> bool:
+    """Whether `error` is of one of the named classes, in modules already imported."""
+    for module, names in kinds.items():
         loaded = sys.modules.get(module)
         if loaded is not None and isinstance(
             error, tuple(getattr(loaded, name) for name in names if hasattr(loaded, name))
@@ -99,11 +128,17 @@ def lacks_credentials(error: BaseException) -> bool:
     return False
 
 
+# Client-side refusals of a setting (an invalid bucket name), looked up as above.
+_INVALID_SETTINGS: dict[str, tuple[str, ...]] = {"botocore.exceptions": ("ParamValidationError",)}
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether waiting and trying again may cure `error`: not a missing object, denied
     access, a bad argument, or an HTTP 4xx answer other than 408 (timeout) and 429 (too many
     requests)."""
     if not isinstance(error, Exception) or isinstance(error, _PERMANENT):
+        return False
+    if _loaded_instance(error, _INVALID_SETTINGS):
         return False
     if lacks_credentials(error):
         return False

@@ -152,3 +152,31 @@ def test_an_azure_token_request_that_failed_in_transit_is_retried_a_refused_one_
     with pytest.raises(ClientAuthenticationError):
         call_with_retry(denied, url="az://c/k", policy=policy)
     assert len(calls) == 1
+
+
+def test_s3_answers_that_s3fs_raises_as_plain_os_errors_are_told_apart_by_their_cause() -> None:
+    """s3fs raises most S3 4xx answers as OSError(EINVAL/EIO) caused by botocore's
+    ClientError, whose status sits in a `response` dict; botocore refuses a bad bucket name
+    before sending anything. All were retried six times, 15.5 s, by default."""
+    from botocore.exceptions import ClientError, ParamValidationError
+    from s3fs.errors import translate_boto_error
+
+    def s3_answer(code: str, status: int) -> BaseException:
+        answer = {"Error": {"Code": code, "Message": code}}
+        answer["ResponseMetadata"] = {"HTTPStatusCode": status}  # type: ignore[dict-item]
+        return translate_boto_error(ClientError(answer, "GetObject"))  # type: ignore[arg-type]
+
+    for code, status in [
+        ("InvalidRange", 416),
+        ("InvalidArgument", 400),
+        ("AuthorizationHeaderMalformed", 400),
+        ("PermanentRedirect", 301),
+        ("PreconditionFailed", 412),
+    ]:
+        error = s3_answer(code, status)
+        assert isinstance(error, OSError) and not is_transient(error), code
+    waits = [("SlowDown", 503), ("InternalError", 500), ("RequestTimeout", 400)]
+    for code, status in [*waits, ("ExpiredToken", 400)]:
+        assert is_transient(s3_answer(code, status)), code
+    assert not is_transient(ParamValidationError(report="Invalid bucket name"))
+    assert is_transient(OSError("connection reset"))  # no answer came: retried
