@@ -75,8 +75,8 @@ _STATUS_ATTRIBUTES = (
 
 
 # S3 answers with a 400 that a later attempt may not get: a connection the server found idle
-# too long, and credentials that expired (refreshed by the client before it tries again).
-_S3_WAIT_CODES = frozenset({"RequestTimeout", "ExpiredToken"})
+# too long.
+_S3_WAIT_CODES = frozenset({"RequestTimeout"})
 
 
 def http_status(error: BaseException) -> int | None:

@@ -175,8 +175,7 @@ def test_s3_answers_that_s3fs_raises_as_plain_os_errors_are_told_apart_by_their_
     ]:
         error = s3_answer(code, status)
         assert isinstance(error, OSError) and not is_transient(error), code
-    waits = [("SlowDown", 503), ("InternalError", 500), ("RequestTimeout", 400)]
-    for code, status in [*waits, ("ExpiredToken", 400)]:
+    for code, status in [("SlowDown", 503), ("InternalError", 500), ("RequestTimeout", 400)]:
         assert is_transient(s3_answer(code, status)), code
     assert not is_transient(ParamValidationError(report="Invalid bucket name"))
     assert is_transient(OSError("connection reset"))  # no answer came: retried
