@@ -46,8 +46,10 @@ class CacheOptions:
         max_bytes: the most bytes of shards it holds (default 64 GiB); least recently used
             shards not in use are evicted to stay under it.
         prefetch_bytes: how far ahead of each dataset's readers shards are downloaded, in bytes
-            of the shards they read next (cached ones included); 0 turns prefetch off; None
-            means a quarter of `max_bytes`.
+            of the shards they read next (cached ones included), per process; 0 turns prefetch
+            off; None means a quarter of `max_bytes` shared by the node's processes (divided by
+            `LOCAL_WORLD_SIZE` and by the DataLoader's workers), so that together they do not
+            evict each other's prefetched shards.
         prefetch_threads: background download threads per process.
         enabled: accepted for the pipeline's `{"cache": {"enabled": True}}`; remote shards
             always go through the cache, so False is refused.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -224,15 +225,17 @@ class RemoteReader:
         `urls` are the shards in the order they will be read, the one being read first. The
         walk adds up their sizes, cached or not, and stops before the sum passes the budget, so
         at most `prefetch_bytes` of data lies ready ahead of the reader however often it asks;
-        objects already cached or queued are skipped. It consumes `urls` lazily. `share`: how
+        objects already queued are skipped, and those already cached are marked as just used
+        (else a shard fetched ahead looks older to the LRU than those other processes read
+        since, and is evicted before its turn). It consumes `urls` lazily. `share`: how
         many datasets prefetch into this cache at once; each gets that part of the budget, so
         together they stay within it. Errors are not raised here; the read that needs the
         shard retries and raises them.
         """
         cache_options = self.options.cache
         budget = cache_options.prefetch_bytes
-        if budget is None:
-            budget = cache_options.max_bytes // 4
+        if budget is None:  # a quarter of the cache for all the node's processes together
+            budget = cache_options.max_bytes // 4 // local_processes()
         budget //= max(1, share)
         cache = self._shard_cache()
         ahead = 0
@@ -242,8 +245,13 @@ class RemoteReader:
                 ahead += item.size
                 if ahead > budget:
                     return
-                if url in self._queued or os.path.exists(cache.path(item)):
+                if url in self._queued:
                     continue
+                try:  # cached: marked as just used, so that the LRU does not evict it first
+                    os.utime(cache.path(item))
+                    continue
+                except FileNotFoundError:
+                    pass
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(
                         max_workers=cache_options.prefetch_threads,
@@ -438,6 +446,18 @@ class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
 
     def call(self, *args: Any, **kwargs: Any) -> None:
         self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
+
+
+def local_processes() -> int:
+    """How many processes of this node share its shard cache, as far as this one can tell: the
+    node's ranks (``LOCAL_WORLD_SIZE``, as torchrun sets it) times this DataLoader's workers."""
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    loading = sys.modules.get("torch.utils.data")  # loaded already in a DataLoader worker
+    info = loading.get_worker_info() if loading is not None else None
+    return ranks * (info.num_workers if info is not None else 1)
 
 
 _LIVE: weakref.WeakSet[RemoteReader] = weakref.WeakSet()

@@ -145,3 +145,46 @@ def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> 
     time.sleep(0.2)
     names = {p.name.split("-")[-1] for p in (tmp_path / "cache").glob("*.parquet")}
     assert names == {"3.parquet", "2.parquet"}
+
+
+def _cached_shards(cache: Path, count: int) -> set[str]:
+    """The cached shard names once `count` are there and nothing changes for 0.2 s."""
+    deadline = time.monotonic() + 10
+    names: set[str] = set()
+    while time.monotonic() < deadline:
+        names = {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
+        if len(names) >= count:
+            time.sleep(0.2)
+            return {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
+        time.sleep(0.01)
+    return names
+
+
+def test_a_shard_fetched_ahead_is_not_the_first_evicted_when_others_were_read_since(
+    tmp_path: Path,
+) -> None:
+    """The LRU went by the download time: a shard prefetched and not yet read looked older
+    than those other processes read since, and was evicted first, then downloaded again."""
+    root, size = _equal_parquet_shards(4)
+    options = _options(tmp_path, max_bytes=3 * size + size // 2)  # holds three shards
+    options["cache"]["prefetch_bytes"] = 2 * size + size // 2
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    dataset.prefetch([0])  # shard 0 comes next for this reader
+    assert _cached_shards(tmp_path / "cache", 1) == {"0.parquet"}
+    other = Dataset.from_path("p", f"memory://{root}", io_options=options)  # another process
+    for shard in (1, 2):
+        time.sleep(0.05)
+        other.read_rows(shard, [0])
+    dataset.prefetch([0, 3])  # still to read 0, then 3: room for 3 is made by evicting 1
+    assert _cached_shards(tmp_path / "cache", 3) == {"0.parquet", "2.parquet", "3.parquet"}
+
+
+def test_the_default_budget_is_shared_by_the_node_s_ranks(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each process took a quarter of the cache: eight ranks prefetched twice what it holds
+    and evicted each other's shards before they were read."""
+    root, size = _equal_parquet_shards(6)
+    options = _options(tmp_path, max_bytes=16 * size + size // 2)  # a quarter: four shards
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two each
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    dataset.prefetch(range(6))
+    assert _cached_shards(tmp_path / "cache", 2) == {"0.parquet", "1.parquet"}
