@@ -43,6 +43,7 @@ _RESERVE = ".reserved"
 _LOCKS = ".name_locks"
 _FOLDER_LOCK = ".lock"
 _FULL_POLL_S = 0.05
+_MAKE_WAIT_S = 5.0  # how long a made file (decompressed shard) waits for room
 # The basename kept in a cached file's name: with the digest, the temporary file's and the
 # reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
 _MAX_BASE = 100
@@ -55,6 +56,10 @@ def _base(url: str) -> str:
     while len(base.encode("utf-8", "surrogatepass")) > _MAX_BASE:
         base = base[1:]
     return base
+
+
+class CacheFullError(OSError):
+    """No room for a made file: the cache stayed full of shards in use."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,8 @@ class ShardCache:
 
         Raises:
             ConfigError: when the file alone is larger than `max_bytes`.
-            StorageError: when space stays held by shards in use.
+            CacheFullError: (an OSError) when space for it stays held by shards in use for a
+                few seconds; the caller can hold the content elsewhere.
         """
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
         name = f"{digest}-{_base(url)}"
@@ -220,7 +226,11 @@ class ShardCache:
                     f"cache `max_bytes` is {self.max_bytes}, smaller than {url!r} "
                     f"({size} bytes): raise the limit"
                 )
-            reservation = self._reserve(name, size, url, made=os.path.basename(temp))
+            # not the downloads' long wait: the caller may hold a pin on the source, and
+            # callers that do may hold all the space between them while each waits
+            reservation = self._reserve(
+                name, size, url, made=os.path.basename(temp), wait=_MAKE_WAIT_S
+            )
             try:
                 self._pins.place(name, temp)
                 self.misses += 1
@@ -272,11 +282,15 @@ class ShardCache:
         """A fresh temporary path for the file `name` (written under `name`'s lock)."""
         return os.path.join(self.directory, _TMP, f"{name}.{uuid.uuid4().hex[:12]}")
 
-    def _reserve(self, name: str, size: int, url: str, *, made: str = "") -> str:
+    def _reserve(
+        self, name: str, size: int, url: str, *, made: str = "", wait: float | None = None
+    ) -> str:
         """Under `name`'s lock: evicts until `size` more bytes fit, then records a reservation
         for the file `name`; returns its marker file. `made`: the caller's own temporary file
-        for `name`, already written (any other is a dead holder's)."""
-        deadline = time.monotonic() + self.full_timeout
+        for `name`, already written (any other is a dead holder's). `wait`: how long to wait
+        for space held by shards in use before `CacheFullError` (default: `full_timeout`,
+        then `StorageError`)."""
+        deadline = time.monotonic() + (self.full_timeout if wait is None else wait)
         while True:
             with flock(self._folder_lock, fcntl.LOCK_EX):
                 if self._evict_for(size, (name, made)):
@@ -287,6 +301,11 @@ class ShardCache:
                         pass
                     return marker
             if time.monotonic() > deadline:
+                if wait is not None:
+                    raise CacheFullError(
+                        f"the shard cache {self.directory!r} (max_bytes={self.max_bytes}) "
+                        f"stayed full of shards in use for {wait:g} s"
+                    )
                 raise StorageError(
                     f"the shard cache {self.directory!r} (max_bytes={self.max_bytes}) stayed "
                     f"full of shards in use for {self.full_timeout:.0f} s; raise `max_bytes`",

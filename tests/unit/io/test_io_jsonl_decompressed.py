@@ -244,6 +244,36 @@ def test_a_remote_shard_whose_copies_cannot_both_fit_is_a_config_error_naming_it
     assert os.listdir(cache / _TMP) == [] and os.listdir(cache / _RESERVE) == []
 
 
+def test_shards_opened_together_that_fit_one_at_a_time_do_not_wait_on_each_other(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The opening threads each kept their compressed download pinned while waiting for room
+    for its decompressed copy, room only the others' pins held: 120 s, then a StorageError
+    telling to raise `max_bytes`, though each shard and its copy fit. A copy that finds no
+    room now is held in memory, with a warning."""
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    fs = fsspec.filesystem("memory")
+    packed = [gzip.compress(_lines(1500, tag=shard)) for shard in range(4)]
+    for shard, blob in enumerate(packed):
+        fs.pipe(f"{root}/part-{shard}.jsonl.gz", blob)
+    largest = max(len(blob) for blob in packed)
+    unpacked = max(len(_lines(1500, tag=shard)) for shard in range(4))
+    cache = tmp_path / "cache"
+    max_bytes = largest + unpacked + largest // 2  # one shard and its copy fit, not two
+    options = {"cache": {"dir": str(cache), "max_bytes": max_bytes, "prefetch_bytes": 0}}
+    started = time.monotonic()
+    with caplog.at_level("WARNING"):
+        dataset = Dataset.from_path(
+            "r", f"memory://{root}", io_options=options, index_cache_dir=str(tmp_path / "idx")
+        )
+        assert dataset.num_rows == 4 * 1500
+        for shard in range(4):
+            assert dataset.read_rows(shard, [1499])[0]["i"] == 1499
+    assert time.monotonic() - started < 60
+    used = sum(p.stat().st_size for p in _cached_files(cache))
+    assert used <= max_bytes
+
+
 def test_a_truncated_zstd_shard_is_a_data_error(tmp_path: Path) -> None:
     blob = _zstd(_lines(300))
     for cut in (1, len(blob) // 2):
