@@ -32,6 +32,9 @@ _VERSION_KEYS = (
     "last_modified",
     "mtime",
     "updated",
+    "Content-MD5",  # http(s):// (fsspec reports these answer headers)
+    "Digest",
+    "Last-Modified",
 )
 
 
@@ -283,7 +286,24 @@ def list_remote(
                 "per folder"
             )
         format_, paths = detect_files(url, where, paths)
+    for path in paths:
+        infos[path] = dict(sized(fs, path, infos[path], url=name(path), retry=retry))
     return Listing(format_, [(path, identity(name(path), infos[path])) for path in paths], fs=fs)
+
+
+def sized(
+    fs: Any, path: str, info: Mapping[str, Any], *, url: str, retry: RetryPolicy
+) -> Mapping[str, Any]:
+    """`info`, or `fs.info(path)` where a listing gave no size (http(s)://: links found on a
+    page, or a file listed as itself without details)."""
+    if info.get("size") is not None:
+        return info
+    found: Mapping[str, Any] = call_with_retry(
+        lambda: fs.info(path), url=url, policy=retry, what="listing"
+    )
+    if found.get("size") is None:
+        raise ConfigError(f"{url!r} has no known size (the server sent no Content-Length)")
+    return found
 
 
 def _indexed(

@@ -30,7 +30,7 @@ from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, identity
+from zephon_torch.io._remote import IoOptions, identity, sized
 from zephon_torch.io._remote_rows import (
     npy_rows,
     parquet_layout,
@@ -409,8 +409,9 @@ class RemoteReader:
             return next((i for n, i in found.items() if n.rstrip("/") == key), None)
 
         info = call_with_retry(relist, url=item.url, policy=self.options.retry, what="listing")
-        if info is None or info.get("size") is None:
-            return  # listed under another name, or without a size: nothing to compare
+        if info is None:
+            return  # listed under another name: nothing to compare
+        info = sized(fs, fs_path, info, url=item.url, retry=self.options.retry)
         now = identity(item.url, info)
         versions = item.version and now.version
         if now.size != item.size or (versions and now.version != item.version):

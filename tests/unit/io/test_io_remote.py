@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +290,50 @@ def test_an_object_rewritten_after_listing_is_refused_not_cached_as_the_listed_o
         dataset.read_rows(0, [0])
     cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size]
     assert all(p.stat().st_size != listed for p in cached)  # nothing kept under the old name
+
+
+@pytest.fixture
+def http_folder(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A folder served by python's http.server on loopback (no ETag, no range requests)."""
+    import functools
+    import http.server
+    import threading
+
+    folder = tmp_path / "served"
+    folder.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_http_urls_of_a_file_and_of_a_folder_page_open_and_read(
+    tmp_path: Path, http_folder: tuple[Path, str]
+) -> None:
+    """fsspec's http:// lists a file without details and a page's links without sizes: both
+    failed with a bare KeyError or TypeError. A rewrite is seen by its Last-Modified."""
+    folder, base = http_folder
+    for shard in range(2):
+        rows = [{"text": f"row {shard}-{i}"} for i in range(5)]
+        (folder / f"part-{shard}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = _options(tmp_path)
+    index = str(tmp_path / "index")
+    single = Dataset.from_path("h", f"{base}/part-1.jsonl", io_options=options)
+    assert single.read_rows(0, [4]) == [{"text": "row 1-4"}]
+    listed = Dataset.from_path("h", f"{base}/", io_options=options, index_cache_dir=index)
+    assert [listed.read_rows(n, [0])[0]["text"] for n in range(2)] == ["row 0-0", "row 1-0"]
+    # another node's cache: its open lists the object and takes its remembered row count
+    other = _options(tmp_path / "other")
+    later = Dataset.from_path("h", f"{base}/part-0.jsonl", io_options=other, index_cache_dir=index)
+    path = folder / "part-0.jsonl"
+    path.write_text(path.read_text().replace("row 0", "row 9"))  # same size, later
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
+    with pytest.raises(DataError, match="changed since it was listed"):
+        later.read_rows(0, [0])
 
 
 def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None:
