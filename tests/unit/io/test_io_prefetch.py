@@ -44,18 +44,9 @@ def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: P
     options = _options(tmp_path)
     options["cache"]["prefetch_bytes"] = 3 * size + size // 2  # three shards ahead
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
-    cache = tmp_path / "cache"
 
     def cached(count: int) -> set[str]:
-        """The cached shards, once `count` are there and nothing more arrives for 0.2 s."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            names = {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
-            if len(names) >= count:
-                time.sleep(0.2)
-                return {p.name.split("-")[-1] for p in cache.glob("*.parquet")}
-            time.sleep(0.01)
-        return names
+        return _cached_shards(tmp_path / "cache", count)
 
     order = [4, 1, 5, 0, 2, 3]
     dataset.prefetch(iter(order))
