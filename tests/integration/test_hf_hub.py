@@ -50,13 +50,21 @@ def _parquet(path: Path, split: str, count: int) -> None:
 
 
 def _read_offline(cache: Path, url: str, tmp_path: Path) -> dict[str, Any]:
+    """The dataset's format and rows, and what the read printed to stderr."""
+    done = _run_offline(cache, url, tmp_path)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**result, "stderr": done.stderr}
+
+
+def _run_offline(cache: Path, url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "HF_HUB_CACHE": str(cache),
         "HF_HUB_OFFLINE": "1",
         "ZEPHON_TORCH_CACHE": str(tmp_path / "zt"),
     }
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", _READ, url],
         check=False,
         env=env,
@@ -64,9 +72,6 @@ def _read_offline(cache: Path, url: str, tmp_path: Path) -> dict[str, Any]:
         text=True,
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
 
 
 def test_plain_data_files_of_a_split_are_read_from_the_offline_cache(tmp_path: Path) -> None:
@@ -98,8 +103,50 @@ def test_the_auto_converted_parquet_layout_is_read_from_the_offline_cache(tmp_pa
     _parquet(converted / "other" / "train" / "0000.parquet", "other", 1)
     train = _read_offline(cache, "hf://org/conv/wiki/train", tmp_path)
     assert [row["text"] for row in train["rows"]] == [f"wiki-train {i}" for i in range(3)]
+    assert "partial" not in train["stderr"]
     validation = _read_offline(cache, "hf://org/conv/wiki/validation", tmp_path)
     assert [row["text"] for row in validation["rows"]] == ["wiki-val 0", "wiki-val 1"]
+    assert "reads the hub's auto-converted Parquet `partial-validation`" in validation["stderr"]
+
+
+def test_a_split_the_dataset_card_defines_is_read_from_its_data_files(tmp_path: Path) -> None:
+    """Files named by crawl (FineWeb style), the split given by the card's `configs:`: nothing
+    on main matched by name, so the hub's partial conversion (a prefix) was read, silently."""
+    cache = tmp_path / "hub"
+    main = _snapshot(cache, "org/fw", "main", "a" * 40)
+    (main / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        "    path: data/*/*\n- config_name: sample\n  data_files: sample/**/*.parquet\n"
+        "---\n# a card\n"
+    )
+    _parquet(main / "data" / "CC-1" / "000_00000.parquet", "crawl-1", 3)
+    _parquet(main / "data" / "CC-2" / "000_00000.parquet", "crawl-2", 2)
+    _parquet(main / "sample" / "a" / "s.parquet", "sample", 1)
+    converted = _snapshot(cache, "org/fw", "refs/convert/parquet", "c" * 40)
+    _parquet(converted / "default" / "partial-train" / "0000.parquet", "partial", 1)
+    train = _read_offline(cache, "hf://org/fw/train", tmp_path)
+    expected = ["crawl-1 0", "crawl-1 1", "crawl-1 2", "crawl-2 0", "crawl-2 1"]
+    assert [row["text"] for row in train["rows"]] == expected
+    assert _read_offline(cache, "hf://org/fw/default/train", tmp_path)["rows"] == train["rows"]
+    sample = _read_offline(cache, "hf://org/fw/sample/train", tmp_path)
+    assert [row["text"] for row in sample["rows"]] == ["sample 0"]
+    missing = _run_offline(cache, "hf://org/fw/nope/train", tmp_path)
+    assert "the dataset card has no config 'nope'" in missing.stderr
+
+
+def test_a_hub_cache_holding_part_of_a_split_s_numbered_shards_is_an_error(
+    tmp_path: Path,
+) -> None:
+    """snapshot_download offline returns the snapshot folder whatever it holds: a split
+    downloaded in part was read as the whole, silently."""
+    cache = tmp_path / "hub"
+    snapshot = _snapshot(cache, "org/plain", "main", "a" * 40)
+    _parquet(snapshot / "data" / "train-00000-of-00003.parquet", "train", 3)
+    _parquet(snapshot / "data" / "train-00002-of-00003.parquet", "train", 2)
+    done = _run_offline(cache, "hf://org/plain/train", tmp_path)
+    assert done.returncode != 0
+    assert "the hub cache holds 2 of the 3 shards of 'hf://org/plain/train'" in done.stderr
+    assert "data/train-00001-of-00003.parquet" in done.stderr
 
 
 def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
@@ -112,6 +159,17 @@ def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
     files = ["data/train-0.parquet", "data/training.txt", "test.jsonl", "c/train/x.parquet"]
     assert split_files(files, None, "train") == ["c/train/x.parquet", "data/train-0.parquet"]
     assert split_files(files, "c", "train") == ["c/train/x.parquet"]
+    # other splits whose names begin with the one asked for are not it (ultrachat, mnli, ...)
+    others = [
+        "data/train_sft-00000-of-00001.parquet",
+        "data/train_unlabeled-00000-of-00001.parquet",
+        "clean/train.100-00000-of-00001.parquet",
+        "mnli/validation_matched-00000-of-00001.parquet",
+    ]
+    mine = ["data/train-00000-of-00001.parquet", "train.jsonl.gz", "x/train_0.parquet"]
+    assert split_files(others + mine, None, "train") == sorted(mine)
+    assert split_files(others, None, "validation") == []
+    assert split_files(others, None, "train_sft") == [others[0]]
 
 
 _READ_ONLINE = """
@@ -180,6 +238,11 @@ def _read_online(
     return result
 
 
+def _is_data(path: str) -> bool:
+    """A request for a data file (the card is read at every open, for its `configs:`)."""
+    return "/resolve/" in path and not path.endswith("/README.md")
+
+
 def _plain_repo(folder: Path) -> None:
     _parquet(folder / "data" / "train-00000-of-00002.parquet", "train", 300)
     _parquet(folder / "data" / "train-00001-of-00002.parquet", "train", 200)
@@ -209,8 +272,9 @@ def test_online_a_split_is_listed_then_read_shard_by_shard_into_the_shard_cache(
         f"hf://datasets/org/plain@{sha}/data/train-0000{n}-of-00002.parquet" for n in range(2)
     ]
     marker = hub.log.index(("GET", "/opened", ""))
-    files = [(path, asked) for method, path, asked in hub.log if "/resolve/" in path]
-    opening = [(path, asked) for method, path, asked in hub.log[:marker] if "/resolve/" in path]
+    data = [(i, path, asked) for i, (_, path, asked) in enumerate(hub.log) if _is_data(path)]
+    files = [(path, asked) for _, path, asked in data]
+    opening = [(path, asked) for i, path, asked in data if i < marker]
     assert opening and all(asked for _, asked in opening)  # footers by range: no download
     whole = {path.rsplit("/", 1)[-1] for path, asked in files if not asked}
     assert whole <= {f"train-0000{n}-of-00002.parquet" for n in range(2)}
@@ -241,6 +305,27 @@ def test_online_the_auto_converted_parquet_is_read_when_main_has_no_data_files(
     assert [row["text"] for row in validation["rows"]] == ["wiki-val 0", "wiki-val 1"]
     sha = Hub.sha("org/conv", "refs/convert/parquet", converted)
     assert train["shards"] == [f"hf://datasets/org/conv@{sha}/wiki/train/0000.parquet"]
+
+
+def test_online_a_split_the_dataset_card_defines_is_read_from_its_data_files(
+    tmp_path: Path,
+) -> None:
+    hub = Hub()
+    main = tmp_path / "main"
+    _parquet(main / "data" / "CC-1" / "000_00000.parquet", "crawl-1", 3)
+    _parquet(main / "data" / "CC-2" / "000_00000.parquet", "crawl-2", 2)
+    (main / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        "    path: data/*/*\n---\n"
+    )
+    converted = tmp_path / "converted"
+    _parquet(converted / "default" / "partial-train" / "0000.parquet", "partial", 1)
+    hub.add("org/fw", "main", main)
+    hub.add("org/fw", "refs/convert/parquet", converted)
+    with serve(hub) as endpoint:
+        train = _read_online("hf://org/fw/train", endpoint, tmp_path)
+    expected = ["crawl-1 0", "crawl-1 1", "crawl-1 2", "crawl-2 0", "crawl-2 1"]
+    assert [row["text"] for row in train["rows"]] == expected
 
 
 def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(
@@ -337,7 +422,7 @@ def test_online_a_commit_that_leaves_the_shards_alone_downloads_nothing_again(
         second = _read_online("hf://org/plain/train", endpoint, tmp_path)
     assert second["rows"] == first["rows"]
     assert second["shards"] != first["shards"]  # read at the new commit
-    assert [path for _, path, _ in hub.log if "/resolve/" in path] == []  # nor footers
+    assert [path for _, path, _ in hub.log if _is_data(path)] == []  # nor footers
 
 
 _PIPELINE = """

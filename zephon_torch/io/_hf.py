@@ -7,11 +7,20 @@ footers read by range, all from the commit the revision pointed at when the data
 Offline (`HF_HUB_OFFLINE=1`), or when no answer comes from the hub, the split's files come from
 the local hub cache (`resolve_hf`, nothing downloaded) and are read as local files.
 
-The split's files are those under `{config}/` (when a config is named) whose path has a folder
-named `split` or a file name starting with `split` followed by `-`, `_` or `.`. When the main
-revision has none, the hub's auto-converted Parquet (`refs/convert/parquet`:
-`{config}/{split}/*.parquet` or `{config}/partial-{split}/*.parquet`, config "default" when none
-is named) is used.
+A split's files are, as the hub defines them:
+
+- where the dataset card (`README.md`) lists `configs:`, the files its config (the one named,
+  else the one marked `default`, else "default", else the only one) gives the split in
+  `data_files` (glob patterns: `*` within a folder, `**` across folders);
+- else those under `{config}/` (when a config is named) whose path has a folder named `split`,
+  or whose file name is the split's name followed by a file extension, or by `-` or `_` and a
+  digit (`train-00000-of-00004.parquet`; not `train_sft-...` or `train.100-...`, other splits).
+
+When the main revision has none, the hub's auto-converted Parquet (`refs/convert/parquet`:
+`{config}/{split}/*.parquet`, config "default" when none is named) is used; a `partial-{split}`
+folder there holds only a prefix of a large split, and is read with a warning saying so. Read
+from the hub cache, a split of numbered shards (`-00001-of-00004`) with a shard missing is an
+error naming it: the cache holds only part of the split.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -48,9 +58,20 @@ def parse_hf_url(url: str) -> tuple[str, str | None, str]:
     return repo, config, parts[-1]
 
 
-def split_files(files: Sequence[str], config: str | None, split: str) -> list[str]:
-    """The data files (repo-relative paths) of a split, sorted; see the module docstring."""
-    pattern = re.compile(rf"^{re.escape(split)}([-_.]|$)")
+def split_files(
+    files: Sequence[str], config: str | None, split: str, card: str | None = None
+) -> list[str]:
+    """The data files (repo-relative paths) of a split, sorted; see the module docstring.
+    `card`: the dataset card's text, whose `configs:` decide where it has them."""
+    configs = card_configs(card)
+    if configs:
+        patterns = _card_patterns(configs, config, split)
+        return sorted(
+            file
+            for file in files
+            if detect_format(file) is not None and any(p.match(file) for p in patterns)
+        )
+    pattern = re.compile(rf"^{re.escape(split)}([-_][0-9]|\.[A-Za-z][^/]*$|$)")
     chosen = []
     for file in files:
         parts = file.split("/")
@@ -64,6 +85,104 @@ def split_files(files: Sequence[str], config: str | None, split: str) -> list[st
         if split in folders or f"partial-{split}" in folders or pattern.match(name):
             chosen.append(file)
     return sorted(chosen)
+
+
+def card_configs(card: str | None) -> list[dict[str, Any]]:
+    """The `configs:` of a dataset card's YAML header ([] when it has none)."""
+    if not card or not card.startswith("---"):
+        return []
+    end = card.find("\n---", 3)
+    if end < 0:
+        return []
+    import yaml  # type: ignore[import-untyped]  # huggingface_hub depends on it
+
+    try:
+        header = yaml.safe_load(card[3:end])
+    except yaml.YAMLError as error:
+        raise ConfigError(f"the dataset card's YAML header does not parse: {error}") from None
+    configs = header.get("configs") if isinstance(header, dict) else None
+    return [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else []
+
+
+def _card_patterns(
+    configs: list[dict[str, Any]], config: str | None, split: str
+) -> list[re.Pattern[str]]:
+    """The path patterns the card's config gives `split` ([] for a split it does not have)."""
+    names = [str(c.get("config_name", "default")) for c in configs]
+    if config is not None:
+        if config not in names:
+            raise ConfigError(f"the dataset card has no config {config!r}; it has {names}")
+        chosen = configs[names.index(config)]
+    else:
+        marked = [c for c in configs if c.get("default") is True]
+        if marked:
+            chosen = marked[0]
+        elif "default" in names:
+            chosen = configs[names.index("default")]
+        elif len(configs) == 1:
+            chosen = configs[0]
+        else:
+            raise ConfigError(
+                f"the dataset has configs {names}: name one, hf://org/name/CONFIG/split"
+            )
+    data_files = chosen.get("data_files")
+    if isinstance(data_files, (str, list)) and not (
+        isinstance(data_files, list) and data_files and isinstance(data_files[0], dict)
+    ):
+        data_files = [{"split": "train", "path": data_files}]
+    if isinstance(data_files, dict):
+        data_files = [{"split": key, "path": value} for key, value in data_files.items()]
+    paths: list[str] = []
+    for entry in data_files if isinstance(data_files, list) else []:
+        if isinstance(entry, dict) and entry.get("split", "train") == split:
+            value = entry.get("path")
+            paths += [value] if isinstance(value, str) else [str(v) for v in value or []]
+    return [_glob(path) for path in paths]
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """A data_files glob as a regex over repo-relative paths (`**` crosses folders)."""
+    out = []
+    for part in re.split(r"(\*\*/|\*\*|\*|\?)", pattern.removeprefix("./")):
+        out.append(
+            {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
+        )
+    return re.compile("".join(out) + "$")
+
+
+def warn_if_partial(url: str, files: Sequence[str], split: str) -> None:
+    """Warn when the split's files are the hub's partial conversion (a prefix of the split)."""
+    if any(f"partial-{split}" in file.split("/") for file in files):
+        warnings.warn(
+            f"{url!r} reads the hub's auto-converted Parquet `partial-{split}`: only the first "
+            "part of a large split (the hub converts a prefix). Its uploaded files were not "
+            "matched to the split; a dataset card listing them under `configs:` fixes that.",
+            stacklevel=3,
+        )
+
+
+def check_complete(url: str, files: Sequence[str]) -> None:
+    """ConfigError when numbered shards (`name-00001-of-00004.ext`) of the split are missing:
+    the hub cache holds only part of it."""
+    groups: dict[tuple[str, str, str], set[int]] = {}
+    for file in files:
+        found = _NUMBERED.match(file)
+        if found is not None:
+            key = (found["stem"], found["total"], found["rest"])
+            groups.setdefault(key, set()).add(int(found["index"]))
+    for (stem, total, rest), held in groups.items():
+        missing = sorted(set(range(int(total))) - held)
+        if missing:
+            width = len(total)
+            names = [f"{stem}-{i:0{width}d}-of-{total}{rest}" for i in missing[:3]]
+            raise ConfigError(
+                f"the hub cache holds {len(held)} of the {int(total)} shards of {url!r}; "
+                f"missing {names}{' ...' if len(missing) > 3 else ''}: download the split "
+                "(online, or `huggingface-cli download`) before reading it offline"
+            )
+
+
+_NUMBERED = re.compile(r"^(?P<stem>.*)-(?P<index>[0-9]+)-of-(?P<total>[0-9]+)(?P<rest>[^/]*)$")
 
 
 def _hub() -> Any:
@@ -124,7 +243,9 @@ def list_hf(
                 what="resolving",
             )
             root = f"datasets/{repo}@{sha}"
-            under = f"{root}/{configs}" if configs else root
+            card = None if revision else _card(fs, root, where, once)
+            # a card's data_files may lie anywhere in the repo; else under the config folder
+            under = f"{root}/{configs}" if configs and not card_configs(card) else root
             found: dict[str, dict[str, Any]] = call_with_retry(  # the tree retries itself
                 partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
             )
@@ -147,8 +268,9 @@ def list_hf(
         paths = {
             path[len(root) + 1 :]: path for path, info in found.items() if info["type"] == "file"
         }
-        files = split_files(list(paths), configs, split)
+        files = split_files(list(paths), configs, split, card)
         if files:
+            warn_if_partial(url, files, split)
             detected, chosen = format_, [paths[file] for file in files]
             if detected is None:
                 detected, chosen = detect_files(url, "glob", chosen)
@@ -156,6 +278,17 @@ def list_hf(
             return fs.unstrip_protocol(root), Listing(detected, objects, fs=fs)
         tried.append(f"{revision or 'main'}: no files of split {split!r}")
     raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
+
+
+def _card(fs: Any, root: str, where: str, policy: RetryPolicy) -> str | None:
+    """The dataset card's text at the commit `root`, or None when it has none."""
+    try:
+        data: bytes = call_with_retry(
+            partial(fs.cat_file, f"{root}/README.md"), url=where, policy=policy, what="reading"
+        )
+    except FileNotFoundError:
+        return None
+    return data.decode("utf-8", errors="replace")
 
 
 def _hub_object(fs: Any, path: str, info: Mapping[str, Any], repo: str, root: str) -> CachedObject:
@@ -218,8 +351,14 @@ def resolve_hf(url: str) -> tuple[str, list[str]]:
         except Exception as error:  # not cached
             tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
             continue
-        files = split_files(_listing(folder), configs, split)
+        card = None
+        if revision is None and os.path.isfile(os.path.join(folder, "README.md")):
+            with open(os.path.join(folder, "README.md"), encoding="utf-8", errors="replace") as f:
+                card = f.read()
+        files = split_files(_listing(folder), configs, split, card)
         if files:
+            check_complete(url, files)
+            warn_if_partial(url, files, split)
             return "glob", [os.path.join(folder, file) for file in files]
         tried.append(f"{revision or 'main'}: no files of split {split!r}")
     raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
