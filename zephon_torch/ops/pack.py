@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -359,9 +360,18 @@ class MixPack(BaseNode[PackedRow]):
         every pass hands the lane the same documents (one lane, or no shuffle), every later
         pass gives nothing either: under ``exhaustion="repeat"`` the source would be read
         forever without a token, which is refused instead. With several shuffled lanes a later
-        pass may deal the lane a document that gives tokens, so nothing is concluded."""
+        pass may deal the lane a document that gives tokens, so nothing is concluded: after
+        eight lane passes without a token it warns, since a source none of whose documents
+        gives one is then read for ever."""
         self._idle[source] += 1
         reader = self.readers[source]
+        if self._idle[source] == 8 * reader.lane_rows + 1 and reader.exhaustion == "repeat":
+            warnings.warn(
+                f"dataset {reader.layout.name!r}: {self._idle[source]} documents in a row "
+                "gave no token (empty, or dropped by the length rules); if none of its "
+                "documents gives one, it is read for ever",
+                stacklevel=2,
+            )
         if (
             self._idle[source] > 2 * reader.lane_rows
             and reader.exhaustion == "repeat"

@@ -223,6 +223,15 @@ def test_several_shuffled_lanes_read_on_through_passes_that_deal_a_lane_only_dro
         small_tokens[batch.lane] += batch.tokens_by_source()["small"]
     assert min(small_tokens.values()) > 0
     assert pipeline.stats()["skipped_documents"]["too_short"] > 0
+    # a source none of whose documents gives a token is then read for ever: it is warned of
+    barren = Dataset.from_dict("barren", {"ids": [[7]] * 4})
+    source = StaticMixtureWorkSource([barren], seed=0, exhaustion="repeat")
+    stuck = Pipeline(source).options(canonical_replicas=2).pretokenized("ids")
+    stream = iter(stuck.pack_flat(16, min_document_length=2).batch(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match=r"'barren': 17 documents in a row gave no token"):
+            next(stream)
 
 
 @pytest.mark.parametrize("exhaustion", ["repeat", "stop"])
