@@ -122,6 +122,9 @@ class MixPack(BaseNode[PackedRow]):
         self.drop_shorter_than = drop_shorter_than
         self.skipped = {"too_long": 0, "too_short": 0}
         self._idle = [0] * len(readers)  # documents in a row that gave no tokens, per source
+        # per source, in a long run of such documents on several shuffled lanes: the rows
+        # seen in it (a bit per row of the dataset), and how many
+        self._seen: list[tuple[bytearray, list[int]] | None] = [None] * len(readers)
         # per source, its current token chunk and the documents _admit refuses there
         self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
         # documents come as columns: a lone active source's are taken a chunk at a time
@@ -131,6 +134,7 @@ class MixPack(BaseNode[PackedRow]):
         """Start fresh, or restore counters, reader positions and open rows."""
         super().reset(initial_state)
         self._idle = [0] * len(self.readers)
+        self._seen = [None] * len(self.readers)
         self._refusals = [None] * len(self.readers)
         if initial_state is None:
             for reader in self.readers:
@@ -247,7 +251,7 @@ class MixPack(BaseNode[PackedRow]):
                 )
                 taken += more
             else:  # counted as skipped, or as giving no tokens
-                self._admit(source, chunk.sizes[i])
+                self._admit(source, chunk.sizes[i], chunk.shards[i], chunk.rows[i])
                 i += 1
         reader.advance(i)
         self.tokens[source] += taken
@@ -304,7 +308,7 @@ class MixPack(BaseNode[PackedRow]):
             last += 1
         if last > first:
             self.documents[source] += last - first
-            self._idle[source] = 0
+            self._idle[source], self._seen[source] = 0, None
         return taken, last
 
     def _pull(self, max_tokens: int) -> Piece | None:
@@ -322,7 +326,7 @@ class MixPack(BaseNode[PackedRow]):
                     continue
                 assert doc.tokens is not None
                 size = len(doc.tokens)
-                if not self._admit(source, size):
+                if not self._admit(source, size, doc.shard, doc.row):
                     continue
                 piece = Piece(doc, 0, size)
             piece = self._cut(source, piece, max_tokens)
@@ -339,7 +343,7 @@ class MixPack(BaseNode[PackedRow]):
         self.carry[source] = Piece(piece.doc, cut, piece.end)
         return Piece(piece.doc, piece.start, cut)
 
-    def _admit(self, source: int, size: int) -> bool:
+    def _admit(self, source: int, size: int, shard: int, row: int) -> bool:
         """Count a new document of ``source`` of ``size`` tokens under the length rules (a
         dropped one as skipped, a kept one as delivered); True when it gives tokens."""
         if self.drop_longer_than is not None and size > self.drop_longer_than:
@@ -349,45 +353,64 @@ class MixPack(BaseNode[PackedRow]):
         else:
             self.documents[source] += 1
             if size:
-                self._idle[source] = 0
+                self._idle[source], self._seen[source] = 0, None
                 return True
-        self._barren(source)
+        self._barren(source, shard, row)
         return False
 
-    def _barren(self, source: int) -> None:
-        """Count a document of ``source`` that gave no tokens (empty or dropped by length). A
-        run of twice a lane pass holds a whole pass, and the length rules are pure, so where
-        every pass hands the lane the same documents (one lane, or no shuffle), every later
-        pass gives nothing either: under ``exhaustion="repeat"`` the source would be read
-        forever without a token, which is refused instead. With several shuffled lanes a later
-        pass may deal the lane a document that gives tokens, so nothing is concluded: after
-        eight lane passes without a token it warns, since a source none of whose documents
-        gives one is then read for ever."""
+    def _barren(self, source: int, shard: int, row: int) -> None:
+        """Count a document of ``source`` that gave no tokens (empty or dropped by length),
+        stored at ``(shard, row)``. Under ``exhaustion="repeat"`` a source none of whose
+        documents gives a token would be read for ever; that is refused instead, once known:
+
+        - where every pass hands the lane the same documents (one lane, or no shuffle), by a
+          run of twice a lane pass, which holds a whole pass (the length rules are pure);
+        - with several shuffled lanes, where each pass deals the documents anew, by a run that
+          has met every row of the dataset (counted from the third lane pass on, a bit per
+          row). A warning comes after eight lane passes, as that may take many passes.
+        """
         self._idle[source] += 1
         reader = self.readers[source]
-        if self._idle[source] == 8 * reader.lane_rows + 1 and reader.exhaustion == "repeat":
+        run, lane_rows = self._idle[source], reader.lane_rows
+        if reader.exhaustion != "repeat" or run <= 2 * lane_rows:
+            return
+        if run == 8 * lane_rows + 1:
             warnings.warn(
-                f"dataset {reader.layout.name!r}: {self._idle[source]} documents in a row "
-                "gave no token (empty, or dropped by the length rules); if none of its "
-                "documents gives one, it is read for ever",
+                f"dataset {reader.layout.name!r}: {run} documents in a row gave no token "
+                "(empty, or dropped by the length rules)",
                 stacklevel=2,
             )
-        if (
-            self._idle[source] > 2 * reader.lane_rows
-            and reader.exhaustion == "repeat"
-            and reader.same_each_pass
-        ):
-            rules = []
-            if self.drop_shorter_than:
-                rules.append(f"min_document_length={self.drop_shorter_than}")
-            if self.drop_longer_than is not None:
-                rules.append(f"long_documents='drop' above {self.drop_longer_than} tokens")
-            why = "empty" + (f" or dropped by {' and '.join(rules)}" if rules else "")
-            raise DataError(
-                f"every document of a whole pass of this lane is {why}: with "
-                "exhaustion='repeat' it would be read forever without giving a token",
-                dataset=reader.layout.name,
-            )
+        if reader.same_each_pass:
+            whole = "a whole pass of this lane"
+        elif self._met_every_row(source, shard, row):
+            whole = "the dataset"
+        else:
+            return
+        rules = []
+        if self.drop_shorter_than:
+            rules.append(f"min_document_length={self.drop_shorter_than}")
+        if self.drop_longer_than is not None:
+            rules.append(f"long_documents='drop' above {self.drop_longer_than} tokens")
+        why = "empty" + (f" or dropped by {' and '.join(rules)}" if rules else "")
+        raise DataError(
+            f"every document of {whole} is {why}: with exhaustion='repeat' it would be read "
+            "forever without giving a token",
+            dataset=reader.layout.name,
+        )
+
+    def _met_every_row(self, source: int, shard: int, row: int) -> bool:
+        """Mark ``(shard, row)`` as met in the current run; True once every row is."""
+        layout = self.readers[source].layout
+        seen = self._seen[source]
+        if seen is None:
+            offsets = list(itertools.accumulate(layout.shard_rows, initial=0))
+            seen = self._seen[source] = (bytearray(-(-layout.num_rows // 8)), [0, *offsets])
+        bits, counts = seen  # counts: rows met, then each shard's first row
+        byte, bit = divmod(counts[1 + shard] + row, 8)
+        if not bits[byte] >> bit & 1:
+            bits[byte] |= 1 << bit
+            counts[0] += 1
+        return counts[0] == layout.num_rows
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         return self.readers[source].fetch(pass_index, pos)

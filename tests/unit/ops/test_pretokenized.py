@@ -223,15 +223,12 @@ def test_several_shuffled_lanes_read_on_through_passes_that_deal_a_lane_only_dro
         small_tokens[batch.lane] += batch.tokens_by_source()["small"]
     assert min(small_tokens.values()) > 0
     assert pipeline.stats()["skipped_documents"]["too_short"] > 0
-    # a source none of whose documents gives a token is then read for ever: it is warned of
-    barren = Dataset.from_dict("barren", {"ids": [[7]] * 4})
+    # a source none of whose documents gives a token is refused once a run met every row
+    barren = Dataset.from_dict("barren", {"ids": [[7]] * 40 + [[]] * 9}, shard_size=7)
     source = StaticMixtureWorkSource([barren], seed=0, exhaustion="repeat")
-    stuck = Pipeline(source).options(canonical_replicas=2).pretokenized("ids")
-    stream = iter(stuck.pack_flat(16, min_document_length=2).batch(1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(UserWarning, match=r"'barren': 17 documents in a row gave no token"):
-            next(stream)
+    stuck = Pipeline(source).options(canonical_replicas=4).pretokenized("ids")
+    with pytest.raises(DataError, match=r"'barren': every document of the dataset is empty or"):
+        next(iter(stuck.pack_flat(16, min_document_length=2).batch(1)))
 
 
 @pytest.mark.parametrize("exhaustion", ["repeat", "stop"])
