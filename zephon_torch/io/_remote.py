@@ -49,8 +49,9 @@ class CacheOptions:
         max_bytes: the most bytes of shards it holds (default 64 GiB); least recently used
             shards not in use are evicted to stay under it.
         prefetch_bytes: how far ahead of each dataset's readers shards are downloaded, in bytes
-            of the shards they read next (cached ones included), per process; 0 turns prefetch
-            off; None means a quarter of `max_bytes` shared by the node's processes (divided by
+            of the shards they read next after the one being read (cached ones included; the
+            next one is fetched whatever the budget), per process; 0 turns prefetch off; None
+            means a quarter of `max_bytes` shared by the node's processes (divided by
             `LOCAL_WORLD_SIZE` and by the DataLoader's workers), so that together they do not
             evict each other's prefetched shards.
         prefetch_threads: background download threads per process.
@@ -340,7 +341,10 @@ def _indexed(
             lambda: fs.find(directory, detail=True), url=url, policy=retry, what="listing"
         )
     infos = _visible(found, directory, "directory")
-    objects = [(path, identity(name(path), infos[path])) for path in sorted(infos)]
+    objects = [
+        (path, identity(name(path), sized(fs, path, infos[path], url=name(path), retry=retry)))
+        for path in sorted(infos)
+    ]
     return Listing(str(kind), objects, name(index), index_data=data, fs=fs)
 
 

@@ -223,8 +223,9 @@ class RemoteReader:
         ahead as the cache's `prefetch_bytes` reaches; returns at once.
 
         `urls` are the shards in the order they will be read, the one being read first. The
-        walk adds up their sizes, cached or not, and stops before the sum passes the budget, so
-        at most `prefetch_bytes` of data lies ready ahead of the reader however often it asks;
+        walk adds up the sizes of those after it, cached or not, and stops before the sum
+        passes the budget (but always takes the next one), so at most `prefetch_bytes` of data,
+        or one shard, lies ready ahead of the reader however often it asks;
         objects already queued are skipped, and those already cached are marked as just used
         (else a shard fetched ahead looks older to the LRU than those other processes read
         since, and is evicted before its turn). It consumes `urls` lazily. `share`: how
@@ -234,31 +235,45 @@ class RemoteReader:
         """
         cache_options = self.options.cache
         budget = cache_options.prefetch_bytes
+        if budget == 0:
+            return
         if budget is None:  # a quarter of the cache for all the node's processes together
             budget = cache_options.max_bytes // 4 // local_processes()
         budget //= max(1, share)
         cache = self._shard_cache()
         ahead = 0
         with self._lock:
-            for url in (part for shard in urls for part in self._files_of(shard)):
-                fs_path, item = self.objects[url]
-                ahead += item.size
-                if ahead > budget:
+            for number, shard in enumerate(urls):
+                # the shard being read is not ahead, and the next one is always fetched (a
+                # small budget, many processes to a node, would else fetch nothing)
+                if number > 1 and ahead + self._size_of(shard) > budget:
                     return
-                if url in self._queued:
-                    continue
-                try:  # cached: marked as just used, so that the LRU does not evict it first
-                    os.utime(cache.path(item))
-                    continue
-                except FileNotFoundError:
-                    pass
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(
-                        max_workers=cache_options.prefetch_threads,
-                        thread_name_prefix="zephon-prefetch",
-                    )
-                self._queued.add(url)
-                self._pool.submit(self._prefetch_one, url, fs_path, item)
+                if number > 0:
+                    ahead += self._size_of(shard)
+                self._fetch_ahead(shard, cache)
+
+    def _size_of(self, shard: str) -> int:
+        return sum(self.objects[url][1].size for url in self._files_of(shard))
+
+    def _fetch_ahead(self, shard: str, cache: ShardCache) -> None:
+        """Under the lock: queue the download of the shard's uncached files."""
+        cache_options = self.options.cache
+        for url in self._files_of(shard):
+            fs_path, item = self.objects[url]
+            if url in self._queued:
+                continue
+            try:  # cached: marked as just used, so that the LRU does not evict it first
+                os.utime(cache.path(item))
+                continue
+            except FileNotFoundError:
+                pass
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=cache_options.prefetch_threads,
+                    thread_name_prefix="zephon-prefetch",
+                )
+            self._queued.add(url)
+            self._pool.submit(self._prefetch_one, url, fs_path, item)
 
     def cache_counters(self) -> dict[str, int]:
         """This process's cache hits, misses and bytes downloaded for this dataset."""
@@ -398,6 +413,8 @@ class RemoteReader:
 
         Listed again as the dataset was (``find``: file systems report a version in another
         form through ``info``); a version that either listing lacks is not compared."""
+        if item.url.startswith("hf://") and "@" in item.url:
+            return  # listed at a commit: it cannot change (and hub listings are rate-limited)
         fs = self._filesystem()
         key = fs_path.rstrip("/")
 

@@ -42,7 +42,7 @@ def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
 def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: Path) -> None:
     root, size = _equal_parquet_shards(6)
     options = _options(tmp_path)
-    options["cache"]["prefetch_bytes"] = 3 * size + size // 2  # three shards ahead
+    options["cache"]["prefetch_bytes"] = 2 * size + size // 2  # two ahead of the one read
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
 
     def cached(count: int) -> set[str]:
@@ -127,15 +127,15 @@ def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
 def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
     root, size = _equal_parquet_shards(4)
     options = _options(tmp_path)
-    options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four shards alone, two shared
+    options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four ahead alone, two shared
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch(iter([3, 2, 1, 0]), share=2)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(list((tmp_path / "cache").glob("*.parquet"))) < 2:
+    while time.monotonic() < deadline and len(list((tmp_path / "cache").glob("*.parquet"))) < 3:
         time.sleep(0.01)
     time.sleep(0.2)
     names = {p.name.split("-")[-1] for p in (tmp_path / "cache").glob("*.parquet")}
-    assert names == {"3.parquet", "2.parquet"}
+    assert names == {"3.parquet", "2.parquet", "1.parquet"}  # the one read, and two ahead
 
 
 def _cached_shards(cache: Path, count: int) -> set[str]:
@@ -177,5 +177,16 @@ def test_the_default_budget_is_shared_by_the_node_s_ranks(tmp_path: Path, monkey
     options = _options(tmp_path, max_bytes=16 * size + size // 2)  # a quarter: four shards
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two each
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
-    dataset.prefetch(range(6))
-    assert _cached_shards(tmp_path / "cache", 2) == {"0.parquet", "1.parquet"}
+    dataset.prefetch(range(6))  # the one read, and two ahead
+    assert _cached_shards(tmp_path / "cache", 3) == {"0.parquet", "1.parquet", "2.parquet"}
+
+
+def test_the_next_shard_is_fetched_whatever_the_budget(tmp_path: Path, monkeypatch: Any) -> None:
+    """Sixteen processes to a node gave each a default budget smaller than a shard: the
+    shard being read counted against it, and nothing was ever fetched ahead."""
+    root, size = _equal_parquet_shards(4)
+    options = _options(tmp_path, max_bytes=16 * size)  # a quarter: four shards per node
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    dataset.prefetch([2, 0, 3])
+    assert _cached_shards(tmp_path / "cache", 2) == {"2.parquet", "0.parquet"}

@@ -326,6 +326,12 @@ def test_http_urls_of_a_file_and_of_a_folder_page_open_and_read(
     assert single.read_rows(0, [4]) == [{"text": "row 1-4"}]
     listed = Dataset.from_path("h", f"{base}/", io_options=options, index_cache_dir=index)
     assert [listed.read_rows(n, [0])[0]["text"] for n in range(2)] == ["row 0-0", "row 1-0"]
+    from tests.unit.io.test_io_formats_writers import write_mds  # an indexed folder too
+
+    write_mds(folder / "mds", [{"text": f"sample {i}"} for i in range(6)], {"text": "str"})
+    mds = Dataset.from_path("m", f"{base}/mds/", io_options=options)
+    assert (mds.format, mds.num_rows) == ("mds", 6)
+    assert mds.read_rows(0, [5]) == [{"text": "sample 5"}]
     # another node's cache: its open lists the object and takes its remembered row count
     other = _options(tmp_path / "other")
     later = Dataset.from_path("h", f"{base}/part-0.jsonl", io_options=other, index_cache_dir=index)
