@@ -21,7 +21,7 @@ import pytest
 from tests.hub_server import Hub, serve
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.io._hf import parse_hf_url, split_files
+from zephon_torch.io._hf import parse_hf_url, pinned_revision, split_files
 
 pytest.importorskip("huggingface_hub")
 
@@ -30,7 +30,7 @@ import json, sys
 from zephon_torch.io import Dataset
 dataset = Dataset.from_path("hf", sys.argv[1])
 rows = [r for n, s in enumerate(dataset.shards) for r in dataset.read_rows(n, range(s.num_rows))]
-print(json.dumps({"format": dataset.format, "rows": rows}))
+print(json.dumps({"format": dataset.format, "rows": rows, "fingerprint": dataset.fingerprint()}))
 """
 
 
@@ -132,6 +132,27 @@ def test_a_split_the_dataset_card_defines_is_read_from_its_data_files(tmp_path: 
     assert [row["text"] for row in sample["rows"]] == ["sample 0"]
     missing = _run_offline(cache, "hf://org/fw/nope/train", tmp_path)
     assert "the dataset card has no config 'nope'" in missing.stderr
+
+
+def test_the_commit_read_is_in_the_fingerprint_and_a_revision_can_be_pinned(
+    tmp_path: Path,
+) -> None:
+    """A branch moved to a commit with the same file names and row counts gave the same
+    fingerprint, so a resume went on over other data unnoticed; no revision could be named."""
+    cache = tmp_path / "hub"
+    old = _snapshot(cache, "org/moved", "main", "a" * 40)
+    _parquet(old / "data" / "train-00000-of-00001.parquet", "old", 3)
+    new = _snapshot(cache, "org/moved", "main", "b" * 40)  # main points here now
+    _parquet(new / "data" / "train-00000-of-00001.parquet", "new", 3)
+    latest = _read_offline(cache, "hf://org/moved/train", tmp_path)
+    pinned = _read_offline(cache, f"hf://org/moved@{'a' * 40}/train", tmp_path)
+    assert [row["text"] for row in latest["rows"]] == ["new 0", "new 1", "new 2"]
+    assert [row["text"] for row in pinned["rows"]] == ["old 0", "old 1", "old 2"]
+    assert latest["fingerprint"]["revision"] == "b" * 40
+    assert pinned["fingerprint"]["revision"] == "a" * 40
+    assert parse_hf_url(f"hf://org/moved@{'a' * 40}/c/train") == ("org/moved", "c", "train")
+    assert pinned_revision(f"hf://org/moved@{'a' * 40}/train") == "a" * 40
+    assert pinned_revision("hf://org/moved/train") is None
 
 
 def test_a_hub_cache_holding_part_of_a_split_s_numbered_shards_is_an_error(
@@ -326,6 +347,23 @@ def test_online_a_split_the_dataset_card_defines_is_read_from_its_data_files(
         train = _read_online("hf://org/fw/train", endpoint, tmp_path)
     expected = ["crawl-1 0", "crawl-1 1", "crawl-1 2", "crawl-2 0", "crawl-2 1"]
     assert [row["text"] for row in train["rows"]] == expected
+
+
+def test_online_a_pinned_revision_reads_its_commit_after_the_branch_moved(
+    tmp_path: Path,
+) -> None:
+    hub = Hub()
+    _parquet(tmp_path / "v1" / "data" / "train-00000-of-00001.parquet", "old", 3)
+    _parquet(tmp_path / "v2" / "data" / "train-00000-of-00001.parquet", "new", 3)
+    hub.add("org/moved", "main", tmp_path / "v1")
+    first = Hub.sha("org/moved", "main", tmp_path / "v1")
+    hub.add("org/moved", "main", tmp_path / "v2")
+    with serve(hub) as endpoint:
+        latest = _read_online("hf://org/moved/train", endpoint, tmp_path)
+        pinned = _read_online(f"hf://org/moved@{first}/train", endpoint, tmp_path)
+    assert [row["text"] for row in latest["rows"]] == ["new 0", "new 1", "new 2"]
+    assert [row["text"] for row in pinned["rows"]] == ["old 0", "old 1", "old 2"]
+    assert pinned["shards"][0].startswith(f"hf://datasets/org/moved@{first}/")
 
 
 def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(

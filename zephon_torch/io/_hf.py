@@ -1,4 +1,6 @@
-"""`hf://org/name[/config]/split`: a Hugging Face hub dataset's data files, via huggingface_hub.
+"""`hf://org/name[@revision][/config]/split`: a Hugging Face hub dataset's data files, via
+huggingface_hub. The commit read goes into the dataset's fingerprint; `@revision` (a commit,
+branch or tag) pins it, so that a run resumes on the commit it started with.
 
 Online, the split's files are listed through the hub's fsspec file system (`HfFileSystem`) and
 read like any remote URL (`list_hf`): downloaded shard by shard, as readers reach them, into the
@@ -47,15 +49,36 @@ CONVERTED_REVISION = "refs/convert/parquet"
 
 
 def parse_hf_url(url: str) -> tuple[str, str | None, str]:
-    """Splits `hf://org/name[/config]/split` into (repo id, config or None, split)."""
+    """Splits `hf://org/name[@revision][/config]/split` into (repo id, config or None, split);
+    see `pinned_revision` for the revision."""
     parts = [part for part in url[len("hf://") :].split("/") if part]
     if len(parts) not in (3, 4):
         raise ConfigError(
             f"`path` must look like hf://org/name/split or hf://org/name/config/split, got {url!r}"
         )
-    repo = f"{parts[0]}/{parts[1]}"
+    repo = f"{parts[0]}/{parts[1].split('@', 1)[0]}"
     config = parts[2] if len(parts) == 4 else None
     return repo, config, parts[-1]
+
+
+def pinned_revision(url: str) -> str | None:
+    """The revision of `hf://org/name@revision/...` (a commit, branch or tag), else None."""
+    parts = [part for part in url[len("hf://") :].split("/") if part]
+    if len(parts) < 2 or "@" not in parts[1]:
+        return None
+    revision = parts[1].split("@", 1)[1]
+    if not revision:
+        raise ConfigError(f"{url!r} has an empty revision after '@'")
+    return revision
+
+
+def _revisions(url: str, config: str | None) -> list[tuple[str | None, str | None, bool]]:
+    """Where to look, in order: (revision, config folder, whether it is the auto-converted
+    Parquet layout): main (or the pinned revision) as uploaded, then the converted layout
+    (`refs/convert/parquet`, or the pinned revision, which may be one of its commits)."""
+    pinned = pinned_revision(url)
+    converted = CONVERTED_REVISION if pinned is None else pinned
+    return [(pinned, config, False), (converted, config or "default", True)]
 
 
 def split_files(
@@ -233,7 +256,7 @@ def list_hf(
     api = hub.HfApi(endpoint=fs.endpoint, token=fs.token)
     once = replace(retry, attempts=1)
     tried = []
-    for revision, configs in ((None, config), (CONVERTED_REVISION, config or "default")):
+    for revision, configs, converted in _revisions(url, config):
         where = f"hf://datasets/{repo}@{revision or 'main'}"
         try:
             sha: str = call_with_retry(
@@ -243,7 +266,7 @@ def list_hf(
                 what="resolving",
             )
             root = f"datasets/{repo}@{sha}"
-            card = None if revision else _card(fs, root, where, once)
+            card = None if converted else _card(fs, root, where, once)
             # a card's data_files may lie anywhere in the repo; else under the config folder
             under = f"{root}/{configs}" if configs and not card_configs(card) else root
             found: dict[str, dict[str, Any]] = call_with_retry(  # the tree retries itself
@@ -323,11 +346,11 @@ def _commit(api: Any, repo: str, revision: str | None) -> str:
     return sha
 
 
-def resolve_hf(url: str) -> tuple[str, list[str]]:
+def resolve_hf(url: str) -> tuple[str, list[str], str]:
     """Finds the files of an `hf://` split in the local hub cache (nothing is downloaded).
 
     Returns:
-        "glob" and the local paths of the split's files, sorted.
+        "glob", the local paths of the split's files, sorted, and the commit they are of.
 
     Raises:
         ImportError: when huggingface_hub is not installed.
@@ -337,7 +360,7 @@ def resolve_hf(url: str) -> tuple[str, list[str]]:
     snapshot_download = _hub().snapshot_download
     repo, config, split = parse_hf_url(url)
     tried = []
-    for revision, configs in ((None, config), (CONVERTED_REVISION, config or "default")):
+    for revision, configs, converted in _revisions(url, config):
         # fnmatch's `*` crosses folders: a superset of the split's files, refined below.
         patterns = [f"{configs}/*{split}*"] if configs else [f"*{split}*"]
         try:
@@ -352,14 +375,15 @@ def resolve_hf(url: str) -> tuple[str, list[str]]:
             tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
             continue
         card = None
-        if revision is None and os.path.isfile(os.path.join(folder, "README.md")):
+        if not converted and os.path.isfile(os.path.join(folder, "README.md")):
             with open(os.path.join(folder, "README.md"), encoding="utf-8", errors="replace") as f:
                 card = f.read()
         files = split_files(_listing(folder), configs, split, card)
         if files:
             check_complete(url, files)
             warn_if_partial(url, files, split)
-            return "glob", [os.path.join(folder, file) for file in files]
+            commit = os.path.basename(os.path.normpath(folder))  # snapshots/<commit>
+            return "glob", [os.path.join(folder, file) for file in files], commit
         tried.append(f"{revision or 'main'}: no files of split {split!r}")
     raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
 

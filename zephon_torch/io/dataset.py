@@ -108,6 +108,7 @@ class Dataset:
         self.shards = tuple(shards)
         self._reader = reader
         self._num_rows = sum(shard.num_rows for shard in self.shards)
+        self.revision: str | None = None  # the hub commit an hf:// dataset was read at
 
     @property
     def num_rows(self) -> int:
@@ -195,16 +196,19 @@ class Dataset:
         storage = storage_options or {}
         if is_remote(text):
             return cls._from_remote(name, text, format, projection, cache_dir, storage, options)
+        revision: str | None = None
         if text.startswith("hf://"):
             from zephon_torch.io._hf import list_hf, resolve_hf
 
             online = list_hf(text, format_=format, storage_options=storage, retry=options.retry)
             if online is not None:  # read from the hub shard by shard, like any remote URL
                 root, listing = online
-                return cls._from_remote(
+                dataset = cls._from_remote(
                     name, root, format, projection, cache_dir, storage, options, listing=listing
                 )
-            where, local_files = resolve_hf(text)
+                dataset.revision = root.rsplit("@", 1)[-1]
+                return dataset
+            where, local_files, revision = resolve_hf(text)
             if format is None:
                 detected, found = detect_files(text, where, local_files)
             else:
@@ -223,7 +227,9 @@ class Dataset:
             verify_hashes=options.mds.verify_hashes,
         )
         shards = _shards(reader, files)
-        return cls(name=name, format=detected, shards=shards, reader=reader)
+        dataset = cls(name=name, format=detected, shards=shards, reader=reader)
+        dataset.revision = revision
+        return dataset
 
     @classmethod
     def _from_remote(
@@ -374,9 +380,16 @@ class Dataset:
                     reader = with_jsonl_cache(reader, io_options)
             if reader is self._reader:
                 return self
-            return Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
-        reader = self._reader.with_options(self._reader.options.merged(io_options))
-        return Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
+            return self._reading_with(reader)
+        return self._reading_with(
+            self._reader.with_options(self._reader.options.merged(io_options))
+        )
+
+    def _reading_with(self, reader: ShardReader) -> Dataset:
+        """This dataset read through another reader."""
+        dataset = Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
+        dataset.revision = self.revision
+        return dataset
 
     def prefetch(self, shards: Iterable[int], *, share: int = 1) -> None:
         """Starts downloading upcoming shards into the node-local cache; returns at once.
@@ -401,7 +414,8 @@ class Dataset:
         (basename) and row count, in order: a changed dataset is noticed without reading data,
         while moving the files to another folder or machine keeps the fingerprint. Where
         shards are split into window blocks (see `Shard.blocks`), which set the order,
-        `blocks_digest` covers them likewise.
+        `blocks_digest` covers them likewise. An `hf://` dataset adds the hub commit it was
+        read at (`revision`): pin it with `hf://org/name@REVISION/...` to resume on it.
         """
         listing = [[os.path.basename(shard.path), shard.num_rows] for shard in self.shards]
         out = {
@@ -413,6 +427,8 @@ class Dataset:
         }
         if any(shard.blocks for shard in self.shards):
             out["blocks_digest"] = _digest([list(shard.blocks) for shard in self.shards])
+        if self.revision is not None:  # hf://: another commit is other data, names alike
+            out["revision"] = self.revision
         return out
 
     def __repr__(self) -> str:
