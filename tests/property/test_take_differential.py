@@ -56,7 +56,7 @@ def loop_run(
         ids = chunk.tokens[i]
         size = len(ids)
         i += 1
-        if not node._admit(source, size):
+        if not node._admit(source, size, chunk.shards[i - 1], chunk.rows[i - 1]):
             continue
         owners.append((source, chunk.shards[i - 1], chunk.rows[i - 1]))
         starts.append(True)
