@@ -23,6 +23,10 @@ def check_state(
     for key in sorted(set(saved) | set(fingerprint)):
         if saved.get(key) != fingerprint.get(key):
             mismatches[key] = (saved.get(key), fingerprint.get(key))
+    # lane states index the datasets by position: their order is part of the recipe
+    order = [list(f.get("mixture") or {}) for f in (saved, fingerprint)]
+    if "mixture" not in mismatches and order[0] != order[1]:
+        mismatches["order of datasets"] = (order[0], order[1])
     missing = [lane for lane in needed_lanes if str(lane) not in state.get("lanes", {})]
     if missing:
         mismatches["lanes"] = (sorted(int(k) for k in state.get("lanes", {})), f"needs {missing}")
@@ -43,7 +47,12 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     lanes: dict[str, Any] = {}
     for state in states:
         check_state(state, first["fingerprint"], [])
-        lanes.update(state["lanes"])
+        for lane, lane_state in state["lanes"].items():
+            if lane in lanes and lanes[lane] != lane_state:
+                raise StateMismatchError(
+                    {f"lane {lane}": (lanes[lane], f"another state for it: {lane_state}")}
+                )
+            lanes[lane] = lane_state
     merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
     merged["step"] = min((s["step"] for s in states), default=0)
     return merged

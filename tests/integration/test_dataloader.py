@@ -305,3 +305,45 @@ def test_forked_workers_tokenize_after_the_parent_used_the_backends_threads(
     loader = DataLoader(build(tokenizer), num_workers=2, multiprocessing_context="fork", timeout=60)
     assert take(loader, 8) == expected
     assert os.environ["TOKENIZERS_PARALLELISM"] == "true"  # turned off in the workers only
+
+
+def test_states_of_ranks_resumed_from_a_state_merge_into_the_global_one(tokenizer: Any) -> None:
+    """Each rank's loader state held, beside its own lanes, the other ranks' lanes as loaded;
+    merged (or gathered), those stale copies overwrote the lanes that had moved on."""
+
+    def on(world: int | None = None, rank: int | None = None) -> Any:
+        return DataLoader(build(tokenizer, exhaustion="repeat", world_size=world, rank=rank))
+
+    reference = take(on(), 4 * 8)  # global step s: items 4s .. 4s + 3
+    first = on()
+    taken = iter(first)
+    for _ in range(4 * 3):
+        next(taken)
+    at_three = json.loads(json.dumps(first.state_dict()))
+    states = []
+    for rank in range(2):  # resumed on two ranks, two more steps each
+        loader = on(2, rank)
+        loader.load_state_dict(at_three)
+        got = take(loader, 2 * 2)
+        assert got == [reference[4 * s + 2 * rank + j] for s in (3, 4) for j in range(2)]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    assert [sorted(s["lanes"]) for s in states] == [["0", "1"], ["2", "3"]]
+    merged = merge_states(states)
+    assert merged["step"] == 5
+    resumed = on()
+    resumed.load_state_dict(merged)
+    assert take(resumed, 4 * 3) == reference[4 * 5 : 4 * 8]
+    with pytest.raises(StateMismatchError, match="lane 0"):  # two states for one lane
+        merge_states([states[0], at_three])
+
+
+def test_a_state_without_this_rank_s_lanes_is_refused_by_the_loader(tokenizer: Any) -> None:
+    """Pipeline.load_state_dict refused it; the loader took it, and those lanes restarted."""
+    rank_zero = build(tokenizer, exhaustion="repeat", world_size=2, rank=0)
+    batches = iter(rank_zero)
+    for _ in range(4):
+        next(batches)
+    own_lanes_only = rank_zero.state_dict()  # not merged with rank 1's
+    loader = DataLoader(build(tokenizer, exhaustion="repeat", world_size=2, rank=1))
+    with pytest.raises(StateMismatchError, match=r"lanes: saved \[0, 1\], live 'needs \[2, 3\]'"):
+        loader.load_state_dict(own_lanes_only)

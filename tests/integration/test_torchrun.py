@@ -14,7 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, out: Path, tokenizer_path: Path, *extra: str) -> dict[str, str]:
+def torchrun(
+    nproc: int, out: Path, tokenizer_path: Path, *extra: str, fails: bool = False
+) -> dict[str, str]:
+    """The job's global batch digests by step; with `fails`, its stderr under "stderr"."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -23,6 +26,9 @@ def torchrun(nproc: int, out: Path, tokenizer_path: Path, *extra: str) -> dict[s
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    if fails:
+        assert done.returncode != 0
+        return {"stderr": done.stderr}
     assert done.returncode == 0, done.stderr[-3000:]
     steps: dict[str, str] = json.loads((out / "steps.json").read_text())
     return steps
@@ -47,11 +53,47 @@ def test_a_four_rank_checkpoint_resumes_on_two_and_one_rank_with_identical_globa
     assert len(four) == steps
     state = tmp_path / "w4" / "state.json"
     assert json.loads(state.read_text())["step"] == cut
-    two = torchrun(2, tmp_path / "r2", tokenizer_path, "--steps", str(steps), "--load", str(state))
+    again = 9  # the 2-rank job saves too: a resumed job's state resumes as well
+    two = torchrun(
+        2, tmp_path / "r2", tokenizer_path, "--steps", str(steps), "--load", str(state),
+        "--save-at", str(again),
+    )  # fmt: skip
     one = torchrun(1, tmp_path / "r1", tokenizer_path, "--steps", str(steps), "--load", str(state))
     expected = {k: v for k, v in four.items() if int(k) >= cut}
     assert two == expected
     assert one == expected
+    # each rank reported its loaded state's lanes of the other ranks too: gathered, the last
+    # rank's stale copies overwrote the others' (step 5 named, lanes at turns 5 and 9)
+    second = json.loads((tmp_path / "r2" / "state.json").read_text())
+    assert second["step"] == again
+    assert {lane["turn"] for lane in second["lanes"].values()} == {again}
+    chained = torchrun(
+        1, tmp_path / "c1", tokenizer_path, "--steps", str(steps), "--load",
+        str(tmp_path / "r2" / "state.json"),
+    )  # fmt: skip
+    assert chained == {k: v for k, v in four.items() if int(k) >= again}
+
+
+def test_a_state_saved_mid_step_is_refused_on_two_ranks(
+    tmp_path: Path, tokenizer: Any, tokenizer_path: Path
+) -> None:
+    """Each rank checked only its own lanes, which agreed: the ranks then ran a turn apart."""
+    from tests.helpers import small_pipeline, two_sources
+    from zephon_torch.torch import DataLoader
+
+    pipeline = small_pipeline(
+        tokenizer, lanes=4, exhaustion="repeat", datasets=two_sources(40, 30, shard_size=8)
+    )
+    loader = DataLoader(pipeline)
+    batches = iter(loader)
+    for _ in range(6):  # a step and a half: lanes 0, 1 at turn 2, lanes 2, 3 at turn 1
+        next(batches)
+    state = tmp_path / "mid.json"
+    state.write_text(json.dumps(loader.state_dict()))
+    failed = torchrun(
+        2, tmp_path / "r2", tokenizer_path, "--steps", "4", "--load", str(state), fails=True
+    )
+    assert "saved mid-step: lanes at turns [1, 2]" in failed["stderr"]
 
 
 def test_ranks_with_dataloader_workers_give_the_same_global_batches(

@@ -132,6 +132,19 @@ def test_every_mismatch_is_listed_in_one_error(tokenizer: Any) -> None:
     assert {"pack", "canonical_replicas", "microbatch_size"} <= set(info.value.mismatches)
 
 
+def test_a_state_of_the_datasets_in_another_order_is_refused(tokenizer: Any) -> None:
+    """Lane states index the datasets by position, but the mixture was compared as a dict:
+    the state loaded, then crashed in packing or resumed each dataset at the other's place."""
+    from tests.helpers import two_sources
+
+    long, short = two_sources()
+    state = small_pipeline(tokenizer, datasets=[long, short]).state_dict()
+    with pytest.raises(StateMismatchError, match="order of datasets") as info:
+        small_pipeline(tokenizer, datasets=[short, long]).load_state_dict(state)
+    assert info.value.mismatches["order of datasets"] == (["long", "short"], ["short", "long"])
+    small_pipeline(tokenizer, datasets=[long, short]).load_state_dict(state)  # same order: fine
+
+
 def test_a_state_missing_the_lanes_of_this_rank_is_refused(tokenizer: Any) -> None:
     rank0 = small_pipeline(tokenizer, lanes=4, world_size=2, rank=0).state_dict()
     with pytest.raises(StateMismatchError, match="lanes"):

@@ -170,8 +170,11 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # iteration resumes from (lanes not delivered since the load come from it)
         loaded = copy.deepcopy(self._loaded)
         # not base["lanes"]: without workers the pipeline's own states are what it produced
-        fresh = {str(lane): None for lane in self.pipeline.lanes}
-        lanes = loaded["lanes"] if loaded is not None else fresh
+        # and only this rank's lanes: the others' loaded states went on on their own ranks,
+        # whose gathered states must not be overwritten by these
+        lanes = {str(lane): None for lane in self.pipeline.lanes}
+        if loaded is not None:
+            lanes.update({k: v for k, v in loaded["lanes"].items() if k in lanes})
         lanes.update(copy.deepcopy(delivered))
         if get_worker_info() is None and distributed_ready():
             lanes = all_gather_lane_states(lanes)
@@ -188,7 +191,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             raise StateMismatchError({"version": (state.get("version"), STATE_VERSION)})
         from zephon_torch._state import check_state
 
-        check_state(state, self.pipeline.fingerprint(), [])
+        # a worker's own state (StatefulDataLoader) holds its lanes; any other, this rank's
+        needed = state.get("worker_lanes", self.pipeline.lanes)
+        check_state(state, self.pipeline.fingerprint(), needed)
         self._loaded = copy.deepcopy(state)
         self._delivered = {}
 

@@ -131,7 +131,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         return {int(lane): 0 if state is None else state["turn"] for lane, state in lanes.items()}
 
     def _check_aligned(self) -> None:
+        """Refuse a state saved mid-step: this rank's lanes must be at one turn, and so must
+        every lane of a state just loaded (not only this rank's: the ranks would run turns
+        apart)."""
         turns = set(self._lane_turns().values())
+        loaded = self.pipeline_dataset._loaded
+        if loaded is not None and not self._delivered:
+            turns.update(0 if s is None else s["turn"] for s in loaded["lanes"].values())
         if len(turns) > 1:
             raise StateMismatchError(
                 {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
