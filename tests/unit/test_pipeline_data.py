@@ -225,6 +225,20 @@ def _short(row: dict[str, Any]) -> bool:
     return len(row["text"]) < int(row["limit"])
 
 
+def _drops_notes_without_title(row: dict[str, Any]) -> dict[str, Any] | None:
+    return row if "title" in row else None  # a map that forgets to return on one branch
+
+
+def test_a_map_returning_no_dict_on_a_row_names_the_row(tokenizer: Any) -> None:
+    rows = [{"text": f"row {i}", "title": "t"} for i in range(12)]
+    rows[7] = {"text": "row 7"}
+    source = StaticMixtureWorkSource([Dataset.from_dict("notes", rows)], seed=0)
+    pipeline = Pipeline(source).map(_drops_notes_without_title).tokenize(tokenizer=tokenizer)
+    with pytest.raises(DataError, match=r"must return a dict, got NoneType") as caught:
+        list(pipeline.pack_flat(32).batch(2))
+    assert (caught.value.dataset, caught.value.row) == ("notes", 7)
+
+
 @pytest.mark.parametrize(
     ("op", "raised", "runner"),
     [

@@ -125,7 +125,7 @@ class TokenizeChatOp:
             )
         assert isinstance(messages, list)
         return call_user(  # read twice (text, then flags): a generator is listed
-            lambda m: list(self.template(m)),
+            lambda m: _checked_segments(self.template(m)),
             messages,
             doc,
             f"chat template {self.template_name!r}",
@@ -143,6 +143,23 @@ class TokenizeChatOp:
             "chat_template": self.template_name,
             "encoding": "whole conversation",
         }
+
+
+def _checked_segments(rendered: Any) -> list[tuple[str, bool]]:
+    """A template's output as a list, each item a ``(text, trainable)`` pair (else ValueError,
+    which ``call_user`` turns into a DataError naming the row)."""
+    segments = list(rendered)
+    for number, segment in enumerate(segments):
+        if not (
+            isinstance(segment, (tuple, list))
+            and len(segment) == 2
+            and isinstance(segment[0], str)
+            and isinstance(segment[1], (bool, int, np.bool_, np.integer))
+        ):
+            raise ValueError(
+                f"segment {number} is {segment!r}, not a (text: str, trainable: bool) pair"
+            )
+    return segments
 
 
 def _token_flags(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.ops.document import Document, call_user
+from zephon_torch.ops.document import Document, call_user, document_error
 
 Row = dict[str, Any]
 Where = tuple[list[str], list[list[str]]]  # dataset names; per source, shard paths
@@ -68,7 +68,11 @@ class MapOp(UserOp):
             assert doc.data is not None  # fetch always fills data before user ops
             out = self.apply(self.fn, doc)
             if not isinstance(out, dict):
-                raise ConfigError(f"map {self.name!r} must return a dict, got {type(out).__name__}")
+                message = f"map {self.name!r} must return a dict, got {type(out).__name__}"
+                if self.where is None:
+                    raise ConfigError(message)
+                names, paths = self.where
+                raise document_error(doc, message, dataset_names=names, shard_paths=paths)
             doc.data = out
         return docs
 

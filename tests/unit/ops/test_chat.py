@@ -106,3 +106,18 @@ def test_a_user_template_failing_on_a_row_names_the_row(tokenizer: Any) -> None:
     )
     with pytest.raises(DataError, match=r"row 1: chat template '.*_roles_i_know' raised KeyError"):
         list(pipeline.pack_flat(64).batch(1))
+
+
+def _a_bad_segment_for_tools(messages: list[dict[str, Any]]) -> list[Any]:
+    return [(m["content"],) if m["role"] == "tool" else (m["content"], True) for m in messages]
+
+
+def test_a_user_template_s_malformed_segment_names_the_row(tokenizer: Any) -> None:
+    """It failed later, in the pipeline's own code, with a bare ValueError and no row."""
+    tool = [{"role": "tool", "content": "42"}]
+    dataset = Dataset.from_dict("sft", {"messages": [[{"role": "user", "content": "hi"}], tool]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False)).tokenize_chat(
+        tokenizer=tokenizer, chat_template=_a_bad_segment_for_tools
+    )
+    with pytest.raises(DataError, match=r"row 1: .* segment 0 is \('42',\), not a \(text"):
+        list(pipeline.pack_flat(64).batch(1))
