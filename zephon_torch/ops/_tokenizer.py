@@ -50,6 +50,7 @@ class ResolvedTokenizer:
     digest: str
     description: str
     split_special_tokens: bool = False  # text spelling a special token stays text
+    adds_bos: bool = False  # its own post-processing starts every sequence with BOS
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled (the processes runner): a pickled ``Tokenizer`` forgets the setting."""
@@ -98,11 +99,14 @@ def resolve_tokenizer(
     backend = Tokenizer.from_str(text)
     backend.no_truncation()
     backend.no_padding()
+    bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
+    # whether the tokenizer's own post-processing starts every sequence with BOS (Llama,
+    # Mistral, Gemma): a `special_tokens` policy without BOS is then warned of
+    adds_bos = bos_id is not None and backend.encode("a").ids[:1] == [bos_id]
     # nor post-processing: the pipeline adds BOS/EOS itself, and a ByteLevel post-processor
     # trims whitespace off the offsets chat flags are read from (the ids are the same)
     backend.post_processor = None
     backend.encode_special_tokens = split_special
-    bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
     eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token")
     return ResolvedTokenizer(
         backend=backend,
@@ -111,6 +115,7 @@ def resolve_tokenizer(
         digest=_digest(text, split_special_tokens=split_special),
         description=description,
         split_special_tokens=split_special,
+        adds_bos=adds_bos,
     )
 
 

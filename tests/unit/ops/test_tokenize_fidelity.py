@@ -211,3 +211,28 @@ def test_chat_flags_ignore_a_post_processors_trimmed_offsets(tokenizer: Tokenize
     assert spaces is not None and spaces in ids
     at = len(ids) - 1 - ids[::-1].index(spaces)  # the answer's trailing spaces: trainable
     assert labels[at - 1] == spaces, "the answer's last token is not a target"
+
+
+def test_a_tokenizer_that_adds_bos_itself_warns_when_the_policy_leaves_it_out(
+    tokenizer: Any,
+) -> None:
+    """Llama, Mistral and Gemma tokenizers start every sequence with BOS; the pipeline adds
+    special tokens by its own policy, whose default ("eos") dropped BOS without a word."""
+    from tokenizers.processors import TemplateProcessing
+
+    starts = Tokenizer.from_str(tokenizer.to_str())
+    starts.add_special_tokens(["<s>"])
+    bos = starts.token_to_id("<s>")
+    starts.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["Hello world."] * 4})])
+
+    def first_row(**tokenize: Any) -> list[int]:
+        pipeline = Pipeline(source).tokenize(starts, parallelism=1, **tokenize)
+        return list(next(iter(pipeline.pack_flat(16).batch(1))).input_ids[0].tolist())
+
+    with pytest.warns(UserWarning, match=r"starts every sequence with BOS itself, and "):
+        assert bos not in first_row()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert first_row(special_tokens="both")[0] == bos
+        Pipeline(source).tokenize(tokenizer, parallelism=1)  # no BOS of its own: no warning
