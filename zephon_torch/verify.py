@@ -101,6 +101,8 @@ def zephon_batches(
     per_rank: list[list[list[dict[str, torch.Tensor]]]] = []
     for rank in range(world_size):
         pipeline = build().options(world_size=world_size, rank=rank)
+        if not num_workers:  # spent lanes pad on, as under torch.distributed (cut below)
+            pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
         if start is not None:
             pipeline.load_state_dict(start)
         lanes = len(pipeline.lanes)
@@ -113,6 +115,12 @@ def zephon_batches(
             turns.append(turn)
         per_rank.append(turns)
     count = min(len(t) for t in per_rank)
+    # as the loader ends a finite stream on several ranks: at the first turn no rank has data
+    # (each simulated rank pads on once its lanes are spent)
+    for t in range(count):
+        if all(int(item["num_valid_tokens"]) == 0 for rank in per_rank for item in rank[t]):
+            count = t
+            break
     return [[p for rank in per_rank for p in rank[t]] for t in range(count)]
 
 

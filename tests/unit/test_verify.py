@@ -77,3 +77,19 @@ def test_verify_draws_a_progress_bar_over_configurations_only_on_a_terminal(
     verify(build, steps=2, world_sizes=[1, 2], workers=(), standard=False)
     assert "verify [" in terminal.getvalue() and "2/2" in terminal.getvalue()
     assert terminal.getvalue().endswith("\n")
+
+
+def test_a_finite_recipe_run_past_its_end_is_identical_on_every_world_size(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Simulated ranks each stopped at their own first empty turn, and the runs were cut to
+    the shortest: DIVERGES for a recipe the loader under torch.distributed gives exactly."""
+    tokenizer.save(str(tmp_path / "tok.json"))
+    finite = RECIPE.replace('exhaustion="repeat"', 'exhaustion="stop"')
+    (tmp_path / "finite.py").write_text(finite.format(path=str(tmp_path / "tok.json"), extra=""))
+    build = load_recipe(tmp_path / "finite.py")
+    steps = sum(1 for _ in build()) // 4 + 5  # past the end
+    runs = verify(build, steps=steps, workers=(), fault_step=2, standard=False)
+    assert all(r.hashes == runs[0].hashes for r in runs)
+    assert 0 < len(runs[0].hashes) < steps
+    assert "DIVERGES" not in table(runs)
