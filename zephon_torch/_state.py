@@ -23,10 +23,11 @@ def check_state(
     for key in sorted(set(saved) | set(fingerprint)):
         if saved.get(key) != fingerprint.get(key):
             mismatches[key] = (saved.get(key), fingerprint.get(key))
-    # lane states index the datasets by position: their order is part of the recipe
-    order = [list(f.get("mixture") or {}) for f in (saved, fingerprint)]
-    if "mixture" not in mismatches and order[0] != order[1]:
-        mismatches["order of datasets"] = (order[0], order[1])
+    # lane states index the datasets by position: their order is part of the recipe (states
+    # saved before the order was recorded are not checked for it)
+    order, live_order = state.get("datasets"), list(fingerprint.get("mixture") or {})
+    if "mixture" not in mismatches and order is not None and list(order) != live_order:
+        mismatches["order of datasets"] = (order, live_order)
     missing = [lane for lane in needed_lanes if str(lane) not in state.get("lanes", {})]
     if missing:
         mismatches["lanes"] = (sorted(int(k) for k in state.get("lanes", {})), f"needs {missing}")

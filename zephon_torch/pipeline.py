@@ -425,6 +425,8 @@ class Pipeline:
         return {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint(),
+            # lane states index the datasets by position; a list, kept by any serialiser
+            "datasets": list(self._source.names),
             "step": min(turns),
             "estimation": copy.deepcopy(self._estimation),
             "lanes": copy.deepcopy(lanes),

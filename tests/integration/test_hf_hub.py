@@ -21,7 +21,7 @@ import pytest
 from tests.hub_server import Hub, serve
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.io._hf import parse_hf_url, pinned_revision, split_files
+from zephon_torch.io._hf import check_complete, parse_hf_url, pinned_revision, split_files
 
 pytest.importorskip("huggingface_hub")
 
@@ -167,7 +167,9 @@ def test_a_hub_cache_holding_part_of_a_split_s_numbered_shards_is_an_error(
     done = _run_offline(cache, "hf://org/plain/train", tmp_path)
     assert done.returncode != 0
     assert "the hub cache holds 2 of the 3 shards of 'hf://org/plain/train'" in done.stderr
-    assert "data/train-00001-of-00003.parquet" in done.stderr
+    assert "data/train-00001-of-00003*.parquet" in done.stderr
+    # shards named with a suffix of their own each (datasets' push_to_hub) group together
+    check_complete("hf://o/n/train", [f"d/train-0000{i}-of-00002-{i}f3a.parquet" for i in (0, 1)])
 
 
 def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:

@@ -191,13 +191,13 @@ def check_complete(url: str, files: Sequence[str]) -> None:
     for file in files:
         found = _NUMBERED.match(file)
         if found is not None:
-            key = (found["stem"], found["total"], found["rest"])
+            key = (found["stem"], found["total"], found["extension"] or "")
             groups.setdefault(key, set()).add(int(found["index"]))
-    for (stem, total, rest), held in groups.items():
+    for (stem, total, extension), held in groups.items():
         missing = sorted(set(range(int(total))) - held)
         if missing:
             width = len(total)
-            names = [f"{stem}-{i:0{width}d}-of-{total}{rest}" for i in missing[:3]]
+            names = [f"{stem}-{i:0{width}d}-of-{total}*{extension}" for i in missing[:3]]
             raise ConfigError(
                 f"the hub cache holds {len(held)} of the {int(total)} shards of {url!r}; "
                 f"missing {names}{' ...' if len(missing) > 3 else ''}: download the split "
@@ -205,7 +205,11 @@ def check_complete(url: str, files: Sequence[str]) -> None:
             )
 
 
-_NUMBERED = re.compile(r"^(?P<stem>.*)-(?P<index>[0-9]+)-of-(?P<total>[0-9]+)(?P<rest>[^/]*)$")
+# `train-00000-of-00002.parquet`, or with a suffix of its own (`...-of-00002-1a2b3c.parquet`)
+_NUMBERED = re.compile(
+    r"^(?P<stem>.*)-(?P<index>[0-9]+)-of-(?P<total>[0-9]+)(?:-[0-9A-Za-z]+)?"
+    r"(?P<extension>\.[^/]*)?$"
+)
 
 
 def _hub() -> Any:
