@@ -82,11 +82,13 @@ def _revisions(url: str, config: str | None) -> list[tuple[str | None, str | Non
 
 
 def split_files(
-    files: Sequence[str], config: str | None, split: str, card: str | None = None
+    files: Sequence[str],
+    config: str | None,
+    split: str,
+    configs: Sequence[dict[str, Any]] = (),
 ) -> list[str]:
     """The data files (repo-relative paths) of a split, sorted; see the module docstring.
-    `card`: the dataset card's text, whose `configs:` decide where it has them."""
-    configs = card_configs(card)
+    `configs`: the dataset card's (`card_configs`), which decide where it has them."""
     if configs:
         patterns = _card_patterns(configs, config, split)
         return sorted(
@@ -128,7 +130,7 @@ def card_configs(card: str | None) -> list[dict[str, Any]]:
 
 
 def _card_patterns(
-    configs: list[dict[str, Any]], config: str | None, split: str
+    configs: Sequence[dict[str, Any]], config: str | None, split: str
 ) -> list[re.Pattern[str]]:
     """The path patterns the card's config gives `split` ([] for a split it does not have)."""
     names = [str(c.get("config_name", "default")) for c in configs]
@@ -270,9 +272,9 @@ def list_hf(
                 what="resolving",
             )
             root = f"datasets/{repo}@{sha}"
-            card = None if converted else _card(fs, root, where, once)
+            in_card = [] if converted else card_configs(_card(fs, root, where, once))
             # a card's data_files may lie anywhere in the repo; else under the config folder
-            under = f"{root}/{configs}" if configs and not card_configs(card) else root
+            under = f"{root}/{configs}" if configs and not in_card else root
             found: dict[str, dict[str, Any]] = call_with_retry(  # the tree retries itself
                 partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
             )
@@ -295,7 +297,7 @@ def list_hf(
         paths = {
             path[len(root) + 1 :]: path for path, info in found.items() if info["type"] == "file"
         }
-        files = split_files(list(paths), configs, split, card)
+        files = split_files(list(paths), configs, split, in_card)
         if files:
             warn_if_partial(url, files, split)
             detected, chosen = format_, [paths[file] for file in files]
@@ -378,11 +380,12 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
         except Exception as error:  # not cached
             tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
             continue
-        card = None
-        if not converted and os.path.isfile(os.path.join(folder, "README.md")):
-            with open(os.path.join(folder, "README.md"), encoding="utf-8", errors="replace") as f:
-                card = f.read()
-        files = split_files(_listing(folder), configs, split, card)
+        readme = os.path.join(folder, "README.md")
+        in_card = []
+        if not converted and os.path.isfile(readme):
+            with open(readme, encoding="utf-8", errors="replace") as f:
+                in_card = card_configs(f.read())
+        files = split_files(_listing(folder), configs, split, in_card)
         if files:
             check_complete(url, files)
             warn_if_partial(url, files, split)

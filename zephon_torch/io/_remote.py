@@ -259,9 +259,7 @@ def list_remote(
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
         if GLOB_CHARS.intersection(root):
             return "glob", fs.glob(root, detail=True)
-        found = fs.find(root, detail=True)  # a file lists as itself: no separate isdir/isfile
-        if isinstance(found, list):  # adlfs lists a file by its name alone, detail or not
-            found = {path: fs.info(path) for path in found}
+        found = find_detailed(fs, root)  # a file lists as itself: no separate isdir/isfile
         if list(found) == [root.rstrip("/")]:
             return "file", found
         if found or fs.isdir(root):
@@ -290,6 +288,15 @@ def list_remote(
     for path in paths:
         infos[path] = dict(sized(fs, path, infos[path], url=name(path), retry=retry))
     return Listing(format_, [(path, identity(name(path), infos[path])) for path in paths], fs=fs)
+
+
+def find_detailed(fs: Any, path: str) -> dict[str, dict[str, Any]]:
+    """`fs.find(path, detail=True)`: each file under `path` (or `path` itself) with its info;
+    adlfs lists a file by its name alone, detail or not, so its infos are asked for."""
+    found = fs.find(path, detail=True)
+    if isinstance(found, list):
+        found = {name: fs.info(name) for name in found}
+    return dict(found)
 
 
 def sized(

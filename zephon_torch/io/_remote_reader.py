@@ -30,7 +30,7 @@ from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, identity, sized
+from zephon_torch.io._remote import IoOptions, find_detailed, identity, sized
 from zephon_torch.io._remote_rows import (
     npy_rows,
     parquet_layout,
@@ -246,14 +246,11 @@ class RemoteReader:
             for number, shard in enumerate(urls):
                 # the shard being read is not ahead, and the next one is always fetched (a
                 # small budget, many processes to a node, would else fetch nothing)
-                if number > 1 and ahead + self._size_of(shard) > budget:
-                    return
                 if number > 0:
-                    ahead += self._size_of(shard)
+                    ahead += sum(self.objects[url][1].size for url in self._files_of(shard))
+                    if number > 1 and ahead > budget:
+                        return
                 self._fetch_ahead(shard, cache)
-
-    def _size_of(self, shard: str) -> int:
-        return sum(self.objects[url][1].size for url in self._files_of(shard))
 
     def _fetch_ahead(self, shard: str, cache: ShardCache) -> None:
         """Under the lock: queue the download of the shard's uncached files."""
@@ -420,9 +417,7 @@ class RemoteReader:
 
         def relist() -> Mapping[str, Any] | None:
             fs.invalidate_cache(fs_path)  # not the first listing's answer again
-            found = fs.find(fs_path, detail=True)
-            if isinstance(found, list):  # adlfs lists a file by its name alone
-                found = {path: fs.info(path) for path in found if path.rstrip("/") == key}
+            found = find_detailed(fs, fs_path)
             return next((i for n, i in found.items() if n.rstrip("/") == key), None)
 
         info = call_with_retry(relist, url=item.url, policy=self.options.retry, what="listing")

@@ -78,6 +78,7 @@ class Dataset:
         format: one of `formats.FILE_FORMATS`, or "memory".
         shards: the shards, in order; each must have rows.
         reader: reads the shards' rows (see `zephon_torch.io.formats.ShardReader`).
+        revision: the hub commit an `hf://` dataset was read at (in the fingerprint).
 
     Raises:
         ConfigError: for an empty or non-str name or no shards.
@@ -91,6 +92,7 @@ class Dataset:
         format: str,  # noqa: A002 - the public contract's name
         shards: Sequence[Shard],
         reader: ShardReader,
+        revision: str | None = None,
     ) -> None:
         _check_name(name)
         if not shards:
@@ -108,7 +110,7 @@ class Dataset:
         self.shards = tuple(shards)
         self._reader = reader
         self._num_rows = sum(shard.num_rows for shard in self.shards)
-        self.revision: str | None = None  # the hub commit an hf:// dataset was read at
+        self.revision = revision  # the hub commit an hf:// dataset was read at
 
     @property
     def num_rows(self) -> int:
@@ -203,11 +205,9 @@ class Dataset:
             online = list_hf(text, format_=format, storage_options=storage, retry=options.retry)
             if online is not None:  # read from the hub shard by shard, like any remote URL
                 root, listing = online
-                dataset = cls._from_remote(
+                return cls._from_remote(
                     name, root, format, projection, cache_dir, storage, options, listing=listing
                 )
-                dataset.revision = root.rsplit("@", 1)[-1]
-                return dataset
             where, local_files, revision = resolve_hf(text)
             if format is None:
                 detected, found = detect_files(text, where, local_files)
@@ -227,9 +227,7 @@ class Dataset:
             verify_hashes=options.mds.verify_hashes,
         )
         shards = _shards(reader, files)
-        dataset = cls(name=name, format=detected, shards=shards, reader=reader)
-        dataset.revision = revision
-        return dataset
+        return cls(name=name, format=detected, shards=shards, reader=reader, revision=revision)
 
     @classmethod
     def _from_remote(
@@ -262,7 +260,11 @@ class Dataset:
             fs=listing.fs,
         )
         shards = _shards(reader, reader.shard_urls, remote=True)
-        return cls(name=name, format=listing.format, shards=shards, reader=reader)
+        # an hf:// listing's root names the commit it was read at: hf://datasets/org/name@sha
+        revision = url.rsplit("@", 1)[-1] if url.startswith("hf://") else None
+        return cls(
+            name=name, format=listing.format, shards=shards, reader=reader, revision=revision
+        )
 
     @classmethod
     def from_dict(
@@ -387,9 +389,13 @@ class Dataset:
 
     def _reading_with(self, reader: ShardReader) -> Dataset:
         """This dataset read through another reader."""
-        dataset = Dataset(name=self.name, format=self.format, shards=self.shards, reader=reader)
-        dataset.revision = self.revision
-        return dataset
+        return Dataset(
+            name=self.name,
+            format=self.format,
+            shards=self.shards,
+            reader=reader,
+            revision=self.revision,
+        )
 
     def prefetch(self, shards: Iterable[int], *, share: int = 1) -> None:
         """Starts downloading upcoming shards into the node-local cache; returns at once.

@@ -229,16 +229,12 @@ class ParquetReader:
         try:
             # pages written with checksums are verified (none written: nothing to verify)
             file = pq.ParquetFile(path, page_checksum_verification=True)
-            schema = file.schema_arrow
-        except (pa.ArrowException, OSError, ValueError) as error:
-            raise DataError(
-                f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
-            ) from error
-        self._check_columns(path, schema)
-        try:
+            self._check_columns(path, file.schema_arrow)
             metadata = file.metadata
             groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
             group_bytes = tuple(self._group_bytes(group) for group in groups)
+        except DataError:  # the projection's, naming the column (a ValueError too)
+            raise
         except (pa.ArrowException, OSError, ValueError) as error:
             raise DataError(
                 f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
