@@ -133,7 +133,10 @@ def _digest(text: str, *, split_special_tokens: bool = False) -> str:
 def _load(tokenizer_id: str) -> tuple[Any, str]:
     path = Path(tokenizer_id).expanduser()
     if path.is_file():
-        return Tokenizer.from_file(str(path)), str(path)
+        backend = Tokenizer.from_file(str(path))
+        if path.name == "tokenizer.json":  # a saved folder's file: the folder's BOS/EOS, as above
+            return _with_config_tokens(backend, path.parent), str(path)
+        return backend, str(path)
     if path.is_dir():
         file = path / "tokenizer.json"
         if not file.is_file():

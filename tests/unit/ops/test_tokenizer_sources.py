@@ -132,3 +132,28 @@ def test_special_token_policies_add_the_ids_where_asked(tokenizer: Tokenizer) ->
         )
         (doc,) = op([Document(0, 0, 0, 0, 0, {"text": "hello world"})])
         assert doc.tokens is not None and doc.tokens.tolist() == expected, policy
+
+
+def test_a_tokenizer_json_file_takes_its_folders_special_tokens_as_the_folder_does(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """A saved folder whose config names another EOS than the usual candidates (as chat models'
+    ``<|im_end|>``): its ``tokenizer.json`` given alone picks the same EOS as the folder, not
+    the first usual name in the vocabulary."""
+    own = Tokenizer.from_str(tokenizer.to_str())
+    own.add_special_tokens(["<|im_end|>"])
+    PreTrainedTokenizerFast(tokenizer_object=own, eos_token="<|im_end|>").save_pretrained(
+        tmp_path / "tok"
+    )
+    folder = resolve_tokenizer(str(tmp_path / "tok"), None, bos_token=None, eos_token=None)
+    file = resolve_tokenizer(
+        str(tmp_path / "tok" / "tokenizer.json"), None, bos_token=None, eos_token=None
+    )
+    assert folder.eos_id == file.eos_id == own.token_to_id("<|im_end|>")
+    assert folder.digest == file.digest
+    # a file of another name is taken alone: its folder's config may belong to another
+    shutil.copy(tmp_path / "tok" / "tokenizer.json", tmp_path / "tok" / "other.json")
+    alone = resolve_tokenizer(
+        str(tmp_path / "tok" / "other.json"), None, bos_token=None, eos_token=None
+    )
+    assert alone.eos_id == own.token_to_id("<|endoftext|>")
