@@ -134,6 +134,32 @@ def test_a_split_the_dataset_card_defines_is_read_from_its_data_files(tmp_path: 
     assert "the dataset card has no config 'nope'" in missing.stderr
 
 
+def test_a_card_config_s_data_dir_holds_its_splits(tmp_path: Path) -> None:
+    """A config with a `data_dir` and no `data_files` finds its splits by name under the
+    folder; with `data_files`, they are relative to it. Both fell back to the converted
+    Parquet's partial prefix."""
+    cache = tmp_path / "hub"
+    main = _snapshot(cache, "org/langs", "main", "a" * 40)
+    (main / "README.md").write_text(
+        "---\nconfigs:\n- config_name: en\n  data_dir: english\n  default: true\n"
+        "- config_name: fr\n  data_dir: french/\n  data_files:\n  - split: train\n"
+        "    path: 'part-*.parquet'\n---\n# a card\n"
+    )
+    _parquet(main / "english" / "train-00000-of-00001.parquet", "en-train", 2)
+    _parquet(main / "english" / "test-00000-of-00001.parquet", "en-test", 1)
+    _parquet(main / "french" / "part-0.parquet", "fr", 3)
+    _parquet(main / "train-00000-of-00001.parquet", "root", 1)  # in no config
+    converted = _snapshot(cache, "org/langs", "refs/convert/parquet", "c" * 40)
+    _parquet(converted / "en" / "partial-train" / "0000.parquet", "partial", 1)
+    train = _read_offline(cache, "hf://org/langs/train", tmp_path)
+    assert [row["text"] for row in train["rows"]] == ["en-train 0", "en-train 1"]
+    assert "partial" not in train["stderr"]
+    test = _read_offline(cache, "hf://org/langs/en/test", tmp_path)
+    assert [row["text"] for row in test["rows"]] == ["en-test 0"]
+    french = _read_offline(cache, "hf://org/langs/fr/train", tmp_path)
+    assert [row["text"] for row in french["rows"]] == ["fr 0", "fr 1", "fr 2"]
+
+
 def test_the_commit_read_is_in_the_fingerprint_and_a_revision_can_be_pinned(
     tmp_path: Path,
 ) -> None:
@@ -193,6 +219,19 @@ def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
     assert split_files(others + mine, None, "train") == sorted(mine)
     assert split_files(others, None, "validation") == []
     assert split_files(others, None, "train_sft") == [others[0]]
+    # a card's config: data_dir alone (splits by name under it) or with data_files under it
+    layout = ["en/train-0.parquet", "en/test.parquet", "train.parquet", "fr/a/x.parquet"]
+    configs = [
+        {"config_name": "en", "data_dir": "en"},
+        {"config_name": "fr", "data_dir": "fr", "data_files": "a/*"},
+    ]
+    assert split_files(layout, "en", "train", configs) == ["en/train-0.parquet"]
+    assert split_files(layout, "fr", "train", configs) == ["fr/a/x.parquet"]
+    assert split_files(layout, "fr", "test", configs) == []
+    assert split_files(layout, None, "train", [{"config_name": "default"}]) == [
+        "en/train-0.parquet",
+        "train.parquet",
+    ]
 
 
 _READ_ONLINE = """

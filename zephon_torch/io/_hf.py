@@ -13,7 +13,9 @@ A split's files are, as the hub defines them:
 
 - where the dataset card (`README.md`) lists `configs:`, the files its config (the one named,
   else the one marked `default`, else "default", else the only one) gives the split in
-  `data_files` (glob patterns: `*` within a folder, `**` across folders);
+  `data_files` (glob patterns: `*` within a folder, `**` across folders), relative to its
+  `data_dir` where it has one; a config with a `data_dir` and no `data_files` has the split's
+  files under `data_dir` found by name, as below;
 - else those under `{config}/` (when a config is named) whose path has a folder named `split`,
   or whose file name is the split's name followed by a file extension, or by `-` or `_` and a
   digit (`train-00000-of-00004.parquet`; not `train_sft-...` or `train.100-...`, other splits).
@@ -89,21 +91,30 @@ def split_files(
 ) -> list[str]:
     """The data files (repo-relative paths) of a split, sorted; see the module docstring.
     `configs`: the dataset card's (`card_configs`), which decide where it has them."""
-    if configs:
-        patterns = _card_patterns(configs, config, split)
-        return sorted(
-            file
-            for file in files
-            if detect_format(file) is not None and any(p.match(file) for p in patterns)
-        )
+    if not configs:
+        return _by_name(files, config, split)
+    chosen = _card_config(configs, config)
+    data_dir = str(chosen.get("data_dir") or "").strip("/")
+    if chosen.get("data_files") is None:  # the split found by name, under data_dir
+        return _by_name(files, data_dir or None, split)
+    patterns = _card_patterns(chosen, split, data_dir)
+    return sorted(
+        file
+        for file in files
+        if detect_format(file) is not None and any(p.match(file) for p in patterns)
+    )
+
+
+def _by_name(files: Sequence[str], folder: str | None, split: str) -> list[str]:
+    """The files of `split` by their names (under `folder`): see the module docstring."""
     pattern = re.compile(rf"^{re.escape(split)}([-_][0-9]|\.[A-Za-z][^/]*$|$)")
+    prefix = [] if folder is None else folder.split("/")
     chosen = []
     for file in files:
         parts = file.split("/")
-        if config is not None:
-            if parts[0] != config:
-                continue
-            parts = parts[1:]
+        if parts[: len(prefix)] != prefix:
+            continue
+        parts = parts[len(prefix) :]
         if detect_format(file) is None or any(p.startswith((".", "_")) for p in parts):
             continue
         folders, name = parts[:-1], parts[-1]
@@ -129,27 +140,27 @@ def card_configs(card: str | None) -> list[dict[str, Any]]:
     return [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else []
 
 
-def _card_patterns(
-    configs: Sequence[dict[str, Any]], config: str | None, split: str
-) -> list[re.Pattern[str]]:
-    """The path patterns the card's config gives `split` ([] for a split it does not have)."""
+def _card_config(configs: Sequence[dict[str, Any]], config: str | None) -> dict[str, Any]:
+    """The card's config named `config`, else the one marked default, else "default", else the
+    only one."""
     names = [str(c.get("config_name", "default")) for c in configs]
     if config is not None:
         if config not in names:
             raise ConfigError(f"the dataset card has no config {config!r}; it has {names}")
-        chosen = configs[names.index(config)]
-    else:
-        marked = [c for c in configs if c.get("default") is True]
-        if marked:
-            chosen = marked[0]
-        elif "default" in names:
-            chosen = configs[names.index("default")]
-        elif len(configs) == 1:
-            chosen = configs[0]
-        else:
-            raise ConfigError(
-                f"the dataset has configs {names}: name one, hf://org/name/CONFIG/split"
-            )
+        return configs[names.index(config)]
+    marked = [c for c in configs if c.get("default") is True]
+    if marked:
+        return marked[0]
+    if "default" in names:
+        return configs[names.index("default")]
+    if len(configs) == 1:
+        return configs[0]
+    raise ConfigError(f"the dataset has configs {names}: name one, hf://org/name/CONFIG/split")
+
+
+def _card_patterns(chosen: dict[str, Any], split: str, data_dir: str) -> list[re.Pattern[str]]:
+    """The path patterns a card's config gives `split` ([] for a split it does not have),
+    relative to its `data_dir` where it has one."""
     data_files = chosen.get("data_files")
     if isinstance(data_files, (str, list)) and not (
         isinstance(data_files, list) and data_files and isinstance(data_files[0], dict)
@@ -162,7 +173,7 @@ def _card_patterns(
         if isinstance(entry, dict) and entry.get("split", "train") == split:
             value = entry.get("path")
             paths += [value] if isinstance(value, str) else [str(v) for v in value or []]
-    return [_glob(path) for path in paths]
+    return [_glob(f"{data_dir}/{path}" if data_dir else path) for path in paths]
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
