@@ -104,14 +104,29 @@ class ShardCache:
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.max_bytes = max_bytes
         self.full_timeout = full_timeout
-        for sub in (_TMP, _RESERVE, _LOCKS):
-            os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+        self._make_folders()
         self._pins = Pins(self.directory)
         _LIVE.add(self)
         # this process's use of the cache, for stats
         self.hits = 0
         self.misses = 0
         self.bytes_downloaded = 0
+
+    def _make_folders(self) -> None:
+        """Creates the folder and its bookkeeping folders where missing: at start, and before
+        each download or make, as a cleaner (or a user) may delete the folder during a run.
+
+        Raises:
+            ConfigError: when the folder cannot be made (a file lies in the way, no access).
+        """
+        try:
+            for sub in (_TMP, _RESERVE, _LOCKS):
+                os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+        except OSError as error:
+            raise ConfigError(
+                f"cannot use the shard cache folder {self.directory!r} "
+                f"(io_options cache `dir`): {error}"
+            ) from None
 
     def after_fork(self) -> None:
         """In a forked child: see `Pins.after_fork`. Runs at every fork (see `_LIVE`)."""
@@ -151,6 +166,7 @@ class ShardCache:
         if self._pins.pin_existing(item.name):
             self.hits += 1
             return self._finish(item, pin)
+        self._make_folders()
         with self._name_locked(item.name):
             if self._pins.pin_existing(item.name):
                 self.hits += 1
@@ -202,6 +218,7 @@ class ShardCache:
         if self._pins.pin_existing(name):
             self.hits += 1
         else:
+            self._make_folders()
             with self._name_locked(name):
                 if self._pins.pin_existing(name):
                     self.hits += 1

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import multiprocessing
 import os
+import shutil
 import threading
 import time
 import types
@@ -511,3 +512,22 @@ def test_a_shard_with_a_long_non_ascii_basename_is_cached(tmp_path: Path) -> Non
     made = f"{tmp_path}/{base} (decompressed)"
     with cache.open_made("k", made, lambda target: Path(target).write_bytes(b"m")) as local:
         assert Path(local).read_bytes() == b"m"
+
+
+def test_a_cache_folder_deleted_during_a_run_is_made_again(tmp_path: Path) -> None:
+    """A tmp cleaner (or `rm -rf ~/.cache`) removed the folder: every later download failed
+    with a bare FileNotFoundError on a lock file, and an npy read blamed the data."""
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1000)
+    cache.ensure(_item("a.jsonl", 10), _writer(b"a" * 10), pin=False)
+    shutil.rmtree(tmp_path / "cache")
+    with cache.open(_item("b.jsonl", 10), _writer(b"b" * 10)) as path:
+        assert Path(path).read_bytes() == b"b" * 10
+    with cache.open(_item("a.jsonl", 10), _writer(b"a" * 10)) as path:  # downloaded again
+        assert Path(path).read_bytes() == b"a" * 10
+    assert cache.misses == 3
+
+
+def test_a_cache_folder_that_cannot_be_made_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"shard cache folder .*afile/cache.* Not a directory"):
+        ShardCache(str(tmp_path / "afile" / "cache"), max_bytes=1000)
