@@ -203,6 +203,7 @@ class RemoteReader:
         (they download what they need), else the cached file, naming the URL in errors."""
         reader = self._open()[0]
         if self.format in LOCATING_FORMATS:
+            self._mark_used(path)
             return call(reader, path)
         fs_path, item = self.objects[path]
         with self._shard_cache().open(item, self._downloader(fs_path, item)) as local:
@@ -251,6 +252,16 @@ class RemoteReader:
                     if number > 1 and ahead > budget:
                         return
                 self._fetch_ahead(shard, cache)
+
+    def _mark_used(self, shard: str) -> None:
+        """Marks the cached files of a shard read through a reader that keeps it open as just
+        used (once per read call, a window of rows): the reader goes back to the cache only
+        when it opens the shard, so a shard read all the time would else look the oldest to
+        the LRU, be evicted first and downloaded again by the node's other processes."""
+        cache = self._shard_cache()
+        for url in self._files_of(shard):
+            with contextlib.suppress(OSError):  # not cached (yet, or any more)
+                os.utime(cache.path(self.objects[url][1]))
 
     def _fetch_ahead(self, shard: str, cache: ShardCache) -> None:
         """Under the lock: queue the download of the shard's uncached files."""

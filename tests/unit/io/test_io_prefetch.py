@@ -190,3 +190,33 @@ def test_the_next_shard_is_fetched_whatever_the_budget(tmp_path: Path, monkeypat
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch([2, 0, 3])
     assert _cached_shards(tmp_path / "cache", 2) == {"2.parquet", "0.parquet"}
+
+
+def test_a_shard_a_reader_keeps_open_and_reads_all_the_time_is_not_evicted_first(
+    tmp_path: Path,
+) -> None:
+    """npy (as MDS and LitData) readers keep a shard open and went back to the cache only to
+    open it: the shard a process read all the time kept its first-open time in the LRU, was
+    evicted first, and the node's other processes downloaded it again."""
+    import io
+
+    import numpy as np
+
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(5):
+        buffer = io.BytesIO()
+        np.save(buffer, np.full((200, 10), number, dtype=np.int32))  # 2-D: one file a shard
+        fs.pipe(f"{root}/{number}.npy", buffer.getvalue())
+    size = fs.size(f"{root}/0.npy")
+    options = _options(tmp_path, max_bytes=3 * size)
+    options["cache"]["prefetch_bytes"] = 0
+    dataset = Dataset.from_path("t", f"memory://{root}", io_options=options)
+    assert dataset.format == "npy"
+    dataset.read_rows(0, [0])
+    hot = next(p for p in (tmp_path / "cache").glob("*-0.npy"))
+    for other in range(1, 5):
+        dataset.read_rows(other, [0])  # a new shard: evicts the least recently used
+        assert hot.exists(), f"the shard read all the time was evicted for shard {other}"
+        assert dataset.read_rows(0, [1])[0]["input_ids"][0] == 0
+    assert dataset.cache_counters()["misses"] == 5
