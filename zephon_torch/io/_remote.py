@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -408,6 +410,26 @@ def url_namer(fs: Any, url: str) -> Callable[[str], str]:
         return f"{scheme}://{fs.unstrip_protocol(path).split('://', 1)[1]}"
 
     return name
+
+
+def versioned_per_open(
+    objects: list[tuple[str, CachedObject]], dataset: str
+) -> list[tuple[str, CachedObject]]:
+    """`objects`, those the listing gave no version (a server that sends no ETag or
+    Last-Modified) versioned by this open: a rewrite of the same size cannot be told from
+    the copy a node's cache holds, so each open downloads them again (with a warning) rather
+    than read an old copy. Copies of the dataset (DataLoader workers) share this open's."""
+    bare = [item.url for _, item in objects if not item.version]
+    if not bare:
+        return objects
+    warnings.warn(
+        f"dataset {dataset!r}: the storage lists {len(bare)} object(s) without a version "
+        f"(ETag or modification time), e.g. {bare[0]!r}; a changed object could not be told "
+        "from a cached copy, so this open downloads them again",
+        stacklevel=4,
+    )
+    stamp = f"unversioned@{time.time_ns()}"
+    return [(p, item if item.version else replace(item, version=stamp)) for p, item in objects]
 
 
 def identity(url: str, info: Mapping[str, Any]) -> CachedObject:

@@ -29,6 +29,7 @@ from zephon_torch.io._remote import (
     ParquetOptions,
     is_remote,
     list_remote,
+    versioned_per_open,
 )
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
@@ -250,7 +251,7 @@ class Dataset:
             dataset=name,
             format_=listing.format,
             url=url,
-            objects=listing.objects,
+            objects=versioned_per_open(listing.objects, name),
             storage_options=storage_options,
             options=options,
             index_cache_dir=index_cache_dir,

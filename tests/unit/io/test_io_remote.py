@@ -571,3 +571,38 @@ def test_remembered_remote_sizes_give_the_blocks_of_the_current_block_size(
     for size, expected in ((3, (150,) * 4), (6, (300, 300)), (100, ())):
         monkeypatch.setattr(parquet, "WINDOW_BLOCK_BYTES", size * group + group // 2)
         assert blocks(f"memory://{root}") == blocks(str(local)) == expected
+
+
+def test_an_object_listed_without_a_version_is_downloaded_again_by_each_open(
+    tmp_path: Path,
+) -> None:
+    """A server that sends no ETag or Last-Modified: a rewrite of the same size was served
+    from the node cache's old copy by every later job, silently."""
+    import functools
+    import http.server
+    import threading
+
+    class NoVersions(http.server.SimpleHTTPRequestHandler):
+        def send_header(self, keyword: str, value: str) -> None:
+            if keyword.lower() not in ("last-modified", "etag"):
+                super().send_header(keyword, value)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    folder = tmp_path / "served"
+    folder.mkdir()
+    handler = functools.partial(NoVersions, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/data.jsonl"
+    options = _options(tmp_path)
+    index = str(tmp_path / "index")
+    try:
+        for tag in ("OLD", "NEW"):  # the same size
+            (folder / "data.jsonl").write_text(json.dumps({"text": tag}) + "\n")
+            with pytest.warns(UserWarning, match="without a version .* downloads them again"):
+                dataset = Dataset.from_path("h", url, io_options=options, index_cache_dir=index)
+            assert dataset.read_rows(0, [0]) == [{"text": tag}]
+    finally:
+        server.shutdown()
