@@ -85,6 +85,22 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             # move on as the dataset iterates it in this process, and are then no resume point)
             self.load_state_dict(pipeline.state_dict())
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for a spawned DataLoader worker: the rank's lanes are resolved here, in the
+        process that has the process group. A spawned worker has none, and where the group was
+        set up without RANK/WORLD_SIZE in the environment (``torch.multiprocessing.spawn``), it
+        would take itself for rank 0 of 1 and read other ranks' lanes."""
+        state = self.__dict__.copy()
+        if self.pipeline._lane_subset is None:
+            state["pipeline"] = self.pipeline.with_lanes(self.pipeline.lanes)
+        return state
+
+    def __copy__(self) -> PipelineDataset:
+        """A plain shallow copy: the rank's lanes still resolve when it is iterated."""
+        clone = PipelineDataset.__new__(PipelineDataset)
+        clone.__dict__.update(self.__dict__)
+        return clone
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         pipeline = self.pipeline
