@@ -52,7 +52,11 @@ class PipelineDataModule(L.LightningDataModule):
         self._pending: dict[str, Any] | None = None
 
     def train_dataloader(self) -> DataLoader:
-        """The loader; continues from a restored checkpoint state if there is one."""
+        """The loader; continues from a restored checkpoint state if there is one, else from
+        where the previous loader's delivered batches end (Lightning builds a new loader at
+        every epoch with ``reload_dataloaders_every_n_epochs``)."""
+        if self._pending is None and self._loader is not None:
+            self._pending = self._loader.state_dict()
         self._loader = DataLoader(
             self.pipeline,
             num_workers=self.num_workers,

@@ -94,6 +94,38 @@ def test_a_checkpoint_before_every_lane_was_used_resumes_exactly(
     assert resumed == full[2:]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_built_again_every_epoch_continues_the_stream(
+    tmp_path: Path, tokenizer: Any, num_workers: int
+) -> None:
+    """``reload_dataloaders_every_n_epochs=1``: with workers, each new loader started at step
+    0 again (the main process's pipeline never moved), so every epoch trained on the first
+    batches."""
+    pipeline = small_pipeline(tokenizer, lanes=2, exhaustion="repeat", datasets=DATASETS)
+    expected = [
+        hashlib.sha256(b.to_training()["input_ids"].numpy().tobytes()).hexdigest()
+        for _, b in zip(range(9), pipeline)
+    ]
+    torch.manual_seed(0)
+    model = TinyLM()
+    data = PipelineDataModule(
+        small_pipeline(tokenizer, lanes=2, exhaustion="repeat", datasets=DATASETS),
+        num_workers=num_workers,
+    )
+    L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        max_epochs=3,
+        limit_train_batches=3,
+        reload_dataloaders_every_n_epochs=1,
+    ).fit(model, datamodule=data)
+    assert model.seen == expected
+
+
 def test_importing_zephon_torch_does_not_import_lightning() -> None:
     import subprocess
     import sys
