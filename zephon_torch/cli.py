@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 
@@ -50,8 +52,8 @@ def _verify(args: argparse.Namespace) -> int:
     from zephon_torch.verify import Run, compare, load_recipe, table, verify
 
     build = load_recipe(args.recipe)
-    sizes = [int(w) for w in args.world_sizes.split(",")] if args.world_sizes else None
-    workers = tuple(int(n) for n in args.workers.split(",")) if args.workers else ()
+    sizes = list(args.world_sizes) if args.world_sizes else None
+    workers = args.workers
     runs: list[Run]
     if args.plot:
         from zephon_torch._plot import render
@@ -118,13 +120,32 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    (value,) = _int_list(text, least=1, what="a positive integer")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    (value,) = _int_list(text, least=0, what="an integer >= 0")
+    return value
+
+
+def _int_list(text: str, *, least: int, what: str = "comma-separated integers") -> tuple[int, ...]:
+    """A comma list of integers of at least `least` ('' for none); one for `what` in the
+    singular."""
+    parts = [p.strip() for p in text.split(",")] if text.strip() else []
+    try:
+        values = tuple(int(part) for part in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if any(value < least for value in values) or (
+        not what.startswith("comma") and len(values) != 1
+    ):
+        raise argparse.ArgumentTypeError(
+            f"must be {what}"
+            + (f", each at least {least}" if what.startswith("comma") else "")
+            + f", got {text!r}"
+        )
+    return values
 
 
 def _runner_list(text: str) -> tuple[str, ...]:
@@ -184,16 +205,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check.add_argument(
         "--world-sizes",
+        type=partial(_int_list, least=1),
         default=None,
         help="comma list (default: divisors of L up to 64; with --plot: reference first, "
         "default 16,8,32,64)",
     )
     check.add_argument(
-        "--workers", default="2", help="DataLoader worker counts to add (comma list)"
+        "--workers",
+        type=partial(_int_list, least=0),
+        default=(2,),
+        help="DataLoader worker counts to add (comma list; '' for none)",
     )
     check.add_argument(
         "--fault-step",
-        type=int,
+        type=_non_negative_int,
         default=None,
         help="save here, resume on another W (default: 3, at most steps - 1; with --plot: "
         "half the steps; 0: no fault)",
@@ -249,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.add_argument("--rows", type=int, default=3, help="rows to preview")
         command.set_defaults(run=run)
     args = parser.parse_args(argv)
+    if args.command == "verify" and not os.path.isfile(args.recipe):
+        parser.error(f"verify: no recipe file {args.recipe!r}")
     if getattr(args, "train", False) and not args.plot:
         parser.error("verify --train draws loss curves: it needs --plot")
     return int(args.run(args))

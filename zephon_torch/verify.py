@@ -12,9 +12,11 @@ documents for the live world size, each rank packing its own documents. Its batc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
@@ -45,12 +47,40 @@ class Run:
     zephon: bool = True
 
 
+_LOADED: dict[str, str] = {}  # recipe module name -> the folder `load_recipe` put on sys.path
+
+
 def load_recipe(path: str | Path) -> Build:
-    """The ``pipeline`` function of a recipe file."""
-    spec = importlib.util.spec_from_file_location("zephon_recipe", str(path))
+    """The ``pipeline`` function of a recipe file, imported as the module its file name names,
+    its folder on ``sys.path``: spawned processes (DataLoader workers, the processes
+    runner) import it by that name to unpickle its functions."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ConfigError(f"no recipe file {str(path)!r}")
+    name = file.stem
+    if not name.isidentifier():
+        raise ConfigError(f"recipe {str(path)!r}: its file name must be a Python module name")
+    folder = _LOADED.pop(name, None)
+    if folder is not None:  # a recipe of that name loaded before: this one replaces it
+        sys.modules.pop(name, None)
+        if folder not in _LOADED.values():
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+    found = sys.modules.get(name) or importlib.util.find_spec(name)
+    origin = getattr(found, "__file__", None) or getattr(found, "origin", None)
+    if found is not None and origin != str(file):
+        raise ConfigError(
+            f"recipe {str(path)!r}: its file name is that of the module {name!r} "
+            f"({origin}); rename the recipe"
+        )
+    spec = importlib.util.spec_from_file_location(name, str(file))
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot load recipe {str(path)!r}")
+    if str(file.parent) not in sys.path:  # last: its other files shadow no module
+        sys.path.append(str(file.parent))
+        _LOADED[name] = str(file.parent)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     build = getattr(module, "pipeline", None)
     if not callable(build):
@@ -67,8 +97,13 @@ def _digest(parts: list[dict[str, torch.Tensor]]) -> str:
 
 
 def _rank_items(pipeline: Pipeline, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
+    """A simulated rank's micro-batches (without workers, of a pipeline made endless): its
+    spent lanes pad on, and the caller cuts the stream where no rank has data, as the loader
+    does under torch.distributed."""
     if num_workers:
-        return iter(DataLoader(pipeline, num_workers=num_workers, multiprocessing_context="spawn"))
+        loader = DataLoader(pipeline, num_workers=num_workers, multiprocessing_context="spawn")
+        loader._pad_on = True
+        return iter(loader)
     return (b.to_training() for b in pipeline)
 
 
@@ -101,7 +136,7 @@ def zephon_batches(
     per_rank: list[list[list[dict[str, torch.Tensor]]]] = []
     for rank in range(world_size):
         pipeline = build().options(world_size=world_size, rank=rank)
-        if not num_workers:  # spent lanes pad on, as under torch.distributed (cut below)
+        if not num_workers:  # the loader's workers pad on by `_pad_on` (`_rank_items`)
             pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
         if start is not None:
             pipeline.load_state_dict(start)
@@ -129,6 +164,8 @@ def fault_state(build: Build, world_size: int, fault_step: int) -> dict[str, Any
     states = []
     for rank in range(world_size):
         pipeline = build().options(world_size=world_size, rank=rank)
+        # spent lanes pad on (their states moving with them), as under torch.distributed
+        pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
         lanes = len(pipeline.lanes)
         for i, _ in enumerate(pipeline):
             if i + 1 == fault_step * lanes:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_progress import FakeTerminal
+from zephon_torch.errors import ConfigError
 from zephon_torch.verify import load_recipe, standard_run, table, verdict, verify
 
 RECIPE = """
@@ -93,3 +94,95 @@ def test_a_finite_recipe_run_past_its_end_is_identical_on_every_world_size(
     assert all(r.hashes == runs[0].hashes for r in runs)
     assert 0 < len(runs[0].hashes) < steps
     assert "DIVERGES" not in table(runs)
+
+
+def test_a_finite_recipe_is_identical_with_workers_and_a_fault_after_a_rank_ran_out(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """With workers, a simulated rank of several ended at its own first empty turn; and a
+    fault state saved after a rank's lanes ran out held them at their last real turn. Both
+    were reported DIVERGES for a recipe the loader gives exactly under torch.distributed."""
+    tokenizer.save(str(tmp_path / "tok.json"))
+    finite = RECIPE.replace('exhaustion="repeat"', 'exhaustion="stop"')
+    (tmp_path / "finite.py").write_text(finite.format(path=str(tmp_path / "tok.json"), extra=""))
+    build = load_recipe(tmp_path / "finite.py")
+    real = verify(build, steps=200, world_sizes=[1], workers=(), standard=False, runners=())
+    count = len(real[0].hashes)
+    runs = verify(
+        build,
+        steps=count + 3,
+        world_sizes=[2, 1, 4],
+        workers=(2,),
+        fault_step=count - 1,
+        standard=False,
+        runners=(),
+    )
+    assert [r.name for r in runs][-2:] == [
+        "zephon W=2 workers=2",
+        f"zephon W=4 fault@{count - 1} -> W=2",
+    ]
+    assert all(r.hashes == real[0].hashes for r in runs), table(runs)
+
+
+FILTERED = """
+from tokenizers import Tokenizer
+from tests.helpers import two_sources
+from zephon_torch import Pipeline
+from zephon_torch.work import StaticMixtureWorkSource
+
+TOKENIZER = Tokenizer.from_file({path!r})
+
+
+def long_enough(row):
+    return len(row["text"]) > 20
+
+
+def pipeline():
+    source = StaticMixtureWorkSource(
+        two_sources(40, 30, shard_size=8), {{"long": 0.6, "short": 0.4}}, seed=1,
+        exhaustion="repeat",
+    )
+    return (
+        Pipeline(source).options(canonical_replicas=4).filter(long_enough)
+        .tokenize(tokenizer=TOKENIZER, parallelism=1).pack_flat(64, "wrap").batch(2)
+    )
+"""
+
+
+def test_a_recipe_s_own_functions_reach_spawned_workers_and_processes(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """The recipe was loaded as a module no other process could import: a filter defined in
+    it failed to pickle for the default verify (spawned DataLoader workers, processes
+    runner)."""
+    tokenizer.save(str(tmp_path / "tok.json"))
+    (tmp_path / "filtered_recipe.py").write_text(FILTERED.format(path=str(tmp_path / "tok.json")))
+    build = load_recipe(tmp_path / "filtered_recipe.py")
+    runs = verify(build, steps=3, world_sizes=[1], workers=(2,), standard=False)
+    assert [r.name for r in runs] == [
+        "zephon W=1",
+        "zephon W=1 workers=2",
+        "zephon W=1 runner=processes",
+    ]
+    assert all(r.hashes == runs[0].hashes and len(r.hashes) == 3 for r in runs)
+    (tmp_path / "json.py").write_text("")
+    with pytest.raises(ConfigError, match="file name is that of the module 'json'"):
+        load_recipe(tmp_path / "json.py")
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["--workers", "a"], ["--world-sizes", "0"], ["--world-sizes", "1,,2"], ["--fault-step", "-1"]],
+)
+def test_verify_s_malformed_arguments_are_usage_errors(
+    tmp_path: Path, tokenizer: Any, arguments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were bare ValueErrors (exit 1), as was a missing recipe file."""
+    from zephon_torch.cli import main
+
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")
+    for argv in (["verify", str(recipe), *arguments], ["verify", str(tmp_path / "none.py")]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert "error:" in capsys.readouterr().err

@@ -85,6 +85,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         self._generation = 0  # counts iter() and load_state_dict(): older iterators are stale
         self.deliver_on_use = deliver_on_use
         self._pack_transport = True  # off only to measure torch's own transport
+        # spent lanes pad on and the stream never ends: the caller cuts it (verify's
+        # simulated ranks, which end together where no rank has data)
+        self._pad_on = False
 
     @property
     def pipeline_dataset(self) -> PipelineDataset:
@@ -107,16 +110,17 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if ranks:
             self._check_aligned()
         equalise = ranks and pipeline.exhaustion == "stop"
+        uncut = equalise or self._pad_on
         dataset.with_meta = True
         dataset.pack_transport = self.num_workers > 0 and self._pack_transport
-        dataset.endless = self.num_workers > 1 or equalise
-        if self.num_workers > 1 and not equalise:  # else the pipeline warns, or other ranks
+        dataset.endless = self.num_workers > 1 or uncut
+        if self.num_workers > 1 and not uncut:  # else the pipeline warns, or other ranks
             warn_if_spent(dataset.resume_lanes(self._delivered).values())  # may have data
         items: Iterator[dict[str, Any]] = _raising(map(unpack, super().__iter__()))
         if self.num_workers > 1:
             turns = self._lane_turns()
             items = in_lane_order(items, key=_turn_and_lane, turns=turns)
-            if not equalise:
+            if not uncut:
                 items = cut_at_empty_turn(
                     items, turn=_turn, tokens=_tokens, ahead=max(turns.values())
                 )
