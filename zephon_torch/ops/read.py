@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch.errors import DataError
@@ -21,7 +24,7 @@ from zephon_torch.ops._runner import Chunk, Runner
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import Document
 from zephon_torch.work.mixture import Exhaustion
-from zephon_torch.work.pointers import PointerLayout, lane_length
+from zephon_torch.work.pointers import PointerLayout, PointerSpan, lane_length
 
 _VIEW_GROWTH = 256  # chunks of stored views grow to this many times chunk_docs
 _VIEW_TOKENS = 1 << 22  # and to about this many tokens
@@ -71,6 +74,9 @@ class DocumentReader(BaseNode[Document]):
         self.ahead = max(1, ahead)
         self._lane_rows = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=num_lanes)
         self._futures: deque[Future[Chunk]] = deque()
+        self._spans: deque[PointerSpan] = deque()  # where each future's chunk was read from
+        self._filtered = 0  # documents in a row that the filters dropped
+        self._dropped: npt.NDArray[np.bool_] | None = None  # the rows among them, by row
         self._chunk: Chunk = []  # the chunk being returned, from document _index on
         self._index = 0
         self.columnar = isinstance(runner.chain, TokenChain)  # chunks are TokenChunks
@@ -90,6 +96,8 @@ class DocumentReader(BaseNode[Document]):
         for future in self._futures:
             future.cancel()
         self._futures.clear()
+        self._spans.clear()
+        self._filtered, self._dropped = 0, None
         self._chunk, self._index = [], 0
         self._submitted = 0
         self._walked = None
@@ -149,6 +157,7 @@ class DocumentReader(BaseNode[Document]):
                 raise StopIteration
             start = time.perf_counter()
             chunk = self._futures.popleft().result()
+            span = self._spans.popleft()
             self.waited += time.perf_counter() - start
             if self._growth == _VIEW_GROWTH:  # counted before the next chunk is sized
                 assert isinstance(chunk, TokenChunk)
@@ -157,7 +166,47 @@ class DocumentReader(BaseNode[Document]):
             self._top_up()
             if len(chunk):
                 self._chunk, self._index = chunk, 0
+                self._filtered, self._dropped = 0, None
                 return chunk
+            self._all_filtered(span)
+
+    def _all_filtered(self, span: PointerSpan) -> None:
+        """Count the documents of ``span``, all of which the filters dropped, as more in a
+        row. Under ``exhaustion="repeat"`` a lane whose every document is dropped would be
+        read for ever without a word; filters are pure functions of the row, so that is
+        refused once known:
+
+        - where every pass hands the lane the same documents (one lane, or no shuffle), by a
+          run of twice a lane pass;
+        - with several shuffled lanes, where each pass deals the documents anew, by a run
+          that has met every row of the dataset (counted from the third lane pass on). A
+          warning comes after eight lane passes, as that may take many passes.
+        """
+        self._filtered += len(span)
+        run, lane_rows = self._filtered, self._lane_rows
+        if self.exhaustion != "repeat" or run <= 2 * lane_rows:
+            return
+        if run - len(span) <= 8 * lane_rows < run:
+            warnings.warn(
+                f"dataset {self.layout.name!r}: the filters dropped {run} documents in a row "
+                f"on lane {self.lane}",
+                stacklevel=2,
+            )
+        if self.same_each_pass:
+            whole = f"a whole pass of lane {self.lane}"
+        else:
+            if self._dropped is None:
+                self._dropped = np.zeros(self.layout.num_rows, dtype=np.bool_)
+            firsts = np.cumsum((0, *self.layout.shard_rows))
+            self._dropped[firsts[span.shards] + span.rows] = True
+            if not self._dropped.all():
+                return
+            whole = "the dataset"
+        raise DataError(
+            f"the filters dropped every document of {whole}: with exhaustion='repeat' it "
+            "would be read forever without giving a document",
+            dataset=self.layout.name,
+        )
 
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read one document synchronously (to rebuild a packer's open bins)."""
@@ -180,6 +229,7 @@ class DocumentReader(BaseNode[Document]):
         for future in self._futures:
             future.cancel()
         self._futures.clear()
+        self._spans.clear()
 
     def _normalise(self, at: tuple[int, int]) -> tuple[int, int] | None:
         pass_index, pos = at
@@ -214,6 +264,7 @@ class DocumentReader(BaseNode[Document]):
                 count=count,
             )
             self._futures.append(self.runner.submit(self.source, span))
+            self._spans.append(span)
             self._cursor = self._normalise((pass_index, pos + count))
             self._prefetch_ahead()
 

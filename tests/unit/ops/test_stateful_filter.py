@@ -428,3 +428,37 @@ def test_iterating_again_leaves_the_delivered_batch_states_alone() -> None:
     before = copy.deepcopy(last.state)
     list(itertools.islice(pipeline, 3))
     assert last.state == before
+
+
+def _drop_b(row: dict[str, Any]) -> bool:
+    return bool(row["text"].startswith("a"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_plain_filter_that_drops_a_whole_source_under_repeat_is_an_error_or_a_warning(
+    tokenizer: Any, lanes: int
+) -> None:
+    """It was read for ever, spinning with no batch and no word. Filters are pure: where
+    every pass hands a lane the same documents it is refused after two lane passes; with
+    several shuffled lanes (each pass deals anew) once the run has met every row."""
+    from zephon_torch import DataError, Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    datasets = [
+        Dataset.from_dict(name, {"text": [f"{name} {i} words" for i in range(20)]}, shard_size=5)
+        for name in ("a", "b")
+    ]
+    source = StaticMixtureWorkSource(datasets, {"a": 0.5, "b": 0.5}, seed=3, exhaustion="repeat")
+    pipeline = (
+        Pipeline(source)
+        .options(canonical_replicas=lanes)
+        .filter(_drop_b)
+        .tokenize(tokenizer=tokenizer, parallelism=1)
+        .pack_flat(32)
+        .batch(1)
+    )
+    whole = "a whole pass of lane 0" if lanes == 1 else "the dataset"
+    with pytest.raises(DataError, match=f"dataset 'b'.* every document of {whole}"):
+        next(iter(pipeline))
