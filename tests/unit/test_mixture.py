@@ -136,6 +136,26 @@ def test_weights_are_normalised_from_any_positive_numbers() -> None:
     assert StaticMixtureWorkSource(datasets, {"a": 3, "b": 1}).weights == (0.75, 0.25)
 
 
+def test_weights_summing_past_the_largest_float_are_a_config_error() -> None:
+    """A bare OverflowError from the sum before."""
+    datasets = [Dataset.from_dict("a", {"text": ["x"]}), Dataset.from_dict("b", {"text": ["y"]})]
+    with pytest.raises(ConfigError, match="sum past the largest float"):
+        StaticMixtureWorkSource(datasets, {"a": 1e308, "b": 1e308})
+
+
+def test_a_measure_giving_no_count_is_a_config_error_naming_the_dataset(tokenizer: object) -> None:
+    """A NaN count was a bare ValueError deep in the runtime at the first iter()."""
+    from tests.helpers import two_sources
+    from zephon_torch import Pipeline
+    from zephon_torch.work import TokenEstimation
+
+    estimation = TokenEstimation(measure=lambda text: math.nan)
+    source = StaticMixtureWorkSource(two_sources(), seed=1, token_estimation=estimation)
+    pipeline = Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2)
+    with pytest.raises(ConfigError, match=r"`measure` gave nan tokens .* dataset 'long'"):
+        next(iter(pipeline))
+
+
 def test_token_estimation_honours_pinned_figures_and_a_custom_measure(tokenizer: object) -> None:
     from tests.helpers import two_sources
     from zephon_torch import Pipeline

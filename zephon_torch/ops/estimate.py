@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from zephon_torch._progress import track
+from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import DocChain
 from zephon_torch.work.mixture import TokenEstimation
 from zephon_torch.work.pointers import PointerLayout
@@ -42,6 +43,11 @@ def calibrate(
             tokens = pinned[layout.name] * text_bytes
         elif texts and estimation.measure is not None:
             tokens = float(sum(estimation.measure(t) for t in texts))
+            if not math.isfinite(tokens) or tokens < 0:
+                raise ConfigError(
+                    f"TokenEstimation `measure` gave {tokens} tokens for the first documents "
+                    f"of dataset {layout.name!r}; it must count a text's tokens (>= 0)"
+                )
         else:
             docs = chain.ops[-1](docs)
             tokens = float(sum(len(d.tokens) for d in docs if d.tokens is not None))

@@ -206,7 +206,12 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
             raise ConfigError(
                 f"`mixture` weight of {name!r} must be a positive finite number, got {weight!r}"
             )
-    total = math.fsum(float(mixture[n]) for n in names)  # the same on every Python (see below)
+    try:
+        total = math.fsum(float(mixture[n]) for n in names)  # the same on every Python
+    except OverflowError:
+        raise ConfigError(
+            f"`mixture` weights {dict(mixture)} sum past the largest float; scale them down"
+        ) from None
     return tuple(float(mixture[n]) / total for n in names)
 
 
