@@ -28,7 +28,7 @@ from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch._stats import RunCounters, pipeline_stats
 from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import lanes_for_rank
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, fork_safe_backend
 from zephon_torch.ops.batch import Batch
@@ -436,6 +436,15 @@ class Pipeline:
         """Continue from ``state`` (from any world size dividing L); raises on any mismatch.
         An iterator made before the load raises RuntimeError on its next call."""
         check_state(state, self.fingerprint(), self.lanes)
+        lanes = state["lanes"]
+        if self.topology[0] > 1 and not set(map(int, lanes)) <= set(self.lanes):
+            # a state of several ranks' lanes (merged, or of fewer ranks) at different turns:
+            # loaded rank by rank, the ranks would run turns apart
+            turns = {0 if lane is None else lane["turn"] for lane in lanes.values()}
+            if len(turns) > 1:
+                raise StateMismatchError(
+                    {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
+                )
         self._end_live()
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
         self._estimation = copy.deepcopy(state.get("estimation"))

@@ -119,3 +119,23 @@ def test_iterating_a_spent_pipeline_again_warns_that_it_gives_no_data(tokenizer:
     with pytest.warns(UserWarning, match="every lane of this pipeline is spent"):
         again = list(pipeline)
     assert sum(b.num_tokens for b in again) == 0
+
+
+def test_a_state_saved_mid_step_is_refused_by_a_pipeline_of_several_ranks(tokenizer: Any) -> None:
+    """Only the torch loader under torch.distributed checked it: pipelines on ranks (or with W
+    from the options or the environment) took it and ran turns apart."""
+    from zephon_torch.errors import StateMismatchError
+
+    one = small_pipeline(tokenizer, lanes=4)
+    next(iter(one))  # lane 0 of turn 0: mid-step
+    state = json.loads(json.dumps(one.state_dict()))
+    for rank in (0, 1):
+        ranked = small_pipeline(tokenizer, lanes=4, world_size=2, rank=rank)
+        with pytest.raises(StateMismatchError, match=r"saved mid-step: lanes at turns \[0, 1\]"):
+            ranked.load_state_dict(state)
+    for _ in range(3):  # the rest of the step: loads on both ranks
+        next(iter(one))
+    for rank in (0, 1):
+        small_pipeline(tokenizer, lanes=4, world_size=2, rank=rank).load_state_dict(
+            one.state_dict()
+        )
