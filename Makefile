@@ -1,5 +1,7 @@
-# Every target sets itself up on a fresh machine: a virtual environment in .venv, torch pinned to
-# the CPU build first (constraints.txt), then the project with its dev extras.
+# Every target sets itself up on a fresh machine: a virtual environment in .venv, torch pinned
+# first (constraints.txt: the project's machines find its CPU build locally; elsewhere set
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu, or pip takes the CUDA build), then the
+# project with its dev extras.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -1,8 +1,9 @@
 """DataLoader workers: items through one shared buffer vs torch's tensor-by-tensor transport.
 
-The pre-tokenized `.npy` corpus of `pretokenized.py` (36 M tokens, so the loader, not the data,
-is the cost) through `zephon_torch.torch.DataLoader` with `--workers` worker processes (fork),
-one pass, L = 4 lanes, batches [8, 2048]. Measured in the same run, interleaved:
+The pre-tokenized `.npy` corpus of `pretokenized.py` (the demo corpus tokenized once, about 9 M
+tokens, so the loader, not the data, is the cost) through `zephon_torch.torch.DataLoader` with
+`--workers` worker processes (fork), one pass, L = 4 lanes, batches [8, 2048]. Measured in the
+same run, interleaved:
 
 - in-process: `Batch.to_training()` over the bare pipeline (no DataLoader): the ceiling;
 - loader, 0 workers;

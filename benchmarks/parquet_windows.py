@@ -16,7 +16,7 @@ Both read the same number of real tokens (the same shards, another order). Print
 each, the row-group decodes per group read, and the ratio blocks / whole shards; the ratio is
 the speed-up a user of such shards sees. Exit 0 always.
 
-    .venv/bin/python benchmarks/parquet_windows.py [--shards 4] [--shard-mib 160] [--batches 40]
+    .venv/bin/python benchmarks/parquet_windows.py [--shards 4] [--shard-mib 160] [--batches 2000]
 """
 
 from __future__ import annotations

@@ -63,6 +63,10 @@ def _write_corpus(folder: Path, kind: str, shards: int = 4, rows: int = 50) -> N
         if kind == "jsonl":
             lines = "".join(json.dumps(doc) + "\n" for doc in docs)
             (folder / f"part-{shard:03d}.jsonl").write_text(lines)
+        elif kind == "vortex":
+            from tests.unit.io.test_io_formats_writers import write_vortex
+
+            write_vortex(folder / f"part-{shard:03d}.vortex", pa.Table.from_pylist(docs))
         else:
             pq.write_table(pa.Table.from_pylist(docs), folder / f"part-{shard:03d}.parquet")
 
@@ -78,7 +82,7 @@ def _cache_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name[0] != ".")
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "vortex"])
 def test_an_s3_prefix_reads_the_same_rows_as_the_local_copy(
     s3_server: tuple[str, Any], tmp_path: Path, kind: str
 ) -> None:

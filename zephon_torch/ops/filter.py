@@ -27,7 +27,10 @@ class FilterOp(UserOp):
         self.name = function_name(fn, name)
 
     def __call__(self, docs: list[Document]) -> list[Document]:
-        return [doc for doc in docs if doc.data is not None and self.apply(self.fn, doc)]
+        return [doc for doc in docs if doc.data is not None and self.apply(self._keep, doc)]
+
+    def _keep(self, row: Row) -> bool:
+        return bool(self.fn(row))  # within `apply`: a result with no truth value names its row
 
     def fingerprint(self) -> dict[str, Any]:
         """The predicate's name: changing it changes the data."""

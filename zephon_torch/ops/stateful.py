@@ -20,7 +20,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch.errors import DataError
-from zephon_torch.ops.document import Document
+from zephon_torch.ops.document import Document, call_user
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.work.pointers import PointerLayout
 
@@ -64,6 +64,7 @@ class FilteredReader(BaseNode[Document]):
         self.op = op
         self.source_name = source_name
         self._initial = copy.deepcopy(op.state_dict())
+        self._where: tuple[list[str], list[list[str]]] | None = None  # names, shard paths
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or restore the reader's position and the filter's state."""
@@ -125,7 +126,7 @@ class FilteredReader(BaseNode[Document]):
             assert doc.tokens is not None
             if doc.tokens.dtype != np.int32:  # pre-tokenized ids come in their stored type
                 doc.tokens = self._as_int32(doc)
-            if self.op.keep(doc.tokens, self.source_name):
+            if self._keep(doc):
                 return doc
             rejected += 1
             if watch and rejected % (2 * rows) == rows:  # 2 passes of rejections apart
@@ -138,6 +139,21 @@ class FilteredReader(BaseNode[Document]):
                         dataset=self.layout.name,
                     )
                 before = state
+
+    def _keep(self, doc: Document) -> bool:
+        """The filter's decision on ``doc``; its errors become a DataError naming the row."""
+        if self._where is None:
+            datasets = self._stack()[1].runner.chain.datasets
+            self._where = [d.name for d in datasets], [[s.path for s in d.shards] for d in datasets]
+        names, paths = self._where
+        return call_user(
+            lambda tokens: bool(self.op.keep(tokens, self.source_name)),
+            doc.tokens,
+            doc,
+            f"stateful filter {self.op.name!r}",
+            dataset_names=names,
+            shard_paths=paths,
+        )
 
     def _stack(self) -> tuple[list[FilteredReader], DocumentReader]:
         """This filtered reader and those beneath it, top first, and the reader at the bottom."""

@@ -462,3 +462,45 @@ def test_a_plain_filter_that_drops_a_whole_source_under_repeat_is_an_error_or_a_
     whole = "a whole pass of lane 0" if lanes == 1 else "the dataset"
     with pytest.raises(DataError, match=f"dataset 'b'.* every document of {whole}"):
         next(iter(pipeline))
+
+
+class Raises(StatefulFilter):
+    name = "raises"
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        if len(tokens) and tokens[0] == 4:
+            raise KeyError("boom")
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_errors_of_a_user_filter_s_decision_name_the_row() -> None:
+    """A stateful filter's exception, and a plain filter's result with no truth value, came
+    out bare, naming no row."""
+    from zephon_torch import DataError
+
+    pipeline = _repeating(6).stateful_filter(lambda lane: Raises()).batch(1)
+    with pytest.raises(DataError, match=r"dataset 'd', shard .*, row 3: stateful filter 'raises'"):
+        list(itertools.islice(pipeline, 12))
+
+    import numpy as np
+
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    dataset = Dataset.from_dict("t", {"ids": [[1, 2], [3, 4]]})
+    plain = (
+        Pipeline(StaticMixtureWorkSource([dataset]))
+        .filter(lambda row: np.array([True, False]), name="array")
+        .pretokenized("ids")
+        .pack_flat(4)
+        .batch(1)
+    )
+    with pytest.raises(DataError, match=r"row 0: filter 'array' raised ValueError: The truth"):
+        next(iter(plain))
