@@ -14,6 +14,7 @@ shard is split, blocks are shards.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -172,12 +173,14 @@ class PointerLayout:
         if self.shuffle:
             window = np.searchsorted(layout.window_starts, global_pos, side="right") - 1
             offsets = np.empty_like(global_pos)
-            first, last = int(window[0]), int(window[-1])  # positions rise: so do windows
-            for w in range(first, last + 1):
-                sel = slice(None) if first == last else window == w
+            # positions rise, so each window's are one run: only the windows present are
+            # permuted (with many lanes and small shards, most windows in between hold none)
+            cuts = [0, *(np.flatnonzero(np.diff(window)) + 1).tolist(), len(window)]
+            for a, b in itertools.pairwise(cuts):
+                w = int(window[a])
                 begin, end = int(layout.window_starts[w]), int(layout.window_starts[w + 1])
                 key = stable_key(self.seed, self.name, pass_index, "window", w)
-                offsets[sel] = begin + permute(global_pos[sel] - begin, end - begin, key)
+                offsets[a:b] = begin + permute(global_pos[a:b] - begin, end - begin, key)
         ordered = np.searchsorted(layout.ordered_starts, offsets, side="right") - 1
         rows = offsets - layout.ordered_starts[ordered] + layout.block_rows[ordered]
         return layout.block_shards[ordered], rows
