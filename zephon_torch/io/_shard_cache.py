@@ -62,6 +62,10 @@ class CacheFullError(OSError):
     """No room for a made file: the cache stayed full of shards in use."""
 
 
+class CacheFolderError(ConfigError):
+    """The cache folder cannot be made (a file lies in the way, no access)."""
+
+
 @dataclass(frozen=True)
 class CachedObject:
     """A remote object as the cache knows it.
@@ -117,13 +121,13 @@ class ShardCache:
         each download or make, as a cleaner (or a user) may delete the folder during a run.
 
         Raises:
-            ConfigError: when the folder cannot be made (a file lies in the way, no access).
+            CacheFolderError: (a ConfigError) when the folder cannot be made.
         """
         try:
             for sub in (_TMP, _RESERVE, _LOCKS):
                 os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
         except OSError as error:
-            raise ConfigError(
+            raise CacheFolderError(
                 f"cannot use the shard cache folder {self.directory!r} "
                 f"(io_options cache `dir`): {error}"
             ) from None

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from zephon_torch.errors import ConfigError, DataError, ZephonError
+from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import (
     Compression,
@@ -36,7 +36,7 @@ from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._projection import ProjectedReader
 from zephon_torch.io._remote import CacheOptions, IoOptions
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
-from zephon_torch.io._shard_cache import ShardCache
+from zephon_torch.io._shard_cache import CacheFolderError, ShardCache
 
 if TYPE_CHECKING:
     from zephon_torch.io.formats import ShardReader
@@ -237,9 +237,9 @@ class JsonlReader:
                     f"({self.cache.max_bytes}){beside}: raise it (io_options={{'cache': "
                     "{'max_bytes': ...}})"
                 ) from None
-            except (ImportError, ZephonError, CorruptError):
+            except (ImportError, StorageError, CorruptError):
                 raise
-            except OSError as error:
+            except (OSError, CacheFolderError) as error:  # the folder cannot take it
                 _log.warning(
                     "cannot decompress %r into the shard cache %r (%s): holding it in memory",
                     path,
