@@ -9,9 +9,12 @@ index reads are retried under the `RetryPolicy`, then fail with a StorageError n
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import posixpath
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -430,6 +433,16 @@ def versioned_per_open(
     )
     stamp = f"unversioned@{time.time_ns()}"
     return [(p, item if item.version else replace(item, version=stamp)) for p, item in objects]
+
+
+def per_open_index_dir() -> str:
+    """A fresh index folder for a dataset whose objects are versioned by its open (see
+    `versioned_per_open`): their line indexes and row counts, keyed by that version, would
+    never be read again, so they go to a temporary folder removed when the process exits
+    (DataLoader workers, which end first, read it too)."""
+    folder = tempfile.mkdtemp(prefix="zephon-open-index-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def identity(url: str, info: Mapping[str, Any]) -> CachedObject:

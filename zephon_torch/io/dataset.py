@@ -29,6 +29,7 @@ from zephon_torch.io._remote import (
     ParquetOptions,
     is_remote,
     list_remote,
+    per_open_index_dir,
     versioned_per_open,
 )
 from zephon_torch.io._remote_reader import RemoteReader
@@ -247,11 +248,14 @@ class Dataset:
             listing = list_remote(
                 url, format_=format_, storage_options=storage_options, retry=options.retry
             )
+        objects = versioned_per_open(listing.objects, name)
+        if objects is not listing.objects:  # counted at this open only: kept nowhere after it
+            index_cache_dir = per_open_index_dir()
         reader = RemoteReader(
             dataset=name,
             format_=listing.format,
             url=url,
-            objects=versioned_per_open(listing.objects, name),
+            objects=objects,
             storage_options=storage_options,
             options=options,
             index_cache_dir=index_cache_dir,
