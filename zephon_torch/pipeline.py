@@ -438,9 +438,14 @@ class Pipeline:
         check_state(state, self.fingerprint(), self.lanes)
         lanes = state["lanes"]
         if self.topology[0] > 1 and not set(map(int, lanes)) <= set(self.lanes):
-            # a state of several ranks' lanes (merged, or of fewer ranks) at different turns:
-            # loaded rank by rank, the ranks would run turns apart
-            turns = {0 if lane is None else lane["turn"] for lane in lanes.values()}
+            # a state of several ranks' lanes (merged, or of fewer ranks) whose live lanes lie
+            # at different turns: loaded rank by rank, the ranks would run turns apart (spent
+            # lanes give nothing more: per-rank pipelines under "stop" end turns apart)
+            turns = {
+                0 if lane is None else lane["turn"]
+                for lane in lanes.values()
+                if lane is None or not lane["done"]
+            }
             if len(turns) > 1:
                 raise StateMismatchError(
                     {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}

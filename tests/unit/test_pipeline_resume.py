@@ -139,3 +139,22 @@ def test_a_state_saved_mid_step_is_refused_by_a_pipeline_of_several_ranks(tokeni
         small_pipeline(tokenizer, lanes=4, world_size=2, rank=rank).load_state_dict(
             one.state_dict()
         )
+    # per-rank pipelines under "stop" end turns apart: their merged final state is no
+    # mid-step state (its lanes are spent) and loads, giving nothing more
+    from zephon_torch import merge_states
+
+    def ranked(rank: int) -> Any:
+        data = two_sources(31, 17)
+        return small_pipeline(tokenizer, lanes=2, world_size=2, rank=rank, datasets=data)
+
+    ends = []
+    for rank in (0, 1):
+        pipeline = ranked(rank)
+        assert sum(1 for _ in pipeline)
+        ends.append(pipeline.state_dict())
+    assert ends[0]["step"] != ends[1]["step"]
+    for rank in (0, 1):
+        pipeline = ranked(rank)
+        pipeline.load_state_dict(merge_states(ends))
+        with pytest.warns(UserWarning, match="spent"):
+            assert list(pipeline) == []
