@@ -20,6 +20,7 @@ from zephon_torch._token_stage import (
     id_check,
     pad_id,
     plain_documents,
+    shard_paths,
     token_stage,
 )
 from zephon_torch.ops._runner import DocChain, Runner
@@ -70,6 +71,7 @@ class LaneRuntime:
         warn_if_fewer_rows_than_lanes(source, num_lanes)
         self.nodes: list[BatchNode] = []
         self.readers: list[DocumentReader] = []
+        where = (list(source.names), shard_paths(pipeline))  # user errors name their row
         for lane in pipeline.lanes:
             readers = [
                 DocumentReader(
@@ -88,7 +90,7 @@ class LaneRuntime:
             self.readers.extend(readers)
             for factory, _ in pipeline._stateful:
                 readers = [
-                    FilteredReader(reader, factory(lane), name)
+                    FilteredReader(reader, factory(lane), name, where)
                     for reader, name in zip(readers, source.names)
                 ]
             packer = make_packer(

@@ -119,33 +119,25 @@ def _index(args: argparse.Namespace) -> int:
     )
 
 
-def _positive_int(text: str) -> int:
-    (value,) = _int_list(text, least=1, what="a positive integer")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    (value,) = _int_list(text, least=0, what="an integer >= 0")
-    return value
-
-
-def _int_list(text: str, *, least: int, what: str = "comma-separated integers") -> tuple[int, ...]:
-    """A comma list of integers of at least `least` ('' for none); one for `what` in the
-    singular."""
-    parts = [p.strip() for p in text.split(",")] if text.strip() else []
+def _int_at_least(text: str, least: int) -> int:
+    """An integer of at least `least` (as "a positive integer" for 1)."""
+    what = "a positive integer" if least == 1 else f"an integer >= {least}"
     try:
-        values = tuple(int(part) for part in parts)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-    if any(value < least for value in values) or (
-        not what.startswith("comma") and len(values) != 1
-    ):
-        raise argparse.ArgumentTypeError(
-            f"must be {what}"
-            + (f", each at least {least}" if what.startswith("comma") else "")
-            + f", got {text!r}"
-        )
-    return values
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+    return value
+
+
+_positive_int = partial(_int_at_least, least=1)
+_non_negative_int = partial(_int_at_least, least=0)
+
+
+def _int_list(text: str, *, least: int) -> tuple[int, ...]:
+    """A comma list of integers of at least `least` ('' for none)."""
+    return tuple(_int_at_least(p.strip(), least) for p in text.split(",")) if text.strip() else ()
 
 
 def _runner_list(text: str) -> tuple[str, ...]:

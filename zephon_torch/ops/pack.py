@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -31,7 +30,7 @@ from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.document import Document, Tokens
 from zephon_torch.ops.packers import Packer, Piece, WrapPacker, pieces_from_state
 from zephon_torch.ops.pretokenized import Owner
-from zephon_torch.ops.read import DocumentReader
+from zephon_torch.ops.read import BarrenRun, DocumentReader
 
 if TYPE_CHECKING:
     from zephon_torch.ops.stateful import FilteredReader
@@ -121,10 +120,10 @@ class MixPack(BaseNode[PackedRow]):
         self.drop_longer_than = drop_longer_than
         self.drop_shorter_than = drop_shorter_than
         self.skipped = {"too_long": 0, "too_short": 0}
-        self._idle = [0] * len(readers)  # documents in a row that gave no tokens, per source
-        # per source, in a long run of such documents on several shuffled lanes: the rows
-        # seen in it (a bit per row of the dataset), and how many
-        self._seen: list[tuple[bytearray, list[int]] | None] = [None] * len(readers)
+        # per source, its documents in a row that gave no tokens
+        self._barren_runs = [
+            BarrenRun(r, "gave no token (empty, or cut by the length rules)") for r in readers
+        ]
         # per source, its current token chunk and the documents _admit refuses there
         self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
         # documents come as columns: a lone active source's are taken a chunk at a time
@@ -133,8 +132,8 @@ class MixPack(BaseNode[PackedRow]):
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh, or restore counters, reader positions and open rows."""
         super().reset(initial_state)
-        self._idle = [0] * len(self.readers)
-        self._seen = [None] * len(self.readers)
+        for run in self._barren_runs:
+            run.clear()
         self._refusals = [None] * len(self.readers)
         if initial_state is None:
             for reader in self.readers:
@@ -308,7 +307,7 @@ class MixPack(BaseNode[PackedRow]):
             last += 1
         if last > first:
             self.documents[source] += last - first
-            self._idle[source], self._seen[source] = 0, None
+            self._barren_runs[source].clear()
         return taken, last
 
     def _pull(self, max_tokens: int) -> Piece | None:
@@ -353,39 +352,19 @@ class MixPack(BaseNode[PackedRow]):
         else:
             self.documents[source] += 1
             if size:
-                self._idle[source], self._seen[source] = 0, None
+                self._barren_runs[source].clear()
                 return True
         self._barren(source, shard, row)
         return False
 
     def _barren(self, source: int, shard: int, row: int) -> None:
         """Count a document of ``source`` that gave no tokens (empty or dropped by length),
-        stored at ``(shard, row)``. Under ``exhaustion="repeat"`` a source none of whose
-        documents gives a token would be read for ever; that is refused instead, once known:
-
-        - where every pass hands the lane the same documents (one lane, or no shuffle), by a
-          run of twice a lane pass, which holds a whole pass (the length rules are pure);
-        - with several shuffled lanes, where each pass deals the documents anew, by a run that
-          has met every row of the dataset (counted from the third lane pass on, a bit per
-          row). A warning comes after eight lane passes, as that may take many passes.
-        """
-        self._idle[source] += 1
+        stored at ``(shard, row)``: a source that would be read for ever without a token
+        under ``exhaustion="repeat"`` is refused once its run proves it (``BarrenRun``)."""
+        if not self._barren_runs[source].extend(shard, row):
+            return
         reader = self.readers[source]
-        run, lane_rows = self._idle[source], reader.lane_rows
-        if reader.exhaustion != "repeat" or run <= 2 * lane_rows:
-            return
-        if run == 8 * lane_rows + 1:
-            warnings.warn(
-                f"dataset {reader.layout.name!r}: {run} documents in a row gave no token "
-                "(empty, or dropped by the length rules)",
-                stacklevel=2,
-            )
-        if reader.same_each_pass:
-            whole = "a whole pass of this lane"
-        elif self._met_every_row(source, shard, row):
-            whole = "the dataset"
-        else:
-            return
+        whole = "a whole pass of this lane" if reader.same_each_pass else "the dataset"
         rules = []
         if self.drop_shorter_than:
             rules.append(f"min_document_length={self.drop_shorter_than}")
@@ -397,20 +376,6 @@ class MixPack(BaseNode[PackedRow]):
             "forever without giving a token",
             dataset=reader.layout.name,
         )
-
-    def _met_every_row(self, source: int, shard: int, row: int) -> bool:
-        """Mark ``(shard, row)`` as met in the current run; True once every row is."""
-        layout = self.readers[source].layout
-        seen = self._seen[source]
-        if seen is None:
-            offsets = list(itertools.accumulate(layout.shard_rows, initial=0))
-            seen = self._seen[source] = (bytearray(-(-layout.num_rows // 8)), [0, *offsets])
-        bits, counts = seen  # counts: rows met, then each shard's first row
-        byte, bit = divmod(counts[1 + shard] + row, 8)
-        if not bits[byte] >> bit & 1:
-            bits[byte] |= 1 << bit
-            counts[0] += 1
-        return counts[0] == layout.num_rows
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         return self.readers[source].fetch(pass_index, pos)

@@ -75,8 +75,7 @@ class DocumentReader(BaseNode[Document]):
         self._lane_rows = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=num_lanes)
         self._futures: deque[Future[Chunk]] = deque()
         self._spans: deque[PointerSpan] = deque()  # where each future's chunk was read from
-        self._filtered = 0  # documents in a row that the filters dropped
-        self._dropped: npt.NDArray[np.bool_] | None = None  # the rows among them, by row
+        self._filtered = BarrenRun(self, "were dropped by the filters")
         self._chunk: Chunk = []  # the chunk being returned, from document _index on
         self._index = 0
         self.columnar = isinstance(runner.chain, TokenChain)  # chunks are TokenChunks
@@ -97,7 +96,7 @@ class DocumentReader(BaseNode[Document]):
             future.cancel()
         self._futures.clear()
         self._spans.clear()
-        self._filtered, self._dropped = 0, None
+        self._filtered.clear()
         self._chunk, self._index = [], 0
         self._submitted = 0
         self._walked = None
@@ -166,47 +165,17 @@ class DocumentReader(BaseNode[Document]):
             self._top_up()
             if len(chunk):
                 self._chunk, self._index = chunk, 0
-                self._filtered, self._dropped = 0, None
+                self._filtered.clear()
                 return chunk
-            self._all_filtered(span)
-
-    def _all_filtered(self, span: PointerSpan) -> None:
-        """Count the documents of ``span``, all of which the filters dropped, as more in a
-        row. Under ``exhaustion="repeat"`` a lane whose every document is dropped would be
-        read for ever without a word; filters are pure functions of the row, so that is
-        refused once known:
-
-        - where every pass hands the lane the same documents (one lane, or no shuffle), by a
-          run of twice a lane pass;
-        - with several shuffled lanes, where each pass deals the documents anew, by a run
-          that has met every row of the dataset (counted from the third lane pass on). A
-          warning comes after eight lane passes, as that may take many passes.
-        """
-        self._filtered += len(span)
-        run, lane_rows = self._filtered, self._lane_rows
-        if self.exhaustion != "repeat" or run <= 2 * lane_rows:
-            return
-        if run - len(span) <= 8 * lane_rows < run:
-            warnings.warn(
-                f"dataset {self.layout.name!r}: the filters dropped {run} documents in a row "
-                f"on lane {self.lane}",
-                stacklevel=2,
-            )
-        if self.same_each_pass:
-            whole = f"a whole pass of lane {self.lane}"
-        else:
-            if self._dropped is None:
-                self._dropped = np.zeros(self.layout.num_rows, dtype=np.bool_)
-            firsts = np.cumsum((0, *self.layout.shard_rows))
-            self._dropped[firsts[span.shards] + span.rows] = True
-            if not self._dropped.all():
-                return
-            whole = "the dataset"
-        raise DataError(
-            f"the filters dropped every document of {whole}: with exhaustion='repeat' it "
-            "would be read forever without giving a document",
-            dataset=self.layout.name,
-        )
+            if self._filtered.extend(span.shards, span.rows):  # filters are pure, too
+                whole = (
+                    f"a whole pass of lane {self.lane}" if self.same_each_pass else "the dataset"
+                )
+                raise DataError(
+                    f"the filters dropped every document of {whole}: with "
+                    "exhaustion='repeat' it would be read forever without giving a document",
+                    dataset=self.layout.name,
+                )
 
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read one document synchronously (to rebuild a packer's open bins)."""
@@ -296,3 +265,59 @@ class DocumentReader(BaseNode[Document]):
             then = self.layout.upcoming_shards(pass_index=following[0], start=0, **where)
             upcoming = itertools.chain(upcoming, then)
         dataset.prefetch(upcoming, share=sum(d.remote for d in datasets))
+
+
+class BarrenRun:
+    """A run of one lane's documents of one source, in a row, that gave nothing (empty, cut by
+    the length rules, or dropped by the filters: all pure functions of the row).
+
+    Under ``exhaustion="repeat"`` a source none of whose documents ever gives anything would be
+    read for ever; the run proves it (``extend``):
+
+    - where every pass hands the lane the same documents (one lane, or no shuffle), once it
+      holds twice a lane pass, hence a whole pass;
+    - with several shuffled lanes, where each pass deals the documents anew, once it has met
+      every row of the dataset (counted from the third lane pass on, a flag per row).
+
+    A warning names the source after eight lane passes, as the proof may take many passes.
+
+    Args:
+        reader: the lane's reader of the source (its layout, lane pass and policy).
+        what: what befell the documents, for the warning ("were dropped by the filters").
+    """
+
+    def __init__(self, reader: Any, what: str) -> None:
+        self.reader = reader
+        self.what = what
+        self.clear()
+
+    def clear(self) -> None:
+        """End the run: a document gave something."""
+        self.length = 0
+        self._met: npt.NDArray[np.bool_] | None = None  # the rows met, from the third pass
+        self._count = 0
+
+    def extend(self, shards: Any, rows: Any) -> bool:
+        """Add the documents stored at ``(shards, rows)`` (arrays, or one of each) to the run;
+        True once it proves that the source gives nothing for ever."""
+        reader = self.reader
+        added = int(np.size(rows))
+        self.length += added
+        lane_rows = reader.lane_rows
+        if reader.exhaustion != "repeat" or self.length <= 2 * lane_rows:
+            return False
+        if self.length - added <= 8 * lane_rows < self.length:
+            warnings.warn(
+                f"dataset {reader.layout.name!r}: {self.length} documents in a row {self.what}",
+                stacklevel=3,
+            )
+        if reader.same_each_pass:
+            return True
+        layout = reader.layout
+        if self._met is None:
+            self._met = np.zeros(layout.num_rows, dtype=np.bool_)
+            self._firsts = np.cumsum((0, *layout.shard_rows))
+        index = self._firsts[shards] + rows
+        self._count += int(np.count_nonzero(~self._met[index]))  # a span has no row twice
+        self._met[index] = True
+        return bool(self._count == layout.num_rows)

@@ -21,6 +21,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch.errors import DataError
 from zephon_torch.ops.document import Document, call_user
+from zephon_torch.ops.map import Where
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.work.pointers import PointerLayout
 
@@ -58,13 +59,15 @@ class FilteredReader(BaseNode[Document]):
         ``{"reader": reader state, "filter": the filter's state_dict()}``.
     """
 
-    def __init__(self, reader: DocumentReader, op: StatefulFilter, source_name: str) -> None:
+    def __init__(
+        self, reader: DocumentReader, op: StatefulFilter, source_name: str, where: Where
+    ) -> None:
         super().__init__()
         self.reader = reader
         self.op = op
         self.source_name = source_name
+        self.where = where  # dataset names and shard paths, for errors naming a row
         self._initial = copy.deepcopy(op.state_dict())
-        self._where: tuple[list[str], list[list[str]]] | None = None  # names, shard paths
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or restore the reader's position and the filter's state."""
@@ -142,10 +145,7 @@ class FilteredReader(BaseNode[Document]):
 
     def _keep(self, doc: Document) -> bool:
         """The filter's decision on ``doc``; its errors become a DataError naming the row."""
-        if self._where is None:
-            datasets = self._stack()[1].runner.chain.datasets
-            self._where = [d.name for d in datasets], [[s.path for s in d.shards] for d in datasets]
-        names, paths = self._where
+        names, paths = self.where
         return call_user(
             lambda tokens: bool(self.op.keep(tokens, self.source_name)),
             doc.tokens,
