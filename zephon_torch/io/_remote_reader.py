@@ -260,21 +260,16 @@ class RemoteReader:
         the LRU, be evicted first and downloaded again by the node's other processes."""
         cache = self._shard_cache()
         for url in self._files_of(shard):
-            with contextlib.suppress(OSError):  # not cached (yet, or any more)
-                os.utime(cache.path(self.objects[url][1]))
+            cache.touch(self.objects[url][1])  # not cached (yet, or any more): nothing to mark
 
     def _fetch_ahead(self, shard: str, cache: ShardCache) -> None:
         """Under the lock: queue the download of the shard's uncached files."""
         cache_options = self.options.cache
         for url in self._files_of(shard):
             fs_path, item = self.objects[url]
-            if url in self._queued:
+            # cached: marked as just used, so that the LRU does not evict it first
+            if url in self._queued or cache.touch(item):
                 continue
-            try:  # cached: marked as just used, so that the LRU does not evict it first
-                os.utime(cache.path(item))
-                continue
-            except FileNotFoundError:
-                pass
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=cache_options.prefetch_threads,

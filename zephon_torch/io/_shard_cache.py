@@ -229,8 +229,7 @@ class ShardCache:
                 else:
                     self._make(name, url, make)
         path = os.path.join(self.directory, name)
-        with contextlib.suppress(OSError):
-            os.utime(path)  # the LRU clock, shared by every process
+        _touch(path)
         try:
             yield path
         finally:
@@ -262,6 +261,10 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
 
+    def touch(self, item: CachedObject) -> bool:
+        """Marks `item`'s cached file as just used; False when it is not cached."""
+        return _touch(self.path(item))
+
     def discard(self, item: CachedObject) -> bool:
         """Deletes `item`'s cached file (a bad copy), unless a process has it pinned; True
         when it is gone."""
@@ -274,8 +277,7 @@ class ShardCache:
 
     def _finish(self, item: CachedObject, pin: bool) -> str:
         path = self.path(item)
-        with contextlib.suppress(OSError):
-            os.utime(path)  # the LRU clock, shared by every process
+        _touch(path)
         if not pin:
             self._pins.unpin(item.name)
         return path
@@ -431,6 +433,16 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _touch(path: str) -> bool:
+    """Marks the file `path` as just used on the LRU clock (its mtime, shared by every
+    process); False when it is not there."""
+    try:
+        os.utime(path)
+    except OSError:
+        return False
+    return True
 
 
 def _try_delete(path: str) -> bool:
