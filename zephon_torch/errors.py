@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import operator
+import pickle
 import re
+import traceback
 from typing import Any
 
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'|" + r'"(?:[^"\\\n]|\\.)*"'  # a str's repr
@@ -21,7 +23,54 @@ _URL = r"^(?:[\w.]+\.)?{name}: (.+?): "
 
 
 class ZephonError(Exception):
-    """Base class of every zephon_torch error."""
+    """Base class of every zephon_torch error.
+
+    Pickled (sent back from a DataLoader worker or a `runner="processes"` worker), it keeps its
+    cause: the cause itself where it pickles and unpickles, else a `WorkerTraceback` standing
+    in for it; either way with the cause's traceback text, which names the frames of the
+    function that raised it, chained below as a `WorkerTraceback`.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _with_cause(self, super().__reduce__())
+
+
+class WorkerTraceback(Exception):
+    """The traceback of an error's cause, as text, after the error crossed a process boundary
+    (its frames cannot cross); chained as ``__cause__``, so a printed traceback shows it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _with_cause(error: BaseException, reduced: str | tuple[Any, ...]) -> tuple[Any, ...]:
+    """`reduced` (an error's `__reduce__` value), carrying the error's `__cause__` across."""
+    cause = error.__cause__
+    assert isinstance(reduced, tuple)  # an exception reduces to a tuple, never a global's name
+    if cause is None:
+        return reduced
+    text = "".join(traceback.format_exception(cause)).rstrip("\n")
+    try:
+        blob: bytes | None = pickle.dumps(cause)
+    except Exception:  # any cause that does not pickle travels as text
+        blob = None
+    return (_rebuild_with_cause, (reduced, blob, text))
+
+
+def _rebuild_with_cause(reduced: tuple[Any, ...], blob: bytes | None, text: str) -> BaseException:
+    rebuild, args, *rest = reduced
+    error: BaseException = rebuild(*args)
+    if rest and rest[0]:
+        error.__dict__.update(rest[0])
+    cause: BaseException
+    try:
+        cause = pickle.loads(blob) if blob is not None else WorkerTraceback(text)
+    except Exception:  # e.g. a class this process cannot import
+        cause = WorkerTraceback(text)
+    if not isinstance(cause, WorkerTraceback):
+        cause.__cause__ = WorkerTraceback(text)
+    error.__cause__ = cause
+    return error
 
 
 class ConfigError(ZephonError, ValueError):
@@ -32,7 +81,7 @@ class StateMismatchError(ZephonError, ValueError):
     """A saved state does not fit the pipeline it is loaded into; lists every difference."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (StateMismatchError, (self.mismatches,))
+        return _with_cause(self, (StateMismatchError, (self.mismatches,)))
 
     def __init__(self, mismatches: dict[str, tuple[object, object]]) -> None:
         self.mismatches = dict(mismatches)
@@ -95,8 +144,9 @@ class DataError(ZephonError, ValueError):
         # from a traceback are read back again).
         kind = type(self)
         if str(self) == self.detail:
-            return (_rebuild_data_error, (self.detail, None, None, None, kind))
-        return (_rebuild_data_error, (self.detail, self.dataset, self.shard, self.row, kind))
+            return _with_cause(self, (_rebuild_data_error, (self.detail, None, None, None, kind)))
+        where = (self.detail, self.dataset, self.shard, self.row, kind)
+        return _with_cause(self, (_rebuild_data_error, where))
 
 
 class StorageError(ZephonError, OSError):
@@ -114,9 +164,8 @@ class StorageError(ZephonError, OSError):
         super().__init__(message if url is None or read_back else f"{url}: {message}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if str(self) == self.detail:  # no URL, or one read back: read back again
-            return (StorageError._rebuild, (self.detail, None))
-        return (StorageError._rebuild, (self.detail, self.url))
+        url = None if str(self) == self.detail else self.url  # None: no URL, or read back
+        return _with_cause(self, (StorageError._rebuild, (self.detail, url)))
 
     @staticmethod
     def _rebuild(message: str, url: str | None) -> StorageError:

@@ -11,6 +11,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import small_pipeline, two_sources
 from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError, merge_states
+from zephon_torch.errors import WorkerTraceback
 from zephon_torch.io import Dataset
 from zephon_torch.torch import DataLoader
 from zephon_torch.torch.dataset import lanes_for_worker, workers_used
@@ -178,6 +179,19 @@ def test_a_data_error_in_a_worker_reaches_the_loop_as_a_data_error(
     with pytest.raises(DataError) as caught:
         list(loader)
     assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("web", str(shard), 9)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_map_s_exception_reaches_the_loop_as_the_cause_with_its_frames(context: str) -> None:
+    from tests.unit.test_errors import refusing_pipeline
+
+    loader = DataLoader(refusing_pipeline("inline"), num_workers=2, multiprocessing_context=context)
+    with pytest.raises(DataError, match=r"row 1: map .* raised RowRefused") as caught:
+        list(loader)
+    cause = caught.value.__cause__
+    assert type(cause).__name__ == "RowRefused" and str(cause) == "row 5 is refused"
+    assert isinstance(cause.__cause__, WorkerTraceback)
+    assert "in refuse_row_five" in str(cause.__cause__)
 
 
 @pytest.mark.parametrize("kind", ["torch", "stateful"])

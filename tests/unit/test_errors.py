@@ -15,6 +15,7 @@ from torch._utils import ExceptionWrapper
 
 from tests.helpers import small_pipeline
 from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError, StorageError
+from zephon_torch.errors import WorkerTraceback
 from zephon_torch.io import Dataset
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
@@ -218,6 +219,102 @@ def test_a_data_error_in_a_worker_process_reaches_the_caller_intact(
     with pytest.raises(DataError) as info:
         list(pipeline)
     assert (info.value.dataset, info.value.row) == ("web", 1)
+
+
+class RowRefused(ValueError):
+    """A user's exception type, importable by spawned workers."""
+
+
+def refuse_row_five(row: dict[str, Any]) -> dict[str, Any]:
+    if row["n"] == 5:
+        raise RowRefused(f"row {row['n']} is refused")
+    return row
+
+
+def refusing_pipeline(runner: str) -> Pipeline:
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).map(refuse_row_five)
+    return recipe.pretokenized("ids", runner=runner, parallelism=1).pack_flat(8).batch(1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("runner", ["inline", "processes"])
+def test_a_map_s_exception_is_the_cause_in_any_runner(runner: str) -> None:
+    """The README's promise: the user's exception is the DataError's cause, its own type, also
+    from a worker process; its frames come along as text (a WorkerTraceback below it)."""
+    with pytest.raises(
+        DataError, match=r"row 1: map .*refuse_row_five.* raised RowRefused"
+    ) as caught:
+        list(refusing_pipeline(runner))
+    cause = caught.value.__cause__
+    assert type(cause).__name__ == "RowRefused" and str(cause) == "row 5 is refused"
+    if runner == "processes":
+        frames = cause.__cause__
+        assert isinstance(frames, WorkerTraceback)
+        assert 'in refuse_row_five\n    raise RowRefused(f"row' in str(frames)
+
+
+def test_runner_processes_inside_a_dataloader_worker_is_a_config_error() -> None:
+    from zephon_torch.torch import DataLoader
+
+    loader = DataLoader(refusing_pipeline("processes"), num_workers=1)
+    with pytest.raises(ConfigError, match="runner='processes' cannot start its processes here"):
+        list(loader)
+
+
+class NeedsTwoArguments(Exception):
+    """Pickles, but cannot be rebuilt from its args (a common mistake in user exceptions)."""
+
+    def __init__(self, what: str, where: int) -> None:
+        super().__init__(f"{what} at {where}")
+
+
+def _raised_from(cause: BaseException, error: Exception) -> Exception:
+    try:
+        try:
+            raise cause
+        except BaseException as inner:
+            raise error from inner
+    except Exception as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        DataError("bad", dataset="d", shard="s", row=3),
+        DataError("read back"),
+        StorageError("gone", url="s3://b/k"),
+        ConfigError("no"),
+        StateMismatchError({"seed": (1, 2)}),
+    ],
+    ids=["data", "data-bare", "storage", "config", "mismatch"],
+)
+def test_pickling_keeps_the_cause_and_its_frames(error: Exception) -> None:
+    sent = _raised_from(KeyError("missing"), error)
+    back = pickle.loads(pickle.dumps(sent))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert isinstance(back.__cause__, KeyError) and back.__cause__.args == ("missing",)
+    frames = back.__cause__.__cause__
+    assert isinstance(frames, WorkerTraceback)
+    assert "in _raised_from\n    raise cause" in str(frames)
+    assert str(frames).endswith("KeyError: 'missing'")
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [NeedsTwoArguments("late", 3), ValueError(lambda: None)],
+    ids=["does-not-unpickle", "does-not-pickle"],
+)
+def test_a_cause_that_cannot_travel_comes_back_as_its_traceback_text(
+    cause: BaseException,
+) -> None:
+    sent = _raised_from(cause, DataError("bad", dataset="d", row=1))
+    back = pickle.loads(pickle.dumps(sent))
+    assert isinstance(back, DataError) and (back.dataset, back.row) == ("d", 1)
+    assert isinstance(back.__cause__, WorkerTraceback)
+    assert type(cause).__name__ in str(back.__cause__).splitlines()[-1]
+    assert "in _raised_from" in str(back.__cause__)
 
 
 def test_errors_survive_pickling() -> None:

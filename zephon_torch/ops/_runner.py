@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Literal
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, ZephonError
 from zephon_torch.io import Dataset
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import DocOp, Document, OperatorClock
@@ -64,10 +64,46 @@ def _init_worker(payload: bytes) -> None:
     _WORKER_CHAIN = pickle.loads(payload)
 
 
-def _run_in_worker(source: int, span: PointerSpan) -> Chunk:
+class _Raised:
+    """A worker's zephon_torch error, returned as a value: raised, the pool would replace its
+    cause (the user's exception, see `ZephonError`) with the pool's own traceback text."""
+
+    def __init__(self, error: ZephonError) -> None:
+        self.error = error
+
+
+def _run_in_worker(source: int, span: PointerSpan) -> Chunk | _Raised:
     if _WORKER_CHAIN is None:
         raise RuntimeError("worker process was started without its document chain")
-    return _WORKER_CHAIN(source, span)
+    try:
+        return _WORKER_CHAIN(source, span)
+    except ZephonError as error:
+        return _Raised(error)
+
+
+def _raising(pending: Future[Chunk | _Raised]) -> Future[Chunk]:
+    """`pending`'s outcome, with a returned `_Raised` as the error it holds; cancelling the
+    result cancels `pending`."""
+    result: Future[Chunk] = Future()
+
+    def settle(done: Future[Chunk | _Raised]) -> None:
+        if done.cancelled():
+            result.cancel()
+            return
+        error = done.exception()
+        value = None if error is not None else done.result()
+        if isinstance(value, _Raised):
+            error = value.error
+        if not result.set_running_or_notify_cancel():
+            return
+        if error is not None:
+            result.set_exception(error)
+        else:
+            result.set_result(value)  # type: ignore[arg-type]
+
+    result.add_done_callback(lambda f: pending.cancel() if f.cancelled() else None)
+    pending.add_done_callback(settle)
+    return result
 
 
 class Runner:
@@ -93,6 +129,12 @@ class Runner:
             pass
         elif kind == "threads":
             self._executor = ThreadPoolExecutor(parallelism, thread_name_prefix="zephon-docs")
+        elif multiprocessing.current_process().daemon:
+            raise ConfigError(
+                "runner='processes' cannot start its processes here: this is a daemonic "
+                "process (a torch DataLoader worker), which may not have children; use "
+                "runner='threads' or 'inline' with DataLoader workers, or no workers"
+            )
         else:
             try:
                 payload = pickle.dumps(chain)
@@ -114,7 +156,7 @@ class Runner:
             return _done(self.chain, source, span)
         if self.kind == "threads":
             return self._executor.submit(self.chain, source, span)
-        return self._executor.submit(_run_in_worker, source, span)
+        return _raising(self._executor.submit(_run_in_worker, source, span))
 
     def run_now(self, source: int, span: PointerSpan) -> Chunk:
         """Run one chunk on the calling thread (used to rebuild open bins on restore)."""
