@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -235,8 +236,8 @@ class MixPack(BaseNode[PackedRow]):
         assert isinstance(reader, DocumentReader)
         got = reader.columns()
         if got is None:
-            self.active[source] = False
             self.tokens[source] += taken
+            self._spent(source)
             return taken
         chunk, i = got
         refused = self._refused(source, chunk)
@@ -321,7 +322,7 @@ class MixPack(BaseNode[PackedRow]):
                 try:
                     doc = self.readers[source].next()  # reset by our reset(): skip the check
                 except StopIteration:
-                    self.active[source] = False
+                    self._spent(source)
                     continue
                 assert doc.tokens is not None
                 size = len(doc.tokens)
@@ -341,6 +342,20 @@ class MixPack(BaseNode[PackedRow]):
             return piece
         self.carry[source] = Piece(piece.doc, cut, piece.end)
         return Piece(piece.doc, piece.start, cut)
+
+    def _spent(self, source: int) -> None:
+        """Mark ``source``'s stream spent (``exhaustion="stop"``), with a warning where the lane
+        read documents of it and none gave a token: a finite run would otherwise end without
+        the source, and without a word (its skips count in a state that no batch carries)."""
+        self.active[source] = False
+        reader = self.readers[source]
+        if self.tokens[source] == 0 and reader.lane_rows > 0:
+            warnings.warn(
+                f"dataset {reader.layout.name!r} gave no token: every document of it that a "
+                "lane read was empty or dropped (by filters, min_document_length or "
+                "long_documents='drop'), and with exhaustion='stop' its pass is over",
+                stacklevel=2,
+            )
 
     def _admit(self, source: int, size: int, shard: int, row: int) -> bool:
         """Count a new document of ``source`` of ``size`` tokens under the length rules (a

@@ -14,6 +14,7 @@ from tests.helpers import assert_resumes_at_every_step, keys
 from zephon_torch import DataError, Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.ops.pretokenized import with_eos
+from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
@@ -260,9 +261,48 @@ def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_cou
     fine = Dataset.from_dict("fine", {"ids": [[3] * 5] * 4})
     source = StaticMixtureWorkSource([short, fine], exhaustion="stop", passes=4, seed=1)
     pipeline = Pipeline(source).pretokenized("ids").pack_flat(10, min_document_length=3).batch(1)
-    batches = list(pipeline)
+    with pytest.warns(UserWarning, match=r"dataset 'short' gave no token: every document of it"):
+        batches = list(pipeline)
     assert sum(b.num_tokens for b in batches) == 4 * 4 * 5
     assert pipeline.stats()["skipped_documents"] == {"too_long": 0, "too_short": 16}
+
+
+class KeepLongerThan(StatefulFilter):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def keep(self, tokens: Any, source: str) -> bool:
+        return len(tokens) > self.length
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("how", ["min_document_length", "filter", "stateful_filter"])
+def test_a_finite_run_that_gets_no_token_of_a_source_says_so(how: str) -> None:
+    """A pass whose every document is dropped ended with no batch and no word (its skips
+    counted only in a lane state that no batch carried); a source that gives a token in
+    some lane is not warned of."""
+    short = Dataset.from_dict("short", {"ids": [[1, 2]] * 6}, shard_size=4)
+    source = StaticMixtureWorkSource([short], exhaustion="stop", seed=1)
+    recipe = Pipeline(source).options(canonical_replicas=2)
+    if how == "filter":
+        recipe = recipe.filter(lambda row: len(row["ids"]) > 2)
+    recipe = recipe.pretokenized("ids")
+    if how == "stateful_filter":
+        recipe = recipe.stateful_filter(lambda lane: KeepLongerThan(2))
+    rules = {"min_document_length": 3} if how == "min_document_length" else {}
+    pipeline = recipe.pack_flat(8, **rules).batch(1)  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match=r"dataset 'short' gave no token"):
+        assert list(pipeline) == []
+    source = StaticMixtureWorkSource([short], exhaustion="stop", seed=1)
+    kept = Pipeline(source).options(canonical_replicas=2).pretokenized("ids")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sum(b.num_tokens for b in kept.pack_flat(8, min_document_length=2).batch(1)) == 12
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64])
