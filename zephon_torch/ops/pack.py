@@ -346,13 +346,14 @@ class MixPack(BaseNode[PackedRow]):
     def _spent(self, source: int) -> None:
         """Mark ``source``'s stream spent (``exhaustion="stop"``), with a warning where the lane
         read documents of it and none gave a token: a finite run would otherwise end without
-        the source, and without a word (its skips count in a state that no batch carries)."""
+        the source, and without a word (its skips count in a state that no batch carries).
+        The text names no lane, so a run warns once however many lanes it holds."""
         self.active[source] = False
         reader = self.readers[source]
         if self.tokens[source] == 0 and reader.lane_rows > 0:
             warnings.warn(
-                f"dataset {reader.layout.name!r} gave no token: every document of it that a "
-                "lane read was empty or dropped (by filters, min_document_length or "
+                f"dataset {reader.layout.name!r} gave a lane no token: every document of it "
+                "that the lane read was empty or dropped (by filters, min_document_length or "
                 "long_documents='drop'), and with exhaustion='stop' its pass is over",
                 stacklevel=2,
             )

@@ -261,7 +261,9 @@ def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_cou
     fine = Dataset.from_dict("fine", {"ids": [[3] * 5] * 4})
     source = StaticMixtureWorkSource([short, fine], exhaustion="stop", passes=4, seed=1)
     pipeline = Pipeline(source).pretokenized("ids").pack_flat(10, min_document_length=3).batch(1)
-    with pytest.warns(UserWarning, match=r"dataset 'short' gave no token: every document of it"):
+    with pytest.warns(
+        UserWarning, match=r"dataset 'short' gave a lane no token: every document of it"
+    ):
         batches = list(pipeline)
     assert sum(b.num_tokens for b in batches) == 4 * 4 * 5
     assert pipeline.stats()["skipped_documents"] == {"too_long": 0, "too_short": 16}
@@ -296,7 +298,7 @@ def test_a_finite_run_that_gets_no_token_of_a_source_says_so(how: str) -> None:
         recipe = recipe.stateful_filter(lambda lane: KeepLongerThan(2))
     rules = {"min_document_length": 3} if how == "min_document_length" else {}
     pipeline = recipe.pack_flat(8, **rules).batch(1)  # type: ignore[arg-type]
-    with pytest.warns(UserWarning, match=r"dataset 'short' gave no token"):
+    with pytest.warns(UserWarning, match=r"dataset 'short' gave a lane no token"):
         assert list(pipeline) == []
     source = StaticMixtureWorkSource([short], exhaustion="stop", seed=1)
     kept = Pipeline(source).options(canonical_replicas=2).pretokenized("ids")
