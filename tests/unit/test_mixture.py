@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -154,6 +157,49 @@ def test_a_measure_giving_no_count_is_a_config_error_naming_the_dataset(tokenize
     pipeline = Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2)
     with pytest.raises(ConfigError, match=r"`measure` gave nan tokens .* dataset 'long'"):
         next(iter(pipeline))
+
+
+@pytest.mark.parametrize("counted", ["3", None, True, -1])
+def test_a_measure_giving_what_is_not_a_count_is_a_config_error(
+    tokenizer: object, counted: object
+) -> None:
+    """A str or None was a bare TypeError from the sum; a count is any real number >= 0
+    (numpy's too)."""
+    from tests.helpers import two_sources
+    from zephon_torch import Pipeline
+    from zephon_torch.work import TokenEstimation
+
+    def build(measure: Any) -> Pipeline:
+        estimation = TokenEstimation(measure=measure)
+        source = StaticMixtureWorkSource(two_sources(), seed=1, token_estimation=estimation)
+        return Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2)
+
+    with pytest.raises(ConfigError, match=rf"`measure` gave {counted!r} tokens .* 'long'"):
+        next(iter(build(lambda text: counted)))
+    assert next(iter(build(lambda text: np.int64(len(text) // 4)))).num_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"calibration_documents": "4"}, "`calibration_documents` must be an integer, got '4'"),
+        ({"calibration_documents": None}, "`calibration_documents` must be an integer"),
+        ({"calibration_documents": 2.5}, "`calibration_documents` must be an integer, got 2.5"),
+        ({"calibration_documents": 0}, "`calibration_documents` must be positive, got 0"),
+        ({"tokens_per_byte": 0.3}, "`tokens_per_byte` must map dataset names to numbers"),
+        ({"tokens_per_byte": {"a": True}}, "`tokens_per_byte` of 'a' must be a positive"),
+        ({"measure": 3}, "`measure` must be a function of a text, got 3"),
+    ],
+)
+def test_token_estimation_settings_are_checked_when_made(
+    fields: dict[str, Any], message: str
+) -> None:
+    """Each was a bare TypeError or AttributeError at the first start, or (2.5) taken as 3."""
+    from zephon_torch.work import TokenEstimation
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TokenEstimation(**fields)
+    assert TokenEstimation(calibration_documents=np.int32(3)).calibration_documents == 3
 
 
 def test_token_estimation_honours_pinned_figures_and_a_custom_measure(tokenizer: object) -> None:

@@ -7,6 +7,7 @@ which documents form a batch. They are frozen into the state so a resume sizes c
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from zephon_torch._progress import track
@@ -42,12 +43,17 @@ def calibrate(
         if texts and layout.name in pinned:
             tokens = pinned[layout.name] * text_bytes
         elif texts and estimation.measure is not None:
-            tokens = float(sum(estimation.measure(t) for t in texts))
-            if not math.isfinite(tokens) or tokens < 0:
-                raise ConfigError(
-                    f"TokenEstimation `measure` gave {tokens} tokens for the first documents "
-                    f"of dataset {layout.name!r}; it must count a text's tokens (>= 0)"
-                )
+            tokens = 0.0
+            for text in texts:
+                counted = estimation.measure(text)
+                number = isinstance(counted, numbers.Real) and not isinstance(counted, bool)
+                if not (number and math.isfinite(counted) and counted >= 0):
+                    raise ConfigError(
+                        f"TokenEstimation `measure` gave {counted!r} tokens for a document of "
+                        f"dataset {layout.name!r}; it must count a text's tokens (a number "
+                        ">= 0)"
+                    )
+                tokens += counted
         else:
             docs = chain.ops[-1](docs)
             tokens = float(sum(len(d.tokens) for d in docs if d.tokens is not None))

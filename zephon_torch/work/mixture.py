@@ -10,6 +10,7 @@ document at every point, so every global batch does too, up to one document per 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,8 +45,19 @@ class TokenEstimation:
     measure: Callable[[str], int] | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (self.tokens_per_byte or {}).items():
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        pinned = self.tokens_per_byte
+        if pinned is not None and not isinstance(pinned, Mapping):
+            raise ConfigError(
+                "`tokens_per_byte` must map dataset names to numbers "
+                f'({{"web": 0.3}}), got {pinned!r}'
+            )
+        if self.measure is not None and not callable(self.measure):
+            raise ConfigError(f"`measure` must be a function of a text, got {self.measure!r}")
+        count = integer_setting(self.calibration_documents, "`calibration_documents`")
+        object.__setattr__(self, "calibration_documents", count)
+        for name, value in (pinned or {}).items():
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > 0):
                 raise ConfigError(
                     f"`tokens_per_byte` of {name!r} must be a positive number, got {value!r}"
                 )
