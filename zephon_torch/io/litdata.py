@@ -37,7 +37,9 @@ from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, ch
 from zephon_torch.io._views import TypedViews
 
 _ITEM_FIELD = "item"
-_CORRUPT = (ValueError, KeyError, IndexError, struct.error)
+# what a damaged item or footer batch raises (pyarrow: ArrowInvalid is a ValueError, a damaged
+# IPC message an OSError)
+_CORRUPT = (ValueError, KeyError, IndexError, struct.error, OSError, pa.ArrowException)
 
 
 @dataclass(frozen=True)
@@ -323,7 +325,7 @@ class LitDataReader:
                     raise ValueError("the Arrow footer holds fewer rows than the chunk")
         except ImportError:
             raise
-        except (*_CORRUPT, OSError, pa.ArrowException) as error:
+        except _CORRUPT as error:
             raise self._error(
                 f"the chunk is truncated or corrupt: {error}{CHANGED_NOTE}", path
             ) from None

@@ -36,6 +36,14 @@ def vortex_module() -> ModuleType:
         ) from error
 
 
+def _unreadable(error: BaseException) -> bool:
+    """Whether ``error`` is vortex failing on the file's bytes: an error it raises, or a panic of
+    its Rust code, which pyo3 raises as a ``PanicException`` (a BaseException, not an
+    Exception)."""
+    failed = isinstance(error, (RuntimeError, ValueError, pa.ArrowException))
+    return failed or type(error).__name__ == "PanicException"
+
+
 def _first_line(error: BaseException) -> str:
     # Vortex appends a Rust backtrace to its messages.
     return str(error).strip().split("\n", 1)[0]
@@ -98,7 +106,9 @@ class VortexReader:
             indices = vortex.array(pa.array(wanted.astype(np.uint64)))
             table = file.to_arrow(projection=columns, indices=indices).read_all()
             names, values = row_columns(table, self.projection.token_columns)
-        except (RuntimeError, ValueError, pa.ArrowException) as error:
+        except BaseException as error:
+            if not _unreadable(error):
+                raise
             raise DataError(
                 f"cannot read rows {wanted[0]}..{wanted[-1]}: {_first_line(error)}",
                 dataset=self.dataset,
@@ -123,7 +133,9 @@ class VortexReader:
         try:
             file = vortex.open(path)
             schema = file.dtype.to_arrow_schema()
-        except (RuntimeError, ValueError, pa.ArrowException) as error:
+        except BaseException as error:
+            if not _unreadable(error):
+                raise
             raise DataError(
                 f"not a readable Vortex file: {_first_line(error)}",
                 dataset=self.dataset,

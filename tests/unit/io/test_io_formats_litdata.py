@@ -279,3 +279,28 @@ def test_damaged_offsets_in_an_arrow_footer_are_a_data_error_naming_the_row(
     with pytest.raises(DataError, match="item does not decode") as caught:
         Dataset.from_path("l", out).read_rows(0, [1])
     assert (caught.value.dataset, caught.value.shard) == ("l", str(chunk))
+
+
+def test_a_damaged_later_record_batch_of_an_arrow_footer_is_a_data_error_naming_the_row(
+    tmp_path: Path,
+) -> None:
+    """The chunk opens (its first footer batch is whole); a later batch's message was a bare
+    OSError ('Invalid IPC stream') at the read, out of the pipeline and `inspect` alike."""
+    from zephon_torch.io import _litdata_format as fmt
+
+    items = [{"text": f"text {i}"} for i in range(600)]
+    out = write_litdata(tmp_path / "footer", items, chunk_bytes=None, chunk_size=600)
+    chunk = next(out.glob("*.bin"))
+    data = bytearray(chunk.read_bytes())
+    footer = fmt.parse_layout(memoryview(bytes(data)), len(items)).footer
+    assert footer is not None
+    start, length = footer
+    # IPC messages start with a 0xFFFFFFFF continuation mark: the schema's, then each batch's
+    marks = [i for i in range(start, start + length - 3) if data[i : i + 4] == b"\xff" * 4]
+    data[marks[2] + 3] = 0x80  # the second batch's mark, made negative
+    chunk.write_bytes(bytes(data))
+    dataset = Dataset.from_path("l", out)
+    assert dataset.read_rows(0, [0, 255]) == [{"text": "text 0"}, {"text": "text 255"}]
+    with pytest.raises(DataError, match="row 256: item does not decode: OSError") as caught:
+        dataset.read_rows(0, list(range(600)))
+    assert (caught.value.dataset, caught.value.shard) == ("l", str(chunk))

@@ -92,3 +92,28 @@ def test_a_pickled_dataset_travels_without_open_files_and_reads_the_same(
     assert len(payload) < 2048
     assert before == [{"text": "vortex row 4 é"}, {"text": "vortex row 2 é!!"}]
     assert pickle.loads(payload).read_rows(0, [4, 2]) == before
+
+
+def test_a_panic_of_vortex_on_damaged_bytes_is_a_data_error(tmp_path: Path) -> None:
+    """vortex's Rust code panics on some damaged dtype bytes; pyo3 raises that as a
+    PanicException, a BaseException that went past every handler to the user."""
+    rows = [
+        {"text": f"doc {i} " + "w" * (i % 13), "id": i, "toks": list(range(i % 6))}
+        | {"meta": {"a": i, "b": None if i % 2 else "x"}}
+        for i in range(200)
+    ]
+    source = tmp_path / "a.vortex"
+    write_vortex(source, pa.Table.from_pylist(rows))
+    data = source.read_bytes()
+    refused = 0
+    for at in (5036, 5043, 5060):  # in the footer's dtype (vortex-data 0.93 panics there)
+        damaged = bytearray(data)
+        damaged[at] ^= 0x5A
+        path = tmp_path / f"damaged-{at}.vortex"
+        path.write_bytes(bytes(damaged))
+        try:
+            Dataset.from_path("vx", path).read_rows(0, range(200))
+        except DataError as error:
+            assert (error.dataset, error.shard) == ("vx", str(path))
+            refused += 1
+    assert refused
