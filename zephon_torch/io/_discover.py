@@ -104,15 +104,20 @@ def _skipped(exclude: str | Sequence[str]) -> set[str]:
 
 
 def _walk(directory: str, exclude: str | Sequence[str]) -> list[str]:
+    """The files under ``directory``, through linked folders too (as a ``**`` glob reads
+    them), each folder once: a link back up, or a second link to one folder, is not entered."""
     skipped = _skipped(exclude)
+    entered = {os.path.realpath(directory)}
     files: list[str] = []
-    for root, folders, names in os.walk(directory):
-        folders[:] = [
-            folder
-            for folder in folders
-            if not folder.startswith(SKIPPED_PREFIXES)
-            and os.path.realpath(os.path.join(root, folder)) not in skipped
-        ]
+    for root, folders, names in os.walk(directory, followlinks=True):
+        kept = []
+        for folder in sorted(folders):  # the same folder's first link in every run
+            real = os.path.realpath(os.path.join(root, folder))
+            if folder.startswith(SKIPPED_PREFIXES) or real in skipped or real in entered:
+                continue
+            entered.add(real)
+            kept.append(folder)
+        folders[:] = kept
         files.extend(
             os.path.abspath(os.path.join(root, name))
             for name in names

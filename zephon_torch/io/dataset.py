@@ -151,7 +151,8 @@ class Dataset:
         Args:
             name: the dataset name.
             path: a file, a directory (every data file inside, recursively, sorted by path;
-                names starting with "." or "_" are skipped) or a glob (`**` crosses folders).
+                names starting with "." or "_" are skipped; linked folders are read, each
+                folder once) or a glob (`**` crosses folders).
             format: one of `formats.FILE_FORMATS`: "jsonl", "litdata", "mds", "npy",
                 "parquet", "vortex". None detects it: a directory holding an `index.json` is an
                 MDS or LitData dataset (one shard per shard or chunk file it lists), told apart

@@ -57,6 +57,22 @@ def test_a_directory_is_searched_recursively_in_path_order(
     assert all(os.path.isabs(shard.path) for shard in dataset.shards)
 
 
+def test_a_folder_reads_linked_folders_as_a_glob_does_each_once(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """A linked folder's shards were left out of a folder's walk without a word (a `**` glob
+    read them); a link back up, or a second link to one folder, must not read files twice."""
+    write_jsonl(tmp_path / "data" / "part1" / "a.jsonl", [{"x": 0}])
+    write_jsonl(tmp_path / "store" / "part2" / "b.jsonl", [{"x": 0}] * 2)
+    (tmp_path / "data" / "part2").symlink_to(tmp_path / "store" / "part2")
+    (tmp_path / "data" / "again").symlink_to(tmp_path / "store" / "part2")
+    (tmp_path / "data" / "part1" / "up").symlink_to(tmp_path / "data")
+    walked = Dataset.from_path("d", tmp_path / "data")
+    names = [os.path.relpath(shard.path, tmp_path / "data") for shard in walked.shards]
+    assert names == ["again/b.jsonl", "part1/a.jsonl"]
+    assert walked.num_rows == 3
+
+
 def test_a_glob_picks_its_matches_across_folders(tmp_path: Path, write_jsonl: Any) -> None:
     for relative in ["x/1.jsonl", "y/2.jsonl", "y/3.ndjson"]:
         write_jsonl(tmp_path / relative, [{"x": 0}])
