@@ -99,11 +99,6 @@ def decoder(encoding: str) -> Decoder | None:
     return _DECODERS.get(name)
 
 
-def is_array(encoding: str) -> bool:
-    """Whether an encoding decodes to numpy arrays."""
-    return encoding.partition(":")[0] == "ndarray"
-
-
 @lru_cache(maxsize=256)
 def _shape_header(byte: int) -> Struct:
     """The shape's struct for the byte before it: its dimension count (high six bits) and

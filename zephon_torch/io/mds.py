@@ -32,7 +32,7 @@ from zephon_torch.io._index import load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
-from zephon_torch.io._mds_columns import SUPPORTED, Decoder, decoder, is_array
+from zephon_torch.io._mds_columns import SUPPORTED, Decoder, array_config, decoder
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
@@ -263,12 +263,12 @@ class MdsReader:
                 basename = (packed or raw)["basename"]
                 key = (tuple(entry["column_names"]), tuple(entry["column_encodings"]))
                 sizes = tuple(entry["column_sizes"])
-                if key not in layouts:
-                    layouts[key] = self._layout(*key, sizes)
+                path = shard_path(self.index_path, basename, dataset=self.dataset)
+                if key not in layouts:  # checked once, naming its first shard
+                    layouts[key] = self._layout(*key, sizes, shard=path)
                 codec = (entry.get("compression") or "").split(":")[0] or None
                 if packed and codec not in MDS_CODECS:
                     raise ValueError(f"unknown compression {codec!r}")
-                path = shard_path(self.index_path, basename, dataset=self.dataset)
                 if int(entry["samples"]) == 0:
                     # MDSWriter writes an empty shard when its first sample exceeds the
                     # size limit: nothing to read, and not an error in the dataset
@@ -299,9 +299,15 @@ class MdsReader:
         return infos
 
     def _layout(
-        self, names: tuple[str, ...], encodings: tuple[str, ...], sizes: tuple[int | None, ...]
+        self,
+        names: tuple[str, ...],
+        encodings: tuple[str, ...],
+        sizes: tuple[int | None, ...],
+        *,
+        shard: str,
     ) -> _Layout:
-        self.projection.check_available(names, dataset=self.dataset, shard=self.index_path)
+        """The layout of the shards of these columns; errors name ``shard``, its first."""
+        self.projection.check_available(names, dataset=self.dataset, shard=shard)
         wanted = self.projection.columns or names
         decoders: list[Decoder | None] = []
         for name, encoding in zip(names, encodings, strict=True):
@@ -311,14 +317,18 @@ class MdsReader:
                     f"column {name!r} has encoding {encoding!r}, which is not read (read: "
                     f"{', '.join(SUPPORTED)}); leave it out with `columns=`",
                     dataset=self.dataset,
-                    shard=self.index_path,
+                    shard=shard,
                 )
-            if name in self.projection.token_columns and not is_array(encoding):
-                raise DataError(
-                    f"token column {name!r} has encoding {encoding!r}, not an ndarray",
-                    dataset=self.dataset,
-                    shard=self.index_path,
-                )
+            if name in self.projection.token_columns:
+                kind, _, config = encoding.partition(":")
+                dtype = array_config(config)[0] if kind == "ndarray" else None
+                if kind != "ndarray" or (dtype is not None and dtype.kind not in "iu"):
+                    raise DataError(
+                        f"token column {name!r} has encoding {encoding!r}, not an ndarray "
+                        "of integer ids",
+                        dataset=self.dataset,
+                        shard=shard,
+                    )
             decoders.append(found)
         kept = tuple(names.index(name) for name in wanted)
         return _Layout(

@@ -32,7 +32,8 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
         return value
     tokens = np.asarray(value)
     if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
-        raise TypeError(f"got {type(value).__name__} of shape {tokens.shape}")
+        shape, dtype = tokens.shape, tokens.dtype
+        raise TypeError(f"got {type(value).__name__} of shape {shape} and dtype {dtype}")
     return tokens if tokens.size else tokens.astype(np.int32)
 
 
@@ -53,7 +54,7 @@ def field_error(field: str, data: dict[str, Any], error: Exception) -> str:
     """What is wrong with ``data[field]`` as token ids."""
     if field not in data:
         return f"field {field!r} is missing; the row has fields {sorted(data)}"
-    return f"field {field!r} must hold a 1-D list of token ids: {error}"
+    return f"field {field!r} must hold a 1-D list of integer token ids: {error}"
 
 
 class TokenFieldOp:

@@ -85,7 +85,44 @@ def test_a_projection_returns_only_the_requested_columns_in_order(mds_dir: Path)
     with pytest.raises(DataError) as caught:
         Dataset.from_path("m", mds_dir, columns=["nope"])
     assert caught.value.detail.startswith("has no column 'nope'; its columns are")
-    assert caught.value.shard == str(mds_dir / "index.json")
+    assert caught.value.shard in (
+        str(mds_dir / "shard.00000.mds"),
+        str(mds_dir / "shard.00000.mds.zstd"),
+    )
+
+
+def test_a_shard_of_a_merged_index_without_a_column_is_the_one_named(tmp_path: Path) -> None:
+    """Shards of other columns (an index merging two writers' outputs) were all named as the
+    index, not the shard that lacks the column."""
+    shards = []
+    for sub, columns in (
+        ("a", {"ids": "ndarray:uint16", "text": "str"}),
+        ("b", {"ids": "ndarray:uint16"}),
+    ):
+        rows = [{"ids": np.arange(3, dtype=np.uint16), "text": f"t{i}"} for i in range(5)]
+        written = write_mds(
+            tmp_path / "root" / sub, [{k: r[k] for k in columns} for r in rows], columns
+        )
+        for shard in json.loads((written / "index.json").read_text())["shards"]:
+            shard["raw_data"]["basename"] = f"{sub}/{shard['raw_data']['basename']}"
+            shards.append(shard)
+    (tmp_path / "root" / "index.json").write_text(json.dumps({"version": 2, "shards": shards}))
+    assert Dataset.from_path("m", tmp_path / "root", columns=["ids"]).num_rows == 10
+    with pytest.raises(DataError, match="has no column 'text'") as caught:
+        Dataset.from_path("m", tmp_path / "root", columns=["ids", "text"])
+    assert caught.value.shard == str(tmp_path / "root" / "b" / "shard.00000.mds")
+
+
+def test_a_token_column_of_floats_is_refused_at_the_open(tmp_path: Path) -> None:
+    """MDS arrays of floats were read as token columns (Parquet and JSONL refuse them)."""
+    rows = [{"ids": np.arange(3, dtype=np.float32)} for _ in range(4)]
+    out = write_mds(tmp_path / "f", rows, {"ids": "ndarray:float32"})
+    with pytest.raises(
+        DataError,
+        match=r"token column 'ids' has encoding 'ndarray:float32', not an ndarray of integer ids",
+    ) as caught:
+        Dataset.from_path("m", out, token_columns=["ids"])
+    assert caught.value.shard == str(out / "shard.00000.mds")
 
 
 def test_a_column_left_out_is_never_decoded(tmp_path: Path) -> None:

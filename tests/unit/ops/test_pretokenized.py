@@ -62,8 +62,11 @@ def test_lists_of_ints_are_accepted_and_bad_ids_are_refused_by_row() -> None:
     with pytest.raises(DataError, match=r"row 1: field 'ids' holds token id -1; ids must lie in"):
         list(recipe_one(bad).pretokenized("ids").pack_flat(8).batch(1))
     text = Dataset.from_dict("d", {"ids": ["not ids"]})
-    with pytest.raises(DataError, match="must hold a 1-D list of token ids"):
+    with pytest.raises(DataError, match="must hold a 1-D list of integer token ids"):
         list(recipe_one(text).pretokenized("ids").pack_flat(8).batch(1))
+    floats = Dataset.from_dict("d", {"ids": [np.array([1.0, 2.0], dtype=np.float32)]})
+    with pytest.raises(DataError, match=r"got ndarray of shape \(2,\) and dtype float32"):
+        list(recipe_one(floats).pretokenized("ids").pack_flat(8).batch(1))
 
 
 def recipe_one(dataset: Dataset) -> Pipeline:
