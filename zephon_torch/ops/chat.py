@@ -28,12 +28,14 @@ _CHATML_START = "<|im_start|>"
 
 def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
     """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; assistant content and its end
-    marker are trainable, everything else (system, user, role headers) is context."""
+    marker are trainable, everything else (system, user, role headers, the newline after each
+    end marker) is context, as transformers' assistant masks have it."""
     out: list[tuple[str, bool]] = []
     for message in messages:
         role = message["role"]
         out.append((f"{_CHATML_START}{role}\n", False))
-        out.append((f"{message['content']}<|im_end|>\n", role == "assistant"))
+        out.append((f"{message['content']}<|im_end|>", role == "assistant"))
+        out.append(("\n", False))
     return out
 
 

@@ -121,3 +121,39 @@ def test_a_user_template_s_malformed_segment_names_the_row(tokenizer: Any) -> No
     )
     with pytest.raises(DataError, match=r"row 1: .* segment 0 is \('42',\), not a \(text"):
         list(pipeline.pack_flat(64).batch(1))
+
+
+CHATML_JINJA = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+    "{% endfor %}"
+)
+
+
+def test_chatml_ids_and_trainable_flags_are_transformers_assistant_masks(tokenizer: Any) -> None:
+    """The built-in chatml trained on the newline after each assistant `<|im_end|>` too: after
+    the stop token, the model learnt to go on."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(tokenizer.to_str())
+    backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", chat_template=CHATML_JINJA
+    )
+    messages = conversations(6, seed=3)
+    dataset = Dataset.from_dict("sft", {"messages": messages})
+    source = StaticMixtureWorkSource([dataset], shuffle=False)
+    chat = Pipeline(source).tokenize_chat(tokenizer=hf)
+    pipeline = chat.pack_flat(4096, "best_fit", max_sequences_per_bin=1).batch(1)
+    for batch, conversation in zip(pipeline, messages, strict=True):
+        rendered = hf.apply_chat_template(
+            conversation, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        n = batch.num_tokens
+        assert batch.input_ids[0, :n].tolist() == list(rendered["input_ids"])
+        assert batch.trainable is not None
+        assert batch.trainable[0, :n].tolist() == [bool(m) for m in rendered["assistant_masks"]]
