@@ -118,6 +118,7 @@ class LaneRuntime:
                 source_names=source.names,
                 plain=plain_documents(pipeline),
                 id_check=id_check(pipeline),
+                payloads=bool(pack.payload_fields),
             )
             node.reset(pipeline._lane_states.get(lane))
             self.nodes.append(node)

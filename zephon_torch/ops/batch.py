@@ -231,6 +231,7 @@ class BatchNode(BaseNode[Batch]):
         source_names: list[str],
         plain: bool = False,
         id_check: IdCheck | None = None,
+        payloads: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
@@ -240,6 +241,7 @@ class BatchNode(BaseNode[Batch]):
         self.pad_id = pad_id
         self.source_names = source_names
         self.id_check = id_check  # pre-tokenized data: every batch's ids are checked
+        self.payloads = payloads  # every batch has `payloads`, all-padding ones too
         self.turn = 0
         self.done = False
         # sliced, never written: a row's padding, and a batch's rest after its last part
@@ -301,7 +303,7 @@ class BatchNode(BaseNode[Batch]):
         sources: list[list[int]] = []
         starts: list[list[bool]] = []
         tokens = 0
-        chat = with_payload = False
+        chat, with_payload = False, self.payloads
         for row in rows:  # each row's pieces, then its padding: one copy into the batch
             parts.extend(row.parts)
             owners.extend(row.owners)

@@ -63,3 +63,24 @@ def test_pack_sequences_refuses_cutting_algorithms_and_names_missing_payloads(
         p.pack_sequences(64, "wrap")  # type: ignore[arg-type]
     with pytest.raises(DataError, match=r"payload fields \['audio'\] are missing"):
         list(p.pack_sequences(64, payload_fields=["audio"]).batch(1))
+
+
+def test_every_batch_has_payloads_all_padding_ones_too() -> None:
+    """A spent lane's all-padding micro-batch (while another lane still has data) had
+    `payloads=None`, breaking a loop over each row's payloads."""
+    ids = [[1, 2, 3]] * 6 + [[4, 5, 6, 7, 8, 9, 10]] * 6 + [[1]]
+    dataset = Dataset.from_dict("m", {"input_ids": ids, "img": [b"x"] * 13}, shard_size=4)
+    source = StaticMixtureWorkSource([dataset], seed=1)
+    pipeline = (
+        Pipeline(source)
+        .options(canonical_replicas=2)
+        .pretokenized("input_ids")
+        .pack_sequences(8, payload_fields=["img"])
+        .batch(2)
+    )
+    batches = list(pipeline)
+    assert any(b.num_tokens == 0 for b in batches)
+    for batch in batches:
+        assert batch.payloads is not None and len(batch.payloads) == 2
+        assert sum(len(row) for row in batch.payloads) == sum(map(len, batch.starts_document))
+    assert sum(len(row) for b in batches for row in b.payloads or []) == 13
