@@ -82,6 +82,11 @@ class PackSpec:
     payload_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # whole numbers (numpy's too), kept as plain ints: they go into the fingerprint
+        for name in ("max_length", "num_bins", "min_document_length", "max_sequences_per_bin"):
+            value = getattr(self, name)
+            if value is not None or name != "max_sequences_per_bin":
+                object.__setattr__(self, name, integer_setting(value, f"`{name}`"))
         make_packer(self.algorithm, self.max_length, self.num_bins, self.max_sequences_per_bin)
         if self.long_documents not in ("split", "drop"):
             raise ConfigError(
@@ -117,7 +122,7 @@ def check_token_id(name: str, value: object) -> int | None:
 
 
 def _check_workers(parallelism: int, runner: str) -> None:
-    if not isinstance(parallelism, int) or parallelism < 1:
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
         raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
     if runner not in RUNNERS:
         raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {runner!r}")

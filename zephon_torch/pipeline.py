@@ -28,7 +28,7 @@ from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch._stats import RunCounters, pipeline_stats
 from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import lanes_for_rank
-from zephon_torch.errors import ConfigError, StateMismatchError
+from zephon_torch.errors import ConfigError, StateMismatchError, integer_setting
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, fork_safe_backend
 from zephon_torch.ops.batch import Batch
@@ -355,7 +355,9 @@ class Pipeline:
         """Group ``microbatch_size`` rows of one lane into a micro-batch."""
         if self._pack is None:
             raise ConfigError("`batch` needs packed rows: call `pack_flat` first")
-        if not isinstance(microbatch_size, int) or microbatch_size < 1:
+        if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int):
+            microbatch_size = integer_setting(microbatch_size, "`microbatch_size`")
+        if microbatch_size < 1:
             raise ConfigError(f"`microbatch_size` must be a positive int, got {microbatch_size!r}")
         return self._with(_microbatch_size=microbatch_size)
 

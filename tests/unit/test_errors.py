@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -196,6 +198,34 @@ def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
         Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="eol")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs a BOS token"):
         Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="bos")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"min_document_length": "3"}, "`min_document_length` must be an integer, got '3'"),
+        ({"min_document_length": None}, "`min_document_length` must be an integer, got None"),
+        ({"min_document_length": 1.5}, "`min_document_length` must be an integer, got 1.5"),
+        ({"max_length": True}, "`max_length` must be an integer, got True"),
+        ({"num_bins": "4"}, "`num_bins` must be an integer, got '4'"),
+        ({"num_bins": 2.5}, "`num_bins` must be an integer, got 2.5"),
+        ({"max_sequences_per_bin": 2.0}, "`max_sequences_per_bin` must be an integer, got 2.0"),
+    ],
+)
+def test_pack_flat_numbers_must_be_whole(
+    tokenizer: Any, arguments: dict[str, Any], message: str
+) -> None:
+    """Each was a bare TypeError at the first batch, or taken as it was into the fingerprint."""
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
+    p = Pipeline(source).tokenize(tokenizer=tokenizer)
+    given = {"max_length": 8, "algorithm": "best_fit", **arguments}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        p.pack_flat(**given)
+    with pytest.raises(ConfigError, match=re.escape("`microbatch_size` must be an integer")):
+        p.pack_flat(8).batch(2.0)  # type: ignore[arg-type]
+    numpy_ints = p.pack_flat(np.int64(8), "best_fit", num_bins=np.int32(2)).batch(np.int64(1))
+    assert next(iter(numpy_ints)).input_ids.shape == (1, 8)
+    assert numpy_ints.fingerprint()
 
 
 def test_duplicate_dataset_names_are_refused() -> None:

@@ -237,7 +237,7 @@ def make_packer(
     algorithm: str, max_length: int, num_bins: int, max_sequences_per_bin: int | None = None
 ) -> Packer:
     """The packer for ``algorithm``; raises ``ConfigError`` listing the known ones."""
-    if not isinstance(max_length, int) or max_length < 1:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ConfigError(f"`max_length` must be a positive int, got {max_length!r}")
     if algorithm == "wrap":
         if max_sequences_per_bin is not None:
