@@ -213,7 +213,8 @@ def deliver(
     every, hook, counting = options.stats_every, options.on_stats, options.stats
     try:
         if pipeline._iteration == iteration:
-            pipeline._runtime, pipeline._counters = runtime, RunCounters()
+            counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
+            pipeline._runtime, pipeline._counters = runtime, counters
         while True:
             if pipeline._iteration != iteration:
                 raise RuntimeError(

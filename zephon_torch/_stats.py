@@ -26,9 +26,11 @@ class RunCounters:
     rows: int = 0
     row_capacity: int = 0
     tokens_by_source: dict[str, int] = field(default_factory=dict)
+    documents_by_source: dict[str, int] = field(default_factory=dict)
     consumer_waited: float = 0.0
     queue_samples: int = 0
     queue_total: int = 0
+    count_documents: bool = False  # documents per source too (a mixture of document shares)
 
     def delivered(self, batch: Batch, waited: float, queued: int | None) -> None:
         """Record one micro-batch handed to the consumer after ``waited`` seconds."""
@@ -38,6 +40,9 @@ class RunCounters:
         self.row_capacity += rows * width
         for name, n in batch.tokens_by_source().items():
             self.tokens_by_source[name] = self.tokens_by_source.get(name, 0) + n
+        if self.count_documents:
+            for name, n in batch.documents_by_source().items():
+                self.documents_by_source[name] = self.documents_by_source.get(name, 0) + n
         self.consumer_waited += waited
         if queued is not None:
             self.queue_samples += 1
@@ -53,10 +58,15 @@ def report(
     skipped: dict[str, int],
     state_bytes: int,
     cache: dict[str, Any] | None = None,
+    mixing: str = "tokens",
 ) -> dict[str, Any]:
     """The stats report as plain data (see ``Pipeline.stats``)."""
     elapsed = time.perf_counter() - counters.started
     tokens = sum(counters.tokens_by_source.values())
+    # shares as the targets are: of tokens, or of documents for a mixture without estimation
+    by_documents = mixing == "documents"
+    shared = counters.documents_by_source if by_documents else counters.tokens_by_source
+    total = sum(shared.values())
     busy = sum(seconds for seconds, _ in operators.values()) or 1.0
     return {
         "batches": counters.batches,
@@ -65,9 +75,9 @@ def report(
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "tokens_by_source": dict(counters.tokens_by_source),
         "delivered_shares": {
-            name: counters.tokens_by_source.get(name, 0) / tokens if tokens else 0.0
-            for name in targets
+            name: shared.get(name, 0) / total if total else 0.0 for name in targets
         },
+        "shares_of": mixing,
         "target_shares": dict(targets),
         "padding_fraction": 1 - tokens / counters.row_capacity if counters.row_capacity else 0.0,
         "skipped_documents": dict(skipped),
@@ -108,6 +118,7 @@ def pipeline_stats(pipeline: Pipeline) -> dict[str, Any]:
         skipped=skipped,
         state_bytes=len(json.dumps(pipeline.state_dict())),
         cache=_cache_report(pipeline),
+        mixing=source.mixing,
     )
 
 

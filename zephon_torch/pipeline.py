@@ -494,7 +494,8 @@ class Pipeline:
 
     def stats(self) -> dict[str, Any]:
         """What the current (or last) iteration did: batches, tokens and tokens/s, delivered
-        token shares against targets, padding fraction, documents skipped by policy, per
+        shares against targets (of tokens, or of documents begun for a mixture of document
+        shares: ``shares_of``), padding fraction, documents skipped by policy, per
         operator time and throughput with its share, stalls (time the consumer waited for a
         batch, time packers waited for tokenized documents), mean prefetch queue occupancy,
         and the state size in bytes. Operator timings cover the threads runner."""

@@ -63,6 +63,7 @@ def test_stats_agree_with_the_delivered_batches(tokenizer: Any) -> None:
     assert stats["tokens"] == tokens == sum(stats["tokens_by_source"].values())
     assert stats["padding_fraction"] == pytest.approx(1 - tokens / capacity)
     assert sum(stats["delivered_shares"].values()) == pytest.approx(1)
+    assert stats["shares_of"] == "tokens"
     assert stats["target_shares"] == {"long": pytest.approx(0.6), "short": pytest.approx(0.4)}
     ops = stats["operators"]
     assert set(ops) == {"fetch", "tokenize"} and ops["tokenize"]["documents"] == 100
@@ -98,3 +99,29 @@ def test_stats_can_be_switched_off_without_changing_the_data(tokenizer: Any) -> 
     assert off.stats()["batches"] == 0
     with pytest.raises(ConfigError):
         small_pipeline(tokenizer).options(stats=False, stats_every=3)
+
+
+def test_delivered_shares_are_of_documents_where_the_targets_are() -> None:
+    """Without token estimation the targets are document shares, but the delivered shares
+    were of tokens: a mixture held exactly at 50:50 documents read 0.98:0.02."""
+    import itertools
+
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    long = Dataset.from_dict("long", {"ids": [[7] * (200 + i % 200) for i in range(300)]})
+    short = Dataset.from_dict("short", {"ids": [[9] * (5 + i % 5) for i in range(300)]})
+    source = StaticMixtureWorkSource([long, short], seed=0, exhaustion="repeat")
+    pipeline = Pipeline(source).pretokenized("ids").pack_flat(256).batch(2)
+    begun = {"long": 0, "short": 0}
+    for batch in itertools.islice(pipeline, 100):
+        for row_sources, row_starts in zip(batch.row_sources(), batch.starts_document):
+            for name, start in zip(row_sources, row_starts):
+                begun[name] += start
+    stats = pipeline.stats()
+    assert stats["shares_of"] == "documents"
+    total = sum(begun.values())
+    assert stats["delivered_shares"] == {name: n / total for name, n in begun.items()}
+    assert abs(stats["delivered_shares"]["short"] - 0.5) < 0.02
+    assert stats["tokens_by_source"]["long"] > 10 * stats["tokens_by_source"]["short"]

@@ -72,6 +72,20 @@ class RowLayout:
                 out[s] += n
         return out
 
+    def documents_by_source(self, num_sources: int) -> list[int]:
+        """Segments that begin their document, per source index (a document cut across
+        batches counts in the batch of its first piece)."""
+        out = [0] * num_sources
+        if self._segments is not None:
+            for s, start in zip(self._segments[1], self._segments[2]):
+                out[s] += start
+            return out
+        _, sources, starts = self.rows
+        for row_sources, row_starts in zip(sources, starts):
+            for s, start in zip(row_sources, row_starts):
+                out[s] += start
+        return out
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RowLayout) and self.rows == other.rows
 
@@ -177,6 +191,12 @@ class Batch:
         if len(names) == 1:
             return {names[0]: self.num_tokens}
         return dict(zip(names, self.layout.tokens_by_source(len(names))))
+
+    def documents_by_source(self) -> dict[str, int]:
+        """Documents begun in this batch per dataset name (those its rows hold the first
+        piece of)."""
+        names = self.source_names
+        return dict(zip(names, self.layout.documents_by_source(len(names))))
 
     def to(self, device: torch.device | str, **options: bool) -> dict[str, torch.Tensor]:
         """``to_training(**options)`` on ``device``: pinned and copied without blocking to an
