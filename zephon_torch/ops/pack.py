@@ -360,16 +360,16 @@ class MixPack(BaseNode[PackedRow]):
 
     def _admit(self, source: int, size: int, shard: int, row: int) -> bool:
         """Count a new document of ``source`` of ``size`` tokens under the length rules (a
-        dropped one as skipped, a kept one as delivered); True when it gives tokens."""
+        dropped one as skipped, a kept one as delivered, an empty one as neither); True when
+        it gives tokens."""
         if self.drop_longer_than is not None and size > self.drop_longer_than:
             self.skipped["too_long"] += 1
         elif size < self.drop_shorter_than:
             self.skipped["too_short"] += 1
-        else:
+        elif size:  # an empty document gives nothing: not counted as a document delivered
             self.documents[source] += 1
-            if size:
-                self._barren_runs[source].clear()
-                return True
+            self._barren_runs[source].clear()
+            return True
         self._barren(source, shard, row)
         return False
 

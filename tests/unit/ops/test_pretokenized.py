@@ -203,6 +203,24 @@ def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_r
     assert sum(b.num_tokens for b in batches) == 40 * 2 * 8
 
 
+@pytest.mark.parametrize("rule", [0, 1])
+def test_empty_documents_do_not_count_as_documents_delivered(rule: int) -> None:
+    """Under document shares an empty document counted as one delivered (with
+    min_document_length=0): a source with every other document empty got 0.33 of the
+    documents for a 0.5 target."""
+    full = Dataset.from_dict("full", {"ids": [[10000 + i % 7] * 5 for i in range(100)]})
+    holey = [[20000] * 5 if i % 2 else [] for i in range(100)]
+    datasets = [full, Dataset.from_dict("holey", {"ids": holey})]
+    source = StaticMixtureWorkSource(datasets, seed=1, exhaustion="repeat")
+    pipeline = Pipeline(source).pretokenized("ids").pack_flat(50, min_document_length=rule)
+    begun = {"full": 0, "holey": 0}
+    for batch in itertools.islice(pipeline.batch(4), 100):
+        for names, starts in zip(batch.row_sources(), batch.starts_document):
+            for name, start in zip(names, starts):
+                begun[name] += start
+    assert abs(begun["full"] - begun["holey"]) <= 1
+
+
 def test_several_shuffled_lanes_read_on_through_passes_that_deal_a_lane_only_dropped_rows() -> None:
     """Each pass deals a dataset's documents to the lanes anew: a lane may draw only dropped
     documents for several passes and a good one after. That was refused as read forever."""
