@@ -75,6 +75,15 @@ def check_schema(projection: Projection, schema: pa.Schema, *, dataset: str, sha
             )
 
 
+class BadTokenRow(ValueError):
+    """A token column's value that is not token ids, at ``row`` of the table (its message ends
+    with words that the row number completes)."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+
+
 def token_column(column: pa.Array | pa.ChunkedArray) -> TokenColumn:
     """Converts a list-of-integers column to a `TokenColumn`.
 
@@ -85,11 +94,13 @@ def token_column(column: pa.Array | pa.ChunkedArray) -> TokenColumn:
         raise ValueError(f"holds {column.type}, not lists of integer token ids")
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     flat = pc.list_flatten(array)
-    if flat.null_count:
-        raise ValueError(f"holds {flat.null_count} null token ids")
     lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(array) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    if flat.null_count:
+        first = pc.index(flat.is_null(), True).as_py()
+        row = int(np.searchsorted(offsets, first, side="right")) - 1
+        raise BadTokenRow(f"holds {flat.null_count} null token ids, the first in row", row)
     values = flat.to_numpy(zero_copy_only=False)
     values.flags.writeable = False
     valid = None
@@ -104,7 +115,8 @@ def row_columns(
     """Returns a table's column names and its columns, each indexable by row.
 
     Raises:
-        ValueError: naming the column, when a token column is malformed.
+        ValueError: naming the column, when a token column is malformed (`BadTokenRow`,
+            naming the row of the table too, where a row holds the fault).
     """
     names = tuple(table.column_names)
     columns: list[list[Any] | TokenColumn] = []
@@ -112,6 +124,8 @@ def row_columns(
         if name in token_columns:
             try:
                 columns.append(token_column(column))
+            except BadTokenRow as error:
+                raise BadTokenRow(f"token column {name!r} {error}", error.row) from None
             except ValueError as error:
                 raise ValueError(f"token column {name!r} {error}") from None
         else:

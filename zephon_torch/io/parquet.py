@@ -29,7 +29,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._arrow import TokenColumn, check_schema, column_bytes, row_columns
+from zephon_torch.io._arrow import (
+    BadTokenRow,
+    TokenColumn,
+    check_schema,
+    column_bytes,
+    row_columns,
+)
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -280,6 +286,11 @@ class ParquetReader:
             with opened.lock:
                 table = opened.file.read_row_group(group, columns=columns)
             names, values = row_columns(table, self.projection.token_columns)
+        except BadTokenRow as error:
+            row = int(opened.offsets[group]) + error.row
+            raise DataError(
+                f"row group {group}: {error} {row}", dataset=self.dataset, shard=path, row=row
+            ) from None
         except (pa.ArrowException, OSError, ValueError) as error:
             raise DataError(
                 f"cannot decode row group {group}: {error}", dataset=self.dataset, shard=path

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._arrow import check_schema, row_columns
+from zephon_torch.io._arrow import BadTokenRow, check_schema, row_columns
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -106,6 +106,9 @@ class VortexReader:
             indices = vortex.array(pa.array(wanted.astype(np.uint64)))
             table = file.to_arrow(projection=columns, indices=indices).read_all()
             names, values = row_columns(table, self.projection.token_columns)
+        except BadTokenRow as error:
+            row = int(wanted[error.row])
+            raise DataError(f"{error} {row}", dataset=self.dataset, shard=path, row=row) from None
         except BaseException as error:
             if not _unreadable(error):
                 raise

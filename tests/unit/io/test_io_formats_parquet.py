@@ -89,6 +89,17 @@ def test_a_null_token_list_is_none_and_a_null_token_id_is_a_data_error(tmp_path:
     dataset = Dataset.from_path("p", tmp_path / "m.parquet", token_columns=["ids"])
     with pytest.raises(DataError, match=r"token column 'ids' holds 1 null token ids"):
         dataset.read_rows(0, [0])
+    # the row is named: the first with a null id, counted in the shard (row group 1 here)
+    ids = [[1, 2]] * 5 + [[3], None, [4, None, 5], [None]]
+    pq.write_table(pa.table({"ids": pa.array(ids, kind)}), tmp_path / "r.parquet", row_group_size=4)
+    dataset = Dataset.from_path("p", tmp_path / "r.parquet", token_columns=["ids"])
+    assert [row["ids"].tolist() for row in dataset.read_rows(0, [0, 3])] == [[1, 2], [1, 2]]
+    with pytest.raises(
+        DataError,
+        match=r"row group 1: token column 'ids' holds 1 null token ids, the first in row 7",
+    ) as caught:
+        dataset.read_rows(0, [4])
+    assert (caught.value.row, caught.value.shard) == (7, str(tmp_path / "r.parquet"))
 
 
 def test_a_token_column_that_is_not_a_list_of_integers_is_refused_at_open(

@@ -117,3 +117,14 @@ def test_a_panic_of_vortex_on_damaged_bytes_is_a_data_error(tmp_path: Path) -> N
             assert (error.dataset, error.shard) == ("vx", str(path))
             refused += 1
     assert refused
+
+
+def test_a_null_token_id_names_its_row(tmp_path: Path) -> None:
+    ids = pa.array([[1, 2], [3], [4, None], [None], [5]], pa.list_(pa.int32()))
+    path = tmp_path / "n.vortex"
+    write_vortex(path, pa.table({"ids": ids}))
+    dataset = Dataset.from_path("v", path, token_columns=["ids"])
+    assert [row["ids"].tolist() for row in dataset.read_rows(0, [4, 0])] == [[5], [1, 2]]
+    with pytest.raises(DataError, match=r"holds 2 null token ids, the first in row 2") as caught:
+        dataset.read_rows(0, [4, 3, 2, 0])
+    assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("v", str(path), 2)
