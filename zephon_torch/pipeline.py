@@ -155,7 +155,9 @@ class Pipeline:
         return self._with(_options=opts, _datasets=datasets)
 
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None) -> Pipeline:
-        """Apply ``fn(row) -> row`` to every document before tokenizing."""
+        """Apply ``fn(row) -> row`` to every document before tokenizing. ``fn`` must be pure
+        (the same row in, the same row out, on every read of the row); it may change its row in
+        place: each call gets its own copy of the row's nested lists, dicts and sets."""
         self._check_before_tokenize("map")
         return self._with(_user_ops=(*self._user_ops, MapOp(fn, name=name)))
 

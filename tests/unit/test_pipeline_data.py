@@ -229,6 +229,48 @@ def _drops_notes_without_title(row: dict[str, Any]) -> dict[str, Any] | None:
     return row if "title" in row else None  # a map that forgets to return on one branch
 
 
+def tag_in_place(row: dict[str, Any]) -> dict[str, Any]:
+    row["tags"].append("x")  # a nested value, changed in place
+    row["text"] = row["text"] + " " + " ".join(row["tags"])
+    return row
+
+
+@pytest.mark.parametrize("kind", ["memory", "parquet"])
+def test_a_map_changing_a_nested_value_in_place_changes_no_later_read(
+    tokenizer: Any, tmp_path: Path, kind: str
+) -> None:
+    """Readers share nested values with a cache or the caller's data: the edit of a pass
+    reached the next passes' reads, and the threads and processes runners gave other data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"text": f"doc {i}", "tags": ["a"]} for i in range(6)]
+    if kind == "memory":
+        dataset = Dataset.from_dict("d", rows, shard_size=3)
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+        dataset = Dataset.from_path("d", tmp_path / "rows.parquet")
+
+    def texts(runner: str) -> list[str]:
+        estimation = TokenEstimation(calibration_documents=1)
+        source = StaticMixtureWorkSource(
+            [dataset], shuffle=False, passes=3, token_estimation=estimation
+        )
+        pipeline = (
+            Pipeline(source)
+            .map(tag_in_place)
+            .tokenize(tokenizer=tokenizer, runner=runner, parallelism=1, special_tokens="none")  # type: ignore[arg-type]
+            .pack_flat(64, "best_fit", max_sequences_per_bin=1)
+            .batch(1)
+        )
+        return [tokenizer.decode(b.input_ids[0, : b.num_tokens].tolist()) for b in pipeline]
+
+    expected = [f"doc {i} a x" for i in range(6)] * 3
+    assert texts("threads") == expected
+    assert texts("processes") == expected
+    assert rows[0]["tags"] == ["a"]  # the caller's own data is left alone
+
+
 def test_a_map_returning_no_dict_on_a_row_names_the_row(tokenizer: Any) -> None:
     rows = [{"text": f"row {i}", "title": "t"} for i in range(12)]
     rows[7] = {"text": "row 7"}

@@ -19,7 +19,7 @@ import numpy as np
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
-from zephon_torch.ops.document import Document, call_user, document_error, encode_texts
+from zephon_torch.ops.document import Document, call_user, document_error, encode_texts, owned
 from zephon_torch.ops.map import function_name
 
 ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
@@ -128,7 +128,7 @@ class TokenizeChatOp:
         assert isinstance(messages, list)
         return call_user(  # read twice (text, then flags): a generator is listed
             lambda m: _checked_segments(self.template(m)),
-            messages,
+            owned(messages),  # the template may change them in place (see `owned`)
             doc,
             f"chat template {self.template_name!r}",
             dataset_names=self.dataset_names,

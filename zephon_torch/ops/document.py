@@ -7,6 +7,8 @@ their cost is paid on worker threads or processes, never on the packer's thread.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -63,6 +65,33 @@ def document_error(
         shard=shard_paths[doc.source][doc.shard],
         row=doc.row,
     )
+
+
+_NESTED = (list, dict, set)
+
+
+def owned(value: Any) -> Any:
+    """``value`` (a row, or a row's value) as a user's function may change it in place: its
+    nested lists, dicts and sets copied, the rest as it is. Readers may share them with a
+    cache (Parquet row groups, LitData batches) or with the caller's own data
+    (``Dataset.from_dict``), so an edit made in place would reach later reads of the row: later
+    passes, resumes, and the other runners' reads alike. Copied through pickle (C speed; a
+    row without nested values costs one scan), else by ``copy.deepcopy``."""
+    if isinstance(value, dict):
+        if not any(isinstance(v, _NESTED) for v in value.values()):
+            return value
+        return {k: _copied(v) if isinstance(v, _NESTED) else v for k, v in value.items()}
+    return _copied(value) if isinstance(value, _NESTED) else value
+
+
+def _copied(value: Any) -> Any:
+    try:
+        return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # a value pickle cannot take
+        try:
+            return copy.deepcopy(value)
+        except Exception:  # nor deepcopy: left as it is
+            return value
 
 
 def call_user(

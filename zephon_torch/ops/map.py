@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.ops.document import Document, call_user, document_error
+from zephon_torch.ops.document import Document, call_user, document_error, owned
 
 Row = dict[str, Any]
 Where = tuple[list[str], list[list[str]]]  # dataset names; per source, shard paths
@@ -32,11 +32,12 @@ class UserOp:
     def apply(self, fn: Callable[[Row], R], doc: Document) -> R:
         """``fn(doc.data)``; once located, an error other than a ZephonError becomes a
         DataError naming the document (``call_user``)."""
+        row = owned(doc.data)  # the function may change it in place (see `owned`)
         if self.where is None:
-            return fn(doc.data)  # type: ignore[arg-type]  # fetch fills data before user ops
+            return fn(row)
         names, paths = self.where
         what = f"{self.kind} {self.name!r}"
-        return call_user(fn, doc.data, doc, what, dataset_names=names, shard_paths=paths)
+        return call_user(fn, row, doc, what, dataset_names=names, shard_paths=paths)
 
 
 def function_name(fn: Callable[..., Any], name: str | None) -> str:
