@@ -20,7 +20,7 @@ import pytest
 
 from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_litdata, write_mds
 from zephon_torch._moto import client, moto_server, upload
-from zephon_torch.errors import DataError, StorageError
+from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io import Dataset
 
 boto3 = pytest.importorskip("boto3")
@@ -135,6 +135,37 @@ def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
         "c", "s3://bucket/dying", storage_options=_storage(endpoint), io_options=options
     )
     dies_naming(remote, server, "s3://bucket/dying/part-001.parquet", bound=30)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"client_kwargs": {"endpoint_url": "not a url"}}, "ValueError: Invalid endpoint"),
+        ({"bogus_option": 1}, "TypeError: .*bogus_option"),
+        ("s3://nobucket/d/", "FileNotFoundError"),
+    ],
+    ids=["malformed-endpoint", "unknown-option", "missing-bucket"],
+)
+def test_a_bad_setting_is_a_config_error_naming_the_url_at_once(
+    s3_server: tuple[str, subprocess.Popen[bytes]], tmp_path: Path, change: Any, message: str
+) -> None:
+    """A malformed endpoint was retried for 16 s as transient, then a StorageError; an unknown
+    option and a missing bucket were bare TypeError and FileNotFoundError without the URL."""
+    endpoint, _ = s3_server
+    client(endpoint).create_bucket(Bucket="bkt")
+    url = change if isinstance(change, str) else "s3://bkt/d/"
+    storage = _storage(endpoint)
+    if isinstance(change, dict):
+        storage = {**storage, **change}
+        if "client_kwargs" in change:
+            storage["client_kwargs"] = {
+                **_storage(endpoint)["client_kwargs"],
+                **change["client_kwargs"],
+            }
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"cannot list '{url}' .*{message}"):
+        Dataset.from_path("d", url, storage_options=storage)
+    assert time.monotonic() - start < 5
 
 
 def dies_naming(

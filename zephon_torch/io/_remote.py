@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, ZephonError
 from zephon_torch.io._discover import GLOB_CHARS, SKIPPED_PREFIXES, detect_files
 from zephon_torch.io._index import index_kind
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
@@ -271,7 +271,19 @@ def list_remote(
             return "directory", found
         raise ConfigError(f"no files found at {url!r}: the path does not exist")
 
-    where, found = call_with_retry(listing, url=url, policy=retry, what="listing")
+    try:
+        # the first call that reaches the store: a ValueError here is a setting (a malformed
+        # endpoint_url), a TypeError an unknown storage option, FileNotFoundError no bucket
+        where, found = call_with_retry(
+            listing, url=url, policy=retry, what="listing", permanent=(ValueError,)
+        )
+    except ZephonError:
+        raise
+    except (FileNotFoundError, TypeError, ValueError) as error:
+        raise ConfigError(
+            f"cannot list {url!r} (check the URL and storage_options): "
+            f"{type(error).__name__}: {error}"
+        ) from error
     if format_ is None or format_ in INDEXED_FORMATS:
         indexed = _indexed(fs, name, url, root, where, found, format_, retry)
         if indexed is not None:

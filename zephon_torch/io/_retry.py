@@ -147,7 +147,12 @@ def is_transient(error: BaseException) -> bool:
 
 
 def call_with_retry(
-    call: Callable[[], T], *, url: str, policy: RetryPolicy, what: str = "storage call"
+    call: Callable[[], T],
+    *,
+    url: str,
+    policy: RetryPolicy,
+    what: str = "storage call",
+    permanent: tuple[type[Exception], ...] = (),
 ) -> T:
     """Returns `call()`, retrying transient errors under `policy`.
 
@@ -156,6 +161,7 @@ def call_with_retry(
         url: the object it concerns, named in the error.
         policy: the retry bounds.
         what: a few words on the operation ("download", "listing"), for the message.
+        permanent: more error types raised at once (for this call, not transient).
 
     Raises:
         StorageError: when the attempts or the time run out, naming `url` and the last error.
@@ -175,7 +181,7 @@ def call_with_retry(
                     f"{what} of {url!r} found no usable credentials: "
                     f"{type(error).__name__}: {error}"
                 ) from error
-            if not is_transient(error):
+            if isinstance(error, permanent) or not is_transient(error):
                 raise
             elapsed = time.monotonic() - start
             if attempt >= policy.attempts or elapsed + delay > policy.timeout:
