@@ -123,7 +123,7 @@ def check_token_id(name: str, value: object) -> int | None:
 
 def _check_workers(parallelism: int, runner: str) -> None:
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
-        raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
+        raise ConfigError(f"`parallelism` must be a positive int, got {parallelism!r}")
     if runner not in RUNNERS:
         raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {runner!r}")
 

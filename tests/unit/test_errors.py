@@ -192,7 +192,7 @@ def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
         p.pack_flat(8, "zigzag")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="`microbatch_size` must be a positive int, got 0"):
         p.pack_flat(8).batch(0)
-    with pytest.raises(ConfigError, match="`parallelism` must be positive, got 0"):
+    with pytest.raises(ConfigError, match="`parallelism` must be a positive int, got 0"):
         Pipeline(source).tokenize(tokenizer=tokenizer, parallelism=0)
     with pytest.raises(ConfigError, match="`special_tokens` must be one of"):
         Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="eol")  # type: ignore[arg-type]

@@ -119,7 +119,7 @@ class Runner:
 
     def __init__(self, chain: Chain, *, parallelism: int, kind: RunnerKind) -> None:
         if parallelism < 1:
-            raise ConfigError(f"`parallelism` must be positive, got {parallelism}")
+            raise ConfigError(f"`parallelism` must be a positive int, got {parallelism!r}")
         if kind not in RUNNERS:
             raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {kind!r}")
         self.chain = chain

@@ -130,10 +130,21 @@ def _digest(text: str, *, split_special_tokens: bool = False) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def _read_tokenizer(file: Path) -> Tokenizer:
+    """The ``tokenizers`` tokenizer saved in ``file``, else a ConfigError naming it."""
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as error:  # tokenizers raises a bare Exception for what it cannot parse
+        raise ConfigError(
+            f"cannot read tokenizer file {str(file)!r} (a tokenizers JSON file, as "
+            f"`Tokenizer.save` or `save_pretrained` write it): {error}"
+        ) from error
+
+
 def _load(tokenizer_id: str) -> tuple[Any, str]:
     path = Path(tokenizer_id).expanduser()
     if path.is_file():
-        backend = Tokenizer.from_file(str(path))
+        backend = _read_tokenizer(path)
         if path.name == "tokenizer.json":  # a saved folder's file: the folder's BOS/EOS, as above
             return _with_config_tokens(backend, path.parent), str(path)
         return backend, str(path)
@@ -141,7 +152,7 @@ def _load(tokenizer_id: str) -> tuple[Any, str]:
         file = path / "tokenizer.json"
         if not file.is_file():
             raise ConfigError(f"tokenizer directory {str(path)!r} has no tokenizer.json")
-        backend = Tokenizer.from_file(str(file))
+        backend = _read_tokenizer(file)
         return _with_config_tokens(backend, path), str(path)
     return _from_hub(tokenizer_id), tokenizer_id
 
@@ -157,7 +168,9 @@ def _from_hub(repo_id: str) -> Any:
         # optional; offline and not cached counts as absent too
         with contextlib.suppress(EntryNotFoundError):
             hf_hub_download(repo_id, "tokenizer_config.json")
-        return _with_config_tokens(Tokenizer.from_file(str(file)), file.parent)
+        return _with_config_tokens(_read_tokenizer(file), file.parent)
+    except ConfigError:  # its files are there, and one is unreadable
+        raise
     except LocalEntryNotFoundError as exc:
         raise ConfigError(
             f"cannot load tokenizer {repo_id!r}: not a local path, and the local hub cache does "
@@ -193,7 +206,13 @@ def _with_config_tokens(backend: Tokenizer, directory: Path) -> Any:
     config_file = directory / "tokenizer_config.json"
     if not config_file.is_file():
         return backend
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read {str(config_file)!r}: {error}") from error
+    if not isinstance(config, dict):
+        kind = type(config).__name__
+        raise ConfigError(f"{str(config_file)!r} must hold a JSON object, got a {kind}")
 
     def name(value: Any) -> str | None:
         if isinstance(value, dict):
@@ -209,6 +228,8 @@ def _token_id(
     backend: Tokenizer, name: str | None, candidates: tuple[str, ...], argument: str
 ) -> int | None:
     if name is not None:
+        if not isinstance(name, str):
+            raise ConfigError(f"`{argument}` must be a token's text (a str), got {name!r}")
         token_id = backend.token_to_id(name)
         if token_id is None:
             raise ConfigError(f"`{argument}` {name!r} is not in the tokenizer's vocabulary")

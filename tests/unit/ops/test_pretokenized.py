@@ -108,7 +108,7 @@ def test_bad_runner_settings_are_refused_when_the_recipe_is_built() -> None:
 
     pipeline = recipe_one(Dataset.from_dict("d", {"ids": [[1]]}))
     for runner in ("auto", "inline", "threads"):
-        with pytest.raises(ConfigError, match=r"`parallelism` must be positive, got 0"):
+        with pytest.raises(ConfigError, match=r"`parallelism` must be a positive int, got 0"):
             pipeline.pretokenized("ids", parallelism=0, runner=runner)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"`runner` must be one of"):
         pipeline.pretokenized("ids", runner="fibers")  # type: ignore[arg-type]

@@ -157,3 +157,33 @@ def test_a_tokenizer_json_file_takes_its_folders_special_tokens_as_the_folder_do
         str(tmp_path / "tok" / "other.json"), None, bos_token=None, eos_token=None
     )
     assert alone.eos_id == own.token_to_id("<|endoftext|>")
+
+
+def test_unreadable_tokenizer_files_and_bad_token_names_are_config_errors_naming_them(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """Each was a bare Exception, JSONDecodeError, AttributeError or TypeError, most without
+    the file's name."""
+    import pytest
+
+    from zephon_torch import ConfigError
+
+    def refused(given: str, message: str, **names: Any) -> None:
+        with pytest.raises(ConfigError, match=message):
+            resolve_tokenizer(given, None, **{"bos_token": None, "eos_token": None, **names})
+
+    not_json = tmp_path / "spm.model"
+    not_json.write_bytes(b"\x0a\x0b not a tokenizers file")
+    refused(str(not_json), r"cannot read tokenizer file '.*spm\.model'")
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"version": ')
+    refused(str(folder), r"cannot read tokenizer file '.*tok/tokenizer\.json'")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text("{not json")
+    refused(str(folder), r"cannot read '.*tok/tokenizer_config\.json'")
+    (folder / "tokenizer_config.json").write_text('["eos"]')
+    refused(str(folder), r"tokenizer_config\.json' must hold a JSON object, got a list")
+    (folder / "tokenizer_config.json").write_text("{}")
+    refused(str(folder), r"`bos_token` must be a token's text \(a str\), got 1", bos_token=1)
+    assert resolve_tokenizer(str(folder), None, bos_token=None, eos_token=None).eos_id is not None
