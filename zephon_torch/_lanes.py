@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from zephon_torch._stats import RunCounters
 from zephon_torch._token_stage import (
@@ -44,6 +44,19 @@ if TYPE_CHECKING:
     from zephon_torch.work import StaticMixtureWorkSource
 
 
+def calibrated(pipeline: Pipeline, chain: DocChain | None = None) -> None:
+    """Calibrate ``pipeline``'s token estimation, where its mixture has one and it has no
+    figures yet (from a first run or a loaded state), with ``chain`` (default: its own)."""
+    source = pipeline._source
+    if pipeline._estimation is not None or source.token_estimation is None:
+        return
+    if chain is None:
+        chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
+    pipeline._estimation = calibrate(
+        chain, source.layouts, estimation=source.token_estimation, field=token_stage(pipeline)[1]
+    )
+
+
 class LaneRuntime:
     """The live nodes of one iteration: a runner, and per lane its readers, packer and batcher."""
 
@@ -59,13 +72,7 @@ class LaneRuntime:
             eos = pipeline._pretokenized.eos_token_id
             self.chain = TokenChain(pipeline._datasets, token_field, eos)
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
-        if pipeline._estimation is None and source.token_estimation is not None:
-            pipeline._estimation = calibrate(
-                doc_chain,
-                source.layouts,
-                estimation=source.token_estimation,
-                field=token_field,
-            )
+        calibrated(pipeline, doc_chain)
         chunk_docs = chunk_sizes(pipeline._estimation, source.names)
         num_lanes = pipeline._options.canonical_replicas
         warn_if_fewer_rows_than_lanes(source, num_lanes)
@@ -183,16 +190,17 @@ def warn_if_fewer_rows_than_lanes(source: StaticMixtureWorkSource, num_lanes: in
             )
 
 
-def warn_if_spent(states: Iterable[dict[str, Any] | None]) -> None:
-    """Warn that an iteration starting from these lane states gives no data: every lane ran
-    out (``exhaustion="stop"``), and iterating again continues from there, as it does after a
-    partial pass. A loop over epochs would otherwise see one epoch and then silence."""
-    states = list(states)
-    if states and all(state is not None and state["done"] for state in states):
+def warn_if_spent(resumed: bool, delivered: int) -> None:
+    """Warn that an iteration gave no data though it started from a state (a spent one: every
+    lane ran out under ``exhaustion="stop"``); iterating again continues from there, as it does
+    after a partial pass. A loop over epochs would otherwise see one epoch and then silence.
+    Checked at the end, on what came: a lane's last state before its end can read not done."""
+    if resumed and not delivered:
         warnings.warn(
-            "every lane of this pipeline is spent (exhaustion='stop'): this iteration gives "
-            "no data. Start a fresh pipeline (or load an earlier state) for another pass, or "
-            "use exhaustion='repeat' and stop on a step budget",
+            "this iteration gave no data: every lane of this pipeline is spent "
+            "(exhaustion='stop'), and iterating again continues from there. Start a fresh "
+            "pipeline (or load an earlier state) for another pass, or use exhaustion='repeat' "
+            "and stop on a step budget",
             stacklevel=3,
         )
 
@@ -211,6 +219,8 @@ def deliver(
     """
     options = pipeline._options
     every, hook, counting = options.stats_every, options.on_stats, options.stats
+    resumed = any(pipeline._lane_states.get(lane) is not None for lane in pipeline.lanes)
+    delivered = 0
     try:
         if pipeline._iteration == iteration:
             counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
@@ -225,7 +235,10 @@ def deliver(
             start = time.perf_counter() if counting else 0.0
             batch = next(stream, None)
             if batch is None:
+                if not pipeline._endless:  # endless: DataLoader workers, whose loader tells
+                    warn_if_spent(resumed, delivered)
                 return
+            delivered += 1
             if counting:
                 queued = stream.queued() if isinstance(stream, Prefetcher) else None
                 pipeline._counters.delivered(batch, time.perf_counter() - start, queued)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from zephon_torch._lanes import LaneRuntime, deliver, warn_if_spent
+from zephon_torch._lanes import LaneRuntime, deliver
 from zephon_torch._recipe import recipe_fingerprint
 from zephon_torch._specs import (
     Options,
@@ -471,8 +471,6 @@ class Pipeline:
         """Micro-batches from the delivered (or loaded) state on. Only the newest iterator
         runs: an older one raises RuntimeError on its next call."""
         self._require_complete()
-        if not self._endless:  # endless: DataLoader workers, whose loader tells
-            warn_if_spent(self._lane_states.get(lane) for lane in self.lanes)
         self._end_live()
         fork_safe_backend()
         runtime = LaneRuntime(self)

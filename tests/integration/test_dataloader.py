@@ -361,3 +361,28 @@ def test_a_state_without_this_rank_s_lanes_is_refused_by_the_loader(tokenizer: A
     loader = DataLoader(build(tokenizer, exhaustion="repeat", world_size=2, rank=1))
     with pytest.raises(StateMismatchError, match=r"lanes: saved \[0, 1\], live 'needs \[2, 3\]'"):
         loader.load_state_dict(own_lanes_only)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loaders_never_move_the_caller_s_pipeline_nor_each_other(
+    tokenizer: Any, num_workers: int
+) -> None:
+    """Without workers a loader iterated the caller's own pipeline: a second loader made from
+    it went on where the first stopped (with workers it started over), and two loaders
+    iterated in turn made each other's iterators stale."""
+    pipeline = build(tokenizer)
+    reference = take(DataLoader(build(tokenizer)), 6)
+    first = DataLoader(pipeline, num_workers=num_workers)
+    assert take(first, 3) == reference[:3]
+    assert all(lane is None for lane in pipeline.state_dict()["lanes"].values())
+    second = DataLoader(pipeline, num_workers=num_workers)
+    a, b = iter(first), iter(second)
+    interleaved = [(fingerprint(next(a)), fingerprint(next(b))) for _ in range(3)]
+    assert [x for x, _ in interleaved] == reference[3:6]  # `first` goes on from what it gave
+    assert [y for _, y in interleaved] == reference[:3]
+    # the calibration is made once, in this process, and frozen into every loader state
+    state = second.state_dict()
+    assert state["estimation"] is not None
+    resumed = DataLoader(build(tokenizer), num_workers=num_workers)
+    resumed.load_state_dict(state)
+    assert take(resumed, 3) == reference[3:6]

@@ -153,8 +153,11 @@ def test_a_plain_loader_over_a_dataset_a_zephon_loader_used_gets_plain_training_
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_iterating_a_spent_loader_again_warns_once(tokenizer: Any, workers: int) -> None:
-    pipeline = build(tokenizer, exhaustion="stop", datasets=two_sources(6, 4, shard_size=3))
+@pytest.mark.parametrize("rows", [(6, 4), (40, 30)])
+def test_iterating_a_spent_loader_again_warns_once(
+    tokenizer: Any, workers: int, rows: tuple[int, int]
+) -> None:
+    pipeline = build(tokenizer, exhaustion="stop", datasets=two_sources(*rows, shard_size=3))
     loader = DataLoader(pipeline, num_workers=workers, multiprocessing_context="spawn")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -162,5 +165,5 @@ def test_iterating_a_spent_loader_again_warns_once(tokenizer: Any, workers: int)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         again = [item["num_valid_tokens"] for item in loader]
-    assert [str(w.message)[:36] for w in caught] == ["every lane of this pipeline is spent"]
+    assert len(caught) == 1 and "every lane of this pipeline is spent" in str(caught[0].message)
     assert sum(again) == 0

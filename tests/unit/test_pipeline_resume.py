@@ -110,8 +110,13 @@ def test_only_the_newest_iterator_of_a_pipeline_runs(tokenizer: Any, prefetch: i
     assert taken + [key(b) for b in latest] == reference
 
 
-def test_iterating_a_spent_pipeline_again_warns_that_it_gives_no_data(tokenizer: Any) -> None:
-    pipeline = small_pipeline(tokenizer, lanes=2)
+@pytest.mark.parametrize(("lanes", "rows"), [(2, (60, 40)), (4, (40, 30))])
+def test_iterating_a_spent_pipeline_again_warns_that_it_gives_no_data(
+    tokenizer: Any, lanes: int, rows: tuple[int, int]
+) -> None:
+    """(4 lanes, 40 and 30 rows): the last lane's last delivered state reads not done (its
+    all-padding batch, which says so, is cut off), and the warning was not given."""
+    pipeline = small_pipeline(tokenizer, lanes=lanes, datasets=two_sources(*rows))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a pass, and the rest of a cut one, do not warn
         next(iter(pipeline))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from zephon_torch._lanes import calibrated
 from zephon_torch._state import STATE_VERSION
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.torch._transport import pack
@@ -72,7 +73,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
 
     def __init__(self, pipeline: Pipeline, *, mask_document_boundaries: bool = False) -> None:
         super().__init__()
-        self.pipeline = pipeline
+        # its own copy: iterating it (without workers) must not move the caller's pipeline,
+        # nor another loader's
+        self.pipeline = pipeline._with()
         self.mask_document_boundaries = mask_document_boundaries
         self.with_meta = False  # set by zephon_torch.torch.DataLoader
         self.pack_transport = False  # likewise, with workers: one buffer per item
@@ -81,8 +84,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self._delivered: dict[str, Any] = {}
         self._worker_lanes: list[int] | None = None
         if any(s is not None for s in pipeline._lane_states.values()):
-            # the pipeline was iterated or loaded: continue from there (its own lane states
-            # move on as the dataset iterates it in this process, and are then no resume point)
+            # the pipeline was iterated or loaded: continue from there
             self.load_state_dict(pipeline.state_dict())
 
     def __getstate__(self) -> dict[str, Any]:
@@ -127,15 +129,18 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             self._worker_lanes = mine
             if not mine:
                 return
-            pipeline = pipeline.with_lanes(mine, endless=self.endless)
-        elif self.endless:
-            pipeline = pipeline.with_lanes(rank_lanes, endless=True)
-        if states or pipeline is self.pipeline:
-            # the shared pipeline recorded what it last produced, not what was delivered
+        else:
+            mine = rank_lanes
+            if info is None:  # figures for the states; workers get them with the dataset
+                calibrated(pipeline)
+        # a copy per iteration, from what was delivered: loaders sharing the dataset, and
+        # iterators of one loader, never move each other
+        pipeline = pipeline.with_lanes(mine, endless=self.endless)
+        if states:
             state = pipeline.state_dict()
             state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
-            if self._loaded is not None:
-                state["estimation"] = self._loaded.get("estimation")
+            if self._loaded is not None and self._loaded.get("estimation") is not None:
+                state["estimation"] = self._loaded["estimation"]
             pipeline.load_state_dict(state)
         try:
             for batch in pipeline:
@@ -197,8 +202,6 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         base["lanes"] = lanes
         # a worker left idle (StatefulDataLoader) holds no lanes
         base["step"] = min(((0 if s is None else s["turn"]) for s in lanes.values()), default=0)
-        if loaded is not None:
-            base["estimation"] = loaded.get("estimation")
         return base
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -212,6 +215,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         check_state(state, self.pipeline.fingerprint(), needed)
         self._loaded = copy.deepcopy(state)
         self._delivered = {}
+        if state.get("estimation") is not None:  # frozen: a resume never re-measures
+            self.pipeline._estimation = copy.deepcopy(state["estimation"])
 
 
 def to_device(item: dict[str, Any], device: torch.device | str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from zephon_torch._lanes import cut_at_empty_turn, in_lane_order, warn_if_spent
+from zephon_torch._lanes import calibrated, cut_at_empty_turn, in_lane_order, warn_if_spent
 from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset
@@ -106,6 +106,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # items are put back in (turn, lane) order, and the stream is cut here, where one
         # process would end it (across ranks: at the first turn no rank has data).
         pipeline = dataset.pipeline
+        calibrated(pipeline)  # once, here: workers start with the figures, and states hold them
         ranks = pipeline.topology[0] > 1 and distributed_ready()
         if ranks:
             self._check_aligned()
@@ -114,8 +115,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         dataset.with_meta = True
         dataset.pack_transport = self.num_workers > 0 and self._pack_transport
         dataset.endless = self.num_workers > 1 or uncut
-        if self.num_workers > 1 and not uncut:  # else the pipeline warns, or other ranks
-            warn_if_spent(dataset.resume_lanes(self._delivered).values())  # may have data
+        # where one pipeline runs this rank's stream to its end, it warns of a spent state
+        told = self.num_workers > 1 or uncut
+        resumed = told and any(
+            s is not None for s in dataset.resume_lanes(self._delivered).values()
+        )
         items: Iterator[dict[str, Any]] = _raising(map(unpack, super().__iter__()))
         if self.num_workers > 1:
             turns = self._lane_turns()
@@ -127,7 +131,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if equalise:
             items = equal_ending(items, lanes_per_turn=len(pipeline.lanes), tokens=_tokens)
         self._generation += 1
-        return self._strip(items, self._generation)
+        return self._strip(items, self._generation, resumed=resumed)
 
     def _lane_turns(self) -> dict[int, int]:
         """The turn each of this rank's lanes resumes at (0 for a lane not started)."""
@@ -147,7 +151,10 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
             )
 
-    def _strip(self, items: Iterator[dict[str, Any]], generation: int) -> Iterator[dict[str, Any]]:
+    def _strip(
+        self, items: Iterator[dict[str, Any]], generation: int, *, resumed: bool
+    ) -> Iterator[dict[str, Any]]:
+        delivered = 0
         while True:
             if self._generation != generation:
                 raise RuntimeError(
@@ -156,7 +163,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 )
             item = next(items, None)
             if item is None:
+                warn_if_spent(resumed, delivered)
                 return
+            delivered += 1
             if not self.deliver_on_use and META_KEY in item:
                 self.mark_delivered(item)
             yield item
