@@ -110,6 +110,7 @@ class LaneRuntime:
                 packer,
                 drop_longer_than=pack.max_length if pack.long_documents == "drop" else None,
                 drop_shorter_than=pack.min_document_length,
+                shard_paths=where[1],
             )
             rows: BaseNode[PackedRow] = mixpack
             if pipeline._shuffle_window is not None:

@@ -45,6 +45,7 @@ class Run:
     name: str
     hashes: list[str]
     zephon: bool = True
+    error: str | None = None  # why the configuration failed (then no hashes)
 
 
 _LOADED: dict[str, str] = {}  # recipe module name -> the folder `load_recipe` put on sys.path
@@ -315,11 +316,20 @@ def with_runner(build: Build, runner: RunnerKind) -> Build:
 
 
 def _run_jobs(jobs: list[tuple[str, Callable[[], list[str]], bool]]) -> list[Run]:
+    """Each job's run. The first is the reference: its error is the recipe's, raised. A later
+    one that fails (a resume of a recipe that is not deterministic may) is a run that
+    diverges, with its error."""
     runs = []
     with progress(len(jobs), "verify") as bar:
         for name, job, zephon in jobs:
             bar.note(name)
-            runs.append(Run(name, job(), zephon=zephon))
+            try:
+                runs.append(Run(name, job(), zephon=zephon))
+            except Exception as error:
+                if not runs:
+                    raise
+                why = f"{type(error).__name__}: {error}".splitlines()[0]
+                runs.append(Run(name, [], zephon=zephon, error=why))
             bar.update()
     return runs
 
@@ -429,6 +439,8 @@ def table(runs: list[Run]) -> str:
 
 def verdict(run: Run, reference: Run) -> str:
     """IDENTICAL, or where the run first diverges from the reference."""
+    if run.error is not None:
+        return f"DIVERGES: the run failed: {run.error}"
     for t, (a, b) in enumerate(zip(run.hashes, reference.hashes)):
         if a != b:
             return f"DIVERGES from {reference.name} at step {t}"

@@ -218,6 +218,16 @@ def test_a_plain_torch_loader_keeps_a_worker_s_data_error_type_and_fields(kind: 
     )
 
 
+def test_worker_settings_are_ignored_without_workers(tokenizer: Any) -> None:
+    """So a worker count can be set to 0 alone: `timeout` was a bare AssertionError from torch
+    at the first batch."""
+    reference = take(DataLoader(build(tokenizer)), 2)
+    loader = DataLoader(
+        build(tokenizer), timeout=30, prefetch_factor=4, multiprocessing_context="spawn"
+    )
+    assert take(loader, 2) == reference
+
+
 def test_persistent_workers_are_refused(tokenizer: Any) -> None:
     with pytest.raises(ConfigError, match="persistent_workers"):
         DataLoader(build(tokenizer), num_workers=1, persistent_workers=True)

@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import assert_resumes_at_every_step, key, small_pipeline, two_sources
+from zephon_torch import DataError, Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
 
 
 @pytest.mark.parametrize("algorithm", ["wrap", "best_fit", "first_fit", "best_fit_wrap"])
@@ -163,3 +166,31 @@ def test_a_state_saved_mid_step_is_refused_by_a_pipeline_of_several_ranks(tokeni
         pipeline.load_state_dict(merge_states(ends))
         with pytest.warns(UserWarning, match="spent"):
             assert list(pipeline) == []
+
+
+def test_a_document_changed_since_the_state_was_saved_is_a_data_error_naming_it(
+    tmp_path: Any,
+) -> None:
+    """A JSONL file rewritten between save and resume (same rows, shorter documents): the
+    saved carry ran past the document's end, a bare numpy ValueError at the batch."""
+    shard = tmp_path / "a.jsonl"
+
+    def write(length: int) -> None:
+        shard.write_text("".join(json.dumps({"ids": [i] * length}) + "\n" for i in range(6)))
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("a", shard)], shuffle=False)
+        return Pipeline(source).pretokenized("ids").pack_flat(8).batch(1)
+
+    write(20)
+    pipeline = build()
+    next(iter(pipeline))  # row 0 cut at 8 tokens: its rest is the carry
+    state = json.loads(json.dumps(pipeline.state_dict()))
+    write(5)
+    resumed = build()
+    resumed.load_state_dict(state)
+    with pytest.raises(
+        DataError, match=r"row 0: cannot resume here: the state continues it"
+    ) as caught:
+        next(iter(resumed))
+    assert (caught.value.dataset, caught.value.shard) == ("a", str(shard))

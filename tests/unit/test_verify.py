@@ -186,3 +186,56 @@ def test_verify_s_malformed_arguments_are_usage_errors(
             main(argv)
         assert exit_.value.code == 2
         assert "error:" in capsys.readouterr().err
+
+
+SHRINKING = """
+import collections
+from tokenizers import Tokenizer
+from tests.helpers import two_sources
+from zephon_torch import Pipeline
+from zephon_torch.work import StaticMixtureWorkSource
+
+TOKENIZER = Tokenizer.from_file({path!r})
+
+READS = collections.Counter()
+
+def cut(row):  # not pure: each read of a row is a word shorter than the one before
+    READS[row["text"]] += 1
+    words = row["text"].split()
+    return {{**row, "text": " ".join(words[: max(1, len(words) - READS[row["text"]])])}}
+
+def pipeline():
+    source = StaticMixtureWorkSource(two_sources(40, 30, shard_size=8), seed=7)
+    recipe = Pipeline(source).options(canonical_replicas=4).map(cut)
+    return recipe.tokenize(tokenizer=TOKENIZER, parallelism=1).pack_flat(64).batch(2)
+"""
+
+
+def test_a_configuration_that_fails_is_reported_as_diverging_not_a_crash(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """The resumed run of a recipe whose map is not pure failed (its saved pieces lay past
+    the documents read anew): verify ended in a traceback, with no table or verdict."""
+    from zephon_torch.cli import main
+
+    tokenizer.save(str(tmp_path / "tok.json"))
+    recipe = tmp_path / "shrinking.py"
+    recipe.write_text(SHRINKING.format(path=str(tmp_path / "tok.json")))
+    out = io.StringIO()
+    argv = [
+        "verify",
+        str(recipe),
+        "--steps",
+        "5",
+        "--no-standard",
+        "--runners",
+        "",
+        "--workers",
+        "",
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", out)
+        code = main(argv)
+    text = out.getvalue()
+    assert code == 1 and "verdict: zephon_torch DIVERGES" in text
+    assert "DIVERGES: the run failed: DataError:" in text and "cannot resume here" in text

@@ -29,7 +29,13 @@ from torchdata.nodes import BaseNode
 from zephon_torch.errors import DataError
 from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.document import Document, Tokens
-from zephon_torch.ops.packers import Packer, Piece, WrapPacker, pieces_from_state
+from zephon_torch.ops.packers import (
+    ChangedDocument,
+    Packer,
+    Piece,
+    WrapPacker,
+    pieces_from_state,
+)
 from zephon_torch.ops.pretokenized import Owner
 from zephon_torch.ops.read import BarrenRun, DocumentReader
 
@@ -108,9 +114,11 @@ class MixPack(BaseNode[PackedRow]):
         *,
         drop_longer_than: int | None = None,
         drop_shorter_than: int = 0,
+        shard_paths: list[list[str]] | None = None,
     ) -> None:
         super().__init__()
         self.readers = list(readers)
+        self.shard_paths = shard_paths  # per source, shard index to path, for error messages
         self.weights = weights
         self.count = count
         self.packer = packer
@@ -152,9 +160,20 @@ class MixPack(BaseNode[PackedRow]):
         self.documents = [d for _, d in initial_state["delivered"]]
         self.active = list(initial_state["active"])
         self.skipped = dict(initial_state["skipped"])
-        carries = pieces_from_state(initial_state["carry"], self._fetch)
-        self.carry = [row[0] if row else None for row in carries]
-        self.packer.set_state(initial_state["packer"], self._fetch)
+        try:
+            carries = pieces_from_state(initial_state["carry"], self._fetch)
+            self.carry = [row[0] if row else None for row in carries]
+            self.packer.set_state(initial_state["packer"], self._fetch)
+        except ChangedDocument as error:
+            doc = error.doc
+            paths = self.shard_paths
+            raise DataError(
+                f"cannot resume here: {error}. The data, or a map, filter or tokenizer, changed "
+                "since the state was saved (or a map is not pure)",
+                dataset=self.readers[doc.source].layout.name,
+                shard=None if paths is None else paths[doc.source][doc.shard],
+                row=doc.row,
+            ) from None
 
     def get_state(self) -> dict[str, Any]:
         """Counters, reader positions and the packer's open rows."""

@@ -50,8 +50,21 @@ class Piece:
         return [d.source, d.pass_index, d.pos, self.start, self.end]
 
 
+class ChangedDocument(ValueError):
+    """A saved piece reaches past its document's tokens as read now: the data, or what a
+    per-document function makes of it, changed since the state was saved."""
+
+    def __init__(self, doc: Document, end: int, size: int) -> None:
+        super().__init__(f"the state continues it up to token {end}, but it has {size} tokens")
+        self.doc = doc
+
+
 def pieces_from_state(rows: list[list[list[int]]], fetch: Fetch) -> list[list[Piece]]:
-    """Rebuild pieces from pointers, fetching each distinct document once."""
+    """Rebuild pieces from pointers, fetching each distinct document once.
+
+    Raises:
+        ChangedDocument: where a piece lies past its document's end.
+    """
     docs: dict[tuple[int, int, int], Document] = {}
     out: list[list[Piece]] = []
     for row in rows:
@@ -60,7 +73,11 @@ def pieces_from_state(rows: list[list[list[int]]], fetch: Fetch) -> list[list[Pi
             key = (source, pass_index, pos)
             if key not in docs:
                 docs[key] = fetch(source, pass_index, pos)
-            pieces.append(Piece(docs[key], start, end))
+            doc = docs[key]
+            size = 0 if doc.tokens is None else len(doc.tokens)
+            if not 0 <= start <= end <= size:
+                raise ChangedDocument(doc, end, size)
+            pieces.append(Piece(doc, start, end))
         out.append(pieces)
     return out
 

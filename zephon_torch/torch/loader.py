@@ -35,7 +35,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         pin_memory: pin batches for asynchronous host-to-device copies.
         prefetch_factor: batches each worker prepares ahead (ignored without workers).
         multiprocessing_context: e.g. ``"spawn"``; the default (fork on Linux) works too.
-        timeout: seconds to wait for a worker's batch (0: forever).
+        timeout: seconds to wait for a worker's batch (0: forever; ignored without workers).
         deliver_on_use: for loops that fetch batches ahead of using them (Lightning does): each
             batch keeps its ``"zephon"`` entry, and only ``mark_delivered(batch)``, called when
             the batch is actually used, advances the state (a lane's batch marked after a
@@ -76,10 +76,10 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             collate_fn=_as_is,  # items are tensors already; payloads pass untouched
             num_workers=num_workers,
             pin_memory=pin_memory,
-            prefetch_factor=prefetch_factor if num_workers else None,  # likewise
             # Meaningless without workers; accepted so a worker count can be set to 0 alone.
+            prefetch_factor=prefetch_factor if num_workers else None,
             multiprocessing_context=multiprocessing_context if num_workers else None,
-            timeout=timeout,
+            timeout=timeout if num_workers else 0,
         )
         self._delivered: dict[str, Any] = {}
         self._generation = 0  # counts iter() and load_state_dict(): older iterators are stale
