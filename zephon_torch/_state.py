@@ -14,12 +14,11 @@ def check_state(
     state: dict[str, Any], fingerprint: dict[str, Any], needed_lanes: Iterable[int]
 ) -> None:
     """Raise one ``StateMismatchError`` listing every difference between saved and live."""
-    if not isinstance(state, dict) or "version" not in state:
-        raise StateMismatchError({"version": (None, STATE_VERSION)})
+    check_shape(state)
     mismatches: dict[str, tuple[object, object]] = {}
     if state["version"] != STATE_VERSION:
         mismatches["version"] = (state["version"], STATE_VERSION)
-    saved = state.get("fingerprint", {})
+    saved = state["fingerprint"]
     for key in sorted(set(saved) | set(fingerprint)):
         if saved.get(key) != fingerprint.get(key):
             mismatches[key] = (saved.get(key), fingerprint.get(key))
@@ -35,6 +34,30 @@ def check_state(
         raise StateMismatchError(mismatches)
 
 
+_LANE_KEYS = ("turn", "done", "pack")
+
+
+def check_shape(state: Any) -> None:
+    """Raise ``StateMismatchError`` unless ``state`` has the shape of a saved state: a dict
+    with a version, a fingerprint dict, and a dict of lane states, each None or a dict holding
+    its turn, end flag and packer state (what it holds past that is checked where read)."""
+    if not isinstance(state, dict) or "version" not in state:
+        raise StateMismatchError({"version": (None, STATE_VERSION)})
+    problems: dict[str, tuple[object, object]] = {}
+    if not isinstance(state.get("fingerprint"), dict):
+        problems["fingerprint"] = (state.get("fingerprint"), "a dict of settings")
+    lanes = state.get("lanes")
+    if not isinstance(lanes, dict):
+        problems["lanes"] = (lanes, "a dict of lane states by lane number")
+    else:
+        for lane, lane_state in lanes.items():
+            whole = isinstance(lane_state, dict) and all(k in lane_state for k in _LANE_KEYS)
+            if not (str(lane).isdigit() and (lane_state is None or whole)):
+                problems[f"lane {lane}"] = (lane_state, f"None or a dict with {list(_LANE_KEYS)}")
+    if problems:
+        raise StateMismatchError(problems)
+
+
 def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Combine the per-rank states of one step (each holding its own lanes) into a global one.
 
@@ -43,6 +66,8 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     states = list(states)
     if not states:
         raise ValueError("merge_states needs at least one state")
+    for state in states:
+        check_shape(state)
     first = states[0]
     merged = {k: v for k, v in first.items() if k != "lanes"}
     lanes: dict[str, Any] = {}
@@ -55,5 +80,5 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
                 )
             lanes[lane] = lane_state
     merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
-    merged["step"] = min((s["step"] for s in states), default=0)
+    merged["step"] = min((s.get("step", 0) for s in states), default=0)
     return merged

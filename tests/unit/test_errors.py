@@ -167,6 +167,41 @@ def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
         small_pipeline(tokenizer).load_state_dict(state)
 
 
+def _broken(kind: str, state: dict[str, Any]) -> Any:
+    if kind == "a list":
+        return [1, 2]
+    if kind == "lanes a list":
+        return {**state, "lanes": list(state["lanes"].values())}
+    if kind == "a lane without its pack":
+        lanes = {k: {x: y for x, y in v.items() if x != "pack"} for k, v in state["lanes"].items()}
+        return {**state, "lanes": lanes}
+    return {k: v for k, v in state.items() if k != "fingerprint"}  # no fingerprint
+
+
+@pytest.mark.parametrize(
+    "kind", ["a list", "lanes a list", "a lane without its pack", "no fingerprint"]
+)
+def test_a_malformed_state_is_a_state_mismatch_everywhere_it_is_loaded(
+    tokenizer: Any, kind: str
+) -> None:
+    """Each was a bare AttributeError, KeyError or TypeError, from the loader, merge_states or
+    deep in the packer's reset."""
+    from zephon_torch import merge_states
+    from zephon_torch.torch import DataLoader
+
+    pipeline = small_pipeline(tokenizer, lanes=2)
+    next(iter(pipeline))
+    next(iter(pipeline))
+    state = _broken(kind, json.loads(json.dumps(pipeline.state_dict())))
+    for load in (
+        small_pipeline(tokenizer, lanes=2).load_state_dict,
+        DataLoader(small_pipeline(tokenizer, lanes=2)).load_state_dict,
+        lambda s: merge_states([s]),
+    ):
+        with pytest.raises(StateMismatchError):
+            load(state)
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [

@@ -206,9 +206,11 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state of any world size dividing L; checked against the recipe."""
-        if state.get("version") != STATE_VERSION:
-            raise StateMismatchError({"version": (state.get("version"), STATE_VERSION)})
-        from zephon_torch._state import check_state
+        from zephon_torch._state import check_shape, check_state
+
+        check_shape(state)
+        if state["version"] != STATE_VERSION:
+            raise StateMismatchError({"version": (state["version"], STATE_VERSION)})
 
         # a worker's own state (StatefulDataLoader) holds its lanes; any other, this rank's
         needed = state.get("worker_lanes", self.pipeline.lanes)
