@@ -7,8 +7,10 @@ the batch to the training loop can record exactly what was delivered.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +22,7 @@ from zephon_torch.ops.packers import WrapPacker
 from zephon_torch.ops.pretokenized import IdCheck, Owner
 from zephon_torch.ops.training import training_tensors
 
+T = TypeVar("T")
 Rows = tuple[list[list[int]], list[list[int]], list[list[bool]]]  # lengths, sources, starts
 
 
@@ -61,35 +64,35 @@ class RowLayout:
 
     def tokens_by_source(self, num_sources: int) -> list[int]:
         """Tokens per source index, without cutting segments into rows."""
-        out = [0] * num_sources
         if self._segments is not None:
-            for n, s in zip(self._segments[0], self._segments[1]):
-                out[s] += n
-            return out
+            return _per_source(num_sources, self._segments[1], self._segments[0])
         lengths, sources, _ = self.rows
-        for row_lengths, row_sources in zip(lengths, sources):
-            for n, s in zip(row_lengths, row_sources):
-                out[s] += n
-        return out
+        return _per_source(num_sources, _flat(sources), _flat(lengths))
 
     def documents_by_source(self, num_sources: int) -> list[int]:
         """Segments that begin their document, per source index (a document cut across
         batches counts in the batch of its first piece)."""
-        out = [0] * num_sources
         if self._segments is not None:
-            for s, start in zip(self._segments[1], self._segments[2]):
-                out[s] += start
-            return out
+            return _per_source(num_sources, self._segments[1], self._segments[2])
         _, sources, starts = self.rows
-        for row_sources, row_starts in zip(sources, starts):
-            for s, start in zip(row_sources, row_starts):
-                out[s] += start
-        return out
+        return _per_source(num_sources, _flat(sources), _flat(starts))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RowLayout) and self.rows == other.rows
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _flat(rows: Iterable[Iterable[T]]) -> Iterator[T]:
+    return itertools.chain.from_iterable(rows)
+
+
+def _per_source(num_sources: int, sources: Iterable[int], values: Iterable[int]) -> list[int]:
+    """The sum of ``values`` (a segment's length, or its document-start flag) per source."""
+    out = [0] * num_sources
+    for s, value in zip(sources, values):
+        out[s] += value
+    return out
 
 
 def _split_rows(

@@ -254,6 +254,20 @@ def test_a_damaged_json_leaf_is_a_value_error_the_reader_names(leaf: bytes) -> N
         _nested(memoryview(leaf))
 
 
+def footer_chunk(tmp_path: Path, count: int) -> tuple[Path, Path, bytearray, tuple[int, int]]:
+    """A LitData dataset of `count` text items in one chunk with an Arrow footer: its folder,
+    the chunk file, the chunk's bytes (to damage) and the footer's (start, length) in them."""
+    from zephon_torch.io import _litdata_format as fmt
+
+    items = [{"text": f"text {i}"} for i in range(count)]
+    out = write_litdata(tmp_path / "footer", items, chunk_bytes=None, chunk_size=count)
+    chunk = next(out.glob("*.bin"))
+    data = bytearray(chunk.read_bytes())
+    footer = fmt.parse_layout(memoryview(bytes(data)), count).footer
+    assert footer is not None
+    return out, chunk, data, footer
+
+
 def test_damaged_offsets_in_an_arrow_footer_are_a_data_error_naming_the_row(
     tmp_path: Path,
 ) -> None:
@@ -261,15 +275,7 @@ def test_damaged_offsets_in_an_arrow_footer_are_a_data_error_naming_the_row(
     SystemError (other damage a segfault) when the rows were converted."""
     import pyarrow as pa
 
-    from zephon_torch.io import _litdata_format as fmt
-
-    items = [{"text": f"text {i}"} for i in range(6)]
-    out = write_litdata(tmp_path / "footer", items, chunk_bytes=None, chunk_size=6)
-    chunk = next(out.glob("*.bin"))
-    data = bytearray(chunk.read_bytes())
-    footer = fmt.parse_layout(memoryview(bytes(data)), len(items)).footer
-    assert footer is not None
-    start, length = footer
+    out, chunk, data, (start, length) = footer_chunk(tmp_path, 6)
     ipc = pa.py_buffer(bytes(data[start : start + length]))
     offsets = pa.ipc.open_file(ipc).get_batch(0).column("text").buffers()[1]
     at = start + offsets.address - ipc.address
@@ -286,15 +292,7 @@ def test_a_damaged_later_record_batch_of_an_arrow_footer_is_a_data_error_naming_
 ) -> None:
     """The chunk opens (its first footer batch is whole); a later batch's message was a bare
     OSError ('Invalid IPC stream') at the read, out of the pipeline and `inspect` alike."""
-    from zephon_torch.io import _litdata_format as fmt
-
-    items = [{"text": f"text {i}"} for i in range(600)]
-    out = write_litdata(tmp_path / "footer", items, chunk_bytes=None, chunk_size=600)
-    chunk = next(out.glob("*.bin"))
-    data = bytearray(chunk.read_bytes())
-    footer = fmt.parse_layout(memoryview(bytes(data)), len(items)).footer
-    assert footer is not None
-    start, length = footer
+    out, chunk, data, (start, length) = footer_chunk(tmp_path, 600)
     # IPC messages start with a 0xFFFFFFFF continuation mark: the schema's, then each batch's
     marks = [i for i in range(start, start + length - 3) if data[i : i + 4] == b"\xff" * 4]
     data[marks[2] + 3] = 0x80  # the second batch's mark, made negative
