@@ -219,11 +219,13 @@ class DocumentReader(BaseNode[Document]):
             # document locating them, 8,192 a chunk 0.1 us. Such a chunk is capped at about
             # _VIEW_TOKENS tokens by the documents' mean length so far, so that decoded MDS
             # or LitData shards it holds views of are not kept much longer than needed.
-            size = self.chunk_docs * min(self._growth, 2**self._submitted)
+            size = self.chunk_docs * min(self._growth, 1 << self._submitted)
             docs, tokens = self._seen
             if self._growth == _VIEW_GROWTH and tokens:  # and hold about _VIEW_TOKENS tokens
                 size = min(size, max(self.chunk_docs, _VIEW_TOKENS * docs // tokens))
-            self._submitted += 1
+            # counts only while chunks still grow: a count of every chunk of a long run made
+            # an integer of one bit per chunk at each chunk (13 ms a chunk after 4M of them)
+            self._submitted = min(self._submitted + 1, self._growth.bit_length())
             count = min(size, self._lane_rows - pos)
             span = self.layout.span(
                 pass_index=pass_index,

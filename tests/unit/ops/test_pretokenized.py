@@ -409,3 +409,17 @@ def test_stats_time_the_token_columns_reading_on_every_runner(runner: str) -> No
     assert set(ops) == {"fetch", "pretokenized"}
     if runner != "processes":  # worker processes keep their own counters
         assert ops["fetch"]["documents"] == ops["pretokenized"]["documents"] == 30
+
+
+def test_a_reader_s_chunk_count_stops_once_chunks_stop_growing() -> None:
+    """Every chunk raised 2 to the number of chunks read so far: an integer of one bit per
+    chunk, made at each chunk (3.7 ms a chunk after a million, 13.6 after four)."""
+    docs = [[i % 100 + 1] * 3 for i in range(60_000)]
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"ids": docs})], shuffle=False)
+    for eos in (None, 7):  # chunks of views grow to 256x, chunks of copies to 8x
+        pipeline = Pipeline(source).pretokenized("ids", eos_token_id=eos).pack_flat(16).batch(4)
+        batches = list(pipeline)
+        assert sum(b.num_tokens for b in batches) == 60_000 * (3 if eos is None else 4)
+        assert pipeline._runtime is not None
+        [reader] = pipeline._runtime.readers
+        assert reader._submitted == reader._growth.bit_length()
