@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
@@ -44,6 +45,13 @@ from zephon_torch.work.mixture import StaticMixtureWorkSource
 
 if TYPE_CHECKING:
     from zephon_torch.torch.dataset import PipelineDataset
+
+
+def _stop(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:
+    """Stop an iteration's threads (again, harmlessly, where it ran to its end)."""
+    if prefetcher is not None:
+        prefetcher.close()
+    runtime.close()
 
 
 class Pipeline:
@@ -482,7 +490,11 @@ class Pipeline:
             stream = self._live
         else:
             stream = produce()
-        return deliver(self, stream, runtime, self._iteration)
+        delivering = deliver(self, stream, runtime, self._iteration)
+        # an iterator dropped before its first next() never runs deliver's cleanup: its
+        # threads stop when it is collected
+        weakref.finalize(delivering, _stop, self._live if depth else None, runtime)
+        return delivering
 
     def explain(self, *, num_workers: int = 0) -> str:
         """The compiled plan as text: datasets and operators (data-affecting, in the

@@ -89,3 +89,27 @@ def test_a_consumer_waiting_when_it_is_closed_is_woken_with_an_error() -> None:
     consumer.join(10)
     assert not consumer.is_alive(), "the waiting consumer was left waiting"
     assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_an_iterator_dropped_before_its_first_batch_leaves_no_thread(
+    tokenizer: object, prefetch: int
+) -> None:
+    """Its cleanup ran only once it was started: the prefetch thread and the tokenizing
+    threads of an iterator never asked for a batch ran on for good."""
+    import gc
+
+    from tests.helpers import small_pipeline
+
+    before = set(threading.enumerate())
+    pipeline = small_pipeline(tokenizer, prefetch=prefetch)
+    iterator = iter(pipeline)
+    started = set(threading.enumerate()) - before
+    assert any(t.name == "zephon-prefetch" for t in started) == bool(prefetch)
+    del iterator
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while any(t.is_alive() for t in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [t.name for t in started if t.is_alive()] == []
+    assert sum(1 for _ in pipeline) > 0  # the pipeline still runs from its start
