@@ -165,7 +165,8 @@ class Pipeline:
     def map(self, fn: Callable[[Row], Row], *, name: str | None = None) -> Pipeline:
         """Apply ``fn(row) -> row`` to every document before tokenizing. ``fn`` must be pure
         (the same row in, the same row out, on every read of the row); it may change its row in
-        place: each call gets its own copy of the row's nested lists, dicts and sets."""
+        place: each call gets its own copy of the row's nested lists, dicts and sets and of
+        its writable arrays (read-only ones, such as stored token ids, cannot change)."""
         self._check_before_tokenize("map")
         return self._with(_user_ops=(*self._user_ops, MapOp(fn, name=name)))
 

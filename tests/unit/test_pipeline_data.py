@@ -271,6 +271,28 @@ def test_a_map_changing_a_nested_value_in_place_changes_no_later_read(
     assert rows[0]["tags"] == ["a"]  # the caller's own data is left alone
 
 
+def scale_in_place(row: dict[str, Any]) -> dict[str, Any]:
+    row["emb"] *= 2  # a writable array, changed in place
+    return {"text": f"{row['text']} {int(row['emb'][0])}"}
+
+
+def test_a_map_changing_an_array_in_place_changes_no_later_read(tokenizer: Any) -> None:
+    """Writable arrays were passed as they were: each pass doubled the stored array again."""
+    embeddings = [np.ones(3) for _ in range(4)]
+    dataset = Dataset.from_dict("d", {"text": [f"doc {i}" for i in range(4)], "emb": embeddings})
+    source = StaticMixtureWorkSource([dataset], shuffle=False, passes=3)
+    pipeline = (
+        Pipeline(source)
+        .map(scale_in_place)
+        .tokenize(tokenizer=tokenizer, special_tokens="none")
+        .pack_flat(64, "best_fit", max_sequences_per_bin=1)
+        .batch(1)
+    )
+    texts = [tokenizer.decode(b.input_ids[0, : b.num_tokens].tolist()) for b in pipeline]
+    assert texts == [f"doc {i} 2" for i in range(4)] * 3
+    assert embeddings[0].tolist() == [1.0, 1.0, 1.0]
+
+
 def test_a_map_returning_no_dict_on_a_row_names_the_row(tokenizer: Any) -> None:
     rows = [{"text": f"row {i}", "title": "t"} for i in range(12)]
     rows[7] = {"text": "row 7"}

@@ -72,19 +72,29 @@ _NESTED = (list, dict, set)
 
 def owned(value: Any) -> Any:
     """``value`` (a row, or a row's value) as a user's function may change it in place: its
-    nested lists, dicts and sets copied, the rest as it is. Readers may share them with a
-    cache (Parquet row groups, LitData batches) or with the caller's own data
+    nested lists, dicts and sets, and its writable arrays, copied; the rest as it is (read-only
+    arrays, such as the token views readers give, cannot be changed). Readers may share them
+    with a cache (Parquet row groups, LitData batches) or with the caller's own data
     (``Dataset.from_dict``), so an edit made in place would reach later reads of the row: later
     passes, resumes, and the other runners' reads alike. Copied through pickle (C speed; a
     row without nested values costs one scan), else by ``copy.deepcopy``."""
     if isinstance(value, dict):
-        if not any(isinstance(v, _NESTED) for v in value.values()):
+        if not any(_shared(v) for v in value.values()):
             return value
-        return {k: _copied(v) if isinstance(v, _NESTED) else v for k, v in value.items()}
-    return _copied(value) if isinstance(value, _NESTED) else value
+        return {k: _copied(v) if _shared(v) else v for k, v in value.items()}
+    return _copied(value) if _shared(value) else value
+
+
+def _shared(value: Any) -> bool:
+    """Whether ``value`` could be changed in place."""
+    if isinstance(value, np.ndarray):
+        return bool(value.flags.writeable)
+    return isinstance(value, _NESTED)
 
 
 def _copied(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
     try:
         return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:  # a value pickle cannot take
