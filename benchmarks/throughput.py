@@ -9,7 +9,7 @@ phase runs in its own subprocess so its peak RSS is its own (the baseline holds 
 memory). The pipeline's token count must equal the baseline's plus one EOS per document, or the
 run stops with exit code 2; a missed target still exits 0 (a benchmark, not a test).
 
-    .venv/bin/python benchmarks/throughput.py [--megabytes 60] [--lanes 8] [--parallelism 2]
+    .venv/bin/python benchmarks/throughput.py [--megabytes 60] [--lanes 8] [--parallelism N]
 """
 
 from __future__ import annotations

@@ -83,10 +83,20 @@ def load_recipe(path: str | Path) -> Build:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    build = getattr(module, "pipeline", None)
-    if not callable(build):
+    made = getattr(module, "pipeline", None)
+    if not callable(made):
         raise ConfigError(f"recipe {str(path)!r} must define `pipeline() -> Pipeline`")
-    return build  # type: ignore[no-any-return]
+
+    def build() -> Pipeline:
+        pipeline = made()
+        if not isinstance(pipeline, Pipeline):
+            raise ConfigError(
+                f"recipe {str(path)!r}: `pipeline()` must return a Pipeline, got "
+                f"{type(pipeline).__name__}"
+            )
+        return pipeline
+
+    return build
 
 
 def _digest(parts: list[dict[str, torch.Tensor]]) -> str:

@@ -141,3 +141,24 @@ def test_verify_refuses_what_it_would_ignore(
         main(["verify", str(recipe), "--steps", "2", *extra])
     assert caught.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_demo_and_verify_report_a_zephon_error_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As inspect and index do: demo printed two chained tracebacks for a missing tokenizer,
+    and verify a bare AttributeError for a recipe whose pipeline() is no Pipeline."""
+    from zephon_torch.cli import main
+
+    missing = str(tmp_path / "no-such-tokenizer")
+    assert main(["demo", "--tokenizer", missing, "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("zephon-torch demo: error: cannot load tokenizer")
+    recipe = tmp_path / "five.py"
+    recipe.write_text("def pipeline():\n    return 5\n")
+    assert main(["verify", str(recipe), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"zephon-torch verify: error: recipe {str(recipe)!r}: `pipeline()` must return a "
+        "Pipeline, got int"
+    ]
