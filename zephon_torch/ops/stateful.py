@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -132,6 +133,12 @@ class FilteredReader(BaseNode[Document]):
             if self._keep(doc):
                 return doc
             rejected += 1
+            if rejected == 8 * rows and self.reader.exhaustion == "repeat":
+                warnings.warn(  # where nothing proves it rejects for ever: a word at least
+                    f"dataset {self.layout.name!r}: the stateful filter {self.op.name!r} "
+                    f"rejected {rejected} documents in a row (eight passes of this lane)",
+                    stacklevel=2,
+                )
             if watch and rejected % (2 * rows) == rows:  # 2 passes of rejections apart
                 state = _states(filters)
                 if state is not None and state == before:

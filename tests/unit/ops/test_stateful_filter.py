@@ -296,6 +296,34 @@ def test_with_several_shuffled_lanes_a_filter_waiting_for_its_documents_is_read_
     assert rows == [[999, 1, 2]] * 8
 
 
+def test_with_several_shuffled_lanes_a_filter_rejecting_on_and_on_is_warned_of() -> None:
+    """Nothing proves a dedup filter rejects for ever there (each pass deals the lanes anew):
+    the lanes read on without a batch, and without a word until this warning."""
+    import warnings
+
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    ids = [[i + 1] * 3 for i in range(40)]
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"ids": ids})], exhaustion="repeat")
+    pipeline = (
+        Pipeline(source)
+        .options(canonical_replicas=4)
+        .pretokenized("ids")
+        .stateful_filter(lambda lane: KeepUnseen(limit=100_000))
+        .pack_flat(3)
+        .batch(1)
+    )
+    kept = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match=r"'keep_unseen' rejected 80 documents in a row"):
+            for batch in pipeline:
+                kept.append((batch.lane, batch.input_ids[0].tolist()))
+    assert len(set(map(repr, kept))) == len(kept) > 3 * 40  # each lane kept each at most once
+
+
 class TupleKeyed(Warmup):
     """A warm-up whose state JSON cannot write (a tuple key): the check must not fail on it."""
 
