@@ -232,6 +232,12 @@ def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
         "en/train-0.parquet",
         "train.parquet",
     ]
+    # character classes, as the hub's fsspec glob reads them (they matched nothing)
+    shards = [f"data/train-{i:05d}-of-00010.parquet" for i in range(10)]
+    ranged = [{"config_name": "default", "data_files": "data/train-0000[0-4]-*"}]
+    assert split_files(shards, None, "train", ranged) == shards[:5]
+    other = [{"config_name": "default", "data_files": "data/train-0000[!0-7]-*"}]
+    assert split_files(shards, None, "train", other) == shards[8:]
 
 
 _READ_ONLINE = """
@@ -569,3 +575,41 @@ def test_online_dataloader_workers_give_the_batches_of_the_local_copy(tmp_path: 
     assert result["hub"] == result["local"]
     downloaded = {path.rsplit("/", 1)[-1] for _, path, asked in hub.log if "/resolve/" in path}
     assert downloaded == {f"train-0000{shard}-of-00004.parquet" for shard in range(4)}
+
+
+def _download(endpoint: str, cache: Path, repo: str, patterns: list[str]) -> None:
+    """`snapshot_download` of `patterns` only, as `hf download --include` does: the hub cache
+    then holds the repository's file listing and part of its files."""
+    code = (
+        "import sys; from huggingface_hub import snapshot_download; "
+        "snapshot_download(sys.argv[1], repo_type='dataset', allow_patterns=sys.argv[2:])"
+    )
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(cache)}
+    env.pop("HF_HUB_OFFLINE", None)
+    subprocess.run([sys.executable, "-c", code, repo, *patterns], env=env, check=True, timeout=60)
+
+
+def test_offline_a_split_downloaded_alone_reads_and_a_missing_card_is_named(
+    tmp_path: Path,
+) -> None:
+    """huggingface_hub calls a snapshot incomplete when a listed file matching the patterns
+    asked for is missing: `*train*` matched another split's `train_sft-*` and a cached split
+    was 'not found'. Without the card, the split was chosen by file names, not by the card's
+    configs: other files than online, silently."""
+    repo = tmp_path / "repo"
+    _parquet(repo / "data" / "train-00000-of-00001.parquet", "train", 3)
+    _parquet(repo / "data" / "train_sft-00000-of-00001.parquet", "sft", 2)
+    _parquet(repo / "data" / "test-00000-of-00001.parquet", "test", 2)
+    (repo / "README.md").write_text("# card")
+    hub = Hub()
+    hub.add("org/r", "main", repo)
+    with serve(hub) as endpoint:
+        _download(endpoint, tmp_path / "split", "org/r", ["data/train-*", "README.md"])
+        _download(endpoint, tmp_path / "cardless", "org/r", ["data/*"])
+    result = _read_offline(tmp_path / "split", "hf://org/r/train", tmp_path)
+    assert [row["text"] for row in result["rows"]] == ["train 0", "train 1", "train 2"]
+    done = _run_offline(tmp_path / "cardless", "hf://org/r/train", tmp_path)
+    assert done.returncode != 0
+    assert "ConfigError: 'hf://org/r/train': the hub cache holds 'org/r' without its " in (
+        done.stderr
+    )

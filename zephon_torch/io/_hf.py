@@ -9,7 +9,9 @@ footers read by range, all from the commit the revision pointed at when the data
 Offline (`HF_HUB_OFFLINE=1`), or when no answer comes from the hub, the split's files come from
 the local hub cache (`resolve_hf`, nothing downloaded) and are read as local files.
 
-A split's files are, as the hub defines them:
+A split's files are found by these rules (the hub's own rules, narrowed: no split synonyms such
+as `dev` or `valid`, and no reading of every file as `train` when no name says a split; such
+repositories need a card's `configs:`, else they are read from the converted Parquet):
 
 - where the dataset card (`README.md`) lists `configs:`, the files its config (the one named,
   else the one marked `default`, else "default", else the only one) gives the split in
@@ -177,9 +179,16 @@ def _card_patterns(chosen: dict[str, Any], split: str, data_dir: str) -> list[re
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
-    """A data_files glob as a regex over repo-relative paths (`**` crosses folders)."""
+    """A data_files glob as a regex over repo-relative paths (`**` crosses folders; `[...]`
+    and `[!...]` are character classes, as the hub's fsspec glob reads them)."""
     out = []
-    for part in re.split(r"(\*\*/|\*\*|\*|\?)", pattern.removeprefix("./")):
+    for part in re.split(r"(\*\*/|\*\*|\*|\?|\[!?[^\]/]+\])", pattern.removeprefix("./")):
+        if part.startswith("[") and part.endswith("]") and len(part) > 2:
+            negated = part.startswith("[!")
+            members = part[2:-1] if negated else part[1:-1]
+            escaped = members.replace("\\", "\\\\").replace("^", "\\^")
+            out.append(f"[^/{escaped}]" if negated else f"[{escaped}]")
+            continue
         out.append(
             {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
         )
@@ -378,17 +387,27 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
     repo, config, split = parse_hf_url(url)
     tried = []
     for revision, configs, converted in _revisions(url, config):
-        # fnmatch's `*` crosses folders: a superset of the split's files, refined below.
-        patterns = [f"{configs}/*{split}*"] if configs else [f"*{split}*"]
+        # The snapshot folder, asking only for the card (the converted layout has none): where
+        # the hub's file listing is cached, huggingface_hub calls a snapshot incomplete when a
+        # listed file matching the patterns is missing, and the split's own files are checked
+        # below (`check_complete`), not the other splits' (`*train*` matches `train_sft-*`).
+        patterns = [f"{configs}/*{split}*" if configs else f"*{split}*"] if converted else []
         try:
             folder = snapshot_download(
                 repo,
                 repo_type="dataset",
                 revision=revision,
-                allow_patterns=patterns,
+                allow_patterns=patterns or ["README.md"],
                 local_files_only=True,
             )
         except Exception as error:  # not cached
+            if not converted and type(error).__name__ == "IncompleteSnapshotError":
+                # the repository has a card, which decides the splits, and it is not cached
+                raise ConfigError(
+                    f"{url!r}: the hub cache holds {repo!r} without its dataset card "
+                    f"README.md, which says which files make up each split; download it too "
+                    f"(hf download {repo} README.md --repo-type dataset): {error}"
+                ) from error
             tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
             continue
         readme = os.path.join(folder, "README.md")

@@ -91,12 +91,15 @@ def cache_file(cache_dir: str, path: str, name: str | None = None) -> str:
             shard cache: its cache name), used instead of its path, size and mtime.
 
     Returns:
-        A path inside `cache_dir` that changes whenever the file's size or mtime (or `name`)
-        changes.
+        A path inside `cache_dir` that changes whenever the file's size, mtime, inode or
+        ctime (or `name`) changes: a file replaced by one of the same size and mtime (`cp -p`,
+        `rsync -a`, a tar extraction) has another inode, or at least a new ctime, which no
+        tool sets back.
     """
     if name is None:
         stat = os.stat(path)
-        key = f"{_INDEX_VERSION}\0{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+        version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_ctime_ns}"
+        key = f"{_INDEX_VERSION}\0{os.path.abspath(path)}\0{version}"
     else:
         key = f"{_INDEX_VERSION}\0named\0{name}"
     return os.path.join(cache_dir, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")

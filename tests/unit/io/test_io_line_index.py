@@ -112,6 +112,29 @@ def test_the_index_is_rebuilt_when_the_file_changes(
     assert changed.read_rows(0, [11]) == [{"b": 11}]
 
 
+def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_indexed_again(
+    tmp_path: Path, counting_scan: _CountingScan
+) -> None:
+    """`cp -p`, `rsync -a` or a tar extraction keep a file's mtime: one of the same size was
+    read with the other's cached line offsets, its last row silently lost."""
+    path = tmp_path / "data.jsonl"
+    old = b'{"t": "a"}\n{"t": "b"}\n' + b" " * 9 + b"\n"  # two rows, blank padding
+    new = b'{"t": "a"}\n{"t": "b"}\n{"t":"c"}\n'
+    assert len(old) == len(new)
+    path.write_bytes(old)
+    cache = str(tmp_path / "cache")
+    assert Dataset.from_path("d", path, index_cache_dir=cache).num_rows == 2
+    stat = path.stat()
+    replacement = tmp_path / "incoming.jsonl"
+    replacement.write_bytes(new)
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(replacement, path)
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    replaced = Dataset.from_path("d", path, index_cache_dir=cache)
+    assert replaced.read_rows(0, range(replaced.num_rows)) == [{"t": t} for t in "abc"]
+    assert counting_scan.calls == 2
+
+
 def test_compressed_files_are_indexed_once_too(
     tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
 ) -> None:
