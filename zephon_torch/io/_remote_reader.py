@@ -405,6 +405,8 @@ class RemoteReader:
                 # index is kept, under its name
                 self._check_unchanged(fs_path, item)
             except FileNotFoundError:  # listed when the dataset was opened, gone since
+                if not os.path.isdir(os.path.dirname(target)):
+                    raise  # no: the cache folder was deleted under the download (see ensure)
                 raise DataError(
                     f"the object is missing{CHANGED_NOTE}", dataset=self.dataset, shard=item.url
                 ) from None

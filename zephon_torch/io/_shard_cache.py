@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from zephon_torch.errors import ConfigError, StorageError
+from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._locks import flock, lock_file, release_file
 from zephon_torch.io._pins import Pins
 
@@ -125,7 +125,10 @@ class ShardCache:
         """
         try:
             for sub in (_TMP, _RESERVE, _LOCKS):
-                os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+                folder = os.path.join(self.directory, sub)
+                os.makedirs(folder, exist_ok=True)
+                if not os.access(folder, os.W_OK):  # there already, and not writable
+                    raise PermissionError(f"{folder!r} cannot be written")
         except OSError as error:
             raise CacheFolderError(
                 f"cannot use the shard cache folder {self.directory!r} "
@@ -161,12 +164,22 @@ class ShardCache:
             self._pins.unpin(item.name)
 
     def ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
-        """Makes sure `item` is cached and returns its path; pins it when `pin` (see `open`)."""
+        """Makes sure `item` is cached and returns its path; pins it when `pin` (see `open`).
+        A download that fails as the cache folder is deleted under it (a tmp cleaner) is made
+        once more, in the folder made again."""
         if item.size > self.max_bytes:
             raise ConfigError(
                 f"cache `max_bytes` is {self.max_bytes}, smaller than the shard {item.url!r} "
                 f"({item.size} bytes): raise the limit"
             )
+        try:
+            return self._ensure(item, download, pin=pin)
+        except (OSError, ZephonError):
+            if os.path.isdir(os.path.join(self.directory, _TMP)):
+                raise
+        return self._ensure(item, download, pin=pin)
+
+    def _ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
         if self._pins.pin_existing(item.name):
             self.hits += 1
             return self._finish(item, pin)
@@ -192,7 +205,8 @@ class ShardCache:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(temp)
             finally:
-                with flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
+                # the folder (and its lock file) may be gone: nothing left to undo then
+                with contextlib.suppress(OSError), flock(self._folder_lock, fcntl.LOCK_EX):
                     os.unlink(reservation)
         return self._finish(item, pin)
 
@@ -255,7 +269,8 @@ class ShardCache:
                 self._pins.place(name, temp)
                 self.misses += 1
             finally:
-                with flock(self._folder_lock, fcntl.LOCK_EX), contextlib.suppress(OSError):
+                # the folder (and its lock file) may be gone: nothing left to undo then
+                with contextlib.suppress(OSError), flock(self._folder_lock, fcntl.LOCK_EX):
                     os.unlink(reservation)
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -527,6 +527,32 @@ def test_a_cache_folder_deleted_during_a_run_is_made_again(tmp_path: Path) -> No
     assert cache.misses == 3
 
 
+def test_a_cache_folder_deleted_during_a_download_is_made_again_for_one_more(
+    tmp_path: Path,
+) -> None:
+    """Deleted while a download ran: the bare FileNotFoundError of the folder's lock file,
+    raised from the cleanup, hid the download's own error (which a remote reader took for
+    the object gone from the store)."""
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1000)
+    calls = []
+
+    def download(target: str) -> None:
+        calls.append(target)
+        if len(calls) == 1:
+            shutil.rmtree(tmp_path / "cache")  # a cleaner, mid-download
+        Path(target).write_bytes(b"x" * 10)
+
+    path = cache.ensure(_item("a.jsonl", 10), download, pin=False)
+    assert Path(path).read_bytes() == b"x" * 10 and len(calls) == 2
+
+    def always(target: str) -> None:  # every try loses its folder: that error, as it is
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+        Path(target).write_bytes(b"y" * 10)
+
+    with pytest.raises(FileNotFoundError, match=r"cache/\.downloading/"):
+        cache.ensure(_item("b.jsonl", 10), always, pin=False)
+
+
 def test_a_cache_folder_that_cannot_be_made_is_a_config_error_naming_it(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
     with pytest.raises(ConfigError, match=r"shard cache folder .*afile/cache.* Not a directory"):
