@@ -93,11 +93,17 @@ def _guarded(command: str, body: Callable[[], None], out: TextIO) -> int:
     try:
         body()
     except (ZephonError, ImportError) as error:
-        out.flush()
-        message = " ".join(str(error).split())
-        print(f"zephon-torch {command}: error: {message}", file=sys.stderr)
-        return ERROR_EXIT
+        return failed(command, error, out)
     return 0
+
+
+def failed(command: str, error: BaseException, out: TextIO) -> int:
+    """Report `error` of `command` in one line on stderr (after what `out` holds); returns
+    `ERROR_EXIT`."""
+    out.flush()
+    message = " ".join(str(error).split())
+    print(f"zephon-torch {command}: error: {message}", file=sys.stderr)
+    return ERROR_EXIT
 
 
 def _open(

@@ -271,15 +271,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "train", False) and not args.plot:
         parser.error("verify --train draws loss curves: it needs --plot")
     if args.command in ("demo", "verify"):  # inspect and index guard their own
-        from zephon_torch._inspect import ERROR_EXIT
+        from zephon_torch._inspect import failed
         from zephon_torch.errors import ZephonError
 
         try:
             return int(args.run(args))
         except ZephonError as error:
-            message = " ".join(str(error).split())
-            print(f"zephon-torch {args.command}: error: {message}", file=sys.stderr)
-            return ERROR_EXIT
+            return failed(args.command, error, sys.stdout)
     return int(args.run(args))
 
 

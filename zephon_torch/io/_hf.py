@@ -391,13 +391,16 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
         # the hub's file listing is cached, huggingface_hub calls a snapshot incomplete when a
         # listed file matching the patterns is missing, and the split's own files are checked
         # below (`check_complete`), not the other splits' (`*train*` matches `train_sft-*`).
-        patterns = [f"{configs}/*{split}*" if configs else f"*{split}*"] if converted else []
+        if converted:  # fnmatch's `*` crosses folders: a superset of the split's files
+            patterns = [f"{configs}/*{split}*" if configs else f"*{split}*"]
+        else:
+            patterns = ["README.md"]
         try:
             folder = snapshot_download(
                 repo,
                 repo_type="dataset",
                 revision=revision,
-                allow_patterns=patterns or ["README.md"],
+                allow_patterns=patterns,
                 local_files_only=True,
             )
         except Exception as error:  # not cached

@@ -11,10 +11,10 @@ import pytest
 
 from tests.conftest import prose_documents
 from tests.helpers import assert_resumes_at_every_step, keys
+from tests.unit.ops.test_stateful_filter import Stateless
 from zephon_torch import DataError, Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.ops.pretokenized import with_eos
-from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
@@ -290,18 +290,12 @@ def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_cou
     assert pipeline.stats()["skipped_documents"] == {"too_long": 0, "too_short": 16}
 
 
-class KeepLongerThan(StatefulFilter):
+class KeepLongerThan(Stateless):
     def __init__(self, length: int) -> None:
         self.length = length
 
     def keep(self, tokens: Any, source: str) -> bool:
         return len(tokens) > self.length
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 @pytest.mark.parametrize("how", ["min_document_length", "filter", "stateful_filter"])

@@ -77,7 +77,17 @@ def test_a_factory_returning_something_else_is_refused(tokenizer: Any) -> None:
         small_pipeline(tokenizer).stateful_filter(lambda lane: 3)  # type: ignore[arg-type,return-value]
 
 
-class Recorder(StatefulFilter):
+class Stateless(StatefulFilter):
+    """A filter that keeps no state (its decisions depend on the document alone)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class Recorder(Stateless):
     name = "recorder"
 
     def __init__(self) -> None:
@@ -86,12 +96,6 @@ class Recorder(StatefulFilter):
     def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
         self.seen.append((str(tokens.dtype), tokens.tolist()))
         return True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 def test_a_filter_sees_pre_tokenized_ids_as_int32_whatever_their_stored_type() -> None:
@@ -492,19 +496,13 @@ def test_a_plain_filter_that_drops_a_whole_source_under_repeat_is_an_error_or_a_
         next(iter(pipeline))
 
 
-class Raises(StatefulFilter):
+class Raises(Stateless):
     name = "raises"
 
     def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
         if len(tokens) and tokens[0] == 4:
             raise KeyError("boom")
         return True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 def test_errors_of_a_user_filter_s_decision_name_the_row() -> None:
