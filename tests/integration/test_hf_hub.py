@@ -21,7 +21,13 @@ import pytest
 from tests.hub_server import Hub, serve
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.io._hf import check_complete, parse_hf_url, pinned_revision, split_files
+from zephon_torch.io._hf import (
+    check_complete,
+    find_split,
+    parse_hf_url,
+    pinned_revision,
+    split_files,
+)
 
 pytest.importorskip("huggingface_hub")
 
@@ -577,16 +583,20 @@ def test_online_dataloader_workers_give_the_batches_of_the_local_copy(tmp_path: 
     assert downloaded == {f"train-0000{shard}-of-00004.parquet" for shard in range(4)}
 
 
-def _download(endpoint: str, cache: Path, repo: str, patterns: list[str]) -> None:
+def _download(
+    endpoint: str, cache: Path, repo: str, patterns: list[str], revision: str = "main"
+) -> None:
     """`snapshot_download` of `patterns` only, as `hf download --include` does: the hub cache
     then holds the repository's file listing and part of its files."""
     code = (
         "import sys; from huggingface_hub import snapshot_download; "
-        "snapshot_download(sys.argv[1], repo_type='dataset', allow_patterns=sys.argv[2:])"
+        "snapshot_download(sys.argv[1], repo_type='dataset', revision=sys.argv[2], "
+        "allow_patterns=sys.argv[3:])"
     )
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(cache)}
     env.pop("HF_HUB_OFFLINE", None)
-    subprocess.run([sys.executable, "-c", code, repo, *patterns], env=env, check=True, timeout=60)
+    command = [sys.executable, "-c", code, repo, revision, *patterns]
+    subprocess.run(command, env=env, check=True, timeout=60)
 
 
 def test_offline_a_split_downloaded_alone_reads_and_a_missing_card_is_named(
@@ -612,4 +622,66 @@ def test_offline_a_split_downloaded_alone_reads_and_a_missing_card_is_named(
     assert done.returncode != 0
     assert "ConfigError: 'hf://org/r/train': the hub cache holds 'org/r' without its " in (
         done.stderr
+    )
+
+
+def test_the_converted_parquet_s_only_config_is_read_and_a_missing_one_names_what_there_is(
+    tmp_path: Path,
+) -> None:
+    """With no config named, the converted layout was looked up under `default/` only: a
+    dataset whose one config has another name was "not found". Errors now list the configs
+    or splits there are, online and offline; a converted split cached in part is named."""
+    script = tmp_path / "script"
+    script.mkdir()
+    (script / "README.md").write_text("# a dataset with a loading script")
+    (script / "one.py").write_text("# builder")
+    one = tmp_path / "one"
+    _parquet(one / "en" / "train" / "0000.parquet", "en-train-0", 2)
+    _parquet(one / "en" / "train" / "0001.parquet", "en-train-1", 1)
+    _parquet(one / "en" / "partial-validation" / "0000.parquet", "en-val", 1)
+    two = tmp_path / "two"
+    _parquet(two / "en" / "train" / "0000.parquet", "en", 1)
+    _parquet(two / "fr" / "train" / "0000.parquet", "fr", 1)
+    hub = Hub()
+    for name, converted in (("org/one", one), ("org/two", two)):
+        hub.add(name, "main", script)
+        hub.add(name, "refs/convert/parquet", converted)
+    expected = ["en-train-0 0", "en-train-0 1", "en-train-1 0"]
+    with serve(hub) as endpoint:
+        train = _read_online("hf://org/one/train", endpoint, tmp_path)
+        assert [row["text"] for row in train["rows"]] == expected
+        test = _read_online("hf://org/one/test", endpoint, tmp_path, fails=True)["stderr"]
+        assert "no split 'test' in config 'en' (splits: ['train', 'validation'])" in test
+        both = _read_online("hf://org/two/train", endpoint, tmp_path, fails=True)["stderr"]
+        assert "configs ['en', 'fr']: name one, hf://org/name/CONFIG/split" in both
+        other = _read_online("hf://org/two/de/train", endpoint, tmp_path, fails=True)["stderr"]
+        assert "no config 'de' (configs: ['en', 'fr'])" in other
+        convert = "refs/convert/parquet"
+        _download(endpoint, tmp_path / "whole", "org/one", ["en/train/*"], convert)
+        _download(endpoint, tmp_path / "part", "org/one", ["en/train/0000.parquet"], convert)
+    offline = _read_offline(tmp_path / "whole", "hf://org/one/train", tmp_path)
+    assert [row["text"] for row in offline["rows"]] == expected
+    done = _run_offline(tmp_path / "part", "hf://org/one/train", tmp_path)
+    assert done.returncode != 0
+    assert "the hub cache holds only part of 'hf://org/one/train'" in done.stderr
+    assert "en/train/0001.parquet" in done.stderr
+
+
+def test_a_split_the_card_does_not_have_is_named_with_the_splits_it_has() -> None:
+    configs = [
+        {"config_name": "default", "data_files": {"train": "d/train*", "test": "d/test*"}},
+        {"config_name": "chat", "data_files": [{"split": "sft", "path": "c/*"}]},
+    ]
+    files = ["d/train-0.parquet", "d/test-0.parquet", "c/x.parquet"]
+    assert find_split(files, None, "train", configs) == (
+        ["d/train-0.parquet"],
+        "no files of split 'train'",
+    )
+    found, why = find_split(files, None, "validation", configs)
+    assert found == []
+    assert why == (
+        "no files of split 'validation'; the card's config 'default' has splits ['test', 'train']"
+    )
+    assert find_split(files, "chat", "train", configs)[1].endswith(
+        "config 'chat' has splits ['sft']"
     )

@@ -23,10 +23,12 @@ repositories need a card's `configs:`, else they are read from the converted Par
   digit (`train-00000-of-00004.parquet`; not `train_sft-...` or `train.100-...`, other splits).
 
 When the main revision has none, the hub's auto-converted Parquet (`refs/convert/parquet`:
-`{config}/{split}/*.parquet`, config "default" when none is named) is used; a `partial-{split}`
-folder there holds only a prefix of a large split, and is read with a warning saying so. Read
-from the hub cache, a split of numbered shards (`-00001-of-00004`) with a shard missing is an
-error naming it: the cache holds only part of the split.
+`{config}/{split}/*.parquet`; with no config named, "default", else the only config there) is
+used; a `partial-{split}` folder there holds only a prefix of a large split, and is read with a
+warning saying so. Read from the hub cache, a split with a file missing (a numbered shard
+`-00001-of-00004`, or a converted file the cached listing names) is an error naming it: the
+cache holds only part of the split. A split not found is an error naming the configs or splits
+there are, where the card or the converted layout says.
 """
 
 from __future__ import annotations
@@ -77,12 +79,13 @@ def pinned_revision(url: str) -> str | None:
 
 
 def _revisions(url: str, config: str | None) -> list[tuple[str | None, str | None, bool]]:
-    """Where to look, in order: (revision, config folder, whether it is the auto-converted
-    Parquet layout): main (or the pinned revision) as uploaded, then the converted layout
-    (`refs/convert/parquet`, or the pinned revision, which may be one of its commits)."""
+    """Where to look, in order: (revision, config named or None, whether it is the
+    auto-converted Parquet layout): main (or the pinned revision) as uploaded, then the
+    converted layout (`refs/convert/parquet`, or the pinned revision, which may be one of its
+    commits)."""
     pinned = pinned_revision(url)
     converted = CONVERTED_REVISION if pinned is None else pinned
-    return [(pinned, config, False), (converted, config or "default", True)]
+    return [(pinned, config, False), (converted, config, True)]
 
 
 def split_files(
@@ -105,6 +108,61 @@ def split_files(
         for file in files
         if detect_format(file) is not None and any(p.match(file) for p in patterns)
     )
+
+
+def find_split(
+    files: Sequence[str],
+    config: str | None,
+    split: str,
+    configs: Sequence[dict[str, Any]] = (),
+    *,
+    converted: bool = False,
+) -> tuple[list[str], str]:
+    """The split's files (`split_files`, or in the auto-converted layout when `converted`),
+    and when there are none, why: the configs or splits the revision has instead."""
+    if converted:
+        return _converted_split(files, config, split)
+    found = split_files(files, config, split, configs)
+    why = f"no files of split {split!r}"
+    if not found and configs:
+        chosen = _card_config(configs, config)
+        if chosen.get("data_files") is not None:
+            name = chosen.get("config_name", "default")
+            why += f"; the card's config {name!r} has splits {_card_splits(chosen)}"
+    return found, why
+
+
+def _converted_split(files: Sequence[str], config: str | None, split: str) -> tuple[list[str], str]:
+    """The split's files in the auto-converted layout (`{config}/{split}/*.parquet`, or
+    `{config}/partial-{split}/`): with no config named, "default", else the only one."""
+    folders = sorted({f.split("/", 1)[0] for f in files if "/" in f and detect_format(f)})
+    if config is None:
+        if len(folders) > 1 and "default" not in folders:
+            return [], f"configs {folders}: name one, hf://org/name/CONFIG/split"
+        config = folders[0] if len(folders) == 1 else "default"
+    found = _by_name(files, config, split)
+    if found:
+        return found, ""
+    if config not in folders:
+        return [], f"no config {config!r} (configs: {folders})"
+    splits = sorted(
+        {
+            f.split("/")[1].removeprefix("partial-")
+            for f in files
+            if f.startswith(f"{config}/") and f.count("/") >= 2 and detect_format(f)
+        }
+    )
+    return [], f"no split {split!r} in config {config!r} (splits: {splits})"
+
+
+def _card_splits(chosen: dict[str, Any]) -> list[str]:
+    """The splits a card's config names in its `data_files`."""
+    data_files = chosen.get("data_files")
+    if isinstance(data_files, dict):
+        return sorted(str(key) for key in data_files)
+    if isinstance(data_files, list) and data_files and isinstance(data_files[0], dict):
+        return sorted({str(e.get("split", "train")) for e in data_files if isinstance(e, dict)})
+    return ["train"]
 
 
 def _by_name(files: Sequence[str], folder: str | None, split: str) -> list[str]:
@@ -294,7 +352,7 @@ def list_hf(
             root = f"datasets/{repo}@{sha}"
             in_card = [] if converted else card_configs(_card(fs, root, where, once))
             # a card's data_files may lie anywhere in the repo; else under the config folder
-            under = f"{root}/{configs}" if configs and not in_card else root
+            under = f"{root}/{configs}" if configs and not in_card and not converted else root
             found: dict[str, dict[str, Any]] = call_with_retry(  # the tree retries itself
                 partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
             )
@@ -317,7 +375,7 @@ def list_hf(
         paths = {
             path[len(root) + 1 :]: path for path, info in found.items() if info["type"] == "file"
         }
-        files = split_files(list(paths), configs, split, in_card)
+        files, why = find_split(list(paths), configs, split, in_card, converted=converted)
         if files:
             warn_if_partial(url, files, split)
             detected, chosen = format_, [paths[file] for file in files]
@@ -325,7 +383,7 @@ def list_hf(
                 detected, chosen = detect_files(url, "glob", chosen)
             objects = [(path, _hub_object(fs, path, found[path], repo, root)) for path in chosen]
             return fs.unstrip_protocol(root), Listing(detected, objects, fs=fs)
-        tried.append(f"{revision or 'main'}: no files of split {split!r}")
+        tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
 
 
@@ -387,14 +445,12 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
     repo, config, split = parse_hf_url(url)
     tried = []
     for revision, configs, converted in _revisions(url, config):
-        # The snapshot folder, asking only for the card (the converted layout has none): where
-        # the hub's file listing is cached, huggingface_hub calls a snapshot incomplete when a
-        # listed file matching the patterns is missing, and the split's own files are checked
-        # below (`check_complete`), not the other splits' (`*train*` matches `train_sft-*`).
-        if converted:  # fnmatch's `*` crosses folders: a superset of the split's files
-            patterns = [f"{configs}/*{split}*" if configs else f"*{split}*"]
-        else:
-            patterns = ["README.md"]
+        # The snapshot folder, asking only for the card (the converted layout has none, and its
+        # split's files are checked once found): where the hub's file listing is cached,
+        # huggingface_hub calls a snapshot incomplete when a listed file matching the patterns
+        # is missing, and only the split's own files are to be checked, not the other splits'
+        # (`*train*` matches `train_sft-*`) or configs'.
+        patterns = [] if converted else ["README.md"]
         try:
             folder = snapshot_download(
                 repo,
@@ -418,14 +474,39 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
         if not converted and os.path.isfile(readme):
             with open(readme, encoding="utf-8", errors="replace") as f:
                 in_card = card_configs(f.read())
-        files = split_files(_listing(folder), configs, split, in_card)
+        files, why = find_split(_listing(folder), configs, split, in_card, converted=converted)
         if files:
             check_complete(url, files)
+            if converted:
+                _check_converted_complete(url, repo, revision, files[0].split("/", 1)[0], split)
             warn_if_partial(url, files, split)
             commit = os.path.basename(os.path.normpath(folder))  # snapshots/<commit>
             return "glob", [os.path.join(folder, file) for file in files], commit
-        tried.append(f"{revision or 'main'}: no files of split {split!r}")
+        tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
+
+
+def _check_converted_complete(
+    url: str, repo: str, revision: str | None, config: str, split: str
+) -> None:
+    """ConfigError when the hub's cached listing of the converted revision has files of the
+    split that the cache does not hold (their names are not numbered `-of-`)."""
+    try:
+        _hub().snapshot_download(
+            repo,
+            repo_type="dataset",
+            revision=revision,
+            allow_patterns=[f"{config}/{split}/*", f"{config}/partial-{split}/*"],
+            local_files_only=True,
+        )
+    except Exception as error:
+        if type(error).__name__ != "IncompleteSnapshotError":
+            raise
+        raise ConfigError(
+            f"the hub cache holds only part of {url!r}: download the split (online, or `hf "
+            f"download {repo} --repo-type dataset --revision {revision} --include "
+            f"'{config}/*{split}/*'`) before reading it offline: {error}"
+        ) from error
 
 
 def _listing(folder: str) -> list[str]:
