@@ -21,13 +21,7 @@ import pytest
 from tests.hub_server import Hub, serve
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.io._hf import (
-    check_complete,
-    find_split,
-    parse_hf_url,
-    pinned_revision,
-    split_files,
-)
+from zephon_torch.io._hf_splits import check_complete, parse_hf_url, pinned_revision
 
 pytest.importorskip("huggingface_hub")
 
@@ -202,48 +196,6 @@ def test_a_hub_cache_holding_part_of_a_split_s_numbered_shards_is_an_error(
     assert "data/train-00001-of-00003*.parquet" in done.stderr
     # shards named with a suffix of their own each (datasets' push_to_hub) group together
     check_complete("hf://o/n/train", [f"d/train-0000{i}-of-00002-{i}f3a.parquet" for i in (0, 1)])
-
-
-def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
-    assert parse_hf_url("hf://Salesforce/wikitext/wikitext-2-raw-v1/train") == (
-        "Salesforce/wikitext",
-        "wikitext-2-raw-v1",
-        "train",
-    )
-    assert parse_hf_url("hf://org/name/test") == ("org/name", None, "test")
-    files = ["data/train-0.parquet", "data/training.txt", "test.jsonl", "c/train/x.parquet"]
-    assert split_files(files, None, "train") == ["c/train/x.parquet", "data/train-0.parquet"]
-    assert split_files(files, "c", "train") == ["c/train/x.parquet"]
-    # other splits whose names begin with the one asked for are not it (ultrachat, mnli, ...)
-    others = [
-        "data/train_sft-00000-of-00001.parquet",
-        "data/train_unlabeled-00000-of-00001.parquet",
-        "clean/train.100-00000-of-00001.parquet",
-        "mnli/validation_matched-00000-of-00001.parquet",
-    ]
-    mine = ["data/train-00000-of-00001.parquet", "train.jsonl.gz", "x/train_0.parquet"]
-    assert split_files(others + mine, None, "train") == sorted(mine)
-    assert split_files(others, None, "validation") == []
-    assert split_files(others, None, "train_sft") == [others[0]]
-    # a card's config: data_dir alone (splits by name under it) or with data_files under it
-    layout = ["en/train-0.parquet", "en/test.parquet", "train.parquet", "fr/a/x.parquet"]
-    configs = [
-        {"config_name": "en", "data_dir": "en"},
-        {"config_name": "fr", "data_dir": "fr", "data_files": "a/*"},
-    ]
-    assert split_files(layout, "en", "train", configs) == ["en/train-0.parquet"]
-    assert split_files(layout, "fr", "train", configs) == ["fr/a/x.parquet"]
-    assert split_files(layout, "fr", "test", configs) == []
-    assert split_files(layout, None, "train", [{"config_name": "default"}]) == [
-        "en/train-0.parquet",
-        "train.parquet",
-    ]
-    # character classes, as the hub's fsspec glob reads them (they matched nothing)
-    shards = [f"data/train-{i:05d}-of-00010.parquet" for i in range(10)]
-    ranged = [{"config_name": "default", "data_files": "data/train-0000[0-4]-*"}]
-    assert split_files(shards, None, "train", ranged) == shards[:5]
-    other = [{"config_name": "default", "data_files": "data/train-0000[!0-7]-*"}]
-    assert split_files(shards, None, "train", other) == shards[8:]
 
 
 _READ_ONLINE = """
@@ -665,23 +617,3 @@ def test_the_converted_parquet_s_only_config_is_read_and_a_missing_one_names_wha
     assert done.returncode != 0
     assert "the hub cache holds only part of 'hf://org/one/train'" in done.stderr
     assert "en/train/0001.parquet" in done.stderr
-
-
-def test_a_split_the_card_does_not_have_is_named_with_the_splits_it_has() -> None:
-    configs = [
-        {"config_name": "default", "data_files": {"train": "d/train*", "test": "d/test*"}},
-        {"config_name": "chat", "data_files": [{"split": "sft", "path": "c/*"}]},
-    ]
-    files = ["d/train-0.parquet", "d/test-0.parquet", "c/x.parquet"]
-    assert find_split(files, None, "train", configs) == (
-        ["d/train-0.parquet"],
-        "no files of split 'train'",
-    )
-    found, why = find_split(files, None, "validation", configs)
-    assert found == []
-    assert why == (
-        "no files of split 'validation'; the card's config 'default' has splits ['test', 'train']"
-    )
-    assert find_split(files, "chat", "train", configs)[1].endswith(
-        "config 'chat' has splits ['sft']"
-    )

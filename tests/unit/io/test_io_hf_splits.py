@@ -1,0 +1,69 @@
+"""Which files of a hub repository make up an `hf://` split (`_hf_splits`): pure functions of
+a file list and a dataset card, no hub needed. Reading through the hub and its cache is in
+`tests/integration/test_hf_hub.py`."""
+
+from __future__ import annotations
+
+from zephon_torch.io._hf_splits import find_split, parse_hf_url, split_files
+
+
+def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
+    assert parse_hf_url("hf://Salesforce/wikitext/wikitext-2-raw-v1/train") == (
+        "Salesforce/wikitext",
+        "wikitext-2-raw-v1",
+        "train",
+    )
+    assert parse_hf_url("hf://org/name/test") == ("org/name", None, "test")
+    files = ["data/train-0.parquet", "data/training.txt", "test.jsonl", "c/train/x.parquet"]
+    assert split_files(files, None, "train") == ["c/train/x.parquet", "data/train-0.parquet"]
+    assert split_files(files, "c", "train") == ["c/train/x.parquet"]
+    # other splits whose names begin with the one asked for are not it (ultrachat, mnli, ...)
+    others = [
+        "data/train_sft-00000-of-00001.parquet",
+        "data/train_unlabeled-00000-of-00001.parquet",
+        "clean/train.100-00000-of-00001.parquet",
+        "mnli/validation_matched-00000-of-00001.parquet",
+    ]
+    mine = ["data/train-00000-of-00001.parquet", "train.jsonl.gz", "x/train_0.parquet"]
+    assert split_files(others + mine, None, "train") == sorted(mine)
+    assert split_files(others, None, "validation") == []
+    assert split_files(others, None, "train_sft") == [others[0]]
+    # a card's config: data_dir alone (splits by name under it) or with data_files under it
+    layout = ["en/train-0.parquet", "en/test.parquet", "train.parquet", "fr/a/x.parquet"]
+    configs = [
+        {"config_name": "en", "data_dir": "en"},
+        {"config_name": "fr", "data_dir": "fr", "data_files": "a/*"},
+    ]
+    assert split_files(layout, "en", "train", configs) == ["en/train-0.parquet"]
+    assert split_files(layout, "fr", "train", configs) == ["fr/a/x.parquet"]
+    assert split_files(layout, "fr", "test", configs) == []
+    assert split_files(layout, None, "train", [{"config_name": "default"}]) == [
+        "en/train-0.parquet",
+        "train.parquet",
+    ]
+    # character classes, as the hub's fsspec glob reads them (they matched nothing)
+    shards = [f"data/train-{i:05d}-of-00010.parquet" for i in range(10)]
+    ranged = [{"config_name": "default", "data_files": "data/train-0000[0-4]-*"}]
+    assert split_files(shards, None, "train", ranged) == shards[:5]
+    other = [{"config_name": "default", "data_files": "data/train-0000[!0-7]-*"}]
+    assert split_files(shards, None, "train", other) == shards[8:]
+
+
+def test_a_split_the_card_does_not_have_is_named_with_the_splits_it_has() -> None:
+    configs = [
+        {"config_name": "default", "data_files": {"train": "d/train*", "test": "d/test*"}},
+        {"config_name": "chat", "data_files": [{"split": "sft", "path": "c/*"}]},
+    ]
+    files = ["d/train-0.parquet", "d/test-0.parquet", "c/x.parquet"]
+    assert find_split(files, None, "train", configs) == (
+        ["d/train-0.parquet"],
+        "no files of split 'train'",
+    )
+    found, why = find_split(files, None, "validation", configs)
+    assert found == []
+    assert why == (
+        "no files of split 'validation'; the card's config 'default' has splits ['test', 'train']"
+    )
+    assert find_split(files, "chat", "train", configs)[1].endswith(
+        "config 'chat' has splits ['sft']"
+    )
