@@ -6,8 +6,11 @@ bounded retries instead of hanging."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -356,3 +359,43 @@ def test_a_truncated_shard_on_s3_is_a_data_error_naming_its_url(
         remote.read_rows(1, [0])
     assert caught.value.shard == f"s3://bucket/{kind}/{name}"
     assert "cache" not in str(caught.value)
+
+
+_QUEUE_AND_LEAVE = """
+import json, os, signal, sys
+from zephon_torch.io import Dataset
+retry = {"attempts": 6, "initial_delay": 1.0, "timeout": 600}
+dataset = Dataset.from_path(
+    "d", sys.argv[1], storage_options=json.loads(sys.argv[2]),
+    io_options={"cache": {"prefetch_threads": 1}, "retry": retry},
+)
+dataset.read_rows(0, [0])
+dataset.prefetch(range(len(dataset.shards)))  # as a lane's reader does
+os.kill(int(sys.argv[3]), signal.SIGSTOP)  # the store stops answering
+print("queued", flush=True)
+"""
+
+
+def test_a_process_exits_without_waiting_for_its_queued_prefetches(
+    tmp_path: Path, s3_server: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    """Prefetches ran on a ThreadPoolExecutor, whose threads the interpreter joins at exit after
+    every queued job: a run that stopped early (or failed) with the store gone waited for each
+    queued download's retries, minutes here (7 shards, about 35 s each)."""
+    endpoint, server = s3_server
+    _write_corpus(tmp_path / "data", "parquet", shards=8)
+    upload(endpoint, tmp_path / "data", "bucket", "data")
+    command = [
+        sys.executable,
+        "-c",
+        _QUEUE_AND_LEAVE,
+        "s3://bucket/data",
+        json.dumps(_storage(endpoint)),
+        str(server.pid),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "queued"

@@ -20,13 +20,13 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import fsspec.callbacks
 
 from zephon_torch._progress import Progress
 from zephon_torch.errors import ConfigError, DataError, StorageError
+from zephon_torch.io._background import Background
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
@@ -114,7 +114,7 @@ class RemoteReader:
     def _fresh_threads(self) -> None:
         self._lock = threading.Lock()
         self._opening = threading.Lock()  # builds the local reader; may download the index
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Background | None = None
         self._queued: set[str] = set()
 
     def after_fork(self) -> None:
@@ -271,10 +271,7 @@ class RemoteReader:
             if url in self._queued or cache.touch(item):
                 continue
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=cache_options.prefetch_threads,
-                    thread_name_prefix="zephon-prefetch",
-                )
+                self._pool = Background(cache_options.prefetch_threads, "zephon-prefetch")
             self._queued.add(url)
             self._pool.submit(self._prefetch_one, url, fs_path, item)
 

@@ -1,0 +1,51 @@
+"""Background jobs on daemon threads: the process exits without waiting for them.
+
+Prefetch downloads run here, not in a `ThreadPoolExecutor`, whose threads the interpreter joins
+at exit after running every job still queued: a run that stopped early (or failed) then waited,
+each queued download retried against a store that may be gone, for minutes. A job cut off at
+exit leaves a partial download, which the shard cache sweeps as it does a killed process's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+
+class Background:
+    """Runs submitted jobs in order on up to `threads` daemon threads, started as jobs come and
+    ended when none is left. Jobs must not raise: what they do not handle is lost.
+
+    Args:
+        threads: the most threads at once; at least 1.
+        name: the threads' name.
+    """
+
+    def __init__(self, threads: int, name: str) -> None:
+        self.threads = max(1, threads)
+        self.name = name
+        self._lock = threading.Lock()
+        self._jobs: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._running = 0
+
+    def submit(self, job: Callable[..., Any], *args: Any) -> None:
+        """Queue ``job(*args)``; returns at once."""
+        with self._lock:
+            self._jobs.append((job, args))
+            if self._running < self.threads:
+                self._running += 1
+                threading.Thread(target=self._work, name=self.name, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._running -= 1
+                    return
+                job, args = self._jobs.popleft()
+            try:
+                job(*args)
+            except Exception:  # a job's own bug: the thread goes on with the others
+                continue
