@@ -106,7 +106,7 @@ class ShardHashes:
         """What checks the bytes of `local` (the file of `shard`, as stored) against its
         recorded hash; None when this version of the file was checked already."""
         stat = os.stat(local)
-        version = (local, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        version = (local, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
         if version in self._verified:
             return None
         algorithm, function = self.pick(shard, recorded)

@@ -223,7 +223,8 @@ class JsonlReader:
             held = os.path.getsize(path)
         else:
             stat = os.stat(path)
-            key = f"decompressed\0{source}\0{stat.st_size}\0{stat.st_mtime_ns}"
+            version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_ctime_ns}"
+            key = f"decompressed\0{source}\0{version}"  # a copy with `cp -p` is another
         room = self.cache.max_bytes - held
         make = partial(decompress_to, path, compression, limit=room)
         try:

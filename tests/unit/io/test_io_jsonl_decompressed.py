@@ -167,6 +167,33 @@ def test_a_rewritten_shard_is_decompressed_again(tmp_path: Path, write_jsonl: Wr
     ]
 
 
+def test_a_shard_replaced_by_one_of_the_same_size_and_mtime_is_decompressed_again(
+    tmp_path: Path,
+) -> None:
+    """`cp -p`, `rsync -a`, a tar extraction: the decompressed copy was keyed by size and mtime
+    only, so the old rows came back (the line index, keyed by inode and ctime too, was rebuilt
+    from the stale copy)."""
+
+    def gz(words: list[str]) -> bytes:
+        lines = "".join(json.dumps({"text": w}) + "\n" for w in words)
+        return gzip.compress(lines.encode(), mtime=0)
+
+    old, new = gz(["alpha one", "alpha two"]), gz(["bravo one", "bravo two"])
+    assert len(old) == len(new)
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(old)
+    os.utime(path, ns=(10**18, 10**18))
+    assert Dataset.from_path("d", str(path)).read_rows(0, [0, 1])[1] == {"text": "alpha two"}
+    beside = tmp_path / "new.jsonl.gz"
+    beside.write_bytes(new)
+    os.utime(beside, ns=(10**18, 10**18))
+    os.replace(beside, path)
+    assert [r["text"] for r in Dataset.from_path("d", str(path)).read_rows(0, [0, 1])] == [
+        "bravo one",
+        "bravo two",
+    ]
+
+
 def test_pipeline_io_options_choose_where_a_local_dataset_decompresses(
     tmp_path: Path, write_jsonl: WriteJsonl, tokenizer: Any
 ) -> None:
