@@ -166,7 +166,10 @@ class Pipeline:
         """Apply ``fn(row) -> row`` to every document before tokenizing. ``fn`` must be pure
         (the same row in, the same row out, on every read of the row); it may change its row in
         place: each call gets its own copy of the row's nested lists, dicts and sets and of
-        its writable arrays (read-only ones, such as stored token ids, cannot change)."""
+        its writable arrays (read-only ones, such as stored token ids, cannot change).
+        ``name`` goes into the state fingerprint, so that a state is refused by a pipeline
+        with other functions; by default the function's module and qualified name (a
+        ``functools.partial``'s with its arguments, a callable object's class's)."""
         self._check_before_tokenize("map")
         return self._with(_user_ops=(*self._user_ops, MapOp(fn, name=name)))
 

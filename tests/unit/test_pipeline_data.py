@@ -323,3 +323,59 @@ def test_a_user_function_failing_on_a_row_names_the_row(
     with pytest.raises(DataError, match=f"{op} '.*' raised {raised}") as caught:
         list(pipeline.pack_flat(32).batch(2))
     assert (caught.value.dataset, caught.value.row) == ("notes", 7)
+
+
+def suffixed(row: dict[str, Any], suffix: str) -> dict[str, Any]:
+    return {**row, "text": row["text"] + suffix}
+
+
+class Lower:
+    """A callable object (its default repr holds its address)."""
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {**row, "text": row["text"].lower()}
+
+
+_FINGERPRINT = """
+import functools, json, sys
+from tests.unit.test_pipeline_data import Lower, suffixed
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+source = StaticMixtureWorkSource([Dataset.from_dict("d", [{"text": "A", "ids": [1]}])])
+pipeline = Pipeline(source).map(functools.partial(suffixed, suffix="!")).filter(Lower())
+pipeline = pipeline.pretokenized("ids").pack_flat(8, "wrap").batch(1)
+print(json.dumps(pipeline.fingerprint()["ops"]))
+"""
+
+
+def test_a_partial_or_a_callable_object_is_named_alike_in_every_process() -> None:
+    """Their default names held a memory address (`repr`), which went into the state: a state
+    saved in one process was refused in the next with nothing changed."""
+    import functools
+    import subprocess
+    import sys
+
+    from zephon_torch.errors import ConfigError
+
+    def ops() -> Any:
+        done = subprocess.run(
+            [sys.executable, "-c", _FINGERPRINT], capture_output=True, text=True, check=True
+        )
+        return json.loads(done.stdout)
+
+    first = ops()
+    assert first == ops()
+    names = [op["name"] for op in first if op.get("kind") in ("map", "filter")]
+    assert names == [
+        "partial(tests.unit.test_pipeline_data.suffixed, suffix='!')",
+        "tests.unit.test_pipeline_data.Lower",
+    ]
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", [{"text": "A", "ids": [1]}])])
+    with pytest.raises(ConfigError, match=r"memory address.*pass `name=`"):
+        Pipeline(source).map(functools.partial(suffixed, suffix=object()))
+    named = Pipeline(source).map(functools.partial(suffixed, suffix=object()), name="tagged")
+    named = named.pretokenized("ids").pack_flat(8, "wrap").batch(1)
+    assert [op["name"] for op in named.fingerprint()["ops"] if op.get("kind") == "map"] == [
+        "tagged"
+    ]

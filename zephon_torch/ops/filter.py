@@ -15,7 +15,7 @@ class FilterOp(UserOp):
 
     Args:
         fn: a pure predicate on the row dict; picklable for the processes runner.
-        name: names the predicate in the state fingerprint; defaults to its qualified name.
+        name: names the predicate in the state fingerprint; defaults to ``function_name``'s.
     """
 
     kind = "filter"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -41,10 +42,32 @@ class UserOp:
 
 
 def function_name(fn: Callable[..., Any], name: str | None) -> str:
-    """A stable name for a user function: explicit, else ``module.qualname``."""
+    """A name for a user function that is the same in every process, for the state
+    fingerprint: explicit, else ``module.qualname``; a ``functools.partial``'s is its
+    function's with its arguments, a callable object's its class's.
+
+    Raises:
+        ConfigError: when that name would hold a memory address (a partial of an object
+            without a repr of its own): a resume in another process would be refused.
+    """
     if name is not None:
         return name
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    derived = _derived_name(fn)
+    if " at 0x" in derived:
+        raise ConfigError(
+            f"cannot name {fn!r} the same way in every process (its name holds a memory "
+            "address, and the name goes into the state): pass `name=`"
+        )
+    return derived
+
+
+def _derived_name(fn: Any) -> str:
+    if isinstance(fn, functools.partial):
+        arguments = [repr(a) for a in fn.args] + [f"{k}={v!r}" for k, v in fn.keywords.items()]
+        return f"partial({_derived_name(fn.func)}, {', '.join(arguments)})"
+    if not hasattr(fn, "__qualname__"):  # a callable object: named by its class
+        fn = type(fn)
+    return f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
 
 
 class MapOp(UserOp):
@@ -53,7 +76,7 @@ class MapOp(UserOp):
     Args:
         fn: a pure function (same row in, same row out on every call); with the processes
             runner it must be picklable (a module-level function).
-        name: names the function in the state fingerprint; defaults to its qualified name.
+        name: names the function in the state fingerprint; defaults to ``function_name``'s.
     """
 
     kind = "map"
