@@ -80,7 +80,7 @@ class ShardHashes:
 
     def __init__(self, dataset: str) -> None:
         self.dataset = dataset
-        self._verified: set[tuple[str, int, int, int]] = set()
+        self._verified: set[tuple[str, int, int, int, int]] = set()
 
     def pick(self, shard: str, recorded: Mapping[str, str]) -> tuple[str, Hasher]:
         """The hash `shard` is checked by.
