@@ -2,14 +2,16 @@
 
 Runs before tokenizing (which drops the row): the named fields are set aside untouched on the
 document and travel with it into its packed row, so an image's bytes or an array arrive in the
-batch exactly as stored. A missing field is a ``DataError`` naming the row.
+batch exactly as stored: as the batch's own copy where they could be changed in place (nested
+lists and dicts, writable arrays; see ``owned``), so that an edit in the training loop reaches
+no later read. A missing field is a ``DataError`` naming the row.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from zephon_torch.ops.document import Document, document_error
+from zephon_torch.ops.document import Document, document_error, owned
 
 
 class PayloadOp:
@@ -37,7 +39,7 @@ class PayloadOp:
                 raise document_error(
                     doc, message, dataset_names=self.dataset_names, shard_paths=self.shard_paths
                 )
-            doc.payload = {f: data[f] for f in self.fields}
+            doc.payload = owned({f: data[f] for f in self.fields})  # the loop may edit it
         return docs
 
     def fingerprint(self) -> dict[str, Any]:

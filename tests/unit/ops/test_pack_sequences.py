@@ -51,6 +51,31 @@ def test_payloads_arrive_whole_with_their_documents(tokenizer: Any) -> None:
     assert seen == fits
 
 
+def test_a_payload_edited_in_the_loop_changes_no_later_read(tokenizer: Any) -> None:
+    """A payload was the stored value itself (here the caller's own arrays, elsewhere a
+    Parquet row-group cache): normalising it in place changed later passes and resumes."""
+    dataset = multimodal(6)
+    stored = [[i, i + 1, i + 2] for i in range(6)]  # as `multimodal` writes them
+
+    def boxes() -> list[list[float]]:
+        source = StaticMixtureWorkSource([dataset], shuffle=False)
+        pipeline = (
+            Pipeline(source)
+            .tokenize(tokenizer=tokenizer)
+            .pack_sequences(4096, payload_fields=["box", "n"], max_sequences_per_bin=1)
+            .batch(1)
+        )
+        seen = []
+        for batch in pipeline:
+            for payload in batch.payloads[0] if batch.payloads else []:
+                seen.append(payload["box"].tolist())
+                payload["box"] *= 100  # the loop normalises in place
+        return seen
+
+    assert boxes() == stored
+    assert boxes() == stored
+
+
 def test_pack_sequences_resumes_at_every_step(tokenizer: Any) -> None:
     assert_resumes_at_every_step(lambda: build(tokenizer))
 
