@@ -64,6 +64,39 @@ def lanes_for_rank(*, canonical_replicas: int, world_size: int, rank: int) -> li
     return list(range(rank * per_rank, (rank + 1) * per_rank))
 
 
+def check_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size: int) -> None:
+    """Refuse a state (its ``lanes``: lane number to lane state, None for a lane not begun)
+    that would put ``world_size`` ranks at different turns: each rank's lanes must be at the
+    turns every other rank's are, offset by offset. A state saved mid-step on this world size
+    is (the ranks went in step), and continues exactly; one saved mid-step on another may not
+    be (lanes 0 and 1 a turn ahead of lanes 2 and 3, loaded on two ranks). Spent lanes are
+    not compared: they give nothing more.
+
+    Raises:
+        StateMismatchError: naming the turns the lanes are at.
+    """
+    per_rank = canonical_replicas // world_size
+    turns: dict[int, int | None] = {}
+    for key, lane in lanes.items():
+        turns[int(key)] = 0 if lane is None else None if lane["done"] else int(lane["turn"])
+    for offset in range(per_rank):
+        at = {turns.get(rank * per_rank + offset, 0) for rank in range(world_size)}
+        at.discard(None)
+        if len(at) > 1:
+            live = sorted({t for t in turns.values() if t is not None})
+            raise StateMismatchError(
+                {
+                    "lanes": (
+                        f"saved mid-step: lanes at turns {live}, which would put the "
+                        f"{world_size} ranks at different turns; resume on the world size it "
+                        "was saved on, or save at the end of a step (every canonical_replicas "
+                        "/ world_size micro-batches per rank)",
+                        "each rank's lanes at the turns of every other rank's",
+                    )
+                }
+            )
+
+
 _SAMPLER_STATE_VERSION = 1
 _CHUNK_SAMPLES = 1 << 16  # indices a rank computes at a time: bounded memory, vectorised cost
 

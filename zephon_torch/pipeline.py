@@ -28,8 +28,8 @@ from zephon_torch._specs import (
 from zephon_torch._state import STATE_VERSION, check_state
 from zephon_torch._stats import RunCounters, pipeline_stats
 from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
-from zephon_torch.elastic import lanes_for_rank
-from zephon_torch.errors import ConfigError, StateMismatchError, integer_setting
+from zephon_torch.elastic import check_in_step, lanes_for_rank
+from zephon_torch.errors import ConfigError, integer_setting
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, fork_safe_backend
 from zephon_torch.ops.batch import Batch
@@ -453,19 +453,13 @@ class Pipeline:
         An iterator made before the load raises RuntimeError on its next call."""
         check_state(state, self.fingerprint(), self.lanes)
         lanes = state["lanes"]
-        if self.topology[0] > 1 and not set(map(int, lanes)) <= set(self.lanes):
-            # a state of several ranks' lanes (merged, or of fewer ranks) whose live lanes lie
-            # at different turns: loaded rank by rank, the ranks would run turns apart (spent
-            # lanes give nothing more: per-rank pipelines under "stop" end turns apart)
-            turns = {
-                0 if lane is None else lane["turn"]
-                for lane in lanes.values()
-                if lane is None or not lane["done"]
-            }
-            if len(turns) > 1:
-                raise StateMismatchError(
-                    {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
-                )
+        world_size = self.topology[0]
+        if world_size > 1 and not set(map(int, lanes)) <= set(self.lanes):
+            # a state of several ranks' lanes (merged, or of fewer ranks): loaded rank by
+            # rank, they must leave the ranks in step
+            check_in_step(
+                lanes, canonical_replicas=self._options.canonical_replicas, world_size=world_size
+            )
         self._end_live()
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
         self._estimation = copy.deepcopy(state.get("estimation"))
@@ -514,7 +508,10 @@ class Pipeline:
         shares: ``shares_of``), padding fraction, documents skipped by policy, per
         operator time and throughput with its share, stalls (time the consumer waited for a
         batch, time packers waited for tokenized documents), mean prefetch queue occupancy,
-        and the state size in bytes. Operator timings cover the threads runner."""
+        and the state size in bytes. Operator timings cover the threads runner. Skips are
+        counted from the run's start (a resumed run's too) up to the last delivered batch's
+        state (under ``shuffle``, up to the start of its block). A ``DataLoader`` iterates
+        its own copy of the pipeline: this pipeline's stats stay empty then."""
         return pipeline_stats(self)
 
     def _end_live(self) -> None:

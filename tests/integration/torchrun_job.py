@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +32,9 @@ def main() -> None:
     parser.add_argument("--load", default=None)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--exhaustion", default="repeat")
+    parser.add_argument(
+        "--again-every", type=int, default=0, help="iterate the loader anew after this many items"
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -50,7 +55,7 @@ def main() -> None:
         start = state["step"]
     lanes_per_rank = args.lanes // world
     steps: dict[int, str] = {}
-    stream = iter(loader)
+    stream = _items(loader, args.again_every)
     for step in range(start, args.steps or 10**9):
         try:
             mine = torch.cat([next(stream)["input_ids"] for _ in range(lanes_per_rank)])
@@ -67,6 +72,20 @@ def main() -> None:
         Path(args.out, "steps.json").write_text(json.dumps(steps))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _items(loader: DataLoader, again_every: int) -> Iterator[dict[str, Any]]:
+    """The loader's items, from a new ``iter(loader)`` after each ``again_every`` of them (as
+    a trainer does with an epoch limit), until an iteration gives none."""
+    while True:
+        count = 0
+        for item in loader:
+            yield item
+            count += 1
+            if count == again_every:
+                break
+        if count == 0 or count < again_every or not again_every:
+            return
 
 
 if __name__ == "__main__":

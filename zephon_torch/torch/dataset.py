@@ -65,6 +65,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     the one-process order at the end of a finite stream (``exhaustion="stop"``) with several
     workers: elsewhere a worker whose lanes are spent stops, and torch's round robin then
     regroups the remaining micro-batches (data and state stay exact; their order does not).
+    Under Lightning use ``zephon_torch.lightning.PipelineDataModule``: a StatefulDataLoader's
+    state there counts the batch Lightning fetched ahead, and only rank 0's is kept.
 
     Args:
         pipeline: the recipe; its rank and world size resolve at iteration.

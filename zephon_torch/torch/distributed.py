@@ -75,6 +75,7 @@ def equal_ending(
     *,
     lanes_per_turn: int,
     tokens: Callable[[dict[str, Any]], int],
+    begun: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """Yield a rank's ``items`` turn by turn (``lanes_per_turn`` each) until a turn in which no
     rank has data.
@@ -84,7 +85,13 @@ def equal_ending(
     token (``tokens(item)``), so a rank whose lanes are spent yields padding until every rank
     is spent: every rank ends on the same step, the global stream equals the one-process
     stream, padding included, and every lane's state keeps pace.
+
+    ``begun``: the rank's lanes that delivered their batch of its first turn already (it
+    stopped mid-step, and so did every rank). The rest of that turn comes first, with no
+    all-reduce: a turn begun held data, as the one-process stream would have cut it else.
     """
+    for _ in range(lanes_per_turn - begun if begun else 0):
+        yield next(items)
     while True:
         turn = [next(items) for _ in range(lanes_per_turn)]
         flag = torch.tensor([int(any(tokens(item) > 0 for item in turn))])

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data
 
 from zephon_torch._lanes import calibrated, cut_at_empty_turn, in_lane_order, warn_if_spent
-from zephon_torch.errors import ConfigError, StateMismatchError
+from zephon_torch.elastic import check_in_step
+from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset
 from zephon_torch.torch.distributed import distributed_ready, equal_ending
@@ -42,7 +43,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             later one of the same lane does not move it back).
 
     ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank, between
-    global steps (a state saved mid-step is refused on more than one rank). With
+    global steps (a state saved mid-step continues only on its own world size). With
     ``exhaustion="stop"`` on several ranks, every rank ends on the same step: a rank whose lanes
     are spent yields all-padding micro-batches (``num_valid_tokens == 0``) until no rank has
     data, agreed by one small all-reduce per step. Persistent workers are refused: they would
@@ -108,8 +109,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         pipeline = dataset.pipeline
         calibrated(pipeline)  # once, here: workers start with the figures, and states hold them
         ranks = pipeline.topology[0] > 1 and distributed_ready()
-        if ranks:
-            self._check_aligned()
+        begun = self._in_step() if ranks else 0
         equalise = ranks and pipeline.exhaustion == "stop"
         uncut = equalise or self._pad_on
         dataset.with_meta = True
@@ -129,7 +129,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                     items, turn=_turn, tokens=_tokens, ahead=max(turns.values())
                 )
         if equalise:
-            items = equal_ending(items, lanes_per_turn=len(pipeline.lanes), tokens=_tokens)
+            per_turn = len(pipeline.lanes)
+            items = equal_ending(items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun)
         self._generation += 1
         return self._strip(items, self._generation, resumed=resumed)
 
@@ -138,18 +139,18 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         lanes = self.pipeline_dataset.resume_lanes(self._delivered)
         return {int(lane): 0 if state is None else state["turn"] for lane, state in lanes.items()}
 
-    def _check_aligned(self) -> None:
-        """Refuse a state saved mid-step: this rank's lanes must be at one turn, and so must
-        every lane of a state just loaded (not only this rank's: the ranks would run turns
-        apart)."""
-        turns = set(self._lane_turns().values())
+    def _in_step(self) -> int:
+        """Refuse a state just loaded that would put the ranks at different turns
+        (``check_in_step``; the rank's own progress keeps them in step). Returns how many of
+        this rank's lanes are a turn ahead of its others: those of a step it stopped in."""
         loaded = self.pipeline_dataset._loaded
+        pipeline = self.pipeline_dataset.pipeline
         if loaded is not None and not self._delivered:
-            turns.update(0 if s is None else s["turn"] for s in loaded["lanes"].values())
-        if len(turns) > 1:
-            raise StateMismatchError(
-                {"lanes": (f"saved mid-step: lanes at turns {sorted(turns)}", "one turn")}
-            )
+            world_size = pipeline.topology[0]
+            replicas = pipeline._options.canonical_replicas
+            check_in_step(loaded["lanes"], canonical_replicas=replicas, world_size=world_size)
+        turns = list(self._lane_turns().values())
+        return sum(turn > min(turns) for turn in turns)
 
     def _strip(
         self, items: Iterator[dict[str, Any]], generation: int, *, resumed: bool
