@@ -129,6 +129,36 @@ def test_iterating_a_spent_pipeline_again_warns_that_it_gives_no_data(
     assert sum(b.num_tokens for b in again) == 0
 
 
+def test_a_state_saved_mid_step_resumes_on_the_world_size_it_was_saved_on(tokenizer: Any) -> None:
+    """Ranks in step that stop mid-step leave each rank's lanes at the same turns, offset by
+    offset: such a state was refused on every world size above one, though it continues
+    exactly on its own (and is still refused where the ranks would run turns apart)."""
+    from zephon_torch import merge_states
+    from zephon_torch.errors import StateMismatchError
+
+    def ranked(rank: int, world_size: int = 2) -> Pipeline:
+        return small_pipeline(tokenizer, lanes=4, world_size=world_size, rank=rank)
+
+    straight = [[key(b) for b in _take(ranked(rank), 6)] for rank in (0, 1)]
+    states = []
+    for rank in (0, 1):
+        pipeline = ranked(rank)
+        assert [key(b) for b in _take(pipeline, 3)] == straight[rank][:3]  # a step and a half
+        states.append(pipeline.state_dict())
+    state = json.loads(json.dumps(merge_states(states)))
+    for rank in (0, 1):
+        resumed = ranked(rank)
+        resumed.load_state_dict(state)
+        assert [key(b) for b in _take(resumed, 3)] == straight[rank][3:]
+    with pytest.raises(StateMismatchError, match=r"saved mid-step: lanes at turns \[1, 2\]"):
+        ranked(0, world_size=4).load_state_dict(state)
+
+
+def _take(pipeline: Pipeline, count: int) -> list[Any]:
+    batches = iter(pipeline)
+    return [next(batches) for _ in range(count)]
+
+
 def test_a_state_saved_mid_step_is_refused_by_a_pipeline_of_several_ranks(tokenizer: Any) -> None:
     """Only the torch loader under torch.distributed checked it: pipelines on ranks (or with W
     from the options or the environment) took it and ran turns apart."""
@@ -194,3 +224,42 @@ def test_a_document_changed_since_the_state_was_saved_is_a_data_error_naming_it(
     ) as caught:
         next(iter(resumed))
     assert (caught.value.dataset, caught.value.shard) == ("a", str(shard))
+
+
+def test_a_held_document_a_filter_drops_on_resume_is_named_by_its_shard_path(
+    tokenizer: Any,
+) -> None:
+    """The error named the shard by its number ("shard '2'"), not its path."""
+    from tests.conftest import prose_documents
+
+    dropped: set[int] = set()
+    texts = prose_documents(30, seed=1, max_words=30)
+    dataset = Dataset.from_dict("docs", {"text": texts, "n": list(range(30))}, shard_size=7)
+
+    def build() -> Pipeline:
+        return (
+            Pipeline(StaticMixtureWorkSource([dataset], seed=3))
+            .filter(lambda row: row["n"] not in dropped, name="keep")
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(64, "best_fit", num_bins=4)
+            .batch(1)
+        )
+
+    pipeline = build()
+    next(iter(pipeline))
+    state = pipeline.state_dict()
+    _, pass_index, pos, _, _ = state["lanes"]["0"]["pack"]["packer"]["bins"][0][0]
+    span = pipeline._source.layouts[0].span(
+        pass_index=pass_index, lane=0, num_lanes=1, start=pos, count=1
+    )
+    shard, row = int(span.shards[0]), int(span.rows[0])
+    dropped.add(7 * shard + row)  # the filter changed: the held document goes
+    resumed = build()
+    resumed.load_state_dict(state)
+    with pytest.raises(DataError, match="dropped by a filter on resume") as caught:
+        next(iter(resumed))
+    assert (caught.value.dataset, caught.value.shard, caught.value.row) == (
+        "docs",
+        dataset.shards[shard].path,
+        row,
+    )

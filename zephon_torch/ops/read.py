@@ -188,7 +188,7 @@ class DocumentReader(BaseNode[Document]):
                 "a document held in a saved packing bin was dropped by a filter on resume; "
                 "maps and filters must be pure functions of the row",
                 dataset=self.layout.name,
-                shard=str(int(span.shards[0])),
+                shard=self.runner.chain.datasets[self.source].shards[int(span.shards[0])].path,
                 row=int(span.rows[0]),
             )
         return docs[0]
