@@ -179,6 +179,27 @@ def test_a_measure_giving_what_is_not_a_count_is_a_config_error(
     assert next(iter(build(lambda text: np.int64(len(text) // 4)))).num_tokens > 0
 
 
+def test_a_measure_that_raises_names_the_document(tokenizer: object) -> None:
+    """Its exception reached the loop bare, naming nothing."""
+    from tests.helpers import two_sources
+    from zephon_torch import DataError, Pipeline
+    from zephon_torch.work import TokenEstimation
+
+    def measure(text: str) -> int:
+        raise ValueError("cannot measure")
+
+    estimation = TokenEstimation(measure=measure)
+    datasets = two_sources()
+    source = StaticMixtureWorkSource(datasets, seed=1, token_estimation=estimation)
+    pipeline = Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2)
+    with pytest.raises(DataError, match="measure` raised ValueError: cannot measure") as caught:
+        next(iter(pipeline))
+    assert caught.value.dataset == "long"
+    assert caught.value.shard in [shard.path for shard in datasets[0].shards]
+    assert isinstance(caught.value.row, int)
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

@@ -13,6 +13,7 @@ from typing import Any
 from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import DocChain
+from zephon_torch.ops.document import call_user
 from zephon_torch.work.mixture import TokenEstimation
 from zephon_torch.work.pointers import PointerLayout
 
@@ -37,15 +38,28 @@ def calibrate(
         docs = chain.fetch.fetch(source, pointers)
         for op in chain.ops[:-1]:
             docs = op(docs)
-        texts = [t for d in docs if d.data is not None and isinstance(t := d.data.get(field), str)]
+        owned = [
+            (t, d) for d in docs if d.data is not None and isinstance(t := d.data.get(field), str)
+        ]
+        texts = [text for text, _ in owned]
         # surrogatepass: a text that is not valid Unicode is named by the tokenizer (DataError)
         text_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
         if texts and layout.name in pinned:
             tokens = pinned[layout.name] * text_bytes
         elif texts and estimation.measure is not None:
             tokens = 0.0
-            for text in texts:
-                counted = estimation.measure(text)
+            datasets = chain.datasets
+            names = [dataset.name for dataset in datasets]
+            paths = [[shard.path for shard in dataset.shards] for dataset in datasets]
+            for text, doc in owned:
+                counted = call_user(
+                    estimation.measure,
+                    text,
+                    doc,
+                    "TokenEstimation `measure`",
+                    dataset_names=names,
+                    shard_paths=paths,
+                )
                 number = isinstance(counted, numbers.Real) and not isinstance(counted, bool)
                 if not (number and math.isfinite(counted) and counted >= 0):
                     raise ConfigError(
