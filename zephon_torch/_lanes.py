@@ -222,6 +222,7 @@ def deliver(
     every, hook, counting = options.stats_every, options.on_stats, options.stats
     resumed = any(pipeline._lane_states.get(lane) is not None for lane in pipeline.lanes)
     delivered = 0
+    counters = None
     try:
         if pipeline._iteration == iteration:
             counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
@@ -248,6 +249,8 @@ def deliver(
                 hook(pipeline.stats())
             yield batch
     finally:
+        if counters is not None:  # stats of an iteration that ended stay as they were
+            counters.ended = time.perf_counter()
         if isinstance(stream, Prefetcher):
             stream.close()
         runtime.close()

@@ -22,6 +22,7 @@ class RunCounters:
     """Counters of one iteration of a pipeline."""
 
     started: float = field(default_factory=time.perf_counter)
+    ended: float | None = None  # when the iteration ended (its stream ran out, or was closed)
     batches: int = 0
     rows: int = 0
     row_capacity: int = 0
@@ -61,7 +62,8 @@ def report(
     mixing: str = "tokens",
 ) -> dict[str, Any]:
     """The stats report as plain data (see ``Pipeline.stats``)."""
-    elapsed = time.perf_counter() - counters.started
+    ended = counters.ended if counters.ended is not None else time.perf_counter()
+    elapsed = ended - counters.started
     tokens = sum(counters.tokens_by_source.values())
     # shares as the targets are: of tokens, or of documents for a mixture without estimation
     by_documents = mixing == "documents"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -69,6 +70,13 @@ def test_stats_agree_with_the_delivered_batches(tokenizer: Any) -> None:
     assert set(ops) == {"fetch", "tokenize"} and ops["tokenize"]["documents"] == 100
     assert sum(op["time_share"] for op in ops.values()) == pytest.approx(1)
     assert stats["state_bytes"] > 0 and stats["stalls"]["consumer_waited_s"] >= 0
+    # the figures of an iteration that ended stay (its time kept running, its rate falling)
+    time.sleep(0.05)
+    later = pipeline.stats()
+    assert (later["elapsed_s"], later["tokens_per_s"]) == (
+        stats["elapsed_s"],
+        stats["tokens_per_s"],
+    )
 
 
 def test_skipped_documents_are_reported(tokenizer: Any) -> None:
