@@ -228,3 +228,26 @@ def test_columns_leave_out_an_mds_column_that_is_not_read(
     printed = capsys.readouterr().out
     assert "rows:    4" in printed and "  text: str" in printed and "meta" not in printed
     assert main(["index", str(out), "--columns", "text"]) == 0
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_a_file_system_that_cannot_connect_when_made_is_one_storage_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An ftp:// file system connects in its constructor: the refused connection was a
+    50-line traceback and exit code 1."""
+    url = f"ftp://127.0.0.1:{_closed_port()}/x.jsonl"
+    assert main(["inspect", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"zephon-torch inspect: error: {url}: cannot connect: ")
+    assert "ConnectionRefusedError" in err

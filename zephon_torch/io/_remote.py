@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from zephon_torch.errors import ConfigError, ZephonError
+from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._discover import GLOB_CHARS, SKIPPED_PREFIXES, detect_files
 from zephon_torch.io._index import index_kind
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
@@ -244,7 +244,8 @@ def list_remote(
 
     Raises:
         ConfigError: as `find_files` does.
-        StorageError: when listing or reading an index fails after retries.
+        StorageError: when listing or reading an index fails after retries, or a file system
+            that connects when it is made (ftp://, sftp://, hdfs://) cannot connect.
     """
     import fsspec
 
@@ -255,8 +256,10 @@ def list_remote(
             f"reading {url!r} needs its fsspec back end: {error}; for s3://, gs:// and az:// "
             "install 'zephon-torch[cloud]'"
         ) from error
-    except ValueError as error:
-        raise ConfigError(f"cannot open {url!r}: {error}") from error
+    except (TypeError, ValueError) as error:  # a malformed URL or an unknown storage option
+        raise ConfigError(f"cannot open {url!r}: {type(error).__name__}: {error}") from error
+    except OSError as error:  # a file system that connects when made (ftp, sftp, hdfs)
+        raise StorageError(f"cannot connect: {type(error).__name__}: {error}", url=url) from error
     if format_ is not None:
         check_format(format_)
     name = url_namer(fs, url)
