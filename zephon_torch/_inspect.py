@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import numpy as np
 
-from zephon_torch.errors import ZephonError
+from zephon_torch.errors import StorageError, ZephonError
 from zephon_torch.io import Dataset, parquet
 
 ERROR_EXIT = 2
@@ -27,6 +28,7 @@ _MAX_CHARS = 200
 _MAX_ITEMS = 8
 _SHARDS_LISTED = 10
 _INDEXED = "jsonl"
+_WRITABLE = "pass a writable --index-cache-dir"
 
 
 def run_inspect(
@@ -79,7 +81,8 @@ def run_index(
     `run_inspect`, and `columns`.
 
     Prints the shards indexed (and how many were already cached), the rows and the time; for a
-    format without line indexes it says so. Returns 0, or `ERROR_EXIT` for a bad path.
+    format without line indexes it says so. Returns 0, or `ERROR_EXIT` for a bad path or when an
+    index or row count could not be written to the index cache.
     """
     stream = out or sys.stdout
     return _guarded(
@@ -180,6 +183,8 @@ def _index(
     dataset = _open(path, format_, cache, storage, columns)
     seconds = time.perf_counter() - started
     if dataset.remote and dataset.format in _REMEMBERED:
+        if not _writable(cache):
+            raise StorageError(f"the index cache {cache} cannot be written; {_WRITABLE}")
         print(
             f"remembered the row counts of {len(dataset.shards):,} shards "
             f"({dataset.num_rows:,} rows) in {seconds:.2f} s; index cache {cache}: later opens "
@@ -194,12 +199,39 @@ def _index(
             file=out,
         )
         return
+    _require_written(path, format_, cache, dataset)
     reused = "" if before is None else f" ({before:,} were cached already)"
     print(
         f"indexed {len(dataset.shards):,} shards{reused}: {dataset.num_rows:,} rows in "
         f"{seconds:.2f} s; index cache {cache}",
         file=out,
     )
+
+
+def _require_written(path: str, format_: str | None, cache: str, dataset: Dataset) -> None:
+    """Raises a `StorageError` unless every shard's line index is in `cache`: the open only
+    warns when it cannot write one, and `index` exists to write them.
+
+    Local shards are counted; for remote ones (indexed through downloaded copies) the cache
+    folder must at least be writable."""
+    cached = _cached_shards(path, format_, cache)
+    if cached is not None and cached < len(dataset.shards):
+        missing = len(dataset.shards) - cached
+        raise StorageError(
+            f"the line indexes of {missing:,} of {len(dataset.shards):,} shards could not be "
+            f"written to the index cache {cache}; {_WRITABLE}"
+        )
+    if cached is None and not _writable(cache):
+        raise StorageError(f"the index cache {cache} cannot be written; {_WRITABLE}")
+
+
+def _writable(folder: str) -> bool:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def _cached_shards(path: str, format_: str | None, cache: str) -> int | None:

@@ -251,3 +251,21 @@ def test_a_file_system_that_cannot_connect_when_made_is_one_storage_error_line(
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"zephon-torch inspect: error: {url}: cannot connect: ")
     assert "ConnectionRefusedError" in err
+
+
+def test_index_into_a_cache_that_cannot_be_written_is_an_error_not_a_success(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The open only warned that it could not write the line indexes, and index printed
+    "indexed 3 shards" with exit code 0: nothing was cached, the next open scanned again."""
+    folder = write_jsonl_shards(tmp_path / "corpus", shards=3, rows=4)
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "file" / "sub"  # under a regular file: cannot be made, even as root
+    assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 2
+    captured = capsys.readouterr()
+    assert "indexed" not in captured.out
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(
+        f"zephon-torch index: error: the line indexes of 3 of 3 shards could not be written to "
+        f"the index cache {cache}"
+    )
