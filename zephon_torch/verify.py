@@ -54,7 +54,11 @@ _LOADED: dict[str, str] = {}  # recipe module name -> the folder `load_recipe` p
 def load_recipe(path: str | Path) -> Build:
     """The ``pipeline`` function of a recipe file, imported as the module its file name names,
     its folder on ``sys.path``: spawned processes (DataLoader workers, the processes
-    runner) import it by that name to unpickle its functions."""
+    runner) import it by that name to unpickle its functions.
+
+    Raises:
+        ConfigError: the file is missing, not named as a module, fails to import (any error
+            its code raises, a SyntaxError included) or defines no ``pipeline``."""
     file = Path(path).resolve()
     if not file.is_file():
         raise ConfigError(f"no recipe file {str(path)!r}")
@@ -82,7 +86,13 @@ def load_recipe(path: str | Path) -> Build:
         _LOADED[name] = str(file.parent)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # the recipe's own code: any error at import is the recipe's
+        sys.modules.pop(name, None)
+        raise ConfigError(
+            f"recipe {str(path)!r}: cannot import: {type(error).__name__}: {error}"
+        ) from error
     made = getattr(module, "pipeline", None)
     if not callable(made):
         raise ConfigError(f"recipe {str(path)!r} must define `pipeline() -> Pipeline`")

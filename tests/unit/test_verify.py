@@ -239,3 +239,27 @@ def test_a_configuration_that_fails_is_reported_as_diverging_not_a_crash(
     text = out.getvalue()
     assert code == 1 and "verdict: zephon_torch DIVERGES" in text
     assert "DIVERGES: the run failed: DataError:" in text and "cannot resume here" in text
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("def pipeline(:\n", "SyntaxError"),
+        ("import not_a_module_of_zephon_tests\n", "ModuleNotFoundError"),
+        ("raise RuntimeError('no data here')\n", "RuntimeError: no data here"),
+    ],
+)
+def test_a_recipe_that_fails_to_import_is_one_error_line_and_exit_code_2(
+    tmp_path: Path, code: str, error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its traceback ended verify with exit code 1, the code of DIVERGES."""
+    from zephon_torch.cli import main
+
+    recipe = tmp_path / "broken.py"
+    recipe.write_text(code)
+    with pytest.raises(ConfigError, match=f"recipe .*broken.py': cannot import: {error}"):
+        load_recipe(recipe)
+    assert main(["verify", str(recipe)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("zephon-torch verify: error: recipe ")
