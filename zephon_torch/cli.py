@@ -49,6 +49,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from zephon_torch._verdict import overall
     from zephon_torch.verify import Run, compare, load_recipe, table, verify
 
     build = load_recipe(args.recipe)
@@ -84,14 +85,11 @@ def _verify(args: argparse.Namespace) -> int:
             runners=args.runners,
         )
     print(table(runs))
-    zephon = [r for r in runs if r.zephon]
-    identical = all(r.hashes == zephon[0].hashes for r in zephon)
-    print(
-        f"\nverdict: zephon_torch {'IDENTICAL' if identical else 'DIVERGES'} across configurations"
-    )
+    summary, code = overall(runs)
+    print(f"\nverdict: {summary}")
     if args.plot:
         print(f"picture: {args.plot}")
-    return 0 if identical else 1
+    return code
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -180,7 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--parallelism", type=_positive_int, default=None, help="default: 2 x CPUs")
     demo.set_defaults(run=_demo)
     check = commands.add_parser(
-        "verify", help="check identical global batches across configurations"
+        "verify",
+        help="check identical global batches across configurations",
+        epilog="exit codes: 0 IDENTICAL; 1 DIVERGES (a configuration gave other batches or "
+        "failed while running); 2 an error of the recipe or the arguments; 3 INCOMPLETE (no "
+        "divergence, but a configuration FAILED TO RUN for a reason of setup, such as a "
+        "function spawned workers cannot pickle)",
     )
     check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
     check.add_argument(

@@ -29,23 +29,33 @@ from torch.utils.data import DistributedSampler
 
 from zephon_torch._progress import progress, track
 from zephon_torch._state import merge_states
+from zephon_torch._verdict import Run, failed_run, table, verdict
 from zephon_torch.elastic import supported_world_sizes
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.pipeline import Pipeline
 from zephon_torch.torch.loader import DataLoader
 
+__all__ = [
+    "Build",
+    "Comparison",
+    "Run",
+    "check_world_sizes",
+    "compare",
+    "fault_run",
+    "fault_state",
+    "load_recipe",
+    "standard_batches",
+    "standard_run",
+    "table",
+    "verdict",
+    "verify",
+    "with_runner",
+    "zephon_batches",
+    "zephon_run",
+]
+
 Build = Callable[[], Pipeline]
-
-
-@dataclass
-class Run:
-    """One configuration and the SHA-256 of each of its global batches."""
-
-    name: str
-    hashes: list[str]
-    zephon: bool = True
-    error: str | None = None  # why the configuration failed (then no hashes)
 
 
 _LOADED: dict[str, str] = {}  # recipe module name -> the folder `load_recipe` put on sys.path
@@ -288,6 +298,8 @@ def verify(
     if fault_step is not None and not 0 < fault_step < steps:
         raise ConfigError(f"`fault_step` must be in (0, steps={steps}), got {fault_step}")
     lanes = build()._options.canonical_replicas
+    if world_sizes:
+        check_world_sizes(world_sizes, lanes)
     sizes = world_sizes or [w for w in supported_world_sizes(canonical_replicas=lanes) if w <= 64]
     jobs: list[tuple[str, Callable[[], list[str]], bool]] = [
         (f"zephon W={w}", partial(zephon_run, build, w, steps), True) for w in sizes
@@ -322,6 +334,18 @@ def verify(
     return _run_jobs(jobs)
 
 
+def check_world_sizes(world_sizes: list[int], canonical_replicas: int) -> None:
+    """Raise ``ConfigError`` naming every world size that does not divide
+    ``canonical_replicas`` (such a configuration cannot run at all)."""
+    supported = supported_world_sizes(canonical_replicas=canonical_replicas)
+    unsupported = [w for w in world_sizes if w not in supported]
+    if unsupported:
+        raise ConfigError(
+            f"`world_sizes` must divide canonical_replicas={canonical_replicas} (supported: "
+            f"{supported}), got {unsupported}"
+        )
+
+
 def with_runner(build: Build, runner: RunnerKind) -> Build:
     """The recipe with its per-document work on ``runner`` (a performance knob)."""
 
@@ -337,8 +361,9 @@ def with_runner(build: Build, runner: RunnerKind) -> Build:
 
 def _run_jobs(jobs: list[tuple[str, Callable[[], list[str]], bool]]) -> list[Run]:
     """Each job's run. The first is the reference: its error is the recipe's, raised. A later
-    one that fails (a resume of a recipe that is not deterministic may) is a run that
-    diverges, with its error."""
+    one that fails is a run that failed to run (an error of setup, see
+    ``_verdict.is_setup_error``) or that diverges (a resume of a recipe that is not
+    deterministic may fail), with its error."""
     runs = []
     with progress(len(jobs), "verify") as bar:
         for name, job, zephon in jobs:
@@ -348,8 +373,7 @@ def _run_jobs(jobs: list[tuple[str, Callable[[], list[str]], bool]]) -> list[Run
             except Exception as error:
                 if not runs:
                     raise
-                why = f"{type(error).__name__}: {error}".splitlines()[0]
-                runs.append(Run(name, [], zephon=zephon, error=why))
+                runs.append(failed_run(name, error, zephon=zephon))
             bar.update()
     return runs
 
@@ -399,6 +423,7 @@ def compare(
     if world_sizes is None:
         reference, others, note = plot_world_sizes(lanes)
     else:
+        check_world_sizes(world_sizes, lanes)
         reference, *others = world_sizes
     batches: dict[str, list[list[dict[str, torch.Tensor]]]] = {}
     runs: list[Run] = []
@@ -429,41 +454,3 @@ def compare(
             ids = [token_ids(parts) for parts in batches[run.name]]
             losses[run.name] = train_losses(ids, max_seconds=train_seconds)
     return Comparison(runs, losses, fault_step, note)
-
-
-def table(runs: list[Run]) -> str:
-    """Per-step hashes (first 10 hex digits) per configuration, and the verdicts."""
-    reference = next(r for r in runs if r.zephon)
-    steps = max(len(r.hashes) for r in runs)
-    lines = ["step  " + "  ".join(f"{r.name[:28]:28s}" for r in runs)]
-    for t in range(steps):
-        cells = []
-        for r in runs:
-            h = r.hashes[t][:10] if t < len(r.hashes) else "-"
-            mark = (
-                " "
-                if t < len(r.hashes)
-                and t < len(reference.hashes)
-                and r.hashes[t] == reference.hashes[t]
-                else "*"
-            )
-            cells.append(f"{h + mark:28s}")
-        lines.append(f"{t:4d}  " + "  ".join(cells))
-    lines.append("")
-    standard = [r for r in runs if not r.zephon]
-    for r in runs:
-        base = reference if r.zephon or not standard else standard[0]
-        lines.append(f"{r.name}: {verdict(r, base)}")
-    return "\n".join(lines)
-
-
-def verdict(run: Run, reference: Run) -> str:
-    """IDENTICAL, or where the run first diverges from the reference."""
-    if run.error is not None:
-        return f"DIVERGES: the run failed: {run.error}"
-    for t, (a, b) in enumerate(zip(run.hashes, reference.hashes)):
-        if a != b:
-            return f"DIVERGES from {reference.name} at step {t}"
-    if len(run.hashes) != len(reference.hashes):
-        return f"DIVERGES: {len(run.hashes)} steps vs {len(reference.hashes)}"
-    return f"IDENTICAL to {reference.name} ({len(run.hashes)} steps)"

@@ -263,3 +263,72 @@ def test_a_recipe_that_fails_to_import_is_one_error_line_and_exit_code_2(
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("zephon-torch verify: error: recipe ")
+
+
+UNPICKLABLE = """
+from tokenizers import Tokenizer
+from tests.helpers import small_pipeline, two_sources
+from zephon_torch.ops.stateful import StatefulFilter
+
+TOKENIZER = Tokenizer.from_file({path!r})
+DATASETS = two_sources(40, 30, shard_size=8)
+
+
+class KeepAll(StatefulFilter):
+    name = "keep_all"
+
+    def keep(self, tokens, source):
+        return True
+
+    def state_dict(self):
+        return {{}}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def pipeline():
+    recipe = small_pipeline(TOKENIZER, lanes=4, exhaustion="repeat", datasets=DATASETS)
+    return recipe.stateful_filter(lambda lane: KeepAll())  # spawned workers cannot unpickle it
+"""
+
+
+@pytest.mark.filterwarnings("ignore:Got pickle error:UserWarning")
+def test_a_configuration_that_cannot_run_is_reported_as_failed_to_run_not_diverging(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The workers run of a recipe whose stateful filter is made by a lambda cannot start
+    (spawned workers need it pickled): it was reported DIVERGES, exit code 1, for a recipe
+    whose every configuration that ran was identical."""
+    from zephon_torch.cli import main
+
+    tokenizer.save(str(tmp_path / "tok.json"))
+    recipe = tmp_path / "unpicklable.py"
+    recipe.write_text(UNPICKLABLE.format(path=str(tmp_path / "tok.json")))
+    argv = ["verify", str(recipe), "--steps", "2", "--world-sizes", "1,2", "--workers", "2"]
+    code = main([*argv, "--runners", "", "--no-standard", "--fault-step", "1"])
+    text = capsys.readouterr().out
+    assert code == 3, text
+    assert "zephon W=1 workers=2: FAILED TO RUN: AttributeError: Can't pickle" in text
+    assert "zephon W=2 fault@1 -> W=1: IDENTICAL" in text
+    assert "verdict: INCOMPLETE: 1 of 4 configurations failed to run" in text
+    assert "DIVERGES" not in text
+
+
+def test_a_world_size_that_does_not_divide_the_lanes_is_refused_before_any_run(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With L=4, `--world-sizes 1,3` ran W=1, failed W=3 and reported DIVERGES (exit code 1);
+    `--world-sizes 3` alone was a ConfigError (exit code 2)."""
+    from zephon_torch.cli import main
+
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")
+    for sizes in ("1,3", "3"):
+        argv = ["verify", str(recipe), "--world-sizes", sizes, "--workers", "", "--steps", "2"]
+        assert main([*argv, "--runners", "", "--no-standard"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert captured.err == (
+            "zephon-torch verify: error: `world_sizes` must divide canonical_replicas=4 "
+            "(supported: [1, 2, 4]), got [3]\n"
+        )

@@ -1,0 +1,113 @@
+"""What ``verify`` concludes: each configuration's verdict, the table and the overall verdict.
+
+A configuration is IDENTICAL to the reference (the same hash at every step, as many steps) or
+DIVERGES (another hash, another number of steps, or an error while running, as the resume of a
+recipe that is not deterministic gives); it FAILED TO RUN when it could not start for a reason of
+setup (a ``ConfigError``, a missing module, a function that cannot be pickled for spawned
+workers), which says nothing of determinism. The overall verdict and exit code: DIVERGES (1) when
+any zephon_torch configuration diverges, else INCOMPLETE (3) when one failed to run, else
+IDENTICAL (0); errors of the settings exit with 2 before any verdict.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+from zephon_torch.errors import ConfigError
+
+EXIT_IDENTICAL = 0
+EXIT_DIVERGES = 1
+EXIT_INCOMPLETE = 3
+
+
+@dataclass
+class Run:
+    """One configuration and the SHA-256 of each of its global batches.
+
+    ``error`` says why the configuration failed (then it has no hashes); ``setup`` is True
+    when it failed to run at all (see ``is_setup_error``) rather than diverged."""
+
+    name: str
+    hashes: list[str]
+    zephon: bool = True
+    error: str | None = None
+    setup: bool = False
+
+
+def failed_run(name: str, error: BaseException, *, zephon: bool = True) -> Run:
+    """The run of a configuration that raised ``error``: failed to run, or diverged."""
+    why = f"{type(error).__name__}: {error}".splitlines()[0]
+    return Run(name, [], zephon=zephon, error=why, setup=is_setup_error(error))
+
+
+def is_setup_error(error: BaseException) -> bool:
+    """True for an error that keeps a configuration from running at all: a ``ConfigError``,
+    an ``ImportError``, or a function or object that cannot be pickled for spawned processes
+    (the error or one of its causes)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConfigError | ImportError | pickle.PicklingError):
+            return True
+        if isinstance(current, AttributeError | TypeError) and "pickle" in str(current):
+            return True
+        current = current.__cause__
+    return False
+
+
+def verdict(run: Run, reference: Run) -> str:
+    """IDENTICAL, where the run first diverges from the reference, or that it failed to run."""
+    if run.error is not None:
+        if run.setup:
+            return f"FAILED TO RUN: {run.error}"
+        return f"DIVERGES: the run failed: {run.error}"
+    for t, (a, b) in enumerate(zip(run.hashes, reference.hashes)):
+        if a != b:
+            return f"DIVERGES from {reference.name} at step {t}"
+    if len(run.hashes) != len(reference.hashes):
+        return f"DIVERGES: {len(run.hashes)} steps vs {len(reference.hashes)}"
+    return f"IDENTICAL to {reference.name} ({len(run.hashes)} steps)"
+
+
+def table(runs: list[Run]) -> str:
+    """Per-step hashes (first 10 hex digits) per configuration, and the verdicts."""
+    reference = next(r for r in runs if r.zephon)
+    steps = max(len(r.hashes) for r in runs)
+    lines = ["step  " + "  ".join(f"{r.name[:28]:28s}" for r in runs)]
+    for t in range(steps):
+        cells = []
+        for r in runs:
+            h = r.hashes[t][:10] if t < len(r.hashes) else "-"
+            mark = (
+                " "
+                if t < len(r.hashes)
+                and t < len(reference.hashes)
+                and r.hashes[t] == reference.hashes[t]
+                else "*"
+            )
+            cells.append(f"{h + mark:28s}")
+        lines.append(f"{t:4d}  " + "  ".join(cells))
+    lines.append("")
+    standard = [r for r in runs if not r.zephon]
+    for r in runs:
+        base = reference if r.zephon or not standard else standard[0]
+        lines.append(f"{r.name}: {verdict(r, base)}")
+    return "\n".join(lines)
+
+
+def overall(runs: list[Run]) -> tuple[str, int]:
+    """The verdict over the zephon_torch configurations and its exit code (module docstring)."""
+    zephon = [r for r in runs if r.zephon]
+    failed = [r for r in zephon if r.setup]
+    ran = [r for r in zephon if not r.setup]
+    if any(r.error is not None or r.hashes != ran[0].hashes for r in ran):
+        return "zephon_torch DIVERGES across configurations", EXIT_DIVERGES
+    if failed:
+        return (
+            f"INCOMPLETE: {len(failed)} of {len(zephon)} configurations failed to run (the "
+            f"other {len(ran)} are IDENTICAL); fix their setup and run verify again",
+            EXIT_INCOMPLETE,
+        )
+    return "zephon_torch IDENTICAL across configurations", EXIT_IDENTICAL
