@@ -4,7 +4,8 @@ A configuration is IDENTICAL to the reference (the same hash at every step, as m
 DIVERGES (another hash, another number of steps, or an error while running, as the resume of a
 recipe that is not deterministic gives); it FAILED TO RUN when it could not start for a reason of
 setup (a ``ConfigError``, a missing module, a function that cannot be pickled for spawned
-workers), which says nothing of determinism. The overall verdict and exit code: DIVERGES (1) when
+workers), which says nothing of determinism. A standard-loader run that gave fewer steps than
+the reference is "not compared" past them. The overall verdict and exit code: DIVERGES (1) when
 any zephon_torch configuration diverges, else INCOMPLETE (3) when one failed to run, else
 IDENTICAL (0); errors of the settings exit with 2 before any verdict.
 """
@@ -57,8 +58,11 @@ def is_setup_error(error: BaseException) -> bool:
     return False
 
 
-def verdict(run: Run, reference: Run) -> str:
-    """IDENTICAL, where the run first diverges from the reference, or that it failed to run."""
+def verdict(run: Run, reference: Run, *, steps: int | None = None) -> str:
+    """IDENTICAL, where the run first diverges from the reference, or that it failed to run.
+
+    ``steps``, for a standard-loader run, is the number of steps of the zephon_torch reference:
+    steps the baseline did not give are not compared, and do not read as IDENTICAL."""
     if run.error is not None:
         if run.setup:
             return f"FAILED TO RUN: {run.error}"
@@ -66,6 +70,14 @@ def verdict(run: Run, reference: Run) -> str:
     for t, (a, b) in enumerate(zip(run.hashes, reference.hashes)):
         if a != b:
             return f"DIVERGES from {reference.name} at step {t}"
+    compared = min(len(run.hashes), len(reference.hashes))
+    if steps is not None and compared < steps:
+        short = f"the standard loader gave {len(run.hashes)} of {steps} steps"
+        if len(reference.hashes) != len(run.hashes):
+            short += f" ({len(reference.hashes)} on {reference.name})"
+        if not compared:
+            return f"not compared (0 steps): {short}"
+        return f"not compared past step {compared} (the steps before agree): {short}"
     if len(run.hashes) != len(reference.hashes):
         return f"DIVERGES: {len(run.hashes)} steps vs {len(reference.hashes)}"
     return f"IDENTICAL to {reference.name} ({len(run.hashes)} steps)"
@@ -92,8 +104,10 @@ def table(runs: list[Run]) -> str:
     lines.append("")
     standard = [r for r in runs if not r.zephon]
     for r in runs:
-        base = reference if r.zephon or not standard else standard[0]
-        lines.append(f"{r.name}: {verdict(r, base)}")
+        if r.zephon or not standard:
+            lines.append(f"{r.name}: {verdict(r, reference)}")
+        else:
+            lines.append(f"{r.name}: {verdict(r, standard[0], steps=len(reference.hashes))}")
     return "\n".join(lines)
 
 

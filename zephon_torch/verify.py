@@ -214,6 +214,9 @@ def fault_run(build: Build, before: int, after: int, fault_step: int, steps: int
     return head + zephon_run(build, after, steps, start=merged, first_step=fault_step)
 
 
+_MAX_PASSES = 1000  # of the standard baseline over the documents of a "repeat" recipe
+
+
 def standard_run(build: Build, world_size: int, steps: int) -> list[str]:
     """A DistributedSampler over the same documents, each rank packing its own (wrap)."""
     return [_digest(parts) for parts in standard_batches(build, world_size, steps)]
@@ -222,7 +225,9 @@ def standard_run(build: Build, world_size: int, steps: int) -> list[str]:
 def standard_batches(
     build: Build, world_size: int, steps: int
 ) -> list[list[dict[str, torch.Tensor]]]:
-    """The standard loader's global batches (see ``standard_run``)."""
+    """The standard loader's global batches (see ``standard_run``): as many as its documents
+    give, ``steps`` at most. For a recipe whose source repeats (``exhaustion="repeat"``) it
+    reads further passes, each in another order (``DistributedSampler.set_epoch``)."""
     from zephon_torch._token_stage import doc_ops
     from zephon_torch.ops.fetch import FetchOp
     from zephon_torch.work.pointers import Pointer
@@ -238,6 +243,7 @@ def standard_batches(
         for s, sh in enumerate(ds.shards)
         for r in range(sh.num_rows)
     ]
+    repeat = getattr(source, "exhaustion", None) == "repeat"
     lanes = pipeline._options.canonical_replicas
     per_rank_batches = lanes // world_size  # keep the global batch size of the recipe
     width, rows = pack.max_length, pipeline._microbatch_size
@@ -252,13 +258,20 @@ def standard_batches(
         )
         need = steps * per_rank_batches * rows * width
         stream: list[int] = []
-        for i in sampler:
-            dataset, shard, row = index[i]
-            docs = fetch.fetch(dataset, [Pointer(0, 0, shard, row)])
-            for op in ops:
-                docs = op(docs)
-            stream.extend(int(t) for d in docs for t in (d.tokens if d.tokens is not None else []))
-            if len(stream) >= need:
+        for epoch in range(_MAX_PASSES if repeat else 1):
+            sampler.set_epoch(epoch)  # another order each pass, as a training loop sets
+            before = len(stream)
+            for i in sampler:
+                dataset, shard, row = index[i]
+                docs = fetch.fetch(dataset, [Pointer(0, 0, shard, row)])
+                for op in ops:
+                    docs = op(docs)
+                stream.extend(
+                    int(t) for d in docs for t in (d.tokens if d.tokens is not None else [])
+                )
+                if len(stream) >= need:
+                    break
+            if len(stream) >= need or len(stream) == before:  # enough, or a pass gave nothing
                 break
         tokens = np.asarray(stream[: need - need % width] or [0], dtype=np.int64)
         ranks.append(tokens)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.unit.test_progress import FakeTerminal
 from zephon_torch.errors import ConfigError
-from zephon_torch.verify import load_recipe, standard_run, table, verdict, verify
+from zephon_torch.verify import Run, load_recipe, standard_run, table, verdict, verify
 
 RECIPE = """
 from pathlib import Path
@@ -332,3 +332,34 @@ def test_a_world_size_that_does_not_divide_the_lanes_is_refused_before_any_run(
             "zephon-torch verify: error: `world_sizes` must divide canonical_replicas=4 "
             "(supported: [1, 2, 4]), got [3]\n"
         )
+
+
+def test_a_standard_baseline_that_gave_no_step_is_not_compared_rather_than_identical() -> None:
+    """Each standard run of 0 steps read "IDENTICAL to standard W=1 (0 steps)": the table
+    showed the standard loader agreeing across world sizes with nothing compared."""
+    zephon = [Run(f"zephon W={w}", ["a" * 64, "b" * 64]) for w in (1, 2)]
+    standard = [Run(f"standard W={w}", [], zephon=False) for w in (1, 2)]
+    shorter = Run("standard W=4", ["c" * 64], zephon=False)
+    lines = table([*zephon, *standard, shorter]).splitlines()
+    assert "standard W=1: not compared (0 steps): the standard loader gave 0 of 2 steps" in lines
+    assert "standard W=2: not compared (0 steps): the standard loader gave 0 of 2 steps" in lines
+    assert lines[-1] == (
+        "standard W=4: not compared (0 steps): the standard loader gave 1 of 2 steps "
+        "(0 on standard W=1)"
+    )
+    assert [line for line in lines if line.startswith("standard") and "IDENTICAL" in line] == []
+
+
+def test_the_standard_baseline_of_a_repeating_recipe_reads_further_passes(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """It read one pass only: a repeating recipe over a small dataset gave the baseline fewer
+    steps than asked (0 for a tiny one), so nothing was compared."""
+    tokenizer.save(str(tmp_path / "tok.json"))
+    build = load_recipe(write_recipe(tmp_path, tokenizer, "repeating"))
+    one_pass = 40  # steps: more than the documents give in one pass
+    runs = [standard_run(build, w, one_pass) for w in (1, 2)]
+    assert [len(r) for r in runs] == [one_pass, one_pass] and runs[0] != runs[1]
+    finite = RECIPE.replace('exhaustion="repeat"', 'exhaustion="stop"')
+    (tmp_path / "once.py").write_text(finite.format(path=str(tmp_path / "tok.json"), extra=""))
+    assert 0 < len(standard_run(load_recipe(tmp_path / "once.py"), 1, one_pass)) < one_pass
