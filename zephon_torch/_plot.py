@@ -133,7 +133,7 @@ def render(comparison: Comparison, path: str | Path, *, title: str = "") -> dict
                     }
                 )
                 ax.plot(range(len(ys)), ys, label=run.name, **style)
-            if zephon:
+            if zephon and comparison.fault_step:  # 0: no fault to mark
                 ax.axvline(comparison.fault_step - 0.5, color="red", linewidth=0.8, linestyle=":")
             ax.set_ylabel(labels[panel])
             ax.set_title(

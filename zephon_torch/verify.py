@@ -399,7 +399,8 @@ class Comparison:
         runs: per configuration the hashes of its global batches (zephon ones first; the
             first is the reference).
         losses: per run name the training loss of each step (empty without training).
-        fault_step: the step after which the resumed runs continue on another world size.
+        fault_step: the step after which the resumed runs continue on another world size;
+            0: no fault, the other world sizes run from the start.
         note: why the world sizes differ from the default 16 -> 8/32/64, if they do.
     """
 
@@ -419,7 +420,8 @@ def compare(
     train_seconds: float = 120.0,
 ) -> Comparison:
     """What ``verify --plot`` draws: a reference run on W ranks, runs that save at
-    ``fault_step`` and resume on other world sizes, and the standard loader on each.
+    ``fault_step`` and resume on other world sizes (with ``fault_step=0``, runs on them from
+    the start), and the standard loader on each.
 
     ``world_sizes`` is ``[reference, *others]``; by default 16 then 8, 32 and 64, or the
     divisors of L available (see ``_plot.plot_world_sizes``). The resumed runs share the
@@ -429,8 +431,10 @@ def compare(
     """
     from zephon_torch._plot import plot_world_sizes, token_ids, train_losses
 
-    if not 0 < fault_step < steps:
-        raise ConfigError(f"`fault_step` must be in (0, steps={steps}), got {fault_step}")
+    if not 0 <= fault_step < steps:
+        raise ConfigError(
+            f"`fault_step` must be in [0, steps={steps}) (0: no fault), got {fault_step}"
+        )
     lanes = build()._options.canonical_replicas
     note = None
     if world_sizes is None:
@@ -445,11 +449,13 @@ def compare(
         bar.note(name)
         head = batches[name] = zephon_batches(build, reference, steps)
         runs.append(Run(name, [_digest(p) for p in head]))
-        bar.note(f"state at step {fault_step} on W={reference}")
-        state = fault_state(build, reference, fault_step)
+        state = None
+        if fault_step:
+            bar.note(f"state at step {fault_step} on W={reference}")
+            state = fault_state(build, reference, fault_step)
         bar.update()
         for w in others:
-            name = f"zephon W={reference} fault@{fault_step} -> W={w}"
+            name = f"zephon W={reference} fault@{fault_step} -> W={w}" if state else f"zephon W={w}"
             bar.note(name)
             tail = zephon_batches(build, w, steps, start=state, first_step=fault_step)
             batches[name] = head[:fault_step] + tail

@@ -85,3 +85,21 @@ def test_importing_the_library_and_verify_does_not_import_matplotlib() -> None:
         "sys.exit('matplotlib' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_a_fault_step_of_0_compares_the_world_sizes_from_the_start_without_a_fault(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The help says "0: no fault", yet --plot refused 0; and --steps 1 failed on the default
+    fault step (half the steps: 0) that the user never set."""
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")
+    base = ["verify", str(recipe), "--world-sizes", "2,1"]
+    for extra in (["--steps", "3", "--fault-step", "0"], ["--steps", "1"]):
+        out = tmp_path / "nofault.png"
+        assert main([*base, "--plot", str(out), *extra]) == 0
+        text = capsys.readouterr().out
+        assert "zephon W=1: IDENTICAL to zephon W=2" in text and "fault@" not in text
+        assert png_size(out)[0] > 0
+    late = ["--plot", str(tmp_path / "late.png"), "--steps", "3", "--fault-step", "3"]
+    assert main([*base, *late]) == 2
+    assert "`fault_step` must be in [0, steps=3) (0: no fault), got 3" in capsys.readouterr().err
