@@ -15,13 +15,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zephon_torch._verdict import EXIT_DIVERGES, EXIT_IDENTICAL, EXIT_INCOMPLETE, Run, overall
 from zephon_torch.elastic import supported_world_sizes
 from zephon_torch.errors import ConfigError
 
 if TYPE_CHECKING:
     from zephon_torch.verify import Comparison
 
-__all__ = ["fingerprint_value", "plot_world_sizes", "render", "token_ids", "train_losses"]
+__all__ = [
+    "fingerprint_value",
+    "panel_titles",
+    "plot_world_sizes",
+    "render",
+    "token_ids",
+    "train_losses",
+]
 
 REFERENCE = 16
 OTHERS = (8, 32, 64)
@@ -84,6 +92,23 @@ def train_losses(
     return losses
 
 
+def panel_titles(runs: list[Run]) -> tuple[str, str]:
+    """The titles of the zephon_torch panel and the standard-loader panel, from the verdicts:
+    curves that coincide are said to only when they do."""
+    summary, code = overall(runs)
+    zephon = {
+        EXIT_IDENTICAL: "zephon_torch: curves coincide",
+        EXIT_DIVERGES: "zephon_torch: DIVERGES (see the verdicts)",
+        EXIT_INCOMPLETE: "zephon_torch: INCOMPLETE (a configuration failed to run)",
+    }.get(code, f"zephon_torch: {summary}")
+    standard = [r for r in runs if not r.zephon]
+    if not standard or any(r.error is not None or not r.hashes for r in standard):
+        return zephon, "standard loader: not compared (a run gave no steps)"
+    if all(r.hashes == standard[0].hashes for r in standard):
+        return zephon, "standard loader: curves coincide"
+    return zephon, "standard loader: W changes data"
+
+
 def _pyplot() -> Any:
     try:
         import matplotlib
@@ -111,6 +136,7 @@ def render(comparison: Comparison, path: str | Path, *, title: str = "") -> dict
     fig, axes = plt.subplots(
         len(panels), 2, figsize=(13, 4.2 * len(panels)), squeeze=False, sharex=True
     )
+    titles = panel_titles(runs)
     labels = {
         "fingerprints": "global batch fingerprint (SHA-256 -> [0, 1))",
         "losses": "tiny model training loss",
@@ -136,11 +162,7 @@ def render(comparison: Comparison, path: str | Path, *, title: str = "") -> dict
             if zephon and comparison.fault_step:  # 0: no fault to mark
                 ax.axvline(comparison.fault_step - 0.5, color="red", linewidth=0.8, linestyle=":")
             ax.set_ylabel(labels[panel])
-            ax.set_title(
-                ("zephon_torch: curves coincide" if zephon else "standard loader: W changes data")
-                if row == 0
-                else ""
-            )
+            ax.set_title(titles[col] if row == 0 else "")
             ax.legend(fontsize=7, loc="upper right")
             if row == len(panels) - 1:
                 ax.set_xlabel("global step")

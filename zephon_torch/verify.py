@@ -427,7 +427,8 @@ def compare(
     divisors of L available (see ``_plot.plot_world_sizes``). The resumed runs share the
     reference's first ``fault_step`` steps: those are the same 16-rank computation. With
     ``train``, a tiny model is trained on every configuration's global batches (see
-    ``_plot.train_losses``), at most ``train_seconds`` each.
+    ``_plot.train_losses``), at most ``train_seconds`` each. A configuration other than the
+    reference that fails is a run with its error, as for ``verify``.
     """
     from zephon_torch._plot import plot_world_sizes, token_ids, train_losses
 
@@ -457,15 +458,14 @@ def compare(
         for w in others:
             name = f"zephon W={reference} fault@{fault_step} -> W={w}" if state else f"zephon W={w}"
             bar.note(name)
-            tail = zephon_batches(build, w, steps, start=state, first_step=fault_step)
-            batches[name] = head[:fault_step] + tail
-            runs.append(Run(name, [_digest(p) for p in batches[name]]))
+            resumed = partial(zephon_batches, build, w, steps, start=state, first_step=fault_step)
+            runs.append(_drawn(name, resumed, batches, zephon=True, head=head[:fault_step]))
             bar.update()
         for w in [reference, *others]:
             name = f"standard W={w}"
             bar.note(name)
-            batches[name] = standard_batches(build, w, steps)
-            runs.append(Run(name, [_digest(p) for p in batches[name]], zephon=False))
+            standard = partial(standard_batches, build, w, steps)
+            runs.append(_drawn(name, standard, batches, zephon=False))
             bar.update()
     losses: dict[str, list[float]] = {}
     if train:
@@ -473,3 +473,22 @@ def compare(
             ids = [token_ids(parts) for parts in batches[run.name]]
             losses[run.name] = train_losses(ids, max_seconds=train_seconds)
     return Comparison(runs, losses, fault_step, note)
+
+
+def _drawn(
+    name: str,
+    make: Callable[[], list[list[dict[str, torch.Tensor]]]],
+    batches: dict[str, list[list[dict[str, torch.Tensor]]]],
+    *,
+    zephon: bool,
+    head: list[list[dict[str, torch.Tensor]]] | None = None,
+) -> Run:
+    """The run of one configuration of the picture (``head``, then what ``make`` gives), its
+    batches kept in ``batches``; one that fails is a run with its error (it diverges, or
+    failed to run), drawn without a curve."""
+    try:
+        batches[name] = (head or []) + make()
+    except Exception as error:
+        batches[name] = []
+        return failed_run(name, error, zephon=zephon)
+    return Run(name, [_digest(p) for p in batches[name]], zephon=zephon)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_verify import write_recipe
+from tests.unit.test_verify import SHRINKING, write_recipe
 from zephon_torch._plot import fingerprint_value, plot_world_sizes, render
 from zephon_torch.cli import main
-from zephon_torch.verify import compare, load_recipe, standard_run, zephon_run
+from zephon_torch.verify import Run, compare, load_recipe, standard_run, zephon_run
 
 pytest.importorskip("matplotlib")
 
@@ -103,3 +103,36 @@ def test_a_fault_step_of_0_compares_the_world_sizes_from_the_start_without_a_fau
     late = ["--plot", str(tmp_path / "late.png"), "--steps", "3", "--fault-step", "3"]
     assert main([*base, *late]) == 2
     assert "`fault_step` must be in [0, steps=3) (0: no fault), got 3" in capsys.readouterr().err
+
+
+def test_the_zephon_panel_s_title_follows_the_verdict() -> None:
+    """It read "zephon_torch: curves coincide" whatever the verdict, DIVERGES included."""
+    from zephon_torch._plot import panel_titles
+
+    same, other = ["a" * 64, "b" * 64], ["a" * 64, "c" * 64]
+    standard = [Run("standard W=2", same, zephon=False), Run("standard W=1", other, zephon=False)]
+    identical = [Run("zephon W=2", same), Run("zephon W=2 fault@1 -> W=1", same)]
+    assert panel_titles([*identical, *standard]) == (
+        "zephon_torch: curves coincide",
+        "standard loader: W changes data",
+    )
+    diverging = [Run("zephon W=2", same), Run("zephon W=2 fault@1 -> W=1", other)]
+    assert panel_titles([*diverging, *standard])[0] == "zephon_torch: DIVERGES (see the verdicts)"
+    failed = [*identical[:1], Run("zephon W=2 fault@1 -> W=1", [], error="DataError: x")]
+    assert "DIVERGES" in panel_titles([*failed, *standard])[0]
+
+
+def test_a_resumed_run_that_fails_under_plot_is_a_diverges_verdict_with_the_picture(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --plot the failed resume of a recipe whose map is not pure ended the command with
+    exit code 2 and no verdict; without --plot it is a DIVERGES verdict (exit code 1)."""
+    tokenizer.save(str(tmp_path / "tok.json"))
+    recipe = tmp_path / "shrinking_plot.py"
+    recipe.write_text(SHRINKING.format(path=str(tmp_path / "tok.json")))
+    out = tmp_path / "diverges.png"
+    argv = ["verify", str(recipe), "--plot", str(out), "--steps", "5", "--world-sizes", "4,1"]
+    assert main(argv) == 1
+    text = capsys.readouterr().out
+    assert "zephon W=4 fault@2 -> W=1: DIVERGES: the run failed: DataError:" in text
+    assert "verdict: zephon_torch DIVERGES" in text and png_size(out)[0] > 0
