@@ -32,6 +32,8 @@ from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions, find_detailed, identity, sized
 from zephon_torch.io._remote_rows import (
+    Columns,
+    Layout,
     npy_rows,
     parquet_layout,
     remember_layout,
@@ -181,10 +183,25 @@ class RemoteReader:
             if parquet:
                 layout = self._parquet_layout(path)
             else:
-                layout = self._with_reader(path, lambda r, local: r.num_rows(local)), ()
+                layout = self._with_reader(path, lambda r, local: r.num_rows(local)), (), ()
             remember_layout(self.index_cache_dir, item, *layout)
-        rows, groups = layout
+        rows, groups, columns = layout
+        if parquet:  # the columns asked for, checked at the open as for a local shard
+            self._check_columns(path, columns)
         return rows, window_blocks(groups)
+
+    def _check_columns(self, path: str, columns: Columns) -> None:
+        """``DataError`` naming the shard when it lacks a column the pipeline reads, or a token
+        column holds no lists of integers."""
+        projection = self.projection
+        projection.check_available([c[0] for c in columns], dataset=self.dataset, shard=path)
+        for name, kind, integer_lists in columns:
+            if name in projection.token_columns and not integer_lists:
+                raise DataError(
+                    f"token column {name!r} holds {kind}, not lists of integer token ids",
+                    dataset=self.dataset,
+                    shard=path,
+                )
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
@@ -339,9 +356,9 @@ class RemoteReader:
         partner = offsets_path(url) if self.format == "npy" else None
         return [url, partner] if partner in self.objects else [url]
 
-    def _parquet_layout(self, path: str) -> tuple[int, tuple[tuple[int, int], ...]]:
-        """The row count and row-group sizes from the footer, by range reads (retried); no
-        download."""
+    def _parquet_layout(self, path: str) -> Layout:
+        """The row count, row-group sizes and columns from the footer, by range reads
+        (retried); no download."""
         fs_path, item = self.objects[path]
 
         def tail(length: int) -> bytes:

@@ -3,9 +3,9 @@
 A Parquet footer is read from the file's tail by one range read (two when the footer is longer
 than the guess); a `.npy` token file's rows come from its header, or its offsets file's header
 and two values; JSONL and Vortex shards are downloaded whole to be counted. Either count, with
-a Parquet shard's row-group sizes, is remembered in the index cache folder, under the object's
-cache name (URL, size and version), so a later open, by any run, process or node sharing the
-folder, reads nothing but the listing.
+a Parquet shard's row-group sizes and columns, is remembered in the index cache folder, under
+the object's cache name (URL, size and version), so a later open, by any run, process or node
+sharing the folder, reads nothing but the listing.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 
 from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import DataError
+from zephon_torch.io._arrow import is_integer_list
 from zephon_torch.io._mapped import read_header
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
@@ -35,12 +36,14 @@ Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, li
 
 
 Groups = tuple[tuple[int, int], ...]  # each row group's rows and decoded bytes
+# each column's name, type, and whether it holds lists of integers (token ids)
+Columns = tuple[tuple[str, str, bool], ...]
+Layout = tuple[int, Groups, Columns]  # rows, row groups, columns (both empty but for Parquet)
 
 
-def parquet_layout(
-    tail: Callable[[int], bytes], *, size: int, url: str, dataset: str
-) -> tuple[int, Groups]:
-    """The row count and row-group sizes (see `parquet.group_sizes`) in a Parquet footer.
+def parquet_layout(tail: Callable[[int], bytes], *, size: int, url: str, dataset: str) -> Layout:
+    """The row count, row-group sizes (see `parquet.group_sizes`) and columns in a Parquet
+    footer.
 
     Args:
         tail: the last n bytes of the object (the caller retries the read).
@@ -67,7 +70,9 @@ def parquet_layout(
         data = tail(length)
     try:
         metadata = pq.read_metadata(pa.BufferReader(data[-length:]))
-        return int(metadata.num_rows), group_sizes(metadata)
+        schema = metadata.schema.to_arrow_schema()
+        columns = tuple((f.name, str(f.type), is_integer_list(f.type)) for f in schema)
+        return int(metadata.num_rows), group_sizes(metadata), columns
     # pyarrow raises OSError for bad thrift, and UnicodeDecodeError for a name not in UTF-8
     except (pa.ArrowInvalid, OSError, ValueError) as error:
         raise bad(error) from error
@@ -125,15 +130,13 @@ def _npy_value(
     return call_with_retry(value, url=url, policy=policy, what="reading the offsets")
 
 
-def remembered_layout(
-    index_cache_dir: str, item: CachedObject, *, parquet: bool
-) -> tuple[int, Groups] | None:
-    """The row count (and, for a `parquet` object, its row-group sizes) remembered for this
-    version of the object, else None: always for an object listed without a version (a rewrite
-    of the same size could not be told apart), and for a Parquet record without sizes, or with
-    sizes of another estimate (see `parquet.ESTIMATE_VERSION`). Window blocks are derived from
-    the sizes at each open, so a new block size never meets stale blocks; a record of another
-    format is read for its row count alone, whatever else it holds."""
+def remembered_layout(index_cache_dir: str, item: CachedObject, *, parquet: bool) -> Layout | None:
+    """The row count (and, for a `parquet` object, its row-group sizes and columns) remembered
+    for this version of the object, else None: always for an object listed without a version (a
+    rewrite of the same size could not be told apart), and for a Parquet record without sizes
+    or columns, or with sizes of another estimate (see `parquet.ESTIMATE_VERSION`). Window
+    blocks are derived from the sizes at each open, so a new block size never meets stale
+    blocks; a record of another format is read for its row count alone, whatever it holds."""
     if not item.version:
         return None
     with (
@@ -142,24 +145,32 @@ def remembered_layout(
     ):
         record = json.load(handle)
         if not parquet:
-            return int(record["rows"]), ()
+            return int(record["rows"]), (), ()
         if record["estimate"] != ESTIMATE_VERSION:
             return None
         groups = tuple((int(rows), int(nbytes)) for rows, nbytes in record["groups"])
-        return int(record["rows"]), groups
+        columns = tuple((str(n), str(t), bool(i)) for n, t, i in record["columns"])
+        return int(record["rows"]), groups, columns
     return None
 
 
 def remember_layout(
-    index_cache_dir: str, item: CachedObject, rows: int, groups: Groups = ()
+    index_cache_dir: str, item: CachedObject, rows: int, groups: Groups = (), columns: Columns = ()
 ) -> None:
-    """Remembers the object's row count and row-group sizes (none for other formats); a folder
+    """Remembers the object's row count, row-group sizes and columns (none for other formats);
+    a folder
     that cannot be written is skipped, and so is an object listed without a version (ETag,
     time), which is counted again at every open."""
     if not item.version:
         return
     with contextlib.suppress(OSError):
-        record = {"url": item.url, "rows": rows, "groups": groups, "estimate": ESTIMATE_VERSION}
+        record = {
+            "url": item.url,
+            "rows": rows,
+            "groups": groups,
+            "columns": columns,
+            "estimate": ESTIMATE_VERSION,
+        }
         write_text_atomically(_record(index_cache_dir, item), json.dumps(record))
 
 

@@ -364,7 +364,7 @@ def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
     footers: list[str] = []
     count = remote_reader.parquet_layout
 
-    def counted(tail: Any, **where: Any) -> tuple[int, tuple[int, ...]]:
+    def counted(tail: Any, **where: Any) -> Any:
         footers.append(where["url"])
         return count(tail, **where)
 
@@ -386,6 +386,30 @@ def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
     assert len(footers) == 3
 
 
+def test_a_remote_parquet_shard_lacking_a_column_read_is_named_at_the_open(
+    tmp_path: Path,
+) -> None:
+    """A local shard is checked at the open; a remote one was checked at its first read
+    (hours into a run, in a worker), from the footer's row count alone."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_parquet(fs, f"{root}/0.parquet", pa.table({"text": ["a"], "ids": [[1, 2]]}))
+    _put_parquet(fs, f"{root}/1.parquet", pa.table({"text": ["b"], "ids": [["x"]]}))
+    index = str(tmp_path / "index")
+
+    def open_(**kwargs: Any) -> Dataset:
+        options = _options(tmp_path)
+        url = f"memory://{root}"
+        return Dataset.from_path("p", url, io_options=options, index_cache_dir=index, **kwargs)
+
+    for _ in range(2):  # the footers read, then their remembered records
+        with pytest.raises(DataError, match=r"0\.parquet.*has no column 'nope'"):
+            open_(columns=["text", "nope"])
+        with pytest.raises(DataError, match=r"1\.parquet.*token column 'ids' holds list<"):
+            open_(token_columns=["ids"])
+    assert open_(columns=["text"]).read_rows(1, [0]) == [{"text": "b"}]
+
+
 def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
     tmp_path: Path,
 ) -> None:
@@ -394,8 +418,9 @@ def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
 
     index = str(tmp_path / "index")
     versioned = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-1"')
-    remember_layout(index, versioned, 7, ((3, 100), (4, 120)))
-    assert remembered_layout(index, versioned, parquet=True) == (7, ((3, 100), (4, 120)))
+    columns = (("text", "string", False), ("ids", "list<item: int32>", True))
+    remember_layout(index, versioned, 7, ((3, 100), (4, 120)), columns)
+    assert remembered_layout(index, versioned, parquet=True) == (7, ((3, 100), (4, 120)), columns)
     bare = CachedObject(url="s3://b/a.parquet", size=100, version="")
     remember_layout(index, bare, 9)
     assert remembered_layout(index, bare, parquet=True) is None
@@ -404,15 +429,16 @@ def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
     old = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-2"')
     remember_layout(index, old, 7)
     record = next(Path(index).rglob(f"{old.name}.json"))
-    assert remembered_layout(index, old, parquet=True) == (7, ())
+    assert remembered_layout(index, old, parquet=True) == (7, (), ())
     for stale in (
         {"rows": 7},
         {"rows": 7, "blocks": [3, 4]},
         {"rows": 7, "groups": [], "estimate": 0},
+        {"rows": 7, "groups": [], "estimate": 1},  # no columns: remembered before they were
     ):
         record.write_text(json.dumps({"url": old.url, **stale}))
         assert remembered_layout(index, old, parquet=True) is None
-        assert remembered_layout(index, old, parquet=False) == (7, ())
+        assert remembered_layout(index, old, parquet=False) == (7, (), ())
 
 
 def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
