@@ -376,16 +376,29 @@ def _indexed(
 
 
 def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[str, dict[str, Any]]:
-    """The files of a listing, less those in a directory whose names start with "." or "_"."""
+    """The files of a listing, less, in a directory, those whose names (or folders' names)
+    start with "." or "_"; of a glob `base`, those a wildcard matched to a name starting with
+    ".", as a local glob leaves them out, unless the pattern names such a part itself."""
+    glob = where == "glob"
+    if glob:
+        parts = base.split("/")
+        literal = next(i for i, part in enumerate(parts) if GLOB_CHARS.intersection(part))
+        prefix = "/".join(parts[:literal])
+        hidden_named = any(part.startswith(".") for part in parts[literal:])
     infos: dict[str, dict[str, Any]] = {}
     for path, info in found.items():
         if info.get("type", "file") != "file":
             continue
-        relative = path[len(base) :].lstrip("/") if path.startswith(base) else path
-        if where == "directory" and any(
-            part.startswith(SKIPPED_PREFIXES) for part in relative.split("/")
-        ):
-            continue
+        if glob:
+            relative = path[len(prefix) :].lstrip("/") if path.startswith(prefix) else path
+            if not hidden_named and any(p.startswith(".") for p in relative.split("/")):
+                continue
+        else:
+            relative = path[len(base) :].lstrip("/") if path.startswith(base) else path
+            if where == "directory" and any(
+                part.startswith(SKIPPED_PREFIXES) for part in relative.split("/")
+            ):
+                continue
         infos[path] = info
     return infos
 

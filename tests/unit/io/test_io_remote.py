@@ -634,3 +634,24 @@ def test_an_object_listed_without_a_version_is_downloaded_again_by_each_open(
         assert not Path(index).exists() or not any(Path(index).rglob("*.*"))
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("pattern", ["**/*.jsonl", "*/*.jsonl", "a/*", "a*/*.jsonl", "a/.*"])
+def test_a_remote_glob_lists_the_shards_the_same_glob_lists_locally(
+    tmp_path: Path, pattern: str
+) -> None:
+    """A wildcard matched names starting with "." remotely, which a local glob leaves out:
+    other shards, fingerprint and batches than the local copy."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    names = ["a/x.jsonl", "a/_meta.jsonl", "a/.hidden.jsonl", ".h/y.jsonl", "a-b/v.jsonl"]
+    for number, name in enumerate(names):
+        (tmp_path / "local" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "local" / name).write_text(json.dumps({"i": number}) + "\n")
+        _put_jsonl(fs, f"{root}/{name}", [{"i": number}])
+    options = _options(tmp_path)
+    remote = Dataset.from_path("d", f"memory://{root}/{pattern}", io_options=options)
+    local = Dataset.from_path("d", f"{tmp_path / 'local'}/{pattern}")
+    assert [s.path.split(f"{root}/", 1)[1] for s in remote.shards] == [
+        str(Path(s.path).relative_to(tmp_path / "local")) for s in local.shards
+    ]
