@@ -113,18 +113,21 @@ class FilteredReader(BaseNode[Document]):
         """The next kept document.
 
         Raises:
-            DataError: under ``exhaustion="repeat"`` with one lane or without shuffling
-                (where each pass brings the lane the same documents), when the filter rejects
-                twice a lane pass of documents in a row and its state, and the states of the
-                filters beneath it, are the same after them as before: the same decisions on
-                the same documents would then go on for ever (a deduplicating filter once
-                every document was seen, for example).
+            DataError: under ``exhaustion="repeat"`` where each pass hands this lane the same
+                documents (one lane, or no shuffling), when the filter rejects every document
+                from one read position to the same position a pass later (two passes where
+                they come shuffled), and its state, and the states of the filters beneath it,
+                are the same there as they were: the same decisions on the same documents
+                would then go on for ever (a deduplicating filter once every document was
+                seen, for example). Without shuffling that is a proof; with one shuffled lane,
+                whose passes come in other orders, a filter whose state came back to the same
+                value just then is refused though a later order might have kept a document.
         """
         rejected, rows = 0, self.reader.lane_rows
         filters, _ = self._stack()
-        # sound only where every pass hands this lane the same documents
         watch = rows > 0 and self.reader.exhaustion == "repeat" and self.same_each_pass
-        before: str | None = None
+        apart = 2 if self.layout.shuffle else 1  # passes between the positions compared
+        anchor: tuple[int, int, str | None] | None = None  # a rejection's pass, position, states
         while True:
             doc: Document = next(self.reader)
             assert doc.tokens is not None
@@ -139,16 +142,20 @@ class FilteredReader(BaseNode[Document]):
                     f"rejected {rejected} documents in a row (eight passes of this lane)",
                     stacklevel=2,
                 )
-            if watch and rejected % (2 * rows) == rows:  # 2 passes of rejections apart
+            if not watch or rejected < rows:  # a pass of rejections before looking
+                continue
+            if anchor is None:
+                anchor = (doc.pass_index, doc.pos, _states(filters))
+            elif doc.pos == anchor[1] and doc.pass_index >= anchor[0] + apart:
                 state = _states(filters)
-                if state is not None and state == before:
+                if state is not None and state == anchor[2]:
                     raise DataError(
                         f"the stateful filter {self.op.name!r} rejected every document of "
-                        "this lane for two passes without changing its state: with "
+                        f"this lane for {apart} pass(es) and came back to the same state: with "
                         "exhaustion='repeat' it would read for ever without keeping one",
                         dataset=self.layout.name,
                     )
-                before = state
+                anchor = (doc.pass_index, doc.pos, state)
 
     def _keep(self, doc: Document) -> bool:
         """The filter's decision on ``doc``; its errors become a DataError naming the row."""

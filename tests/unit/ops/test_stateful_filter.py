@@ -530,3 +530,52 @@ def test_errors_of_a_user_filter_s_decision_name_the_row() -> None:
     )
     with pytest.raises(DataError, match=r"row 0: filter 'array' raised ValueError: The truth"):
         next(iter(plain))
+
+
+class Phase(StatefulFilter):
+    """Keeps a document whose first id is ``first`` only at step 0 of a cycle of ``cycle``
+    decisions: its state comes back to the same value every ``cycle`` documents."""
+
+    name = "phase"
+
+    def __init__(self, first: int, cycle: int) -> None:
+        self.first, self.cycle, self.step = first, cycle, 0
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        kept = self.step == 0 and int(tokens[0]) == self.first
+        self.step = (self.step + 1) % self.cycle
+        return kept
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = state["step"]
+
+
+def _not_five(row: dict[str, Any]) -> bool:
+    return bool(row["ids"][0] != 5)
+
+
+def test_a_filter_whose_state_cycles_under_a_stateless_filter_is_read_on() -> None:
+    """The proof compared states 2 x 5 rejections apart, taken for two passes: with a stateless
+    filter dropping one document of five, that was two and a half, and a filter that keeps a
+    document every 10 decisions (a whole number of 4-document passes later) was refused."""
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    ids = [[i + 1] * 3 for i in range(5)]
+    source = StaticMixtureWorkSource(
+        [Dataset.from_dict("d", {"ids": ids})], exhaustion="repeat", shuffle=False
+    )
+    pipeline = (
+        Pipeline(source)
+        .filter(_not_five, name="not_five")
+        .pretokenized("ids")
+        .pack_flat(3)
+        .stateful_filter(lambda lane: Phase(1, 10))
+        .batch(1)
+    )
+    batches = iter(pipeline)
+    assert [next(batches).input_ids[0].tolist() for _ in range(4)] == [[1, 1, 1]] * 4
