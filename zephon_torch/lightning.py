@@ -12,6 +12,7 @@ checkpoint file continues with exactly the batches an uninterrupted run would ha
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 try:
@@ -76,9 +77,13 @@ class PipelineDataModule(L.LightningDataModule):
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The data position for the checkpoint (a collective under torch.distributed)."""
+        """The data position for the checkpoint (a collective under torch.distributed). On
+        several ranks, a warning says when it is taken mid-step: it then resumes on this
+        world size only (``accumulate_grad_batches`` of L/W keeps checkpoints at step ends)."""
         if self._loader is not None:
-            return {"zephon": self._loader.state_dict()}
+            state = self._loader.state_dict()
+            _warn_if_mid_step(self.pipeline, state)
+            return {"zephon": state}
         return {"zephon": self._pending}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -90,3 +95,21 @@ class PipelineDataModule(L.LightningDataModule):
             self._loader.load_state_dict(state)
         else:
             self._pending = state
+
+
+def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any]) -> None:
+    world_size = pipeline.topology[0]
+    if world_size == 1:
+        return
+    lanes = [state["lanes"].get(str(lane)) for lane in pipeline.lanes]
+    turns = {
+        0 if lane is None else lane["turn"] for lane in lanes if lane is None or not lane["done"]
+    }
+    if len(turns) > 1:
+        warnings.warn(
+            f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "
+            f"it resumes on {world_size} ranks only. Checkpoint at step ends "
+            f"(accumulate_grad_batches={len(pipeline.lanes)}, canonical_replicas / world "
+            "size) to resume on any world size",
+            stacklevel=3,
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,17 @@ def test_a_mid_epoch_resume_with_the_elastic_sampler_trains_the_rest_of_every_ep
     assert len(full) == 16
     (checkpoint,) = (tmp_path / "full").glob("*step=3.ckpt")
     assert fit(tmp_path / "resumed", str(checkpoint)) == full[3:]
+
+
+def test_a_checkpoint_taken_mid_step_on_several_ranks_is_warned_of(tokenizer: Any) -> None:
+    """It resumes on its own world size only, and nothing said so when it was saved."""
+    pipeline = small_pipeline(tokenizer, lanes=4, world_size=2, rank=0, exhaustion="repeat")
+    module = PipelineDataModule(pipeline)
+    batches = iter(module.train_dataloader())
+    module.on_before_batch_transfer(next(batches), 0)  # lane 0 of the rank's lanes 0 and 1
+    with pytest.warns(UserWarning, match=r"mid-step .*accumulate_grad_batches=2"):
+        module.state_dict()
+    module.on_before_batch_transfer(next(batches), 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module.state_dict()  # at a step end
