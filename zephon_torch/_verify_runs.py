@@ -1,0 +1,197 @@
+"""How `verify` runs each configuration of a recipe: simulated ranks of zephon_torch (from the
+start, or resumed from a state saved on another world size), and the standard loader baseline
+(a ``DistributedSampler`` over the same documents, each rank packing its own). Each gives the
+SHA-256 of every global batch (input ids and positions), or the batches themselves for
+``--plot``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler
+
+from zephon_torch._state import merge_states
+from zephon_torch.pipeline import Pipeline
+from zephon_torch.torch.loader import DataLoader
+
+Build = Callable[[], Pipeline]
+
+
+def digest(parts: list[dict[str, torch.Tensor]]) -> str:
+    """The SHA-256 of a global batch: its ranks' input ids and positions, in rank order."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part["input_ids"].numpy().tobytes())
+        h.update(part["position_ids"].numpy().tobytes())
+    return h.hexdigest()
+
+
+def _rank_items(pipeline: Pipeline, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
+    """A simulated rank's micro-batches (without workers, of a pipeline made endless): its
+    spent lanes pad on, and the caller cuts the stream where no rank has data, as the loader
+    does under torch.distributed."""
+    if num_workers:
+        loader = DataLoader(pipeline, num_workers=num_workers, multiprocessing_context="spawn")
+        loader._pad_on = True
+        return iter(loader)
+    return (b.to_training() for b in pipeline)
+
+
+def zephon_run(
+    build: Build,
+    world_size: int,
+    steps: int,
+    *,
+    num_workers: int = 0,
+    start: dict[str, Any] | None = None,
+    first_step: int = 0,
+) -> list[str]:
+    """Global-batch hashes of ``steps`` steps with ``world_size`` simulated ranks."""
+    batches = zephon_batches(
+        build, world_size, steps, num_workers=num_workers, start=start, first_step=first_step
+    )
+    return [digest(parts) for parts in batches]
+
+
+def zephon_batches(
+    build: Build,
+    world_size: int,
+    steps: int,
+    *,
+    num_workers: int = 0,
+    start: dict[str, Any] | None = None,
+    first_step: int = 0,
+) -> list[list[dict[str, torch.Tensor]]]:
+    """The global batches (micro-batches in rank order) of steps ``first_step..steps-1``."""
+    per_rank: list[list[list[dict[str, torch.Tensor]]]] = []
+    for rank in range(world_size):
+        pipeline = build().options(world_size=world_size, rank=rank)
+        if not num_workers:  # the loader's workers pad on by `_pad_on` (`_rank_items`)
+            pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
+        if start is not None:
+            pipeline.load_state_dict(start)
+        lanes = len(pipeline.lanes)
+        items = _rank_items(pipeline, num_workers)
+        turns = []
+        for _ in range(first_step, steps):
+            turn = [item for _, item in zip(range(lanes), items)]
+            if len(turn) < lanes:
+                break
+            turns.append(turn)
+        per_rank.append(turns)
+    count = min(len(t) for t in per_rank)
+    # as the loader ends a finite stream on several ranks: at the first turn no rank has data
+    # (each simulated rank pads on once its lanes are spent)
+    for t in range(count):
+        if all(int(item["num_valid_tokens"]) == 0 for rank in per_rank for item in rank[t]):
+            count = t
+            break
+    return [[p for rank in per_rank for p in rank[t]] for t in range(count)]
+
+
+def fault_state(build: Build, world_size: int, fault_step: int) -> dict[str, Any]:
+    """The merged state of ``world_size`` ranks after ``fault_step`` steps, through JSON."""
+    states = []
+    for rank in range(world_size):
+        pipeline = build().options(world_size=world_size, rank=rank)
+        # spent lanes pad on (their states moving with them), as under torch.distributed
+        pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
+        lanes = len(pipeline.lanes)
+        for i, _ in enumerate(pipeline):
+            if i + 1 == fault_step * lanes:
+                break
+        states.append(pipeline.state_dict())
+    merged: dict[str, Any] = json.loads(json.dumps(merge_states(states)))
+    return merged
+
+
+def fault_run(build: Build, before: int, after: int, fault_step: int, steps: int) -> list[str]:
+    """Hashes of a run on ``before`` ranks that saves at ``fault_step`` and resumes on
+    ``after`` ranks."""
+    head = zephon_run(build, before, fault_step)
+    merged = fault_state(build, before, fault_step)
+    return head + zephon_run(build, after, steps, start=merged, first_step=fault_step)
+
+
+_MAX_PASSES = 1000  # of the standard baseline over the documents of a "repeat" recipe
+
+
+def standard_run(build: Build, world_size: int, steps: int) -> list[str]:
+    """A DistributedSampler over the same documents, each rank packing its own (wrap)."""
+    return [digest(parts) for parts in standard_batches(build, world_size, steps)]
+
+
+def standard_batches(
+    build: Build, world_size: int, steps: int
+) -> list[list[dict[str, torch.Tensor]]]:
+    """The standard loader's global batches (see ``standard_run``): as many as its documents
+    give, ``steps`` at most. For a recipe whose source repeats (``exhaustion="repeat"``) it
+    reads further passes, each in another order (``DistributedSampler.set_epoch``)."""
+    from zephon_torch._token_stage import doc_ops
+    from zephon_torch.ops.fetch import FetchOp
+    from zephon_torch.work.pointers import Pointer
+
+    pipeline = build()
+    source, pack = pipeline._source, pipeline._pack
+    assert pack is not None and pipeline._microbatch_size is not None
+    ops = doc_ops(pipeline)
+    fetch = FetchOp(source.datasets)
+    index = [
+        (d, s, r)
+        for d, ds in enumerate(source.datasets)
+        for s, sh in enumerate(ds.shards)
+        for r in range(sh.num_rows)
+    ]
+    repeat = getattr(source, "exhaustion", None) == "repeat"
+    lanes = pipeline._options.canonical_replicas
+    per_rank_batches = lanes // world_size  # keep the global batch size of the recipe
+    width, rows = pack.max_length, pipeline._microbatch_size
+    ranks = []
+    for rank in range(world_size):
+        sampler: DistributedSampler[int] = DistributedSampler(
+            index,  # type: ignore[arg-type]  # a list is a map-style dataset
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            seed=source.seed,
+        )
+        need = steps * per_rank_batches * rows * width
+        stream: list[int] = []
+        for epoch in range(_MAX_PASSES if repeat else 1):
+            sampler.set_epoch(epoch)  # another order each pass, as a training loop sets
+            before = len(stream)
+            for i in sampler:
+                dataset, shard, row = index[i]
+                docs = fetch.fetch(dataset, [Pointer(0, 0, shard, row)])
+                for op in ops:
+                    docs = op(docs)
+                stream.extend(
+                    int(t) for d in docs for t in (d.tokens if d.tokens is not None else [])
+                )
+                if len(stream) >= need:
+                    break
+            if len(stream) >= need or len(stream) == before:  # enough, or a pass gave nothing
+                break
+        tokens = np.asarray(stream[: need - need % width] or [0], dtype=np.int64)
+        ranks.append(tokens)
+    out: list[list[dict[str, torch.Tensor]]] = []
+    for t in range(steps):
+        parts = []
+        for tokens in ranks:
+            for b in range(per_rank_batches):
+                start = ((t * per_rank_batches) + b) * rows * width
+                chunk = tokens[start : start + rows * width]
+                if len(chunk) < rows * width:
+                    return out
+                ids = torch.from_numpy(chunk.reshape(rows, width).copy())
+                parts.append(
+                    {"input_ids": ids, "position_ids": torch.arange(width).repeat(rows, 1)}
+                )
+        out.append(parts)
+    return out
