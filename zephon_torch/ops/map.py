@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import numpy as np
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops.document import Document, call_user, document_error, owned
@@ -44,7 +47,9 @@ class UserOp:
 def function_name(fn: Callable[..., Any], name: str | None) -> str:
     """A name for a user function that is the same in every process, for the state
     fingerprint: explicit, else ``module.qualname``; a ``functools.partial``'s is its
-    function's with its arguments, a callable object's its class's.
+    function's with its arguments (sets in sorted order, arrays by dtype, shape and a digest of
+    their bytes: their reprs differ between processes, or elide), a callable object's its
+    class's.
 
     Raises:
         ConfigError: when that name would hold a memory address (a partial of an object
@@ -63,11 +68,31 @@ def function_name(fn: Callable[..., Any], name: str | None) -> str:
 
 def _derived_name(fn: Any) -> str:
     if isinstance(fn, functools.partial):
-        arguments = [repr(a) for a in fn.args] + [f"{k}={v!r}" for k, v in fn.keywords.items()]
+        arguments = [_argument(a) for a in fn.args]
+        arguments += [f"{k}={_argument(v)}" for k, v in fn.keywords.items()]
         return f"partial({_derived_name(fn.func)}, {', '.join(arguments)})"
     if not hasattr(fn, "__qualname__"):  # a callable object: named by its class
         fn = type(fn)
     return f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
+
+
+def _argument(value: Any) -> str:
+    """A partial's argument as text that is the same in every process and tells different
+    values apart."""
+    if isinstance(value, (set, frozenset)):
+        inner = ", ".join(sorted(_argument(v) for v in value))
+        return f"{type(value).__name__}({{{inner}}})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_argument(k)}: {_argument(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_argument(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, np.ndarray) and value.dtype.hasobject:
+        return f"array({_argument(value.tolist())})"
+    if isinstance(value, np.ndarray):
+        digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+        return f"array({value.dtype}, {value.shape}, {digest[:16]})"
+    return repr(value)
 
 
 class MapOp(UserOp):
