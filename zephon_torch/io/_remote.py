@@ -10,6 +10,7 @@ index reads are retried under the `RetryPolicy`, then fail with a StorageError n
 from __future__ import annotations
 
 import atexit
+import fnmatch
 import json
 import os
 import posixpath
@@ -377,21 +378,19 @@ def _indexed(
 
 def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[str, dict[str, Any]]:
     """The files of a listing, less, in a directory, those whose names (or folders' names)
-    start with "." or "_"; of a glob `base`, those a wildcard matched to a name starting with
-    ".", as a local glob leaves them out, unless the pattern names such a part itself."""
-    glob = where == "glob"
-    if glob:
+    start with "." or "_"; of a glob `base`, those a local glob leaves out (`_glob_shows`)."""
+    if where == "glob":
         parts = base.split("/")
         literal = next(i for i, part in enumerate(parts) if GLOB_CHARS.intersection(part))
-        prefix = "/".join(parts[:literal])
-        hidden_named = any(part.startswith(".") for part in parts[literal:])
+        prefix, pattern = "/".join(parts[:literal]), parts[literal:]
     infos: dict[str, dict[str, Any]] = {}
     for path, info in found.items():
         if info.get("type", "file") != "file":
             continue
-        if glob:
+        if where == "glob":
             relative = path[len(prefix) :].lstrip("/") if path.startswith(prefix) else path
-            if not hidden_named and any(p.startswith(".") for p in relative.split("/")):
+            names = relative.split("/")
+            if any(n.startswith(".") for n in names) and not _glob_shows(pattern, names):
                 continue
         else:
             relative = path[len(base) :].lstrip("/") if path.startswith(base) else path
@@ -401,6 +400,25 @@ def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[st
                 continue
         infos[path] = info
     return infos
+
+
+def _glob_shows(pattern: list[str], names: list[str]) -> bool:
+    """Whether a local glob of `pattern` (its parts) matches the path `names`: a name starting
+    with "." only where the pattern's part for it starts with "." too, and never through a
+    `**` (as `glob.glob` has it; the file system's glob matched such names anyway)."""
+    if not pattern:
+        return not names
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":  # zero or more folders, none hidden
+        for skipped in range(len(names) + 1):
+            if skipped and names[skipped - 1].startswith("."):
+                return False
+            if _glob_shows(rest, names[skipped:]):
+                return True
+        return False
+    if not names or (names[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(names[0], head) and _glob_shows(rest, names[1:])
 
 
 def _index_kind(fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy) -> str | None:

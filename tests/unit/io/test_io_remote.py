@@ -636,7 +636,20 @@ def test_an_object_listed_without_a_version_is_downloaded_again_by_each_open(
         server.shutdown()
 
 
-@pytest.mark.parametrize("pattern", ["**/*.jsonl", "*/*.jsonl", "a/*", "a*/*.jsonl", "a/.*"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "**/*.jsonl",
+        "*/*.jsonl",
+        "a/*",
+        "a*/*.jsonl",
+        "a/.*",
+        "*/.x/*.jsonl",
+        ".*/*.jsonl",
+        "**/.x/*.jsonl",
+        "**",
+    ],
+)
 def test_a_remote_glob_lists_the_shards_the_same_glob_lists_locally(
     tmp_path: Path, pattern: str
 ) -> None:
@@ -645,6 +658,7 @@ def test_a_remote_glob_lists_the_shards_the_same_glob_lists_locally(
     fs = fsspec.filesystem("memory")
     root = _root()
     names = ["a/x.jsonl", "a/_meta.jsonl", "a/.hidden.jsonl", ".h/y.jsonl", "a-b/v.jsonl"]
+    names += [".h/.z.jsonl", "s/.x/g.jsonl", ".a/.x/f.jsonl"]
     for number, name in enumerate(names):
         (tmp_path / "local" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "local" / name).write_text(json.dumps({"i": number}) + "\n")
