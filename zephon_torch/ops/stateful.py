@@ -115,19 +115,22 @@ class FilteredReader(BaseNode[Document]):
         Raises:
             DataError: under ``exhaustion="repeat"`` where each pass hands this lane the same
                 documents (one lane, or no shuffling), when the filter rejects every document
-                from one read position to the same position a pass later (two passes where
-                they come shuffled), and its state, and the states of the filters beneath it,
-                are the same there as they were: the same decisions on the same documents
-                would then go on for ever (a deduplicating filter once every document was
-                seen, for example). Without shuffling that is a proof; with one shuffled lane,
-                whose passes come in other orders, a filter whose state came back to the same
-                value just then is refused though a later order might have kept a document.
+                from one read position on, and its state, and the states of the filters beneath
+                it, come back at that position, whole passes later, to what they were there
+                before: the same decisions on the same documents would then go on for ever (a
+                deduplicating filter once every document was seen; a filter whose state
+                cycles). The position is looked at every pass (every two where passes come
+                shuffled), against a state kept from 1, 2, 4, ... looks before, so a cycle of
+                any length is found with one state held. Without shuffling that is a proof;
+                with one shuffled lane, whose passes come in other orders, a filter whose
+                state came back just then is refused though a later order might have kept a
+                document.
         """
         rejected, rows = 0, self.reader.lane_rows
         filters, _ = self._stack()
         watch = rows > 0 and self.reader.exhaustion == "repeat" and self.same_each_pass
-        apart = 2 if self.layout.shuffle else 1  # passes between the positions compared
-        anchor: tuple[int, int, str | None] | None = None  # a rejection's pass, position, states
+        apart = 2 if self.layout.shuffle else 1  # passes between two looks
+        looks = _Looks()
         while True:
             doc: Document = next(self.reader)
             assert doc.tokens is not None
@@ -142,20 +145,15 @@ class FilteredReader(BaseNode[Document]):
                     f"rejected {rejected} documents in a row (eight passes of this lane)",
                     stacklevel=2,
                 )
-            if not watch or rejected < rows:  # a pass of rejections before looking
-                continue
-            if anchor is None:
-                anchor = (doc.pass_index, doc.pos, _states(filters))
-            elif doc.pos == anchor[1] and doc.pass_index >= anchor[0] + apart:
-                state = _states(filters)
-                if state is not None and state == anchor[2]:
-                    raise DataError(
-                        f"the stateful filter {self.op.name!r} rejected every document of "
-                        f"this lane for {apart} pass(es) and came back to the same state: with "
-                        "exhaustion='repeat' it would read for ever without keeping one",
-                        dataset=self.layout.name,
-                    )
-                anchor = (doc.pass_index, doc.pos, state)
+            looking = watch and rejected >= rows and looks.due(doc.pass_index, doc.pos, apart)
+            if looking and looks.seen_before(_states(filters)):
+                raise DataError(
+                    f"the stateful filter {self.op.name!r} rejected every document of "
+                    "this lane for whole passes and came back to a state it had at the "
+                    "same position: with exhaustion='repeat' it would read for ever "
+                    "without keeping one",
+                    dataset=self.layout.name,
+                )
 
     def _keep(self, doc: Document) -> bool:
         """The filter's decision on ``doc``; its errors become a DataError naming the row."""
@@ -197,6 +195,41 @@ class FilteredReader(BaseNode[Document]):
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read a document that was kept (no decision is made again)."""
         return self.reader.fetch(pass_index, pos)
+
+
+class _Looks:
+    """Where and what a filtered reader compares while it rejects (see ``FilteredReader.next``):
+    a read position, looked at once a pass (or every ``apart`` passes), and a kept state that
+    moves to the latest look after 1, 2, 4, ... looks (Brent's cycle finding)."""
+
+    def __init__(self) -> None:
+        self.position: int | None = None
+        self.next_pass = 0
+        self.looked = False
+        self.kept: str | None = None
+        self.since = 0  # looks since the kept state was taken
+        self.span = 1  # looks after which the kept state moves on
+
+    def due(self, pass_index: int, pos: int, apart: int) -> bool:
+        """Whether the document at ``(pass_index, pos)`` is at a look (the first is)."""
+        if self.position is None:
+            self.position = pos
+        if pos != self.position or pass_index < self.next_pass:
+            return False
+        self.next_pass = pass_index + apart
+        return True
+
+    def seen_before(self, state: str | None) -> bool:
+        """Whether ``state`` (None: not comparable) equals the kept one; keeps it when due."""
+        if self.looked and state is not None and state == self.kept:
+            return True
+        if not self.looked or self.since + 1 == self.span:
+            if self.looked:
+                self.span *= 2
+            self.kept, self.since, self.looked = state, 0, True
+        else:
+            self.since += 1
+        return False
 
 
 def _states(filters: list[FilteredReader]) -> str | None:

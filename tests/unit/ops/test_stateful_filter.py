@@ -7,6 +7,7 @@ import importlib.util
 import itertools
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -579,3 +580,30 @@ def test_a_filter_whose_state_cycles_under_a_stateless_filter_is_read_on() -> No
     )
     batches = iter(pipeline)
     assert [next(batches).input_ids[0].tolist() for _ in range(4)] == [[1, 1, 1]] * 4
+
+
+@pytest.mark.parametrize("cycle", [2, 7, 40])
+def test_a_filter_whose_state_cycles_without_keeping_is_an_error(cycle: int) -> None:
+    """Compared a pass apart only, a state cycling over 2 or more passes was never seen equal:
+    the stream read for ever (the same state comes back every `cycle` passes here)."""
+    from zephon_torch import DataError, Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    ids = [[i + 1] * 3 for i in range(3)]
+    source = StaticMixtureWorkSource(
+        [Dataset.from_dict("d", {"ids": ids})], exhaustion="repeat", shuffle=False
+    )
+    pipeline = (
+        Pipeline(source)
+        .pretokenized("ids")
+        .pack_flat(3)
+        .stateful_filter(lambda lane: Phase(first=99, cycle=cycle))  # never keeps
+        .batch(1)
+    )
+    with (
+        warnings.catch_warnings(),
+        pytest.raises(DataError, match="came back to a state it had at the same position"),
+    ):
+        warnings.simplefilter("ignore")  # the eight-pass warning, on the longer cycles
+        next(iter(pipeline))
