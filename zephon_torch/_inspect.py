@@ -183,8 +183,7 @@ def _index(
     dataset = _open(path, format_, cache, storage, columns)
     seconds = time.perf_counter() - started
     if dataset.remote and dataset.format in _REMEMBERED:
-        if not _writable(cache):
-            raise StorageError(f"the index cache {cache} cannot be written; {_WRITABLE}")
+        _require_written(path, format_, cache, dataset)  # remote: the folder must be writable
         print(
             f"remembered the row counts of {len(dataset.shards):,} shards "
             f"({dataset.num_rows:,} rows) in {seconds:.2f} s; index cache {cache}: later opens "

@@ -61,13 +61,26 @@ def is_integer_list(kind: pa.DataType) -> bool:
     return bool(lists and pa.types.is_integer(kind.value_type))
 
 
+Columns = tuple[tuple[str, str, bool], ...]  # each column's name, type, and integer lists?
+
+
+def schema_columns(schema: pa.Schema) -> Columns:
+    """Each column of ``schema``: its name, its type as text, and whether it holds lists of
+    integers (token ids); plain data, so it can be remembered (remote Parquet footers)."""
+    return tuple((f.name, str(f.type), is_integer_list(f.type)) for f in schema)
+
+
 def check_schema(projection: Projection, schema: pa.Schema, *, dataset: str, shard: str) -> None:
+    """``check_columns`` of an Arrow schema (shared by the Arrow-backed readers)."""
+    check_columns(projection, schema_columns(schema), dataset=dataset, shard=shard)
+
+
+def check_columns(projection: Projection, columns: Columns, *, dataset: str, shard: str) -> None:
     """Raise ``DataError`` unless the projected columns exist and token columns hold integer
-    lists (shared by the Arrow-backed readers)."""
-    projection.check_available(schema.names, dataset=dataset, shard=shard)
-    for name in projection.token_columns:
-        kind = schema.field(name).type
-        if not is_integer_list(kind):
+    lists."""
+    projection.check_available([name for name, _, _ in columns], dataset=dataset, shard=shard)
+    for name, kind, integer_lists in columns:
+        if name in projection.token_columns and not integer_lists:
             raise DataError(
                 f"token column {name!r} holds {kind}, not lists of integer token ids",
                 dataset=dataset,

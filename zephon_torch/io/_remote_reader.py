@@ -26,13 +26,13 @@ import fsspec.callbacks
 
 from zephon_torch._progress import Progress
 from zephon_torch.errors import ConfigError, DataError, StorageError
+from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._background import Background
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions, find_detailed, identity, sized
 from zephon_torch.io._remote_rows import (
-    Columns,
     Layout,
     npy_rows,
     parquet_layout,
@@ -187,21 +187,8 @@ class RemoteReader:
             remember_layout(self.index_cache_dir, item, *layout)
         rows, groups, columns = layout
         if parquet:  # the columns asked for, checked at the open as for a local shard
-            self._check_columns(path, columns)
+            check_columns(self.projection, columns, dataset=self.dataset, shard=path)
         return rows, window_blocks(groups)
-
-    def _check_columns(self, path: str, columns: Columns) -> None:
-        """``DataError`` naming the shard when it lacks a column the pipeline reads, or a token
-        column holds no lists of integers."""
-        projection = self.projection
-        projection.check_available([c[0] for c in columns], dataset=self.dataset, shard=path)
-        for name, kind, integer_lists in columns:
-            if name in projection.token_columns and not integer_lists:
-                raise DataError(
-                    f"token column {name!r} holds {kind}, not lists of integer token ids",
-                    dataset=self.dataset,
-                    shard=path,
-                )
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""

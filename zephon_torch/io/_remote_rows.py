@@ -20,7 +20,7 @@ import numpy as np
 
 from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import DataError
-from zephon_torch.io._arrow import is_integer_list
+from zephon_torch.io._arrow import Columns, schema_columns
 from zephon_torch.io._mapped import read_header
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
@@ -36,8 +36,6 @@ Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, li
 
 
 Groups = tuple[tuple[int, int], ...]  # each row group's rows and decoded bytes
-# each column's name, type, and whether it holds lists of integers (token ids)
-Columns = tuple[tuple[str, str, bool], ...]
 Layout = tuple[int, Groups, Columns]  # rows, row groups, columns (both empty but for Parquet)
 
 
@@ -70,8 +68,7 @@ def parquet_layout(tail: Callable[[int], bytes], *, size: int, url: str, dataset
         data = tail(length)
     try:
         metadata = pq.read_metadata(pa.BufferReader(data[-length:]))
-        schema = metadata.schema.to_arrow_schema()
-        columns = tuple((f.name, str(f.type), is_integer_list(f.type)) for f in schema)
+        columns = schema_columns(metadata.schema.to_arrow_schema())
         return int(metadata.num_rows), group_sizes(metadata), columns
     # pyarrow raises OSError for bad thrift, and UnicodeDecodeError for a name not in UTF-8
     except (pa.ArrowInvalid, OSError, ValueError) as error:
