@@ -4,15 +4,18 @@ A path is a file, a directory (searched recursively) or a glob; files come back 
 sorted by path, so shard order, and with it every pointer stream, does not depend on the order
 the file system lists them in. Names starting with "." or "_" are skipped in directories (hidden
 files, `_SUCCESS` and `_metadata` files that Spark and Hadoop leave next to the data), as is the
-line-index cache when it lies inside the data.
+line-index cache when it lies inside the data. Remote listings keep the same files
+(`visible_files`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io.formats import (
@@ -194,3 +197,51 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
         )
     [(detected_format, found)] = by_format.items()
     return detected_format, found
+
+
+def visible_files(
+    found: dict[str, dict[str, Any]], base: str, where: str
+) -> dict[str, dict[str, Any]]:
+    """The files of a remote listing (path -> info) of `base`, kept as a local path's would be:
+    less, in a directory, those whose names (or folders' names) start with "." or "_"; of a
+    glob `base`, those a local glob leaves out (`glob_shows`)."""
+    if where == "glob":
+        parts = base.split("/")
+        literal = next(i for i, part in enumerate(parts) if GLOB_CHARS.intersection(part))
+        prefix, pattern = "/".join(parts[:literal]), parts[literal:]
+    infos: dict[str, dict[str, Any]] = {}
+    for path, info in found.items():
+        if info.get("type", "file") != "file":
+            continue
+        if where == "glob":
+            relative = path[len(prefix) :].lstrip("/") if path.startswith(prefix) else path
+            names = relative.split("/")
+            if any(n.startswith(".") for n in names) and not glob_shows(pattern, names):
+                continue
+        else:
+            relative = path[len(base) :].lstrip("/") if path.startswith(base) else path
+            if where == "directory" and any(
+                part.startswith(SKIPPED_PREFIXES) for part in relative.split("/")
+            ):
+                continue
+        infos[path] = info
+    return infos
+
+
+def glob_shows(pattern: list[str], names: list[str]) -> bool:
+    """Whether a local glob of `pattern` (its parts) matches the path `names`: a name starting
+    with "." only where the pattern's part for it starts with "." too, and never through a
+    `**` (as `glob.glob` has it; the file system's glob matched such names anyway)."""
+    if not pattern:
+        return not names
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":  # zero or more folders, none hidden
+        for skipped in range(len(names) + 1):
+            if skipped and names[skipped - 1].startswith("."):
+                return False
+            if glob_shows(rest, names[skipped:]):
+                return True
+        return False
+    if not names or (names[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(names[0], head) and glob_shows(rest, names[1:])

@@ -10,7 +10,6 @@ index reads are retried under the `RetryPolicy`, then fail with a StorageError n
 from __future__ import annotations
 
 import atexit
-import fnmatch
 import json
 import os
 import posixpath
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from zephon_torch.errors import ConfigError, StorageError, ZephonError
-from zephon_torch.io._discover import GLOB_CHARS, SKIPPED_PREFIXES, detect_files
+from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
 from zephon_torch.io._index import index_kind
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._shard_cache import CachedObject
@@ -292,7 +291,7 @@ def list_remote(
         indexed = _indexed(fs, name, url, root, where, found, format_, retry)
         if indexed is not None:
             return indexed
-    infos = _visible(found, root.rstrip("/"), where)
+    infos = visible_files(found, root.rstrip("/"), where)
     if not infos:
         raise ConfigError(f"no files found at {url!r}: the {where} holds no visible files")
     paths = sorted(infos)
@@ -368,57 +367,12 @@ def _indexed(
         found = call_with_retry(
             lambda: fs.find(directory, detail=True), url=url, policy=retry, what="listing"
         )
-    infos = _visible(found, directory, "directory")
+    infos = visible_files(found, directory, "directory")
     objects = [
         (path, identity(name(path), sized(fs, path, infos[path], url=name(path), retry=retry)))
         for path in sorted(infos)
     ]
     return Listing(str(kind), objects, name(index), index_data=data, fs=fs)
-
-
-def _visible(found: dict[str, dict[str, Any]], base: str, where: str) -> dict[str, dict[str, Any]]:
-    """The files of a listing, less, in a directory, those whose names (or folders' names)
-    start with "." or "_"; of a glob `base`, those a local glob leaves out (`_glob_shows`)."""
-    if where == "glob":
-        parts = base.split("/")
-        literal = next(i for i, part in enumerate(parts) if GLOB_CHARS.intersection(part))
-        prefix, pattern = "/".join(parts[:literal]), parts[literal:]
-    infos: dict[str, dict[str, Any]] = {}
-    for path, info in found.items():
-        if info.get("type", "file") != "file":
-            continue
-        if where == "glob":
-            relative = path[len(prefix) :].lstrip("/") if path.startswith(prefix) else path
-            names = relative.split("/")
-            if any(n.startswith(".") for n in names) and not _glob_shows(pattern, names):
-                continue
-        else:
-            relative = path[len(base) :].lstrip("/") if path.startswith(base) else path
-            if where == "directory" and any(
-                part.startswith(SKIPPED_PREFIXES) for part in relative.split("/")
-            ):
-                continue
-        infos[path] = info
-    return infos
-
-
-def _glob_shows(pattern: list[str], names: list[str]) -> bool:
-    """Whether a local glob of `pattern` (its parts) matches the path `names`: a name starting
-    with "." only where the pattern's part for it starts with "." too, and never through a
-    `**` (as `glob.glob` has it; the file system's glob matched such names anyway)."""
-    if not pattern:
-        return not names
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":  # zero or more folders, none hidden
-        for skipped in range(len(names) + 1):
-            if skipped and names[skipped - 1].startswith("."):
-                return False
-            if _glob_shows(rest, names[skipped:]):
-                return True
-        return False
-    if not names or (names[0].startswith(".") and not head.startswith(".")):
-        return False
-    return fnmatch.fnmatchcase(names[0], head) and _glob_shows(rest, names[1:])
 
 
 def _index_kind(fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy) -> str | None:
