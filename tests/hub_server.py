@@ -2,9 +2,9 @@
 
 The hub cannot be reached from the test machines, so this serves dataset repos from local
 folders through the few HTTP routes huggingface_hub's `HfFileSystem` calls: a revision's
-repo info, the recursive file tree, paths info, and file bytes (with `Range`). Point a client
-at it with `HF_ENDPOINT`. It answers only what those calls need; every request is logged
-(method and path), so tests can check what was fetched.
+repo info, the recursive file tree, paths info, the repo's refs, and file bytes (with
+`Range`). Point a client at it with `HF_ENDPOINT`. It answers only what those calls need;
+every request is logged (method and path), so tests can check what was fetched.
 """
 
 from __future__ import annotations
@@ -158,6 +158,9 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self._missing("EntryNotFound")
 
         def _api(self, route: str) -> None:
+            if route.endswith("/refs") and route.count("/") == 2:
+                self._refs(route[: -len("/refs")])
+                return
             if route.count("/") == 1:  # the repo's info at its default revision
                 route = f"{route}/revision/main"
             where = _split(route)
@@ -190,6 +193,24 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self._json(sorted(entries, key=lambda e: e["path"]))
             else:
                 self._missing()
+
+        def _refs(self, repo: str) -> None:
+            """The repo's branches and converted layouts (no tags, no pull requests)."""
+            if repo not in hub.repos:
+                self._missing()
+                return
+            named = sorted(hub.repos[repo])
+            ref = {"branches": [], "converts": [], "tags": []}
+            for name in named:
+                kind, short = (
+                    ("converts", name.rsplit("/", 1)[-1])
+                    if name.startswith("refs/convert/")
+                    else ("branches", name)
+                )
+                full = name if kind == "converts" else f"refs/heads/{name}"
+                sha = hub.head(repo, name)
+                ref[kind].append({"name": short, "ref": full, "targetCommit": sha})
+            self._json(ref)
 
         def _resolve(self, route: str, *, body: bool) -> None:
             parts = route.split("/", 4)

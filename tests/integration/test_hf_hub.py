@@ -181,6 +181,21 @@ def test_the_commit_read_is_in_the_fingerprint_and_a_revision_can_be_pinned(
     assert pinned_revision("hf://org/moved/train") is None
 
 
+def test_offline_a_revision_the_cache_lacks_is_named_with_what_it_holds(tmp_path: Path) -> None:
+    cache = tmp_path / "hub"
+    _plain_repo(_snapshot(cache, "org/plain", "main", "a" * 40))
+    _snapshot(cache, "org/plain", "refs/convert/parquet", "b" * 40)
+    (cache / "datasets--org--plain" / "snapshots" / ("c" * 40)).mkdir()
+    lacking = _run_offline(cache, "hf://org/plain@v9/train", tmp_path)
+    absent = _run_offline(cache, "hf://org/other@v9/train", tmp_path)
+    assert (
+        "ConfigError: 'hf://org/plain@v9/train': the hub cache holds no revision 'v9' of "
+        "org/plain: it holds main (commit aaaaaaaaaaaa), refs/convert/parquet (commit "
+        f"bbbbbbbbbbbb), {'c' * 40}"
+    ) in lacking.stderr
+    assert f"of org/other: it holds nothing of it (in {cache})" in absent.stderr
+
+
 def test_a_hub_cache_holding_part_of_a_split_s_numbered_shards_is_an_error(
     tmp_path: Path,
 ) -> None:
@@ -369,6 +384,18 @@ def test_online_a_pinned_revision_reads_its_commit_after_the_branch_moved(
     assert [row["text"] for row in latest["rows"]] == ["new 0", "new 1", "new 2"]
     assert [row["text"] for row in pinned["rows"]] == ["old 0", "old 1", "old 2"]
     assert pinned["shards"][0].startswith(f"hf://datasets/org/moved@{first}/")
+
+
+def test_online_a_revision_the_repo_lacks_is_named_with_its_branches(tmp_path: Path) -> None:
+    hub = _plain_hub(tmp_path / "repo")
+    hub.add("org/plain", "dev", tmp_path / "repo")
+    hub.add("org/plain", "refs/convert/parquet", tmp_path / "repo")
+    with serve(hub) as endpoint:
+        failed = _read_online("hf://org/plain@v9/train", endpoint, tmp_path, fails=True)
+    assert (
+        "ConfigError: no revision 'v9' in org/plain: it has the branches dev, main and the "
+        "tags none (or name a commit)"
+    ) in failed["stderr"]
 
 
 def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(

@@ -28,6 +28,7 @@ from zephon_torch.io._hf_splits import (
     check_complete,
     find_split,
     parse_hf_url,
+    pinned_revision,
     revisions,
     warn_if_partial,
 )
@@ -103,6 +104,10 @@ def list_hf(
                 partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
             )
         except RevisionNotFoundError:
+            if revision is not None and revision == pinned_revision(url):  # the user's
+                raise ConfigError(
+                    f"no revision {revision!r} in {repo}: {_refs(api, repo)}"
+                ) from None
             tried.append(f"{revision or 'main'}: no such revision")
             continue
         except FileNotFoundError:  # the config folder
@@ -131,6 +136,18 @@ def list_hf(
             return fs.unstrip_protocol(root), Listing(detected, objects, fs=fs)
         tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
+
+
+def _refs(api: Any, repo: str) -> str:
+    """The repo's branches and tags, for an error message (what the hub said, when it did
+    not list them)."""
+    try:
+        refs = api.list_repo_refs(repo, repo_type="dataset")
+    except Exception as error:  # only words for a message
+        return f"its branches could not be listed ({type(error).__name__}: {error})"
+    branches = ", ".join(sorted(ref.name for ref in refs.branches)) or "none"
+    tags = ", ".join(sorted(ref.name for ref in refs.tags)) or "none"
+    return f"it has the branches {branches} and the tags {tags} (or name a commit)"
 
 
 def _card(fs: Any, root: str, where: str, policy: RetryPolicy) -> str | None:
@@ -213,6 +230,11 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
                     f"README.md, which says which files make up each split; download it too "
                     f"(hf download {repo} README.md --repo-type dataset): {error}"
                 ) from error
+            if _not_cached(error) and revision is not None and revision == pinned_revision(url):
+                raise ConfigError(
+                    f"{url!r}: the hub cache holds no revision {revision!r} of {repo}: "
+                    f"{_cached_revisions(repo)}"
+                ) from error
             tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
             continue
         readme = os.path.join(folder, "README.md")
@@ -230,6 +252,34 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
             return "glob", [os.path.join(folder, file) for file in files], commit
         tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
+
+
+def _not_cached(error: Exception) -> bool:
+    """Whether `snapshot_download(local_files_only=True)` failed for want of the revision."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    return isinstance(error, LocalEntryNotFoundError)
+
+
+def _cached_revisions(repo: str) -> str:
+    """What the local hub cache holds of a dataset repo, for an error message: its named
+    revisions (branches, tags, `refs/convert/parquet`) and the commits no name points at."""
+    from huggingface_hub import constants
+
+    folder = os.path.join(constants.HF_HUB_CACHE, f"datasets--{repo.replace('/', '--')}")
+    refs = os.path.join(folder, "refs")
+    named: dict[str, str] = {}
+    for where, _, names in os.walk(refs):
+        for name in names:
+            with open(os.path.join(where, name), encoding="utf-8") as f:
+                named[os.path.relpath(os.path.join(where, name), refs)] = f.read().strip()
+    snapshots = os.path.join(folder, "snapshots")
+    commits = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
+    if not named and not commits:
+        return f"it holds nothing of it (in {constants.HF_HUB_CACHE})"
+    held = [f"{name} (commit {named[name][:12]})" for name in sorted(named)]
+    held += [sha for sha in commits if sha not in named.values()]
+    return f"it holds {', '.join(held)}"
 
 
 def _check_converted_complete(
