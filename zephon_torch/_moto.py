@@ -21,14 +21,17 @@ START_S = 30.0
 
 
 @contextmanager
-def moto_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Yields the endpoint URL of a fresh moto server and its process (killed on exit).
+def moto_server(
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Yields the endpoint URL of a fresh moto server and its process (killed on exit); `env`
+    adds to its environment (moto's `INITIAL_NO_AUTH_ACTION_COUNT` turns on access checks).
 
     Raises:
         RuntimeError: when it does not accept connections within ``START_S`` seconds.
     """
     port = free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", **(env or {})}
     command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     with serving(command, port, env=env) as server:
         yield f"http://127.0.0.1:{port}", server

@@ -171,6 +171,42 @@ def test_a_bad_setting_is_a_config_error_naming_the_url_at_once(
     assert time.monotonic() - start < 5
 
 
+def test_denied_access_is_a_config_error_naming_the_url_at_once(tmp_path: Path) -> None:
+    """S3's AccessDenied (a PermissionError from s3fs) came out bare, naming no URL."""
+    _write_corpus(tmp_path / "d", "jsonl", shards=1)
+    # moto checks access after its first 8 calls: 3 uploading, 5 making the two users
+    with moto_server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "8"}) as (endpoint, _):
+        upload(endpoint, tmp_path / "d", "bkt", "d")
+        iam = boto3.client(
+            "iam", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="x", aws_secret_access_key="x",
+        )  # fmt: skip
+        keys = {}
+        for user, actions in (("lister", ["s3:ListBucket"]), ("nobody", [])):
+            iam.create_user(UserName=user)
+            keys[user] = iam.create_access_key(UserName=user)["AccessKey"]
+            if actions:
+                policy = {"Effect": "Allow", "Action": actions, "Resource": "*"}
+                iam.put_user_policy(
+                    UserName=user,
+                    PolicyName="p",
+                    PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [policy]}),
+                )
+        caught = {}
+        for user, key in keys.items():
+            storage = {
+                **_storage(endpoint),
+                "key": key["AccessKeyId"],
+                "secret": key["SecretAccessKey"],
+            }
+            start = time.monotonic()
+            with pytest.raises(ConfigError) as caught[user]:
+                Dataset.from_path("d", "s3://bkt/d/", storage_options=storage)
+            assert time.monotonic() - start < 5  # not retried
+    assert "download of 's3://bkt/d/part-000.jsonl' was denied" in str(caught["lister"].value)
+    assert "listing of 's3://bkt/d/' was denied" in str(caught["nobody"].value)
+
+
 def dies_naming(
     remote: Dataset, server: subprocess.Popen[bytes], url: str, *, bound: float
 ) -> None:

@@ -146,6 +146,12 @@ def is_transient(error: BaseException) -> bool:
     return status is None or status >= 500 or status in (408, 429)
 
 
+def denied(error: BaseException) -> bool:
+    """Whether the store refused access: a `PermissionError` (as s3fs raises S3's
+    AccessDenied) or an HTTP 401 or 403 answer."""
+    return isinstance(error, PermissionError) or http_status(error) in (401, 403)
+
+
 def call_with_retry(
     call: Callable[[], T],
     *,
@@ -165,8 +171,9 @@ def call_with_retry(
 
     Raises:
         StorageError: when the attempts or the time run out, naming `url` and the last error.
-        ConfigError: at once, when the client found no usable credentials.
-        Exception: a permanent error (missing object, denied access), unchanged.
+        ConfigError: at once, when the client found no usable credentials, or the store
+            denied access (`denied`), naming `url`.
+        Exception: another permanent error (a missing object, a bad argument), unchanged.
     """
     start = time.monotonic()
     delay = policy.initial_delay
@@ -181,7 +188,14 @@ def call_with_retry(
                     f"{what} of {url!r} found no usable credentials: "
                     f"{type(error).__name__}: {error}"
                 ) from error
-            if isinstance(error, permanent) or not is_transient(error):
+            if isinstance(error, permanent):
+                raise
+            if denied(error):
+                raise ConfigError(
+                    f"{what} of {url!r} was denied (check the credentials and what they may "
+                    f"read): {type(error).__name__}: {error}"
+                ) from error
+            if not is_transient(error):
                 raise
             elapsed = time.monotonic() - start
             if attempt >= policy.attempts or elapsed + delay > policy.timeout:
