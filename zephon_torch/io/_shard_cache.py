@@ -9,7 +9,8 @@ one lock per shard name, so a shard is fetched once however many ask, and one fo
 the space bookkeeping. A name's lock file exists only while it is held (its holder deletes it),
 so lock files do not pile up. Before a download, space is reserved (a marker file naming the
 size and the shard) and least recently used shards are evicted until files plus reservations
-fit in `max_bytes`. A process that dies mid-download leaves its temporary file and reservation
+fit in `max_bytes` (files the cache did not name, a user's, are neither counted nor evicted).
+A process that dies mid-download leaves its temporary file and reservation
 behind without their name's lock; the next reservation sweeps such leftovers (liveness is the
 lock, not a process id, so containers with their own process ids can share the folder).
 A shard that a process is opening or reading holds a shared lock on its file, and eviction
@@ -26,6 +27,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import time
 import uuid
 import weakref
@@ -47,6 +49,9 @@ _MAKE_WAIT_S = 5.0  # how long a made file (decompressed shard) waits for room
 # The basename kept in a cached file's name: with the digest, the temporary file's and the
 # reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
 _MAX_BASE = 100
+
+
+_CACHED_NAME = re.compile(r"[0-9a-f]{24}-.")  # see CachedObject.name and open_made
 
 
 def _base(url: str) -> str:
@@ -365,10 +370,12 @@ class ShardCache:
         return used + size <= self.max_bytes
 
     def _entries(self) -> list[tuple[str, int, float]]:
+        """The cached files: (path, size, last use). Other files in the folder (a user's,
+        pointing `dir` at a folder in use) are neither counted nor evicted."""
         found = []
         with os.scandir(self.directory) as listing:
             for entry in listing:
-                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                if not _CACHED_NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
                     continue
                 try:
                     stat = entry.stat(follow_symlinks=False)

@@ -62,6 +62,23 @@ def test_the_least_recently_used_shard_is_evicted_first(tmp_path: Path) -> None:
     assert cache.used_bytes() <= 300
 
 
+def test_files_the_cache_did_not_write_are_neither_counted_nor_evicted(tmp_path: Path) -> None:
+    """A `dir` pointed at a folder in use: its files were evicted as least recently used."""
+    (tmp_path / "checkpoint.pt").write_bytes(b"c" * 250)
+    (tmp_path / "abc-notes.txt").write_bytes(b"n" * 250)
+    cache = ShardCache(str(tmp_path), max_bytes=200)
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl"):
+        cache.ensure(_item(name, 100), _writer(b"x" * 100), pin=False)
+        time.sleep(0.01)
+    assert {name.split("-", 1)[-1] for name in _cached(tmp_path)} == {
+        "checkpoint.pt",
+        "notes.txt",
+        "b.jsonl",
+        "c.jsonl",
+    }
+    assert cache.used_bytes() == 200
+
+
 def test_a_shard_in_use_is_never_evicted(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path), max_bytes=200, full_timeout=0.3)
     a, b = _item("a.jsonl", 100), _item("b.jsonl", 100)
