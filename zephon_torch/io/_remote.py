@@ -58,7 +58,9 @@ class CacheOptions:
             next one is fetched whatever the budget), per process; 0 turns prefetch off; None
             means a quarter of `max_bytes` shared by the node's processes (divided by
             `LOCAL_WORLD_SIZE` and by the DataLoader's workers), so that together they do not
-            evict each other's prefetched shards.
+            evict each other's prefetched shards. At most half of `max_bytes`; where the node's
+            processes together would pass that half, each prefetches its part of it (a warning
+            says so).
         prefetch_threads: background download threads per process.
         enabled: accepted for the pipeline's `{"cache": {"enabled": True}}`; remote shards
             always go through the cache, so False is refused.
@@ -82,6 +84,12 @@ class CacheOptions:
         ):
             raise ConfigError(
                 f"cache `prefetch_bytes` must be an int >= 0 or None, got {self.prefetch_bytes!r}"
+            )
+        if self.prefetch_bytes is not None and self.prefetch_bytes > self.max_bytes // 2:
+            raise ConfigError(
+                f"cache `prefetch_bytes` must be at most half of `max_bytes` "
+                f"({self.max_bytes}), got {self.prefetch_bytes}: shards fetched further ahead "
+                f"evict each other, and the shards being read, before they are read"
             )
         if self.enabled is not True:
             raise ConfigError(

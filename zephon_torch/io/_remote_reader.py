@@ -18,6 +18,7 @@ import contextlib
 import os
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -110,6 +111,7 @@ class RemoteReader:
         self._index_data = None
         self._cache: ShardCache | None = None
         self._opened: tuple[ShardReader, list[str]] | None = None
+        self._budget_warned = False
         self._fresh_threads()
         _LIVE.add(self)
 
@@ -242,8 +244,11 @@ class RemoteReader:
         budget = cache_options.prefetch_bytes
         if budget == 0:
             return
+        processes = local_processes()
         if budget is None:  # a quarter of the cache for all the node's processes together
-            budget = cache_options.max_bytes // 4 // local_processes()
+            budget = cache_options.max_bytes // 4 // processes
+        elif budget > cache_options.max_bytes // 2 // processes:
+            budget = self._shared_budget(budget, processes)
         budget //= max(1, share)
         cache = self._shard_cache()
         ahead = 0
@@ -256,6 +261,21 @@ class RemoteReader:
                     if number > 1 and ahead > budget:
                         return
                 self._fetch_ahead(shard, cache)
+
+    def _shared_budget(self, budget: int, processes: int) -> int:
+        """The part of half the cache each of the node's `processes` may prefetch, where
+        `budget` each would pass it (warned of once per dataset and process): more evicts
+        prefetched shards before they are read, which are then downloaded again."""
+        shared = self.options.cache.max_bytes // 2 // processes
+        if not self._budget_warned:
+            self._budget_warned = True
+            warnings.warn(
+                f"dataset {self.dataset!r}: cache `prefetch_bytes` {budget} per process, for "
+                f"{processes} processes on this node, passes half of `max_bytes` "
+                f"({self.options.cache.max_bytes}); each prefetches {shared} bytes ahead",
+                stacklevel=3,
+            )
+        return shared
 
     def _mark_used(self, shard: str) -> None:
         """Marks the cached files of a shard read through a reader that keeps it open as just

@@ -4,11 +4,13 @@ shared by datasets, walked once per window."""
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import pyarrow as pa
+import pytest
 
 from tests.unit.io.test_io_remote import (
     _equal_parquet_shards,
@@ -16,6 +18,7 @@ from tests.unit.io.test_io_remote import (
     _put_parquet,
     _root,
 )
+from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
 from zephon_torch.ops._runner import Runner
 from zephon_torch.ops.columns import TokenChain
@@ -124,6 +127,28 @@ def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
     }
 
 
+def test_a_budget_past_half_the_cache_is_refused_or_shared_by_the_node_s_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget as large as the cache evicted prefetched shards before they were read, which
+    the next window fetched again: each shard was downloaded about ten times."""
+    root, size = _equal_parquet_shards(6)
+    options = _options(tmp_path, max_bytes=4 * size)
+    options["cache"]["prefetch_bytes"] = 4 * size
+    with pytest.raises(ConfigError, match=r"`prefetch_bytes` must be at most half of `max_b"):
+        Dataset.from_path("p", f"memory://{root}", io_options=options)
+    options["cache"]["prefetch_bytes"] = 2 * size  # half: four processes would pass it
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    with pytest.warns(UserWarning, match=r"for 4 processes on this node, passes half of"):
+        dataset.prefetch(iter(range(6)))
+    assert _cached_shards(tmp_path / "cache", 2) == {"0.parquet", "1.parquet"}  # next only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        dataset.prefetch(iter(range(1, 6)))
+    assert _cached_shards(tmp_path / "cache", 3) == {f"{n}.parquet" for n in range(3)}
+
+
 def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
     root, size = _equal_parquet_shards(4)
     options = _options(tmp_path)
@@ -158,7 +183,7 @@ def test_a_shard_fetched_ahead_is_not_the_first_evicted_when_others_were_read_si
     than those other processes read since, and was evicted first, then downloaded again."""
     root, size = _equal_parquet_shards(4)
     options = _options(tmp_path, max_bytes=3 * size + size // 2)  # holds three shards
-    options["cache"]["prefetch_bytes"] = 2 * size + size // 2
+    options["cache"]["prefetch_bytes"] = size + size // 2
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch([0])  # shard 0 comes next for this reader
     assert _cached_shards(tmp_path / "cache", 1) == {"0.parquet"}
