@@ -112,6 +112,7 @@ class RemoteReader:
         self._cache: ShardCache | None = None
         self._opened: tuple[ShardReader, list[str]] | None = None
         self._budget_warned = False
+        self._window_warned = False
         self._fresh_threads()
         _LIVE.add(self)
 
@@ -261,6 +262,22 @@ class RemoteReader:
                     if number > 1 and ahead > budget:
                         return
                 self._fetch_ahead(shard, cache)
+
+    def check_window(self, shards: list[str]) -> None:
+        """See `Dataset.check_window`."""
+        if self._window_warned:
+            return
+        size = sum(self.objects[url][1].size for shard in shards for url in self._files_of(shard))
+        max_bytes = self.options.cache.max_bytes
+        if size > max_bytes:
+            self._window_warned = True
+            warnings.warn(
+                f"dataset {self.dataset!r}: the {len(shards)} shards of a shuffle window "
+                f"({size} bytes, read at once) do not fit in the shard cache (max_bytes "
+                f"{max_bytes}), so they are downloaded again and again as their rows are read; "
+                f"raise `max_bytes` or lower `shuffle_window_shards`",
+                stacklevel=2,
+            )
 
     def _shared_budget(self, budget: int, processes: int) -> int:
         """The part of half the cache each of the node's `processes` may prefetch, where

@@ -259,6 +259,7 @@ class DocumentReader(BaseNode[Document]):
         if walk == self._walked:
             return
         self._walked = walk
+        dataset.check_window(self.layout.window_at(pass_index=pass_index, start=pos, **where))
         upcoming: Iterable[int] = self.layout.upcoming_shards(
             pass_index=pass_index, start=pos, **where
         )

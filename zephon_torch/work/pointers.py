@@ -151,6 +151,18 @@ class PointerLayout:
                 yield int(shard)
             previous = shard
 
+    def window_at(self, *, pass_index: int, lane: int, num_lanes: int, start: int) -> list[int]:
+        """The shards of the window lane position ``start`` of pass ``pass_index`` reads from
+        (all of them are needed at once; without shuffling, the block the position is in)."""
+        if self.num_rows == 0:
+            return []
+        layout = self._layout(pass_index)
+        first = self.first_upcoming_block(
+            pass_index=pass_index, lane=lane, num_lanes=num_lanes, start=start
+        )
+        blocks = layout.block_shards[first : first + (self.window_shards if self.shuffle else 1)]
+        return sorted({int(shard) for shard in blocks if self.shard_rows[shard]})
+
     def first_upcoming_block(
         self, *, pass_index: int, lane: int, num_lanes: int, start: int
     ) -> int:

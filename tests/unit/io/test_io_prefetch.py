@@ -82,6 +82,21 @@ def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
 
     dataset.prefetch = recorded  # type: ignore[method-assign]
     layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
+    reader, seen = _read_all(dataset, layout)
+    assert sorted(seen) == sorted(n * 100 + i for n in range(6) for i in range(10))
+    # each walk is the upcoming order from the start of a window the cursor entered: once
+    # per window (three here) however many chunks were asked for in it
+    order = list(layout.upcoming_shards(pass_index=0, lane=0, num_lanes=1, start=0))
+    suffixes = [order[first:] for first in range(0, 6, layout.window_shards)]
+    assert walks[0] == order
+    assert all(walk in suffixes for walk in walks)
+    assert len({len(walk) for walk in walks}) == len(walks) <= 3 < reader._submitted
+    assert dataset.cache_counters()["misses"] == 6
+
+
+def _read_all(dataset: Dataset, layout: PointerLayout) -> tuple[DocumentReader, list[int]]:
+    """A lane reader over `dataset`'s "ids" column, one document a chunk, read to the end,
+    and each document's first id."""
     reader = DocumentReader(
         source=0,
         layout=layout,
@@ -97,15 +112,36 @@ def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
         chunk, index = found
         seen.extend(int(ids[0]) for ids in chunk.tokens[index:])
         reader.advance(len(chunk))
-    assert sorted(seen) == sorted(n * 100 + i for n in range(6) for i in range(10))
-    # each walk is the upcoming order from the start of a window the cursor entered: once
-    # per window (three here) however many chunks were asked for in it
-    order = list(layout.upcoming_shards(pass_index=0, lane=0, num_lanes=1, start=0))
-    suffixes = [order[first:] for first in range(0, 6, layout.window_shards)]
-    assert walks[0] == order
-    assert all(walk in suffixes for walk in walks)
-    assert len({len(walk) for walk in walks}) == len(walks) <= 3 < reader._submitted
-    assert dataset.cache_counters()["misses"] == 6
+    return reader, seen
+
+
+@pytest.mark.parametrize("window", [2, 4])
+def test_a_shuffle_window_larger_than_the_cache_is_warned_of(tmp_path: Path, window: int) -> None:
+    """Its shards evicted each other while their rows were read, each downloaded about five
+    times, silently."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(6):
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number]] * 10}))
+    size = fs.size(f"{root}/0.parquet")
+    options = _options(tmp_path, max_bytes=2 * size + size // 2)
+    dataset = Dataset.from_path("p", f"memory://{root}", token_columns=["ids"], io_options=options)
+    layout = PointerLayout(
+        name="p", shard_rows=(10,) * 6, seed=3, window_shards=window, shuffle=True
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sorted(_read_all(dataset, layout)[1]) == sorted(list(range(6)) * 10)
+    said = [str(w.message) for w in caught if "shuffle window" in str(w.message)]
+    if window == 2:
+        assert said == []
+    else:
+        assert said == [
+            f"dataset 'p': the 4 shards of a shuffle window ({4 * size} bytes, read at once) do "
+            f"not fit in the shard cache (max_bytes {2 * size + size // 2}), so they are "
+            "downloaded again and again as their rows are read; raise `max_bytes` or lower "
+            "`shuffle_window_shards`"
+        ]
 
 
 def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
