@@ -7,8 +7,10 @@ SHA-256 of every global batch (input ids and positions), or the batches themselv
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +23,18 @@ from zephon_torch.pipeline import Pipeline
 from zephon_torch.torch.loader import DataLoader
 
 Build = Callable[[], Pipeline]
+
+
+@contextlib.contextmanager
+def ranks_simulated() -> Iterator[None]:
+    """RANK and WORLD_SIZE left out of the environment while ranks are simulated in this
+    process (and the workers it starts): a shell that torchrun, SLURM or a pod opened sets
+    them, and each simulated rank's options would be checked against them."""
+    saved = {name: os.environ.pop(name) for name in ("RANK", "WORLD_SIZE") if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def digest(parts: list[dict[str, torch.Tensor]]) -> str:

@@ -54,7 +54,6 @@ def _verify(args: argparse.Namespace) -> int:
 
     build = load_recipe(args.recipe)
     sizes = list(args.world_sizes) if args.world_sizes else None
-    workers = args.workers
     runs: list[Run]
     if args.plot:
         from zephon_torch._plot import render
@@ -79,10 +78,10 @@ def _verify(args: argparse.Namespace) -> int:
             build,
             steps=steps,
             world_sizes=sizes,
-            workers=workers,
+            workers=(2,) if args.workers is None else args.workers,
             fault_step=fault_step or None,
             standard=not args.no_standard,
-            runners=args.runners,
+            runners=("processes",) if args.runners is None else args.runners,
         )
     print(table(runs))
     summary, code = overall(runs)
@@ -189,8 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--runners",
         type=_runner_list,
-        default=("processes",),
-        help="other runners to compare: threads, processes (comma list; '' for none)",
+        default=None,
+        help="other runners to compare: threads, processes (comma list; '' for none; "
+        "default: processes)",
     )
     check.add_argument(
         "--steps",
@@ -208,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--workers",
         type=partial(_int_list, least=0),
-        default=(2,),
-        help="DataLoader worker counts to add (comma list; '' for none)",
+        default=None,
+        help="DataLoader worker counts to add (comma list; '' for none; default: 2)",
     )
     check.add_argument(
         "--fault-step",
@@ -273,6 +273,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"verify: no recipe file {args.recipe!r}")
     if getattr(args, "train", False) and not args.plot:
         parser.error("verify --train draws loss curves: it needs --plot")
+    if getattr(args, "plot", None):
+        given = [
+            option
+            for option, value in (
+                ("--workers", args.workers),
+                ("--runners", args.runners),
+                ("--no-standard", args.no_standard or None),
+            )
+            if value is not None
+        ]
+        if given:
+            parser.error(
+                f"verify --plot draws its own runs (a reference, resumed runs and the standard "
+                f"loader): {', '.join(given)} apply without --plot"
+            )
     if args.command in ("demo", "verify"):  # inspect and index guard their own
         from zephon_torch._inspect import failed
         from zephon_torch.errors import ZephonError

@@ -385,7 +385,13 @@ class Pipeline:
 
     @property
     def pad_token_id(self) -> int:
-        """The id padding positions hold."""
+        """The id padding positions hold (known once `pack_flat` or `pack_sequences` is set).
+
+        Raises:
+            ConfigError: before the packing step is set.
+        """
+        if self._pack is None:
+            raise ConfigError("`pad_token_id` is known once `pack_flat` is set")
         return pad_id(self)
 
     @property

@@ -30,13 +30,14 @@ from zephon_torch._verify_runs import (
     digest,
     fault_run,
     fault_state,
+    ranks_simulated,
     standard_batches,
     standard_run,
     zephon_batches,
     zephon_run,
 )
 from zephon_torch.elastic import supported_world_sizes
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, ZephonError
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.pipeline import Pipeline
 
@@ -110,7 +111,14 @@ def load_recipe(path: str | Path) -> Build:
         raise ConfigError(f"recipe {str(path)!r} must define `pipeline() -> Pipeline`")
 
     def build() -> Pipeline:
-        pipeline = made()
+        try:
+            pipeline = made()
+        except ZephonError:
+            raise
+        except Exception as error:  # the recipe's own code, as at import
+            raise ConfigError(
+                f"recipe {str(path)!r}: `pipeline()` raised {type(error).__name__}: {error}"
+            ) from error
         if not isinstance(pipeline, Pipeline):
             raise ConfigError(
                 f"recipe {str(path)!r}: `pipeline()` must return a Pipeline, got "
@@ -121,6 +129,7 @@ def load_recipe(path: str | Path) -> Build:
     return build
 
 
+@ranks_simulated()
 def verify(
     build: Build,
     *,
@@ -239,6 +248,7 @@ class Comparison:
     note: str | None = None
 
 
+@ranks_simulated()
 def compare(
     build: Build,
     *,

@@ -218,6 +218,18 @@ def test_a_pipeline_built_out_of_order_says_what_is_missing(
         build(Pipeline(source))
 
 
+def test_a_pipeline_asked_before_its_packing_step_is_a_config_error(tokenizer: Any) -> None:
+    """`pad_token_id` failed an assert (a bare AssertionError) before `pack_flat`."""
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
+    partial = Pipeline(source).tokenize(tokenizer=tokenizer)
+    with pytest.raises(ConfigError, match="`pad_token_id` is known once `pack_flat` is set"):
+        _ = partial.pad_token_id
+    for ask in (partial.state_dict, partial.fingerprint, partial.explain, lambda: iter(partial)):
+        with pytest.raises(ConfigError, match="needs `tokenize`, `pack_flat` and `batch`"):
+            ask()
+    assert partial.pack_flat(8).pad_token_id == 0  # no EOS in this tokenizer: 0
+
+
 def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
     source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
     p = Pipeline(source).tokenize(tokenizer=tokenizer)

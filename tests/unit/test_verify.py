@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,16 @@ def test_a_recipe_s_own_functions_reach_spawned_workers_and_processes(
 
 @pytest.mark.parametrize(
     "arguments",
-    [["--workers", "a"], ["--world-sizes", "0"], ["--world-sizes", "1,,2"], ["--fault-step", "-1"]],
+    [
+        ["--workers", "a"],
+        ["--world-sizes", "0"],
+        ["--world-sizes", "1,,2"],
+        ["--fault-step", "-1"],
+        # --plot ran its own runs without them, and could read IDENTICAL where they fail
+        ["--plot", "p.png", "--workers", "0"],
+        ["--plot", "p.png", "--runners", ""],
+        ["--plot", "p.png", "--no-standard"],
+    ],
 )
 def test_verify_s_malformed_arguments_are_usage_errors(
     tmp_path: Path, tokenizer: Any, arguments: list[str], capsys: pytest.CaptureFixture[str]
@@ -263,6 +273,37 @@ def test_a_recipe_that_fails_to_import_is_one_error_line_and_exit_code_2(
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("zephon-torch verify: error: recipe ")
+
+
+def test_a_recipe_whose_pipeline_raises_is_one_error_line_and_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It ended verify in a traceback with exit code 1, the code of DIVERGES."""
+    from zephon_torch.cli import main
+
+    recipe = tmp_path / "raising.py"
+    recipe.write_text("def pipeline():\n    raise ValueError('recipe bug')\n")
+    assert main(["verify", str(recipe)]) == 2
+    assert capsys.readouterr().err == (
+        f"zephon-torch verify: error: recipe {str(recipe)!r}: `pipeline()` raised ValueError: "
+        "recipe bug\n"
+    )
+
+
+def test_verify_simulates_its_ranks_in_a_shell_that_names_a_rank(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell opened by torchrun, SLURM or a pod sets RANK and WORLD_SIZE: every simulated
+    rank's options were checked against them, and each run with W > 1 failed to run."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    build = load_recipe(write_recipe(tmp_path, tokenizer, "recipe"))
+    runs = verify(
+        build, steps=2, world_sizes=[1, 2], workers=(), runners=(), fault_step=1, standard=False
+    )
+    assert [r.error for r in runs] == [None, None, None]
+    assert all(r.hashes == runs[0].hashes and len(r.hashes) == 2 for r in runs)
+    assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("1", "0")  # given back
 
 
 UNPICKLABLE = """
