@@ -111,6 +111,11 @@ class LaneRuntime:
                 drop_longer_than=pack.max_length if pack.long_documents == "drop" else None,
                 drop_shorter_than=pack.min_document_length,
                 shard_paths=where[1],
+                long_rule=(
+                    f"pack_sequences, which drops documents above max_length={pack.max_length}"
+                    if pack.whole
+                    else None
+                ),
             )
             rows: BaseNode[PackedRow] = mixpack
             if pipeline._shuffle_window is not None:

@@ -80,6 +80,7 @@ class PackSpec:
     long_documents: LongDocuments
     min_document_length: int
     payload_fields: tuple[str, ...] = ()
+    whole: bool = False  # set by pack_sequences, whose `long_documents="drop"` is implied
 
     def __post_init__(self) -> None:
         # whole numbers (numpy's too), kept as plain ints: they go into the fingerprint

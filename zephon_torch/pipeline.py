@@ -362,7 +362,7 @@ class Pipeline:
             pad_token_id=pad_token_id,
         )
         assert new._pack is not None
-        new._pack = replace(new._pack, payload_fields=tuple(payload_fields))
+        new._pack = replace(new._pack, payload_fields=tuple(payload_fields), whole=True)
         return new
 
     def batch(self, microbatch_size: int) -> Pipeline:

@@ -20,6 +20,7 @@ import itertools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -96,6 +97,8 @@ class MixPack(BaseNode[PackedRow]):
         packer: the packing algorithm.
         drop_longer_than: skip (and count) documents with more tokens than this.
         drop_shorter_than: skip (and count) documents with fewer tokens than this.
+        shard_paths: per source, shard index to path, for error messages.
+        long_rule: how errors name ``drop_longer_than`` where the user did not set it.
 
     State:
         ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
@@ -115,10 +118,12 @@ class MixPack(BaseNode[PackedRow]):
         drop_longer_than: int | None = None,
         drop_shorter_than: int = 0,
         shard_paths: list[list[str]] | None = None,
+        long_rule: str | None = None,
     ) -> None:
         super().__init__()
         self.readers = list(readers)
-        self.shard_paths = shard_paths  # per source, shard index to path, for error messages
+        self.long_rule = long_rule
+        self.shard_paths = shard_paths
         self.weights = weights
         self.count = count
         self.packer = packer
@@ -129,10 +134,16 @@ class MixPack(BaseNode[PackedRow]):
         self.drop_longer_than = drop_longer_than
         self.drop_shorter_than = drop_shorter_than
         self.skipped = {"too_long": 0, "too_short": 0}
-        # per source, its documents in a row that gave no tokens
+        # per source, its documents in a row that gave no tokens: empty, cut by the length
+        # rules, or dropped by the plain filters (pure, as the rules are; the readers tell)
         self._barren_runs = [
-            BarrenRun(r, "gave no token (empty, or cut by the length rules)") for r in readers
+            BarrenRun(r, "gave no token (empty, dropped by the filters or cut by the length rules)")
+            for r in readers
         ]
+        self._filtered = [False] * len(readers)  # whether the filters dropped any of a source
+        for source, reader in enumerate(readers):
+            plain = reader if isinstance(reader, DocumentReader) else reader.reader
+            plain.on_filtered = partial(self._dropped, source)
         # per source, its current token chunk and the documents _admit refuses there
         self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
         # documents come as columns: a lone active source's are taken a chunk at a time
@@ -392,20 +403,32 @@ class MixPack(BaseNode[PackedRow]):
         self._barren(source, shard, row)
         return False
 
+    def _dropped(self, source: int, shards: Any, rows: Any) -> None:
+        """Count documents of ``source`` the plain filters dropped, stored at ``(shards,
+        rows)``, with those that gave no token: a source whose documents the filters and the
+        length rules share out between them gives nothing, and neither alone proves it."""
+        self._filtered[source] = True
+        if self._barren_runs[source].extend(shards, rows):
+            self._never_gives(source)
+
     def _barren(self, source: int, shard: int, row: int) -> None:
         """Count a document of ``source`` that gave no tokens (empty or dropped by length),
         stored at ``(shard, row)``: a source that would be read for ever without a token
         under ``exhaustion="repeat"`` is refused once its run proves it (``BarrenRun``)."""
-        if not self._barren_runs[source].extend(shard, row):
-            return
+        if self._barren_runs[source].extend(shard, row):
+            self._never_gives(source)
+
+    def _never_gives(self, source: int) -> None:
+        """The ``DataError`` of a source proved to give no token for ever."""
         reader = self.readers[source]
         whole = "a whole pass of this lane" if reader.same_each_pass else "the dataset"
-        rules = []
+        rules = ["the filters"] if self._filtered[source] else []
         if self.drop_shorter_than:
             rules.append(f"min_document_length={self.drop_shorter_than}")
         if self.drop_longer_than is not None:
-            rules.append(f"long_documents='drop' above {self.drop_longer_than} tokens")
-        why = "empty" + (f" or dropped by {' and '.join(rules)}" if rules else "")
+            long = f"long_documents='drop' above {self.drop_longer_than} tokens"
+            rules.append(self.long_rule or long)
+        why = "empty" + (f" or dropped by {' or '.join(rules)}" if rules else "")
         raise DataError(
             f"every document of {whole} is {why}: with exhaustion='repeat' it would be read "
             "forever without giving a token",

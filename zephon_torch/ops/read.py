@@ -11,7 +11,7 @@ import itertools
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -76,6 +76,9 @@ class DocumentReader(BaseNode[Document]):
         self._futures: deque[Future[Chunk]] = deque()
         self._spans: deque[PointerSpan] = deque()  # where each future's chunk was read from
         self._filtered = BarrenRun(self, "were dropped by the filters")
+        # told of each chunk's documents the filters dropped (arrays of shards and rows): the
+        # packer counts them with those that gave no token (see MixPack)
+        self.on_filtered: Callable[[Any, Any], None] | None = None
         self._chunk: Chunk = []  # the chunk being returned, from document _index on
         self._index = 0
         self.columnar = isinstance(runner.chain, TokenChain)  # chunks are TokenChunks
@@ -166,6 +169,11 @@ class DocumentReader(BaseNode[Document]):
             if len(chunk):
                 self._chunk, self._index = chunk, 0
                 self._filtered.clear()
+                if self.on_filtered is not None and len(chunk) < len(span):
+                    assert isinstance(chunk, list)  # filters run on documents, not columns
+                    kept = np.zeros(len(span), dtype=np.bool_)
+                    kept[[doc.pos - span.pos for doc in chunk]] = True
+                    self.on_filtered(span.shards[~kept], span.rows[~kept])
                 return chunk
             if self._filtered.extend(span.shards, span.rows):  # filters are pure, too
                 whole = (
@@ -176,6 +184,8 @@ class DocumentReader(BaseNode[Document]):
                     "exhaustion='repeat' it would be read forever without giving a document",
                     dataset=self.layout.name,
                 )
+            if self.on_filtered is not None:
+                self.on_filtered(span.shards, span.rows)
 
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read one document synchronously (to rebuild a packer's open bins)."""

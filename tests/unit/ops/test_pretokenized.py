@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import warnings
 from typing import Any
 
@@ -201,6 +202,64 @@ def test_a_repeated_source_whose_every_document_gives_no_tokens_is_refused_not_r
     rare = Dataset.from_dict("rare", {"ids": [[1]] * 9 + [[5] * 4]}, shard_size=4)
     batches = list(itertools.islice(pipeline([rare], min_document_length=3), 40))
     assert sum(b.num_tokens for b in batches) == 40 * 2 * 8
+
+
+def _first_batch_or_error(pipeline: Pipeline) -> str:
+    """The first batch's rows, or the error it raised, within 60 s (else "read forever")."""
+    said: list[str] = []
+
+    def first() -> None:
+        try:
+            said.append(str(next(iter(pipeline)).input_ids.tolist()))
+        except DataError as error:
+            said.append(str(error))
+
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    thread.join(60)
+    return said[0] if said else "read forever"
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_a_source_the_filters_and_the_length_rules_share_out_is_refused_not_read_forever(
+    lanes: int,
+) -> None:
+    """With several shuffled lanes, the filters' run and the length rules' run each met only
+    their own rows, so neither ever met every row: the rank read for ever, with no batch and
+    no error. With one lane, the error named the length rule alone."""
+    good = Dataset.from_dict("good", {"ids": [[1, 2, 3]] * 10})
+
+    def pipeline(bad_rows: list[list[int]], **pack: Any) -> Pipeline:
+        bad = Dataset.from_dict("bad", {"ids": bad_rows})
+        source = StaticMixtureWorkSource([good, bad], seed=1, exhaustion="repeat")
+        recipe = Pipeline(source).options(canonical_replicas=lanes)
+        recipe = recipe.filter(lambda row: int(row["ids"][0]) != 7, name="not_7")
+        return recipe.pretokenized("ids").pack_flat(16, "wrap", **pack).batch(1)
+
+    whole = "a whole pass of this lane" if lanes == 1 else "the dataset"
+    shared = [[7] * 5, [8] * 40, [8] * 40, [9], [7]]  # filtered, too long, too short
+    said = _first_batch_or_error(pipeline(shared, long_documents="drop", min_document_length=2))
+    assert said == (
+        f"dataset 'bad': every document of {whole} is empty or dropped by the filters or "
+        "min_document_length=2 or long_documents='drop' above 16 tokens: with "
+        "exhaustion='repeat' it would be read forever without giving a token"
+    )
+    # one row that gives tokens is enough, wherever the shuffles deal it
+    rare = pipeline([*shared, [5] * 4], long_documents="drop", min_document_length=2)
+    batches = list(itertools.islice(rare, 60))
+    assert any(b.tokens_by_source()["bad"] for b in batches)
+
+
+def test_pack_sequences_names_its_own_rule_for_a_source_it_drops_whole() -> None:
+    """It named `long_documents='drop'`, a setting pack_sequences has no argument for."""
+    long = Dataset.from_dict("d", {"ids": [[5] * 40] * 4})
+    source = StaticMixtureWorkSource([long], exhaustion="repeat")
+    pipeline = Pipeline(source).pretokenized("ids").pack_sequences(16).batch(1)
+    assert _first_batch_or_error(pipeline) == (
+        "dataset 'd': every document of a whole pass of this lane is empty or dropped by "
+        "pack_sequences, which drops documents above max_length=16: with exhaustion='repeat' "
+        "it would be read forever without giving a token"
+    )
 
 
 @pytest.mark.parametrize("rule", [0, 1])
