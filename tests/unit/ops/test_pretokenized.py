@@ -16,6 +16,7 @@ from tests.unit.ops.test_stateful_filter import Stateless
 from zephon_torch import DataError, Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.ops.pretokenized import with_eos
+from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
@@ -248,6 +249,38 @@ def test_a_source_the_filters_and_the_length_rules_share_out_is_refused_not_read
     rare = pipeline([*shared, [5] * 4], long_documents="drop", min_document_length=2)
     batches = list(itertools.islice(rare, 60))
     assert any(b.tokens_by_source()["bad"] for b in batches)
+
+
+class _Curriculum(StatefulFilter):
+    """Keeps one-token documents at once, longer ones after 25 documents."""
+
+    name = "curriculum"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def keep(self, tokens: Any, source: str) -> bool:
+        self.seen += 1
+        return len(tokens) <= 1 or self.seen > 25
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
+
+
+def test_a_stateful_filter_that_keeps_a_good_document_later_is_read_on() -> None:
+    """The packer's run counted only what the filter let through: two passes of one-token
+    documents, dropped by the length rule, were taken for a proof, though the filter keeps
+    the long document from its third pass on."""
+    data = Dataset.from_dict("d", {"ids": [[1]] * 9 + [[5] * 6]})
+    source = StaticMixtureWorkSource([data], exhaustion="repeat", seed=0)
+    recipe = Pipeline(source).pretokenized("ids").stateful_filter(lambda lane: _Curriculum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the rows in a row that gave no token are warned of
+        batches = list(itertools.islice(recipe.pack_flat(4, min_document_length=2).batch(1), 3))
+    assert [b.input_ids.tolist() for b in batches] == [[[5] * 4]] * 3
 
 
 def test_pack_sequences_names_its_own_rule_for_a_source_it_drops_whole() -> None:
