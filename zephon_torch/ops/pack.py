@@ -145,7 +145,9 @@ class MixPack(BaseNode[PackedRow]):
         # let through later a document that gives tokens (its own check covers rejections)
         self._provable = [isinstance(r, DocumentReader) for r in readers]
         for source, reader in enumerate(readers):
-            plain = reader if isinstance(reader, DocumentReader) else reader.reader
+            plain: Any = reader
+            while not isinstance(plain, DocumentReader):  # beneath the stateful filters
+                plain = plain.reader
             plain.on_filtered = partial(self._dropped, source)
         # per source, its current token chunk and the documents _admit refuses there
         self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
