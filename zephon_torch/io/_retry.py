@@ -147,9 +147,11 @@ def is_transient(error: BaseException) -> bool:
 
 
 def denied(error: BaseException) -> bool:
-    """Whether the store refused access: a `PermissionError` (as s3fs raises S3's
-    AccessDenied) or an HTTP 401 or 403 answer."""
-    return isinstance(error, PermissionError) or http_status(error) in (401, 403)
+    """Whether the store refused access: a `PermissionError` naming no local file (as s3fs
+    raises S3's AccessDenied; a local file's names it) or an HTTP 401 or 403 answer."""
+    if isinstance(error, PermissionError) and error.filename is None:
+        return True
+    return http_status(error) in (401, 403)
 
 
 def call_with_retry(

@@ -181,3 +181,20 @@ def test_s3_answers_that_s3fs_raises_as_plain_os_errors_are_told_apart_by_their_
         assert is_transient(s3_answer(code, status)), code
     assert not is_transient(ParamValidationError(report="Invalid bucket name"))
     assert is_transient(OSError("connection reset"))  # no answer came: retried
+
+
+def test_a_local_file_s_permission_error_is_not_taken_for_a_denial_of_the_store() -> None:
+    """A store's denial is a ConfigError naming the URL; a local file the call could not write
+    (in the cache folder) stays the PermissionError naming that file, as `open` raises it."""
+    policy = RetryPolicy(attempts=3, initial_delay=0)
+
+    def writes() -> None:
+        raise PermissionError(13, "Permission denied", "/cache/.downloading/shard")
+
+    def refused() -> None:
+        raise PermissionError(13, "Access Denied")  # s3fs's, for S3's AccessDenied
+
+    with pytest.raises(PermissionError, match=r"/cache/\.downloading/shard"):
+        call_with_retry(writes, url="s3://b/k", policy=policy)
+    with pytest.raises(ConfigError, match=r"storage call of 's3://b/k' was denied"):
+        call_with_retry(refused, url="s3://b/k", policy=policy)
