@@ -247,6 +247,50 @@ def test_token_estimation_honours_pinned_figures_and_a_custom_measure(tokenizer:
     assert resumed.state_dict()["estimation"] == figures
 
 
+def test_numpy_figures_leave_the_state_plain_json(tokenizer: object) -> None:
+    """A pinned np.float32 figure, or a measure counting in numpy, went into the state as is:
+    `json.dumps(state_dict())` and `stats()` raised TypeError."""
+    import json
+
+    from tests.helpers import two_sources
+    from zephon_torch import Pipeline
+    from zephon_torch.work import TokenEstimation
+
+    for estimation in (
+        TokenEstimation(tokens_per_byte={"long": np.float32(0.3), "short": np.float64(0.2)}),
+        TokenEstimation(measure=lambda text: np.float32(len(text.split()))),
+    ):
+        source = StaticMixtureWorkSource(two_sources(), seed=1, token_estimation=estimation)
+        pipeline = Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2)
+        next(iter(pipeline))
+        figures = pipeline.state_dict()["estimation"]
+        assert {type(v) for f in figures.values() for v in f.values()} == {float}
+        json.dumps(pipeline.state_dict())
+        assert pipeline.stats()["state_bytes"] > 0
+
+
+def test_mixtures_that_share_a_fingerprint_mix_alike() -> None:
+    """The fingerprint rounded the weights to 12 decimals while the mixer used them whole: a
+    mixture changed below that gave other batches, and its states loaded without a word."""
+    data = {
+        name: Dataset.from_dict(name, {"ids": [[k] * (3 + k % 5) for k in range(40)]})
+        for name in "ab"
+    }
+
+    def batches(mixture: dict[str, float]) -> tuple[dict[str, Any], list[list[list[int]]]]:
+        from zephon_torch import Pipeline
+
+        source = StaticMixtureWorkSource(list(data.values()), mixture, exhaustion="stop")
+        pipeline = Pipeline(source).pretokenized("ids").pack_flat(8).batch(1)
+        return source.fingerprint()["mixture"], [b.input_ids.tolist() for b in pipeline]
+
+    assert batches({"a": 1, "b": 1}) == batches({"a": 1, "b": 1 + 1e-12})
+    assert batches({"a": 1, "b": 1})[1] != batches({"a": 1, "b": 1.01})[1]
+    datasets = list(data.values())
+    with pytest.raises(ConfigError, match=r"weights of \['b'\] are below 1e-12 of the total"):
+        StaticMixtureWorkSource(datasets, {"a": 1, "b": 1e-13})
+
+
 def word_count(text: str) -> int:
     return len(text.split())
 

@@ -71,9 +71,11 @@ def calibrate(
         else:
             docs = chain.ops[-1](docs)
             tokens = float(sum(len(d.tokens) for d in docs if d.tokens is not None))
-        figures = {"tokens_per_document": tokens / max(1, len(docs))}
+        # plain floats: a pinned figure or a measure's count may be a numpy number, which
+        # the state (plain JSON) cannot hold
+        figures = {"tokens_per_document": float(tokens) / max(1, len(docs))}
         if text_bytes:
-            figures["tokens_per_byte"] = tokens / text_bytes
+            figures["tokens_per_byte"] = float(tokens) / text_bytes
         out[layout.name] = figures
     return out
 
