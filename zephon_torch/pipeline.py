@@ -441,7 +441,8 @@ class Pipeline:
     # -- state ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What was delivered so far, for this rank's lanes: plain JSON data, kilobytes."""
+        """What was delivered so far, for this rank's lanes: plain JSON data (kilobytes with
+        `wrap`; a bin packer adds its open rows' pieces, see the README)."""
         lanes = {str(lane): self._lane_states.get(lane) for lane in self.lanes}
         turns = [0 if s is None else s["turn"] for s in lanes.values()]
         return {
