@@ -125,6 +125,19 @@ def test_a_loader_iterated_again_continues_from_what_it_delivered(tokenizer: Any
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_over_a_dataset_iterated_before_continues_from_it(
+    tokenizer: Any, num_workers: int
+) -> None:
+    """The loader started its dataset copy from nothing delivered: the items the dataset had
+    given were given again."""
+    reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 12)
+    dataset = build(tokenizer, exhaustion="repeat").to_torch()
+    head = [fingerprint(item) for _, item in zip(range(5), dataset)]
+    loader = DataLoader(dataset, num_workers=num_workers, multiprocessing_context="spawn")
+    assert head + take(loader, 7) == reference
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_stateful_dataloader_restores_mid_epoch_exactly(tokenizer: Any, num_workers: int) -> None:
     def loader() -> StatefulDataLoader:
         ctx = "spawn" if num_workers else None

@@ -82,7 +82,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             multiprocessing_context=multiprocessing_context if num_workers else None,
             timeout=timeout if num_workers else 0,
         )
-        self._delivered: dict[str, Any] = {}
+        # from what the dataset delivered so far: a dataset iterated before continues
+        given = data._delivered if isinstance(data, PipelineDataset) else {}
+        self._delivered: dict[str, Any] = copy.deepcopy(given)
         self._generation = 0  # counts iter() and load_state_dict(): older iterators are stale
         self.deliver_on_use = deliver_on_use
         self._pack_transport = True  # off only to measure torch's own transport
