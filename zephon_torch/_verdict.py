@@ -6,8 +6,8 @@ recipe that is not deterministic gives); it FAILED TO RUN when it could not star
 setup (a ``ConfigError``, a missing module, a function that cannot be pickled for spawned
 workers), which says nothing of determinism. A standard-loader run that gave fewer steps than
 the reference is "not compared" past them. The overall verdict and exit code: DIVERGES (1) when
-any zephon_torch configuration diverges, else INCOMPLETE (3) when one failed to run, else
-IDENTICAL (0); errors of the settings exit with 2 before any verdict.
+any zephon_torch configuration diverges, else INCOMPLETE (3) when one failed to run or none gave
+a step to compare, else IDENTICAL (0); errors of the settings exit with 2 before any verdict.
 """
 
 from __future__ import annotations
@@ -118,6 +118,11 @@ def overall(runs: list[Run]) -> tuple[str, int]:
     ran = [r for r in zephon if not r.setup]
     if any(r.error is not None or r.hashes != ran[0].hashes for r in ran):
         return "zephon_torch DIVERGES across configurations", EXIT_DIVERGES
+    if ran and not ran[0].hashes:
+        return (
+            "INCOMPLETE: the configurations gave no step to compare (the recipe gave no data)",
+            EXIT_INCOMPLETE,
+        )
     if failed:
         return (
             f"INCOMPLETE: {len(failed)} of {len(zephon)} configurations failed to run (the "

@@ -38,11 +38,14 @@ def ranks_simulated() -> Iterator[None]:
 
 
 def digest(parts: list[dict[str, torch.Tensor]]) -> str:
-    """The SHA-256 of a global batch: its ranks' input ids and positions, in rank order."""
+    """The SHA-256 of a global batch: its ranks' input ids, positions and labels (the loss
+    masks of chat data among them; the standard loader's have none), in rank order."""
     h = hashlib.sha256()
     for part in parts:
         h.update(part["input_ids"].numpy().tobytes())
         h.update(part["position_ids"].numpy().tobytes())
+        if "labels" in part:
+            h.update(part["labels"].numpy().tobytes())
     return h.hexdigest()
 
 
@@ -103,7 +106,10 @@ def zephon_batches(
     # as the loader ends a finite stream on several ranks: at the first turn no rank has data
     # (each simulated rank pads on once its lanes are spent)
     for t in range(count):
-        if all(int(item["num_valid_tokens"]) == 0 for rank in per_rank for item in rank[t]):
+        # real tokens, not loss targets: a step inside a long chat prompt has none of those
+        if not any(
+            bool((item["document_ids"] >= 0).any()) for rank in per_rank for item in rank[t]
+        ):
             count = t
             break
     return [[p for rank in per_rank for p in rank[t]] for t in range(count)]

@@ -306,6 +306,42 @@ def test_verify_simulates_its_ranks_in_a_shell_that_names_a_rank(
     assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("1", "0")  # given back
 
 
+def test_steps_without_loss_targets_are_compared_and_no_step_is_no_verdict(tokenizer: Any) -> None:
+    """A step inside a long chat prompt holds tokens but no label: verify took the first one
+    for the end of the stream, and with none left compared, read IDENTICAL (exit 0)."""
+    import warnings
+
+    from zephon_torch import Pipeline
+    from zephon_torch._verdict import EXIT_INCOMPLETE, overall
+    from zephon_torch._verify_runs import zephon_batches
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    talks = [
+        [
+            {"role": "user", "content": " ".join(["word"] * 60) + f" q{i}"},
+            {"role": "assistant", "content": f"ok {i}"},
+        ]
+        for i in range(6)
+    ]
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_dict("chat", {"messages": talks})], seed=1)
+        recipe = Pipeline(source).tokenize_chat(tokenizer=tokenizer, parallelism=1)
+        return recipe.pack_flat(16, "wrap").batch(1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the small tokenizer has no chatml markers
+        direct = list(build())
+        steps = zephon_batches(build, 1, 1000)
+    assert int(direct[0].to_training()["num_valid_tokens"]) == 0 < direct[0].num_tokens
+    assert len(steps) == sum(b.num_tokens > 0 for b in direct) > 1
+    assert overall([Run("zephon W=1", []), Run("zephon W=2", [])]) == (
+        "INCOMPLETE: the configurations gave no step to compare (the recipe gave no data)",
+        EXIT_INCOMPLETE,
+    )
+
+
 UNPICKLABLE = """
 from tokenizers import Tokenizer
 from tests.helpers import small_pipeline, two_sources
