@@ -66,7 +66,10 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     workers: elsewhere a worker whose lanes are spent stops, and torch's round robin then
     regroups the remaining micro-batches (data and state stay exact; their order does not).
     Under Lightning use ``zephon_torch.lightning.PipelineDataModule``: a StatefulDataLoader's
-    state there counts the batch Lightning fetched ahead, and only rank 0's is kept.
+    state there counts the batch Lightning fetched ahead, and only rank 0's is kept. Torch's
+    default conversion turns numpy payloads (``pack_sequences``) into tensors; pass
+    ``collate_fn`` an identity function defined at module level (workers pickle it) to keep
+    them as stored, as ``zephon_torch.torch.DataLoader`` does.
 
     Args:
         pipeline: the recipe; its rank and world size resolve at iteration.
