@@ -175,31 +175,22 @@ class IoOptions:
     @classmethod
     def of(cls, options: Mapping[str, Any] | IoOptions | None) -> IoOptions:
         """Validates an `io_options` mapping; unknown keys raise ConfigError listing the known."""
-        if options is None:
-            return cls()
-        if isinstance(options, IoOptions):
-            return options
-        if not isinstance(options, Mapping):
-            raise ConfigError(f"`io_options` must be a mapping or None, got {options!r}")
-        _check_keys("io_options", options, tuple(_SECTIONS))
-        sections: dict[str, Any] = {}
-        for name, kind in _SECTIONS.items():
-            given = options.get(name) or {}
-            _check_keys(f"io_options[{name!r}]", given, tuple(f.name for f in fields(kind)))
-            sections[name] = kind(**given)
-        return cls(**sections)
+        return cls().merged({} if options is None else options)
 
     def merged(self, overrides: Mapping[str, Any] | IoOptions) -> IoOptions:
-        """These options with the keys of an `io_options` mapping replaced, the rest kept; an
-        `IoOptions` replaces them all."""
-        given = IoOptions.of(overrides)  # validates
+        """These options with the keys of an `io_options` mapping replaced, the rest kept, and
+        the result validated (a key against the others of its section: `prefetch_bytes`
+        against the `max_bytes` it ends up with); an `IoOptions` replaces them all."""
         if isinstance(overrides, IoOptions):
-            return given
+            return overrides
+        if not isinstance(overrides, Mapping):
+            raise ConfigError(f"`io_options` must be a mapping or None, got {overrides!r}")
+        _check_keys("io_options", overrides, tuple(_SECTIONS))
         sections: dict[str, Any] = {}
-        for name in _SECTIONS:
+        for name, kind in _SECTIONS.items():
             keys = overrides.get(name) or {}
-            changed = {key: getattr(getattr(given, name), key) for key in keys}
-            sections[name] = replace(getattr(self, name), **changed)
+            _check_keys(f"io_options[{name!r}]", keys, tuple(f.name for f in fields(kind)))
+            sections[name] = replace(getattr(self, name), **keys)
         return IoOptions(**sections)
 
 

@@ -148,8 +148,12 @@ def is_transient(error: BaseException) -> bool:
 
 def denied(error: BaseException) -> bool:
     """Whether the store refused access: a `PermissionError` naming no local file (as s3fs
-    raises S3's AccessDenied; a local file's names it) or an HTTP 401 or 403 answer."""
+    raises S3's AccessDenied; a local file's names it), gcsfs's plain `OSError` for a 403
+    ("Forbidden: path"), or an HTTP 401 or 403 answer."""
     if isinstance(error, PermissionError) and error.filename is None:
+        return True
+    gcs = type(error) is OSError and "gcsfs.retry" in sys.modules
+    if gcs and str(error).startswith("Forbidden: "):
         return True
     return http_status(error) in (401, 403)
 

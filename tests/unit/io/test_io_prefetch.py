@@ -185,6 +185,24 @@ def test_a_budget_past_half_the_cache_is_refused_or_shared_by_the_node_s_process
     assert _cached_shards(tmp_path / "cache", 3) == {f"{n}.parquet" for n in range(3)}
 
 
+def test_a_budget_given_later_is_checked_against_the_dataset_s_own_cache_size(
+    tmp_path: Path,
+) -> None:
+    """`with_io_options` and `Pipeline.options` checked a new `prefetch_bytes` against the
+    default `max_bytes`, not the dataset's: a budget its cache allows was refused."""
+    from zephon_torch import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    root, _ = _equal_parquet_shards(2)
+    options = _options(tmp_path, max_bytes=200 << 30)
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    later = {"cache": {"prefetch_bytes": 40 << 30}}
+    assert dataset.with_io_options(later).read_rows(1, [0]) == [{"n": 7}]
+    Pipeline(StaticMixtureWorkSource([dataset])).options(io_options=later)
+    with pytest.raises(ConfigError, match=r"`max_bytes` \(214748364800\), got 108447924224"):
+        dataset.with_io_options({"cache": {"prefetch_bytes": 101 << 30}})
+
+
 def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
     root, size = _equal_parquet_shards(4)
     options = _options(tmp_path)

@@ -198,3 +198,21 @@ def test_a_local_file_s_permission_error_is_not_taken_for_a_denial_of_the_store(
         call_with_retry(writes, url="s3://b/k", policy=policy)
     with pytest.raises(ConfigError, match=r"storage call of 's3://b/k' was denied"):
         call_with_retry(refused, url="s3://b/k", policy=policy)
+
+
+def test_gcsfs_s_answer_to_a_403_is_a_denial() -> None:
+    """gcsfs raises a 403 as a plain OSError ("Forbidden: path"), with no status: it was
+    retried as transient, then a StorageError."""
+    from gcsfs.retry import validate_response
+
+    calls: list[int] = []
+    body = b'{"error": {"code": 403, "message": "no storage.objects.list access"}}'
+
+    def forbidden() -> None:
+        calls.append(1)
+        validate_response(403, body, "b/bkt/o")
+
+    policy = RetryPolicy(attempts=3, initial_delay=0)
+    with pytest.raises(ConfigError, match=r"listing of 'gs://bkt/d/' was denied.*Forbidden"):
+        call_with_retry(forbidden, url="gs://bkt/d/", policy=policy, what="listing")
+    assert len(calls) == 1
