@@ -141,12 +141,13 @@ class MixPack(BaseNode[PackedRow]):
             for r in readers
         ]
         self._filtered = [False] * len(readers)  # whether the filters dropped any of a source
-        # A run proves nothing where a stateful filter chooses what reaches it: the filter may
-        # let through later a document that gives tokens (its own check covers rejections)
-        self._provable = [isinstance(r, DocumentReader) for r in readers]
         for source, reader in enumerate(readers):
             plain: Any = reader
             while not isinstance(plain, DocumentReader):  # beneath the stateful filters
+                # a stateful filter's rejection is no pure fact of the row: it may let the
+                # document through later (a curriculum), so it ends the run (its own check
+                # covers a filter that rejects for ever)
+                plain.on_rejected = self._barren_runs[source].clear
                 plain = plain.reader
             plain.on_filtered = partial(self._dropped, source)
         # per source, its current token chunk and the documents _admit refuses there
@@ -413,14 +414,14 @@ class MixPack(BaseNode[PackedRow]):
         rows)``, with those that gave no token: a source whose documents the filters and the
         length rules share out between them gives nothing, and neither alone proves it."""
         self._filtered[source] = True
-        if self._barren_runs[source].extend(shards, rows) and self._provable[source]:
+        if self._barren_runs[source].extend(shards, rows):
             self._never_gives(source)
 
     def _barren(self, source: int, shard: int, row: int) -> None:
         """Count a document of ``source`` that gave no tokens (empty or dropped by length),
         stored at ``(shard, row)``: a source that would be read for ever without a token
         under ``exhaustion="repeat"`` is refused once its run proves it (``BarrenRun``)."""
-        if self._barren_runs[source].extend(shard, row) and self._provable[source]:
+        if self._barren_runs[source].extend(shard, row):
             self._never_gives(source)
 
     def _never_gives(self, source: int) -> None:

@@ -14,6 +14,7 @@ import copy
 import json
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,7 @@ class FilteredReader(BaseNode[Document]):
         self.op = op
         self.source_name = source_name
         self.where = where  # dataset names and shard paths, for errors naming a row
+        self.on_rejected: Callable[[], None] | None = None  # told of each rejection
         self._initial = copy.deepcopy(op.state_dict())
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -138,6 +140,8 @@ class FilteredReader(BaseNode[Document]):
                 doc.tokens = self._as_int32(doc)
             if self._keep(doc):
                 return doc
+            if self.on_rejected is not None:
+                self.on_rejected()
             rejected += 1
             if rejected == 8 * rows and self.reader.exhaustion == "repeat":
                 warnings.warn(  # where nothing proves it rejects for ever: a word at least

@@ -283,6 +283,23 @@ def test_a_stateful_filter_that_keeps_a_good_document_later_is_read_on() -> None
     assert [b.input_ids.tolist() for b in batches] == [[[5] * 4]] * 3
 
 
+class _KeepAll(Stateless):
+    name = "keep_all"
+
+    def keep(self, tokens: Any, source: str) -> bool:
+        return True
+
+
+def test_a_source_a_stateful_filter_lets_through_whole_and_the_rules_drop_is_refused() -> None:
+    """Exempting every source beneath a stateful filter from the proof made a source that the
+    filter never rejects, and the length rule drops whole, read for ever."""
+    short = Dataset.from_dict("short", {"ids": [[1]] * 9})
+    source = StaticMixtureWorkSource([short], exhaustion="repeat", seed=0)
+    recipe = Pipeline(source).pretokenized("ids").stateful_filter(lambda lane: _KeepAll())
+    said = _first_batch_or_error(recipe.pack_flat(4, min_document_length=2).batch(1))
+    assert said.startswith("dataset 'short': every document of a whole pass of this lane is ")
+
+
 def test_pack_sequences_names_its_own_rule_for_a_source_it_drops_whole() -> None:
     """It named `long_documents='drop'`, a setting pack_sequences has no argument for."""
     long = Dataset.from_dict("d", {"ids": [[5] * 40] * 4})
