@@ -161,7 +161,9 @@ class StaticMixtureWorkSource:
             "passes": None if self.passes is None else dict(zip(self.names, self.passes)),
             "shuffle": self.shuffle,
             "shuffle_window_shards": self.shuffle_window_shards,
-            "mixture": dict(zip(self.names, self.weights)),  # rounded as mixed
+            # the shares as mixed, exactly (JSON keeps a float's every digit): mixtures that
+            # mix differently never share a fingerprint
+            "mixture": dict(zip(self.names, self.weights)),
         }
         for d in self.datasets:
             out[f"dataset.{d.name}"] = d.fingerprint()
@@ -200,12 +202,9 @@ def _whole(value: Any) -> bool:
         return False
 
 
-_DECIMALS = 12  # of the normalised weights, as mixed and fingerprinted
-
-
 def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[float, ...]:
     if mixture is None:
-        return tuple(round(1.0 / len(names), _DECIMALS) for _ in names)
+        return tuple(1.0 / len(names) for _ in names)
     unknown = sorted(set(mixture) - set(names))
     if unknown:
         raise ConfigError(f"`mixture` names unknown datasets {unknown}; datasets are {names}")
@@ -227,16 +226,7 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
         raise ConfigError(
             f"`mixture` weights {dict(mixture)} sum past the largest float; scale them down"
         ) from None
-    # mixed with the shares the fingerprint holds: 12 decimals, so that two mixtures that mix
-    # differently never share a fingerprint
-    shares = tuple(round(float(mixture[n]) / total, _DECIMALS) for n in names)
-    if min(shares) == 0:
-        tiny = [n for n, share in zip(names, shares) if share == 0]
-        raise ConfigError(
-            f"`mixture` weights of {tiny} are below 1e-{_DECIMALS} of the total, got "
-            f"{dict(mixture)}"
-        )
-    return shares
+    return tuple(float(mixture[n]) / total for n in names)
 
 
 def choose_source(
