@@ -56,8 +56,15 @@ def _rank_items(pipeline: Pipeline, num_workers: int) -> Iterator[dict[str, torc
     if num_workers:
         loader = DataLoader(pipeline, num_workers=num_workers, multiprocessing_context="spawn")
         loader._pad_on = True
-        return iter(loader)
+        # copied out of the workers' shared memory, whose every block holds a file descriptor
+        # while kept: a run of many steps ran out of them ("Too many open files")
+        return ({k: _owned(v) for k, v in item.items()} for item in loader)
     return (b.to_training() for b in pipeline)
+
+
+def _owned(value: Any) -> Any:
+    """A tensor in memory of its own (others as they are)."""
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def zephon_run(

@@ -342,6 +342,29 @@ def test_steps_without_loss_targets_are_compared_and_no_step_is_no_verdict(token
     )
 
 
+def test_a_long_run_with_workers_keeps_no_file_descriptor_per_batch(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Each kept worker batch held a shared-memory file descriptor: a run of steps x lanes
+    batches past the limit failed with "Too many open files" and read DIVERGES."""
+    import subprocess
+
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")  # 4 lanes
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))\n"
+        "from zephon_torch.verify import load_recipe\n"
+        "from zephon_torch._verify_runs import zephon_batches\n"
+        f"build = load_recipe({str(recipe)!r})\n"
+        "print(len(zephon_batches(build, 1, 60, num_workers=1)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "60"  # 240 batches kept, past 160 descriptors
+
+
 UNPICKLABLE = """
 from tokenizers import Tokenizer
 from tests.helpers import small_pipeline, two_sources
