@@ -347,6 +347,10 @@ class Pipeline:
         """Pack whole documents only (never cut; longer ones are dropped and counted), with
         ``payload_fields`` of each row passed through untouched in ``Batch.payloads`` (image
         bytes, arrays: multimodal samples)."""
+        if self._tokenize is None and self._pretokenized is None:
+            raise ConfigError(
+                "`pack_sequences` needs token ids: call `tokenize` (or `pretokenized`) first"
+            )
         if algorithm not in ("best_fit", "first_fit"):
             raise ConfigError(
                 f"`pack_sequences` keeps documents whole: `algorithm` must be 'best_fit' or "
@@ -391,7 +395,7 @@ class Pipeline:
             ConfigError: before the packing step is set.
         """
         if self._pack is None:
-            raise ConfigError("`pad_token_id` is known once `pack_flat` is set")
+            raise ConfigError("`pad_token_id` is known once `pack_flat` or `pack_sequences` is set")
         return pad_id(self)
 
     @property

@@ -222,8 +222,11 @@ def test_a_pipeline_asked_before_its_packing_step_is_a_config_error(tokenizer: A
     """`pad_token_id` failed an assert (a bare AssertionError) before `pack_flat`."""
     source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
     partial = Pipeline(source).tokenize(tokenizer=tokenizer)
-    with pytest.raises(ConfigError, match="`pad_token_id` is known once `pack_flat` is set"):
+    with pytest.raises(ConfigError, match="`pad_token_id` is known once `pack_flat` or `pack_s"):
         _ = partial.pad_token_id
+    untokenized = Pipeline(source)
+    with pytest.raises(ConfigError, match="`pack_sequences` needs token ids: call `tokenize`"):
+        untokenized.pack_sequences(8)
     for ask in (partial.state_dict, partial.fingerprint, partial.explain, lambda: iter(partial)):
         with pytest.raises(ConfigError, match="needs `tokenize`, `pack_flat` and `batch`"):
             ask()
