@@ -186,12 +186,13 @@ def test_offline_a_revision_the_cache_lacks_is_named_with_what_it_holds(tmp_path
     _plain_repo(_snapshot(cache, "org/plain", "main", "a" * 40))
     _snapshot(cache, "org/plain", "refs/convert/parquet", "b" * 40)
     (cache / "datasets--org--plain" / "snapshots" / ("c" * 40)).mkdir()
+    (cache / "datasets--org--plain" / "refs" / "dev").write_text("d" * 40)  # files never came
     lacking = _run_offline(cache, "hf://org/plain@v9/train", tmp_path)
     absent = _run_offline(cache, "hf://org/other@v9/train", tmp_path)
     assert (
         "ConfigError: 'hf://org/plain@v9/train': the hub cache holds no revision 'v9' of "
-        "org/plain: it holds main (commit aaaaaaaaaaaa), refs/convert/parquet (commit "
-        f"bbbbbbbbbbbb), {'c' * 40}"
+        "org/plain: it holds dev (commit dddddddddddd, whose files it lacks), main (commit "
+        f"aaaaaaaaaaaa), refs/convert/parquet (commit bbbbbbbbbbbb), {'c' * 40}"
     ) in lacking.stderr
     assert f"of org/other: it holds nothing of it (in {cache})" in absent.stderr
 

@@ -277,7 +277,10 @@ def _cached_revisions(repo: str) -> str:
     commits = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
     if not named and not commits:
         return f"it holds nothing of it (in {constants.HF_HUB_CACHE})"
-    held = [f"{name} (commit {named[name][:12]})" for name in sorted(named)]
+    held = [
+        f"{name} (commit {sha[:12]}{'' if sha in commits else ', whose files it lacks'})"
+        for name, sha in sorted(named.items())
+    ]
     held += [sha for sha in commits if sha not in named.values()]
     return f"it holds {', '.join(held)}"
 

@@ -263,19 +263,22 @@ class RemoteReader:
                         return
                 self._fetch_ahead(shard, cache)
 
-    def check_window(self, shards: list[str]) -> None:
+    def check_window(self, shards: list[str], *, share: int = 1) -> None:
         """See `Dataset.check_window`."""
         if self._window_warned:
             return
         size = sum(self.objects[url][1].size for shard in shards for url in self._files_of(shard))
         max_bytes = self.options.cache.max_bytes
-        if size > max_bytes:
+        room = max_bytes // max(1, share)
+        if size > room:
             self._window_warned = True
+            part = f"its part ({room} bytes) of " if share > 1 else ""
+            shared = f", shared by {share} remote datasets" if share > 1 else ""
             warnings.warn(
                 f"dataset {self.dataset!r}: the {len(shards)} shards of a shuffle window "
-                f"({size} bytes, read at once) do not fit in the shard cache (max_bytes "
-                f"{max_bytes}), so they are downloaded again and again as their rows are read; "
-                f"raise `max_bytes` or lower `shuffle_window_shards`",
+                f"({size} bytes, read at once) do not fit in {part}the shard cache (max_bytes "
+                f"{max_bytes}{shared}), so they are downloaded again and again as their rows "
+                f"are read; raise `max_bytes` or lower `shuffle_window_shards`",
                 stacklevel=2,
             )
 

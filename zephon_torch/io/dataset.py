@@ -419,12 +419,15 @@ class Dataset:
         if isinstance(self._reader, RemoteReader):
             self._reader.prefetch((self._shard(shard).path for shard in shards), share=share)
 
-    def check_window(self, shards: Iterable[int]) -> None:
-        """Warns once when a shuffle window's `shards` (read all at once) do not fit in the
-        shard cache: each is then evicted and downloaded again while its rows are read. A
-        no-op for local and in-memory datasets."""
+    def check_window(self, shards: Iterable[int], *, share: int = 1) -> None:
+        """Warns once when a shuffle window's `shards` (read all at once) do not fit in this
+        dataset's part of the shard cache (`share`: the remote datasets read together): each
+        is then evicted and downloaded again while its rows are read. Compressed JSONL counts
+        at its stored size, though its decompressed copy goes into the cache too. A no-op for
+        local and in-memory datasets."""
         if isinstance(self._reader, RemoteReader):
-            self._reader.check_window([self._shard(shard).path for shard in shards])
+            paths = [self._shard(shard).path for shard in shards]
+            self._reader.check_window(paths, share=share)
 
     def fingerprint(self) -> dict[str, Any]:
         """Returns a JSON-able summary that changes when the shard list or a row count does.

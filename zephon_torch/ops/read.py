@@ -269,7 +269,9 @@ class DocumentReader(BaseNode[Document]):
         if walk == self._walked:
             return
         self._walked = walk
-        dataset.check_window(self.layout.window_at(pass_index=pass_index, start=pos, **where))
+        share = sum(d.remote for d in datasets)  # remote datasets read into the cache at once
+        window = self.layout.window_at(pass_index=pass_index, start=pos, **where)
+        dataset.check_window(window, share=share)
         upcoming: Iterable[int] = self.layout.upcoming_shards(
             pass_index=pass_index, start=pos, **where
         )
@@ -277,7 +279,7 @@ class DocumentReader(BaseNode[Document]):
         if following is not None:
             then = self.layout.upcoming_shards(pass_index=following[0], start=0, **where)
             upcoming = itertools.chain(upcoming, then)
-        dataset.prefetch(upcoming, share=sum(d.remote for d in datasets))
+        dataset.prefetch(upcoming, share=share)
 
 
 class BarrenRun:

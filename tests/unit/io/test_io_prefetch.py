@@ -135,6 +135,8 @@ def test_a_shuffle_window_larger_than_the_cache_is_warned_of(tmp_path: Path, win
     said = [str(w.message) for w in caught if "shuffle window" in str(w.message)]
     if window == 2:
         assert said == []
+        with pytest.warns(UserWarning, match=r"in its part \(\d+ bytes\) of the shard cache"):
+            dataset.check_window([0, 1], share=2)  # a mixture's remote datasets share it
     else:
         assert said == [
             f"dataset 'p': the 4 shards of a shuffle window ({4 * size} bytes, read at once) do "
