@@ -51,7 +51,14 @@ _MAKE_WAIT_S = 5.0  # how long a made file (decompressed shard) waits for room
 _MAX_BASE = 100
 
 
-_CACHED_NAME = re.compile(r"[0-9a-f]{24}-.")  # see CachedObject.name and open_made
+_DIGEST = 24  # hex digits of a cached file's name (`cached_name`)
+_CACHED_NAME = re.compile(rf"[0-9a-f]{{{_DIGEST}}}-.")
+
+
+def cached_name(key: str, url: str) -> str:
+    """The name of the cached file of `key`: a digest of it, then the end of `url`'s basename
+    (which keeps the extension, which readers use to tell compression apart)."""
+    return f"{hashlib.sha256(key.encode()).hexdigest()[:_DIGEST]}-{_base(url)}"
 
 
 def _base(url: str) -> str:
@@ -95,8 +102,7 @@ class CachedObject:
         The basename keeps the extension, which readers use to tell compression apart.
         """
         key = f"{self.key or self.url}\0{self.size}\0{self.version}"
-        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        return f"{digest}-{_base(self.url)}"
+        return cached_name(key, self.url)
 
 
 class ShardCache:
@@ -236,8 +242,7 @@ class ShardCache:
             CacheFullError: (an OSError) when space for it stays held by shards in use for a
                 few seconds; the caller can hold the content elsewhere.
         """
-        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        name = f"{digest}-{_base(url)}"
+        name = cached_name(key, url)
         if self._pins.pin_existing(name):
             self.hits += 1
         else:
