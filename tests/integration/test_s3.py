@@ -171,40 +171,63 @@ def test_a_bad_setting_is_a_config_error_naming_the_url_at_once(
     assert time.monotonic() - start < 5
 
 
+def _users(endpoint: str, rights: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Storage options of a new IAM user per entry, allowed those S3 actions on everything."""
+    iam = boto3.client(
+        "iam", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id="x", aws_secret_access_key="x",
+    )  # fmt: skip
+    storage = {}
+    for user, actions in rights.items():
+        iam.create_user(UserName=user)
+        key = iam.create_access_key(UserName=user)["AccessKey"]
+        if actions:
+            policy = {"Effect": "Allow", "Action": actions, "Resource": "*"}
+            iam.put_user_policy(
+                UserName=user,
+                PolicyName="p",
+                PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [policy]}),
+            )
+        storage[user] = {
+            **_storage(endpoint),
+            "key": key["AccessKeyId"],
+            "secret": key["SecretAccessKey"],
+        }
+    return storage
+
+
 def test_denied_access_is_a_config_error_naming_the_url_at_once(tmp_path: Path) -> None:
     """S3's AccessDenied (a PermissionError from s3fs) came out bare, naming no URL."""
     _write_corpus(tmp_path / "d", "jsonl", shards=1)
     # moto checks access after its first 8 calls: 3 uploading, 5 making the two users
     with moto_server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "8"}) as (endpoint, _):
         upload(endpoint, tmp_path / "d", "bkt", "d")
-        iam = boto3.client(
-            "iam", endpoint_url=endpoint, region_name="us-east-1",
-            aws_access_key_id="x", aws_secret_access_key="x",
-        )  # fmt: skip
-        keys = {}
-        for user, actions in (("lister", ["s3:ListBucket"]), ("nobody", [])):
-            iam.create_user(UserName=user)
-            keys[user] = iam.create_access_key(UserName=user)["AccessKey"]
-            if actions:
-                policy = {"Effect": "Allow", "Action": actions, "Resource": "*"}
-                iam.put_user_policy(
-                    UserName=user,
-                    PolicyName="p",
-                    PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [policy]}),
-                )
+        users = _users(endpoint, {"lister": ["s3:ListBucket"], "nobody": []})
         caught = {}
-        for user, key in keys.items():
-            storage = {
-                **_storage(endpoint),
-                "key": key["AccessKeyId"],
-                "secret": key["SecretAccessKey"],
-            }
+        for user, storage in users.items():
             start = time.monotonic()
             with pytest.raises(ConfigError) as caught[user]:
                 Dataset.from_path("d", "s3://bkt/d/", storage_options=storage)
             assert time.monotonic() - start < 5  # not retried
     assert "download of 's3://bkt/d/part-000.jsonl' was denied" in str(caught["lister"].value)
     assert "listing of 's3://bkt/d/' was denied" in str(caught["nobody"].value)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_one_object_reads_with_the_right_to_get_it_alone(tmp_path: Path, kind: str) -> None:
+    """A URL naming one object was listed first, so a user who may get objects but not list
+    the bucket was refused; its prefix still is (the files are not known without a list)."""
+    _write_corpus(tmp_path / "d", kind, shards=1)
+    local = _all_rows(Dataset.from_path("d", tmp_path / "d" / f"part-000.{kind}"))
+    # moto checks access after its first 6 calls: 3 uploading, 3 making the user
+    with moto_server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "6"}) as (endpoint, _):
+        upload(endpoint, tmp_path / "d", "bkt", "d")
+        getter = _users(endpoint, {"getter": ["s3:GetObject"]})["getter"]
+        url = f"s3://bkt/d/part-000.{kind}"
+        one = Dataset.from_path("d", url, storage_options=getter)
+        assert _all_rows(one) == local
+        with pytest.raises(ConfigError, match="listing of 's3://bkt/d/' was denied"):
+            Dataset.from_path("d", "s3://bkt/d/", storage_options=getter)
 
 
 def dies_naming(

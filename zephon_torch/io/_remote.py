@@ -24,7 +24,7 @@ from typing import Any
 from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
 from zephon_torch.io._index import index_kind
-from zephon_torch.io._retry import RetryPolicy, call_with_retry
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.formats import INDEX_FILE, INDEXED_FORMATS, check_format, check_indexed
 
@@ -311,11 +311,29 @@ def list_remote(
 
 def find_detailed(fs: Any, path: str) -> dict[str, dict[str, Any]]:
     """`fs.find(path, detail=True)`: each file under `path` (or `path` itself) with its info;
-    adlfs lists a file by its name alone, detail or not, so its infos are asked for."""
-    found = fs.find(path, detail=True)
+    adlfs lists a file by its name alone, detail or not, so its infos are asked for. Where
+    listing is denied and `path` names one object, that object (`one_object`)."""
+    try:
+        found = fs.find(path, detail=True)
+    except Exception as error:
+        alone = one_object(fs, path) if denied(error) else None
+        if alone is None:
+            raise
+        return alone
     if isinstance(found, list):
         found = {name: fs.info(name) for name in found}
     return dict(found)
+
+
+def one_object(fs: Any, path: str) -> dict[str, dict[str, Any]] | None:
+    """`path` with its info where it names one object, else None: asked when listing was
+    denied, as a user may hold the right to read objects but not to list (S3's GetObject
+    without ListBucket)."""
+    try:
+        info = fs.info(path)
+    except Exception:  # denied too, or missing: the listing's denial is the answer
+        return None
+    return {path: info} if info.get("type") == "file" else None
 
 
 def sized(
