@@ -4,7 +4,8 @@ A configuration is IDENTICAL to the reference (the same hash at every step, as m
 DIVERGES (another hash, another number of steps, or an error while running, as the resume of a
 recipe that is not deterministic gives); it FAILED TO RUN when it could not start for a reason of
 setup (a ``ConfigError``, a missing module, a function that cannot be pickled for spawned
-workers), which says nothing of determinism. A standard-loader run that gave fewer steps than
+workers) or met an error of the machine or the storage (an ``OSError``, a ``MemoryError``),
+which says nothing of determinism. A standard-loader run that gave fewer steps than
 the reference is "not compared" past them. The overall verdict and exit code: DIVERGES (1) when
 any zephon_torch configuration diverges, else INCOMPLETE (3) when one failed to run or none gave
 a step to compare, else IDENTICAL (0); errors of the settings exit with 2 before any verdict.
@@ -43,14 +44,18 @@ def failed_run(name: str, error: BaseException, *, zephon: bool = True) -> Run:
 
 
 def is_setup_error(error: BaseException) -> bool:
-    """True for an error that keeps a configuration from running at all: a ``ConfigError``,
-    an ``ImportError``, or a function or object that cannot be pickled for spawned processes
-    (the error or one of its causes)."""
+    """True for an error that keeps a configuration from running at all, or that the machine
+    or the storage raised: a ``ConfigError``, an ``ImportError``, a function or object that
+    cannot be pickled for spawned processes, an ``OSError`` (``StorageError`` is one: no
+    descriptor left, a full disk, storage down) or a ``MemoryError`` (the error or one of its
+    causes). None of them says anything of determinism."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, ConfigError | ImportError | pickle.PicklingError):
+        if isinstance(
+            current, ConfigError | ImportError | pickle.PicklingError | OSError | MemoryError
+        ):
             return True
         if isinstance(current, AttributeError | TypeError) and "pickle" in str(current):
             return True

@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="exit codes: 0 IDENTICAL; 1 DIVERGES (a configuration gave other batches or "
         "failed while running); 2 an error of the recipe or the arguments; 3 INCOMPLETE (no "
         "divergence, but a configuration FAILED TO RUN for a reason of setup, such as a "
-        "function spawned workers cannot pickle)",
+        "function spawned workers cannot pickle, or of the machine: an OSError, MemoryError)",
     )
     check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
     check.add_argument(

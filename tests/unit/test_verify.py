@@ -415,6 +415,51 @@ def test_a_configuration_that_cannot_run_is_reported_as_failed_to_run_not_diverg
     assert "DIVERGES" not in text
 
 
+OS_ERROR_IN_WORKERS = """
+import errno
+import torch
+from tokenizers import Tokenizer
+from tests.helpers import two_sources
+from zephon_torch import Pipeline
+from zephon_torch.work import StaticMixtureWorkSource
+
+TOKENIZER = Tokenizer.from_file({path!r})
+DATASETS = two_sources(40, 30, shard_size=8)
+
+
+def full_machine(row):
+    if torch.utils.data.get_worker_info() is not None:  # the machine, not the data
+        raise OSError(errno.EMFILE, "Too many open files")
+    return row
+
+
+def pipeline():
+    source = StaticMixtureWorkSource(DATASETS, seed=7, exhaustion="repeat")
+    recipe = Pipeline(source).options(canonical_replicas=4).map(full_machine)
+    return recipe.tokenize(tokenizer=TOKENIZER).pack_flat(64).batch(2)
+"""
+
+
+def test_an_os_error_in_a_run_is_a_failure_to_run_not_a_divergence(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OSError (descriptors, disk, storage: StorageError is one) says nothing of
+    determinism: the workers run that met one read DIVERGES, exit code 1."""
+    from zephon_torch.cli import main
+
+    tokenizer.save(str(tmp_path / "tok.json"))
+    recipe = tmp_path / "full.py"
+    recipe.write_text(OS_ERROR_IN_WORKERS.format(path=str(tmp_path / "tok.json")))
+    argv = ["verify", str(recipe), "--steps", "2", "--world-sizes", "1,2", "--workers", "2"]
+    code = main([*argv, "--runners", "", "--no-standard", "--fault-step", "1"])
+    text = capsys.readouterr().out
+    assert code == 3, text
+    assert "zephon W=1 workers=2: FAILED TO RUN: " in text
+    assert "Too many open files" in text
+    assert "zephon W=2 fault@1 -> W=1: IDENTICAL" in text
+    assert "DIVERGES" not in text
+
+
 def test_a_world_size_that_does_not_divide_the_lanes_is_refused_before_any_run(
     tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
