@@ -63,6 +63,7 @@ class TokenizeSpec:
     bos_token: str | None
     eos_token: str | None
     chat_template: Any = None
+    template_name: str | None = None  # the chat template's, in the fingerprint
 
     def __post_init__(self) -> None:
         if (self.tokenizer_id is None) == (self.tokenizer is None):

@@ -112,6 +112,7 @@ def tokenize_op(self: Pipeline) -> TokenizeOp | TokenizeChatOp:
             resolve(self),
             field=spec.field,
             chat_template=spec.chat_template,
+            template_name=spec.template_name,
             dataset_names=self._source.names,
             shard_paths=shard_paths(self),
         )

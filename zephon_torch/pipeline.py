@@ -169,7 +169,9 @@ class Pipeline:
         its writable arrays (read-only ones, such as stored token ids, cannot change).
         ``name`` goes into the state fingerprint, so that a state is refused by a pipeline
         with other functions; by default the function's module and qualified name (a
-        ``functools.partial``'s with its arguments, a callable object's class's)."""
+        ``functools.partial``'s with its arguments, a callable object's class's): pass it
+        where functions share that (made by one factory, or objects of one class with other
+        settings)."""
         self._check_before_tokenize("map")
         return self._with(_user_ops=(*self._user_ops, MapOp(fn, name=name)))
 
@@ -198,7 +200,33 @@ class Pipeline:
         the tokenizer's native code) and ``runner`` are performance knobs: they never change
         the data.
         """
-        self._check_before_tokenize("tokenize")
+        return self._tokenizing(
+            tokenizer_id,
+            tokenizer=tokenizer,
+            field=field,
+            parallelism=parallelism,
+            runner=runner,
+            special_tokens=special_tokens,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+
+    def _tokenizing(
+        self,
+        tokenizer_id: Any,
+        *,
+        tokenizer: Any,
+        field: str,
+        parallelism: int | None,
+        runner: RunnerKind,
+        special_tokens: SpecialTokens,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        chat_template: str | ChatTemplate | None = None,
+        template_name: str | None = None,
+    ) -> Pipeline:
+        """``tokenize``, or ``tokenize_chat`` with ``chat_template``."""
+        self._check_before_tokenize("tokenize_chat" if chat_template else "tokenize")
         if tokenizer_id is not None and not isinstance(tokenizer_id, (str, os.PathLike)):
             # a tokenizer object in the first place ("hub id, dir, or object")
             if tokenizer is not None:
@@ -213,6 +241,8 @@ class Pipeline:
             special_tokens=special_tokens,
             bos_token=bos_token,
             eos_token=eos_token,
+            chat_template=chat_template,
+            template_name=template_name,
         )
         new = self._with(_tokenize=spec, _resolved={})
         resolve(new)  # fail at build time on a bad tokenizer or special-token policy
@@ -227,21 +257,27 @@ class Pipeline:
         chat_template: str | ChatTemplate = "chatml",
         parallelism: int | None = None,
         runner: RunnerKind = "threads",
+        template_name: str | None = None,
     ) -> Pipeline:
         """Tokenize conversations (``[{"role", "content"}, ...]`` in ``field``) with a chat
-        template; only assistant turns are loss targets (``labels`` elsewhere are ``-100``)."""
-        resolve_template(chat_template)  # validates
-        new = self.tokenize(
+        template; only assistant turns are loss targets (``labels`` elsewhere are ``-100``).
+        The template renders every special token itself (BOS too: none is added).
+
+        ``template_name`` goes into the state fingerprint, as a ``map``'s ``name``; by default
+        the built-in template's name, or the callable's module and qualified name. Pass it for
+        templates that share one (made by a factory, or objects of one class with other
+        settings), else a state of one loads into a pipeline of the other."""
+        resolve_template(chat_template, template_name)  # validates
+        return self._tokenizing(
             tokenizer_id,
             tokenizer=tokenizer,
             field=field,
             parallelism=parallelism,
             runner=runner,
             special_tokens="none",
+            chat_template=chat_template,
+            template_name=template_name,
         )
-        assert new._tokenize is not None
-        new._tokenize = replace(new._tokenize, chat_template=chat_template)
-        return new
 
     def pretokenized(
         self,

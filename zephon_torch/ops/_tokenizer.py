@@ -84,7 +84,15 @@ def resolve_tokenizer(
             "`tokenizer` must be a tokenizers.Tokenizer or a transformers fast tokenizer, "
             f"got {type(tokenizer).__name__}"
         )
-    text = backend.to_str()
+    try:
+        text = backend.to_str()
+    except Exception as error:  # a component written in Python ("Custom PreTokenizer ...")
+        raise ConfigError(
+            f"the tokenizer ({description}) cannot be serialized: {error}. Its JSON is what "
+            "the pipeline copies, fingerprints and sends to workers, so components written in "
+            "Python are not supported: use the library's built-in ones, or change the text "
+            "with a `map` before `tokenize`"
+        ) from error
     dropout = json.loads(text).get("model", {}).get("dropout")
     if dropout:  # random merges: the same document would give other ids on every read
         raise ConfigError(

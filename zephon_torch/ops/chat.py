@@ -42,18 +42,21 @@ def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
 TEMPLATES: dict[str, ChatTemplate] = {"chatml": chatml}
 
 
-def resolve_template(template: str | ChatTemplate) -> tuple[ChatTemplate, str]:
-    """A template and its fingerprint name, from a built-in name or a callable."""
+def resolve_template(
+    template: str | ChatTemplate, name: str | None = None
+) -> tuple[ChatTemplate, str]:
+    """A template and its fingerprint name (``name``, else the built-in's, else as a
+    ``map``'s: ``function_name``), from a built-in name or a callable."""
     if isinstance(template, str):
         if template not in TEMPLATES:
             known = sorted(TEMPLATES)
             raise ConfigError(
                 f"`chat_template` must be a callable or one of {known}, got {template!r}"
             )
-        return TEMPLATES[template], template
+        return TEMPLATES[template], template if name is None else name
     if not callable(template):
         raise ConfigError(f"`chat_template` must be a callable or a name, got {template!r}")
-    return template, function_name(template, None)
+    return template, function_name(template, name)
 
 
 class TokenizeChatOp:
@@ -63,6 +66,7 @@ class TokenizeChatOp:
         tokenizer: the resolved backend.
         field: the row field holding ``[{"role": ..., "content": ...}, ...]``.
         chat_template: a built-in name (``"chatml"``) or a callable returning segments.
+        template_name: its name in the fingerprint (see ``resolve_template``).
         dataset_names: source index to dataset name, for error messages.
         shard_paths: per source, shard index to path, for error messages.
     """
@@ -73,12 +77,13 @@ class TokenizeChatOp:
         *,
         field: str,
         chat_template: str | ChatTemplate,
+        template_name: str | None = None,
         dataset_names: list[str],
         shard_paths: list[list[str]],
     ) -> None:
         self.tokenizer = tokenizer
         self.field = field
-        self.template, self.template_name = resolve_template(chat_template)
+        self.template, self.template_name = resolve_template(chat_template, template_name)
         if self.template_name == "chatml" and tokenizer.backend.token_to_id(_CHATML_START) is None:
             warnings.warn(
                 f"the tokenizer has no {_CHATML_START} token: the built-in chatml template's "

@@ -157,3 +157,44 @@ def test_chatml_ids_and_trainable_flags_are_transformers_assistant_masks(tokeniz
         assert batch.input_ids[0, :n].tolist() == list(rendered["input_ids"])
         assert batch.trainable is not None
         assert batch.trainable[0, :n].tolist() == [bool(m) for m in rendered["assistant_masks"]]
+
+
+def _template_with(answer_prefix: str) -> Any:
+    def template(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+        out = []
+        for message in messages:
+            assistant = message["role"] == "assistant"
+            prefix = answer_prefix if assistant else "Q: "
+            out.append((prefix + message["content"] + "\n", assistant))
+        return out
+
+    return template
+
+
+def test_templates_of_one_factory_are_told_apart_by_their_template_name(tokenizer: Any) -> None:
+    """Two templates made by one factory share their qualified name, the fingerprint's only
+    mark of a callable template: a state of one loaded into the other without a word, and
+    continued on other tokens. ``template_name`` tells them apart."""
+    from zephon_torch.errors import StateMismatchError
+
+    dataset = Dataset.from_dict("sft", {"messages": conversations(12, seed=4)}, shard_size=4)
+
+    def pipeline(prefix: str, name: str | None) -> Pipeline:
+        template = _template_with(prefix)
+        chat = Pipeline(StaticMixtureWorkSource([dataset], seed=2)).tokenize_chat(
+            tokenizer=tokenizer, chat_template=template, template_name=name
+        )
+        return chat.pack_flat(64).batch(2)
+
+    first = pipeline("A: ", "answers")
+    next(iter(first))
+    state = first.state_dict()
+    with pytest.raises(StateMismatchError, match="chat_template"):
+        pipeline("### Response:\n", "responses").load_state_dict(state)
+    again = pipeline("A: ", "answers")
+    again.load_state_dict(state)  # the same name: accepted
+    assert next(iter(again)).input_ids.tolist() == next(iter(first)).input_ids.tolist()
+    # without a name the fingerprint holds the qualified name, the same for both
+    unnamed = pipeline("A: ", None).fingerprint()
+    assert unnamed == pipeline("### Response:\n", None).fingerprint()
+    assert "template_with.<locals>.template" in str(unnamed)

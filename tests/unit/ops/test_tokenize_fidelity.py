@@ -236,3 +236,47 @@ def test_a_tokenizer_that_adds_bos_itself_warns_when_the_policy_leaves_it_out(
         warnings.simplefilter("error")
         assert first_row(special_tokens="both")[0] == bos
         Pipeline(source).tokenize(tokenizer, parallelism=1)  # no BOS of its own: no warning
+
+
+def test_chat_gives_no_special_tokens_advice_to_a_tokenizer_that_adds_bos(
+    tokenizer: Any,
+) -> None:
+    """``tokenize_chat`` takes no ``special_tokens`` (its template renders them), yet a
+    tokenizer whose post-processor adds BOS was told to pass ``special_tokens='both'``."""
+    from tokenizers.processors import TemplateProcessing
+
+    starts = Tokenizer.from_str(tokenizer.to_str())
+    starts.add_special_tokens(["<s>"])
+    bos = starts.token_to_id("<s>")
+    starts.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure."}]
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"messages": [messages]})])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipeline = Pipeline(source).tokenize_chat(
+            tokenizer=starts, chat_template=_answer_ends_in_spaces
+        )
+        batch = next(iter(pipeline.pack_flat(64, "best_fit").batch(1)))
+    assert bos not in batch.input_ids[0].tolist()  # the template renders none
+
+
+def test_a_tokenizer_with_a_python_component_is_a_config_error(tokenizer: Any) -> None:
+    """A pre-tokenizer written in Python encodes, but cannot be serialized: a bare
+    ``Exception`` came out of ``tokenize``."""
+    from tokenizers import NormalizedString, PreTokenizedString
+
+    from zephon_torch.errors import ConfigError
+
+    class Spaces:
+        def split(self, i: int, text: NormalizedString) -> list[NormalizedString]:
+            return text.split(" ", "isolated")
+
+        def pre_tokenize(self, pretokenized: PreTokenizedString) -> None:
+            pretokenized.split(self.split)
+
+    custom = Tokenizer.from_str(tokenizer.to_str())
+    custom.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Spaces())
+    assert custom.encode("a b").ids
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a b"]})])
+    with pytest.raises(ConfigError, match=r"cannot be serialized.*built-in ones"):
+        Pipeline(source).tokenize(tokenizer=custom)
