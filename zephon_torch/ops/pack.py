@@ -18,9 +18,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -137,8 +137,8 @@ class MixPack(BaseNode[PackedRow]):
         # per source, its documents in a row that gave no tokens: empty, cut by the length
         # rules, or dropped by the plain filters (pure, as the rules are; the readers tell)
         self._barren_runs = [
-            BarrenRun(r, "gave no token (empty, dropped by the filters or cut by the length rules)")
-            for r in readers
+            BarrenRun("gave no token (empty, dropped by the filters or cut by the length rules)")
+            for _ in readers
         ]
         self._filtered = [False] * len(readers)  # whether the filters dropped any of a source
         for source, reader in enumerate(readers):
@@ -149,7 +149,7 @@ class MixPack(BaseNode[PackedRow]):
                 # covers a filter that rejects for ever)
                 plain.on_rejected = self._barren_runs[source].clear
                 plain = plain.reader
-            plain.on_filtered = partial(self._dropped, source)
+            plain.on_filtered = _weakly(self._dropped, source)
         # per source, its current token chunk and the documents _admit refuses there
         self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
         # documents come as columns: a lone active source's are taken a chunk at a time
@@ -414,14 +414,14 @@ class MixPack(BaseNode[PackedRow]):
         rows)``, with those that gave no token: a source whose documents the filters and the
         length rules share out between them gives nothing, and neither alone proves it."""
         self._filtered[source] = True
-        if self._barren_runs[source].extend(shards, rows):
+        if self._barren_runs[source].extend(self.readers[source], shards, rows):
             self._never_gives(source)
 
     def _barren(self, source: int, shard: int, row: int) -> None:
         """Count a document of ``source`` that gave no tokens (empty or dropped by length),
         stored at ``(shard, row)``: a source that would be read for ever without a token
         under ``exhaustion="repeat"`` is refused once its run proves it (``BarrenRun``)."""
-        if self._barren_runs[source].extend(shard, row):
+        if self._barren_runs[source].extend(self.readers[source], shard, row):
             self._never_gives(source)
 
     def _never_gives(self, source: int) -> None:
@@ -443,6 +443,20 @@ class MixPack(BaseNode[PackedRow]):
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         return self.readers[source].fetch(pass_index, pos)
+
+
+def _weakly(method: Callable[..., None], *first: Any) -> Callable[..., None]:
+    """``method(*first, ...)`` through a weak reference to its object: a reader that tells the
+    packer of events must not keep it alive, as the cycle would hold the whole pipeline (its
+    decoded data with it) until the garbage collector runs."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*rest: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*first, *rest)
+
+    return call
 
 
 def _add(

@@ -75,7 +75,7 @@ class DocumentReader(BaseNode[Document]):
         self._lane_rows = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=num_lanes)
         self._futures: deque[Future[Chunk]] = deque()
         self._spans: deque[PointerSpan] = deque()  # where each future's chunk was read from
-        self._filtered = BarrenRun(self, "were dropped by the filters")
+        self._filtered = BarrenRun("were dropped by the filters")
         # told of each chunk's documents the filters dropped (arrays of shards and rows): the
         # packer counts them with those that gave no token (see MixPack)
         self.on_filtered: Callable[[Any, Any], None] | None = None
@@ -175,7 +175,7 @@ class DocumentReader(BaseNode[Document]):
                     kept[[doc.pos - span.pos for doc in chunk]] = True
                     self.on_filtered(span.shards[~kept], span.rows[~kept])
                 return chunk
-            if self._filtered.extend(span.shards, span.rows):  # filters are pure, too
+            if self._filtered.extend(self, span.shards, span.rows):  # filters are pure, too
                 whole = (
                     f"a whole pass of lane {self.lane}" if self.same_each_pass else "the dataset"
                 )
@@ -297,13 +297,11 @@ class BarrenRun:
     A warning names the source after eight lane passes, as the proof may take many passes.
 
     Args:
-        reader: the lane's reader of the source (its layout, lane pass and policy).
         what: what befell the documents, for the warning ("were dropped by the filters").
     """
 
-    def __init__(self, reader: Any, what: str) -> None:
-        self.reader = reader
-        self.what = what
+    def __init__(self, what: str) -> None:
+        self.what = what  # no reader kept: the reader holds its run, a cycle would hold both
         self.clear()
 
     def clear(self) -> None:
@@ -312,10 +310,10 @@ class BarrenRun:
         self._met: npt.NDArray[np.bool_] | None = None  # the rows met, from the third pass
         self._count = 0
 
-    def extend(self, shards: Any, rows: Any) -> bool:
+    def extend(self, reader: Any, shards: Any, rows: Any) -> bool:
         """Add the documents stored at ``(shards, rows)`` (arrays, or one of each) to the run;
-        True once it proves that the source gives nothing for ever."""
-        reader = self.reader
+        True once it proves that the source gives nothing for ever. ``reader``: the lane's
+        reader of the source (its layout, lane pass and policy)."""
         added = int(np.size(rows))
         self.length += added
         lane_rows = reader.lane_rows
