@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,17 +47,63 @@ def test_a_shard_cut_short_while_mapped_is_a_data_error_naming_it(
     first = dataset.read_rows(0, [0])  # the shard is mapped now
     with open(shard, "r+b") as handle:  # rewritten in place, shorter
         handle.truncate(os.path.getsize(shard) // 2)
-    with pytest.raises(DataError, match=r"was cut to \d+ bytes while \d+ were mapped") as caught:
+    cut = r"was cut to \d+ bytes while \d+ were mapped|was cut short: it ends before the line"
+    with pytest.raises(DataError, match=cut) as caught:
         dataset.read_rows(0, [last])
     assert (caught.value.dataset, caught.value.shard) == ("d", dataset.shards[0].path)
     assert len(first) == 1
 
 
-def test_a_jsonl_shard_cut_short_while_mapped_is_a_data_error_when_its_line_index_is_rebuilt(
+CUT_WHILE_READ = """
+import json, os, pathlib, sys
+import numpy as np
+from zephon_torch import DataError, Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+base = pathlib.Path(sys.argv[1])
+rng = np.random.default_rng(0)
+for s in range(4):
+    lines = (json.dumps({"ids": rng.integers(0, 999, int(rng.integers(200, 3000))).tolist()})
+             for _ in range(500))
+    (base / f"p{s}.jsonl").write_text("\\n".join(lines) + "\\n")
+source = StaticMixtureWorkSource([Dataset.from_path("d", base)], exhaustion="stop")
+pipeline = Pipeline(source).pretokenized("ids", runner="threads").pack_flat(1024).batch(2)
+batches = iter(pipeline)
+for _ in range(3):
+    next(batches)
+for path in base.glob("*.jsonl"):
+    os.truncate(path, 200)  # in place, as a `cp` over the file does first
+try:
+    for _ in batches:
+        pass
+except DataError as error:
+    print("DataError", error.shard, error.row)
+"""
+
+
+def test_a_jsonl_shard_cut_short_while_its_rows_are_read_is_a_data_error(tmp_path: Path) -> None:
+    """The check before each read left the rows of one read call unguarded: shards cut in
+    place while threads read them killed the process with SIGBUS (exit code -7), every time.
+    Lines are read with pread now, which comes back short instead."""
+    done = subprocess.run(
+        [sys.executable, "-c", CUT_WHILE_READ, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "ZEPHON_TORCH_CACHE": str(tmp_path / "_cache")},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("DataError"), done.stdout + done.stderr[-2000:]
+
+
+def test_a_jsonl_shard_cut_short_after_it_was_indexed_is_indexed_again_as_it_is(
     tmp_path: Path,
 ) -> None:
-    """The line index left the reader's memory before the map did: rebuilding it (the file's
-    size changed, so the cached index is not reused) must not scan the stale map."""
+    """The line index left the reader's memory while the shard was in use: rebuilding it (the
+    file's size changed, so the cached index is not reused) scans the file as it is now, not
+    a stale map of it; a row past its new end is a DataError naming the change."""
     from zephon_torch.io.jsonl import JsonlReader
 
     shards = [tmp_path / f"{name}.jsonl" for name in "abc"]
@@ -67,13 +115,16 @@ def test_a_jsonl_shard_cut_short_while_mapped_is_a_data_error_when_its_line_inde
         JsonlReader(dataset="d", index_cache_dir=index_dir).num_rows(str(shard))
     reader = JsonlReader(dataset="d", index_cache_dir=index_dir, max_open=2)
     first, second, third = (str(shard) for shard in shards)
-    reader.read(first, [0])  # mapped; its index from disk
+    reader.read(first, [0])  # open; its index from disk
     reader.num_rows(second)
-    reader.num_rows(third)  # the first shard's index leaves the LRU, its map stays
+    reader.num_rows(third)  # the first shard's index leaves the LRU, its descriptor too
     with open(first, "r+b") as handle:
-        handle.truncate(os.path.getsize(first) // 2)
-    for call in (lambda: reader.num_rows(first), lambda: reader.read(first, [0])):
-        cut = r"was cut to \d+ bytes while \d+ were mapped"
-        with pytest.raises(DataError, match=cut) as caught:
-            call()
-        assert (caught.value.dataset, caught.value.shard) == ("d", first)
+        handle.truncate(os.path.getsize(first) // 2 + 20)  # mid-line
+    rows = reader.num_rows(first)
+    assert 990 < rows < 1010  # the lines left, the last one cut
+    assert reader.read(first, [rows - 2])[0]["i"] == rows - 2
+    with pytest.raises(DataError, match="malformed JSON"):
+        reader.read(first, [rows - 1])
+    with pytest.raises(DataError, match="did the file change") as caught:
+        reader.read(first, [1999])
+    assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("d", first, 1999)
