@@ -166,7 +166,7 @@ class JsonlReader:
                 )
             try:
                 value = _parse(line, start)
-            except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+            except (ValueError, RecursionError) as error:  # also UnicodeDecodeError; too deep
                 raise DataError(
                     f"malformed JSON in the line at byte {start}: {error} "
                     f"(line starts {_preview(line)!r})",

@@ -167,6 +167,15 @@ def test_a_malformed_line_in_a_compressed_file_is_reported_too(
         Dataset.from_path("d", path).read_rows(0, [1])
 
 
+def test_a_line_nested_too_deep_to_parse_names_its_row(tmp_path: Path, write_jsonl: Any) -> None:
+    """A line nested past the parser's recursion limit raised a bare RecursionError."""
+    deep = '{"meta": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path = write_jsonl(tmp_path / "a.jsonl", text=f'{{"a": 1}}\n{deep}\n')
+    with pytest.raises(DataError, match=r"row 1: malformed JSON .*recursion") as caught:
+        Dataset.from_path("d", path).read_rows(0, [0, 1])
+    assert (caught.value.dataset, caught.value.shard) == ("d", str(path))
+
+
 def test_invalid_utf8_is_malformed_json(tmp_path: Path, write_jsonl: Any) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", text=b'{"a": "\xff"}\n')
     with pytest.raises(DataError, match=r"malformed JSON.*utf-8"):
