@@ -275,17 +275,29 @@ def indexed_format(directory: str, format_: str | None) -> str | None:
     if format_ is not None and format_ not in INDEXED_FORMATS:
         return None
     index = os.path.join(directory, INDEX_FILE)
-    return check_indexed(index_format(index) if os.path.isfile(index) else None, format_, directory)
+    present = os.path.isfile(index)
+    return check_indexed(index_format(index) if present else None, format_, directory, present)
 
 
-def check_indexed(found: str | None, format_: str | None, directory: str) -> str | None:
-    """Returns `found`, the indexed format of a directory's `index.json` (None: none), when
-    it agrees with `format_`, the format asked for (None or one of `INDEXED_FORMATS`).
+def check_indexed(
+    found: str | None, format_: str | None, directory: str, present: bool = False
+) -> str | None:
+    """Returns `found`, the indexed format of a directory's `index.json` (None: none, or
+    `present` but not an MDS or LitData index), when it agrees with `format_`, the format
+    asked for (None or one of `INDEXED_FORMATS`).
 
     Raises:
         ConfigError: for a `format_` that the index contradicts or that has no index.
     """
     if format_ is not None and found != format_:
-        what = f"a {found} index" if found else f"no {format_} {INDEX_FILE}"
+        if found:
+            what = f"a {found} index"
+        elif present:
+            what = (
+                f"an {INDEX_FILE} that does not read as an MDS or LitData index (damaged or "
+                "cut short?)"
+            )
+        else:
+            what = f"no {format_} {INDEX_FILE}"
         raise ConfigError(f"`format` is {format_!r} but {directory!r} holds {what}")
     return found

@@ -138,6 +138,13 @@ class NpyReader:
             ) from None
         if tokens.ndim == 2:
             return _TokenFile(tokens=tokens, offsets=None)
+        if path.endswith(OFFSETS_SUFFIX):  # listed as a shard: its token file is gone
+            token_file = os.path.basename(path[: -len(OFFSETS_SUFFIX)] + ".npy")
+            raise DataError(
+                f"an offsets file without its token file {token_file!r} (lost, or never written?)",
+                dataset=self.dataset,
+                shard=path,
+            )
         partner = offsets_path(path)
         try:
             stored = self._load(partner) if tokens.ndim == 1 else None
@@ -153,7 +160,7 @@ class NpyReader:
         offsets = stored.astype(np.int64)
         if (
             offsets.ndim != 1
-            or len(offsets) < 2
+            or len(offsets) < 1  # [0] with no token: a file of no rows, refused as such
             or offsets[0] != 0
             or offsets[-1] != len(tokens)
             or np.any(np.diff(offsets) < 0)

@@ -62,6 +62,9 @@ def test_a_damaged_mds_index_is_not_read_as_jsonl(tmp_path: Path, damage: str) -
     index.write_text(text[: len(text) // 2] if damage == "cut short" else '{"version": 2}')
     with pytest.raises(ConfigError, match=r"does not read as an MDS or LitData index"):
         Dataset.from_path("d", tmp_path)
+    # asked for by name, it said the folder held no index.json at all
+    with pytest.raises(ConfigError, match=r"holds an index.json that does not read as an MDS"):
+        Dataset.from_path("d", tmp_path, format="mds")
 
 
 @pytest.fixture

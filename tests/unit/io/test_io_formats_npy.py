@@ -69,6 +69,28 @@ def test_an_empty_token_or_offsets_file_is_a_data_error_naming_it(
     assert caught.value.shard == str(tmp_path / empty)
 
 
+def test_an_offsets_file_without_its_token_file_is_named_as_such(tmp_path: Path) -> None:
+    """It was read as a token file of its own, and the error named 'b.offsets.offsets.npy'."""
+    np.save(tmp_path / "a.npy", np.arange(10, dtype=np.int32))
+    np.save(tmp_path / "a.offsets.npy", np.array([0, 4, 10]))
+    np.save(tmp_path / "b.offsets.npy", np.array([0, 4, 10]))
+    with pytest.raises(DataError, match=r"an offsets file without its token file 'b.npy'") as e:
+        Dataset.from_path("n", tmp_path)
+    assert e.value.shard == str(tmp_path / "b.offsets.npy")
+
+
+def test_a_token_file_of_no_documents_is_refused_as_having_no_rows(tmp_path: Path) -> None:
+    """Offsets [0] over no token: a file of no rows, as other formats say (it read as offsets
+    that do not rise, and asked whether the file had changed)."""
+    np.save(tmp_path / "a.npy", np.arange(10, dtype=np.int32))
+    np.save(tmp_path / "a.offsets.npy", np.array([0, 4, 10]))
+    np.save(tmp_path / "b.npy", np.zeros(0, dtype=np.int32))
+    np.save(tmp_path / "b.offsets.npy", np.array([0]))
+    with pytest.raises(DataError, match=r"has no rows") as caught:
+        Dataset.from_path("n", tmp_path)
+    assert caught.value.shard == str(tmp_path / "b.npy")
+
+
 def test_threads_and_pickling_read_the_same_rows(npy_dir: Path) -> None:
     assert_threads_read_like_one(lambda: Dataset.from_path("n", npy_dir), asks=50)
     dataset = Dataset.from_path("n", npy_dir)
