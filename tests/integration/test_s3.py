@@ -219,13 +219,16 @@ def test_one_object_reads_with_the_right_to_get_it_alone(tmp_path: Path, kind: s
     the bucket was refused; its prefix still is (the files are not known without a list)."""
     _write_corpus(tmp_path / "d", kind, shards=1)
     local = _all_rows(Dataset.from_path("d", tmp_path / "d" / f"part-000.{kind}"))
-    # moto checks access after its first 6 calls: 3 uploading, 3 making the user
-    with moto_server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "6"}) as (endpoint, _):
+    # moto checks access after its first 7 calls: 3 uploading, a marker, 3 making the user
+    with moto_server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "7"}) as (endpoint, _):
         upload(endpoint, tmp_path / "d", "bkt", "d")
+        # an object bearing the folder's name (as an S3 console folder marker may)
+        client(endpoint).put_object(Bucket="bkt", Key="d", Body=b"")
         getter = _users(endpoint, {"getter": ["s3:GetObject"]})["getter"]
         url = f"s3://bkt/d/part-000.{kind}"
         one = Dataset.from_path("d", url, storage_options=getter)
         assert _all_rows(one) == local
+        # a folder URL is a folder: it was opened as that object
         with pytest.raises(ConfigError, match="listing of 's3://bkt/d/' was denied"):
             Dataset.from_path("d", "s3://bkt/d/", storage_options=getter)
 

@@ -412,7 +412,9 @@ class _KeepEvery:
         self.seen = state["seen"]
 
 
-@pytest.mark.parametrize("recipe", ["plain", "filter", "stateful_filter", "pretokenized"])
+@pytest.mark.parametrize(
+    "recipe", ["plain", "filter", "stateful_filter", "pretokenized", "processes"]
+)
 def test_a_finished_pipeline_leaves_no_reference_cycle(tokenizer: Any, recipe: str) -> None:
     """The readers held the packer (told it of filtered rows) and their own barren runs held
     them: each pipeline, its decoded row groups with it, lived on until the garbage collector
@@ -433,6 +435,8 @@ def test_a_finished_pipeline_leaves_no_reference_cycle(tokenizer: Any, recipe: s
         pipeline = pipeline.filter(lambda row: True, name="all")
     if recipe == "pretokenized":
         pipeline = pipeline.pretokenized("input_ids")
+    elif recipe == "processes":  # each chunk's future settles another (Runner)
+        pipeline = pipeline.tokenize(tokenizer=tokenizer, runner="processes", parallelism=1)
     else:
         pipeline = pipeline.tokenize(tokenizer=tokenizer)
     if recipe == "stateful_filter":

@@ -266,7 +266,8 @@ def list_remote(
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
         if GLOB_CHARS.intersection(root):
             return "glob", fs.glob(root, detail=True)
-        found = find_detailed(fs, root)  # a file lists as itself: no separate isdir/isfile
+        # a file lists as itself: no separate isdir/isfile
+        found = find_detailed(fs, root, folder=url.endswith("/"))
         if list(found) == [root.rstrip("/")]:
             return "file", found
         if found or fs.isdir(root):
@@ -309,14 +310,15 @@ def list_remote(
     return Listing(format_, [(path, identity(name(path), infos[path])) for path in paths], fs=fs)
 
 
-def find_detailed(fs: Any, path: str) -> dict[str, dict[str, Any]]:
+def find_detailed(fs: Any, path: str, *, folder: bool = False) -> dict[str, dict[str, Any]]:
     """`fs.find(path, detail=True)`: each file under `path` (or `path` itself) with its info;
     adlfs lists a file by its name alone, detail or not, so its infos are asked for. Where
-    listing is denied and `path` names one object, that object (`one_object`)."""
+    listing is denied and `path` names one object, that object (`one_object`); not for a
+    `folder` (a URL written with a trailing slash, which file systems strip)."""
     try:
         found = fs.find(path, detail=True)
     except Exception as error:
-        alone = one_object(fs, path) if denied(error) else None
+        alone = one_object(fs, path) if denied(error) and not folder else None
         if alone is None:
             raise
         return alone

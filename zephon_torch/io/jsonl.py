@@ -219,8 +219,10 @@ class JsonlReader:
             buffer = self._buffer(path)
             check_whole(buffer, dataset=self.dataset, shard=path)
             return lambda starts, ends: [buffer[a:b] for a, b in zip(starts, ends, strict=True)]
+        # the file object itself, not its number: another thread may evict it from the LRU
+        # meanwhile, and the number, closed, would be reused by the next shard opened
         handle = self._files.get_or_load(path, partial(_open_binary, path))
-        return partial(_read_spans, handle.fileno())
+        return lambda starts, ends: _read_spans(handle.fileno(), starts, ends)
 
     def _compression_of(self, path: str) -> Compression | None:
         if path in self._compression:

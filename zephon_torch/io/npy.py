@@ -138,18 +138,18 @@ class NpyReader:
             ) from None
         if tokens.ndim == 2:
             return _TokenFile(tokens=tokens, offsets=None)
-        if path.endswith(OFFSETS_SUFFIX):  # listed as a shard: its token file is gone
-            token_file = os.path.basename(path[: -len(OFFSETS_SUFFIX)] + ".npy")
-            raise DataError(
-                f"an offsets file without its token file {token_file!r} (lost, or never written?)",
-                dataset=self.dataset,
-                shard=path,
-            )
         partner = offsets_path(path)
         try:
             stored = self._load(partner) if tokens.ndim == 1 else None
         except FileNotFoundError:
             stored = None
+        if stored is None and path.endswith(OFFSETS_SUFFIX):  # listed as a shard, without
+            token_file = os.path.basename(path[: -len(OFFSETS_SUFFIX)] + ".npy")  # its tokens
+            raise DataError(
+                f"an offsets file without its token file {token_file!r} (lost, or never written?)",
+                dataset=self.dataset,
+                shard=path,
+            )
         if stored is None:
             raise DataError(
                 f"holds an array of shape {tokens.shape}: a token file is 2-D [rows, tokens], "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Literal
@@ -101,7 +102,17 @@ def _raising(pending: Future[Chunk | _Raised]) -> Future[Chunk]:
         else:
             result.set_result(value)  # type: ignore[arg-type]
 
-    result.add_done_callback(lambda f: pending.cancel() if f.cancelled() else None)
+    # weakly: each future's callbacks stay on it once it is done, and a cycle through them
+    # would hold the chunk's documents until the garbage collector ran (a finished `pending`
+    # is gone then, and cancelling it would do nothing)
+    pending_ref = weakref.ref(pending)
+
+    def cancel_pending(outcome: Future[Chunk]) -> None:
+        running = pending_ref()
+        if running is not None and outcome.cancelled():
+            running.cancel()
+
+    result.add_done_callback(cancel_pending)
     pending.add_done_callback(settle)
     return result
 

@@ -84,7 +84,7 @@ class TokenizeChatOp:
         self.tokenizer = tokenizer
         self.field = field
         self.template, self.template_name = resolve_template(chat_template, template_name)
-        if self.template_name == "chatml" and tokenizer.backend.token_to_id(_CHATML_START) is None:
+        if self.template is chatml and tokenizer.backend.token_to_id(_CHATML_START) is None:
             warnings.warn(
                 f"the tokenizer has no {_CHATML_START} token: the built-in chatml template's "
                 "markers are tokenized as plain text, a format the model may never see at "

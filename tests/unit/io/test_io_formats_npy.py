@@ -77,6 +77,11 @@ def test_an_offsets_file_without_its_token_file_is_named_as_such(tmp_path: Path)
     with pytest.raises(DataError, match=r"an offsets file without its token file 'b.npy'") as e:
         Dataset.from_path("n", tmp_path)
     assert e.value.shard == str(tmp_path / "b.offsets.npy")
+    # a token file of that name, with offsets of its own, reads
+    np.save(tmp_path / "b.offsets.offsets.npy", np.array([0, 1, 3]))
+    assert Dataset.from_path("n", tmp_path / "b.offsets.npy").read_rows(0, [1])[0][
+        "input_ids"
+    ].tolist() == [4, 10]
 
 
 def test_a_token_file_of_no_documents_is_refused_as_having_no_rows(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -128,3 +129,44 @@ def test_a_jsonl_shard_cut_short_after_it_was_indexed_is_indexed_again_as_it_is(
     with pytest.raises(DataError, match="did the file change") as caught:
         reader.read(first, [1999])
     assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("d", first, 1999)
+
+
+def test_threads_reading_more_jsonl_shards_than_stay_open_read_each_row_from_its_own(
+    tmp_path: Path,
+) -> None:
+    """The read kept the descriptor's number, not the file: another thread evicting the shard
+    closed it, and the next shard opened took the number, so rows came from other shards (or
+    'Bad file descriptor', or a false 'cut short')."""
+    import random
+    import threading
+
+    from zephon_torch.io.jsonl import JsonlReader
+
+    paths = []
+    for shard in range(24):
+        path = tmp_path / f"s{shard:02d}.jsonl"
+        path.write_text("".join(json.dumps({"s": shard, "r": r}) + "\n" for r in range(100)))
+        paths.append(str(path))
+    reader = JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"), max_open=2)
+    for path in paths:
+        reader.num_rows(path)
+    wrong: list[tuple[int, int, Any]] = []
+
+    def read(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(1500):
+            shard = rng.randrange(len(paths))
+            rows = sorted(rng.sample(range(100), 3))
+            try:
+                got = [(row["s"], row["r"]) for row in reader.read(paths[shard], rows)]
+            except Exception as error:
+                wrong.append((shard, -1, repr(error)))
+                continue
+            wrong.extend((shard, r, g) for r, g in zip(rows, got) if g != (shard, r))
+
+    threads = [threading.Thread(target=read, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

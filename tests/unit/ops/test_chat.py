@@ -198,3 +198,22 @@ def test_templates_of_one_factory_are_told_apart_by_their_template_name(tokenize
     unnamed = pipeline("A: ", None).fingerprint()
     assert unnamed == pipeline("### Response:\n", None).fingerprint()
     assert "template_with.<locals>.template" in str(unnamed)
+
+
+def test_the_chatml_warning_follows_the_template_not_its_name(tokenizer: Any) -> None:
+    """The warning of chatml over a tokenizer without its markers looked at the fingerprint
+    name: chatml named otherwise went unwarned, a template of one's own named 'chatml' was."""
+    import warnings
+
+    dataset = Dataset.from_dict("sft", {"messages": conversations(2, seed=1)})
+
+    def build(template: Any, name: str) -> None:
+        Pipeline(StaticMixtureWorkSource([dataset])).tokenize_chat(
+            tokenizer=tokenizer, chat_template=template, template_name=name
+        ).pack_flat(64).batch(1).fingerprint()
+
+    with pytest.warns(UserWarning, match="has no <\\|im_start\\|> token"):
+        build("chatml", "chatml-v2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build(_template_with("A: "), "chatml")
