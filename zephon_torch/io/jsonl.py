@@ -89,7 +89,9 @@ class JsonlReader:
         self._open_caches()
 
     def _open_caches(self) -> None:
-        self._indexes: LruCache[LineIndex] = LruCache(self.max_open)
+        # each shard's line index, with the size and inode of the plain local file it indexes
+        # (None: a compressed shard or a download, which nothing rewrites in place)
+        self._indexes: LruCache[tuple[LineIndex, tuple[int, int] | None]] = LruCache(self.max_open)
         self._files: LruCache[BinaryIO] = LruCache(self.max_open)  # plain shards, read by pread
         # mapped files of evicted shards hold their disk space until unmapped: an eighth of
         # the cache at most, as remote readers keep open
@@ -125,7 +127,7 @@ class JsonlReader:
     def num_rows(self, path: str) -> int:
         """Returns the number of non-blank lines of the shard, from its (cached) line index."""
         try:
-            return int(self._index(path).shape[1])
+            return int(self._index(path)[0].shape[1])
         except FileNotFoundError:
             raise self._missing(path) from None
 
@@ -145,8 +147,8 @@ class JsonlReader:
                 that is gone.
         """
         try:
-            index = self._index(path)
-            lines = self._lines(path)
+            index, indexed = self._index(path)
+            lines = self._lines(path, indexed)
         except FileNotFoundError:
             raise self._missing(path) from None
         positions = as_row_array(rows)
@@ -191,13 +193,18 @@ class JsonlReader:
             f"the shard file is missing{CHANGED_NOTE}", dataset=self.dataset, shard=path
         )
 
-    def _index(self, path: str) -> LineIndex:
-        return self._indexes.get_or_load(
-            path,
-            lambda: load_or_build(
-                path, self.index_cache_dir, lambda: self._whole(path), name=self._download(path)
-            ),
-        )
+    def _index(self, path: str) -> tuple[LineIndex, tuple[int, int] | None]:
+        """The shard's line index, and the size and inode of the plain local file it indexes."""
+        return self._indexes.get_or_load(path, partial(self._load_index, path))
+
+    def _load_index(self, path: str) -> tuple[LineIndex, tuple[int, int] | None]:
+        download = self._download(path)
+        indexed = None
+        if download is None and self._compression_of(path) is None:
+            stat = os.stat(path)  # before the scan: a change during it is seen at the reads
+            indexed = (stat.st_size, stat.st_ino)
+        index = load_or_build(path, self.index_cache_dir, lambda: self._whole(path), name=download)
+        return index, indexed
 
     def _whole(self, path: str) -> mmap.mmap | bytes:
         """The shard's buffer, checked against its file before the line index scans it: its
@@ -212,9 +219,16 @@ class JsonlReader:
         source = os.path.abspath(path)
         return os.path.basename(source) if os.path.dirname(source) == self.cache.directory else None
 
-    def _lines(self, path: str) -> Callable[[list[int], list[int]], list[bytes | None]]:
+    def _lines(
+        self, path: str, indexed: tuple[int, int] | None
+    ) -> Callable[[list[int], list[int]], list[bytes | None]]:
         """Gives the lines at byte spans ``(starts[i], ends[i])`` of the shard, in order; None
-        for one the file no longer holds whole (cut short since it was indexed)."""
+        for one the file no longer holds whole (cut short since it was indexed).
+
+        Raises:
+            DataError: when the plain file open here is not the one indexed (``indexed``: its
+                size and inode then): rewritten in place, its lines lie elsewhere.
+        """
         if self._compression_of(path) is not None:  # a file of ours, never cut: sliced
             buffer = self._buffer(path)
             check_whole(buffer, dataset=self.dataset, shard=path)
@@ -222,6 +236,15 @@ class JsonlReader:
         # the file object itself, not its number: another thread may evict it from the LRU
         # meanwhile, and the number, closed, would be reused by the next shard opened
         handle = self._files.get_or_load(path, partial(_open_binary, path))
+        if indexed is not None:
+            now = os.fstat(handle.fileno())  # one call per read, about 1 us
+            if (now.st_size, now.st_ino) != indexed:
+                raise DataError(
+                    f"the shard file changed since its lines were indexed ({indexed[0]} bytes, "
+                    f"now {now.st_size}): open the dataset again{CHANGED_NOTE}",
+                    dataset=self.dataset,
+                    shard=path,
+                )
         return lambda starts, ends: _read_spans(handle.fileno(), starts, ends)
 
     def _compression_of(self, path: str) -> Compression | None:

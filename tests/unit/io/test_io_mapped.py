@@ -48,7 +48,7 @@ def test_a_shard_cut_short_while_mapped_is_a_data_error_naming_it(
     first = dataset.read_rows(0, [0])  # the shard is mapped now
     with open(shard, "r+b") as handle:  # rewritten in place, shorter
         handle.truncate(os.path.getsize(shard) // 2)
-    cut = r"was cut to \d+ bytes while \d+ were mapped|was cut short: it ends before the line"
+    cut = r"was cut to \d+ bytes while \d+ were mapped|changed since its lines were indexed"
     with pytest.raises(DataError, match=cut) as caught:
         dataset.read_rows(0, [last])
     assert (caught.value.dataset, caught.value.shard) == ("d", dataset.shards[0].path)
@@ -170,3 +170,21 @@ def test_threads_reading_more_jsonl_shards_than_stay_open_read_each_row_from_its
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_a_jsonl_shard_rewritten_in_place_is_named_as_changed_not_misread(tmp_path: Path) -> None:
+    """Repaired in place (longer now), a shard kept its old line index in a reader that had
+    read it: the old line spans cut the new lines, and the error blamed a sound row."""
+    from zephon_torch.io.jsonl import JsonlReader
+
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(50)))
+    reader = JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"))
+    assert reader.read(str(path), [49]) == [{"i": 49}]
+    with open(path, "r+") as handle:  # in place: the same inode, longer lines
+        handle.write("".join(json.dumps({"i": i, "fixed": True}) + "\n" for i in range(50)))
+    with pytest.raises(DataError, match="changed since its lines were indexed") as caught:
+        reader.read(str(path), [33])
+    assert (caught.value.shard, caught.value.row) == (str(path), None)
+    fresh = JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"))
+    assert fresh.read(str(path), [33]) == [{"i": 33, "fixed": True}]
