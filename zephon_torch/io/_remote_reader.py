@@ -457,25 +457,38 @@ class RemoteReader:
     def _check_unchanged(self, fs_path: str, item: CachedObject) -> None:
         """``DataError`` when the object's size or version now differs from its listing's.
 
-        Listed again as the dataset was (``find``: file systems report a version in another
-        form through ``info``); a version that either listing lacks is not compared."""
+        Asked first by ``info`` (one HEAD; a listing of one object cost two requests, 13 ms
+        a shard against 6 on loopback S3): the same size and version settle it. Else it is
+        listed again as the dataset was (``find``: a file system may report a version in
+        another form through ``info``), which decides; a version that either listing lacks is
+        not compared."""
         if item.url.startswith("hf://") and "@" in item.url:
             return  # listed at a commit: it cannot change (and hub listings are rate-limited)
         fs = self._filesystem()
         key = fs_path.rstrip("/")
 
-        def relist() -> Mapping[str, Any] | None:
+        def head() -> Mapping[str, Any] | None:
             fs.invalidate_cache(fs_path)  # not the first listing's answer again
+            try:
+                found: Mapping[str, Any] = fs.info(fs_path)
+            except Exception:  # any doubt (denied, missing, an error): the listing decides
+                return None
+            return found
+
+        def relist() -> Mapping[str, Any] | None:
+            fs.invalidate_cache(fs_path)
             found = find_detailed(fs, fs_path)
             return next((i for n, i in found.items() if n.rstrip("/") == key), None)
 
+        quick = head()
+        if quick is not None and quick.get("size") is not None and _same(item, quick):
+            return
         info = call_with_retry(relist, url=item.url, policy=self.options.retry, what="listing")
         if info is None:
             return  # listed under another name: nothing to compare
         info = sized(fs, fs_path, info, url=item.url, retry=self.options.retry)
-        now = identity(item.url, info)
-        versions = item.version and now.version
-        if now.size != item.size or (versions and now.version != item.version):
+        if not _same(item, info):
+            now = identity(item.url, info)
             raise DataError(
                 f"the object changed since it was listed (size {item.size}, version "
                 f"{item.version!r}; now size {now.size}, version {now.version!r}){CHANGED_NOTE}",
@@ -531,3 +544,11 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _same(item: CachedObject, info: Mapping[str, Any]) -> bool:
+    """Whether ``info`` (with a size) gives ``item``'s size, and its version where both have
+    one."""
+    now = identity(item.url, info)
+    versions = item.version and now.version
+    return now.size == item.size and not (versions and now.version != item.version)
