@@ -96,6 +96,20 @@ def test_a_state_saved_mid_step_is_refused_on_two_ranks(
     assert "saved mid-step: lanes at turns [1, 2]" in failed["stderr"]
 
 
+def test_ranks_running_different_recipes_are_named_when_the_state_is_gathered(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Each rank stamped the gathered lanes with its own fingerprint: a state of two recipes
+    was saved without a word, and its resume failed as if the data had changed."""
+    failed = torchrun(
+        2, tmp_path / "r2", tokenizer_path, "--steps", "4", "--save-at", "2",
+        "--last-rank-algorithm", "best_fit", fails=True,
+    )  # fmt: skip
+    assert "the ranks run different recipes" in failed["stderr"]
+    assert "on rank 0" in failed["stderr"] and "'best_fit'" in failed["stderr"]
+    assert not (tmp_path / "r2" / "state.json").exists()
+
+
 @pytest.mark.parametrize(("exhaustion", "workers"), [("repeat", "0"), ("stop", "2")])
 def test_ranks_iterating_again_mid_step_go_on_as_one_process(
     tmp_path: Path, tokenizer_path: Path, exhaustion: str, workers: str

@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--exhaustion", default="repeat")
     parser.add_argument(
+        "--last-rank-algorithm", default="wrap", help="another recipe on the last rank"
+    )
+    parser.add_argument(
         "--again-every", type=int, default=0, help="iterate the loader anew after this many items"
     )
     args = parser.parse_args()
@@ -42,6 +45,7 @@ def main() -> None:
     tokenizer = Tokenizer.from_file(args.tokenizer)
     pipeline = small_pipeline(
         tokenizer,
+        algorithm=args.last_rank_algorithm if rank == world - 1 else "wrap",
         lanes=args.lanes,
         exhaustion=args.exhaustion,
         datasets=two_sources(40, 30, shard_size=8),

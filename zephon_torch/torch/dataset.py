@@ -203,7 +203,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             lanes.update({k: v for k, v in loaded["lanes"].items() if k in lanes})
         lanes.update(copy.deepcopy(delivered))
         if get_worker_info() is None and distributed_ready():
-            lanes = all_gather_lane_states(lanes)
+            recipe = {**base["fingerprint"], "token estimation": base.get("estimation")}
+            lanes = all_gather_lane_states(lanes, recipe)
         base["lanes"] = lanes
         # a worker left idle (StatefulDataLoader) holds no lanes
         base["step"] = min(((0 if s is None else s["turn"]) for s in lanes.values()), default=0)

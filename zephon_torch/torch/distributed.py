@@ -58,16 +58,47 @@ def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, 
     return found
 
 
-def all_gather_lane_states(lanes: dict[str, Any]) -> dict[str, Any]:
-    """Every rank's lane states merged, on every rank (a collective: call it on all ranks)."""
+def all_gather_lane_states(lanes: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's lane states merged, on every rank (a collective: call it on all ranks).
+
+    ``recipe`` (the fingerprint and token estimation) is gathered too: ranks whose recipes
+    differ (another seed, mixture or packing on one of them) give other global batches than
+    one process would, and their lanes would make one state of two recipes.
+
+    Raises:
+        ConfigError: on every rank, naming the settings and the ranks that differ from rank 0.
+    """
     if not distributed_ready() or dist.get_world_size() == 1:
         return dict(lanes)
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, lanes)
+    dist.all_gather_object(gathered, (recipe, lanes))
+    check_same_recipe([part[0] for part in gathered])
     merged: dict[str, Any] = {}
-    for part in gathered:
+    for _, part in gathered:
         merged.update(part)
     return dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+
+
+def check_same_recipe(recipes: list[dict[str, Any]]) -> None:
+    """``ConfigError`` unless every rank's recipe (by rank) equals rank 0's."""
+    first = recipes[0]
+    differences = []
+    for rank, recipe in enumerate(recipes[1:], start=1):
+        keys = sorted(k for k in set(first) | set(recipe) if first.get(k) != recipe.get(k))
+        differences += [
+            f"{key}: {first.get(key)!r} on rank 0, {recipe.get(key)!r} on rank {rank}"
+            for key in keys
+        ]
+    if differences:
+        shown = "; ".join(differences[:_SHOWN])
+        more = f" (and {len(differences) - _SHOWN} more)" if len(differences) > _SHOWN else ""
+        raise ConfigError(
+            "the ranks run different recipes, so the global batches are not one process's "
+            f"and no state of them could resume: {shown}{more}"
+        )
+
+
+_SHOWN = 6  # differences named in the error
 
 
 def equal_ending(
