@@ -61,7 +61,13 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     it. ``state_dict()`` describes what this process's iterator has yielded: exact with
     ``num_workers=0`` and inside StatefulDataLoader's workers. With a plain DataLoader and
     workers, use ``zephon_torch.torch.DataLoader``, which tracks delivered state in the main
-    process and lets ``num_workers`` change between save and load. Only that loader also keeps
+    process and lets ``num_workers`` change between save and load. With workers under torch's
+    loaders, every new pass (another ``for`` loop, the next epoch) starts where this dataset
+    stands in the main process (its start, or the state loaded into it), since workers cannot
+    tell it what they delivered: it repeats the data, and so does a StatefulDataLoader state
+    saved after the stream ended (torchdata takes it as the start of the next pass). Use
+    ``exhaustion="repeat"`` with a step budget (one pass that never ends) there, or
+    ``zephon_torch.torch.DataLoader``, whose passes continue. Only that loader also keeps
     the one-process order at the end of a finite stream (``exhaustion="stop"``) with several
     workers: elsewhere a worker whose lanes are spent stops, and torch's round robin then
     regroups the remaining micro-batches (data and state stay exact; their order does not).
