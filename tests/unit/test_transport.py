@@ -35,3 +35,22 @@ def test_a_training_item_round_trips_through_one_buffer() -> None:
         else:
             assert back[name] == value
     assert unpack({"input_ids": ids}) == {"input_ids": ids}  # an item never packed
+
+
+def test_ranks_recipes_are_compared_by_setting_naming_each_rank() -> None:
+    """The check the loader's gathered state makes: equal recipes pass (a NaN figure too, not
+    equal to itself), and each differing setting is named with rank 0's value and the rank's."""
+    import pytest
+
+    from zephon_torch.errors import ConfigError
+    from zephon_torch.torch.distributed import check_same_recipe
+
+    same = {"seed": 7, "token estimation": {"a": float("nan")}, "pack": {"algorithm": "wrap"}}
+    check_same_recipe([same, dict(same), dict(same)])
+    other = {**same, "pack": {"algorithm": "best_fit"}}
+    with pytest.raises(ConfigError, match="the ranks run different recipes") as caught:
+        check_same_recipe([same, dict(same), other, {**same, "seed": 8}])
+    message = str(caught.value)
+    assert "pack: {'algorithm': 'wrap'} on rank 0, {'algorithm': 'best_fit'} on rank 2" in message
+    assert "seed: 7 on rank 0, 8 on rank 3" in message
+    assert "rank 1" not in message

@@ -8,6 +8,7 @@ a malformed environment value: silently training on the wrong lanes is the failu
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -84,7 +85,9 @@ def check_same_recipe(recipes: list[dict[str, Any]]) -> None:
     first = recipes[0]
     differences = []
     for rank, recipe in enumerate(recipes[1:], start=1):
-        keys = sorted(k for k in set(first) | set(recipe) if first.get(k) != recipe.get(k))
+        keys = sorted(
+            k for k in set(first) | set(recipe) if not _equal(first.get(k), recipe.get(k))
+        )
         differences += [
             f"{key}: {first.get(key)!r} on rank 0, {recipe.get(key)!r} on rank {rank}"
             for key in keys
@@ -99,6 +102,11 @@ def check_same_recipe(recipes: list[dict[str, Any]]) -> None:
 
 
 _SHOWN = 6  # differences named in the error
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal, or equal as JSON (a NaN figure is not equal to itself)."""
+    return bool(a == b) or json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def equal_ending(
