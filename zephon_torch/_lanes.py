@@ -242,7 +242,8 @@ def deliver(
             start = time.perf_counter() if counting else 0.0
             batch = next(stream, None)
             if batch is None:
-                if not pipeline._endless:  # endless: DataLoader workers, whose loader tells
+                # endless or quiet: DataLoader workers, whose loader tells
+                if not (pipeline._endless or pipeline._quiet_spent):
                     warn_if_spent(resumed, delivered)
                 return
             delivered += 1

@@ -83,6 +83,7 @@ class Pipeline:
         self._lane_states: dict[int, dict[str, Any] | None] = {}
         self._lane_subset: tuple[int, ...] | None = None
         self._endless = False  # a DataLoader worker's part: padding after its lanes are spent
+        self._quiet_spent = False  # a worker whose loader warns of a spent state itself
         self._estimation: dict[str, dict[str, float]] | None = None
         self._resolved: dict[str, ResolvedTokenizer] = {}
         self._live: Prefetcher[Batch] | None = None
@@ -455,17 +456,20 @@ class Pipeline:
             canonical_replicas=self._options.canonical_replicas, world_size=world_size, rank=rank
         )
 
-    def with_lanes(self, lanes: list[int], *, endless: bool = False) -> Pipeline:
+    def with_lanes(
+        self, lanes: list[int], *, endless: bool = False, quiet: bool = False
+    ) -> Pipeline:
         """The same recipe emitting only ``lanes`` (a subset of the rank's), in (turn, lane)
         order; used to split a rank's lanes across DataLoader workers. ``endless``: once these
         lanes are spent, keep yielding all-padding micro-batches rather than stopping, so that
-        the main process, which sees every lane, decides where the rank's stream ends."""
+        the main process, which sees every lane, decides where the rank's stream ends.
+        ``quiet``: no warning of an iteration of a spent state (the loader gives it)."""
         own = set(self.lanes)
         if not set(lanes) <= own:
             raise ConfigError(
                 f"lanes {sorted(set(lanes) - own)} are not this rank's lanes {sorted(own)}"
             )
-        return self._with(_lane_subset=tuple(sorted(lanes)), _endless=endless)
+        return self._with(_lane_subset=tuple(sorted(lanes)), _endless=endless, _quiet_spent=quiet)
 
     def fingerprint(self) -> dict[str, Any]:
         """Every data-affecting setting, flat; a saved state must match it key by key."""

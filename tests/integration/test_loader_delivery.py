@@ -155,7 +155,7 @@ def test_a_plain_loader_over_a_dataset_a_zephon_loader_used_gets_plain_training_
 @pytest.mark.parametrize("workers", [0, 1, 2])  # one worker's warning stayed in the worker
 @pytest.mark.parametrize("rows", [(6, 4), (40, 30)])
 def test_iterating_a_spent_loader_again_warns_once(
-    tokenizer: Any, workers: int, rows: tuple[int, int]
+    tokenizer: Any, workers: int, rows: tuple[int, int], capfd: pytest.CaptureFixture[str]
 ) -> None:
     pipeline = build(tokenizer, exhaustion="stop", datasets=two_sources(*rows, shard_size=3))
     loader = DataLoader(pipeline, num_workers=workers, multiprocessing_context="spawn")
@@ -167,3 +167,4 @@ def test_iterating_a_spent_loader_again_warns_once(
         again = [item["num_valid_tokens"] for item in loader]
     assert len(caught) == 1 and "every lane of this pipeline is spent" in str(caught[0].message)
     assert sum(again) == 0
+    assert "gave no data" not in capfd.readouterr().err  # nor once more by a worker

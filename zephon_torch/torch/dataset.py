@@ -146,7 +146,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                 calibrated(pipeline)
         # a copy per iteration, from what was delivered: loaders sharing the dataset, and
         # iterators of one loader, never move each other
-        pipeline = pipeline.with_lanes(mine, endless=self.endless)
+        # in a worker of zephon_torch's loader, which warns of a spent state in the main process
+        quiet = self.with_meta and info is not None
+        pipeline = pipeline.with_lanes(mine, endless=self.endless, quiet=quiet)
         if states:
             state = pipeline.state_dict()
             state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}

@@ -118,7 +118,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         dataset.pack_transport = self.num_workers > 0 and self._pack_transport
         dataset.endless = self.num_workers > 1 or uncut
         # where one pipeline runs this rank's stream to its end, it warns of a spent state
-        told = self.num_workers > 0 or uncut  # a worker's warning stays in the worker
+        told = self.num_workers > 0 or uncut  # its workers' pipelines are quiet (`with_lanes`)
         resumed = told and any(
             s is not None for s in dataset.resume_lanes(self._delivered).values()
         )
