@@ -89,9 +89,11 @@ class JsonlReader:
         self._open_caches()
 
     def _open_caches(self) -> None:
-        # each shard's line index, with the size and inode of the plain local file it indexes
-        # (None: a compressed shard or a download, which nothing rewrites in place)
-        self._indexes: LruCache[tuple[LineIndex, tuple[int, int] | None]] = LruCache(self.max_open)
+        self._indexes: LruCache[LineIndex] = LruCache(self.max_open)
+        # each plain local shard's size, inode and mtime when first indexed here (a few ints a
+        # shard, never evicted: a shard read again after both its LRU entries went must still
+        # be the file first indexed; downloads and decompressed files are never rewritten)
+        self._identities: dict[str, tuple[int, int, int]] = {}
         self._files: LruCache[BinaryIO] = LruCache(self.max_open)  # plain shards, read by pread
         # mapped files of evicted shards hold their disk space until unmapped: an eighth of
         # the cache at most, as remote readers keep open
@@ -127,7 +129,7 @@ class JsonlReader:
     def num_rows(self, path: str) -> int:
         """Returns the number of non-blank lines of the shard, from its (cached) line index."""
         try:
-            return int(self._index(path)[0].shape[1])
+            return int(self._index(path).shape[1])
         except FileNotFoundError:
             raise self._missing(path) from None
 
@@ -147,8 +149,8 @@ class JsonlReader:
                 that is gone.
         """
         try:
-            index, indexed = self._index(path)
-            lines = self._lines(path, indexed)
+            index = self._index(path)
+            lines = self._lines(path)
         except FileNotFoundError:
             raise self._missing(path) from None
         positions = as_row_array(rows)
@@ -193,18 +195,35 @@ class JsonlReader:
             f"the shard file is missing{CHANGED_NOTE}", dataset=self.dataset, shard=path
         )
 
-    def _index(self, path: str) -> tuple[LineIndex, tuple[int, int] | None]:
-        """The shard's line index, and the size and inode of the plain local file it indexes."""
+    def _index(self, path: str) -> LineIndex:
         return self._indexes.get_or_load(path, partial(self._load_index, path))
 
-    def _load_index(self, path: str) -> tuple[LineIndex, tuple[int, int] | None]:
+    def _load_index(self, path: str) -> LineIndex:
         download = self._download(path)
-        indexed = None
         if download is None and self._compression_of(path) is None:
-            stat = os.stat(path)  # before the scan: a change during it is seen at the reads
-            indexed = (stat.st_size, stat.st_ino)
-        index = load_or_build(path, self.index_cache_dir, lambda: self._whole(path), name=download)
-        return index, indexed
+            # before the scan: a change during it is seen at the reads
+            self._check_identity(path, _identity(os.stat(path)))
+        return load_or_build(path, self.index_cache_dir, lambda: self._whole(path), name=download)
+
+    def _check_identity(self, path: str, now: tuple[int, int, int]) -> None:
+        """``DataError`` when the plain shard at ``path`` is not the file first indexed here
+        (``now``: its size, inode and mtime): rewritten in place, appended to or replaced, its
+        lines lie elsewhere, and its rows are not those the dataset was opened with."""
+        first = self._identities.setdefault(path, now)
+        if now == first:
+            return
+        if now[1] != first[1]:
+            how = "replaced by another file"
+        elif now[0] != first[0]:
+            how = f"rewritten or appended to ({first[0]} bytes, now {now[0]})"
+        else:
+            how = "rewritten (its modification time moved)"
+        raise DataError(
+            f"the shard file was {how} since it was first read here: open the dataset again"
+            f"{CHANGED_NOTE}",
+            dataset=self.dataset,
+            shard=path,
+        )
 
     def _whole(self, path: str) -> mmap.mmap | bytes:
         """The shard's buffer, checked against its file before the line index scans it: its
@@ -219,15 +238,13 @@ class JsonlReader:
         source = os.path.abspath(path)
         return os.path.basename(source) if os.path.dirname(source) == self.cache.directory else None
 
-    def _lines(
-        self, path: str, indexed: tuple[int, int] | None
-    ) -> Callable[[list[int], list[int]], list[bytes | None]]:
+    def _lines(self, path: str) -> Callable[[list[int], list[int]], list[bytes | None]]:
         """Gives the lines at byte spans ``(starts[i], ends[i])`` of the shard, in order; None
         for one the file no longer holds whole (cut short since it was indexed).
 
         Raises:
-            DataError: when the plain file open here is not the one indexed (``indexed``: its
-                size and inode then): rewritten in place, its lines lie elsewhere.
+            DataError: when the plain file open here is not the one first indexed
+                (``_check_identity``; one ``fstat`` a read call, about 1 us).
         """
         if self._compression_of(path) is not None:  # a file of ours, never cut: sliced
             buffer = self._buffer(path)
@@ -236,15 +253,8 @@ class JsonlReader:
         # the file object itself, not its number: another thread may evict it from the LRU
         # meanwhile, and the number, closed, would be reused by the next shard opened
         handle = self._files.get_or_load(path, partial(_open_binary, path))
-        if indexed is not None:
-            now = os.fstat(handle.fileno())  # one call per read, about 1 us
-            if (now.st_size, now.st_ino) != indexed:
-                raise DataError(
-                    f"the shard file changed since its lines were indexed ({indexed[0]} bytes, "
-                    f"now {now.st_size}): open the dataset again{CHANGED_NOTE}",
-                    dataset=self.dataset,
-                    shard=path,
-                )
+        if self._download(path) is None:
+            self._check_identity(path, _identity(os.fstat(handle.fileno())))
         return lambda starts, ends: _read_spans(handle.fileno(), starts, ends)
 
     def _compression_of(self, path: str) -> Compression | None:
@@ -312,6 +322,12 @@ class JsonlReader:
             held = (os.getpid(), ShardCache(self.cache.directory, self.cache.max_bytes))
             self._shard_cache = held
         return held[1]
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int]:
+    """A plain shard file's size, inode and mtime: what a rewrite, an append or a replacement
+    changes (not its ctime, which a `chmod` of the dataset's folder would move too)."""
+    return stat.st_size, stat.st_ino, stat.st_mtime_ns
 
 
 def _open_binary(path: str) -> BinaryIO:

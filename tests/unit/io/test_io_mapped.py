@@ -48,7 +48,7 @@ def test_a_shard_cut_short_while_mapped_is_a_data_error_naming_it(
     first = dataset.read_rows(0, [0])  # the shard is mapped now
     with open(shard, "r+b") as handle:  # rewritten in place, shorter
         handle.truncate(os.path.getsize(shard) // 2)
-    cut = r"was cut to \d+ bytes while \d+ were mapped|changed since its lines were indexed"
+    cut = r"was cut to \d+ bytes while \d+ were mapped|was rewritten or appended to"
     with pytest.raises(DataError, match=cut) as caught:
         dataset.read_rows(0, [last])
     assert (caught.value.dataset, caught.value.shard) == ("d", dataset.shards[0].path)
@@ -99,36 +99,41 @@ def test_a_jsonl_shard_cut_short_while_its_rows_are_read_is_a_data_error(tmp_pat
     assert done.stdout.startswith("DataError"), done.stdout + done.stderr[-2000:]
 
 
-def test_a_jsonl_shard_cut_short_after_it_was_indexed_is_indexed_again_as_it_is(
+def test_a_jsonl_shard_changed_after_both_its_cache_entries_went_is_still_refused(
     tmp_path: Path,
 ) -> None:
-    """The line index left the reader's memory while the shard was in use: rebuilding it (the
-    file's size changed, so the cached index is not reused) scans the file as it is now, not
-    a stale map of it; a row past its new end is a DataError naming the change."""
+    """The line index and the open file leave their LRUs apart: a shard changed after both
+    went was indexed and read again as it is now, without a word (rows of another version
+    than the dataset was opened with), whether cut short in place or replaced by rename."""
     from zephon_torch.io.jsonl import JsonlReader
 
-    shards = [tmp_path / f"{name}.jsonl" for name in "abc"]
+    shards = [tmp_path / f"{name}.jsonl" for name in "abcd"]
     for shard in shards:
         lines = (json.dumps({"text": "x" * 90, "i": i}) + "\n" for i in range(2000))
         shard.write_text("".join(lines))
-    index_dir = str(tmp_path / "idx")
-    for shard in shards:  # the line indexes on disk
-        JsonlReader(dataset="d", index_cache_dir=index_dir).num_rows(str(shard))
-    reader = JsonlReader(dataset="d", index_cache_dir=index_dir, max_open=2)
-    first, second, third = (str(shard) for shard in shards)
-    reader.read(first, [0])  # open; its index from disk
-    reader.num_rows(second)
-    reader.num_rows(third)  # the first shard's index leaves the LRU, its descriptor too
+    reader = JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"), max_open=2)
+    first, second, third, fourth = (str(shard) for shard in shards)
+    reader.read(first, [0])  # indexed and open
+    reader.read(second, [0])
+    reader.read(third, [0])  # the first shard's index and file leave the LRUs
     with open(first, "r+b") as handle:
         handle.truncate(os.path.getsize(first) // 2 + 20)  # mid-line
-    rows = reader.num_rows(first)
-    assert 990 < rows < 1010  # the lines left, the last one cut
-    assert reader.read(first, [rows - 2])[0]["i"] == rows - 2
-    with pytest.raises(DataError, match="malformed JSON"):
-        reader.read(first, [rows - 1])
-    with pytest.raises(DataError, match="did the file change") as caught:
-        reader.read(first, [1999])
-    assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("d", first, 1999)
+    with pytest.raises(DataError, match="was rewritten or appended to") as caught:
+        reader.num_rows(first)
+    assert (caught.value.dataset, caught.value.shard) == ("d", first)
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_text("".join(json.dumps({"i": -i}) + "\n" for i in range(2000)))
+    os.replace(replacement, second)
+    assert reader.read(second, [5]) == [{"text": "x" * 90, "i": 5}]  # still open: the old one
+    reader.read(third, [1])
+    reader.read(fourth, [1])  # the second shard's entries go
+    with pytest.raises(DataError, match="replaced by another file"):
+        reader.read(second, [5])
+    fresh = JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"))
+    assert fresh.read(second, [5]) == [{"i": -5}]
+    rows = fresh.num_rows(first)  # opened again: the file as it is now
+    assert 990 < rows < 1010
+    assert fresh.read(first, [rows - 2])[0]["i"] == rows - 2
 
 
 def test_threads_reading_more_jsonl_shards_than_stay_open_read_each_row_from_its_own(
@@ -183,8 +188,27 @@ def test_a_jsonl_shard_rewritten_in_place_is_named_as_changed_not_misread(tmp_pa
     assert reader.read(str(path), [49]) == [{"i": 49}]
     with open(path, "r+") as handle:  # in place: the same inode, longer lines
         handle.write("".join(json.dumps({"i": i, "fixed": True}) + "\n" for i in range(50)))
-    with pytest.raises(DataError, match="changed since its lines were indexed") as caught:
+    with pytest.raises(DataError, match="was rewritten or appended to") as caught:
         reader.read(str(path), [33])
     assert (caught.value.shard, caught.value.row) == (str(path), None)
     fresh = JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"))
     assert fresh.read(str(path), [33]) == [{"i": 33, "fixed": True}]
+
+
+def test_a_jsonl_shard_copied_over_with_the_same_size_is_named_as_changed(tmp_path: Path) -> None:
+    """`cp` over a shard keeps its inode, and a file of the same size passed the check: the
+    other file's rows came back as this shard's."""
+    import shutil
+    import time
+
+    from zephon_torch.io.jsonl import JsonlReader
+
+    path, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    path.write_text("".join(json.dumps({"t": "a" * 4, "i": i}) + "\n" for i in range(50)))
+    other.write_text("".join(json.dumps({"t": "b" * 4, "i": i}) + "\n" for i in range(50)))
+    reader = JsonlReader(dataset="d", index_cache_dir=str(tmp_path / "idx"))
+    assert reader.read(str(path), [7]) == [{"t": "aaaa", "i": 7}]
+    time.sleep(0.05)  # past the file system's clock tick: the copy's mtime differs
+    shutil.copyfile(other, path)  # in place: same inode, same size
+    with pytest.raises(DataError, match=r"rewritten \(its modification time moved\)"):
+        reader.read(str(path), [7])
