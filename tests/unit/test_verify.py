@@ -393,6 +393,21 @@ def pipeline():
 """
 
 
+def _verify_with_workers(
+    recipe_text: str, tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """`zephon-torch verify` of ``recipe_text`` (formatted with the tokenizer's path) on W=1
+    and 2, with 2 workers and a fault at step 1: its exit code and printed text."""
+    from zephon_torch.cli import main
+
+    tokenizer.save(str(tmp_path / "tok.json"))
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(recipe_text.format(path=str(tmp_path / "tok.json")))
+    argv = ["verify", str(recipe), "--steps", "2", "--world-sizes", "1,2", "--workers", "2"]
+    code = main([*argv, "--runners", "", "--no-standard", "--fault-step", "1"])
+    return code, capsys.readouterr().out
+
+
 @pytest.mark.filterwarnings("ignore:Got pickle error:UserWarning")
 def test_a_configuration_that_cannot_run_is_reported_as_failed_to_run_not_diverging(
     tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
@@ -400,14 +415,7 @@ def test_a_configuration_that_cannot_run_is_reported_as_failed_to_run_not_diverg
     """The workers run of a recipe whose stateful filter is made by a lambda cannot start
     (spawned workers need it pickled): it was reported DIVERGES, exit code 1, for a recipe
     whose every configuration that ran was identical."""
-    from zephon_torch.cli import main
-
-    tokenizer.save(str(tmp_path / "tok.json"))
-    recipe = tmp_path / "unpicklable.py"
-    recipe.write_text(UNPICKLABLE.format(path=str(tmp_path / "tok.json")))
-    argv = ["verify", str(recipe), "--steps", "2", "--world-sizes", "1,2", "--workers", "2"]
-    code = main([*argv, "--runners", "", "--no-standard", "--fault-step", "1"])
-    text = capsys.readouterr().out
+    code, text = _verify_with_workers(UNPICKLABLE, tmp_path, tokenizer, capsys)
     assert code == 3, text
     assert "zephon W=1 workers=2: FAILED TO RUN: AttributeError: Can't pickle" in text
     assert "zephon W=2 fault@1 -> W=1: IDENTICAL" in text
@@ -447,14 +455,7 @@ def test_an_os_error_in_a_run_is_a_failure_to_run_not_a_divergence(
 ) -> None:
     """An OSError (descriptors, disk, storage: StorageError is one) says nothing of
     determinism: the workers run that met one read DIVERGES, exit code 1."""
-    from zephon_torch.cli import main
-
-    tokenizer.save(str(tmp_path / "tok.json"))
-    recipe = tmp_path / "full.py"
-    recipe.write_text(OS_ERROR_IN_WORKERS.format(path=str(tmp_path / "tok.json")))
-    argv = ["verify", str(recipe), "--steps", "2", "--world-sizes", "1,2", "--workers", "2"]
-    code = main([*argv, "--runners", "", "--no-standard", "--fault-step", "1"])
-    text = capsys.readouterr().out
+    code, text = _verify_with_workers(OS_ERROR_IN_WORKERS, tmp_path, tokenizer, capsys)
     assert code == 3, text
     assert "zephon W=1 workers=2: FAILED TO RUN: " in text
     assert "Too many open files" in text

@@ -467,21 +467,17 @@ class RemoteReader:
         fs = self._filesystem()
         key = fs_path.rstrip("/")
 
-        def head() -> Mapping[str, Any] | None:
-            fs.invalidate_cache(fs_path)  # not the first listing's answer again
-            try:
-                found: Mapping[str, Any] = fs.info(fs_path)
-            except Exception:  # any doubt (denied, missing, an error): the listing decides
-                return None
-            return found
-
         def relist() -> Mapping[str, Any] | None:
             fs.invalidate_cache(fs_path)
             found = find_detailed(fs, fs_path)
             return next((i for n, i in found.items() if n.rstrip("/") == key), None)
 
-        quick = head()
-        if quick is not None and quick.get("size") is not None and _same(item, quick):
+        fs.invalidate_cache(fs_path)  # not the first listing's answer again
+        try:
+            quick: Mapping[str, Any] = fs.info(fs_path)
+        except Exception:  # any doubt (denied, missing, an error): the listing decides
+            quick = {}
+        if quick.get("size") is not None and _same(item, quick):
             return
         info = call_with_retry(relist, url=item.url, policy=self.options.retry, what="listing")
         if info is None:
@@ -538,17 +534,17 @@ def local_processes() -> int:
 _LIVE: weakref.WeakSet[RemoteReader] = weakref.WeakSet()
 
 
-def _reset_in_child() -> None:
-    for reader in list(_LIVE):
-        reader.after_fork()
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
-
-
 def _same(item: CachedObject, info: Mapping[str, Any]) -> bool:
     """Whether ``info`` (with a size) gives ``item``'s size, and its version where both have
     one."""
     now = identity(item.url, info)
     versions = item.version and now.version
     return now.size == item.size and not (versions and now.version != item.version)
+
+
+def _reset_in_child() -> None:
+    for reader in list(_LIVE):
+        reader.after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)

@@ -253,7 +253,7 @@ class JsonlReader:
         # the file object itself, not its number: another thread may evict it from the LRU
         # meanwhile, and the number, closed, would be reused by the next shard opened
         handle = self._files.get_or_load(path, partial(_open_binary, path))
-        if self._download(path) is None:
+        if path in self._identities:  # a plain local shard (set as its index loaded)
             self._check_identity(path, _identity(os.fstat(handle.fileno())))
         return lambda starts, ends: _read_spans(handle.fileno(), starts, ends)
 
@@ -344,19 +344,12 @@ def _read_spans(fd: int, starts: list[int], ends: list[int]) -> list[bytes | Non
     if not starts:
         return []
     low, high = min(starts), max(ends)
+    spans = list(zip(starts, ends, strict=True))
     if high - low <= _NEAR * (sum(ends) - sum(starts)):
         block = os.pread(fd, high - low, low)
-        if len(block) == high - low:
-            return [block[a - low : b - low] for a, b in zip(starts, ends, strict=True)]
-        return [block[a - low : b - low] if b - low <= len(block) else None
-                for a, b in zip(starts, ends, strict=True)]  # fmt: skip
-    pread = os.pread
-    lines: list[bytes | None] = [pread(fd, b - a, a) for a, b in zip(starts, ends, strict=True)]
-    for i, (a, b) in enumerate(zip(starts, ends, strict=True)):
-        line = lines[i]
-        if line is not None and len(line) != b - a:
-            lines[i] = None
-    return lines
+        return [block[a - low : b - low] if b - low <= len(block) else None for a, b in spans]
+    lines = [os.pread(fd, b - a, a) for a, b in spans]
+    return [line if len(line) == b - a else None for line, (a, b) in zip(lines, spans)]
 
 
 def _parse(line: bytes, start: int) -> Any:
