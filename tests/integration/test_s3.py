@@ -140,6 +140,33 @@ def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
     dies_naming(remote, server, "s3://bucket/dying/part-001.parquet", bound=30)
 
 
+def test_a_read_that_waited_on_a_failed_prefetch_raises_its_error_without_retrying_again(
+    s3_server: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """The store dead, a read waiting (on the object's lock) for a prefetch of its shard
+    retried from scratch once the prefetch gave up: about twice the policy's `timeout`."""
+    endpoint, server = s3_server
+    _write_corpus(tmp_path / "local", "parquet", shards=3)
+    upload(endpoint, tmp_path / "local", "bucket", "dead")
+    timeout = 3.0  # each try is refused at once: retries go on until the timeout
+    options = {
+        "cache": {"dir": str(tmp_path / "cache")},
+        "retry": {"attempts": 1000, "initial_delay": 0.2, "max_delay": 0.2, "timeout": timeout},
+    }
+    remote = Dataset.from_path(
+        "c", "s3://bucket/dead", storage_options=_storage(endpoint), io_options=options
+    )
+    server.kill()
+    server.wait(10)
+    remote.prefetch([1])
+    time.sleep(0.5)  # the prefetch holds the shard's lock, retrying
+    start = time.monotonic()
+    with pytest.raises(StorageError) as caught:
+        remote.read_rows(1, [0])
+    assert time.monotonic() - start < timeout + 1.5  # its own retries would take `timeout`
+    assert caught.value.url == "s3://bucket/dead/part-001.parquet"
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -18,6 +18,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -121,6 +122,8 @@ class RemoteReader:
         self._opening = threading.Lock()  # builds the local reader; may download the index
         self._pool: Background | None = None
         self._queued: set[str] = set()
+        # per object, when and how its last prefetch failed (see `_downloader`)
+        self._failed: dict[str, tuple[float, StorageError]] = {}
 
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker): fresh locks, as a parent thread may have
@@ -405,20 +408,37 @@ class RemoteReader:
         return self._open()[0].num_rows(path) if rows is None else rows
 
     def _prefetch_one(self, url: str, fs_path: str, item: CachedObject) -> None:
-        # Errors are dropped: the read that needs the object downloads it and raises them.
+        # Errors are not raised here: the read that needs the object downloads it and raises
+        # them, or this one where it waited on this download (see `_downloader`).
         try:
-            with contextlib.suppress(Exception):
-                download = self._downloader(fs_path, item, show=False)
-                self._shard_cache().ensure(item, download, pin=False)
+            download = self._downloader(fs_path, item, foreground=False)
+            self._shard_cache().ensure(item, download, pin=False)
+        except StorageError as error:
+            with self._lock:
+                self._failed[item.url] = (time.monotonic(), error)
+        except Exception:  # raised again by the read that needs the object
+            pass
         finally:
             with self._lock:
                 self._queued.discard(url)
 
-    def _downloader(self, fs_path: str, item: CachedObject, *, show: bool = True) -> Any:
+    def _downloader(self, fs_path: str, item: CachedObject, *, foreground: bool = True) -> Any:
         """The download of one object, retried; a foreground one shows a byte bar on a
-        terminal (prefetches stay quiet: several run at once in the background)."""
+        terminal (prefetches stay quiet: several run at once in the background).
+
+        A foreground download raises at once the `StorageError` of a prefetch of the object
+        whose retries ended after this download was made: the read waited on them (for the
+        object's lock), and retrying as long again would double the retry policy's
+        `timeout` against a dead store."""
+        asked = time.monotonic() if foreground else None
 
         def download(target: str) -> None:
+            if asked is not None:
+                with self._lock:
+                    failed = self._failed.pop(item.url, None)
+                if failed is not None and failed[0] >= asked:
+                    error = failed[1]
+                    raise StorageError(error.detail, url=error.url) from error
             given = self._index_data if item.url == self.index else None
             if given is not None and len(given) == item.size:  # read when listing: no GET
                 with open(target, "wb") as handle:
@@ -429,8 +449,8 @@ class RemoteReader:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(target)
                 name = f"downloading {os.path.basename(fs_path)}"
-                with Progress(item.size if show else 0, name) as bar:
-                    callback = _BarCallback(bar) if show and bar.active else None
+                with Progress(item.size if foreground else 0, name) as bar:
+                    callback = _BarCallback(bar) if foreground and bar.active else None
                     if callback is None:
                         self._filesystem().get_file(fs_path, target)
                     else:
@@ -445,14 +465,29 @@ class RemoteReader:
                 # the bytes must be the listed version's: they are cached, and a JSONL line
                 # index is kept, under its name
                 self._check_unchanged(fs_path, item)
-            except FileNotFoundError:  # listed when the dataset was opened, gone since
-                if not os.path.isdir(os.path.dirname(target)):
+            except FileNotFoundError:  # listed when the dataset was opened, gone since?
+                if self._still_there(fs_path, os.path.dirname(target)):
                     raise  # no: the cache folder was deleted under the download (see ensure)
                 raise DataError(
                     f"the object is missing{CHANGED_NOTE}", dataset=self.dataset, shard=item.url
                 ) from None
 
         return download
+
+    def _still_there(self, fs_path: str, folder: str) -> bool:
+        """After a download raised `FileNotFoundError`: whether the object is still in the
+        store, so that the error was the cache folder's (deleted under the download, and
+        maybe made again at once by another process sharing it). Where the store does not
+        answer, whether the download's `folder` is gone."""
+        fs = self._filesystem()
+        fs.invalidate_cache(fs_path)
+        try:
+            fs.info(fs_path)
+        except FileNotFoundError:
+            return False
+        except Exception:
+            return not os.path.isdir(folder)
+        return True
 
     def _check_unchanged(self, fs_path: str, item: CachedObject) -> None:
         """``DataError`` when the object's size or version now differs from its listing's.

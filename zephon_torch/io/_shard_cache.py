@@ -136,9 +136,11 @@ class ShardCache:
         """
         try:
             for sub in (_TMP, _RESERVE, _LOCKS):
+                os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+            # there already, and not writable: the folder itself too, where downloads land
+            for sub in ("", _TMP, _RESERVE, _LOCKS):
                 folder = os.path.join(self.directory, sub)
-                os.makedirs(folder, exist_ok=True)
-                if not os.access(folder, os.W_OK):  # there already, and not writable
+                if not os.access(folder, os.W_OK):
                     raise PermissionError(f"{folder!r} cannot be written")
         except OSError as error:
             raise CacheFolderError(
@@ -177,7 +179,9 @@ class ShardCache:
     def ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
         """Makes sure `item` is cached and returns its path; pins it when `pin` (see `open`).
         A download that fails as the cache folder is deleted under it (a tmp cleaner) is made
-        once more, in the folder made again."""
+        once more, in the folder made again: a `FileNotFoundError` (an object gone from the
+        store comes as a `DataError`), or any error once the folder is missing. Another
+        process sharing the folder may have made it again already."""
         if item.size > self.max_bytes:
             raise ConfigError(
                 f"cache `max_bytes` is {self.max_bytes}, smaller than the shard {item.url!r} "
@@ -185,6 +189,8 @@ class ShardCache:
             )
         try:
             return self._ensure(item, download, pin=pin)
+        except FileNotFoundError:
+            pass
         except (OSError, ZephonError):
             if os.path.isdir(os.path.join(self.directory, _TMP)):
                 raise

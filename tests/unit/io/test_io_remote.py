@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import sys
 import uuid
 from collections.abc import Iterator
@@ -118,6 +119,32 @@ def test_a_shard_removed_after_opening_is_a_data_error_naming_the_url(
     with pytest.raises(DataError, match="the object is missing") as caught:
         dataset.read_rows(1, [0])
     assert (caught.value.dataset, caught.value.shard) == ("p", f"memory://{root}/b.{kind}")
+
+
+def test_a_cache_folder_made_again_under_a_download_is_not_taken_for_a_missing_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache folder deleted while a shard downloaded, and made again at once by another
+    process sharing it: the download's temporary file was gone, its folder there, and the
+    read raised "the object is missing" for an object the store still held."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_jsonl(fs, f"{root}/a.jsonl", [{"n": 1}, {"n": 2}])
+    cache = tmp_path / "other"  # not the one the open downloaded into
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+    dataset = dataset.with_io_options({"cache": {"dir": str(cache), "prefetch_bytes": 0}})
+    get_file, calls = fs.get_file, []
+
+    def cleaned_under(rpath: str, lpath: str, **kwargs: Any) -> None:
+        get_file(rpath, lpath, **kwargs)
+        calls.append(lpath)
+        if len(calls) == 1:  # a cleaner, then the other process's next download
+            shutil.rmtree(cache)
+            (cache / ".downloading").mkdir(parents=True)
+
+    monkeypatch.setattr(fs, "get_file", cleaned_under)
+    assert dataset.read_rows(0, [1, 0]) == [{"n": 2}, {"n": 1}]
+    assert len(calls) == 2
 
 
 def test_a_missing_url_and_bad_options_are_refused(tmp_path: Path) -> None:

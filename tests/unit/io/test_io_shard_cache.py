@@ -8,6 +8,7 @@ import hashlib
 import multiprocessing
 import os
 import shutil
+import subprocess
 import threading
 import time
 import types
@@ -568,6 +569,60 @@ def test_a_cache_folder_deleted_during_a_download_is_made_again_for_one_more(
 
     with pytest.raises(FileNotFoundError, match=r"cache/\.downloading/"):
         cache.ensure(_item("b.jsonl", 10), always, pin=False)
+
+
+def test_a_cache_folder_made_again_by_another_process_mid_download_is_made_again_for_one_more(
+    tmp_path: Path,
+) -> None:
+    """Deleted while a download ran and made again at once by another process sharing it:
+    the download's FileNotFoundError was raised as it was, the folder being there again."""
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1000)
+    calls = []
+
+    def download(target: str) -> None:
+        calls.append(target)
+        with open(target, "wb") as handle:
+            if len(calls) == 1:  # the file written is deleted with its folder
+                shutil.rmtree(tmp_path / "cache")
+                ShardCache(str(tmp_path / "cache"), max_bytes=1000)  # the other process's
+            handle.write(b"x" * 10)
+
+    path = cache.ensure(_item("a.jsonl", 10), download, pin=False)
+    assert Path(path).read_bytes() == b"x" * 10 and len(calls) == 2
+
+
+@contextlib.contextmanager
+def _unwritable(folder: Path) -> Iterator[None]:
+    """``folder`` made unwritable: `chattr +i` for root (whom a mode does not bind)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if shutil.which("chattr") is None:
+        pytest.skip("no chattr to make a folder unwritable for root")
+    made = subprocess.run(["chattr", "+i", str(folder)], check=False, capture_output=True)
+    if made.returncode:
+        pytest.skip(f"chattr +i is refused on {folder}'s file system")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_cache_folder_that_cannot_be_written_is_a_config_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Its bookkeeping folders writable, the folder itself not: downloads landed in
+    `.downloading`, then a bare PermissionError came from moving them into the folder."""
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1000)
+    with (
+        _unwritable(tmp_path / "cache"),
+        pytest.raises(ConfigError, match=r"shard cache folder .*cache.* cannot be written"),
+    ):
+        cache.ensure(_item("a.jsonl", 10), _writer(b"x" * 10), pin=False)
 
 
 def test_a_cache_folder_that_cannot_be_made_is_a_config_error_naming_it(tmp_path: Path) -> None:
