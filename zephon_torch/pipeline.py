@@ -503,17 +503,19 @@ class Pipeline:
         """Continue from ``state`` (from any world size dividing L); raises on any mismatch.
         An iterator made before the load raises RuntimeError on its next call."""
         check_state(state, self.fingerprint(), self.lanes)
-        lanes = state["lanes"]
-        world_size = self.topology[0]
-        if world_size > 1 and not set(map(int, lanes)) <= set(self.lanes):
-            # a state of several ranks' lanes (merged, or of fewer ranks): loaded rank by
-            # rank, they must leave the ranks in step
-            check_in_step(
-                lanes, canonical_replicas=self._options.canonical_replicas, world_size=world_size
-            )
+        self._check_in_step(state["lanes"])
         self._end_live()
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
         self._estimation = copy.deepcopy(state.get("estimation"))
+
+    def _check_in_step(self, lanes: dict[str, Any]) -> None:
+        """Refuse a state's ``lanes`` of several ranks (merged, or of fewer ranks) that,
+        loaded rank by rank, would leave the ranks at different turns (``check_in_step``)."""
+        world_size = self.topology[0]
+        if world_size > 1 and not set(map(int, lanes)) <= set(self.lanes):
+            check_in_step(
+                lanes, canonical_replicas=self._options.canonical_replicas, world_size=world_size
+            )
 
     # -- running -------------------------------------------------------------------------------
 

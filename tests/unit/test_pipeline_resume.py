@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from typing import Any
@@ -157,6 +158,33 @@ def test_a_state_saved_mid_step_resumes_on_the_world_size_it_was_saved_on(tokeni
 def _take(pipeline: Pipeline, count: int) -> list[Any]:
     batches = iter(pipeline)
     return [next(batches) for _ in range(count)]
+
+
+def test_a_state_saved_mid_step_is_refused_by_the_torch_loaders_of_several_ranks(
+    tokenizer: Any,
+) -> None:
+    """Without a process group (W from the options or the environment), the loader and the
+    dataset took it, as the pipeline once did, and the ranks ran turns apart."""
+    from zephon_torch.errors import StateMismatchError
+    from zephon_torch.torch import DataLoader
+
+    one = small_pipeline(tokenizer, lanes=4)
+    next(iter(one))  # lane 0 of turn 0: mid-step
+    state = json.loads(json.dumps(one.state_dict()))
+    for rank in (0, 1):
+        ranked = small_pipeline(tokenizer, lanes=4, world_size=2, rank=rank)
+        for target in (DataLoader(ranked), ranked.to_torch()):
+            with pytest.raises(StateMismatchError, match=r"mid-step: lanes at turns \[0, 1\]"):
+                target.load_state_dict(state)
+    for _ in range(3):  # the rest of the step: loads on both ranks
+        next(iter(one))
+    state = one.state_dict()
+    following = list(itertools.islice(iter(one), 4))  # turn 1, lanes 0 to 3
+    for rank in (0, 1):
+        loader = DataLoader(small_pipeline(tokenizer, lanes=4, world_size=2, rank=rank))
+        loader.load_state_dict(state)
+        first = next(iter(loader))["input_ids"].numpy()
+        assert (first == following[2 * rank].input_ids).all()
 
 
 def test_a_state_saved_mid_step_is_refused_by_a_pipeline_of_several_ranks(tokenizer: Any) -> None:

@@ -229,6 +229,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # a worker's own state (StatefulDataLoader) holds its lanes; any other, this rank's
         needed = state.get("worker_lanes", self.pipeline.lanes)
         check_state(state, self.pipeline.fingerprint(), needed)
+        if "worker_lanes" not in state:
+            self.pipeline._check_in_step(state["lanes"])
         self._loaded = copy.deepcopy(state)
         self._delivered = {}
         if state.get("estimation") is not None:  # frozen: a resume never re-measures
