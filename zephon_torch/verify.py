@@ -4,7 +4,8 @@ A recipe is a Python file defining ``pipeline() -> Pipeline`` (a complete recipe
 set here). Ranks are simulated in one process: rank r of W is the recipe with
 ``options(world_size=W, rank=r)``, and the global batch of step t is the concatenation, in rank
 order, of every rank's turn-t micro-batches. Each configuration's per-step global batches are
-hashed (SHA-256 over input ids and positions); the verdict compares them all with the first.
+hashed (SHA-256 over input ids, positions and labels); the verdict compares them all with the
+first.
 
 The "standard loader" baseline is what most loaders do: a ``DistributedSampler`` over the same
 documents for the live world size, each rank packing its own documents. Its batches depend on W.

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
+import subprocess
 import sys
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +312,56 @@ def refuse_row_five(row: dict[str, Any]) -> dict[str, Any]:
     if row["n"] == 5:
         raise RowRefused(f"row {row['n']} is refused")
     return row
+
+
+def exit_at_row_five(row: dict[str, Any]) -> dict[str, Any]:
+    if row["n"] == 5:
+        os._exit(3)  # the process dies, as one killed for memory does
+    return row
+
+
+def test_a_process_of_the_processes_runner_that_dies_is_named_with_what_to_check() -> None:
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
+    recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False)).map(exit_at_row_five)
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
+    with pytest.raises(BrokenProcessPool, match=r"runner='processes' ended abruptly: .*killed"):
+        list(pipeline.batch(1))
+
+
+_UNGUARDED = """
+import functools
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def tag(row, big):
+    return row
+
+
+data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+recipe = recipe.map(functools.partial(tag, big=b"x" * 300_000), name="tag")
+pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8).batch(1)
+print(sum(1 for _ in pipeline))
+"""
+
+
+def test_a_script_without_a_main_guard_fails_with_the_advice_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    """Each spawned process imports the script again and fails starting its own pool. The
+    chain (a map holding 300 kB here; a tokenizer is as large) went to it through a pipe the
+    parent held open itself, so the parent waited for ever to write the rest."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    assert "BrokenProcessPool" in done.stderr
+    assert 'under `if __name__ == "__main__":`' in done.stderr
 
 
 def refusing_pipeline(runner: str) -> Pipeline:

@@ -11,12 +11,16 @@ than the work (and its wake-ups fight the packer for the GIL).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import pickle
+import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
 from zephon_torch.errors import ConfigError, ZephonError
@@ -60,9 +64,29 @@ Chain = DocChain | TokenChain
 _WORKER_CHAIN: Chain | None = None
 
 
-def _init_worker(payload: bytes) -> None:
+def _init_worker(path: str) -> None:
     global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
-    _WORKER_CHAIN = pickle.loads(payload)
+    try:
+        with open(path, "rb") as handle:
+            _WORKER_CHAIN = pickle.load(handle)
+    except FileNotFoundError:  # the runner closed before this process started: no task comes
+        pass
+
+
+def _chain_file(payload: bytes) -> str:
+    """``payload`` in a new private file, for the workers to read at start-up. Not sent to
+    them: the spawn writes its arguments into a pipe the parent holds open itself, so one
+    larger than the pipe's buffer (a tokenizer is) blocked the parent for ever where a child
+    died before reading them all (a script without a ``__main__`` guard)."""
+    handle, path = tempfile.mkstemp(prefix="zephon-chain-", suffix=".pickle")
+    with os.fdopen(handle, "wb") as file:
+        file.write(payload)
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class _Raised:
@@ -82,6 +106,18 @@ def _run_in_worker(source: int, span: PointerSpan) -> Chunk | _Raised:
         return _Raised(error)
 
 
+def _broken(error: BrokenProcessPool) -> BrokenProcessPool:
+    """The pool's error, saying what may have ended the process and what to do."""
+    clear = BrokenProcessPool(
+        "a process of runner='processes' ended abruptly: it was killed (out of memory?) or "
+        "failed as it started (its error is printed above). The processes are spawned, so "
+        "they import the main script again: a script must run the pipeline under "
+        '`if __name__ == "__main__":`'
+    )
+    clear.__cause__ = error
+    return clear
+
+
 def _raising(pending: Future[Chunk | _Raised]) -> Future[Chunk]:
     """`pending`'s outcome, with a returned `_Raised` as the error it holds; cancelling the
     result cancels `pending`."""
@@ -92,6 +128,8 @@ def _raising(pending: Future[Chunk | _Raised]) -> Future[Chunk]:
             result.cancel()
             return
         error = done.exception()
+        if isinstance(error, BrokenProcessPool):
+            error = _broken(error)
         value = None if error is not None else done.result()
         if isinstance(value, _Raised):
             error = value.error
@@ -136,6 +174,7 @@ class Runner:
         self.chain = chain
         self.kind = kind
         self._executor: Executor | None = None
+        self._removal: Callable[[], object] | None = None  # removes the chain's file
         if kind == "inline":
             pass
         elif kind == "threads":
@@ -154,11 +193,13 @@ class Runner:
                     "runner='processes' needs picklable operators (module-level functions, no "
                     f"lambdas or closures): {exc}"
                 ) from exc
+            path = _chain_file(payload)
+            self._removal = weakref.finalize(self, _remove, path)
             self._executor = ProcessPoolExecutor(
                 parallelism,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(payload,),
+                initargs=(path,),
             )
 
     def submit(self, source: int, span: PointerSpan) -> Future[Chunk]:
@@ -177,6 +218,8 @@ class Runner:
         """Stop the workers; pending chunks are cancelled."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._removal is not None:
+            self._removal()
 
 
 def _done(chain: Chain, source: int, span: PointerSpan) -> Future[Chunk]:
