@@ -24,16 +24,14 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-import fsspec.callbacks
-
-from zephon_torch._progress import Progress
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._background import Background
+from zephon_torch.io._download import fetch
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, find_detailed, identity, sized
+from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._remote_rows import (
     Layout,
     npy_rows,
@@ -42,7 +40,7 @@ from zephon_torch.io._remote_rows import (
     remembered_layout,
 )
 from zephon_torch.io._retry import call_with_retry
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds
+from zephon_torch.io._rows import Rows, TokenIds
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
 from zephon_torch.io.npy import offsets_path
@@ -444,88 +442,17 @@ class RemoteReader:
                 with open(target, "wb") as handle:
                     handle.write(given)
                 return
-
-            def attempt() -> None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(target)
-                name = f"downloading {os.path.basename(fs_path)}"
-                with Progress(item.size if foreground else 0, name) as bar:
-                    callback = _BarCallback(bar) if foreground and bar.active else None
-                    if callback is None:
-                        self._filesystem().get_file(fs_path, target)
-                    else:
-                        self._filesystem().get_file(fs_path, target, callback=callback)
-                got = os.path.getsize(target)
-                if got != item.size:
-                    self._check_unchanged(fs_path, item)  # else a cut transfer: retried
-                    raise OSError(f"truncated download: {got} of {item.size} bytes")
-
-            try:
-                call_with_retry(attempt, url=item.url, policy=self.options.retry, what="download")
-                # the bytes must be the listed version's: they are cached, and a JSONL line
-                # index is kept, under its name
-                self._check_unchanged(fs_path, item)
-            except FileNotFoundError:  # listed when the dataset was opened, gone since?
-                if self._still_there(fs_path, os.path.dirname(target)):
-                    raise  # no: the cache folder was deleted under the download (see ensure)
-                raise DataError(
-                    f"the object is missing{CHANGED_NOTE}", dataset=self.dataset, shard=item.url
-                ) from None
+            fetch(
+                self._filesystem(),
+                fs_path,
+                item,
+                target,
+                dataset=self.dataset,
+                retry=self.options.retry,
+                show=foreground,
+            )
 
         return download
-
-    def _still_there(self, fs_path: str, folder: str) -> bool:
-        """After a download raised `FileNotFoundError`: whether the object is still in the
-        store, so that the error was the cache folder's (deleted under the download, and
-        maybe made again at once by another process sharing it). Where the store does not
-        answer, whether the download's `folder` is gone."""
-        fs = self._filesystem()
-        fs.invalidate_cache(fs_path)
-        try:
-            fs.info(fs_path)
-        except FileNotFoundError:
-            return False
-        except Exception:
-            return not os.path.isdir(folder)
-        return True
-
-    def _check_unchanged(self, fs_path: str, item: CachedObject) -> None:
-        """``DataError`` when the object's size or version now differs from its listing's.
-
-        Asked first by ``info`` (one HEAD; a listing of one object cost two requests, 13 ms
-        a shard against 6 on loopback S3): the same size and version settle it. Else it is
-        listed again as the dataset was (``find``: a file system may report a version in
-        another form through ``info``), which decides; a version that either listing lacks is
-        not compared."""
-        if item.url.startswith("hf://") and "@" in item.url:
-            return  # listed at a commit: it cannot change (and hub listings are rate-limited)
-        fs = self._filesystem()
-        key = fs_path.rstrip("/")
-
-        def relist() -> Mapping[str, Any] | None:
-            fs.invalidate_cache(fs_path)
-            found = find_detailed(fs, fs_path)
-            return next((i for n, i in found.items() if n.rstrip("/") == key), None)
-
-        fs.invalidate_cache(fs_path)  # not the first listing's answer again
-        try:
-            quick: Mapping[str, Any] = fs.info(fs_path)
-        except Exception:  # any doubt (denied, missing, an error): the listing decides
-            quick = {}
-        if quick.get("size") is not None and _same(item, quick):
-            return
-        info = call_with_retry(relist, url=item.url, policy=self.options.retry, what="listing")
-        if info is None:
-            return  # listed under another name: nothing to compare
-        info = sized(fs, fs_path, info, url=item.url, retry=self.options.retry)
-        if not _same(item, info):
-            now = identity(item.url, info)
-            raise DataError(
-                f"the object changed since it was listed (size {item.size}, version "
-                f"{item.version!r}; now size {now.size}, version {now.version!r}){CHANGED_NOTE}",
-                dataset=self.dataset,
-                shard=item.url,
-            )
 
     def _filesystem(self) -> Any:
         with self._lock:
@@ -543,17 +470,6 @@ class RemoteReader:
             return self._cache
 
 
-class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
-    """Feeds fsspec's transfer progress to a terminal bar."""
-
-    def __init__(self, bar: Progress) -> None:
-        super().__init__()
-        self.bar = bar
-
-    def call(self, *args: Any, **kwargs: Any) -> None:
-        self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
-
-
 def local_processes() -> int:
     """How many processes of this node share its shard cache, as far as this one can tell: the
     node's ranks (``LOCAL_WORLD_SIZE``, as torchrun sets it) times this DataLoader's workers."""
@@ -567,14 +483,6 @@ def local_processes() -> int:
 
 
 _LIVE: weakref.WeakSet[RemoteReader] = weakref.WeakSet()
-
-
-def _same(item: CachedObject, info: Mapping[str, Any]) -> bool:
-    """Whether ``info`` (with a size) gives ``item``'s size, and its version where both have
-    one."""
-    now = identity(item.url, info)
-    versions = item.version and now.version
-    return now.size == item.size and not (versions and now.version != item.version)
 
 
 def _reset_in_child() -> None:
