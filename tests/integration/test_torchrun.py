@@ -114,13 +114,13 @@ def test_ranks_running_different_recipes_are_named_when_the_state_is_gathered(
 def test_ranks_iterating_again_mid_step_go_on_as_one_process(
     tmp_path: Path, tokenizer_path: Path, exhaustion: str, workers: str
 ) -> None:
-    """A loader iterated anew after 3 micro-batches (an epoch limit that is no whole number of
+    """A loader iterated anew after 7 micro-batches (an epoch limit that is no whole number of
     steps of 2 micro-batches per rank) refused to go on: its lanes were a turn apart, which
     on every rank alike is where the ranks stopped in step."""
     steps = "0" if exhaustion == "stop" else "10"
     common = ("--steps", steps, "--exhaustion", exhaustion)
     one = torchrun(1, tmp_path / "one", tokenizer_path, *common)
-    again = ("--again-every", "3", "--workers", workers)
+    again = ("--again-every", "7", "--workers", workers)
     assert torchrun(2, tmp_path / "again", tokenizer_path, *common, *again) == one
 
 
