@@ -11,6 +11,8 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,18 +105,11 @@ def resolve_tokenizer(
     # tokenizer.json does not hold it: text that spells a special token ("<|endoftext|>" in a
     # web page) stays text when the user asked so (transformers' split_special_tokens=True)
     split_special = bool(backend.encode_special_tokens)
-    # A private copy: the user's object keeps its truncation/padding settings, ours has none.
-    backend = Tokenizer.from_str(text)
-    backend.no_truncation()
-    backend.no_padding()
+    backend, first_ids = _private_copy(text, split_special)
     bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
     # whether the tokenizer's own post-processing starts every sequence with BOS (Llama,
     # Mistral, Gemma): a `special_tokens` policy without BOS is then warned of
-    adds_bos = bos_id is not None and backend.encode("a").ids[:1] == [bos_id]
-    # nor post-processing: the pipeline adds BOS/EOS itself, and a ByteLevel post-processor
-    # trims whitespace off the offsets chat flags are read from (the ids are the same)
-    backend.post_processor = None
-    backend.encode_special_tokens = split_special
+    adds_bos = bos_id is not None and first_ids == [bos_id]
     eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token")
     return ResolvedTokenizer(
         backend=backend,
@@ -125,6 +120,42 @@ def resolve_tokenizer(
         split_special_tokens=split_special,
         adds_bos=adds_bos,
     )
+
+
+_COPIES: OrderedDict[tuple[bytes, bool], tuple[Tokenizer, list[int]]] = OrderedDict()
+_COPIES_KEPT = 8
+_COPIES_LOCK = threading.Lock()
+
+
+def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]:
+    """The backend the pipeline encodes with, made from the tokenizer's JSON ``text``, and the
+    ids its own post-processing gives "a" (read before that is removed).
+
+    A private copy: the user's object keeps its truncation and padding settings, ours has
+    none; nor post-processing: the pipeline adds BOS/EOS itself, and a ByteLevel
+    post-processor trims whitespace off the offsets chat flags are read from (the ids are the
+    same). One copy per tokenizer and process (the last 8 kept), shared by every pipeline:
+    with tokenizers 0.23, a copy that encoded keeps 3-8 MB of native memory after it is
+    dropped, so a job building a pipeline per evaluation or stage grew without bound.
+    Encoding leaves a copy as it was, so sharing it changes nothing.
+    """
+    key = hashlib.sha256(text.encode()).digest(), split_special
+    with _COPIES_LOCK:
+        if key in _COPIES:
+            _COPIES.move_to_end(key)
+            return _COPIES[key]
+    backend = Tokenizer.from_str(text)
+    backend.no_truncation()
+    backend.no_padding()
+    first_ids = backend.encode("a").ids[:1]
+    backend.post_processor = None
+    backend.encode_special_tokens = split_special
+    with _COPIES_LOCK:
+        made = _COPIES.setdefault(key, (backend, first_ids))
+        _COPIES.move_to_end(key)
+        while len(_COPIES) > _COPIES_KEPT:
+            _COPIES.popitem(last=False)
+    return made
 
 
 def _digest(text: str, *, split_special_tokens: bool = False) -> str:

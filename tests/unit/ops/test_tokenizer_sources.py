@@ -110,6 +110,35 @@ def test_the_users_tokenizer_keeps_its_own_truncation_setting(tokenizer: Tokeniz
     assert len(resolved.backend.encode("a fairly long sentence with many words in it").ids) > 4
 
 
+def test_pipelines_of_one_tokenizer_share_one_private_copy(tokenizer: Tokenizer) -> None:
+    """Every resolve made a copy of its own; one that encoded kept 3-8 MB of native memory
+    once dropped (tokenizers 0.23), so a job building a pipeline per evaluation grew without
+    bound (about 7 MB per pipeline, measured). Another tokenizer, or another setting that
+    decides ids, still gets its own."""
+    first = resolve_tokenizer(None, tokenizer, bos_token=None, eos_token=None)
+    again = resolve_tokenizer(None, tokenizer, bos_token=None, eos_token=None)
+    assert again.backend is first.backend and first.backend is not tokenizer
+    assert first.backend.post_processor is None and first.backend.truncation is None
+    splitting = Tokenizer.from_str(tokenizer.to_str())
+    splitting.encode_special_tokens = True
+    split = resolve_tokenizer(None, splitting, bos_token=None, eos_token=None)
+    assert split.backend is not first.backend and split.backend.encode_special_tokens
+    assert not first.backend.encode_special_tokens
+    other = Tokenizer.from_str(tokenizer.to_str())
+    other.add_tokens(["zephonword"])
+    assert resolve_tokenizer(None, other, bos_token=None, eos_token=None).backend not in (
+        first.backend,
+        split.backend,
+    )
+    for _ in range(20):  # the cache stays bounded
+        more = Tokenizer.from_str(tokenizer.to_str())
+        more.add_tokens([f"word{_}"])
+        resolve_tokenizer(None, more, bos_token=None, eos_token=None)
+    assert resolve_tokenizer(None, tokenizer, bos_token=None, eos_token=None).backend is not (
+        first.backend
+    )
+
+
 def test_special_token_policies_add_the_ids_where_asked(tokenizer: Tokenizer) -> None:
     from zephon_torch.ops.document import Document
     from zephon_torch.ops.tokenize import TokenizeOp
