@@ -173,8 +173,13 @@ class LaneRuntime:
         return sum(r.waited for r in self.readers)
 
     def close(self) -> None:
-        """Stop the workers."""
+        """Stop the workers and drop what the iteration held (read-ahead, open rows, batch
+        buffers); the counters stay for ``stats()``. Ends the iteration: run again, it is
+        called once more, harmlessly."""
         self.runner.close()
+        for reader in self.readers:
+            reader.close()
+        self.nodes = []
 
 
 def warn_if_fewer_rows_than_lanes(source: StaticMixtureWorkSource, num_lanes: int) -> None:

@@ -87,6 +87,7 @@ class Pipeline:
         self._estimation: dict[str, dict[str, float]] | None = None
         self._resolved: dict[str, ResolvedTokenizer] = {}
         self._live: Prefetcher[Batch] | None = None
+        self._live_runtime: LaneRuntime | None = None  # the newest iterator's, until it ends
         self._runtime: LaneRuntime | None = None
         self._counters = RunCounters()
         self._iteration = 0  # counts iter() and load_state_dict(): an older iterator is stale
@@ -95,6 +96,7 @@ class Pipeline:
         # A live iteration (threads) stays behind: a copy sent to a worker starts from the state.
         state = dict(self.__dict__)
         state["_live"] = None
+        state["_live_runtime"] = None
         state["_runtime"] = None
         return state
 
@@ -104,6 +106,7 @@ class Pipeline:
         new = copy.copy(self)
         new._lane_states = {}
         new._live = None
+        new._live_runtime = None
         new._runtime = None
         new._counters = RunCounters()
         for key, value in changes.items():
@@ -532,7 +535,7 @@ class Pipeline:
         self._require_complete()
         self._end_live()
         fork_safe_backend()
-        runtime = LaneRuntime(self)
+        runtime = self._live_runtime = LaneRuntime(self)
         stream: Iterator[Batch]
         produce = partial(runtime.batches, endless=self._endless)
         depth = prefetch_depth(self)
@@ -569,8 +572,12 @@ class Pipeline:
 
     def _end_live(self) -> None:
         """End the current iteration, before a new one or a loaded state: its prefetch thread
-        stops and its iterator raises from now on (see ``deliver``)."""
+        and workers stop, its read-ahead goes, and its iterator raises from now on (see
+        ``deliver``), even where the caller still holds it."""
         self._iteration += 1
         if self._live is not None:
             self._live.close()
             self._live = None
+        if self._live_runtime is not None:
+            self._live_runtime.close()
+            self._live_runtime = None

@@ -412,6 +412,40 @@ class _KeepEvery:
         self.seen = state["seen"]
 
 
+def test_an_iteration_ended_or_made_stale_lets_its_workers_and_read_ahead_go(
+    tokenizer: Any,
+) -> None:
+    """An iterator made stale by a newer one kept its pool of workers (and, with processes,
+    the processes and the chain's file) until the caller dropped it; an ended iteration kept
+    every chunk it had read ahead, tokenized, for as long as the pipeline lived."""
+    import threading
+    import time
+
+    def docs_threads(at_most: int) -> int:  # a shut-down pool's threads end once idle
+        deadline = time.monotonic() + 10
+        while True:
+            alive = sum(t.name.startswith("zephon-docs") for t in threading.enumerate())
+            if alive <= at_most or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.02)
+
+    pipeline = small_pipeline(tokenizer, lanes=2, parallelism=2, prefetch=0)
+    before = docs_threads(10**6)
+    stale = iter(pipeline)
+    next(stale)
+    live = iter(pipeline)
+    next(live)  # the stale iterator is still held
+    assert docs_threads(before + 2) == before + 2  # the live iteration's pool alone
+    with pytest.raises(RuntimeError, match="stale"):
+        next(stale)
+    del live
+    runtime = pipeline._runtime
+    assert runtime is not None
+    assert runtime.nodes == [] and all(not reader._futures for reader in runtime.readers)
+    assert docs_threads(before) == before
+    assert pipeline.stats()["batches"] == 1  # the counters stay
+
+
 @pytest.mark.parametrize(
     "recipe", ["plain", "filter", "stateful_filter", "pretokenized", "processes"]
 )
