@@ -364,6 +364,55 @@ def test_a_script_without_a_main_guard_fails_with_the_advice_instead_of_hanging(
     assert 'under `if __name__ == "__main__":`' in done.stderr
 
 
+_FULL_TEMP = """
+import functools, os, resource, signal, sys, tempfile
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def tag(row, big):
+    return row
+
+
+if __name__ == "__main__":
+    tempfile.tempdir = sys.argv[1]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, as when full
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, resource.RLIM_INFINITY))
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+    recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+    recipe = recipe.map(functools.partial(tag, big=b"x" * 300_000), name="tag")
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
+    for attempt in range(2):
+        try:
+            list(pipeline.batch(1))
+        except Exception as error:
+            print(type(error).__name__, error)
+"""
+
+
+def test_a_full_temporary_folder_is_named_and_left_as_it_was(tmp_path: Path) -> None:
+    """The processes runner's chain file, cut short, was left behind at every iteration,
+    and a bare OSError named neither the file nor the runner."""
+    script, temp = tmp_path / "full.py", tmp_path / "temp"
+    script.write_text(_FULL_TEMP)
+    temp.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script), str(temp)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    for line in lines:
+        assert line.startswith("ConfigError runner='processes' cannot write its chain")
+        assert str(temp) in line and "TMPDIR" in line
+    assert list(temp.iterdir()) == []
+
+
 def refusing_pipeline(runner: str) -> Pipeline:
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
     source = StaticMixtureWorkSource([data], shuffle=False)

@@ -78,9 +78,20 @@ def _chain_file(payload: bytes) -> str:
     them: the spawn writes its arguments into a pipe the parent holds open itself, so one
     larger than the pipe's buffer (a tokenizer is) blocked the parent for ever where a child
     died before reading them all (a script without a ``__main__`` guard)."""
-    handle, path = tempfile.mkstemp(prefix="zephon-chain-", suffix=".pickle")
-    with os.fdopen(handle, "wb") as file:
-        file.write(payload)
+    path = None
+    try:
+        handle, path = tempfile.mkstemp(prefix="zephon-chain-", suffix=".pickle")
+        with os.fdopen(handle, "wb") as file:
+            file.write(payload)
+    except OSError as error:
+        if path is not None:  # made, not written whole
+            _remove(path)
+        raise ConfigError(
+            f"runner='processes' cannot write its chain ({len(payload)} bytes: the maps, "
+            "filters and tokenizer its processes read at start-up) to "
+            f"{path or 'a temporary file'}: {error}. Free space there, or point TMPDIR at "
+            "another folder"
+        ) from error
     return path
 
 
