@@ -11,8 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from zephon_torch.errors import ConfigError
+from zephon_torch.io._cache import LruCache
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
@@ -122,9 +121,7 @@ def resolve_tokenizer(
     )
 
 
-_COPIES: OrderedDict[tuple[bytes, bool], tuple[Tokenizer, list[int]]] = OrderedDict()
-_COPIES_KEPT = 8
-_COPIES_LOCK = threading.Lock()
+_COPIES: LruCache[tuple[Tokenizer, list[int]]] = LruCache(8)
 
 
 def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]:
@@ -139,23 +136,17 @@ def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]
     dropped, so a job building a pipeline per evaluation or stage grew without bound.
     Encoding leaves a copy as it was, so sharing it changes nothing.
     """
-    key = hashlib.sha256(text.encode()).digest(), split_special
-    with _COPIES_LOCK:
-        if key in _COPIES:
-            _COPIES.move_to_end(key)
-            return _COPIES[key]
-    backend = Tokenizer.from_str(text)
-    backend.no_truncation()
-    backend.no_padding()
-    first_ids = backend.encode("a").ids[:1]
-    backend.post_processor = None
-    backend.encode_special_tokens = split_special
-    with _COPIES_LOCK:
-        made = _COPIES.setdefault(key, (backend, first_ids))
-        _COPIES.move_to_end(key)
-        while len(_COPIES) > _COPIES_KEPT:
-            _COPIES.popitem(last=False)
-    return made
+
+    def make() -> tuple[Tokenizer, list[int]]:
+        backend = Tokenizer.from_str(text)
+        backend.no_truncation()
+        backend.no_padding()
+        first_ids = backend.encode("a").ids[:1]
+        backend.post_processor = None
+        backend.encode_special_tokens = split_special
+        return backend, first_ids
+
+    return _COPIES.get_or_load((hashlib.sha256(text.encode()).digest(), split_special), make)
 
 
 def _digest(text: str, *, split_special_tokens: bool = False) -> str:
