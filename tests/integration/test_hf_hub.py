@@ -645,3 +645,43 @@ def test_the_converted_parquet_s_only_config_is_read_and_a_missing_one_names_wha
     assert done.returncode != 0
     assert "the hub cache holds only part of 'hf://org/one/train'" in done.stderr
     assert "en/train/0001.parquet" in done.stderr
+
+
+def test_offline_a_split_cached_in_part_whose_files_are_not_numbered_is_named(
+    tmp_path: Path,
+) -> None:
+    """Only `-00001-of-00004` numbers told a cache holding part of an uploaded split: one of
+    files named otherwise (a card's `data/*/*`, a `train/` folder) read the part as the whole,
+    the rest of the split lost without a word. The listing huggingface_hub keeps of the whole
+    commit now says what the split holds."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        "    path: data/*/*\n---\n"
+    )
+    _parquet(repo / "data" / "CC-1" / "000_00000.parquet", "crawl-1", 3)
+    _parquet(repo / "data" / "CC-2" / "000_00000.parquet", "crawl-2", 2)
+    plain = tmp_path / "plain"
+    _parquet(plain / "train" / "part-a.parquet", "a", 2)
+    (plain / "README.md").write_text("# card")
+    _parquet(plain / "train" / "part-b.parquet", "b", 2)
+    hub = Hub()
+    hub.add("org/fw", "main", repo)
+    hub.add("org/plain", "main", plain)
+    with serve(hub) as endpoint:
+        _download(endpoint, tmp_path / "fw", "org/fw", ["README.md", "data/CC-1/*"])
+        _download(endpoint, tmp_path / "plain-part", "org/plain", ["README.md", "train/part-a*"])
+        _download(endpoint, tmp_path / "plain-whole", "org/plain", ["README.md", "train/*"])
+    for cache, url, missing in (
+        ("fw", "hf://org/fw/train", "data/CC-2/000_00000.parquet"),
+        ("plain-part", "hf://org/plain/train", "train/part-b.parquet"),
+    ):
+        done = _run_offline(tmp_path / cache, url, tmp_path)
+        assert done.returncode != 0
+        assert f"the hub cache holds only part of {url!r}: 1 of its 2 files are missing " in (
+            done.stderr
+        )
+        assert f"({missing})" in done.stderr
+    whole = _read_offline(tmp_path / "plain-whole", "hf://org/plain/train", tmp_path)
+    assert [row["text"] for row in whole["rows"]] == ["a 0", "a 1", "b 0", "b 1"]

@@ -244,11 +244,18 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
                 in_card = card_configs(f.read())
         files, why = find_split(_listing(folder), configs, split, in_card, converted=converted)
         if files:
-            check_complete(url, files)
-            if converted:
-                _check_converted_complete(url, repo, revision, files[0].split("/", 1)[0], split)
-            warn_if_partial(url, files, split)
             commit = os.path.basename(os.path.normpath(folder))  # snapshots/<commit>
+            check_complete(url, files)
+            listed = _cached_tree(repo, commit)
+            if listed is not None:
+                _check_held(
+                    url,
+                    repo,
+                    commit,
+                    files,
+                    find_split(listed, configs, split, in_card, converted=converted),
+                )
+            warn_if_partial(url, files, split)
             return "glob", [os.path.join(folder, file) for file in files], commit
         tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
@@ -285,27 +292,44 @@ def _cached_revisions(repo: str) -> str:
     return f"it holds {', '.join(held)}"
 
 
-def _check_converted_complete(
-    url: str, repo: str, revision: str | None, config: str, split: str
-) -> None:
-    """ConfigError when the hub's cached listing of the converted revision has files of the
-    split that the cache does not hold (their names are not numbered `-of-`)."""
+def _cached_tree(repo: str, commit: str) -> list[str] | None:
+    """Every file of the commit, as the listing huggingface_hub keeps in its cache when it
+    downloads (`get_cached_repo_tree`); None where it kept none (or is too old to)."""
+    get_tree = getattr(_hub(), "get_cached_repo_tree", None)
+    if get_tree is None:
+        return None
     try:
-        _hub().snapshot_download(
-            repo,
-            repo_type="dataset",
-            revision=revision,
-            allow_patterns=[f"{config}/{split}/*", f"{config}/partial-{split}/*"],
-            local_files_only=True,
-        )
-    except Exception as error:
-        if type(error).__name__ != "IncompleteSnapshotError":
+        tree = get_tree(repo, repo_type="dataset", revision=commit)
+    except Exception as error:  # none cached for this commit
+        if type(error).__name__ != "CachedRepoTreeNotFoundError":
             raise
+        return None
+    return [str(entry.path) for entry in tree]
+
+
+def _check_held(
+    url: str, repo: str, commit: str, held: list[str], listed: tuple[list[str], str]
+) -> None:
+    """ConfigError when the split the commit's cached listing gives (`listed`: its files, or
+    why there are none) is not the split found among the files the cache holds (`held`): the
+    cache holds only part of it, and the part would be read as if it were the whole."""
+    files, why = listed
+    if not files:  # the whole listing decides otherwise (a config to name, say)
         raise ConfigError(
-            f"the hub cache holds only part of {url!r}: download the split (online, or `hf "
-            f"download {repo} --repo-type dataset --revision {revision} --include "
-            f"'{config}/*{split}/*'`) before reading it offline: {error}"
-        ) from error
+            f"{url!r}: the hub cache holds only part of {repo} at commit {commit[:12]}; "
+            f"its cached listing of the whole commit says: {why}"
+        )
+    missing = sorted(set(files) - set(held))
+    if missing:
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
+        raise ConfigError(
+            f"the hub cache holds only part of {url!r}: {len(missing)} of its {len(files)} files "
+            f"are missing ({shown}); download the split (online, or `hf download {repo} "
+            f"--repo-type dataset --revision {commit} --include ...` naming them) before "
+            "reading it offline"
+        )
 
 
 def _listing(folder: str) -> list[str]:

@@ -11,15 +11,17 @@ repositories need a card's `configs:`, else they are read from the converted Par
   `data_dir` where it has one; a config with a `data_dir` and no `data_files` has the split's
   files under `data_dir` found by name, as below;
 - else those under `{config}/` (when a config is named) whose path has a folder named `split`,
-  or whose file name is the split's name followed by a file extension, or by `-` or `_` and a
-  digit (`train-00000-of-00004.parquet`; not `train_sft-...` or `train.100-...`, other splits).
+  or whose file name is the split's name followed by a data file's ending (`train.jsonl.gz`),
+  or by `-` or `_` and a digit (`train-00000-of-00004.parquet`; not `train_sft-...`,
+  `train.100-...` or `train.clean.100-...`, other splits).
 
 When the main revision has none, the hub's auto-converted Parquet (`refs/convert/parquet`:
 `{config}/{split}/*.parquet`; with no config named, "default", else the only config there) is
 used; a `partial-{split}` folder there holds only a prefix of a large split, and is read with a
 warning saying so. Read from the hub cache, a split with a file missing (a numbered shard
-`-00001-of-00004`, or a converted file the cached listing names) is an error naming it: the
-cache holds only part of the split. A split not found is an error naming the configs or splits
+`-00001-of-00004`, or any file the split has in the listing of the whole commit that
+huggingface_hub keeps with its downloads) is an error naming it: the cache holds only part of
+the split. A split not found is an error naming the configs or splits
 there are, where the card or the converted layout says.
 """
 
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.io.formats import detect_format
+from zephon_torch.io.formats import EXTENSIONS, detect_format
 
 CONVERTED_REVISION = "refs/convert/parquet"
 
@@ -149,7 +151,10 @@ def _card_splits(chosen: dict[str, Any]) -> list[str]:
 
 def _by_name(files: Sequence[str], folder: str | None, split: str) -> list[str]:
     """The files of `split` by their names (under `folder`): see the module docstring."""
-    pattern = re.compile(rf"^{re.escape(split)}([-_][0-9]|\.[A-Za-z][^/]*$|$)")
+    # the split's name, then `-` or `_` and a digit, or a data file's ending and nothing more:
+    # `train.clean.100-00000-of-00001.parquet` is split "train.clean.100", not "train"
+    endings = "|".join(re.escape(ending) for ending in sorted(EXTENSIONS, key=len, reverse=True))
+    pattern = re.compile(rf"^{re.escape(split)}([-_][0-9]|(?i:{endings})$|$)")
     prefix = [] if folder is None else folder.split("/")
     chosen = []
     for file in files:

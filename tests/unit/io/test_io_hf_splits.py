@@ -22,12 +22,20 @@ def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
         "data/train_sft-00000-of-00001.parquet",
         "data/train_unlabeled-00000-of-00001.parquet",
         "clean/train.100-00000-of-00001.parquet",
+        "data/train.clean.100-00000-of-00001.parquet",  # a dot, then a letter: not an ending
+        "data/train.other.jsonl",
         "mnli/validation_matched-00000-of-00001.parquet",
     ]
-    mine = ["data/train-00000-of-00001.parquet", "train.jsonl.gz", "x/train_0.parquet"]
+    mine = [
+        "data/train-00000-of-00001.parquet",
+        "train.jsonl.gz",
+        "x/train_0.parquet",
+        "T/train.JSONL",
+    ]
     assert split_files(others + mine, None, "train") == sorted(mine)
     assert split_files(others, None, "validation") == []
     assert split_files(others, None, "train_sft") == [others[0]]
+    assert split_files(others, None, "train.clean.100") == [others[3]]
     # a card's config: data_dir alone (splits by name under it) or with data_files under it
     layout = ["en/train-0.parquet", "en/test.parquet", "train.parquet", "fr/a/x.parquet"]
     configs = [
