@@ -104,27 +104,30 @@ class JsonlReader:
         self._shard_cache: tuple[int, ShardCache] | None = None  # (pid, cache)
 
     def __getstate__(self) -> dict[str, Any]:
+        """Settings and the shards' identities (a copy, a spawned DataLoader worker or process
+        runner, checks its reads against the files this reader first read); no caches."""
         return {
             "dataset": self.dataset,
             "index_cache_dir": self.index_cache_dir,
             "max_open": self.max_open,
             "max_decompressed": self.max_decompressed,
             "cache": self.cache,
+            "identities": dict(self._identities),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({"cache": CacheOptions(), **state})
+        state = {"cache": CacheOptions(), **state}
+        identities = state.pop("identities", {})
+        self.__dict__.update(state)
         self._open_caches()
+        self._identities.update(identities)
 
     def with_cache(self, cache: CacheOptions) -> JsonlReader:
-        """This reader decompressing into another shard cache; its caches empty."""
-        return JsonlReader(
-            dataset=self.dataset,
-            index_cache_dir=self.index_cache_dir,
-            max_open=self.max_open,
-            max_decompressed=self.max_decompressed,
-            cache=cache,
-        )
+        """This reader decompressing into another shard cache; its caches empty, the shards'
+        identities kept."""
+        reader = JsonlReader.__new__(JsonlReader)
+        reader.__setstate__({**self.__getstate__(), "cache": cache})
+        return reader
 
     def num_rows(self, path: str) -> int:
         """Returns the number of non-blank lines of the shard, from its (cached) line index."""

@@ -212,3 +212,37 @@ def test_a_jsonl_shard_copied_over_with_the_same_size_is_named_as_changed(tmp_pa
     shutil.copyfile(other, path)  # in place: same inode, same size
     with pytest.raises(DataError, match=r"rewritten \(its modification time moved\)"):
         reader.read(str(path), [7])
+
+
+def _read_ids(dataset: Any, out: Any) -> None:
+    try:
+        out.put([row["i"] for row in dataset.read_rows(0, [0, 1, 2])])
+    except DataError as error:
+        out.put(str(error))
+
+
+def test_a_jsonl_shard_rewritten_after_the_open_is_named_as_changed_in_a_spawned_copy(
+    tmp_path: Path,
+) -> None:
+    """A pickled dataset (spawned DataLoader workers, runner='processes') dropped the shards'
+    identities taken at the open: its copy took the rewritten file for the first one and read
+    its rows as the shard's, while the opening process refused them."""
+    import multiprocessing
+
+    from zephon_torch.io import Dataset
+
+    path = tmp_path / "d" / "a.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(3)))
+    dataset = Dataset.from_path("d", path.parent, index_cache_dir=str(tmp_path / "idx"))
+    assert dataset.num_rows == 3
+    path.write_text("".join(json.dumps({"i": 1000 + i}) + "\n" for i in range(3)))
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    child = context.Process(target=_read_ids, args=(dataset, out))
+    child.start()
+    got = out.get(timeout=60)
+    child.join(timeout=60)
+    assert "the shard file was rewritten or appended to" in got, got
+    with pytest.raises(DataError, match="the shard file was rewritten or appended to"):
+        dataset.read_rows(0, [0])
