@@ -68,6 +68,7 @@ class TokenizeSpec:
     def __post_init__(self) -> None:
         if (self.tokenizer_id is None) == (self.tokenizer is None):
             raise ConfigError("`tokenize` needs exactly one of `tokenizer_id` or `tokenizer`")
+        _check_field(self.field)
         _check_workers(self.parallelism, self.runner)
 
 
@@ -107,6 +108,7 @@ class PretokenizedSpec:
     runner: RunnerKind | Literal["auto"]
 
     def __post_init__(self) -> None:
+        _check_field(self.field)
         _check_workers(self.parallelism, "threads" if self.runner == "auto" else self.runner)
         object.__setattr__(self, "eos_token_id", check_token_id("eos_token_id", self.eos_token_id))
 
@@ -121,6 +123,11 @@ def check_token_id(name: str, value: object) -> int | None:
         if 0 <= number < 2**31:
             return number
     raise ConfigError(f"`{name}` must be a token id in [0, 2**31), got {value!r}")
+
+
+def _check_field(field: object) -> None:
+    if not isinstance(field, str) or not field:
+        raise ConfigError(f"`field` must be a non-empty row field name, got {field!r}")
 
 
 def _check_workers(parallelism: int, runner: str) -> None:

@@ -420,10 +420,19 @@ class Pipeline:
         return self._with(_microbatch_size=microbatch_size)
 
     def _check_before_tokenize(self, what: str) -> None:
-        if self._tokenize is not None or self._pretokenized is not None:
+        if self._tokenize is None and self._pretokenized is None:
+            return
+        if what in ("map", "filter"):
             raise ConfigError(
                 f"`{what}` must come before `tokenize`/`pretokenized` (it works on rows)"
             )
+        chat = self._tokenize is not None and self._tokenize.chat_template is not None
+        have = "pretokenized" if self._tokenize is None else "tokenize_chat" if chat else "tokenize"
+        raise ConfigError(
+            f"a pipeline has one token stage (`tokenize`, `tokenize_chat` or `pretokenized`) and "
+            f"this one has `{have}` already, so `{what}` cannot follow; to mix text with stored "
+            "ids, tokenize the text in a `map` that writes the ids field, then `pretokenized`"
+        )
 
     # -- recipe facts --------------------------------------------------------------------------
 

@@ -251,6 +251,27 @@ def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
         Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="eol")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs a BOS token"):
         Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="bos")
+    for bad in (["text"], "", None):  # was a TypeError or a DataError blaming the rows
+        with pytest.raises(ConfigError, match="`field` must be a non-empty row field name"):
+            Pipeline(source).pretokenized(bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="`field` must be a non-empty row field name"):
+            Pipeline(source).tokenize(tokenizer=tokenizer, field=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:the tokenizer has no <|im_start|> token")
+def test_a_second_token_stage_is_refused_with_what_to_do_instead(tokenizer: Any) -> None:
+    """The message of a `map` after `tokenize` said `tokenize` must come before `tokenize`."""
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
+    tokenized = Pipeline(source).tokenize(tokenizer=tokenizer)
+    one = "a pipeline has one token stage .* and this one has `{}` already, so `{}` cannot"
+    with pytest.raises(ConfigError, match=one.format("tokenize", "pretokenized")):
+        tokenized.pretokenized("ids")
+    with pytest.raises(ConfigError, match=one.format("pretokenized", "tokenize") + ".* a `map`"):
+        Pipeline(source).pretokenized("ids").tokenize(tokenizer=tokenizer)
+    with pytest.raises(ConfigError, match=one.format("tokenize_chat", "pretokenized")):
+        Pipeline(source).tokenize_chat(tokenizer=tokenizer).pretokenized("ids")
+    with pytest.raises(ConfigError, match="`map` must come before `tokenize`/`pretokenized`"):
+        tokenized.map(dict)
 
 
 @pytest.mark.parametrize(

@@ -92,10 +92,20 @@ def token_array(value: Any) -> npt.NDArray[np.integer[Any]]:
             raise ValueError(f"expected a list of token ids, got {type(value).__name__}")
         array = np.asarray(value) if value else np.empty(0, dtype=np.int64)
         if array.dtype.kind in "iu":
+            check_no_bool(value)
             array = array.astype(np.int64, copy=False)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise ValueError(f"expected a flat list of integer token ids, got {_describe(array)}")
     return array
+
+
+def check_no_bool(ids: list[Any] | tuple[Any, ...]) -> None:
+    """ValueError naming the first boolean among ``ids``, which numpy reads as integers: a JSON
+    ``[5, true, 7]`` would pass as the ids ``[5, 1, 7]``."""
+    kinds = set(map(type, ids))
+    if bool in kinds or np.bool_ in kinds:
+        at = next(i for i, v in enumerate(ids) if isinstance(v, (bool, np.bool_)))
+        raise ValueError(f"item {at} is the boolean {ids[at]}, not an id")
 
 
 def _describe(array: npt.NDArray[Any]) -> str:

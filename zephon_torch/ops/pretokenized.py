@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import DataError
+from zephon_torch.io._projection import check_no_bool
 from zephon_torch.ops.document import Document, document_error
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -26,8 +27,8 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
     """``value`` as a 1-D integer array (itself when it is one).
 
     Raises:
-        TypeError: for anything else (a list with a boolean among ints too), saying what
-            it was.
+        TypeError: for anything else, saying what it was.
+        ValueError: for a list holding a boolean (numpy would read it as 0 or 1).
     """
     if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "iu":
         return value
@@ -35,9 +36,8 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
     if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
         shape, dtype = tokens.shape, tokens.dtype
         raise TypeError(f"got {type(value).__name__} of shape {shape} and dtype {dtype}")
-    if type(value) is list and bool in map(type, value):  # numpy reads [5, true] as [5, 1]
-        at = next(i for i, v in enumerate(value) if type(v) is bool)
-        raise TypeError(f"item {at} is the boolean {value[at]}, not an id")
+    if isinstance(value, (list, tuple)):
+        check_no_bool(value)
     return tokens if tokens.size else tokens.astype(np.int32)
 
 

@@ -75,11 +75,10 @@ def test_a_boolean_among_the_ids_of_a_json_list_is_refused_by_row(tmp_path: Any)
     # numpy reads [5, true, 7] as [5, 1, 7]: a damaged row would pass as the id 1
     path = tmp_path / "part-0.jsonl"
     path.write_text('{"ids": [4, 5]}\n{"ids": [5, true, 7]}\n')
-    dataset = Dataset.from_path("d", path)
-    with pytest.raises(
-        DataError, match=r"part-0.jsonl', row 1: .*item 1 is the boolean True, not an id"
-    ):
-        list(recipe_one(dataset).pretokenized("ids").pack_flat(8).batch(1))
+    for projected in (None, ["ids"]):  # read as rows, or as a token column
+        dataset = Dataset.from_path("d", path, token_columns=projected)
+        with pytest.raises(DataError, match=r"part-0.jsonl', row 1: .*item 1 is the boolean True"):
+            list(recipe_one(dataset).pretokenized("ids").pack_flat(8).batch(1))
     path.write_text('{"ids": [4, 5]}\n{"ids": [1, 0]}\n')  # the ids 1 and 0 are fine
     batch = next(
         iter(recipe_one(Dataset.from_path("d", path)).pretokenized("ids").pack_flat(8).batch(1))
