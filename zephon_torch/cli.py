@@ -162,6 +162,9 @@ def _column_list(text: str) -> list[str]:
     return names
 
 
+_BROKEN_PIPE_EXIT = 141  # as a process ended by SIGPIPE shows in the shell (128 + 13)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zephon-torch`` console script."""
     parser = argparse.ArgumentParser(prog="zephon-torch", description=__doc__)
@@ -288,15 +291,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"verify --plot draws its own runs (a reference, resumed runs and the standard "
                 f"loader): {', '.join(given)} apply without --plot"
             )
-    if args.command in ("demo", "verify"):  # inspect and index guard their own
-        from zephon_torch._inspect import failed
-        from zephon_torch.errors import ZephonError
+    try:
+        if args.command in ("demo", "verify"):  # inspect and index guard their own
+            from zephon_torch._inspect import failed
+            from zephon_torch.errors import ZephonError
 
-        try:
-            return int(args.run(args))
-        except ZephonError as error:
-            return failed(args.command, error, sys.stdout)
-    return int(args.run(args))
+            try:
+                return int(args.run(args))
+            except ZephonError as error:
+                return failed(args.command, error, sys.stdout)
+        return int(args.run(args))
+    except BrokenPipeError:  # `zephon-torch inspect ... | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the exit's flush
+        return _BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":

@@ -269,3 +269,22 @@ def test_index_into_a_cache_that_cannot_be_written_is_an_error_not_a_success(
         f"zephon-torch index: error: the line indexes of 3 of 3 shards could not be written to "
         f"the index cache {cache}"
     )
+
+
+def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, _private_cache: Path) -> None:
+    """`zephon-torch inspect ... | head` ended in a BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    folder = write_jsonl_shards(tmp_path / "corpus", shards=4, rows=200)
+    script = (
+        f"{sys.executable} -c 'import sys; from zephon_torch.cli import main; sys.exit(main())' "
+        f"inspect {folder} --rows 800 | head -c 10 > /dev/null; echo ${{PIPESTATUS[0]}}"
+    )
+    env = {**os.environ, "ZEPHON_TORCH_CACHE": str(_private_cache.parent)}
+    done = subprocess.run(
+        ["bash", "-c", script], check=True, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.stderr == ""
+    assert done.stdout.strip() == "141"

@@ -258,7 +258,7 @@ def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
             Pipeline(source).tokenize(tokenizer=tokenizer, field=bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.filterwarnings("ignore:the tokenizer has no <|im_start|> token")
+@pytest.mark.filterwarnings(r"ignore:the tokenizer has no <\|im_start\|> token")
 def test_a_second_token_stage_is_refused_with_what_to_do_instead(tokenizer: Any) -> None:
     """The message of a `map` after `tokenize` said `tokenize` must come before `tokenize`."""
     source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"]})])
