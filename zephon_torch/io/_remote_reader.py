@@ -181,16 +181,18 @@ class RemoteReader:
         if self.format in LOCATING_FORMATS:
             return self._with_reader(path, lambda reader, local: reader.num_rows(local)), ()
         item = self.objects[path][1]
-        parquet = self.format == "parquet"
-        layout = remembered_layout(self.index_cache_dir, item, parquet=parquet)
+        parquet, schema = self.format == "parquet", self.format in ("parquet", "vortex")
+        layout = remembered_layout(self.index_cache_dir, item, parquet=parquet, schema=schema)
         if layout is None:
             if parquet:
                 layout = self._parquet_layout(path)
+            elif schema:
+                layout = self._with_reader(path, _counted_columns)
             else:
                 layout = self._with_reader(path, lambda r, local: r.num_rows(local)), (), ()
             remember_layout(self.index_cache_dir, item, *layout)
         rows, groups, columns = layout
-        if parquet:  # the columns asked for, checked at the open as for a local shard
+        if schema:  # the columns asked for, checked at the open as for a local shard
             check_columns(self.projection, columns, dataset=self.dataset, shard=path)
         return rows, window_blocks(groups)
 
@@ -491,3 +493,8 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _counted_columns(reader: Any, local: str) -> Layout:
+    """A downloaded shard's row count and columns (a Vortex file's)."""
+    return reader.num_rows(local), (), reader.columns(local)

@@ -36,7 +36,7 @@ Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, li
 
 
 Groups = tuple[tuple[int, int], ...]  # each row group's rows and decoded bytes
-Layout = tuple[int, Groups, Columns]  # rows, row groups, columns (both empty but for Parquet)
+Layout = tuple[int, Groups, Columns]  # rows, row groups (Parquet), columns (Parquet, Vortex)
 
 
 def parquet_layout(tail: Callable[[int], bytes], *, size: int, url: str, dataset: str) -> Layout:
@@ -127,13 +127,16 @@ def _npy_value(
     return call_with_retry(value, url=url, policy=policy, what="reading the offsets")
 
 
-def remembered_layout(index_cache_dir: str, item: CachedObject, *, parquet: bool) -> Layout | None:
-    """The row count (and, for a `parquet` object, its row-group sizes and columns) remembered
-    for this version of the object, else None: always for an object listed without a version (a
-    rewrite of the same size could not be told apart), and for a Parquet record without sizes
-    or columns, or with sizes of another estimate (see `parquet.ESTIMATE_VERSION`). Window
-    blocks are derived from the sizes at each open, so a new block size never meets stale
-    blocks; a record of another format is read for its row count alone, whatever it holds."""
+def remembered_layout(
+    index_cache_dir: str, item: CachedObject, *, parquet: bool, schema: bool = False
+) -> Layout | None:
+    """The row count (and, for a `parquet` object, its row-group sizes and columns; for one
+    with a `schema`, its columns) remembered for this version of the object, else None: always
+    for an object listed without a version (a rewrite of the same size could not be told
+    apart), for a Vortex record without columns, and for a Parquet record with sizes of
+    another estimate (see `parquet.ESTIMATE_VERSION`). Window blocks are derived from the sizes
+    at each open, so a new block size never meets stale blocks; a record of another format is
+    read for its row count alone, whatever it holds."""
     if not item.version:
         return None
     with (
@@ -141,12 +144,14 @@ def remembered_layout(index_cache_dir: str, item: CachedObject, *, parquet: bool
         open(_record(index_cache_dir, item), encoding="utf-8") as handle,
     ):
         record = json.load(handle)
-        if not parquet:
+        if not (parquet or schema):
             return int(record["rows"]), (), ()
-        if record["estimate"] != ESTIMATE_VERSION:
+        if parquet and record["estimate"] != ESTIMATE_VERSION:
             return None
         groups = tuple((int(rows), int(nbytes)) for rows, nbytes in record["groups"])
         columns = tuple((str(n), str(t), bool(i)) for n, t, i in record["columns"])
+        if not (parquet or columns):  # a Vortex record from before columns were kept
+            return None
         return int(record["rows"]), groups, columns
     return None
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._arrow import BadTokenRow, check_schema, row_columns
+from zephon_torch.io._arrow import BadTokenRow, Columns, check_schema, row_columns, schema_columns
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -80,6 +80,11 @@ class VortexReader:
     def num_rows(self, path: str) -> int:
         """Returns the row count recorded in the file's footer; reads no data."""
         return len(self._file(path))
+
+    def columns(self, path: str) -> Columns:
+        """The file's columns (see `schema_columns`): what a remote open remembers, to check
+        the projection against at later opens without a download."""
+        return schema_columns(self._file(path).dtype.to_arrow_schema())
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns the given rows of the shard as dicts, in the order asked.

@@ -437,6 +437,37 @@ def test_a_remote_parquet_shard_lacking_a_column_read_is_named_at_the_open(
     assert open_(columns=["text"]).read_rows(1, [0]) == [{"text": "b"}]
 
 
+def test_a_remote_vortex_shard_lacking_a_column_read_is_named_at_every_open(
+    tmp_path: Path,
+) -> None:
+    """The first open checked the columns on the downloaded file; once its row count was
+    remembered, later opens (a restart, `zephon-torch index` first) skipped the check, and the
+    error came at the first read, mid-run."""
+    from tests.unit.io.test_io_formats_writers import write_vortex
+
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number, table in enumerate(
+        (pa.table({"text": ["a"], "ids": [[1, 2]]}), pa.table({"text": ["b"], "ids": [["x"]]}))
+    ):
+        write_vortex(tmp_path / f"{number}.vortex", table)
+        fs.pipe(f"{root}/{number}.vortex", (tmp_path / f"{number}.vortex").read_bytes())
+    index = str(tmp_path / "index")
+
+    def open_(**kwargs: Any) -> Dataset:
+        options = _options(tmp_path)
+        url = f"memory://{root}"
+        return Dataset.from_path("v", url, io_options=options, index_cache_dir=index, **kwargs)
+
+    assert open_().num_rows == 2  # counted, and remembered with the columns
+    for _ in range(2):  # the remembered records, then again
+        with pytest.raises(DataError, match=r"0\.vortex.*has no column 'nope'"):
+            open_(columns=["text", "nope"])
+        with pytest.raises(DataError, match=r"1\.vortex.*token column 'ids' holds list<"):
+            open_(token_columns=["ids"])
+    assert open_(columns=["text"]).read_rows(1, [0]) == [{"text": "b"}]
+
+
 def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
     tmp_path: Path,
 ) -> None:
