@@ -183,7 +183,7 @@ def _index(
     dataset = _open(path, format_, cache, storage, columns)
     seconds = time.perf_counter() - started
     if dataset.remote and dataset.format in _REMEMBERED:
-        _require_written(path, format_, cache, dataset)  # remote: the folder must be writable
+        _require_remembered(path, dataset, cache)
         print(
             f"remembered the row counts of {len(dataset.shards):,} shards "
             f"({dataset.num_rows:,} rows) in {seconds:.2f} s; index cache {cache}: later opens "
@@ -199,6 +199,8 @@ def _index(
         )
         return
     _require_written(path, format_, cache, dataset)
+    if dataset.remote:
+        _require_remembered(path, dataset, cache)
     reused = "" if before is None else f" ({before:,} were cached already)"
     print(
         f"indexed {len(dataset.shards):,} shards{reused}: {dataset.num_rows:,} rows in "
@@ -222,6 +224,24 @@ def _require_written(path: str, format_: str | None, cache: str, dataset: Datase
         )
     if cached is None and not _writable(cache):
         raise StorageError(f"the index cache {cache} cannot be written; {_WRITABLE}")
+
+
+def _require_remembered(path: str, dataset: Dataset, cache: str) -> None:
+    """Raises a `StorageError` unless the row count of every remote shard is remembered in
+    `cache`: the open skips a folder it cannot write, and counts objects listed without a
+    version at every open, keeping them nowhere."""
+    missing = dataset.unremembered_shards(cache)
+    if missing is None:
+        raise StorageError(
+            f"the storage lists the objects of {path} without a version (ETag or modification "
+            "time), so a rewrite could not be told from the copy counted: their row counts "
+            "cannot be remembered, and every open counts them again"
+        )
+    if missing:
+        raise StorageError(
+            f"the row counts of {len(missing):,} of {len(dataset.shards):,} shards (e.g. "
+            f"{missing[0]}) could not be written to the index cache {cache}; {_WRITABLE}"
+        )
 
 
 def _writable(folder: str) -> bool:

@@ -168,6 +168,53 @@ def test_index_of_remote_parquet_remembers_its_row_counts_for_later_opens(
     assert len(list(cache.rglob("*.json"))) == 2
 
 
+def test_index_of_remote_data_whose_row_counts_cannot_be_kept_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`index` said "later opens read only the listing" and exit 0 where nothing was kept: a
+    cache folder whose `remote-rows` could not be written (the open skips it), or a server
+    that lists its objects without a version (counted at every open, kept nowhere)."""
+    import functools
+    import http.server
+    import threading
+
+    fs = fsspec.filesystem("memory")
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    fs.pipe(f"{root}/0.parquet", write_parquet(tmp_path / "0.parquet").read_bytes())
+    fs.pipe(f"{root}/1.jsonl", b'{"i": 1}\n{"i": 2}\n')
+    cache = tmp_path / "idx"
+    cache.mkdir()
+    (cache / "remote-rows").write_text("a file where the folder should be")
+    for url in (f"memory://{root}/0.parquet", f"memory://{root}/1.jsonl"):
+        assert main(["index", url, "--index-cache-dir", str(cache)]) == 2
+        err = capsys.readouterr().err
+        assert "the row counts of 1 of 1 shards (e.g. memory://" in err
+        assert f"could not be written to the index cache {cache}" in err
+
+    class NoVersions(http.server.SimpleHTTPRequestHandler):
+        def send_header(self, keyword: str, value: str) -> None:
+            if keyword.lower() not in ("last-modified", "etag"):
+                super().send_header(keyword, value)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    served = tmp_path / "served"
+    served.mkdir()
+    write_parquet(served / "data.parquet")
+    handler = functools.partial(NoVersions, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/data.parquet"
+        with pytest.warns(UserWarning, match="without a version"):
+            code = main(["index", url, "--index-cache-dir", str(tmp_path / "idx2")])
+    finally:
+        server.shutdown()
+    assert code == 2
+    assert "without a version (ETag or modification time)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["inspect", "index"])
 def test_a_missing_path_gives_one_error_line_and_exit_code_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str

@@ -166,6 +166,22 @@ class RemoteReader:
         """
         return list(self._open()[1])
 
+    def unremembered(self, index_cache_dir: str) -> list[str] | None:
+        """The shards (one-object formats: Parquet, JSONL, Vortex) whose row count is not
+        remembered in `index_cache_dir`; None when this open remembers none there (objects
+        listed without a version are counted at every open)."""
+        if os.path.abspath(self.index_cache_dir) != os.path.abspath(index_cache_dir):
+            return None
+        parquet, schema = self.format == "parquet", self.format in ("parquet", "vortex")
+        return [
+            url
+            for url in self.shard_urls
+            if remembered_layout(
+                index_cache_dir, self.objects[url][1], parquet=parquet, schema=schema
+            )
+            is None
+        ]
+
     def num_rows(self, path: str) -> int:
         """Counts a shard's rows (see `shard_layout`)."""
         return self.shard_layout(path)[0]

@@ -357,6 +357,13 @@ class Dataset:
         """This process's shard-cache hits, misses and bytes downloaded (None: not remote)."""
         return self._reader.cache_counters() if isinstance(self._reader, RemoteReader) else None
 
+    def unremembered_shards(self, index_cache_dir: str) -> list[str] | None:
+        """Remote shards whose row counts `index_cache_dir` does not remember ([] for a local
+        dataset; None where none can be: objects listed without a version)."""
+        if not isinstance(self._reader, RemoteReader):
+            return []
+        return self._reader.unremembered(index_cache_dir)
+
     def with_io_options(self, io_options: Mapping[str, Any] | IoOptions) -> Dataset:
         """This dataset read with other shard-cache, retry, Parquet and MDS settings.
 
