@@ -2,9 +2,9 @@
 
 The hub cannot be reached from the test machines, so this serves dataset repos from local
 folders through the few HTTP routes huggingface_hub's `HfFileSystem` calls: a revision's
-repo info, the recursive file tree, paths info, the repo's refs, and file bytes (with
-`Range`). Point a client at it with `HF_ENDPOINT`. It answers only what those calls need;
-every request is logged (method and path), so tests can check what was fetched.
+repo info, the recursive file tree, paths info, the repo's refs, a revision's commits, and
+file bytes (with `Range`). Point a client at it with `HF_ENDPOINT`. It answers only what those
+calls need; every request is logged (method and path), so tests can check what was fetched.
 """
 
 from __future__ import annotations
@@ -34,13 +34,18 @@ class Hub:
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, Path]] = {}
         self.commits: dict[tuple[str, str], Path] = {}  # (repo, sha) -> folder
+        self.history: dict[
+            tuple[str, str], list[str]
+        ] = {}  # (repo, revision) -> shas, newest first
         self.log: list[tuple[str, str, str]] = []  # method, unquoted path, Range header
         self.fail: dict[str, list[int]] = {}
         self.on_unknown: Callable[[str], None] = lambda path: None
 
     def add(self, repo: str, revision: str, folder: Path) -> None:
         self.repos.setdefault(repo, {})[revision] = folder
-        self.commits[(repo, self.sha(repo, revision, folder))] = folder
+        sha = self.sha(repo, revision, folder)
+        self.commits[(repo, sha)] = folder
+        self.history.setdefault((repo, revision), []).insert(0, sha)
 
     @staticmethod
     def sha(repo: str, revision: str, folder: Path) -> str:
@@ -171,6 +176,16 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             if self._failing(kind) or not self._known(*where[:2]):
                 return
             repo, revision, rest = where
+            if kind == "commits":  # the revision's commits, newest first
+                shas = hub.history.get((repo, revision), [hub.head(repo, revision)])
+                entry = {
+                    "authors": [],
+                    "date": "2026-01-01T00:00:00.000Z",
+                    "title": "",
+                    "message": "",
+                }
+                self._json([{"id": sha, **entry} for sha in shas])
+                return
             files = hub.files(repo, revision)
             if kind == "revision":
                 siblings = [{"rfilename": p} for p in files]

@@ -685,3 +685,69 @@ def test_offline_a_split_cached_in_part_whose_files_are_not_numbered_is_named(
         assert f"({missing})" in done.stderr
     whole = _read_offline(tmp_path / "plain-whole", "hf://org/plain/train", tmp_path)
     assert [row["text"] for row in whole["rows"]] == ["a 0", "a 1", "b 0", "b 1"]
+
+
+def test_a_pinned_commit_of_the_converted_parquet_reads_what_the_unpinned_url_read(
+    tmp_path: Path,
+) -> None:
+    """Pinned, as the fingerprint records it to resume on, a commit of the converted Parquet
+    was read by the rules of uploaded files: every config's `train/` folder, mixed (and,
+    offline, without the check of a split cached in part)."""
+    script = tmp_path / "script"
+    script.mkdir()
+    (script / "README.md").write_text("# a dataset with a loading script")
+    (script / "conv.py").write_text("# builder")
+    converted = tmp_path / "converted"
+    _parquet(converted / "default" / "train" / "0000.parquet", "default", 2)
+    _parquet(converted / "other" / "train" / "0000.parquet", "other", 2)
+    again = tmp_path / "again"  # converted anew later: the pinned commit is an older one
+    _parquet(again / "default" / "train" / "0000.parquet", "again", 1)
+    hub = Hub()
+    hub.add("org/conv", "main", script)
+    hub.add("org/conv", "refs/convert/parquet", converted)
+    first = Hub.sha("org/conv", "refs/convert/parquet", converted)
+    uploaded = Hub.sha("org/conv", "main", script)
+    expected = ["default 0", "default 1"]
+    with serve(hub) as endpoint:
+        for url in (
+            "hf://org/conv/train",
+            f"hf://org/conv@{first}/train",
+            "hf://org/conv@refs%2Fconvert%2Fparquet/train",
+        ):
+            assert [row["text"] for row in _read_online(url, endpoint, tmp_path)["rows"]] == (
+                expected
+            ), url
+        hub.add("org/conv", "refs/convert/parquet", again)
+        pinned = _read_online(f"hf://org/conv@{first}/train", endpoint, tmp_path)
+        assert [row["text"] for row in pinned["rows"]] == expected
+        # a commit of main is read as uploaded files only: no converted rules on it
+        err = _read_online(f"hf://org/conv@{uploaded}/train", endpoint, tmp_path, fails=True)
+        assert (
+            f"'hf://org/conv@{uploaded}/train': {uploaded}: no files of split 'train'"
+            in (err["stderr"])
+        )
+    cache = tmp_path / "cache"
+    offline = _snapshot(cache, "org/conv", "refs/convert/parquet", "c" * 40)
+    _parquet(offline / "default" / "train" / "0000.parquet", "default", 2)
+    _parquet(offline / "other" / "train" / "0000.parquet", "other", 2)
+    for url in ("hf://org/conv/train", f"hf://org/conv@{'c' * 40}/train"):
+        assert [row["text"] for row in _read_offline(cache, url, tmp_path)["rows"]] == expected
+
+
+def test_a_revision_named_with_a_slash_is_pinned_with_2f(tmp_path: Path) -> None:
+    """`@release/v1` cannot be told from a config folder in the URL; `%2F` stands for the `/`
+    (as on the hub's file system), and the error of the first form says so."""
+    cache = tmp_path / "hub"
+    _parquet(_snapshot(cache, "org/p", "release/v1", "d" * 40) / "train.parquet", "v1", 2)
+    _parquet(_snapshot(cache, "org/p", "main", "a" * 40) / "train.parquet", "main", 1)
+    pinned = _read_offline(cache, "hf://org/p@release%2Fv1/train", tmp_path)
+    assert [row["text"] for row in pinned["rows"]] == ["v1 0", "v1 1"]
+    assert pinned_revision("hf://org/p@release%2Fv1/train") == "release/v1"
+    done = _run_offline(cache, "hf://org/p@release/v1/train", tmp_path)
+    assert done.returncode != 0
+    assert "holds no revision 'release' of org/p: it holds main (commit aaaaaaaaaaaa), " in (
+        done.stderr
+    )
+    assert "is written %2F in the URL: @release%2Fv1" in done.stderr
+    missing = _run_offline(cache, "hf://org/p/en/train", tmp_path)
+    assert "main: no config folder 'en'" in missing.stderr

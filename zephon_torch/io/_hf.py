@@ -18,16 +18,18 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._discover import detect_files
 from zephon_torch.io._hf_splits import (
+    CONVERTED_REVISION,
     card_configs,
     check_complete,
     find_split,
     parse_hf_url,
+    pinned_layout,
     pinned_revision,
     revisions,
     warn_if_partial,
@@ -37,6 +39,7 @@ from zephon_torch.io._retry import RetryPolicy, call_with_retry, http_status, is
 from zephon_torch.io._shard_cache import CachedObject
 
 _log = logging.getLogger(__name__)
+_SLASH = " (a `/` in a revision's name is written %2F in the URL: @release%2Fv1)"
 
 
 def _hub() -> Any:
@@ -74,19 +77,18 @@ def list_hf(
     hub = _hub()
     repo, config, split = parse_hf_url(url)
     from huggingface_hub import constants
-    from huggingface_hub.errors import HFValidationError, RevisionNotFoundError
-    from huggingface_hub.utils._validators import validate_repo_id
+    from huggingface_hub.errors import RevisionNotFoundError
 
-    try:
-        validate_repo_id(repo)
-    except HFValidationError as error:
-        raise ConfigError(f"{url!r} does not name a hub repo: {error}") from None
+    _check_repo_id(url, repo)
     if constants.HF_HUB_OFFLINE:
         return None
     fs = hub.HfFileSystem(**storage_options)
     api = hub.HfApi(endpoint=fs.endpoint, token=fs.token)
     once = replace(retry, attempts=1)
     tried = []
+    conversions = cache(  # asked for once, and only where a revision is pinned
+        partial(call_with_retry, partial(_conversions, api, repo), url=url, policy=retry)
+    )
     for revision, configs, converted in revisions(url, config):
         where = f"hf://datasets/{repo}@{revision or 'main'}"
         try:
@@ -96,22 +98,22 @@ def list_hf(
                 policy=retry,
                 what="resolving",
             )
+            if not pinned_layout(url, sha, conversions, converted=converted):
+                continue
             root = f"datasets/{repo}@{sha}"
             in_card = [] if converted else card_configs(_card(fs, root, where, once))
             # a card's data_files may lie anywhere in the repo; else under the config folder
             under = f"{root}/{configs}" if configs and not in_card and not converted else root
-            found: dict[str, dict[str, Any]] = call_with_retry(  # the tree retries itself
-                partial(fs.find, under, detail=True), url=where, policy=once, what="listing"
-            )
+            found = _find(fs, under, root, where, once)
         except RevisionNotFoundError:
             if revision is not None and revision == pinned_revision(url):  # the user's
                 raise ConfigError(
-                    f"no revision {revision!r} in {repo}: {_refs(api, repo)}"
+                    f"no revision {revision!r} in {repo}: {_refs(api, repo)}{_SLASH}"
                 ) from None
             tried.append(f"{revision or 'main'}: no such revision")
             continue
         except FileNotFoundError:  # the config folder
-            tried.append(f"{revision or 'main'}: no folder {configs!r}")
+            tried.append(f"{revision or 'main'}: no config folder {configs!r}")
             continue
         except (_NoAnswer, StorageError) as error:
             cause = error.__cause__ or error
@@ -136,6 +138,28 @@ def list_hf(
             return fs.unstrip_protocol(root), Listing(detected, objects, fs=fs)
         tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
+
+
+def _find(fs: Any, under: str, root: str, where: str, policy: RetryPolicy) -> dict[str, Any]:
+    """The files under `under` at the commit `root`, with their details (the tree request
+    retries itself). Raises FileNotFoundError for a folder the commit lacks (listed empty)."""
+    found: dict[str, Any] = call_with_retry(
+        partial(fs.find, under, detail=True), url=where, policy=policy, what="listing"
+    )
+    if not found and under != root:
+        raise FileNotFoundError(under)
+    return found
+
+
+def _check_repo_id(url: str, repo: str) -> None:
+    """ConfigError unless `repo` is a hub repo id."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils._validators import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as error:
+        raise ConfigError(f"{url!r} does not name a hub repo: {error}") from None
 
 
 def _refs(api: Any, repo: str) -> str:
@@ -169,6 +193,18 @@ def _hub_object(fs: Any, path: str, info: Mapping[str, Any], repo: str, root: st
     if not item.version:
         return item
     return replace(item, key=f"hf://datasets/{repo}/{path[len(root) + 1 :]}")
+
+
+def _conversions(api: Any, repo: str) -> set[str]:
+    """Every commit the repo's auto-converted Parquet branch has had (none where it has no
+    such branch)."""
+    try:
+        commits = api.list_repo_commits(repo, repo_type="dataset", revision=CONVERTED_REVISION)
+    except Exception as error:
+        if http_status(error) != 404:  # no such branch
+            raise
+        return set()
+    return {str(commit.commit_id) for commit in commits}
 
 
 class _NoAnswer(ZephonError):
@@ -207,6 +243,8 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
     snapshot_download = _hub().snapshot_download
     repo, config, split = parse_hf_url(url)
     tried = []
+    # offline, a pinned commit is known as a conversion where the cache's ref names it
+    conversions = lambda: set(_cached_refs(repo).get(CONVERTED_REVISION, "").split())  # noqa: E731
     for revision, configs, converted in revisions(url, config):
         # The snapshot folder, asking only for the card (the converted layout has none, and its
         # split's files are checked once found): where the hub's file listing is cached,
@@ -230,12 +268,16 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
                     f"README.md, which says which files make up each split; download it too "
                     f"(hf download {repo} README.md --repo-type dataset): {error}"
                 ) from error
-            if _not_cached(error) and revision is not None and revision == pinned_revision(url):
+            absent = _not_cached(error) or isinstance(error, IsADirectoryError)  # refs/a/b
+            if absent and revision is not None and revision == pinned_revision(url):
                 raise ConfigError(
                     f"{url!r}: the hub cache holds no revision {revision!r} of {repo}: "
-                    f"{_cached_revisions(repo)}"
+                    f"{_cached_revisions(repo)}{_SLASH}"
                 ) from error
             tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
+            continue
+        commit = os.path.basename(os.path.normpath(folder))  # snapshots/<commit>
+        if not pinned_layout(url, commit, conversions, converted=converted):
             continue
         readme = os.path.join(folder, "README.md")
         in_card = []
@@ -244,7 +286,6 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
                 in_card = card_configs(f.read())
         files, why = find_split(_listing(folder), configs, split, in_card, converted=converted)
         if files:
-            commit = os.path.basename(os.path.normpath(folder))  # snapshots/<commit>
             check_complete(url, files)
             listed = _cached_tree(repo, commit)
             if listed is not None:
@@ -273,14 +314,8 @@ def _cached_revisions(repo: str) -> str:
     revisions (branches, tags, `refs/convert/parquet`) and the commits no name points at."""
     from huggingface_hub import constants
 
-    folder = os.path.join(constants.HF_HUB_CACHE, f"datasets--{repo.replace('/', '--')}")
-    refs = os.path.join(folder, "refs")
-    named: dict[str, str] = {}
-    for where, _, names in os.walk(refs):
-        for name in names:
-            with open(os.path.join(where, name), encoding="utf-8") as f:
-                named[os.path.relpath(os.path.join(where, name), refs)] = f.read().strip()
-    snapshots = os.path.join(folder, "snapshots")
+    named = _cached_refs(repo)
+    snapshots = os.path.join(_cached_repo(repo), "snapshots")
     commits = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
     if not named and not commits:
         return f"it holds nothing of it (in {constants.HF_HUB_CACHE})"
@@ -305,6 +340,25 @@ def _cached_tree(repo: str, commit: str) -> list[str] | None:
             raise
         return None
     return [str(entry.path) for entry in tree]
+
+
+def _cached_repo(repo: str) -> str:
+    """The hub cache's folder of a dataset repo."""
+    from huggingface_hub import constants
+
+    return os.path.join(constants.HF_HUB_CACHE, f"datasets--{repo.replace('/', '--')}")
+
+
+def _cached_refs(repo: str) -> dict[str, str]:
+    """The revisions the hub cache names for a dataset repo (branches, tags,
+    `refs/convert/parquet`) and the commit each names."""
+    refs = os.path.join(_cached_repo(repo), "refs")
+    named: dict[str, str] = {}
+    for where, _, names in os.walk(refs):
+        for name in names:
+            with open(os.path.join(where, name), encoding="utf-8") as f:
+                named[os.path.relpath(os.path.join(where, name), refs)] = f.read().strip()
+    return named
 
 
 def _check_held(

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import unquote
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io.formats import EXTENSIONS, detect_format
@@ -44,7 +45,8 @@ def parse_hf_url(url: str) -> tuple[str, str | None, str]:
     parts = [part for part in url[len("hf://") :].split("/") if part]
     if len(parts) not in (3, 4):
         raise ConfigError(
-            f"`path` must look like hf://org/name/split or hf://org/name/config/split, got {url!r}"
+            f"`path` must look like hf://org/name/split or hf://org/name/config/split, got "
+            f"{url!r} (a revision with a `/` in its name is written with %2F: @release%2Fv1)"
         )
     repo = f"{parts[0]}/{parts[1].split('@', 1)[0]}"
     config = parts[2] if len(parts) == 4 else None
@@ -52,11 +54,12 @@ def parse_hf_url(url: str) -> tuple[str, str | None, str]:
 
 
 def pinned_revision(url: str) -> str | None:
-    """The revision of `hf://org/name@revision/...` (a commit, branch or tag), else None."""
+    """The revision of `hf://org/name@revision/...` (a commit, branch or tag; a `/` in its
+    name written `%2F`, as in `@release%2Fv1` or `@refs%2Fconvert%2Fparquet`), else None."""
     parts = [part for part in url[len("hf://") :].split("/") if part]
     if len(parts) < 2 or "@" not in parts[1]:
         return None
-    revision = parts[1].split("@", 1)[1]
+    revision = unquote(parts[1].split("@", 1)[1])
     if not revision:
         raise ConfigError(f"{url!r} has an empty revision after '@'")
     return revision
@@ -66,10 +69,23 @@ def revisions(url: str, config: str | None) -> list[tuple[str | None, str | None
     """Where to look, in order: (revision, config named or None, whether it is the
     auto-converted Parquet layout): main (or the pinned revision) as uploaded, then the
     converted layout (`refs/convert/parquet`, or the pinned revision, which may be one of its
-    commits)."""
+    commits: then the callers read it by those rules alone, see `pinned_layout`)."""
     pinned = pinned_revision(url)
     converted = CONVERTED_REVISION if pinned is None else pinned
     return [(pinned, config, False), (converted, config, True)]
+
+
+def pinned_layout(
+    url: str, commit: str, conversions: Callable[[], set[str]], *, converted: bool
+) -> bool:
+    """Whether a look (see `revisions`) at `commit` is to be made: for a pinned revision, only
+    by the rules of its layout, the auto-converted Parquet where `commit` is one of that
+    branch's `conversions()`, else the uploaded files (the two read a commit differently: the
+    converted one folder per config, the uploaded one `**/{split}/` across them). A revision
+    not pinned looks both ways, main first."""
+    if pinned_revision(url) is None:
+        return True
+    return converted == (commit in conversions())
 
 
 def split_files(
@@ -108,6 +124,8 @@ def find_split(
         return _converted_split(files, config, split)
     found = split_files(files, config, split, configs)
     why = f"no files of split {split!r}"
+    if not configs and config is not None and not any(f.startswith(f"{config}/") for f in files):
+        why = f"no config folder {config!r}"
     if not found and configs:
         chosen = _card_config(configs, config)
         if chosen.get("data_files") is not None:
