@@ -13,6 +13,7 @@ atomically, so each version of a file is scanned once, by whichever process gets
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import logging
 import os
@@ -94,15 +95,20 @@ def cache_file(cache_dir: str, path: str, name: str | None = None) -> str:
         A path inside `cache_dir` that changes whenever the file's size, mtime, inode or
         ctime (or `name`) changes: a file replaced by one of the same size and mtime (`cp -p`,
         `rsync -a`, a tar extraction) has another inode, or at least a new ctime, which no
-        tool sets back.
+        tool sets back. Its name begins with a digest of the file's path alone, so that the
+        index of a new version replaces those of the old ones (see `_save`).
     """
     if name is None:
         stat = os.stat(path)
-        version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_ctime_ns}"
-        key = f"{_INDEX_VERSION}\0{os.path.abspath(path)}\0{version}"
-    else:
-        key = f"{_INDEX_VERSION}\0named\0{name}"
+        where = _digest(f"{_INDEX_VERSION}\0{os.path.abspath(path)}")
+        what = _digest(f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_ctime_ns}")
+        return os.path.join(cache_dir, f"{where}-{what}.npy")
+    key = f"{_INDEX_VERSION}\0named\0{name}"
     return os.path.join(cache_dir, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def load_or_build(
@@ -159,3 +165,19 @@ def _save(index: LineIndex, target: str) -> None:
         if not isinstance(error, OSError):
             raise
         _log.warning("cannot cache the JSONL line index in %r: %s", directory, error)
+        return
+    _forget_older(target)
+
+
+def _forget_older(target: str) -> None:
+    """Removes the cached indexes of other versions of the file `target` indexes (named by
+    the same path digest): a file rewritten again and again would leave one index per version
+    for ever. A process still reading an old version keeps its mapped index."""
+    name = os.path.basename(target)
+    where, dash, _ = name.partition("-")
+    if not dash:  # a download's index: its name says which version, and the cache evicts it
+        return
+    for older in glob.glob(os.path.join(glob.escape(os.path.dirname(target)), f"{where}-*.npy")):
+        if os.path.basename(older) != name:
+            with contextlib.suppress(OSError):
+                os.unlink(older)

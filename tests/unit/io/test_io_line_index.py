@@ -112,6 +112,25 @@ def test_the_index_is_rebuilt_when_the_file_changes(
     assert changed.read_rows(0, [11]) == [{"b": 11}]
 
 
+def test_the_index_of_a_new_version_replaces_the_old_ones(
+    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+) -> None:
+    """Each version of a file left its index for ever: a shard rewritten daily (or only
+    `chmod`-ed, which moves its ctime) grew the index cache by one index a day."""
+    path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
+    other = write_jsonl(tmp_path / "other.jsonl", [{"o": 1}])
+    cache = tmp_path / "cache"
+    Dataset.from_path("d", other, index_cache_dir=str(cache))
+    for version in range(4):
+        write_jsonl(path, [{"v": version}] * (10 + version))
+        os.chmod(path, 0o644 if version % 2 else 0o600)
+        assert Dataset.from_path("d", path, index_cache_dir=str(cache)).num_rows == 10 + version
+    assert counting_scan.calls == 5
+    assert len(list(cache.glob("*.npy"))) == 2  # this file's latest, and the other's
+    assert Dataset.from_path("d", other, index_cache_dir=str(cache)).num_rows == 1
+    assert counting_scan.calls == 5
+
+
 def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_indexed_again(
     tmp_path: Path, counting_scan: _CountingScan
 ) -> None:
