@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from zephon_torch.io._mapped import map_array
 LineIndex = npt.NDArray[np.int64]
 
 _INDEX_VERSION = 2
+_UNUSED_S = 7 * 24 * 3600  # an index of another version of its file unused this long goes
 _CHUNK_BYTES = 1 << 26
 _NEWLINE = 10
 _CARRIAGE_RETURN = 13
@@ -144,6 +146,8 @@ def _load(target: str) -> LineIndex | None:
         return None  # a torn or foreign file: rebuild it
     if index.ndim != 2 or index.shape[0] != 2 or index.dtype != np.int64:
         return None
+    with contextlib.suppress(OSError):  # used now: kept from `_forget_older` (a read-only cache)
+        os.utime(target)
     return index
 
 
@@ -171,13 +175,18 @@ def _save(index: LineIndex, target: str) -> None:
 
 def _forget_older(target: str) -> None:
     """Removes the cached indexes of other versions of the file `target` indexes (named by
-    the same path digest): a file rewritten again and again would leave one index per version
-    for ever. A process still reading an old version keeps its mapped index."""
+    the same path digest) that no open has used for `_UNUSED_S`: a file rewritten again and
+    again would leave one index per version for ever. Versions in use stay, such as the copies
+    nodes keep of a dataset at one path (`rsync -a`: other inodes) with a shared cache folder;
+    each load marks its index used. A process still reading a removed one keeps it mapped."""
     name = os.path.basename(target)
     where, dash, _ = name.partition("-")
     if not dash:  # a download's index: its name says which version, and the cache evicts it
         return
+    unused = time.time() - _UNUSED_S
     for older in glob.glob(os.path.join(glob.escape(os.path.dirname(target)), f"{where}-*.npy")):
-        if os.path.basename(older) != name:
-            with contextlib.suppress(OSError):
+        if os.path.basename(older) == name:
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(older).st_mtime < unused:
                 os.unlink(older)

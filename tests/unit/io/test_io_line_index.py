@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,23 +113,31 @@ def test_the_index_is_rebuilt_when_the_file_changes(
     assert changed.read_rows(0, [11]) == [{"b": 11}]
 
 
-def test_the_index_of_a_new_version_replaces_the_old_ones(
+def test_indexes_of_other_versions_go_once_unused_for_a_week(
     tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
 ) -> None:
     """Each version of a file left its index for ever: a shard rewritten daily (or only
-    `chmod`-ed, which moves its ctime) grew the index cache by one index a day."""
+    `chmod`-ed, which moves its ctime) grew the index cache by one index a day. Versions in
+    use stay: nodes with their own copies at one path (other inodes) may share the folder."""
     path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
     other = write_jsonl(tmp_path / "other.jsonl", [{"o": 1}])
     cache = tmp_path / "cache"
     Dataset.from_path("d", other, index_cache_dir=str(cache))
+    week = 7 * 24 * 3600
     for version in range(4):
         write_jsonl(path, [{"v": version}] * (10 + version))
         os.chmod(path, 0o644 if version % 2 else 0o600)
         assert Dataset.from_path("d", path, index_cache_dir=str(cache)).num_rows == 10 + version
+        if version == 1:  # the versions so far: last used over a week ago (the other file too)
+            for index in cache.glob("*.npy"):
+                os.utime(index, (index.stat().st_atime - week - 60,) * 2)
     assert counting_scan.calls == 5
-    assert len(list(cache.glob("*.npy"))) == 2  # this file's latest, and the other's
-    assert Dataset.from_path("d", other, index_cache_dir=str(cache)).num_rows == 1
+    # the two old ones went; the one used a moment ago stays, and so does the other file's
+    assert len(list(cache.glob("*.npy"))) == 3
+    Dataset.from_path("d", other, index_cache_dir=str(cache))  # loaded: marked used
     assert counting_scan.calls == 5
+    marked = Path(_line_index.cache_file(str(cache), str(other))).stat().st_mtime
+    assert time.time() - marked < 60
 
 
 def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_indexed_again(
