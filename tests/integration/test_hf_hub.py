@@ -732,6 +732,18 @@ def test_a_pinned_commit_of_the_converted_parquet_reads_what_the_unpinned_url_re
     _parquet(offline / "other" / "train" / "0000.parquet", "other", 2)
     for url in ("hf://org/conv/train", f"hf://org/conv@{'c' * 40}/train"):
         assert [row["text"] for row in _read_offline(cache, url, tmp_path)["rows"]] == expected
+    # an older conversion, which no cached ref names: offline, its layout cannot be told, and
+    # the two readings differ; with the config named they agree
+    older = cache / "datasets--org--conv" / "snapshots" / ("e" * 40)
+    _parquet(older / "default" / "train" / "0000.parquet", "default", 2)
+    _parquet(older / "other" / "train" / "0000.parquet", "other", 2)
+    done = _run_offline(cache, f"hf://org/conv@{'e' * 40}/train", tmp_path)
+    assert done.returncode != 0
+    assert "may be of the hub's auto-converted Parquet or of uploaded files, and the two " in (
+        done.stderr
+    )
+    named = _read_offline(cache, f"hf://org/conv@{'e' * 40}/default/train", tmp_path)
+    assert [row["text"] for row in named["rows"]] == expected
 
 
 def test_a_revision_named_with_a_slash_is_pinned_with_2f(tmp_path: Path) -> None:

@@ -243,8 +243,7 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
     snapshot_download = _hub().snapshot_download
     repo, config, split = parse_hf_url(url)
     tried = []
-    # offline, a pinned commit is known as a conversion where the cache's ref names it
-    conversions = lambda: set(_cached_refs(repo).get(CONVERTED_REVISION, "").split())  # noqa: E731
+    refs = _cached_refs(repo)
     for revision, configs, converted in revisions(url, config):
         # The snapshot folder, asking only for the card (the converted layout has none, and its
         # split's files are checked once found): where the hub's file listing is cached,
@@ -261,31 +260,25 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
                 local_files_only=True,
             )
         except Exception as error:  # not cached
-            if not converted and type(error).__name__ == "IncompleteSnapshotError":
-                # the repository has a card, which decides the splits, and it is not cached
-                raise ConfigError(
-                    f"{url!r}: the hub cache holds {repo!r} without its dataset card "
-                    f"README.md, which says which files make up each split; download it too "
-                    f"(hf download {repo} README.md --repo-type dataset): {error}"
-                ) from error
-            absent = _not_cached(error) or isinstance(error, IsADirectoryError)  # refs/a/b
-            if absent and revision is not None and revision == pinned_revision(url):
-                raise ConfigError(
-                    f"{url!r}: the hub cache holds no revision {revision!r} of {repo}: "
-                    f"{_cached_revisions(repo)}{_SLASH}"
-                ) from error
-            tried.append(f"{revision or 'main'}: {type(error).__name__}: {error}")
+            tried.append(_not_held(url, repo, revision, converted, error))
             continue
         commit = os.path.basename(os.path.normpath(folder))  # snapshots/<commit>
-        if not pinned_layout(url, commit, conversions, converted=converted):
+        # offline, a pinned commit's layout is known where a cached ref names it
+        named = [name for name, sha in refs.items() if sha == commit]
+        if named and not pinned_layout(
+            url, commit, lambda: {refs.get(CONVERTED_REVISION, "")}, converted=converted
+        ):
             continue
         readme = os.path.join(folder, "README.md")
         in_card = []
         if not converted and os.path.isfile(readme):
             with open(readme, encoding="utf-8", errors="replace") as f:
                 in_card = card_configs(f.read())
-        files, why = find_split(_listing(folder), configs, split, in_card, converted=converted)
+        listing = _listing(folder)
+        files, why = find_split(listing, configs, split, in_card, converted=converted)
         if files:
+            if not (named or converted or os.path.isfile(readme)):  # a pinned commit, or main
+                _check_one_reading(url, commit, listing, configs, split, files)
             check_complete(url, files)
             listed = _cached_tree(repo, commit)
             if listed is not None:
@@ -300,6 +293,41 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
             return "glob", [os.path.join(folder, file) for file in files], commit
         tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
+
+
+def _not_held(url: str, repo: str, revision: str | None, converted: bool, error: Exception) -> str:
+    """What a look at a revision the hub cache does not hold found (for the final error), or a
+    `ConfigError` at once: for a card it lacks, or a pinned revision it lacks."""
+    if not converted and type(error).__name__ == "IncompleteSnapshotError":
+        # the repository has a card, which decides the splits, and it is not cached
+        raise ConfigError(
+            f"{url!r}: the hub cache holds {repo!r} without its dataset card "
+            f"README.md, which says which files make up each split; download it too "
+            f"(hf download {repo} README.md --repo-type dataset): {error}"
+        ) from error
+    absent = _not_cached(error) or isinstance(error, IsADirectoryError)  # refs/a/b
+    if absent and revision is not None and revision == pinned_revision(url):
+        raise ConfigError(
+            f"{url!r}: the hub cache holds no revision {revision!r} of {repo}: "
+            f"{_cached_revisions(repo)}{_SLASH}"
+        ) from error
+    return f"{revision or 'main'}: {type(error).__name__}: {error}"
+
+
+def _check_one_reading(
+    url: str, commit: str, listing: list[str], config: str | None, split: str, files: list[str]
+) -> None:
+    """ConfigError where a commit no cached ref names, without a card, reads the split as other
+    files by the auto-converted Parquet's rules than by those of uploaded files: offline,
+    which of the two it is cannot be told (online, the converted branch's history says)."""
+    other, _ = find_split(listing, config, split, converted=True)
+    if other and sorted(other) != sorted(files):
+        raise ConfigError(
+            f"{url!r}: offline, commit {commit[:12]} (no cached branch names it) may be of "
+            "the hub's auto-converted Parquet or of uploaded files, and the two read split "
+            f"{split!r} differently ({len(other)} files against {len(files)}): name the "
+            "config, hf://org/name@COMMIT/CONFIG/split, or read it online"
+        )
 
 
 def _not_cached(error: Exception) -> bool:
