@@ -159,8 +159,12 @@ def test_a_read_that_waited_on_a_failed_prefetch_raises_its_error_without_retryi
     server.kill()
     server.wait(10)
     remote.prefetch([1])
-    time.sleep(0.5)  # the prefetch holds the shard's lock, retrying
-    start = time.monotonic()
+    locks = tmp_path / "cache" / ".name_locks"  # a name's lock file exists while it is held
+    deadline = time.monotonic() + 10
+    while not (locks.is_dir() and any(locks.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert locks.is_dir() and any(locks.iterdir())
+    start = time.monotonic()  # the prefetch holds the shard's lock, retrying
     with pytest.raises(StorageError) as caught:
         remote.read_rows(1, [0])
     assert time.monotonic() - start < timeout + 1.5  # its own retries would take `timeout`

@@ -429,9 +429,6 @@ class RemoteReader:
         try:
             download = self._downloader(fs_path, item, foreground=False)
             self._shard_cache().ensure(item, download, pin=False)
-        except StorageError as error:
-            with self._lock:
-                self._failed[item.url] = (time.monotonic(), error)
         except Exception:  # raised again by the read that needs the object
             pass
         finally:
@@ -460,15 +457,21 @@ class RemoteReader:
                 with open(target, "wb") as handle:
                     handle.write(given)
                 return
-            fetch(
-                self._filesystem(),
-                fs_path,
-                item,
-                target,
-                dataset=self.dataset,
-                retry=self.options.retry,
-                show=foreground,
-            )
+            try:
+                fetch(
+                    self._filesystem(),
+                    fs_path,
+                    item,
+                    target,
+                    dataset=self.dataset,
+                    retry=self.options.retry,
+                    show=foreground,
+                )
+            except StorageError as error:
+                if asked is None:  # a prefetch: told while it still holds the object's lock,
+                    with self._lock:  # which a waiting read takes the moment it is let go
+                        self._failed[item.url] = (time.monotonic(), error)
+                raise
 
         return download
 
