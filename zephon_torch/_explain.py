@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zephon_torch._token_stage import doc_ops, prefetch_depth, token_stage
+from zephon_torch.errors import ConfigError, integer_setting
 from zephon_torch.torch.dataset import workers_used
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
     lines.append(f"  per lane (serial): {' -> '.join(serial)}")
     lines.append("performance knobs (never change data)")
     lines.append(f"  rank {rank} of {world_size}: lanes {_span(lanes)} ({len(lanes)} per turn)")
+    num_workers = integer_setting(num_workers, "`num_workers`")
+    if num_workers < 0:
+        raise ConfigError(f"`num_workers` must be >= 0, got {num_workers}")
     if num_workers:
         used = workers_used(num_lanes=len(lanes), num_workers=num_workers)
         lines.append(

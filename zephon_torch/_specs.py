@@ -36,19 +36,42 @@ class Options:
             value = getattr(self, name)
             if value is not None:  # plain ints: the fingerprint and state are JSON
                 object.__setattr__(self, name, integer_setting(value, f"`{name}`"))
+        # a rank alone is checked against the world the environment gives, when resolved
+        world = self.world_size
+        if world is None:
+            world = 1 if self.rank is None else self.canonical_replicas
         check_topology(
             canonical_replicas=self.canonical_replicas,
-            world_size=1 if self.world_size is None else self.world_size,
+            world_size=world,
             rank=0 if self.rank is None else self.rank,
         )
+        if not isinstance(self.stats, bool):
+            raise ConfigError(f"`stats` must be True or False, got {self.stats!r}")
+        if self.stats_every < 0:
+            raise ConfigError(f"`stats_every` must be >= 0, got {self.stats_every}")
         if self.stats_every and not self.stats:
             raise ConfigError(
                 f"`stats_every` needs the counters: it must be 0 when `stats` is False, got "
                 f"{self.stats_every}"
             )
-        if self.prefetch != "auto" and (not isinstance(self.prefetch, int) or self.prefetch < 0):
-            raise ConfigError(f"`prefetch` must be 'auto' or an int >= 0, got {self.prefetch!r}")
-        if not isinstance(self.read_ahead, int) or self.read_ahead < 1:
+        if self.on_stats is not None and not callable(self.on_stats):
+            raise ConfigError(f"`on_stats` must be a function of the stats, got {self.on_stats!r}")
+        if (self.on_stats is None) != (self.stats_every == 0):
+            raise ConfigError(
+                "`stats_every` and `on_stats` go together: the function is called every "
+                f"`stats_every` batches (got {self.stats_every} and {self.on_stats!r})"
+            )
+        if self.prefetch != "auto":
+            try:
+                prefetch = integer_setting(self.prefetch, "`prefetch`")
+            except ConfigError:
+                prefetch = -1
+            if prefetch < 0:
+                raise ConfigError(
+                    f"`prefetch` must be 'auto' or an int >= 0, got {self.prefetch!r}"
+                )
+            object.__setattr__(self, "prefetch", prefetch)
+        if self.read_ahead < 1:
             raise ConfigError(f"`read_ahead` must be an int >= 1, got {self.read_ahead!r}")
 
 
@@ -97,6 +120,12 @@ class PackSpec:
             )
         if self.min_document_length < 0:
             raise ConfigError(f"`min_document_length` must be >= 0, got {self.min_document_length}")
+        kept_whole = self.whole or self.long_documents == "drop"
+        if kept_whole and self.min_document_length > self.max_length:
+            raise ConfigError(
+                f"`min_document_length` {self.min_document_length} is above `max_length` "
+                f"{self.max_length}, and documents are kept whole: none could be packed"
+            )
         object.__setattr__(self, "pad_token_id", check_token_id("pad_token_id", self.pad_token_id))
 
 
@@ -131,7 +160,7 @@ def _check_field(field: object) -> None:
 
 
 def _check_workers(parallelism: int, runner: str) -> None:
-    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+    if integer_setting(parallelism, "`parallelism`") < 1:
         raise ConfigError(f"`parallelism` must be a positive int, got {parallelism!r}")
     if runner not in RUNNERS:
         raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {runner!r}")

@@ -369,7 +369,8 @@ class Pipeline:
         between packing and batching, wherever it is called after `pack_flat`."""
         if self._pack is None:
             raise ConfigError("`shuffle` shuffles packed rows: call `pack_flat` first")
-        if not isinstance(window, int) or window < 1:
+        window = integer_setting(window, "`window`")
+        if window < 1:
             raise ConfigError(f"`window` must be a positive int, got {window!r}")
         return self._with(_shuffle_window=window)
 
@@ -406,6 +407,12 @@ class Pipeline:
             pad_token_id=pad_token_id,
         )
         assert new._pack is not None
+        if isinstance(payload_fields, str) or not all(
+            isinstance(name, str) and name for name in payload_fields
+        ):
+            raise ConfigError(
+                f"`payload_fields` must be a list of row field names, got {payload_fields!r}"
+            )
         new._pack = replace(new._pack, payload_fields=tuple(payload_fields), whole=True)
         return new
 

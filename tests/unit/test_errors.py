@@ -614,3 +614,101 @@ def test_a_hash_mismatch_pickles_back_as_one() -> None:
 def test_a_storage_error_on_a_key_with_a_space_reads_its_url_back() -> None:
     got = _reraised(StorageError("read failed", url="s3://b/my shard.jsonl"))
     assert got.url == "s3://b/my shard.jsonl"
+
+
+def _source(**kwargs: Any) -> StaticMixtureWorkSource:
+    datasets = [Dataset.from_dict(n, {"text": [f"{n} {i}" for i in range(6)]}) for n in "ab"]
+    return StaticMixtureWorkSource(datasets, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda tok: _source(shuffle="no"), "`shuffle` must be True or False, got 'no'"),
+        (lambda tok: _source(mixture={"a": "0.7", "b": 0.3}), "weight of 'a' must be a positive"),
+        (lambda tok: _source(mixture={"a": True, "b": 3}), "weight of 'a' must be a positive"),
+        (lambda tok: _source(token_estimation=True), "`token_estimation` must be a TokenEst"),
+        (lambda tok: StaticMixtureWorkSource(["a"]), "`datasets` must hold Datasets, got 'a'"),
+        (lambda tok: Pipeline(_source()).options(prefetch=True), "`prefetch` must be .* got True"),
+        (lambda tok: Pipeline(_source()).options(stats="no"), "`stats` must be True or False"),
+        (
+            lambda tok: Pipeline(_source()).options(stats_every=-3, on_stats=print),
+            "`stats_every` must be >= 0, got -3",
+        ),
+        (
+            lambda tok: Pipeline(_source()).options(stats_every=2, on_stats=5),
+            "`on_stats` must be a function",
+        ),
+        (lambda tok: Pipeline(_source()).options(on_stats=print), "go together"),
+        (
+            lambda tok: Pipeline(_source()).tokenize(tokenizer=tok).pack_flat(8).shuffle(True),
+            "`window` must be an integer, got True",
+        ),
+        (
+            lambda tok: (
+                Pipeline(_source())
+                .tokenize(tokenizer=tok)
+                .pack_sequences(8, payload_fields="image")
+            ),
+            "`payload_fields` must be a list of row field names, got 'image'",
+        ),
+        (
+            lambda tok: (
+                Pipeline(_source()).tokenize(tokenizer=tok).pack_sequences(8, min_document_length=9)
+            ),
+            "`min_document_length` 9 is above `max_length` 8, and documents are kept whole",
+        ),
+        (
+            lambda tok: small_pipeline(tok).explain(num_workers=-1),
+            "`num_workers` must be >= 0, got -1",
+        ),
+        (
+            lambda tok: Pipeline(_source()).options(io_options={"cache": False}),
+            r"`io_options\['cache'\]` must be a mapping, got False",
+        ),
+        (
+            lambda tok: Pipeline(_source()).options(io_options={"cache": {"dir": 5}}),
+            "cache `dir` must be a folder path or None, got 5",
+        ),
+        (
+            lambda tok: Pipeline(_source()).options(
+                io_options={"retry": {"initial_delay": float("nan")}}
+            ),
+            "retry `initial_delay` must be a finite number of seconds >= 0, got nan",
+        ),
+    ],
+)
+def test_a_setting_of_the_wrong_kind_is_refused_at_build_naming_it(
+    tokenizer: Any, build: Any, message: str
+) -> None:
+    """Each was accepted and then ignored or taken oddly (shuffle(True) as a window of 1,
+    "image" as five payload fields, a string weight, a negative period), or failed later with
+    a bare TypeError or AttributeError (review of the configuration surface)."""
+    with pytest.raises(ConfigError, match=message):
+        build(tokenizer)
+
+
+def test_numpy_integers_and_a_generator_of_datasets_are_taken(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some integer settings refused numpy integers that others took; a generator of datasets
+    was read once for the names and left the source with none: an empty run, no word."""
+    n = np.int64(4)
+    source = StaticMixtureWorkSource(
+        (d for d in _source().datasets), seed=n, shuffle_window_shards=n
+    )
+    assert [d.name for d in source.datasets] == ["a", "b"]
+    pipeline = (
+        Pipeline(source)
+        .options(prefetch=n, io_options={"cache": {"max_bytes": n << 30}})
+        .tokenize(tokenizer=tokenizer, parallelism=n)
+        .pack_flat(8)
+        .shuffle(n)
+        .batch(2)
+    )
+    assert len(list(pipeline)) > 0
+    assert Dataset.from_dict("d", {"t": [1, 2]}, shard_size=np.int64(1)).num_rows == 2
+    # a rank given alone is checked against the world the environment gives
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "1")
+    assert small_pipeline(tokenizer).options(canonical_replicas=4, rank=1).lanes == [1]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from zephon_torch.errors import ConfigError, StorageError, ZephonError
+from zephon_torch.errors import ConfigError, StorageError, ZephonError, integer_setting
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
 from zephon_torch.io._index import index_kind
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied
@@ -74,17 +74,19 @@ class CacheOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "prefetch_threads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            value = integer_setting(getattr(self, name), f"cache `{name}`")
+            if value < 1:
                 raise ConfigError(f"cache `{name}` must be a positive int, got {value!r}")
-        if self.prefetch_bytes is not None and (
-            isinstance(self.prefetch_bytes, bool)
-            or not isinstance(self.prefetch_bytes, int)
-            or self.prefetch_bytes < 0
-        ):
-            raise ConfigError(
-                f"cache `prefetch_bytes` must be an int >= 0 or None, got {self.prefetch_bytes!r}"
-            )
+            object.__setattr__(self, name, value)
+        if self.prefetch_bytes is not None:
+            ahead = integer_setting(self.prefetch_bytes, "cache `prefetch_bytes`")
+            if ahead < 0:
+                raise ConfigError(
+                    f"cache `prefetch_bytes` must be an int >= 0 or None, got {ahead}"
+                )
+            object.__setattr__(self, "prefetch_bytes", ahead)
+        if self.dir is not None and not isinstance(self.dir, (str, os.PathLike)):
+            raise ConfigError(f"cache `dir` must be a folder path or None, got {self.dir!r}")
         if self.prefetch_bytes is not None and self.prefetch_bytes > self.max_bytes // 2:
             raise ConfigError(
                 f"cache `prefetch_bytes` must be at most half of `max_bytes` "
@@ -119,11 +121,12 @@ class ParquetOptions:
     row_group_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
-        value = self.row_group_cache_bytes
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        value = integer_setting(self.row_group_cache_bytes, "parquet `row_group_cache_bytes`")
+        if value < 1:
             raise ConfigError(
                 f"parquet `row_group_cache_bytes` must be a positive int, got {value!r}"
             )
+        object.__setattr__(self, "row_group_cache_bytes", value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,7 +191,8 @@ class IoOptions:
         _check_keys("io_options", overrides, tuple(_SECTIONS))
         sections: dict[str, Any] = {}
         for name, kind in _SECTIONS.items():
-            keys = overrides.get(name) or {}
+            keys = overrides.get(name)
+            keys = {} if keys is None else keys  # False or [] is a mistake: refused below
             _check_keys(f"io_options[{name!r}]", keys, tuple(f.name for f in fields(kind)))
             sections[name] = replace(getattr(self, name), **keys)
         return IoOptions(**sections)

@@ -9,6 +9,7 @@ object, a denied permission, a bad setting) are raised at once.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -54,8 +55,11 @@ class RetryPolicy:
             raise ConfigError(f"retry `attempts` must be at least 1, got {self.attempts}")
         for field in ("initial_delay", "max_delay", "timeout"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"retry `{field}` must be a number >= 0, got {value!r}")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0:
+                raise ConfigError(
+                    f"retry `{field}` must be a finite number of seconds >= 0, got {value!r}"
+                )
 
 
 # Clients that found no usable credentials: a setting to fix, not a failure to wait out. Looked

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zephon_torch._progress import track
-from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.errors import ConfigError, DataError, integer_setting
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._projection import Projection
@@ -296,10 +296,10 @@ class Dataset:
             DataError: when `data` has no rows.
         """
         _check_name(name)
-        if shard_size is not None and (
-            isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1
-        ):
-            raise ConfigError(f"`shard_size` must be a positive int or None, got {shard_size!r}")
+        if shard_size is not None:
+            shard_size = integer_setting(shard_size, "`shard_size` (a positive int or None)")
+            if shard_size < 1:
+                raise ConfigError(f"`shard_size` must be a positive int or None, got {shard_size}")
         rows = rows_of(data)
         if not rows:
             raise DataError("has no rows: `data` is empty", dataset=name)

@@ -99,8 +99,14 @@ class StaticMixtureWorkSource:
         shuffle_window_shards: int = 4,
         passes: int | Mapping[str, int] | None = None,
     ) -> None:
+        if isinstance(datasets, Dataset):
+            raise ConfigError("`datasets` must be a list of Datasets, got one Dataset: [it]")
+        datasets = tuple(datasets)  # a generator is read once
         if not datasets:
             raise ConfigError("`datasets` must hold at least one Dataset, got none")
+        strangers = [d for d in datasets if not isinstance(d, Dataset)]
+        if strangers:
+            raise ConfigError(f"`datasets` must hold Datasets, got {strangers[0]!r}")
         names = [d.name for d in datasets]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -114,9 +120,14 @@ class StaticMixtureWorkSource:
             raise ConfigError(
                 f"`shuffle_window_shards` must be positive, got {shuffle_window_shards}"
             )
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"`seed` must be an int, got {seed!r}")
-        self.datasets = tuple(datasets)
+        seed = integer_setting(seed, "`seed`")
+        if not isinstance(shuffle, bool):
+            raise ConfigError(f"`shuffle` must be True or False, got {shuffle!r}")
+        if token_estimation is not None and not isinstance(token_estimation, TokenEstimation):
+            raise ConfigError(
+                f"`token_estimation` must be a TokenEstimation or None, got {token_estimation!r}"
+            )
+        self.datasets = datasets
         self.weights = _normalise(mixture, names)
         self.seed = seed
         pinned = sorted(set((token_estimation and token_estimation.tokens_per_byte) or ()))
@@ -212,10 +223,8 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
     if missing:
         raise ConfigError(f"`mixture` has no weight for datasets {missing}; give every dataset one")
     for name, weight in mixture.items():
-        try:
-            value = float(weight)
-        except (TypeError, ValueError):
-            value = math.nan
+        real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        value = float(weight) if real else math.nan  # not "0.7", not True
         if not math.isfinite(value) or value <= 0:
             raise ConfigError(
                 f"`mixture` weight of {name!r} must be a positive finite number, got {weight!r}"
