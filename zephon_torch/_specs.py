@@ -113,6 +113,8 @@ class PackSpec:
             value = getattr(self, name)
             if value is not None or name != "max_sequences_per_bin":
                 object.__setattr__(self, name, integer_setting(value, f"`{name}`"))
+        if self.num_bins < 1:  # the wrap packer has no bins, but a setting is still checked
+            raise ConfigError(f"`num_bins` must be positive, got {self.num_bins}")
         make_packer(self.algorithm, self.max_length, self.num_bins, self.max_sequences_per_bin)
         if self.long_documents not in ("split", "drop"):
             raise ConfigError(

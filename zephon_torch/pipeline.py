@@ -357,6 +357,11 @@ class Pipeline:
         state."""
         if self._tokenize is None and self._pretokenized is None:
             raise ConfigError("`stateful_filter` sees token ids: call `tokenize` first")
+        if not callable(factory):
+            raise ConfigError(
+                f"`stateful_filter` takes a function of the lane making a StatefulFilter, got "
+                f"{factory!r}"
+            )
         probe = factory(0)
         if not isinstance(probe, StatefulFilter):
             got = type(probe).__name__

@@ -23,6 +23,7 @@ from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError, S
 from zephon_torch.errors import WorkerTraceback
 from zephon_torch.io import Dataset
 from zephon_torch.io._hashes import HashMismatch
+from zephon_torch.torch import DataLoader
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
@@ -657,6 +658,23 @@ def _source(**kwargs: Any) -> StaticMixtureWorkSource:
                 Pipeline(_source()).tokenize(tokenizer=tok).pack_sequences(8, min_document_length=9)
             ),
             "`min_document_length` 9 is above `max_length` 8, and documents are kept whole",
+        ),
+        (
+            lambda tok: Pipeline(_source()).tokenize(tokenizer=tok).pack_flat(8, num_bins=-3),
+            "`num_bins` must be positive, got -3",
+        ),
+        (
+            lambda tok: Pipeline(_source()).tokenize(tokenizer=tok).stateful_filter("x"),  # type: ignore[arg-type]
+            "`stateful_filter` takes a function of the lane",
+        ),
+        (lambda tok: DataLoader("x"), "`DataLoader` loads a Pipeline"),  # type: ignore[arg-type]
+        (
+            lambda tok: DataLoader(small_pipeline(tok), deliver_on_use="no"),  # type: ignore[arg-type]
+            "`deliver_on_use` must be True or False",
+        ),
+        (
+            lambda tok: DataLoader(small_pipeline(tok), num_workers=1, prefetch_factor=0),
+            "`prefetch_factor` must be >= 1, got 0",
         ),
         (
             lambda tok: small_pipeline(tok).explain(num_workers=-1),

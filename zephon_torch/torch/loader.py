@@ -63,6 +63,16 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         persistent_workers: bool = False,
         deliver_on_use: bool = False,
     ) -> None:
+        from zephon_torch.pipeline import Pipeline
+
+        if not isinstance(data, (Pipeline, PipelineDataset)):
+            raise ConfigError(
+                f"`DataLoader` loads a Pipeline or its `to_torch()` dataset, got {data!r}"
+            )
+        if not isinstance(deliver_on_use, bool):
+            raise ConfigError(f"`deliver_on_use` must be True or False, got {deliver_on_use!r}")
+        if num_workers and prefetch_factor is not None and prefetch_factor < 1:
+            raise ConfigError(f"`prefetch_factor` must be >= 1, got {prefetch_factor!r}")
         if persistent_workers:
             raise ConfigError(
                 "`persistent_workers=True` is not supported: a persistent worker would resume "
