@@ -255,9 +255,9 @@ def deliver(
             if counting:
                 queued = stream.queued() if isinstance(stream, Prefetcher) else None
                 pipeline._counters.delivered(batch, time.perf_counter() - start, queued)
-            pipeline._lane_states[batch.lane] = batch.state
             if hook is not None and every and pipeline._counters.batches % every == 0:
-                hook(pipeline.stats())
+                hook(pipeline.stats())  # first: a hook that raises leaves the batch undelivered
+            pipeline._lane_states[batch.lane] = batch.state
             yield batch
     finally:
         if counters is not None:  # stats of an iteration that ended stay as they were

@@ -98,6 +98,32 @@ def test_the_stats_hook_runs_every_n_batches(tokenizer: Any) -> None:
     assert seen == list(range(5, n + 1, 5))
 
 
+def test_a_stats_hook_that_raises_loses_no_batch(tokenizer: Any) -> None:
+    """The batch's state was recorded as delivered before the hook ran: a hook that raised
+    (a metrics server down) dropped that batch from the stream that went on after it."""
+    from tests.helpers import keys
+
+    whole = keys(small_pipeline(tokenizer, lanes=2))
+    calls = []
+
+    def hook(stats: dict[str, Any]) -> None:
+        calls.append(stats["batches"])
+        if len(calls) == 2:
+            raise ConnectionError("metrics server down")
+
+    pipeline = small_pipeline(tokenizer, lanes=2).options(stats_every=3, on_stats=hook)
+    got = []
+    with pytest.raises(ConnectionError):
+        for batch in pipeline:
+            got.append(batch)
+    assert len(got) == 5
+    state = pipeline.state_dict()
+    resumed = small_pipeline(tokenizer, lanes=2)
+    resumed.load_state_dict(state)
+    assert keys(got) + keys(resumed) == whole
+    assert keys(got) + keys(pipeline) == whole
+
+
 def test_stats_can_be_switched_off_without_changing_the_data(tokenizer: Any) -> None:
     from tests.helpers import keys
     from zephon_torch import ConfigError

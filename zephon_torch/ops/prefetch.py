@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 _END = object()
+_JOIN_S = 1.0  # how long close() waits for the producer's thread
 _CLOSED = object()
 
 
@@ -34,6 +35,8 @@ class Prefetcher(Generic[T]):
     def __init__(self, make: Callable[[], Iterator[T]], depth: int) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
+        self._closing = threading.Lock()
+        self._closed = False
         self._thread = threading.Thread(
             target=self._run, args=(make,), daemon=True, name="zephon-prefetch"
         )
@@ -78,10 +81,17 @@ class Prefetcher(Generic[T]):
         return self._queue.qsize()
 
     def close(self) -> None:
-        """Stop the producer and wait for its thread; the items it made are dropped, and every
-        later (or waiting) ``next`` raises instead of waiting for one that never comes."""
+        """Stop the producer; the items it made are dropped, and every later (or waiting)
+        ``next`` raises instead of waiting for one that never comes. Waits a moment for its
+        thread: one still making an item (a slow map, a read retrying) finishes it on its own
+        and drops it, so that leaving a loop (``break``, an error, Ctrl-C) does not wait for
+        it. Closing again does nothing."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=_JOIN_S)
         while True:  # a put of the producer (if the join timed out) may land in between
             try:
                 while True:

@@ -113,3 +113,27 @@ def test_an_iterator_dropped_before_its_first_batch_leaves_no_thread(
         time.sleep(0.05)
     assert [t.name for t in started if t.is_alive()] == []
     assert sum(1 for _ in pipeline) > 0  # the pipeline still runs from its start
+
+
+def test_closing_does_not_wait_for_an_item_still_being_made_and_twice_is_once() -> None:
+    """Leaving a loop (a break, an error in its body, Ctrl-C) waited up to 10 s for the item
+    being made (a slow map, a read retrying), and twice: the iterator's finalizer closed it
+    again. The item is finished and dropped in the background."""
+    release = threading.Event()
+
+    def slow() -> Iterator[int]:
+        yield 0
+        release.wait(30)  # making the next item takes long
+        yield 1
+
+    prefetcher = Prefetcher(slow, depth=2)
+    assert next(prefetcher) == 0
+    start = time.monotonic()
+    prefetcher.close()
+    prefetcher.close()
+    assert time.monotonic() - start < 5  # was 10 s, then 10 s again
+    with pytest.raises(RuntimeError, match="closed"):
+        next(prefetcher)
+    release.set()
+    prefetcher._thread.join(5)
+    assert not prefetcher._thread.is_alive()  # it finished its item and stopped
