@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import json
+import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from tests.conftest import prose_documents
@@ -96,3 +101,25 @@ def assert_resumes_at_every_step(build: Callable[[], Pipeline], *, max_steps: in
         rest = keys(resumed, limit=len(reference) - step)
         assert rest == reference[step:], f"resume from step {step} diverged"
     return len(reference)
+
+
+@contextlib.contextmanager
+def serve_without_versions(folder: Path) -> Iterator[str]:
+    """An HTTP server on loopback serving ``folder`` with neither ETag nor Last-Modified (so
+    no object has a version); yields its base URL."""
+
+    class NoVersions(http.server.SimpleHTTPRequestHandler):
+        def send_header(self, keyword: str, value: str) -> None:
+            if keyword.lower() not in ("last-modified", "etag"):
+                super().send_header(keyword, value)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(NoVersions, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

@@ -563,6 +563,15 @@ def test_online_dataloader_workers_give_the_batches_of_the_local_copy(tmp_path: 
     assert downloaded == {f"train-0000{shard}-of-00004.parquet" for shard in range(4)}
 
 
+def _script_repo(folder: Path) -> Path:
+    """A main commit with a loading script and no data files: its splits are the hub's
+    converted Parquet."""
+    folder.mkdir()
+    (folder / "README.md").write_text("# a dataset with a loading script")
+    (folder / "builder.py").write_text("# builder")
+    return folder
+
+
 def _download(
     endpoint: str, cache: Path, repo: str, patterns: list[str], revision: str = "main"
 ) -> None:
@@ -611,10 +620,7 @@ def test_the_converted_parquet_s_only_config_is_read_and_a_missing_one_names_wha
     """With no config named, the converted layout was looked up under `default/` only: a
     dataset whose one config has another name was "not found". Errors now list the configs
     or splits there are, online and offline; a converted split cached in part is named."""
-    script = tmp_path / "script"
-    script.mkdir()
-    (script / "README.md").write_text("# a dataset with a loading script")
-    (script / "one.py").write_text("# builder")
+    script = _script_repo(tmp_path / "script")
     one = tmp_path / "one"
     _parquet(one / "en" / "train" / "0000.parquet", "en-train-0", 2)
     _parquet(one / "en" / "train" / "0001.parquet", "en-train-1", 1)
@@ -693,10 +699,7 @@ def test_a_pinned_commit_of_the_converted_parquet_reads_what_the_unpinned_url_re
     """Pinned, as the fingerprint records it to resume on, a commit of the converted Parquet
     was read by the rules of uploaded files: every config's `train/` folder, mixed (and,
     offline, without the check of a split cached in part)."""
-    script = tmp_path / "script"
-    script.mkdir()
-    (script / "README.md").write_text("# a dataset with a loading script")
-    (script / "conv.py").write_text("# builder")
+    script = _script_repo(tmp_path / "script")
     converted = tmp_path / "converted"
     _parquet(converted / "default" / "train" / "0000.parquet", "default", 2)
     _parquet(converted / "other" / "train" / "0000.parquet", "other", 2)

@@ -174,9 +174,7 @@ def test_index_of_remote_data_whose_row_counts_cannot_be_kept_is_an_error(
     """`index` said "later opens read only the listing" and exit 0 where nothing was kept: a
     cache folder whose `remote-rows` could not be written (the open skips it), or a server
     that lists its objects without a version (counted at every open, kept nowhere)."""
-    import functools
-    import http.server
-    import threading
+    from tests.helpers import serve_without_versions
 
     fs = fsspec.filesystem("memory")
     root = f"/zt-{uuid.uuid4().hex[:8]}"
@@ -191,26 +189,11 @@ def test_index_of_remote_data_whose_row_counts_cannot_be_kept_is_an_error(
         assert "the row counts of 1 of 1 shards (e.g. memory://" in err
         assert f"could not be written to the index cache {cache}" in err
 
-    class NoVersions(http.server.SimpleHTTPRequestHandler):
-        def send_header(self, keyword: str, value: str) -> None:
-            if keyword.lower() not in ("last-modified", "etag"):
-                super().send_header(keyword, value)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
     served = tmp_path / "served"
     served.mkdir()
     write_parquet(served / "data.parquet")
-    handler = functools.partial(NoVersions, directory=str(served))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/data.parquet"
-        with pytest.warns(UserWarning, match="without a version"):
-            code = main(["index", url, "--index-cache-dir", str(tmp_path / "idx2")])
-    finally:
-        server.shutdown()
+    with serve_without_versions(served) as base, pytest.warns(UserWarning, match="without a"):
+        code = main(["index", f"{base}/data.parquet", "--index-cache-dir", str(tmp_path / "i2")])
     assert code == 2
     assert "without a version (ETag or modification time)" in capsys.readouterr().err
 

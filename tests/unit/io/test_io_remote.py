@@ -662,36 +662,21 @@ def test_an_object_listed_without_a_version_is_downloaded_again_by_each_open(
 ) -> None:
     """A server that sends no ETag or Last-Modified: a rewrite of the same size was served
     from the node cache's old copy by every later job, silently."""
-    import functools
-    import http.server
-    import threading
-
-    class NoVersions(http.server.SimpleHTTPRequestHandler):
-        def send_header(self, keyword: str, value: str) -> None:
-            if keyword.lower() not in ("last-modified", "etag"):
-                super().send_header(keyword, value)
-
-        def log_message(self, *args: Any) -> None:
-            pass
+    from tests.helpers import serve_without_versions
 
     folder = tmp_path / "served"
     folder.mkdir()
-    handler = functools.partial(NoVersions, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/data.jsonl"
     options = _options(tmp_path)
     index = str(tmp_path / "index")
-    try:
+    with serve_without_versions(folder) as base:
+        url = f"{base}/data.jsonl"
         for tag in ("OLD", "NEW"):  # the same size
             (folder / "data.jsonl").write_text(json.dumps({"text": tag}) + "\n")
             with pytest.warns(UserWarning, match="without a version .* downloads them again"):
                 dataset = Dataset.from_path("h", url, io_options=options, index_cache_dir=index)
             assert dataset.read_rows(0, [0]) == [{"text": tag}]
-        # what each open counted is keyed by its own version: kept, it would pile up unread
-        assert not Path(index).exists() or not any(Path(index).rglob("*.*"))
-    finally:
-        server.shutdown()
+    # what each open counted is keyed by its own version: kept, it would pile up unread
+    assert not Path(index).exists() or not any(Path(index).rglob("*.*"))
 
 
 @pytest.mark.parametrize(
