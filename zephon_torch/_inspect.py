@@ -22,6 +22,7 @@ import numpy as np
 
 from zephon_torch.errors import StorageError, ZephonError
 from zephon_torch.io import Dataset, parquet
+from zephon_torch.io._remote_rows import SCHEMA_FORMATS
 
 ERROR_EXIT = 2
 _MAX_CHARS = 200
@@ -164,9 +165,6 @@ def _inspect(dataset: Dataset, path: str, rows: int, out: TextIO) -> None:
             print(f"    {name}: {preview(value)}", file=out)
 
 
-_REMEMBERED = ("parquet", "vortex")  # remote row counts kept in the index cache
-
-
 def _index(
     path: str,
     format_: str | None,
@@ -182,7 +180,7 @@ def _index(
     started = time.perf_counter()
     dataset = _open(path, format_, cache, storage, columns)
     seconds = time.perf_counter() - started
-    if dataset.remote and dataset.format in _REMEMBERED:
+    if dataset.remote and dataset.format in SCHEMA_FORMATS:  # counts kept with the columns
         _require_remembered(path, dataset, cache)
         print(
             f"remembered the row counts of {len(dataset.shards):,} shards "

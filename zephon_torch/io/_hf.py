@@ -7,7 +7,7 @@ read like any remote URL (`list_hf`): downloaded shard by shard, as readers reac
 node-local shard cache (LRU under `max_bytes`, prefetched ahead), with Parquet row counts from
 footers read by range, all from the commit the revision pointed at when the dataset was opened.
 Offline (`HF_HUB_OFFLINE=1`), or when no answer comes from the hub, the split's files come from
-the local hub cache (`resolve_hf`, nothing downloaded) and are read as local files.
+the local hub cache (`_hf_cache.resolve_hf`, nothing downloaded) and are read as local files.
 
 Which files make up a split: see `_hf_splits`.
 """
@@ -15,7 +15,6 @@ Which files make up a split: see `_hf_splits`.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import cache, partial
@@ -26,7 +25,6 @@ from zephon_torch.io._discover import detect_files
 from zephon_torch.io._hf_splits import (
     CONVERTED_REVISION,
     card_configs,
-    check_complete,
     find_split,
     parse_hf_url,
     pinned_layout,
@@ -39,10 +37,10 @@ from zephon_torch.io._retry import RetryPolicy, call_with_retry, http_status, is
 from zephon_torch.io._shard_cache import CachedObject
 
 _log = logging.getLogger(__name__)
-_SLASH = " (a `/` in a revision's name is written %2F in the URL: @release%2Fv1)"
+SLASH_NOTE = " (a `/` in a revision's name is written %2F in the URL: @release%2Fv1)"
 
 
-def _hub() -> Any:
+def hub() -> Any:
     try:
         import huggingface_hub
     except ImportError as error:
@@ -74,7 +72,7 @@ def list_hf(
             this token (the hub's 4xx answer), or a split with no data files in either revision.
         StorageError: when the hub kept answering with errors (429, 5xx).
     """
-    hub = _hub()
+    module = hub()
     repo, config, split = parse_hf_url(url)
     from huggingface_hub import constants
     from huggingface_hub.errors import RevisionNotFoundError
@@ -82,8 +80,8 @@ def list_hf(
     _check_repo_id(url, repo)
     if constants.HF_HUB_OFFLINE:
         return None
-    fs = hub.HfFileSystem(**storage_options)
-    api = hub.HfApi(endpoint=fs.endpoint, token=fs.token)
+    fs = module.HfFileSystem(**storage_options)
+    api = module.HfApi(endpoint=fs.endpoint, token=fs.token)
     once = replace(retry, attempts=1)
     tried = []
     conversions = cache(  # asked for once, and only where a revision is pinned
@@ -108,7 +106,7 @@ def list_hf(
         except RevisionNotFoundError:
             if revision is not None and revision == pinned_revision(url):  # the user's
                 raise ConfigError(
-                    f"no revision {revision!r} in {repo}: {_refs(api, repo)}{_SLASH}"
+                    f"no revision {revision!r} in {repo}: {_refs(api, repo)}{SLASH_NOTE}"
                 ) from None
             tried.append(f"{revision or 'main'}: no such revision")
             continue
@@ -227,196 +225,3 @@ def _commit(api: Any, repo: str, revision: str | None) -> str:
             raise _NoAnswer(str(error)) from error
         raise
     return sha
-
-
-def resolve_hf(url: str) -> tuple[str, list[str], str]:
-    """Finds the files of an `hf://` split in the local hub cache (nothing is downloaded).
-
-    Returns:
-        "glob", the local paths of the split's files, sorted, and the commit they are of.
-
-    Raises:
-        ImportError: when huggingface_hub is not installed.
-        ConfigError: for a bad URL, or a split with no data files in either revision's
-            cached snapshot.
-    """
-    snapshot_download = _hub().snapshot_download
-    repo, config, split = parse_hf_url(url)
-    tried = []
-    refs = _cached_refs(repo)
-    for revision, configs, converted in revisions(url, config):
-        # The snapshot folder, asking only for the card (the converted layout has none, and its
-        # split's files are checked once found): where the hub's file listing is cached,
-        # huggingface_hub calls a snapshot incomplete when a listed file matching the patterns
-        # is missing, and only the split's own files are to be checked, not the other splits'
-        # (`*train*` matches `train_sft-*`) or configs'.
-        patterns = [] if converted else ["README.md"]
-        try:
-            folder = snapshot_download(
-                repo,
-                repo_type="dataset",
-                revision=revision,
-                allow_patterns=patterns,
-                local_files_only=True,
-            )
-        except Exception as error:  # not cached
-            tried.append(_not_held(url, repo, revision, converted, error))
-            continue
-        commit = os.path.basename(os.path.normpath(folder))  # snapshots/<commit>
-        # offline, a pinned commit's layout is known where a cached ref names it
-        named = [name for name, sha in refs.items() if sha == commit]
-        if named and not pinned_layout(
-            url, commit, lambda: {refs.get(CONVERTED_REVISION, "")}, converted=converted
-        ):
-            continue
-        readme = os.path.join(folder, "README.md")
-        in_card = []
-        if not converted and os.path.isfile(readme):
-            with open(readme, encoding="utf-8", errors="replace") as f:
-                in_card = card_configs(f.read())
-        listing = _listing(folder)
-        files, why = find_split(listing, configs, split, in_card, converted=converted)
-        if files:
-            if not (named or converted or os.path.isfile(readme)):  # a pinned commit, or main
-                _check_one_reading(url, commit, listing, configs, split, files)
-            check_complete(url, files)
-            listed = _cached_tree(repo, commit)
-            if listed is not None:
-                _check_held(
-                    url,
-                    repo,
-                    commit,
-                    files,
-                    find_split(listed, configs, split, in_card, converted=converted),
-                )
-            warn_if_partial(url, files, split)
-            return "glob", [os.path.join(folder, file) for file in files], commit
-        tried.append(f"{revision or 'main'}: {why}")
-    raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
-
-
-def _not_held(url: str, repo: str, revision: str | None, converted: bool, error: Exception) -> str:
-    """What a look at a revision the hub cache does not hold found (for the final error), or a
-    `ConfigError` at once: for a card it lacks, or a pinned revision it lacks."""
-    if not converted and type(error).__name__ == "IncompleteSnapshotError":
-        # the repository has a card, which decides the splits, and it is not cached
-        raise ConfigError(
-            f"{url!r}: the hub cache holds {repo!r} without its dataset card "
-            f"README.md, which says which files make up each split; download it too "
-            f"(hf download {repo} README.md --repo-type dataset): {error}"
-        ) from error
-    absent = _not_cached(error) or isinstance(error, IsADirectoryError)  # refs/a/b
-    if absent and revision is not None and revision == pinned_revision(url):
-        raise ConfigError(
-            f"{url!r}: the hub cache holds no revision {revision!r} of {repo}: "
-            f"{_cached_revisions(repo)}{_SLASH}"
-        ) from error
-    return f"{revision or 'main'}: {type(error).__name__}: {error}"
-
-
-def _check_one_reading(
-    url: str, commit: str, listing: list[str], config: str | None, split: str, files: list[str]
-) -> None:
-    """ConfigError where a commit no cached ref names, without a card, reads the split as other
-    files by the auto-converted Parquet's rules than by those of uploaded files: offline,
-    which of the two it is cannot be told (online, the converted branch's history says)."""
-    other, _ = find_split(listing, config, split, converted=True)
-    if other and sorted(other) != sorted(files):
-        raise ConfigError(
-            f"{url!r}: offline, commit {commit[:12]} (no cached branch names it) may be of "
-            "the hub's auto-converted Parquet or of uploaded files, and the two read split "
-            f"{split!r} differently ({len(other)} files against {len(files)}): name the "
-            "config, hf://org/name@COMMIT/CONFIG/split, or read it online"
-        )
-
-
-def _not_cached(error: Exception) -> bool:
-    """Whether `snapshot_download(local_files_only=True)` failed for want of the revision."""
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    return isinstance(error, LocalEntryNotFoundError)
-
-
-def _cached_revisions(repo: str) -> str:
-    """What the local hub cache holds of a dataset repo, for an error message: its named
-    revisions (branches, tags, `refs/convert/parquet`) and the commits no name points at."""
-    from huggingface_hub import constants
-
-    named = _cached_refs(repo)
-    snapshots = os.path.join(_cached_repo(repo), "snapshots")
-    commits = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
-    if not named and not commits:
-        return f"it holds nothing of it (in {constants.HF_HUB_CACHE})"
-    held = [
-        f"{name} (commit {sha[:12]}{'' if sha in commits else ', whose files it lacks'})"
-        for name, sha in sorted(named.items())
-    ]
-    held += [sha for sha in commits if sha not in named.values()]
-    return f"it holds {', '.join(held)}"
-
-
-def _cached_tree(repo: str, commit: str) -> list[str] | None:
-    """Every file of the commit, as the listing huggingface_hub keeps in its cache when it
-    downloads (`get_cached_repo_tree`); None where it kept none (or is too old to)."""
-    get_tree = getattr(_hub(), "get_cached_repo_tree", None)
-    if get_tree is None:
-        return None
-    try:
-        tree = get_tree(repo, repo_type="dataset", revision=commit)
-    except Exception as error:  # none cached for this commit
-        if type(error).__name__ != "CachedRepoTreeNotFoundError":
-            raise
-        return None
-    return [str(entry.path) for entry in tree]
-
-
-def _cached_repo(repo: str) -> str:
-    """The hub cache's folder of a dataset repo."""
-    from huggingface_hub import constants
-
-    return os.path.join(constants.HF_HUB_CACHE, f"datasets--{repo.replace('/', '--')}")
-
-
-def _cached_refs(repo: str) -> dict[str, str]:
-    """The revisions the hub cache names for a dataset repo (branches, tags,
-    `refs/convert/parquet`) and the commit each names."""
-    refs = os.path.join(_cached_repo(repo), "refs")
-    named: dict[str, str] = {}
-    for where, _, names in os.walk(refs):
-        for name in names:
-            with open(os.path.join(where, name), encoding="utf-8") as f:
-                named[os.path.relpath(os.path.join(where, name), refs)] = f.read().strip()
-    return named
-
-
-def _check_held(
-    url: str, repo: str, commit: str, held: list[str], listed: tuple[list[str], str]
-) -> None:
-    """ConfigError when the split the commit's cached listing gives (`listed`: its files, or
-    why there are none) is not the split found among the files the cache holds (`held`): the
-    cache holds only part of it, and the part would be read as if it were the whole."""
-    files, why = listed
-    if not files:  # the whole listing decides otherwise (a config to name, say)
-        raise ConfigError(
-            f"{url!r}: the hub cache holds only part of {repo} at commit {commit[:12]}; "
-            f"its cached listing of the whole commit says: {why}"
-        )
-    missing = sorted(set(files) - set(held))
-    if missing:
-        shown = ", ".join(missing[:3]) + (
-            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        )
-        raise ConfigError(
-            f"the hub cache holds only part of {url!r}: {len(missing)} of its {len(files)} files "
-            f"are missing ({shown}); download the split (online, or `hf download {repo} "
-            f"--repo-type dataset --revision {commit} --include ...` naming them) before "
-            "reading it offline"
-        )
-
-
-def _listing(folder: str) -> list[str]:
-    found = []
-    for root, _, names in os.walk(folder):
-        for name in names:
-            found.append(os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/"))
-    return found

@@ -33,6 +33,7 @@ from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._remote_rows import (
+    SCHEMA_FORMATS,
     Layout,
     npy_rows,
     parquet_layout,
@@ -172,15 +173,18 @@ class RemoteReader:
         listed without a version are counted at every open)."""
         if os.path.abspath(self.index_cache_dir) != os.path.abspath(index_cache_dir):
             return None
-        parquet, schema = self.format == "parquet", self.format in ("parquet", "vortex")
         return [
             url
             for url in self.shard_urls
-            if remembered_layout(
-                index_cache_dir, self.objects[url][1], parquet=parquet, schema=schema
-            )
-            is None
+            if self._remembered(index_cache_dir, self.objects[url][1]) is None
         ]
+
+    def _remembered(self, index_cache_dir: str, item: CachedObject) -> Layout | None:
+        """The layout `index_cache_dir` remembers for this version of the object (see
+        `remembered_layout`), with what this format keeps."""
+        parquet = self.format == "parquet"
+        schema = self.format in SCHEMA_FORMATS
+        return remembered_layout(index_cache_dir, item, parquet=parquet, schema=schema)
 
     def num_rows(self, path: str) -> int:
         """Counts a shard's rows (see `shard_layout`)."""
@@ -197,10 +201,10 @@ class RemoteReader:
         if self.format in LOCATING_FORMATS:
             return self._with_reader(path, lambda reader, local: reader.num_rows(local)), ()
         item = self.objects[path][1]
-        parquet, schema = self.format == "parquet", self.format in ("parquet", "vortex")
-        layout = remembered_layout(self.index_cache_dir, item, parquet=parquet, schema=schema)
+        schema = self.format in SCHEMA_FORMATS
+        layout = self._remembered(self.index_cache_dir, item)
         if layout is None:
-            if parquet:
+            if self.format == "parquet":
                 layout = self._parquet_layout(path)
             elif schema:
                 layout = self._with_reader(path, _counted_columns)

@@ -37,6 +37,7 @@ Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, li
 
 Groups = tuple[tuple[int, int], ...]  # each row group's rows and decoded bytes
 Layout = tuple[int, Groups, Columns]  # rows, row groups (Parquet), columns (Parquet, Vortex)
+SCHEMA_FORMATS = ("parquet", "vortex")  # whose columns are remembered with the row count
 
 
 def parquet_layout(tail: Callable[[int], bytes], *, size: int, url: str, dataset: str) -> Layout:

@@ -203,7 +203,8 @@ class Dataset:
             return cls._from_remote(name, text, format, projection, cache_dir, storage, options)
         revision: str | None = None
         if text.startswith("hf://"):
-            from zephon_torch.io._hf import list_hf, resolve_hf
+            from zephon_torch.io._hf import list_hf
+            from zephon_torch.io._hf_cache import resolve_hf
 
             online = list_hf(text, format_=format, storage_options=storage, retry=options.retry)
             if online is not None:  # read from the hub shard by shard, like any remote URL
