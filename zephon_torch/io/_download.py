@@ -18,7 +18,7 @@ import fsspec.callbacks
 
 from zephon_torch._progress import Progress
 from zephon_torch.errors import DataError
-from zephon_torch.io._remote import find_detailed, identity, sized
+from zephon_torch.io._remote import find_detailed, identity, listed_version, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
@@ -102,7 +102,8 @@ def check_unchanged(
         now = identity(item.url, info)
         raise DataError(
             f"the object changed since it was listed (size {item.size}, version "
-            f"{item.version!r}; now size {now.size}, version {now.version!r}){CHANGED_NOTE}",
+            f"{listed_version(item)!r}; now size {now.size}, version {now.version!r})"
+            f"{CHANGED_NOTE}",
             dataset=dataset,
             shard=item.url,
         )
@@ -127,8 +128,8 @@ def _same(item: CachedObject, info: Mapping[str, Any]) -> bool:
     """Whether ``info`` (with a size) gives ``item``'s size, and its version where both have
     one."""
     now = identity(item.url, info)
-    versions = item.version and now.version
-    return now.size == item.size and not (versions and now.version != item.version)
+    listed = listed_version(item)
+    return now.size == item.size and not (listed and now.version and now.version != listed)
 
 
 class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]

@@ -10,6 +10,9 @@ index reads are retried under the `RetryPolicy`, then fail with a StorageError n
 from __future__ import annotations
 
 import atexit
+import contextlib
+import datetime
+import email.utils
 import json
 import os
 import posixpath
@@ -28,6 +31,8 @@ from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.formats import INDEX_FILE, INDEXED_FORMATS, check_format, check_indexed
 
+PER_OPEN = "per-open@"  # starts a version given by an open (see `versioned_per_open`)
+SETTLE_S = 2.0  # a whole-second modification time is trusted this long after it
 _VERSION_KEYS = (
     "ETag",
     "etag",
@@ -441,21 +446,51 @@ def url_namer(fs: Any, url: str) -> Callable[[str], str]:
 def versioned_per_open(
     objects: list[tuple[str, CachedObject]], dataset: str
 ) -> list[tuple[str, CachedObject]]:
-    """`objects`, those the listing gave no version (a server that sends no ETag or
-    Last-Modified) versioned by this open: a rewrite of the same size cannot be told from
-    the copy a node's cache holds, so each open downloads them again (with a warning) rather
-    than read an old copy. Copies of the dataset (DataLoader workers) share this open's."""
-    bare = [item.url for _, item in objects if not item.version]
+    """`objects`, those the listing gave no settled version (a server that sends no ETag or
+    Last-Modified, or a Last-Modified under `SETTLE_S` old) versioned by this open: a rewrite
+    of the same size cannot be told from the copy a node's cache holds, so each open
+    downloads them again (with a warning) rather than read an old copy. A Last-Modified
+    counts whole seconds: a rewrite within the second it names keeps it, so it settles only
+    once that second is over (by this machine's clock). Copies of the dataset (DataLoader
+    workers) share this open's version."""
+    now = time.time()
+    bare = [item.url for _, item in objects if not _settled(item.version, now)]
     if not bare:
         return objects
     warnings.warn(
         f"dataset {dataset!r}: the storage lists {len(bare)} object(s) without a version "
-        f"(ETag or modification time), e.g. {bare[0]!r}; a changed object could not be told "
-        "from a cached copy, so this open downloads them again",
+        f"(ETag or modification time) or modified within the last {SETTLE_S:g} s, e.g. "
+        f"{bare[0]!r}; a changed object of the same size could not be told from a cached "
+        "copy, so this open downloads them again",
         stacklevel=4,
     )
-    stamp = f"unversioned@{time.time_ns()}"
-    return [(p, item if item.version else replace(item, version=stamp)) for p, item in objects]
+    stamp = f"{PER_OPEN}{time.time_ns()}:"
+    return [
+        (p, item if _settled(item.version, now) else replace(item, version=stamp + item.version))
+        for p, item in objects
+    ]
+
+
+def listed_version(item: CachedObject) -> str:
+    """The version the storage listed for `item` (none: ""), without this open's stamp (see
+    `versioned_per_open`)."""
+    if item.version.startswith(PER_OPEN):
+        return item.version.split(":", 1)[1]
+    return item.version
+
+
+def _settled(version: str, now: float) -> bool:
+    """Whether `version` tells a rewrite of the same size apart: any but none, or a time in
+    whole seconds (an HTTP Last-Modified) less than `SETTLE_S` before `now`."""
+    if not version:
+        return False
+    when = None
+    with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+        when = email.utils.parsedate_to_datetime(version).timestamp()
+    if when is None:
+        with contextlib.suppress(ValueError, OverflowError):
+            when = datetime.datetime.fromisoformat(version).timestamp()
+    return when is None or not when.is_integer() or now >= when + SETTLE_S
 
 
 def per_open_index_dir() -> str:

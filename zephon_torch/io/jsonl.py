@@ -23,7 +23,7 @@ import mmap
 import os
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._cache import LruCache
@@ -94,7 +94,7 @@ class JsonlReader:
         # shard, never evicted: a shard read again after both its LRU entries went must still
         # be the file first indexed; downloads and decompressed files are never rewritten)
         self._identities: dict[str, tuple[int, int, int]] = {}
-        self._files: LruCache[BinaryIO] = LruCache(self.max_open)  # plain shards, read by pread
+        self._files: LruCache[_Descriptor] = LruCache(self.max_open)  # plain shards, read by pread
         # mapped files of evicted shards hold their disk space until unmapped: an eighth of
         # the cache at most, as remote readers keep open
         self._decompressed: LruCache[mmap.mmap | bytes] = LruCache(
@@ -255,7 +255,7 @@ class JsonlReader:
             return lambda starts, ends: [buffer[a:b] for a, b in zip(starts, ends, strict=True)]
         # the file object itself, not its number: another thread may evict it from the LRU
         # meanwhile, and the number, closed, would be reused by the next shard opened
-        handle = self._files.get_or_load(path, partial(_open_binary, path))
+        handle = self._files.get_or_load(path, partial(_Descriptor, path))
         if path in self._identities:  # a plain local shard (set as its index loaded)
             self._check_identity(path, _identity(os.fstat(handle.fileno())))
         return lambda starts, ends: _read_spans(handle.fileno(), starts, ends)
@@ -333,8 +333,22 @@ def _identity(stat: os.stat_result) -> tuple[int, int, int]:
     return stat.st_size, stat.st_ino, stat.st_mtime_ns
 
 
-def _open_binary(path: str) -> BinaryIO:
-    return open(path, "rb", buffering=0)
+class _Descriptor:
+    """A shard opened for `os.pread`, closed when its last reference goes: the LRU drops
+    handles, never closes them (another thread may be reading), and a file object dropped
+    open would warn (ResourceWarning) in a user's test suite."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def __del__(self) -> None:
+        if hasattr(self, "fd"):  # not when the open failed
+            os.close(self.fd)
 
 
 _NEAR = 2  # rows read at once while their span is at most this many times their bytes

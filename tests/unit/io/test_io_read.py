@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import random
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,22 @@ def test_a_pickled_dataset_still_reads(three_shards: tuple[Dataset, list[Rows]])
     assert copy.shards == dataset.shards
     assert copy.fingerprint() == dataset.fingerprint()
     assert copy.read_rows(1, [3, 49]) == [tables[1][3], tables[1][49]]
+
+
+def test_a_dataset_dropped_after_reading_leaves_no_unclosed_file_warning(
+    tmp_path: Path, write_jsonl: Any, rows_factory: Callable[..., Rows]
+) -> None:
+    """Plain JSONL shards were kept open as file objects, which warned (ResourceWarning, an
+    error in a suite that turns warnings into errors) when the dataset was dropped."""
+    rows = rows_factory(5)
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dataset = Dataset.from_path("d", tmp_path / "a.jsonl")
+        assert dataset.read_rows(0, [4]) == [rows[4]]
+        del dataset
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
 
 
 def test_a_pickled_file_dataset_carries_no_rows(

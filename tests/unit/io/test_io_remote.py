@@ -8,6 +8,7 @@ import os
 import pickle
 import shutil
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -347,6 +348,7 @@ def test_http_urls_of_a_file_and_of_a_folder_page_open_and_read(
     for shard in range(2):
         rows = [{"text": f"row {shard}-{i}"} for i in range(5)]
         (folder / f"part-{shard}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.utime(folder / f"part-{shard}.jsonl", (time.time() - 10,) * 2)  # settled
     options = _options(tmp_path)
     index = str(tmp_path / "index")
     single = Dataset.from_path("h", f"{base}/part-1.jsonl", io_options=options)
@@ -677,6 +679,35 @@ def test_an_object_listed_without_a_version_is_downloaded_again_by_each_open(
             assert dataset.read_rows(0, [0]) == [{"text": tag}]
     # what each open counted is keyed by its own version: kept, it would pile up unread
     assert not Path(index).exists() or not any(Path(index).rglob("*.*"))
+
+
+def test_a_same_size_rewrite_within_the_second_of_its_last_modified_is_read_anew(
+    tmp_path: Path, http_folder: tuple[Path, str]
+) -> None:
+    """A server whose only version is Last-Modified (whole seconds): a rewrite of the same size
+    in the second a listing saw kept its version, and every later open read the cached old
+    copy. A Last-Modified under 2 s old is now versioned by the open; an older one is kept."""
+    import warnings
+
+    folder, base = http_folder
+    options = _options(tmp_path)
+    path = folder / "data.jsonl"
+    second = int(time.time())
+    for tag in ("OLD", "NEW"):  # the same size, the same Last-Modified
+        path.write_text(json.dumps({"text": tag}) + "\n")
+        os.utime(path, (second, second))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the first open warns; the second, if still racy
+            dataset = Dataset.from_path("h", f"{base}/data.jsonl", io_options=options)
+        assert dataset.read_rows(0, [0]) == [{"text": tag}]
+    os.utime(path, (second - 10, second - 10))  # settled: one download, kept, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            dataset = Dataset.from_path("h", f"{base}/data.jsonl", io_options=options)
+            assert dataset.read_rows(0, [0]) == [{"text": "NEW"}]
+    names = [p.name for p in (tmp_path / "cache").rglob("*data.jsonl")]
+    assert len(names) == len(set(names)) == 3, names
 
 
 @pytest.mark.parametrize(
