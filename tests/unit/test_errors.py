@@ -435,6 +435,59 @@ def test_a_full_temporary_folder_is_named_and_left_as_it_was(tmp_path: Path) -> 
     assert list(temp.iterdir()) == []
 
 
+_HELD_RUN = """
+import sys, tempfile, time
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+if __name__ == "__main__":
+    tempfile.tempdir = sys.argv[1]
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+    recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
+    batches = iter(pipeline.batch(1))
+    next(batches)
+    print("running", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_chain_file_left_by_a_killed_process_is_removed_by_the_next_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed by SIGKILL (the out-of-memory killer) left its chain file (maps,
+    filters, tokenizer: megabytes) in the temporary folder for ever, one per crash. The next
+    runner removes it; a live runner's file stays."""
+    import signal
+    import tempfile
+
+    from zephon_torch.ops._chain_file import release, write_chain
+
+    script, temp = tmp_path / "held.py", tmp_path / "temp"
+    script.write_text(_HELD_RUN)
+    temp.mkdir()
+    run = subprocess.Popen(
+        [sys.executable, str(script), str(temp)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert run.stdout is not None and run.stdout.readline() == "running\n"
+        assert len(list(temp.glob("zephon-chain-*.pickle"))) == 1
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+    assert len(list(temp.glob("zephon-chain-*.pickle"))) == 1  # left behind
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    path, lock = write_chain(b"chain")
+    assert list(temp.iterdir()) == [Path(path)]  # the killed process's file is gone
+    other, other_lock = write_chain(b"chain")
+    assert sorted(temp.iterdir()) == sorted([Path(path), Path(other)])  # a live one stays
+    release(path, lock)
+    release(other, other_lock)
+    assert list(temp.iterdir()) == []
+
+
 def refusing_pipeline(runner: str) -> Pipeline:
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
     source = StaticMixtureWorkSource([data], shuffle=False)

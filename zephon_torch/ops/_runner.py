@@ -11,11 +11,8 @@ than the work (and its wake-ups fight the packer for the GIL).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
 import pickle
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -25,6 +22,7 @@ from typing import Literal
 
 from zephon_torch.errors import ConfigError, ZephonError
 from zephon_torch.io import Dataset
+from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import DocOp, Document, OperatorClock
 from zephon_torch.ops.fetch import FetchOp
@@ -71,33 +69,6 @@ def _init_worker(path: str) -> None:
             _WORKER_CHAIN = pickle.load(handle)
     except FileNotFoundError:  # the runner closed before this process started: no task comes
         pass
-
-
-def _chain_file(payload: bytes) -> str:
-    """``payload`` in a new private file, for the workers to read at start-up. Not sent to
-    them: the spawn writes its arguments into a pipe the parent holds open itself, so one
-    larger than the pipe's buffer (a tokenizer is) blocked the parent for ever where a child
-    died before reading them all (a script without a ``__main__`` guard)."""
-    path = None
-    try:
-        handle, path = tempfile.mkstemp(prefix="zephon-chain-", suffix=".pickle")
-        with os.fdopen(handle, "wb") as file:
-            file.write(payload)
-    except OSError as error:
-        if path is not None:  # made, not written whole
-            _remove(path)
-        raise ConfigError(
-            f"runner='processes' cannot write its chain ({len(payload)} bytes: the maps, "
-            "filters and tokenizer its processes read at start-up) to "
-            f"{path or 'a temporary file'}: {error}. Free space there, or point TMPDIR at "
-            "another folder"
-        ) from error
-    return path
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 class _Raised:
@@ -204,8 +175,8 @@ class Runner:
                     "runner='processes' needs picklable operators (module-level functions, no "
                     f"lambdas or closures): {exc}"
                 ) from exc
-            path = _chain_file(payload)
-            self._removal = weakref.finalize(self, _remove, path)
+            path, lock = write_chain(payload)
+            self._removal = weakref.finalize(self, release, path, lock)
             self._executor = ProcessPoolExecutor(
                 parallelism,
                 mp_context=multiprocessing.get_context("spawn"),
