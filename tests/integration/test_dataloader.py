@@ -155,6 +155,13 @@ def test_stateful_dataloader_restores_mid_epoch_exactly(tokenizer: Any, num_work
     second = loader()
     second.load_state_dict(state)
     assert take(second, 14) == reference[10:]
+    if num_workers:
+        # one worker's state, loaded where a whole one is due, gave its lanes to every
+        # worker (the others' never came: a stall) or restarted the others' lanes at turn 0
+        worker = state["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+        for target in (DataLoader(build(tokenizer, exhaustion="repeat")), loader().dataset):
+            with pytest.raises(StateMismatchError, match="one DataLoader worker's"):
+                target.load_state_dict(worker)
 
 
 def test_pin_memory_yields_pinned_tensors_when_an_accelerator_exists(tokenizer: Any) -> None:

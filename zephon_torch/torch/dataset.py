@@ -227,6 +227,18 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             raise StateMismatchError({"version": (state["version"], STATE_VERSION)})
 
         # a worker's own state (StatefulDataLoader) holds its lanes; any other, this rank's
+        if "worker_lanes" in state and get_worker_info() is None:
+            # outside that worker its lanes would go to every worker, or to none
+            raise StateMismatchError(
+                {
+                    "worker_lanes": (
+                        state["worker_lanes"],
+                        "the state of a whole loader or pipeline: this is one DataLoader "
+                        "worker's (its `dataset_state` inside a StatefulDataLoader state); "
+                        "load the StatefulDataLoader's own state_dict, or the loader's",
+                    )
+                }
+            )
         needed = state.get("worker_lanes", self.pipeline.lanes)
         check_state(state, self.pipeline.fingerprint(), needed)
         if "worker_lanes" not in state:
