@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from zephon_torch.elastic import ranks_out_of_step
 from zephon_torch.errors import StateMismatchError
 
 STATE_VERSION = 1
@@ -81,4 +82,31 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
             lanes[lane] = lane_state
     merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
     merged["step"] = min((s.get("step", 0) for s in states), default=0)
+    total = first["fingerprint"].get("canonical_replicas")
+    if len(states) > 1 and isinstance(total, int) and len(lanes) == total:
+        check_ranks_in_step(merged["lanes"], canonical_replicas=total, world_size=len(states))
     return merged
+
+
+def check_ranks_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size: int) -> None:
+    """Refuse the lanes of ``world_size`` ranks (one state each, merged or gathered) that are
+    not in step: ranks that resumed from states of different steps (mixed-up checkpoint
+    files) give global batches no run gives, and their state would resume them so.
+
+    Raises:
+        StateMismatchError: naming each rank's turns.
+    """
+    if canonical_replicas % world_size:
+        return  # not one rank's lanes per state: nothing to compare
+    by_rank = ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=world_size)
+    if by_rank is not None:
+        shown = "; ".join(f"rank {r}: {turns}" for r, turns in enumerate(by_rank))
+        raise StateMismatchError(
+            {
+                "lanes": (
+                    f"the {world_size} ranks' lanes are at different turns ({shown}): states "
+                    "of different steps, resumed or merged together",
+                    "every rank's lanes at the turns of every other rank's (one step)",
+                )
+            }
+        )

@@ -66,35 +66,52 @@ def lanes_for_rank(*, canonical_replicas: int, world_size: int, rank: int) -> li
 
 def check_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size: int) -> None:
     """Refuse a state (its ``lanes``: lane number to lane state, None for a lane not begun)
-    that would put ``world_size`` ranks at different turns: each rank's lanes must be at the
-    turns every other rank's are, offset by offset. A state saved mid-step on this world size
-    is (the ranks went in step), and continues exactly; one saved mid-step on another may not
-    be (lanes 0 and 1 a turn ahead of lanes 2 and 3, loaded on two ranks). Spent lanes are
-    not compared: they give nothing more.
+    that would put ``world_size`` ranks at different turns (see ``ranks_out_of_step``). A
+    state saved mid-step on this world size is in step (the ranks went in step), and
+    continues exactly; one saved mid-step on another may not be (lanes 0 and 1 a turn ahead
+    of lanes 2 and 3, loaded on two ranks).
 
     Raises:
         StateMismatchError: naming the turns the lanes are at.
     """
+    if ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=world_size):
+        turns = {
+            0 if s is None else int(s["turn"]) for s in lanes.values() if not (s or {}).get("done")
+        }
+        raise StateMismatchError(
+            {
+                "lanes": (
+                    f"saved mid-step: lanes at turns {sorted(turns)}, which would put the "
+                    f"{world_size} ranks at different turns; resume on the world size it "
+                    "was saved on, or save at the end of a step (every canonical_replicas "
+                    "/ world_size micro-batches per rank)",
+                    "each rank's lanes at the turns of every other rank's",
+                )
+            }
+        )
+
+
+def ranks_out_of_step(
+    lanes: dict[str, Any], *, canonical_replicas: int, world_size: int
+) -> list[list[int | None]] | None:
+    """Each rank's lane turns, in its lane order (None: a spent lane, which gives nothing
+    more and is not compared; 0: a lane not begun or not in ``lanes``), when ``world_size``
+    ranks holding ``lanes`` are not in step, else None. In step, every rank's lanes are at the
+    turns every other rank's are, offset by offset: ranks deliver micro-batches together."""
     per_rank = canonical_replicas // world_size
     turns: dict[int, int | None] = {}
     for key, lane in lanes.items():
         turns[int(key)] = 0 if lane is None else None if lane["done"] else int(lane["turn"])
+    by_rank = [
+        [turns.get(rank * per_rank + offset, 0) for offset in range(per_rank)]
+        for rank in range(world_size)
+    ]
     for offset in range(per_rank):
-        at = {turns.get(rank * per_rank + offset, 0) for rank in range(world_size)}
+        at = {row[offset] for row in by_rank}
         at.discard(None)
         if len(at) > 1:
-            live = sorted({t for t in turns.values() if t is not None})
-            raise StateMismatchError(
-                {
-                    "lanes": (
-                        f"saved mid-step: lanes at turns {live}, which would put the "
-                        f"{world_size} ranks at different turns; resume on the world size it "
-                        "was saved on, or save at the end of a step (every canonical_replicas "
-                        "/ world_size micro-batches per rank)",
-                        "each rank's lanes at the turns of every other rank's",
-                    )
-                }
-            )
+            return by_rank
+    return None
 
 
 _SAMPLER_STATE_VERSION = 1

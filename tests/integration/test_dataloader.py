@@ -265,14 +265,17 @@ def test_worker_lane_split_rotates_to_the_next_lane_due() -> None:
 
 
 def test_lanes_several_turns_apart_resume_alike_in_one_process_and_with_workers() -> None:
-    """Such states come from ranks stopped at different turns; every lane below the furthest
-    one's turn is completed, whether one process or the loader cuts the stream."""
+    """Such states come from ranks stopped at different turns (put together by hand:
+    `merge_states` refuses them); every lane below the furthest one's turn is completed,
+    whether one process or the loader cuts the stream."""
     ranks = []
     for rank, count in ((0, 12), (1, 4)):  # lanes 0, 2 at turn 6; lanes 1, 3 at turn 2
         loader = DataLoader(uneven_lanes(world_size=2, rank=rank))
         take(loader, count)
         ranks.append(loader.state_dict())
-    state = json.loads(json.dumps(merge_states(ranks)))
+    with pytest.raises(StateMismatchError, match="lanes are at different turns"):
+        merge_states(ranks)
+    state = json.loads(json.dumps({**ranks[0], "lanes": ranks[0]["lanes"] | ranks[1]["lanes"]}))
     streams = []
     for workers in (0, 2, 4):
         context = "spawn" if workers else None
@@ -379,6 +382,11 @@ def test_states_of_ranks_resumed_from_a_state_merge_into_the_global_one(tokenize
     assert take(resumed, 4 * 3) == reference[4 * 5 : 4 * 8]
     with pytest.raises(StateMismatchError, match="lane 0"):  # two states for one lane
         merge_states([states[0], at_three])
+    behind = on(2, 1)  # rank 1 a step behind rank 0: merged, a state no run makes
+    behind.load_state_dict(at_three)
+    take(behind, 2)
+    with pytest.raises(StateMismatchError, match=r"rank 0: \[5, 5\]; rank 1: \[4, 4\]"):
+        merge_states([states[0], behind.state_dict()])
 
 
 def test_a_state_without_this_rank_s_lanes_is_refused_by_the_loader(tokenizer: Any) -> None:

@@ -96,6 +96,35 @@ def test_a_state_saved_mid_step_is_refused_on_two_ranks(
     assert "saved mid-step: lanes at turns [1, 2]" in failed["stderr"]
 
 
+def test_ranks_that_loaded_states_of_different_steps_are_named_when_the_state_is_gathered(
+    tmp_path: Path, tokenizer: Any, tokenizer_path: Path
+) -> None:
+    """Each load was of a whole state and passed; the gathered state then held rank 0's lanes
+    two turns ahead of rank 1's, and resumed so: global batches no run gives."""
+    from tests.helpers import small_pipeline, two_sources
+    from zephon_torch.torch import DataLoader
+
+    pipeline = small_pipeline(
+        tokenizer, lanes=4, exhaustion="repeat", datasets=two_sources(40, 30, shard_size=8)
+    )
+    loader = DataLoader(pipeline)
+    batches = iter(loader)
+    for at in (2, 4):
+        for _ in range(4 * 2):  # two steps of the one rank's four lanes
+            next(batches)
+        (tmp_path / f"at{at}.json").write_text(json.dumps(loader.state_dict()))
+    failed = torchrun(
+        2, tmp_path / "r2", tokenizer_path, "--steps", "6", "--save-at", "5",
+        "--load", str(tmp_path / "at4.json"), "--last-rank-load", str(tmp_path / "at2.json"),
+        fails=True,
+    )  # fmt: skip
+    assert (
+        "the 2 ranks' lanes are at different turns (rank 0: [5, 5]; rank 1: [3, 3])"
+        in (failed["stderr"])
+    )
+    assert not (tmp_path / "r2" / "state.json").exists()
+
+
 def test_ranks_running_different_recipes_are_named_when_the_state_is_gathered(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:

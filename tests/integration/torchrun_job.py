@@ -30,6 +30,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--save-at", type=int, default=-1)
     parser.add_argument("--load", default=None)
+    parser.add_argument(
+        "--last-rank-load", default=None, help="another state for the last rank to load"
+    )
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--exhaustion", default="repeat")
     parser.add_argument(
@@ -55,8 +58,10 @@ def main() -> None:
     start = 0
     if args.load:
         state = json.loads(Path(args.load).read_text())
+        start = state["step"]  # every rank's, so that their collectives pair up
+        if args.last_rank_load and rank == world - 1:
+            state = json.loads(Path(args.last_rank_load).read_text())
         loader.load_state_dict(state)
-        start = state["step"]
     lanes_per_rank = args.lanes // world
     steps: dict[int, str] = {}
     stream = _items(loader, args.again_every)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zephon_torch._state import check_ranks_in_step
 from zephon_torch.errors import ConfigError
 
 
@@ -68,6 +69,8 @@ def all_gather_lane_states(lanes: dict[str, Any], recipe: dict[str, Any]) -> dic
 
     Raises:
         ConfigError: on every rank, naming the settings and the ranks that differ from rank 0.
+        StateMismatchError: on every rank, when the ranks' lanes are at different turns
+            (ranks that loaded states of different steps).
     """
     if not distributed_ready() or dist.get_world_size() == 1:
         return dict(lanes)
@@ -77,7 +80,11 @@ def all_gather_lane_states(lanes: dict[str, Any], recipe: dict[str, Any]) -> dic
     merged: dict[str, Any] = {}
     for _, part in gathered:
         merged.update(part)
-    return dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+    merged = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+    check_ranks_in_step(
+        merged, canonical_replicas=recipe["canonical_replicas"], world_size=len(gathered)
+    )
+    return merged
 
 
 def check_same_recipe(recipes: list[dict[str, Any]]) -> None:
