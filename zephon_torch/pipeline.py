@@ -38,7 +38,7 @@ from zephon_torch.ops.filter import FilterOp
 from zephon_torch.ops.map import MapOp, Row
 from zephon_torch.ops.packers import Algorithm, LongDocuments
 from zephon_torch.ops.prefetch import Prefetcher
-from zephon_torch.ops.stateful import StatefulFilter
+from zephon_torch.ops.stateful import StatefulFilter, filter_name
 from zephon_torch.ops.tokenize import SpecialTokens
 from zephon_torch.torch.distributed import resolve_topology
 from zephon_torch.work.mixture import StaticMixtureWorkSource
@@ -366,7 +366,7 @@ class Pipeline:
         if not isinstance(probe, StatefulFilter):
             got = type(probe).__name__
             raise ConfigError(f"`stateful_filter` factory must return a StatefulFilter, got {got}")
-        return self._with(_stateful=(*self._stateful, (factory, name or probe.name)))
+        return self._with(_stateful=(*self._stateful, (factory, name or filter_name(probe))))
 
     def shuffle(self, window: int) -> Pipeline:
         """Shuffle packed rows per lane in blocks of ``window`` rows, a new order every block

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -346,14 +347,20 @@ source = StaticMixtureWorkSource([Dataset.from_dict("d", [{"text": "A", "ids": [
 skip = {"de", "fr", "it", "nl", "es", "pt"}  # a set's repr differs with the hash seed
 pipeline = Pipeline(source).map(functools.partial(suffixed, suffix="!", skip=skip))
 pipeline = pipeline.filter(Lower())
+pipeline = pipeline.filter(lambda row: row["text"] not in {"de", "fr", "it", "nl", "es"})
 pipeline = pipeline.pretokenized("ids").pack_flat(8, "wrap").batch(1)
 print(json.dumps(pipeline.fingerprint()["ops"]))
 """
 
 
+def _longer_than(n: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda row: len(row["text"]) > n
+
+
 def test_a_partial_or_a_callable_object_is_named_alike_in_every_process() -> None:
     """Their default names held a memory address (`repr`), which went into the state: a state
-    saved in one process was refused in the next with nothing changed."""
+    saved in one process was refused in the next with nothing changed. A lambda's name holds a
+    digest of its code and closure, the same in every process."""
     import functools
     import os
     import subprocess
@@ -371,11 +378,17 @@ def test_a_partial_or_a_callable_object_is_named_alike_in_every_process() -> Non
     first = ops(1)
     assert first == ops(2)
     names = [op["name"] for op in first if op.get("kind") in ("map", "filter")]
-    assert names == [
+    assert names[:2] == [
         "partial(tests.unit.test_pipeline_data.suffixed, suffix='!', "
         "skip=set({'de', 'es', 'fr', 'it', 'nl', 'pt'}))",
         "tests.unit.test_pipeline_data.Lower",
     ]
+    assert names[2].startswith("__main__.<lambda>#")  # with a digest of its code
+    # lambdas of one scope shared a name: an edited threshold resumed onto other data
+    longer = [function_name(lambda row, n=n: len(row["text"]) > n, None) for n in (100, 300)]
+    closing = [function_name(_longer_than(n), None) for n in (100, 300)]
+    assert len({*longer, *closing}) == 4
+    assert closing[0] == function_name(_longer_than(100), None)
     # arrays are named by their bytes: numpy elides long ones in the middle
     one, other = np.zeros(5000), np.zeros(5000)
     other[2500] = 1
@@ -391,6 +404,48 @@ def test_a_partial_or_a_callable_object_is_named_alike_in_every_process() -> Non
     assert [op["name"] for op in named.fingerprint()["ops"] if op.get("kind") == "map"] == [
         "tagged"
     ]
+
+
+def test_stateful_filters_that_set_no_name_are_named_by_their_class() -> None:
+    """Every filter without a `name` was "stateful_filter": a state saved with one filter
+    resumed with another class and its other rule, without a word."""
+    from zephon_torch.ops.stateful import StatefulFilter
+
+    class Base(StatefulFilter):
+        def keep(self, tokens: Any, source: str) -> bool:
+            return True
+
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    class Other(Base):
+        pass
+
+    class Named(Base):
+        name = "named"
+
+    class Below(Named):
+        pass
+
+    def instance_named() -> Base:
+        made = Other()
+        made.name = "mine"
+        return made
+
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", [{"ids": [1]}])])
+
+    def name(factory: Any) -> str:
+        pipeline = Pipeline(source).pretokenized("ids").stateful_filter(lambda lane: factory())
+        (named,) = pipeline.pack_flat(8, "wrap").batch(1).fingerprint()["stateful_filters"]
+        return str(named)
+
+    where = f"{__name__}.test_stateful_filters_that_set_no_name_are_named_by_their_class"
+    assert name(Base) == f"{where}.<locals>.Base"
+    assert name(Other) == f"{where}.<locals>.Other"
+    assert [name(Named), name(Below), name(instance_named)] == ["named", "named", "mine"]
 
 
 class _KeepEvery:

@@ -46,7 +46,8 @@ class UserOp:
 
 def function_name(fn: Callable[..., Any], name: str | None) -> str:
     """A name for a user function that is the same in every process, for the state
-    fingerprint: explicit, else ``module.qualname``; a ``functools.partial``'s is its
+    fingerprint: explicit, else ``module.qualname`` (a lambda's with a digest of its code and
+    the values it closes over, see ``_lambda_digest``); a ``functools.partial``'s is its
     function's with its arguments (sets in sorted order, arrays by dtype, shape and a digest of
     their bytes: their reprs differ between processes, or elide), a callable object's its
     class's.
@@ -73,7 +74,28 @@ def _derived_name(fn: Any) -> str:
         return f"partial({_derived_name(fn.func)}, {', '.join(arguments)})"
     if not hasattr(fn, "__qualname__"):  # a callable object: named by its class
         fn = type(fn)
-    return f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
+    name = f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
+    if getattr(fn, "__name__", None) == "<lambda>" and hasattr(fn, "__code__"):
+        return f"{name}#{_lambda_digest(fn)}"  # every lambda of a scope has one qualname
+    return name
+
+
+def _lambda_digest(fn: Any) -> str:
+    """What a lambda computes, as a digest the same in every process of one Python version:
+    its bytecode, constants and names, its defaults and the values it closes over (objects
+    without a repr of their own by their type). Two lambdas of one scope share a qualname:
+    an edited threshold would otherwise resume a state onto other data."""
+    cells = [cell.cell_contents for cell in fn.__closure__ or ()]
+    parts = [_code_text(fn.__code__), _argument(fn.__defaults__ or ())]
+    for value in cells:
+        text = _argument(value)
+        parts.append(f"<{type(value).__qualname__}>" if " at 0x" in text else text)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def _code_text(code: Any) -> str:
+    consts = [_code_text(c) if hasattr(c, "co_code") else _argument(c) for c in code.co_consts]
+    return f"{code.co_code.hex()}|{code.co_names}|{code.co_varnames}|{', '.join(consts)}"
 
 
 def _argument(value: Any) -> str:

@@ -32,7 +32,8 @@ class StatefulFilter(ABC):
     """Base class of user stateful filters; one instance per lane and source.
 
     Subclasses implement ``keep``, ``state_dict`` and ``load_state_dict``; ``name`` goes into
-    the recipe fingerprint (change it when the rule changes).
+    the recipe fingerprint (change it when the rule changes); a subclass that sets none is
+    named by its class, ``module.qualname`` (see ``filter_name``).
     """
 
     name: str = "stateful_filter"
@@ -52,6 +53,17 @@ class StatefulFilter(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()``; ``state`` is a copy of the filter's own (so keeping it
         and updating it in place is safe)."""
+
+
+def filter_name(op: StatefulFilter) -> str:
+    """The filter's ``name`` where it or a subclass sets one, else its class's
+    ``module.qualname``: one default name for every filter let a state saved with one resume
+    with another."""
+    if "name" in getattr(op, "__dict__", {}) or any(
+        "name" in vars(cls) for cls in type(op).__mro__ if cls is not StatefulFilter
+    ):
+        return op.name
+    return f"{type(op).__module__}.{type(op).__qualname__}"
 
 
 class FilteredReader(BaseNode[Document]):
@@ -145,14 +157,14 @@ class FilteredReader(BaseNode[Document]):
             rejected += 1
             if rejected == 8 * rows and self.reader.exhaustion == "repeat":
                 warnings.warn(  # where nothing proves it rejects for ever: a word at least
-                    f"dataset {self.layout.name!r}: the stateful filter {self.op.name!r} "
+                    f"dataset {self.layout.name!r}: the stateful filter {filter_name(self.op)!r} "
                     f"rejected {rejected} documents in a row (eight passes of this lane)",
                     stacklevel=2,
                 )
             looking = watch and rejected >= rows and looks.due(doc.pass_index, doc.pos, apart)
             if looking and looks.seen_before(_states(filters)):
                 raise DataError(
-                    f"the stateful filter {self.op.name!r} rejected every document of "
+                    f"the stateful filter {filter_name(self.op)!r} rejected every document of "
                     "this lane for whole passes and came back to a state it had at the "
                     "same position: with exhaustion='repeat' it would read for ever "
                     "without keeping one",
@@ -166,7 +178,7 @@ class FilteredReader(BaseNode[Document]):
             lambda tokens: bool(self.op.keep(tokens, self.source_name)),
             doc.tokens,
             doc,
-            f"stateful filter {self.op.name!r}",
+            f"stateful filter {filter_name(self.op)!r}",
             dataset_names=names,
             shard_paths=paths,
         )
