@@ -370,6 +370,33 @@ def test_online_a_split_the_dataset_card_defines_is_read_from_its_data_files(
     assert [row["text"] for row in train["rows"]] == expected
 
 
+def test_a_card_s_data_files_of_another_type_is_a_config_error_naming_the_card(
+    tmp_path: Path,
+) -> None:
+    """Online and from the hub cache: a `path: 5` raised TypeError ('int' object is not
+    iterable), a glob with a reversed range `[z-a]` re.error (bad character range)."""
+    hub = Hub()
+    main = tmp_path / "main"
+    _parquet(main / "data" / "train-00000-of-00001.parquet", "train", 2)
+    (main / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: 5\n---\n"
+    )
+    hub.add("org/odd", "main", main)
+    with serve(hub) as endpoint:
+        online = _read_online("hf://org/odd/train", endpoint, tmp_path, fails=True)
+    assert (
+        "ConfigError: the dataset card hf://datasets/org/odd@main/README.md: " in online["stderr"]
+    )
+    assert "got [{'path': 5, 'split': 'train'}]" in online["stderr"]
+    snapshot = _snapshot(tmp_path / "cache", "org/odd", "main", "a" * 40)
+    _parquet(snapshot / "data" / "train-00000-of-00001.parquet", "train", 2)
+    (snapshot / "README.md").write_text("---\nconfigs:\n- data_files: 'data/[z-a]*'\n---\n")
+    offline = _run_offline(tmp_path / "cache", "hf://org/odd/train", tmp_path).stderr
+    assert (
+        f"ConfigError: the dataset card {snapshot / 'README.md'}: the glob 'data/[z-a]*'" in offline
+    )
+
+
 def test_online_a_pinned_revision_reads_its_commit_after_the_branch_moved(
     tmp_path: Path,
 ) -> None:

@@ -99,7 +99,8 @@ def list_hf(
             if not pinned_layout(url, sha, conversions, converted=converted):
                 continue
             root = f"datasets/{repo}@{sha}"
-            in_card = [] if converted else card_configs(_card(fs, root, where, once))
+            card = None if converted else _card(fs, root, where, once)
+            in_card = card_configs(card, where=f"{where}/README.md")
             # a card's data_files may lie anywhere in the repo; else under the config folder
             under = f"{root}/{configs}" if configs and not in_card and not converted else root
             found = _find(fs, under, root, where, once)

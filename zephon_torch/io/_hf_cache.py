@@ -67,7 +67,7 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
         in_card = []
         if not converted and os.path.isfile(readme):
             with open(readme, encoding="utf-8", errors="replace") as f:
-                in_card = card_configs(f.read())
+                in_card = card_configs(f.read(), where=readme)
         listing = _listing(folder)
         files, why = find_split(listing, configs, split, in_card, converted=converted)
         if files:

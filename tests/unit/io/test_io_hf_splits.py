@@ -4,7 +4,12 @@ a file list and a dataset card, no hub needed. Reading through the hub and its c
 
 from __future__ import annotations
 
-from zephon_torch.io._hf_splits import find_split, parse_hf_url, split_files
+import re
+
+import pytest
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.io._hf_splits import card_configs, find_split, parse_hf_url, split_files
 
 
 def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
@@ -75,3 +80,29 @@ def test_a_split_the_card_does_not_have_is_named_with_the_splits_it_has() -> Non
     assert find_split(files, "chat", "train", configs)[1].endswith(
         "config 'chat' has splits ['sft']"
     )
+
+
+@pytest.mark.parametrize(
+    ("header", "named"),
+    [
+        ("configs:\n- config_name: default\n  data_files:\n  - split: train\n    path: 5\n", "5"),
+        ("configs:\n- config_name: default\n  data_files:\n    train: 7\n", "7"),
+        ("configs:\n- config_name: default\n  data_files: [{split: 3, path: a/*}]\n", "3"),
+        ("configs:\n- config_name: default\n  data_files: 'data/[z-a]*'\n", "'data/[z-a]*'"),
+        ("configs: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deep"),
+        ("configs: [a, b]\n", "['a', 'b']"),
+        ("configs:\n- config_name: [a]\n  data_files: data/*\n", "['a']"),
+        ("configs:\n- config_name: x\n  default: 'true'\n  data_files: data/*\n", "'true'"),
+        ("configs:\n- config_name: x\n  data_dir: 4\n", "4"),
+    ],
+)
+def test_a_card_whose_configs_are_of_other_types_is_a_config_error_naming_it(
+    header: str, named: str
+) -> None:
+    """A path or split that was a number raised TypeError ('int' object is not iterable), a
+    reversed character range re.error, a header nested too deep RecursionError; a config that
+    was not a mapping was skipped, and `default: 'true'` was not the default."""
+    where = "hf://datasets/org/ds@main/README.md"
+    with pytest.raises(ConfigError, match=re.escape(where)) as raised:
+        card_configs(f"---\n{header}---\n# card", where=where)
+    assert named in str(raised.value)
