@@ -424,7 +424,8 @@ class RemoteReader:
 
     def _npy_rows(self, path: str) -> int:
         """From the `.npy` headers when they tell (see `npy_rows`), else from the files."""
-        rows = npy_rows(path, self.objects, fs=self._filesystem(), policy=self.options.retry)
+        fs, retry = self._filesystem(), self.options.retry
+        rows = npy_rows(path, self.objects, fs=fs, policy=retry, dataset=self.dataset)
         return self._open()[0].num_rows(path) if rows is None else rows
 
     def _prefetch_one(self, url: str, fs_path: str, item: CachedObject) -> None:

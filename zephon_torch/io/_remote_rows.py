@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -76,33 +78,47 @@ def parquet_layout(tail: Callable[[int], bytes], *, size: int, url: str, dataset
         raise bad(error) from error
 
 
-def npy_rows(url: str, objects: Objects, *, fs: Any, policy: RetryPolicy) -> int | None:
+def npy_rows(
+    url: str, objects: Objects, *, fs: Any, policy: RetryPolicy, dataset: str
+) -> int | None:
     """A 2-D token file's first dimension, or one less than its offsets file's length, read
     from headers (retried); an offsets file must also start at 0 and end at the token count
     (two values read by range). None for anything else: the caller's reader downloads the files
-    and raises its DataError; that the offsets rise is checked when the shard is read."""
-    header = _npy_header(url, objects, fs=fs, policy=policy)
+    and raises its DataError; that the offsets rise is checked when the shard is read.
+
+    Raises:
+        DataError: at once (not retried), naming the dataset and the shard `url`, for a token
+            or offsets file shorter than its header says: the span of values a header gives is
+            checked against the listed size before any value is read.
+    """
+    header = _npy_header(url, objects, fs=fs, policy=policy, dataset=dataset, shard=url)
     if header is not None and len(header[0]) == 2:
         return header[0][0]
     partner = offsets_path(url)
     if header is not None and len(header[0]) == 1 and partner in objects:
-        bounds = _npy_header(partner, objects, fs=fs, policy=policy)
+        bounds = _npy_header(partner, objects, fs=fs, policy=policy, dataset=dataset, shard=url)
         if bounds is not None and len(bounds[0]) == 1 and bounds[0][0] >= 2:
             (count,), dtype, start = bounds
             last = start + (count - 1) * dtype.itemsize
-            first_value = _npy_value(partner, objects, start, dtype, fs=fs, policy=policy)
-            last_value = _npy_value(partner, objects, last, dtype, fs=fs, policy=policy)
-            if (first_value, last_value) == (0, header[0][0]):
+            read = partial(
+                _npy_value, partner, objects, dtype=dtype, fs=fs, policy=policy, dataset=dataset
+            )
+            if (read(start, shard=url), read(last, shard=url)) == (0, header[0][0]):
                 return count - 1
     return None
 
 
 def _npy_header(
-    url: str, objects: Objects, *, fs: Any, policy: RetryPolicy
+    url: str, objects: Objects, *, fs: Any, policy: RetryPolicy, dataset: str, shard: str
 ) -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
     """The shape, dtype and data offset of an integer `.npy` object, from its header; None
-    for anything else."""
-    fs_path, _ = objects[url]
+    for anything else.
+
+    Raises:
+        DataError: naming `dataset` and `shard`, when the values the header says it holds end
+            past the object's listed size (a longer object is read, as a local file is).
+    """
+    fs_path, item = objects[url]
 
     def header() -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
         with fs.open(fs_path, "rb", block_size=_HEADER_BLOCK) as handle:
@@ -112,17 +128,50 @@ def _npy_header(
                 return None
             return (found.shape, found.dtype, handle.tell()) if found.dtype.kind in "iu" else None
 
-    return call_with_retry(header, url=url, policy=policy, what="reading the header")
+    found = call_with_retry(header, url=url, policy=policy, what="reading the header")
+    if found is not None:
+        shape, dtype, start = found
+        end = start + math.prod(shape) * dtype.itemsize
+        if end > item.size:
+            raise DataError(
+                f"{os.path.basename(url)!r} is shorter than its .npy header says: shape "
+                f"{shape} of {dtype} from byte {start} needs {end} bytes, and it has "
+                f"{item.size}",
+                dataset=dataset,
+                shard=shard,
+            )
+    return found
 
 
 def _npy_value(
-    url: str, objects: Objects, position: int, dtype: np.dtype[Any], *, fs: Any, policy: RetryPolicy
+    url: str,
+    objects: Objects,
+    position: int,
+    *,
+    dtype: np.dtype[Any],
+    fs: Any,
+    policy: RetryPolicy,
+    dataset: str,
+    shard: str,
 ) -> int:
-    """One integer of a `.npy` object at a byte position, by a range read."""
-    fs_path, _ = objects[url]
+    """One integer of a `.npy` object at a byte position, by a range read.
+
+    Raises:
+        DataError: at once (not retried), naming `dataset` and `shard`, for fewer bytes than
+            the value's: the object is shorter than it was listed.
+    """
+    fs_path, item = objects[url]
 
     def value() -> int:
         data = fs.cat_file(fs_path, start=position, end=position + dtype.itemsize)
+        if len(data) != dtype.itemsize:
+            raise DataError(
+                f"{os.path.basename(url)!r} gave {len(data)} of the {dtype.itemsize} bytes of "
+                f"its value at byte {position}, within the {item.size} bytes it was listed "
+                "with (did it change after it was listed?)",
+                dataset=dataset,
+                shard=shard,
+            )
         return int(np.frombuffer(data, dtype=dtype, count=1)[0])
 
     return call_with_retry(value, url=url, policy=policy, what="reading the offsets")

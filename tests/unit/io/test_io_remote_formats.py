@@ -156,6 +156,77 @@ def test_npy_offsets_that_miss_the_token_count_are_refused_at_open(
     assert caught.value.shard == f"{url}/flat.npy"
 
 
+def _claims_nine_offsets(folder: Path) -> None:
+    raw = (folder / "flat.offsets.npy").read_bytes()
+    end = raw.index(b"\n") + 1  # a header of the same length, claiming 9 values of the 3
+    (folder / "flat.offsets.npy").write_bytes(raw[:end].replace(b"(3,)", b"(9,)") + raw[end:])
+
+
+def _cut(name: str, nbytes: int) -> Any:
+    def cut(folder: Path) -> None:
+        (folder / name).write_bytes((folder / name).read_bytes()[:-nbytes])
+
+    return cut
+
+
+@pytest.mark.parametrize(
+    ("spoil", "named"),
+    [
+        (_claims_nine_offsets, "'flat.offsets.npy'"),
+        (_cut("flat.offsets.npy", 4), "'flat.offsets.npy'"),
+        (_cut("flat.npy", 8), "'flat.npy'"),
+        (_cut("rows.npy", 20), "'rows.npy'"),
+    ],
+    ids=["offsets-header-claims-more", "offsets-last-value-cut", "tokens-cut", "2d-tokens-cut"],
+)
+def test_npy_files_shorter_than_their_headers_say_are_a_data_error_at_open(
+    tmp_path: Path, spoil: Any, named: str
+) -> None:
+    """The offsets' values were read by range past the end, as a storage fault: retried, then
+    a StorageError (on S3 a bare OSError, range not satisfiable); a short token file gave its
+    header's row count at open, and failed only when read."""
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "flat.npy", np.arange(30, dtype=np.int32))
+    np.save(folder / "flat.offsets.npy", np.array([0, 10, 30]))
+    np.save(folder / "rows.npy", np.arange(30, dtype=np.int32).reshape(6, 5))
+    spoil(folder)
+    url = _put(folder)
+    wait = {**_options(tmp_path), "retry": {"attempts": 2, "initial_delay": 30.0}}
+    with pytest.raises(
+        DataError, match=rf"{named} is shorter than its \.npy header says"
+    ) as caught:
+        Dataset.from_path("n", url, io_options=wait)  # no read needed, and no retry
+    assert caught.value.dataset == "n"
+    assert caught.value.shard in (f"{url}/flat.npy", f"{url}/rows.npy")
+
+
+def test_a_short_read_of_an_npy_offset_is_a_data_error_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offsets file cut after it was listed gave numpy's ValueError (buffer is smaller than
+    requested size), retried as a storage fault, then a StorageError."""
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "flat.npy", np.arange(30, dtype=np.int32))
+    np.save(folder / "flat.offsets.npy", np.array([0, 10, 30]))
+    url = _put(folder)
+    memory = type(fsspec.filesystem("memory"))
+    original = memory.cat_file
+    reads = []
+
+    def cut(self: Any, path: str, start: Any = None, end: Any = None, **kw: Any) -> Any:
+        reads.append(path)
+        return original(self, path, start=start, end=end, **kw)[:-1]
+
+    monkeypatch.setattr(memory, "cat_file", cut)
+    wait = {**_options(tmp_path), "retry": {"attempts": 2, "initial_delay": 30.0}}
+    with pytest.raises(DataError, match=r"'flat\.offsets\.npy' gave 7 of the 8 bytes") as caught:
+        Dataset.from_path("n", url, io_options=wait)
+    assert caught.value.shard == f"{url}/flat.npy"
+    assert len(reads) == 1
+
+
 def test_index_json_is_read_once_and_the_listing_file_system_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
