@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import itertools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zephon_torch.errors import ConfigError
@@ -107,36 +108,62 @@ def _skipped(exclude: str | Sequence[str]) -> set[str]:
 
 
 def _walk(directory: str, exclude: str | Sequence[str]) -> list[str]:
-    """The files under ``directory``, through linked folders too (as a ``**`` glob reads
-    them), each folder once: a link back up, or a second link to one folder, is not entered."""
-    skipped = _skipped(exclude)
-    entered = {os.path.realpath(directory)}
-    files: list[str] = []
-    for root, folders, names in os.walk(directory, followlinks=True):
+    """The files under ``directory``, through linked folders too, each folder once (see
+    ``_tree``); names starting with "." or "_" are left out."""
+    return sorted(
+        os.path.abspath(os.path.join(root, name))
+        for root, names in _tree(directory, _skipped(exclude), hidden=False)
+        for name in names
+        if not name.startswith(SKIPPED_PREFIXES)
+    )
+
+
+def _tree(top: str, skipped: set[str], *, hidden: bool) -> Iterator[tuple[str, list[str]]]:
+    """Each folder under ``top`` (``top`` too) with its file names, through linked folders,
+    each real folder once: a link back up, or a second link to one folder, is not entered
+    (the first link in name order is, the same in every run). Folders in ``skipped`` are
+    not entered, nor, unless ``hidden``, those named with ``SKIPPED_PREFIXES``."""
+    entered = {os.path.realpath(top)}
+    for root, folders, names in os.walk(top, followlinks=True):
         kept = []
-        for folder in sorted(folders):  # the same folder's first link in every run
+        for folder in sorted(folders):
             real = os.path.realpath(os.path.join(root, folder))
-            if folder.startswith(SKIPPED_PREFIXES) or real in skipped or real in entered:
+            if real in skipped or real in entered:
+                continue
+            if not hidden and folder.startswith(SKIPPED_PREFIXES):
                 continue
             entered.add(real)
             kept.append(folder)
         folders[:] = kept
-        files.extend(
-            os.path.abspath(os.path.join(root, name))
-            for name in names
-            if not name.startswith(SKIPPED_PREFIXES)
-        )
-    return sorted(files)
+        yield root, names
 
 
 def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:
-    skipped = tuple(os.path.join(folder, "") for folder in _skipped(exclude))
-    matches = (os.path.abspath(match) for match in glob.glob(pattern, recursive=True))
-    return sorted(
-        match
-        for match in matches
-        if os.path.isfile(match) and not os.path.realpath(match).startswith(skipped)
-    )
+    """The files ``pattern`` matches, as ``glob.glob`` matches names (hidden ones only by a
+    pattern part starting with "."), each real folder's files once: ``glob.glob`` follows a
+    ``**`` through a link back up until the system's limit on links (a file read 40 times,
+    or a listing that never ends with two such links) and through every link to one folder."""
+    skipped = _skipped(exclude)
+    parts = pattern.split(os.sep)
+    if "**" in parts:
+        fixed = list(itertools.takewhile(lambda part: not GLOB_CHARS.intersection(part), parts))
+        top = os.sep.join(fixed) or ("." if not pattern.startswith(os.sep) else os.sep)
+        rest = parts[len(fixed) :]
+        matches = []
+        for root, names in _tree(top, skipped, hidden=True):
+            where = os.path.relpath(root, top)
+            folders = [] if where == "." else where.split(os.sep)
+            matches += [os.path.join(root, n) for n in names if glob_shows(rest, [*folders, n])]
+    else:
+        inside = tuple(os.path.join(folder, "") for folder in skipped)
+        matches = [m for m in glob.glob(pattern) if not os.path.realpath(m).startswith(inside)]
+    first: dict[str, str] = {}  # real folder -> the path its files are read by
+    files = []
+    for match in sorted(os.path.abspath(m) for m in matches if os.path.isfile(m)):
+        folder = os.path.dirname(match)
+        if first.setdefault(os.path.realpath(folder), folder) == folder:
+            files.append(match)
+    return files
 
 
 def _detect(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:

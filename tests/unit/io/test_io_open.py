@@ -61,7 +61,8 @@ def test_a_folder_reads_linked_folders_as_a_glob_does_each_once(
     tmp_path: Path, write_jsonl: Any
 ) -> None:
     """A linked folder's shards were left out of a folder's walk without a word (a `**` glob
-    read them); a link back up, or a second link to one folder, must not read files twice."""
+    read them); a link back up, or a second link to one folder, must not read files twice,
+    in a walk or a glob."""
     write_jsonl(tmp_path / "data" / "part1" / "a.jsonl", [{"x": 0}])
     write_jsonl(tmp_path / "store" / "part2" / "b.jsonl", [{"x": 0}] * 2)
     (tmp_path / "data" / "part2").symlink_to(tmp_path / "store" / "part2")
@@ -71,6 +72,13 @@ def test_a_folder_reads_linked_folders_as_a_glob_does_each_once(
     names = [os.path.relpath(shard.path, tmp_path / "data") for shard in walked.shards]
     assert names == ["again/b.jsonl", "part1/a.jsonl"]
     assert walked.num_rows == 3
+    # a `**` glob followed the link up 40 times, and both links, never ending with the two
+    globbed = Dataset.from_path("d", tmp_path / "data" / "**" / "*.jsonl")
+    assert [shard.path for shard in globbed.shards] == [shard.path for shard in walked.shards]
+    one_level = Dataset.from_path("d", tmp_path / "data" / "*" / "b.jsonl")
+    assert [os.path.relpath(s.path, tmp_path / "data") for s in one_level.shards] == [
+        "again/b.jsonl"
+    ]
 
 
 def test_a_glob_picks_its_matches_across_folders(tmp_path: Path, write_jsonl: Any) -> None:
