@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,9 +24,10 @@ def check_state(
     for key in sorted(set(saved) | set(fingerprint)):
         if saved.get(key) != fingerprint.get(key):
             mismatches[key] = (saved.get(key), fingerprint.get(key))
-    # lane states index the datasets by position: their order is part of the recipe (states
-    # saved before the order was recorded are not checked for it)
-    order, live_order = state.get("datasets"), list(fingerprint.get("mixture") or {})
+    # lane states index the datasets by position: their order is part of the recipe (without
+    # "datasets", the saved mixture's keys keep it: JSON and torch.save keep a dict's order)
+    order = state.get("datasets", list(saved.get("mixture") or {}))
+    live_order = list(fingerprint.get("mixture") or {})
     if "mixture" not in mismatches and order is not None and list(order) != live_order:
         mismatches["order of datasets"] = (order, live_order)
     missing = [lane for lane in needed_lanes if str(lane) not in state.get("lanes", {})]
@@ -36,12 +38,47 @@ def check_state(
 
 
 _LANE_KEYS = ("turn", "done", "pack")
+STATE_INT_LIMIT = 1 << 48  # counters and positions of a state: far past any run, and * L fits int64
+
+
+def state_int(value: Any, where: str) -> int:
+    """``value``, a count or position of a saved state: an int in ``[0, 2**48)``.
+
+    Raises:
+        StateMismatchError: naming ``where`` (``"pack.readers[1].pos"``).
+    """
+    if type(value) is not int or not 0 <= value < STATE_INT_LIMIT:
+        raise StateMismatchError({where: (value, "an int in [0, 2**48)")})
+    return value
+
+
+def state_flag(value: Any, where: str) -> bool:
+    """``value``, a flag of a saved state: True or False (see ``state_int``)."""
+    if not isinstance(value, bool):
+        raise StateMismatchError({where: (value, "true or false")})
+    return value
+
+
+def state_list(value: Any, length: int, where: str) -> list[Any]:
+    """``value``, one entry per source of a saved state: a list of ``length`` (see
+    ``state_int``)."""
+    if not isinstance(value, list) or len(value) != length:
+        raise StateMismatchError({where: (value, f"a list of {length} (one per dataset)")})
+    return value
+
+
+def state_dict_of(state: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
+    """``state``, a part of a saved state: a dict holding ``keys`` (see ``state_int``)."""
+    if not isinstance(state, dict) or any(key not in state for key in keys):
+        raise StateMismatchError({where: (state, f"a dict with {list(keys)}")})
+    return state
 
 
 def check_shape(state: Any) -> None:
     """Raise ``StateMismatchError`` unless ``state`` has the shape of a saved state: a dict
-    with a version, a fingerprint dict, and a dict of lane states, each None or a dict holding
-    its turn, end flag and packer state (what it holds past that is checked where read)."""
+    with a version, a fingerprint dict, a token estimation (None or figures by dataset), and a
+    dict of lane states, each None or a dict holding its turn, end flag and packer state (what
+    that holds is checked where read: ``state_int`` and its kin)."""
     if not isinstance(state, dict) or "version" not in state:
         raise StateMismatchError({"version": (None, STATE_VERSION)})
     problems: dict[str, tuple[object, object]] = {}
@@ -52,11 +89,39 @@ def check_shape(state: Any) -> None:
         problems["lanes"] = (lanes, "a dict of lane states by lane number")
     else:
         for lane, lane_state in lanes.items():
-            whole = isinstance(lane_state, dict) and all(k in lane_state for k in _LANE_KEYS)
-            if not (str(lane).isdigit() and (lane_state is None or whole)):
-                problems[f"lane {lane}"] = (lane_state, f"None or a dict with {list(_LANE_KEYS)}")
+            if not (isinstance(lane, str) and lane.isdigit()):
+                problems[f"lane {lane!r}"] = (lane, "a lane number as a string, e.g. '0'")
+                continue
+            if lane_state is None:
+                continue
+            try:
+                state_dict_of(lane_state, _LANE_KEYS, f"lane {lane}")
+                state_int(lane_state["turn"], f"lane {lane} turn")
+                state_flag(lane_state["done"], f"lane {lane} done")
+                state_dict_of(lane_state["pack"], (), f"lane {lane} pack")
+            except StateMismatchError as error:
+                problems.update(error.mismatches)
+    if not _figures(state.get("estimation")):
+        problems["estimation"] = (
+            state.get("estimation"),
+            "None or, by dataset name, a dict of finite numbers",
+        )
     if problems:
         raise StateMismatchError(problems)
+
+
+def _figures(estimation: Any) -> bool:
+    """Whether ``estimation`` is None or token figures by dataset name."""
+    if estimation is None:
+        return True
+    return isinstance(estimation, dict) and all(
+        isinstance(figures, dict)
+        and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in figures.values()
+        )
+        for figures in estimation.values()
+    )
 
 
 def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:

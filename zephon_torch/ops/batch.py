@@ -17,6 +17,8 @@ import numpy.typing as npt
 import torch
 from torchdata.nodes import BaseNode
 
+from zephon_torch._state import state_flag, state_int
+from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.ops.pack import MixPack, PackedRow, RowBlock
 from zephon_torch.ops.packers import WrapPacker
 from zephon_torch.ops.pretokenized import IdCheck, Owner
@@ -282,8 +284,27 @@ class BatchNode(BaseNode[Batch]):
             self.turn, self.done = 0, False
             self.source.reset(None)
         else:
-            self.turn, self.done = initial_state["turn"], initial_state["done"]
-            self.source.reset(initial_state["pack"])
+            try:
+                self.turn = state_int(initial_state["turn"], "turn")
+                self.done = state_flag(initial_state["done"], "done")
+                self.source.reset(initial_state["pack"])
+            except StateMismatchError as error:
+                named = {f"lane {self.lane} {k}": v for k, v in error.mismatches.items()}
+                raise StateMismatchError(named) from None
+            except ZephonError:
+                raise
+            except (
+                KeyError,
+                IndexError,
+                TypeError,
+                ValueError,
+                AttributeError,
+                OverflowError,
+            ) as error:
+                # a field no check above knows of (a filter's own state, say)
+                raise StateMismatchError(
+                    {f"lane {self.lane}": (f"{type(error).__name__}: {error}", "a lane state")}
+                ) from error
 
     def get_state(self) -> dict[str, Any]:
         """Turn counter, end flag and the packer's state."""

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch.errors import DataError
+from zephon_torch.ops._pack_state import checked_pack_state
 from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.document import Document, Tokens
 from zephon_torch.ops.packers import (
@@ -171,12 +172,13 @@ class MixPack(BaseNode[PackedRow]):
             self.skipped = {"too_long": 0, "too_short": 0}
             self.packer.clear()
             return
-        for reader, state in zip(self.readers, initial_state["readers"]):
-            reader.reset(state)
-        self.tokens = [t for t, _ in initial_state["delivered"]]
-        self.documents = [d for _, d in initial_state["delivered"]]
-        self.active = list(initial_state["active"])
-        self.skipped = dict(initial_state["skipped"])
+        state = checked_pack_state(initial_state, len(self.readers))
+        for reader, reader_state in zip(self.readers, state["readers"]):
+            reader.reset(reader_state)
+        self.tokens = [t for t, _ in state["delivered"]]
+        self.documents = [d for _, d in state["delivered"]]
+        self.active = list(state["active"])
+        self.skipped = dict(state["skipped"])
         try:
             carries = pieces_from_state(initial_state["carry"], self._fetch)
             self.carry = [row[0] if row else None for row in carries]

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
+from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import DataError
 from zephon_torch.ops._runner import Chunk, Runner
 from zephon_torch.ops.columns import TokenChain, TokenChunk
@@ -103,7 +104,11 @@ class DocumentReader(BaseNode[Document]):
         self._chunk, self._index = [], 0
         self._submitted = 0
         self._walked = None
-        start = (0, 0) if initial_state is None else (initial_state["pass"], initial_state["pos"])
+        if initial_state is None:
+            start = (0, 0)
+        else:
+            state = state_dict_of(initial_state, ("pass", "pos"), "reader")
+            start = (state_int(state["pass"], "reader pass"), state_int(state["pos"], "reader pos"))
         self._next = start
         self._cursor = self._normalise(start)
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops.pack import PackedRow
 from zephon_torch.work._hashing import stable_key
@@ -55,9 +56,10 @@ class ShuffleNode(BaseNode[PackedRow]):
             self.source.reset(None)
             self.block_index, self.emitted, self.start = 0, 0, None
             return
-        self.block_index = initial_state["block"]
-        self.emitted = initial_state["emitted"]
-        self.start = initial_state["start"]
+        state = state_dict_of(initial_state, ("block", "emitted", "start"), "shuffle")
+        self.block_index = state_int(state["block"], "shuffle block")
+        self.emitted = state_int(state["emitted"], "shuffle emitted")
+        self.start = state["start"]
         self.source.reset(self.start)
         if self.emitted:
             self._fill()

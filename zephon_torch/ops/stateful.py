@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
+from zephon_torch._state import state_dict_of
 from zephon_torch.errors import DataError
 from zephon_torch.ops.document import Document, call_user
 from zephon_torch.ops.map import Where
@@ -94,8 +95,9 @@ class FilteredReader(BaseNode[Document]):
             self.reader.reset(None)
             self.op.load_state_dict(copy.deepcopy(self._initial))
         else:
-            self.reader.reset(initial_state["reader"])
-            self.op.load_state_dict(copy.deepcopy(initial_state["filter"]))
+            state = state_dict_of(initial_state, ("reader", "filter"), "stateful filter")
+            self.reader.reset(state["reader"])
+            self.op.load_state_dict(copy.deepcopy(state["filter"]))
 
     @property
     def layout(self) -> PointerLayout:
