@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 from zephon_torch.errors import ConfigError, DataError
@@ -71,19 +73,51 @@ def load_index(index_path: str, *, dataset: str, locate: Locate = local_file) ->
 def shard_path(index_path: str, name: str, *, dataset: str) -> str:
     """Returns the path of a shard an index lists: absolute, or a URL next to a remote index.
 
-    A local shard file must exist; a remote one is checked against the listing by the
-    remote reader (see `missing_shard`).
+    The name must stay inside the index's folder once normalised (subfolders are fine; `..`
+    past the folder and absolute names are refused), so an index reads no other files; the
+    name is checked, not where a symlink leads, so shards linked in from elsewhere read. A
+    local shard file must exist; a remote one is checked against the listing by the remote
+    reader (see `missing_shard`).
 
     Raises:
-        DataError: naming the shard, when its local file is missing.
+        DataError: naming the shard, when its name leads outside the folder or its local
+            file is missing.
     """
-    if "://" in index_path:
-        folder = index_path.rpartition("/")[0]
-        return f"{folder}/{os.path.normpath(name)}"
-    path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(index_path)), name))
-    if not os.path.isfile(path):
+    relative = posixpath.normpath(name)
+    remote = "://" in index_path
+    folder = (
+        index_path.rpartition("/")[0] if remote else os.path.dirname(os.path.abspath(index_path))
+    )
+    path = f"{folder}/{relative}" if remote else os.path.normpath(os.path.join(folder, name))
+    if posixpath.isabs(relative) or os.path.isabs(name) or relative.split("/")[0] == "..":
+        raise DataError(
+            f"{INDEX_FILE} names the shard {name!r}, which lies outside the dataset folder "
+            f"{folder!r}; shard names must be relative paths inside it",
+            dataset=dataset,
+            shard=path,
+        )
+    if not remote and not os.path.isfile(path):
         raise missing_shard(path, dataset=dataset)
     return path
+
+
+def check_listed_once(paths: Sequence[str], *, dataset: str) -> None:
+    """Refuses an index that lists one shard file twice: its rows would be read once while
+    the index counts them twice, or twice as if they were two shards.
+
+    Raises:
+        DataError: naming the first shard listed twice and both its places in the index.
+    """
+    first: dict[str, int] = {}
+    for number, path in enumerate(paths):
+        if path in first:
+            raise DataError(
+                f"{INDEX_FILE} lists this shard file twice (as shards {first[path]} and "
+                f"{number}); each file must be listed once",
+                dataset=dataset,
+                shard=path,
+            )
+        first[path] = number
 
 
 def missing_shard(path: str, *, dataset: str) -> DataError:

@@ -29,7 +29,7 @@ from zephon_torch.io import _litdata_format as fmt
 from zephon_torch.io._arrow import TokenColumn, column_bytes, row_columns
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import zstandard_module
-from zephon_torch.io._index import load_index, shard_path
+from zephon_torch.io._index import check_listed_once, load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection, token_array
@@ -77,8 +77,9 @@ class LitDataReader:
             local paths as they are.
 
     Raises:
-        DataError: for an unreadable index, a missing local chunk file, an encrypted dataset,
-            an item loader other than PyTreeLoader or TokensLoader, or a leaf format not read.
+        DataError: for an unreadable index, a chunk it names outside its folder or lists
+            twice, a missing local chunk file, an encrypted dataset, an item loader other than
+            PyTreeLoader or TokensLoader, or a leaf format not read.
     """
 
     def __init__(
@@ -103,12 +104,14 @@ class LitDataReader:
             self._configure(index["config"])
             if not index["chunks"]:
                 raise ValueError("it lists no chunks")
-            self._rows = {
-                shard_path(self.index_path, chunk["filename"], dataset=self.dataset): (
-                    int(chunk["chunk_size"]),
-                    int(chunk["chunk_bytes"]),
-                )
+            paths = [
+                shard_path(self.index_path, chunk["filename"], dataset=self.dataset)
                 for chunk in index["chunks"]
+            ]
+            check_listed_once(paths, dataset=self.dataset)
+            self._rows = {
+                path: (int(chunk["chunk_size"]), int(chunk["chunk_bytes"]))
+                for path, chunk in zip(paths, index["chunks"], strict=True)
             }
         except DataError:
             raise

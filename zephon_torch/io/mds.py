@@ -28,7 +28,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import MDS_CODECS, inflate
 from zephon_torch.io._hashes import HashMismatch, ShardHashes, recorded_hashes
-from zephon_torch.io._index import load_index, shard_path
+from zephon_torch.io._index import check_listed_once, load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
@@ -98,9 +98,10 @@ class MdsReader:
             first time this process opens it (see `MdsOptions`).
 
     Raises:
-        DataError: for an unreadable index, a local shard file it lists that is missing, a
-            column with an encoding not read, a projection naming a missing column, or (with
-            `verify_hashes`) a shard with no hash recorded that this machine can compute.
+        DataError: for an unreadable index, a shard it names outside its folder or lists
+            twice, a local shard file it lists that is missing, a column with an encoding not
+            read, a projection naming a missing column, or (with `verify_hashes`) a shard with
+            no hash recorded that this machine can compute.
     """
 
     def __init__(
@@ -255,6 +256,7 @@ class MdsReader:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
         infos: dict[str, _ShardInfo] = {}
         layouts: dict[tuple[Any, ...], _Layout] = {}
+        listed: list[str] = []
         try:
             for entry in index["shards"]:
                 if entry.get("format") != "mds":
@@ -264,6 +266,7 @@ class MdsReader:
                 key = (tuple(entry["column_names"]), tuple(entry["column_encodings"]))
                 sizes = tuple(entry["column_sizes"])
                 path = shard_path(self.index_path, basename, dataset=self.dataset)
+                listed.append(path)
                 if key not in layouts:  # checked once, naming its first shard
                     layouts[key] = self._layout(*key, sizes, shard=path)
                 codec = (entry.get("compression") or "").split(":")[0] or None
@@ -282,6 +285,7 @@ class MdsReader:
                 )
                 if self._hashes is not None:  # refused at open when none is usable
                     self._hashes.pick(path, infos[path].hashes)
+            check_listed_once(listed, dataset=self.dataset)
         except DataError:
             raise
         except (KeyError, TypeError, ValueError) as error:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +201,46 @@ def test_an_index_listing_no_chunks_is_a_data_error_naming_it(
     (tmp_path / "index.json").write_text(json.dumps(index))
     with pytest.raises(DataError, match=r"cannot read this LitData index: it lists no chunks"):
         Dataset.from_path("empty", tmp_path)
+
+
+def copy_with_index(source: Path, out: Path, edit: Callable[[dict[str, Any]], object]) -> Path:
+    """Copies a written dataset to `out`, applying `edit` to its parsed index.json."""
+    shutil.copytree(source, out)
+    index = json.loads((out / "index.json").read_text())
+    edit(index)
+    (out / "index.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "absolute"])
+def test_a_chunk_name_leading_outside_the_dataset_folder_is_refused_at_open(
+    written: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """A chunk filename of `../x` or `/x` opened and read that file, outside the dataset
+    folder."""
+    first = json.loads((written["arrays"] / "index.json").read_text())["chunks"][0]
+    (tmp_path / "outside.bin").write_bytes((written["arrays"] / first["filename"]).read_bytes())
+    name = str(tmp_path / "outside.bin") if name == "absolute" else name
+    out = copy_with_index(
+        written["arrays"], tmp_path / "l", lambda index: index["chunks"][0].update(filename=name)
+    )
+    with pytest.raises(DataError, match=r"lies outside the dataset folder") as caught:
+        Dataset.from_path("l", out)
+    assert (caught.value.dataset, caught.value.shard) == ("l", str(tmp_path / "outside.bin"))
+
+
+def test_a_chunk_file_listed_twice_is_refused_at_open(
+    written: dict[str, Path], tmp_path: Path
+) -> None:
+    """An index listing one chunk file twice opened with that chunk once: fewer rows than the
+    index records, silently."""
+    out = copy_with_index(
+        written["arrays"],
+        tmp_path / "l",
+        lambda index: index["chunks"][1].update(index["chunks"][0]),
+    )
+    with pytest.raises(DataError, match=r"lists this shard file twice \(as shards 0 and 1\)"):
+        Dataset.from_path("l", out)
 
 
 @pytest.mark.parametrize("variant", ["arrays-framed-zstd", "text-arrow-footer", "tokens"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,52 @@ def test_a_shard_missing_from_disk_is_refused_at_open(tmp_path: Path) -> None:
     (out / "shard.00001.mds").unlink()
     with pytest.raises(DataError, match=r"shard file is missing, though index.json lists it"):
         Dataset.from_path("m", out)
+
+
+def edit_index(out: Path, edit: Callable[[dict[str, Any]], object]) -> Path:
+    """Applies `edit` to the dataset's parsed index.json and writes it back."""
+    index = json.loads((out / "index.json").read_text())
+    edit(index)
+    (out / "index.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.mark.parametrize("name", ["../outside.mds", "sub/../../outside.mds", "absolute"])
+def test_a_shard_name_leading_outside_the_dataset_folder_is_refused_at_open(
+    tmp_path: Path, name: str
+) -> None:
+    """A basename of `../x` or `/x` opened and read that file, outside the dataset folder
+    (any file the process could read, `/etc/passwd` too)."""
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500)
+    (tmp_path / "outside.mds").write_bytes((out / "shard.00000.mds").read_bytes())
+    name = str(tmp_path / "outside.mds") if name == "absolute" else name
+    edit_index(out, lambda index: index["shards"][0]["raw_data"].update(basename=name))
+    with pytest.raises(DataError, match=r"lies outside the dataset folder") as caught:
+        Dataset.from_path("m", out)
+    assert (caught.value.dataset, caught.value.shard) == ("m", str(tmp_path / "outside.mds"))
+
+
+def test_shards_that_are_symlinks_to_files_elsewhere_still_read(tmp_path: Path) -> None:
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "shard.00000.mds").rename(elsewhere / "shard.00000.mds")
+    (out / "shard.00000.mds").symlink_to(elsewhere / "shard.00000.mds")
+    dataset = Dataset.from_path("m", out)
+    assert dataset.shards[0].path == str(out / "shard.00000.mds")
+    assert plain(dataset.read_rows(0, [0])[0]) == plain(ROWS[0])
+
+
+def test_a_shard_file_listed_twice_is_refused_at_open(tmp_path: Path) -> None:
+    """An index listing one file twice opened with that shard once: fewer rows than the
+    index records, silently."""
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500)
+    edit_index(out, lambda index: index["shards"][2].update(index["shards"][0]))
+    with pytest.raises(
+        DataError, match=r"lists this shard file twice \(as shards 0 and 2\)"
+    ) as caught:
+        Dataset.from_path("m", out)
+    assert (caught.value.dataset, caught.value.shard) == ("m", str(out / "shard.00000.mds"))
 
 
 def test_an_mds_dataset_of_no_samples_is_refused_not_read_as_jsonl(tmp_path: Path) -> None:
