@@ -1,5 +1,6 @@
 """Streaming decompression of JSONL shards, chosen by the file's magic bytes; and whole MDS
-shards by their index's codec name (`inflate`).
+shards and LitData chunks by their index's codec name, never past the size the index records
+(`inflate`).
 
 The magic bytes decide, not the extension, so `format="jsonl"` on a compressed file with an odd
 name still reads. No plain JSONL file can start with either magic: both begin with bytes that are
@@ -14,8 +15,10 @@ import importlib
 import io
 import shutil
 import zlib
+from collections.abc import Callable
+from functools import partial
 from types import ModuleType
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 Compression = Literal["gzip", "zstd"]
 
@@ -124,20 +127,66 @@ def zstandard_module() -> ModuleType:
         ) from error
 
 
-def inflate(packed: bytes, codec: str, size: int) -> bytes:
-    """A whole MDS shard compressed with `codec` (one of `MDS_CODECS`), decompressed; zstd
-    stops at `size` bytes, the size the index records.
+def inflate(packed: bytes | memoryview, codec: str, size: int) -> bytes:
+    """A whole MDS shard or LitData chunk compressed with `codec` (one of `MDS_CODECS`),
+    decompressed, when it holds at most `size` bytes (the size its index records).
+
+    No more than about `size + 1` bytes are ever decompressed, so a small file that inflates
+    to gigabytes (corrupt, or another file's) costs no more memory than a good one: each codec
+    is given an output limit in one call, as fast as decompressing whole (zstd honours its own
+    limit only when the frame states no content size).
 
     Raises:
+        TooLargeError: when more than `size` bytes come out.
+        CorruptError: when the data does not decompress.
         ImportError: for a codec whose optional package is missing, naming it.
     """
-    if codec == "zstd":
-        data: bytes = zstandard_module().ZstdDecompressor().decompress(packed, max_output_size=size)
+    inflater = _INFLATERS.get(codec) or partial(_optional, codec)
+    try:
+        data = inflater(packed, size)
+    except (TooLargeError, ImportError):
+        raise
+    except Exception as error:  # each codec's own error type: zlib.error, ZstdError, ...
+        raise CorruptError(str(error) or type(error).__name__) from error
+    if len(data) > size:
+        raise TooLargeError(f"more than {size} bytes")
+    return data
+
+
+def _unzstd(packed: bytes | memoryview, size: int) -> bytes:
+    """A frame that states its content size decompresses in one call (zstd refuses data
+    longer than it states, and reads the first frame only, as MDS and LitData write one);
+    one that does not streams into a bounded writer."""
+    zstandard = zstandard_module()
+    stated = zstandard.frame_content_size(packed)
+    if stated > size:
+        raise TooLargeError(f"more than {size} bytes")
+    context = zstandard.ZstdDecompressor()
+    if stated >= 0:
+        data: bytes = context.decompress(packed)
         return data
-    if codec == "gz":
-        return gzip.decompress(packed)
-    if codec == "bz2":
-        return bz2.decompress(packed)
+    out = io.BytesIO()
+    reader = context.stream_reader(packed, read_across_frames=True)
+    shutil.copyfileobj(reader, _Bounded(out, size), _COPY_BYTES)
+    return out.getvalue()
+
+
+def _unzip(decompressor: Callable[[], Any], packed: bytes | memoryview, size: int) -> bytes:
+    """gzip members or bz2 streams, one after another, each given the room left as its output
+    limit: more than `size + 1` bytes never come out."""
+    parts, data, room = [], packed, size + 1
+    while data and room > 0:
+        member = decompressor()
+        parts.append(member.decompress(data, room))
+        room -= len(parts[-1])
+        if not member.eof:  # out of room, or the data ends inside the member
+            break
+        data = member.unused_data
+    return b"".join(parts)
+
+
+def _optional(codec: str, packed: bytes | memoryview, size: int) -> bytes:
+    """brotli and snappy, imported on first use."""
     module, package = _OPTIONAL_MDS_CODECS[codec]
     try:
         found = importlib.import_module(module)
@@ -145,5 +194,33 @@ def inflate(packed: bytes, codec: str, size: int) -> bytes:
         raise ImportError(
             f"reading {codec}-compressed MDS shards needs `pip install {package}`"
         ) from error
-    inflated: bytes = found.decompress(packed)
-    return inflated
+    if codec == "snappy":  # a snappy block states its length up front
+        if _snappy_length(packed) > size:
+            raise TooLargeError(f"more than {size} bytes")
+        data: bytes = found.decompress(packed)
+        return data
+    try:  # the output grows no further once past the limit
+        data = found.Decompressor().process(packed, output_buffer_limit=size + 1)
+    except TypeError as error:
+        raise ImportError(
+            "reading br-compressed MDS shards needs `pip install 'brotli>=1.2'`"
+        ) from error
+    return data
+
+
+def _snappy_length(packed: bytes | memoryview) -> int:
+    """The decompressed length a snappy block starts with (a little-endian base-128 varint);
+    -1 when the block is too short to hold one."""
+    length = 0
+    for shift, byte in zip(range(0, 35, 7), bytes(packed[:5]), strict=False):
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return length
+    return -1
+
+
+_INFLATERS: dict[str, Callable[[bytes | memoryview, int], bytes]] = {
+    "zstd": _unzstd,
+    "gz": partial(_unzip, partial(zlib.decompressobj, zlib.MAX_WBITS | 16)),
+    "bz2": partial(_unzip, bz2.BZ2Decompressor),
+}

@@ -28,7 +28,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io import _litdata_format as fmt
 from zephon_torch.io._arrow import TokenColumn, column_bytes, row_columns
 from zephon_torch.io._cache import LruCache
-from zephon_torch.io._compression import zstandard_module
+from zephon_torch.io._compression import CorruptError, TooLargeError, inflate, zstandard_module
 from zephon_torch.io._index import check_listed_once, load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
@@ -300,7 +300,7 @@ class LitDataReader:
 
     def _inflate(self, chunk: _Chunk, frame: fmt.Frame) -> memoryview:
         packed = chunk.data[frame.start : frame.start + frame.length]
-        data = _unzstd(packed, frame.inflated)
+        data = _inflated(packed, frame.inflated)
         if len(data) != frame.inflated:
             raise ValueError(f"a frame inflates to {len(data)} bytes, not {frame.inflated}")
         return data
@@ -315,7 +315,7 @@ class LitDataReader:
         try:
             data = _read(local)
             if bytes(data[:4]) == fmt.ZSTD_MAGIC:
-                data = _unzstd(data, size)
+                data = _inflated(data, size)
             if len(data) != size:
                 raise ValueError(f"{len(data)} bytes where index.json records {size}")
             layout = fmt.parse_layout(data, items)
@@ -338,14 +338,22 @@ class LitDataReader:
         return DataError(message, dataset=self.dataset, shard=shard, row=row)
 
 
-def _unzstd(data: memoryview, size: int = 0) -> memoryview:
-    """Inflates zstd data (frames with or without a content size); ValueError when corrupt."""
+def _inflated(packed: memoryview, size: int) -> memoryview:
+    """A whole zstd chunk or frame, inflated when it holds at most `size` bytes (the size
+    recorded for it): no more is inflated. ValueError when larger or corrupt."""
+    try:
+        return memoryview(inflate(packed, "zstd", size))
+    except TooLargeError:
+        raise ValueError(f"it inflates to more than the {size} bytes recorded for it") from None
+    except CorruptError as error:
+        raise ValueError(f"zstd: {error}") from None
+
+
+def _unzstd(data: memoryview) -> memoryview:
+    """Inflates one zstd-compressed item; ValueError when corrupt."""
     zstandard = zstandard_module()
     try:
-        inflater = zstandard.ZstdDecompressor()
-        if size:
-            return memoryview(inflater.decompress(data, max_output_size=size))
-        return memoryview(inflater.decompressobj().decompress(data))
+        return memoryview(zstandard.ZstdDecompressor().decompressobj().decompress(data))
     except zstandard.ZstdError as error:
         raise ValueError(f"zstd: {error}") from None
 

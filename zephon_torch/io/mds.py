@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
-from zephon_torch.io._compression import MDS_CODECS, inflate
+from zephon_torch.io._compression import MDS_CODECS, TooLargeError, inflate
 from zephon_torch.io._hashes import HashMismatch, ShardHashes, recorded_hashes
 from zephon_torch.io._index import check_listed_once, load_index, shard_path
 from zephon_torch.io._locate import Locate, local_file
@@ -359,6 +359,13 @@ class MdsReader:
                 data = _read(local, info, check)
             except (ImportError, DataError):
                 raise
+            except TooLargeError:
+                raise DataError(
+                    f"the shard decompresses to more than the {info.raw_bytes} bytes "
+                    f"index.json records: the shard is corrupt{CHANGED_NOTE}",
+                    dataset=self.dataset,
+                    shard=path,
+                ) from None
             except Exception as error:
                 raise DataError(
                     f"cannot read the shard: {error}", dataset=self.dataset, shard=path

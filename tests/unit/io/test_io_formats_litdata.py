@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import zstandard
 
 from tests.unit.io.test_io_formats_writers import (
     assert_threads_read_like_one,
@@ -241,6 +243,29 @@ def test_a_chunk_file_listed_twice_is_refused_at_open(
     )
     with pytest.raises(DataError, match=r"lists this shard file twice \(as shards 0 and 1\)"):
         Dataset.from_path("l", out)
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["sized", "unsized"])
+def test_a_zstd_chunk_that_inflates_past_its_recorded_size_is_refused_without_inflating_it(
+    written: dict[str, Path], tmp_path: Path, sized: bool
+) -> None:
+    """A zstd chunk was decompressed whole before its size was compared with the one
+    index.json records: a 64 KB file naming 600 bytes took gigabytes of memory first."""
+    out = copy_with_index(written["arrays-chunk-zstd"], tmp_path / "l", lambda index: None)
+    first = json.loads((out / "index.json").read_text())["chunks"][0]
+    zeros = bytes(64 << 20)
+    packed = zstandard.ZstdCompressor(write_content_size=sized).compress(zeros)
+    (out / first["filename"]).write_bytes(packed)
+    dataset = Dataset.from_path("l", out)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"inflates to more than the \d+ bytes") as caught:
+            dataset.read_rows(0, [0])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.shard == str(out / first["filename"])
+    assert peak < len(zeros) // 8
 
 
 @pytest.mark.parametrize("variant", ["arrays-framed-zstd", "text-arrow-footer", "tokens"])

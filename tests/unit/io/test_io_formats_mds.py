@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
 import pickle
+import tracemalloc
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import brotli
 import numpy as np
 import pytest
+import snappy
+import zstandard
 
 from tests.unit.io.test_io_formats_writers import (
     assert_threads_read_like_one,
@@ -200,6 +206,43 @@ def test_every_mds_compression_reads_back(tmp_path: Path, compression: str) -> N
         for row in dataset.read_rows(number, range(shard.num_rows))
     ]
     assert read == [plain(row) for row in ROWS[:40]]
+
+
+BOMB_BYTES = 64 << 20  # what the forged shards below inflate to
+
+
+def bomb(codec: str) -> bytes:
+    """BOMB_BYTES of zeros compressed with an MDS codec ("zstd-unsized": a zstd frame that
+    does not state its content size)."""
+    zeros = bytes(BOMB_BYTES)
+    if codec.startswith("zstd"):
+        sized = codec == "zstd"
+        return zstandard.ZstdCompressor(write_content_size=sized).compress(zeros)
+    compress = {"gz": gzip.compress, "bz2": bz2.compress, "br": brotli.compress}
+    return compress.get(codec, snappy.compress)(zeros)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "zstd-unsized", "gz", "bz2", "br", "snappy"])
+def test_a_shard_that_inflates_past_its_recorded_size_is_refused_without_inflating_it(
+    tmp_path: Path, codec: str
+) -> None:
+    """A compressed shard was decompressed whole before its size was compared with the one
+    index.json records: a 64 KB file naming 600 bytes took gigabytes of memory first."""
+    out = write_mds(tmp_path / "m", ROWS[:10], COLUMNS, compression=codec.split("-", maxsplit=1)[0])
+    shard = json.loads((out / "index.json").read_text())["shards"][0]
+    (out / shard["zip_data"]["basename"]).write_bytes(bomb(codec))
+    dataset = Dataset.from_path("m", out)
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            DataError, match=r"decompresses to more than the \d+ bytes index"
+        ) as caught:
+            dataset.read_rows(0, [0])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.shard == str(out / shard["zip_data"]["basename"])
+    assert peak < BOMB_BYTES // 8
 
 
 def test_a_shard_missing_from_disk_is_refused_at_open(tmp_path: Path) -> None:
