@@ -14,6 +14,7 @@ hook that downloads them into the shard cache (see `_locate`). litdata is not im
 
 from __future__ import annotations
 
+import bisect
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ class _Chunk:
     data: memoryview
     layout: fmt.Layout
     footer: pa.ipc.RecordBatchFileReader | None
-    batch_rows: int
+    # the footer's rows up to the end of each record batch, read as far as rows are asked for
+    batch_ends: list[int]
     lock: threading.Lock
     views: TypedViews = field(init=False, compare=False)
 
@@ -240,7 +242,7 @@ class LitDataReader:
         )
 
     def _footer_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:
-        number, within = divmod(row, chunk.batch_rows)
+        number, within = _batch_of(chunk, row)
         batch = self._batches.get_or_load((path, number), partial(self._batch, chunk, number))
         return dict(zip(batch.names, [column[within] for column in batch.columns], strict=True))
 
@@ -319,23 +321,39 @@ class LitDataReader:
             if len(data) != size:
                 raise ValueError(f"{len(data)} bytes where index.json records {size}")
             layout = fmt.parse_layout(data, items)
-            footer, batch_rows = None, items
+            footer, batch_ends = None, []
             if layout.footer is not None:
                 start, length = layout.footer
                 footer = pa.ipc.open_file(pa.py_buffer(data[start : start + length]))
-                batch_rows = footer.get_batch(0).num_rows
-                if batch_rows * footer.num_record_batches < items:
-                    raise ValueError("the Arrow footer holds fewer rows than the chunk")
+                if footer.num_record_batches == 0:
+                    raise ValueError("the Arrow footer holds no rows")
+                batch_ends.append(footer.get_batch(0).num_rows)
         except ImportError:
             raise
         except _CORRUPT as error:
             raise self._error(
                 f"the chunk is truncated or corrupt: {error}{CHANGED_NOTE}", path
             ) from None
-        return _Chunk(data, layout, footer, max(batch_rows, 1), threading.Lock())
+        return _Chunk(data, layout, footer, batch_ends, threading.Lock())
 
     def _error(self, message: str, shard: str, row: int | None = None) -> DataError:
         return DataError(message, dataset=self.dataset, shard=shard, row=row)
+
+
+def _batch_of(chunk: _Chunk, row: int) -> tuple[int, int]:
+    """The footer's record batch holding `row`, and the row's place in it. Batches may hold
+    any number of rows each (litdata writes 256, other writers need not): their sizes are
+    summed, reading each batch's size the first time a row at or past it is asked for."""
+    ends, footer = chunk.batch_ends, chunk.footer
+    assert footer is not None
+    if ends[-1] <= row:
+        with chunk.lock:
+            while ends[-1] <= row:
+                if len(ends) == footer.num_record_batches:
+                    raise ValueError(f"the Arrow footer holds {ends[-1]} rows, not row {row}")
+                ends.append(ends[-1] + footer.get_batch(len(ends)).num_rows)
+    number = bisect.bisect_right(ends, row)
+    return number, row - (ends[number - 1] if number else 0)
 
 
 def _inflated(packed: memoryview, size: int) -> memoryview:

@@ -369,3 +369,28 @@ def test_a_damaged_later_record_batch_of_an_arrow_footer_is_a_data_error_naming_
     with pytest.raises(DataError, match="row 256: item does not decode: OSError") as caught:
         dataset.read_rows(0, list(range(600)))
     assert (caught.value.dataset, caught.value.shard) == ("l", str(chunk))
+
+
+def test_rows_of_an_arrow_footer_with_record_batches_of_unequal_sizes_read_back(
+    tmp_path: Path,
+) -> None:
+    """Rows were located as if every record batch held as many rows as the first: with
+    batches of 15, 5, 15 and 5 rows, rows 30 to 39 came back as rows 20 to 29, silently."""
+    import pyarrow as pa
+
+    out, chunk, data, (start, length) = footer_chunk(tmp_path, 40)
+    table = pa.ipc.open_file(pa.py_buffer(bytes(data[start : start + length]))).read_all()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        for first, end in ((0, 15), (15, 20), (20, 35), (35, 40)):
+            writer.write_table(table.slice(first, end - first))
+    ipc = sink.getvalue().to_pybytes()
+    chunk.write_bytes(bytes(data[:start]) + ipc + len(ipc).to_bytes(4, "little") + data[-8:])
+    index = json.loads((out / "index.json").read_text())
+    index["chunks"][0]["chunk_bytes"] = chunk.stat().st_size
+    (out / "index.json").write_text(json.dumps(index))
+    dataset = Dataset.from_path("l", out)
+    assert dataset.read_rows(0, [39, 30, 20, 19, 15, 14, 0]) == [
+        {"text": f"text {i}"} for i in (39, 30, 20, 19, 15, 14, 0)
+    ]
+    assert dataset.read_rows(0, range(40)) == [{"text": f"text {i}"} for i in range(40)]
