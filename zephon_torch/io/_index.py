@@ -125,3 +125,20 @@ def missing_shard(path: str, *, dataset: str) -> DataError:
     return DataError(
         f"the shard file is missing, though {INDEX_FILE} lists it", dataset=dataset, shard=path
     )
+
+
+def recorded_count(value: object, what: str, *, dataset: str, shard: str) -> int:
+    """A count `index.json` records for a shard (its samples, its bytes): a whole number >= 0.
+
+    Raises:
+        DataError: naming the shard, for a negative number or a value of another type (a
+            float, a string, a bool, null), which would be truncated or fail later.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(
+            f"{INDEX_FILE} records {value!r} {what} for this shard, where a count (a whole "
+            "number >= 0) is expected",
+            dataset=dataset,
+            shard=shard,
+        )
+    return value

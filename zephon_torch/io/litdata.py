@@ -30,7 +30,7 @@ from zephon_torch.io import _litdata_format as fmt
 from zephon_torch.io._arrow import TokenColumn, column_bytes, row_columns
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import CorruptError, TooLargeError, inflate, zstandard_module
-from zephon_torch.io._index import check_listed_once, load_index, shard_path
+from zephon_torch.io._index import check_listed_once, load_index, recorded_count, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection, token_array
@@ -111,8 +111,12 @@ class LitDataReader:
                 for chunk in index["chunks"]
             ]
             check_listed_once(paths, dataset=self.dataset)
+            count = partial(recorded_count, dataset=self.dataset)
             self._rows = {
-                path: (int(chunk["chunk_size"]), int(chunk["chunk_bytes"]))
+                path: (
+                    count(chunk["chunk_size"], "items", shard=path),
+                    count(chunk["chunk_bytes"], "bytes", shard=path),
+                )
                 for path, chunk in zip(paths, index["chunks"], strict=True)
             }
         except DataError:

@@ -26,13 +26,14 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
-from zephon_torch.io._compression import MDS_CODECS, TooLargeError, inflate
-from zephon_torch.io._hashes import HashMismatch, ShardHashes, recorded_hashes
-from zephon_torch.io._index import check_listed_once, load_index, shard_path
+from zephon_torch.io._compression import TooLargeError, inflate
+from zephon_torch.io._hashes import HashMismatch, ShardHashes
+from zephon_torch.io._index import load_index
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, array_config, decoder
+from zephon_torch.io._mds_index import shard_entries
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
 from zephon_torch.io._views import TypedViews
@@ -256,36 +257,24 @@ class MdsReader:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
         infos: dict[str, _ShardInfo] = {}
         layouts: dict[tuple[Any, ...], _Layout] = {}
-        listed: list[str] = []
         try:
-            for entry in index["shards"]:
-                if entry.get("format") != "mds":
-                    raise ValueError(f"a shard has format {entry.get('format')!r}, not 'mds'")
-                raw, packed = entry["raw_data"], entry.get("zip_data")
-                basename = (packed or raw)["basename"]
-                key = (tuple(entry["column_names"]), tuple(entry["column_encodings"]))
-                sizes = tuple(entry["column_sizes"])
-                path = shard_path(self.index_path, basename, dataset=self.dataset)
-                listed.append(path)
+            for entry in shard_entries(index, index_path=self.index_path, dataset=self.dataset):
+                key = (entry.names, entry.encodings, entry.sizes)
                 if key not in layouts:  # checked once, naming its first shard
-                    layouts[key] = self._layout(*key, sizes, shard=path)
-                codec = (entry.get("compression") or "").split(":")[0] or None
-                if packed and codec not in MDS_CODECS:
-                    raise ValueError(f"unknown compression {codec!r}")
-                if int(entry["samples"]) == 0:
+                    layouts[key] = self._layout(*key, shard=entry.path)
+                if entry.samples == 0:
                     # MDSWriter writes an empty shard when its first sample exceeds the
                     # size limit: nothing to read, and not an error in the dataset
                     continue
-                infos[path] = _ShardInfo(
-                    samples=int(entry["samples"]),
-                    raw_bytes=int(raw["bytes"]),
-                    codec=codec if packed else None,
+                infos[entry.path] = _ShardInfo(
+                    samples=entry.samples,
+                    raw_bytes=entry.raw_bytes,
+                    codec=entry.codec,
                     layout=layouts[key],
-                    hashes=recorded_hashes(packed or raw),
+                    hashes=entry.hashes,
                 )
                 if self._hashes is not None:  # refused at open when none is usable
-                    self._hashes.pick(path, infos[path].hashes)
-            check_listed_once(listed, dataset=self.dataset)
+                    self._hashes.pick(entry.path, entry.hashes)
         except DataError:
             raise
         except (KeyError, TypeError, ValueError) as error:

@@ -245,6 +245,21 @@ def test_a_chunk_file_listed_twice_is_refused_at_open(
         Dataset.from_path("l", out)
 
 
+@pytest.mark.parametrize(("field", "what"), [("chunk_size", "items"), ("chunk_bytes", "bytes")])
+def test_a_negative_item_or_byte_count_is_named_as_such(
+    written: dict[str, Path], tmp_path: Path, field: str, what: str
+) -> None:
+    """A negative chunk_size was reported as a chunk with no rows ("an empty file, or only
+    blank lines")."""
+    edit = lambda index: index["chunks"][1].update({field: -1})  # noqa: E731
+    out = copy_with_index(written["arrays"], tmp_path / "l", edit)
+    with pytest.raises(
+        DataError, match=rf"records -1 {what} for this shard, where a count"
+    ) as caught:
+        Dataset.from_path("l", out)
+    assert caught.value.shard == str(out / "chunk-0-1.bin")
+
+
 @pytest.mark.parametrize("sized", [True, False], ids=["sized", "unsized"])
 def test_a_zstd_chunk_that_inflates_past_its_recorded_size_is_refused_without_inflating_it(
     written: dict[str, Path], tmp_path: Path, sized: bool

@@ -286,6 +286,51 @@ def test_shards_that_are_symlinks_to_files_elsewhere_still_read(tmp_path: Path) 
     assert plain(dataset.read_rows(0, [0])[0]) == plain(ROWS[0])
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("compression", 5, "compression of .* is 5, not a str or null"),
+        ("compression", "lz4", "has compression 'lz4', not one of bz2, gz, zstd"),
+        ("column_sizes", ["8", None, None], r"column_sizes of .* not whole numbers >= 0 or null"),
+        ("column_sizes", [8.0, None, None], r"column_sizes of .* not whole numbers >= 0 or null"),
+        ("column_names", [5, "id", "tokens"], "column_names of .* not a list of str"),
+        ("column_names", ["id", "id", "tokens"], "duplicate column name 'id' in column_names"),
+        ("column_encodings", ["str", "int"], "has 3 column_names, 2 column_encodings"),
+    ],
+)
+def test_an_index_value_of_the_wrong_type_is_a_data_error_at_open(
+    tmp_path: Path, field: str, value: Any, message: str
+) -> None:
+    """Such values escaped as a bare TypeError or AttributeError (at open, or at the first
+    read), were accepted (a compression no codec reads, on a plain shard), or returned the
+    wrong column's values (a duplicate column name), silently."""
+    out = write_mds(tmp_path / "m", ROWS, {"text": "str", "id": "int", "tokens": "ndarray:int32"})
+    edit_index(out, lambda index: index["shards"][0].update({field: value}))
+    with pytest.raises(DataError, match=f"cannot read this MDS index: .*{message}") as caught:
+        Dataset.from_path("m", out).read_rows(0, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("m", str(out / "index.json"))
+
+
+@pytest.mark.parametrize(
+    ("value", "what"), [(-3, "samples"), (2.5, "samples"), (True, "samples"), (-1, "raw bytes")]
+)
+def test_a_sample_or_byte_count_that_is_no_count_is_named_as_such(
+    tmp_path: Path, value: object, what: str
+) -> None:
+    """A negative sample count was reported as a shard with no rows ("an empty file, or only
+    blank lines"); a fractional one or true was cut to a whole number, silently."""
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500)
+
+    def edit(index: dict[str, Any]) -> None:
+        shard = index["shards"][0]
+        (shard if what == "samples" else shard["raw_data"])[what.rsplit(maxsplit=1)[-1]] = value
+
+    edit_index(out, edit)
+    with pytest.raises(DataError, match=rf"records {value} {what} for this shard") as caught:
+        Dataset.from_path("m", out)
+    assert caught.value.shard == str(out / "shard.00000.mds")
+
+
 def test_a_shard_file_listed_twice_is_refused_at_open(tmp_path: Path) -> None:
     """An index listing one file twice opened with that shard once: fewer rows than the
     index records, silently."""
