@@ -27,10 +27,19 @@ def index_format(index_path: str) -> str | None:
     """
     try:
         with open(index_path, "rb") as handle:
-            index = json.load(handle)
+            index = parse_json(handle.read())
     except (OSError, ValueError):
         return None
     return index_kind(index, index_path)
+
+
+def parse_json(data: bytes) -> object:
+    """`json.loads`, where JSON nested too deeply to parse is a ValueError like any other
+    that is not JSON, not a RecursionError."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("its JSON nests too deeply to parse") from None
 
 
 def index_kind(index: object, index_path: str) -> str | None:
@@ -60,7 +69,7 @@ def load_index(index_path: str, *, dataset: str, locate: Locate = local_file) ->
     with locate(index_path) as local:
         try:
             with open(local, "rb") as handle:
-                index = json.load(handle)
+                index = parse_json(handle.read())
         except (OSError, ValueError) as error:
             raise DataError(
                 f"cannot read the index: {error}", dataset=dataset, shard=index_path

@@ -28,6 +28,7 @@ FRAMED_MAGIC = b"LDFZ01\0\0"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _FRAMED_PREFIX = struct.Struct("<8sHHIII")
 _FRAME = struct.Struct("<IIQII")
+MAX_TREE_DEPTH = 100  # of an item's containers; torch's pytrees of real items are a few deep
 
 # litdata's index tables of numpy and torch dtypes; absent entries are not numeric.
 _NUMPY_DTYPES = dict(
@@ -218,17 +219,23 @@ def parse_tree(text: str) -> Node:
     """Parses litdata's `data_spec` (torch's serialized pytree spec, protocol 1).
 
     Raises:
-        ValueError: for another protocol or a container other than dict, list and tuple.
+        ValueError: for another protocol, a container other than dict, list and tuple, or a
+            tree nested deeper than `MAX_TREE_DEPTH` (items are rebuilt recursively).
     """
-    protocol, spec = json.loads(text)
-    if protocol != 1:
-        raise ValueError(f"unknown data_spec protocol {protocol}")
-    return _node(spec)
+    try:
+        protocol, spec = json.loads(text)
+        if protocol != 1:
+            raise ValueError(f"unknown data_spec protocol {protocol}")
+        return _node(spec, MAX_TREE_DEPTH)
+    except RecursionError:  # in the JSON text, or the dict keys' JSON inside it
+        raise ValueError("the data_spec nests too deeply to parse") from None
 
 
-def _node(spec: dict[str, Any]) -> Node:
+def _node(spec: dict[str, Any], depth: int) -> Node:
+    if depth == 0:
+        raise ValueError(f"the data_spec nests items deeper than {MAX_TREE_DEPTH} levels")
     kind = spec["type"]
-    children = tuple(_node(child) for child in spec["children_spec"])
+    children = tuple(_node(child, depth - 1) for child in spec["children_spec"])
     if kind is None:
         return Node(kind=None, keys=(), children=(), leaves=1)
     names = {"builtins.dict": "dict", "builtins.list": "list", "builtins.tuple": "tuple"}

@@ -13,7 +13,6 @@ import atexit
 import contextlib
 import datetime
 import email.utils
-import json
 import os
 import posixpath
 import shutil
@@ -26,7 +25,7 @@ from typing import Any
 
 from zephon_torch.errors import ConfigError, StorageError, ZephonError, integer_setting
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
-from zephon_torch.io._index import index_kind
+from zephon_torch.io._index import index_kind, parse_json
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.formats import INDEX_FILE, INDEXED_FORMATS, check_format, check_indexed
@@ -418,7 +417,7 @@ def _read_index(fs: Any, name: Callable[[str], str], path: str, retry: RetryPoli
 
 def _kind_of(data: bytes, where: str) -> str | None:
     try:
-        index = json.loads(data)
+        index = parse_json(data)
     except ValueError:
         return None
     return index_kind(index, where)

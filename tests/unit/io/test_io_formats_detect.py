@@ -54,12 +54,18 @@ def test_a_jsonl_file_named_index_json_is_still_jsonl(tmp_path: Path) -> None:
     assert (dataset.format, dataset.num_rows) == ("jsonl", 2)
 
 
-@pytest.mark.parametrize("damage", ["cut short", "not an index"])
+@pytest.mark.parametrize("damage", ["cut short", "not an index", "nested too deeply"])
 def test_a_damaged_mds_index_is_not_read_as_jsonl(tmp_path: Path, damage: str) -> None:
+    """An index nested too deeply for Python's JSON parser was a bare RecursionError."""
     write_mds(tmp_path, sample_rows(3), {"id": "int"})
     index = tmp_path / "index.json"
     text = index.read_text()
-    index.write_text(text[: len(text) // 2] if damage == "cut short" else '{"version": 2}')
+    damaged = {
+        "cut short": text[: len(text) // 2],
+        "not an index": '{"version": 2}',
+        "nested too deeply": '{"shards": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    }
+    index.write_text(damaged[damage])
     with pytest.raises(ConfigError, match=r"does not read as an MDS or LitData index"):
         Dataset.from_path("d", tmp_path)
     # asked for by name, it said the folder held no index.json at all

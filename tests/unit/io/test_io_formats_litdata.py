@@ -260,6 +260,34 @@ def test_a_negative_item_or_byte_count_is_named_as_such(
     assert caught.value.shard == str(out / "chunk-0-1.bin")
 
 
+def nested_spec(depth: int) -> str:
+    """A data_spec of items that are lists in lists, `depth` deep (written out by hand:
+    json.dumps would itself recurse too deeply)."""
+    leaf = '{"type": null, "context": null, "children_spec": []}'
+    node = '{"type": "builtins.list", "context": "null", "children_spec": ['
+    return "[1, " + node * depth + leaf + "]}" * depth + "]"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "the data_spec nests too deeply to parse"),
+        (nested_spec(600), "the data_spec nests too deeply to parse"),
+        (nested_spec(200), "the data_spec nests items deeper than 100 levels"),
+    ],
+    ids=["json", "tree-600", "tree-200"],
+)
+def test_a_data_spec_nested_too_deeply_is_a_data_error_naming_the_index(
+    written: dict[str, Path], tmp_path: Path, spec: str, message: str
+) -> None:
+    """A data_spec nested deeper than Python's recursion goes was a bare RecursionError."""
+    edit = lambda index: index["config"].update(data_spec=spec)  # noqa: E731
+    out = copy_with_index(written["arrays"], tmp_path / "l", edit)
+    with pytest.raises(DataError, match=f"cannot read this LitData index: {message}") as caught:
+        Dataset.from_path("l", out)
+    assert caught.value.shard == str(out / "index.json")
+
+
 @pytest.mark.parametrize("sized", [True, False], ids=["sized", "unsized"])
 def test_a_zstd_chunk_that_inflates_past_its_recorded_size_is_refused_without_inflating_it(
     written: dict[str, Path], tmp_path: Path, sized: bool

@@ -26,6 +26,7 @@ from tests.unit.io.test_io_formats_writers import (
 )
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset
+from zephon_torch.io.mds import MdsReader
 
 COLUMNS = {"text": "str", "id": "int", "tokens": "ndarray:int32"}
 ROWS = sample_rows(120)
@@ -329,6 +330,19 @@ def test_a_sample_or_byte_count_that_is_no_count_is_named_as_such(
     with pytest.raises(DataError, match=rf"records {value} {what} for this shard") as caught:
         Dataset.from_path("m", out)
     assert caught.value.shard == str(out / "shard.00000.mds")
+
+
+def test_an_index_nested_too_deeply_to_parse_is_a_data_error_naming_it(tmp_path: Path) -> None:
+    """JSON nested deeper than Python's parser goes was a bare RecursionError (detection
+    refuses such an index first; the reader is reached directly, or for an index that
+    changed after detection)."""
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500)
+    (out / "index.json").write_text('{"shards": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(
+        DataError, match=r"cannot read the index: its JSON nests too deeply"
+    ) as caught:
+        MdsReader(dataset="m", index_path=str(out / "index.json"))
+    assert (caught.value.dataset, caught.value.shard) == ("m", str(out / "index.json"))
 
 
 def test_a_shard_file_listed_twice_is_refused_at_open(tmp_path: Path) -> None:
