@@ -18,10 +18,11 @@ import fsspec.callbacks
 
 from zephon_torch._progress import Progress
 from zephon_torch.errors import DataError
-from zephon_torch.io._remote import find_detailed, identity, listed_version, sized
+from zephon_torch.io._remote import find_detailed, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io._versions import identity, listed_version
 
 
 def fetch(

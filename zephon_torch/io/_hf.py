@@ -32,9 +32,10 @@ from zephon_torch.io._hf_splits import (
     revisions,
     warn_if_partial,
 )
-from zephon_torch.io._remote import Listing, identity
+from zephon_torch.io._remote import Listing
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, http_status, is_transient
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io._versions import identity
 
 _log = logging.getLogger(__name__)
 SLASH_NOTE = " (a `/` in a revision's name is written %2F in the URL: @release%2Fv1)"

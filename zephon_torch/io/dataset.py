@@ -29,11 +29,10 @@ from zephon_torch.io._remote import (
     ParquetOptions,
     is_remote,
     list_remote,
-    per_open_index_dir,
-    versioned_per_open,
 )
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
+from zephon_torch.io._versions import per_open_index_dir, versioned_per_open
 from zephon_torch.io.formats import ShardReader, open_reader, token_reader
 from zephon_torch.io.jsonl import with_jsonl_cache
 from zephon_torch.io.mds import MdsReader

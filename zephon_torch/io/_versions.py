@@ -1,0 +1,108 @@
+"""What tells a remote object's versions apart, for the caches keyed by it.
+
+A listing gives each object a version (an ETag, a hash, else a modification time); the shard
+cache and the remembered row counts key the object by size and version, so a changed object is
+read anew. Where no version tells a same-size rewrite apart (none listed, or a whole-second
+Last-Modified still within its second), each open versions the object itself: it is downloaded
+again by every open, never read from an old copy.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import email.utils
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from zephon_torch.io._shard_cache import CachedObject
+
+PER_OPEN = "per-open@"  # starts a version given by an open (see `versioned_per_open`)
+SETTLE_S = 2.0  # a whole-second modification time is trusted this long after it
+_VERSION_KEYS = (
+    "ETag",
+    "etag",
+    "md5Hash",
+    "blob_id",
+    "LastModified",
+    "last_modified",
+    "mtime",
+    "updated",
+    "Content-MD5",  # http(s):// (fsspec reports these answer headers)
+    "Digest",
+    "Last-Modified",
+)
+
+
+def versioned_per_open(
+    objects: list[tuple[str, CachedObject]], dataset: str
+) -> list[tuple[str, CachedObject]]:
+    """`objects`, those the listing gave no settled version (a server that sends no ETag or
+    Last-Modified, or a Last-Modified under `SETTLE_S` old) versioned by this open: a rewrite
+    of the same size cannot be told from the copy a node's cache holds, so each open
+    downloads them again (with a warning) rather than read an old copy. A Last-Modified
+    counts whole seconds: a rewrite within the second it names keeps it, so it settles only
+    once that second is over (by this machine's clock). Copies of the dataset (DataLoader
+    workers) share this open's version."""
+    now = time.time()
+    bare = [item.url for _, item in objects if not _settled(item.version, now)]
+    if not bare:
+        return objects
+    warnings.warn(
+        f"dataset {dataset!r}: the storage lists {len(bare)} object(s) without a version "
+        f"(ETag or modification time) or modified within the last {SETTLE_S:g} s, e.g. "
+        f"{bare[0]!r}; a changed object of the same size could not be told from a cached "
+        "copy, so this open downloads them again",
+        stacklevel=4,
+    )
+    stamp = f"{PER_OPEN}{time.time_ns()}:"
+    return [
+        (p, item if _settled(item.version, now) else replace(item, version=stamp + item.version))
+        for p, item in objects
+    ]
+
+
+def listed_version(item: CachedObject) -> str:
+    """The version the storage listed for `item` (none: ""), without this open's stamp (see
+    `versioned_per_open`)."""
+    if item.version.startswith(PER_OPEN):
+        return item.version.split(":", 1)[1]
+    return item.version
+
+
+def _settled(version: str, now: float) -> bool:
+    """Whether `version` tells a rewrite of the same size apart: any but none, or a time in
+    whole seconds (an HTTP Last-Modified) less than `SETTLE_S` before `now`."""
+    if not version:
+        return False
+    when = None
+    with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+        when = email.utils.parsedate_to_datetime(version).timestamp()
+    if when is None:
+        with contextlib.suppress(ValueError, OverflowError):
+            when = datetime.datetime.fromisoformat(version).timestamp()
+    return when is None or not when.is_integer() or now >= when + SETTLE_S
+
+
+def per_open_index_dir() -> str:
+    """A fresh index folder for a dataset whose objects are versioned by its open (see
+    `versioned_per_open`): their line indexes and row counts, keyed by that version, would
+    never be read again, so they go to a temporary folder removed when the process exits
+    (DataLoader workers, which end first, read it too)."""
+    folder = tempfile.mkdtemp(prefix="zephon-open-index-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def identity(url: str, info: Mapping[str, Any]) -> CachedObject:
+    """The cache identity of the object at `url` that a listing gave with `info`."""
+    version = next((str(info[key]) for key in _VERSION_KEYS if info.get(key)), "")
+    if not version and info.get("created") is not None:
+        version = str(info["created"])
+    return CachedObject(url=url, size=int(info["size"]), version=version)
