@@ -13,9 +13,14 @@ STATE_VERSION = 1
 
 
 def check_state(
-    state: dict[str, Any], fingerprint: dict[str, Any], needed_lanes: Iterable[int]
+    state: dict[str, Any],
+    fingerprint: dict[str, Any],
+    needed_lanes: Iterable[int],
+    *,
+    live_order: list[str] | None = None,
 ) -> None:
-    """Raise one ``StateMismatchError`` listing every difference between saved and live."""
+    """Raise one ``StateMismatchError`` listing every difference between saved and live
+    (``live_order``: the datasets' order, if not the fingerprint mixture's)."""
     check_shape(state)
     mismatches: dict[str, tuple[object, object]] = {}
     if state["version"] != STATE_VERSION:
@@ -24,10 +29,12 @@ def check_state(
     for key in sorted(set(saved) | set(fingerprint)):
         if saved.get(key) != fingerprint.get(key):
             mismatches[key] = (saved.get(key), fingerprint.get(key))
-    # lane states index the datasets by position: their order is part of the recipe (without
-    # "datasets", the saved mixture's keys keep it: JSON and torch.save keep a dict's order)
-    order = state.get("datasets", list(saved.get("mixture") or {}))
-    live_order = list(fingerprint.get("mixture") or {})
+    # lane states index the datasets by position: their order is part of the recipe (states
+    # saved before the order was recorded are not checked for it: a mixture's keys may have
+    # been sorted, `json.dumps(sort_keys=True)`)
+    order = state.get("datasets")
+    if live_order is None:
+        live_order = list(fingerprint.get("mixture") or {})
     if "mixture" not in mismatches and order is not None and list(order) != live_order:
         mismatches["order of datasets"] = (order, live_order)
     missing = [lane for lane in needed_lanes if str(lane) not in state.get("lanes", {})]
@@ -138,7 +145,7 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     merged = {k: v for k, v in first.items() if k != "lanes"}
     lanes: dict[str, Any] = {}
     for state in states:
-        check_state(state, first["fingerprint"], [])
+        check_state(state, first["fingerprint"], [], live_order=first.get("datasets"))
         for lane, lane_state in state["lanes"].items():
             if lane in lanes and lanes[lane] != lane_state:
                 raise StateMismatchError(

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import keys, small_pipeline
-from zephon_torch import Pipeline, StateMismatchError
+from zephon_torch import Pipeline, StateMismatchError, merge_states
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
 
 Edit = Callable[[dict[str, Any]], object]
 
@@ -94,17 +96,38 @@ def test_an_edited_state_is_refused_naming_the_field(
         next(iter(pipeline))
 
 
-def test_the_unedited_state_resumes_and_a_missing_dataset_order_falls_back_to_the_mixture(
-    tokenizer: Any, saved: tuple[dict[str, Any], list[Any]]
-) -> None:
-    """Without "datasets", a state resumed into the datasets in another order: the saved
-    mixture's keys keep the order, and are compared instead."""
-    state, expected = saved
-    state = copy.deepcopy(state)
-    del state["datasets"]
-    again = small_pipeline(tokenizer, lanes=2, exhaustion="repeat", prefetch=0)
-    again.load_state_dict(copy.deepcopy(state))
+def _zeta_alpha(world_size: int | None = None, rank: int | None = None) -> Pipeline:
+    """Two pre-tokenized datasets whose names are not in sorted order."""
+    data = [
+        Dataset.from_dict(name, {"ids": [[base + i] * (3 + i % 5) for i in range(40)]})
+        for name, base in (("zeta", 1), ("alpha", 100))
+    ]
+    source = StaticMixtureWorkSource(data, {"zeta": 0.5, "alpha": 0.5}, seed=3)
+    recipe = Pipeline(source).options(canonical_replicas=2, world_size=world_size, rank=rank)
+    return recipe.pretokenized("ids").pack_flat(8, "wrap").batch(2)
+
+
+def test_states_written_with_sorted_keys_resume_and_merge() -> None:
+    """`json.dumps(sort_keys=True)` sorts the mixture's keys: a state without "datasets"
+    (saved before the order was recorded) is not checked for the order, and `merge_states`
+    compared each state's recorded order with the first state's sorted mixture."""
+    first = _zeta_alpha()
+    batches = iter(first)
+    for _ in range(6):  # three whole steps of the two lanes
+        next(batches)
+    state = first.state_dict()
+    expected = keys(batches, limit=6)
+    stored = json.loads(json.dumps(state, sort_keys=True))
+    assert list(stored["fingerprint"]["mixture"]) == ["alpha", "zeta"]
+    del stored["datasets"]
+    again = _zeta_alpha()
+    again.load_state_dict(stored)
     assert keys(again, limit=6) == expected
-    state["fingerprint"]["mixture"] = dict(reversed(state["fingerprint"]["mixture"].items()))
-    with pytest.raises(StateMismatchError, match="order of datasets"):
-        small_pipeline(tokenizer, lanes=2, exhaustion="repeat", prefetch=0).load_state_dict(state)
+    halves = []
+    for rank in range(2):
+        half = _zeta_alpha(world_size=2, rank=rank)
+        half.load_state_dict(copy.deepcopy(state))
+        halves.append(json.loads(json.dumps(half.state_dict(), sort_keys=True)))
+    merged = _zeta_alpha()
+    merged.load_state_dict(merge_states(halves))
+    assert keys(merged, limit=6) == expected
