@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections import defaultdict
@@ -339,7 +340,7 @@ class Lower:
 
 _FINGERPRINT = """
 import functools, json, sys
-from tests.unit.test_pipeline_data import Lower, suffixed
+from tests.unit.test_pipeline_data import Langs, Lower, suffixed
 from zephon_torch import Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
@@ -348,9 +349,16 @@ skip = {"de", "fr", "it", "nl", "es", "pt"}  # a set's repr differs with the has
 pipeline = Pipeline(source).map(functools.partial(suffixed, suffix="!", skip=skip))
 pipeline = pipeline.filter(Lower())
 pipeline = pipeline.filter(lambda row: row["text"] not in {"de", "fr", "it", "nl", "es"})
+config = Langs(frozenset({"de", "fr", "it", "nl", "es"}))  # its repr holds a set
+pipeline = pipeline.filter(lambda row: row["text"] not in config.names)
 pipeline = pipeline.pretokenized("ids").pack_flat(8, "wrap").batch(1)
 print(json.dumps(pipeline.fingerprint()["ops"]))
 """
+
+
+@dataclasses.dataclass(frozen=True)
+class Langs:
+    names: frozenset[str]
 
 
 def _longer_than(n: int) -> Callable[[dict[str, Any]], bool]:
@@ -384,6 +392,18 @@ def test_a_partial_or_a_callable_object_is_named_alike_in_every_process() -> Non
         "tests.unit.test_pipeline_data.Lower",
     ]
     assert names[2].startswith("__main__.<lambda>#")  # with a digest of its code
+    assert names[3].startswith("__main__.<lambda>#") and names[3] != names[2]
+
+    def late() -> str:
+        # a cell not filled yet (`helper` comes later) raised a bare ValueError
+        named = function_name(lambda row: helper(row), None)  # noqa: PLW0108
+
+        def helper(row: dict[str, Any]) -> bool:
+            return True
+
+        return named
+
+    assert ".late.<locals>.<lambda>#" in late()
     # lambdas of one scope shared a name: an edited threshold resumed onto other data
     longer = [function_name(lambda row, n=n: len(row["text"]) > n, None) for n in (100, 300)]
     closing = [function_name(_longer_than(n), None) for n in (100, 300)]

@@ -82,15 +82,35 @@ def _derived_name(fn: Any) -> str:
 
 def _lambda_digest(fn: Any) -> str:
     """What a lambda computes, as a digest the same in every process of one Python version:
-    its bytecode, constants and names, its defaults and the values it closes over (objects
-    without a repr of their own by their type). Two lambdas of one scope share a qualname:
-    an edited threshold would otherwise resume a state onto other data."""
-    cells = [cell.cell_contents for cell in fn.__closure__ or ()]
-    parts = [_code_text(fn.__code__), _argument(fn.__defaults__ or ())]
-    for value in cells:
-        text = _argument(value)
-        parts.append(f"<{type(value).__qualname__}>" if " at 0x" in text else text)
+    its bytecode, constants and names, its defaults and the values it closes over (those
+    without a text the same in every process, such as objects whose repr holds a set or an
+    address, by their type). Two lambdas of one scope share a qualname: an edited threshold
+    would otherwise resume a state onto other data."""
+    parts = [_code_text(fn.__code__), _stable(fn.__defaults__ or ())]
+    for cell in fn.__closure__ or ():
+        try:
+            parts.append(_stable(cell.cell_contents))
+        except ValueError:  # a cell not filled yet (a helper defined after the lambda)
+            parts.append("<empty>")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _stable(value: Any) -> str:
+    """``value`` as text the same in every process: plain values, arrays and containers of
+    them (see ``_argument``); anything else by its type's name."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if all(isinstance(v, _PLAIN) for v in value):
+            return _argument(value)
+        inner = ", ".join(_stable(v) for v in value)
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_stable(k)}: {_stable(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (*_PLAIN, np.ndarray)):
+        return _argument(value)
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 def _code_text(code: Any) -> str:
