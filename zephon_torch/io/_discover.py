@@ -15,7 +15,7 @@ import glob
 import itertools
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from zephon_torch.errors import ConfigError
@@ -112,30 +112,38 @@ def _walk(directory: str, exclude: str | Sequence[str]) -> list[str]:
     ``_tree``); names starting with "." or "_" are left out."""
     return sorted(
         os.path.abspath(os.path.join(root, name))
-        for root, names in _tree(directory, _skipped(exclude), hidden=False)
+        for root, _, names in _tree(directory, _skipped(exclude), _visible)
         for name in names
         if not name.startswith(SKIPPED_PREFIXES)
     )
 
 
-def _tree(top: str, skipped: set[str], *, hidden: bool) -> Iterator[tuple[str, list[str]]]:
-    """Each folder under ``top`` (``top`` too) with its file names, through linked folders,
-    each real folder once: a link back up, or a second link to one folder, is not entered
-    (the first link in name order is, the same in every run). Folders in ``skipped`` are
-    not entered, nor, unless ``hidden``, those named with ``SKIPPED_PREFIXES``."""
+def _visible(folders: list[str]) -> bool:
+    return not folders[-1].startswith(SKIPPED_PREFIXES)
+
+
+def _tree(
+    top: str, skipped: set[str], enter: Callable[[list[str]], bool]
+) -> Iterator[tuple[str, list[str], list[str]]]:
+    """Each folder under ``top`` (``top`` too) with its path from ``top`` (its folder names)
+    and its file names, through linked folders, each real folder once: a link back up, or a
+    second link to one folder, is not entered (the first link in name order is, the same in
+    every run). Folders in ``skipped`` are not entered, nor those ``enter`` (given a folder's
+    path from ``top``) refuses; a folder refused does not count as entered."""
     entered = {os.path.realpath(top)}
+    paths: dict[str, list[str]] = {top: []}
     for root, folders, names in os.walk(top, followlinks=True):
+        where = paths.pop(root)
         kept = []
         for folder in sorted(folders):
             real = os.path.realpath(os.path.join(root, folder))
-            if real in skipped or real in entered:
-                continue
-            if not hidden and folder.startswith(SKIPPED_PREFIXES):
+            if real in skipped or real in entered or not enter([*where, folder]):
                 continue
             entered.add(real)
             kept.append(folder)
+            paths[os.path.join(root, folder)] = [*where, folder]
         folders[:] = kept
-        yield root, names
+        yield root, where, names
 
 
 def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:
@@ -150,9 +158,7 @@ def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:
         top = os.sep.join(fixed) or ("." if not pattern.startswith(os.sep) else os.sep)
         rest = parts[len(fixed) :]
         matches = []
-        for root, names in _tree(top, skipped, hidden=True):
-            where = os.path.relpath(root, top)
-            folders = [] if where == "." else where.split(os.sep)
+        for root, folders, names in _tree(top, skipped, lambda path: _may_hold(rest, path)):
             matches += [os.path.join(root, n) for n in names if glob_shows(rest, [*folders, n])]
     else:
         inside = tuple(os.path.join(folder, "") for folder in skipped)
@@ -262,8 +268,8 @@ def glob_shows(pattern: list[str], names: list[str]) -> bool:
     if not pattern:
         return not names
     head, rest = pattern[0], pattern[1:]
-    if head == "**":  # zero or more folders, none hidden
-        for skipped in range(len(names) + 1):
+    if head == "**":  # zero or more folders, none hidden (one name at least, if last)
+        for skipped in range(0 if rest else 1, len(names) + 1):
             if skipped and names[skipped - 1].startswith("."):
                 return False
             if glob_shows(rest, names[skipped:]):
@@ -272,3 +278,21 @@ def glob_shows(pattern: list[str], names: list[str]) -> bool:
     if not names or (names[0].startswith(".") and not head.startswith(".")):
         return False
     return fnmatch.fnmatchcase(names[0], head) and glob_shows(rest, names[1:])
+
+
+def _may_hold(pattern: list[str], folders: list[str]) -> bool:
+    """Whether a local glob of ``pattern`` (its parts) may match a file below the folder at
+    ``folders`` (its names): the walk enters no other folder (hidden ones only for a pattern
+    part starting with ".", as ``glob.glob``)."""
+    if not folders:
+        return bool(pattern)
+    if not pattern:
+        return False
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        if _may_hold(rest, folders):
+            return True
+        return not folders[0].startswith(".") and _may_hold(pattern, folders[1:])
+    if folders[0].startswith(".") and not head.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(folders[0], head) and _may_hold(rest, folders[1:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -79,6 +80,33 @@ def test_a_folder_reads_linked_folders_as_a_glob_does_each_once(
     assert [os.path.relpath(s.path, tmp_path / "data") for s in one_level.shards] == [
         "again/b.jsonl"
     ]
+
+
+def test_a_glob_matches_as_glob_glob_does_around_links_and_hidden_folders(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """Walking for `**` matched `data/*/**` to files right under `data` (a trailing `**`
+    took no name), and a hidden link to a folder (`.latest -> v2`), entered first and not
+    matched, kept the folder itself from being read."""
+    data = tmp_path / "data"
+    for relative in ["stats.jsonl", "train/a.jsonl", "v2/b.jsonl", ".cache/c.jsonl"]:
+        write_jsonl(data / relative, [{"x": 0}])
+    (data / ".latest").symlink_to(data / "v2")
+
+    def found(pattern: str) -> list[str]:
+        dataset = Dataset.from_path("d", str(data / pattern))
+        return [os.path.relpath(shard.path, data) for shard in dataset.shards]
+
+    def globbed(pattern: str) -> list[str]:
+        return sorted(
+            os.path.relpath(m, data)
+            for m in glob.glob(str(data / pattern), recursive=True)
+            if os.path.isfile(m)
+        )
+
+    for pattern in ["*/**", "**/*.jsonl", "**", ".*/**", "**/.cache/*", "*/*.jsonl"]:
+        assert found(pattern) == globbed(pattern), pattern
+    assert found("*/**") == ["train/a.jsonl", "v2/b.jsonl"]
 
 
 def test_a_glob_picks_its_matches_across_folders(tmp_path: Path, write_jsonl: Any) -> None:
