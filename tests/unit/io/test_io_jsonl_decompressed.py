@@ -157,6 +157,29 @@ def test_a_shard_larger_than_the_cache_is_a_config_error_naming_it(
     assert os.listdir(tmp_path / "c" / _TMP) == []  # stopped at the limit, nothing left
 
 
+def test_a_zstd_shard_over_the_limit_stops_without_inflating_it_in_memory(
+    tmp_path: Path,
+) -> None:
+    """A 4 MiB read of zstd input was inflated whole before the limit saw it: a 60 KB
+    shard of one repeated line took 256 MB of memory to be refused, a crafted one far more."""
+    import tracemalloc
+
+    line = (json.dumps({"text": "x"}) + "\n").encode()
+    path = tmp_path / "a.jsonl.zst"
+    with open(path, "wb") as out, zstandard.ZstdCompressor().stream_writer(out) as writer:
+        for _ in range(1 << 8):
+            writer.write(line * (1 << 16))  # 256 MiB in all
+    options = {"cache": {"dir": str(tmp_path / "c"), "max_bytes": 1 << 20}}
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"decompresses to more than"):
+            Dataset.from_path("d", path, io_options=options)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 << 20, f"{peak / 2**20:.0f} MiB"
+
+
 def test_a_rewritten_shard_is_decompressed_again(tmp_path: Path, write_jsonl: WriteJsonl) -> None:
     path = write_jsonl(tmp_path / "a.jsonl.gz", _rows(20), compression="gzip")
     assert Dataset.from_path("d", path).read_rows(0, [5]) == [_rows(20)[5]]
