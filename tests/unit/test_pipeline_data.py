@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import itertools
 import json
 from collections import defaultdict
@@ -351,6 +353,8 @@ pipeline = pipeline.filter(Lower())
 pipeline = pipeline.filter(lambda row: row["text"] not in {"de", "fr", "it", "nl", "es"})
 config = Langs(frozenset({"de", "fr", "it", "nl", "es"}))  # its repr holds a set
 pipeline = pipeline.filter(lambda row: row["text"] not in config.names)
+pairs = {("en", "x"), ("fr", "y"), ("de", "z")}  # a set of tuples
+pipeline = pipeline.filter(lambda row: (row["text"], "x") not in pairs)
 pipeline = pipeline.pretokenized("ids").pack_flat(8, "wrap").batch(1)
 print(json.dumps(pipeline.fingerprint()["ops"]))
 """
@@ -359,6 +363,43 @@ print(json.dumps(pipeline.fingerprint()["ops"]))
 @dataclasses.dataclass(frozen=True)
 class Langs:
     names: frozenset[str]
+
+
+def test_a_lambda_s_name_changes_with_any_value_it_closes_over() -> None:
+    """Closed-over numpy scalars, enum members, paths, patterns and partials were named by
+    their type alone: an edited threshold (`np.int64(3)` to 4) resumed onto other data."""
+    import enum
+    import re
+    from pathlib import PurePosixPath
+
+    from zephon_torch.errors import ConfigError
+    from zephon_torch.ops.map import function_name
+
+    class Color(enum.Enum):
+        RED = 1
+        BLUE = 2
+
+    def named(value: Any) -> str:
+        return function_name(lambda row: row is value, None)
+
+    pairs = [
+        (np.int64(3), np.int64(4)),
+        (np.float32(0.5), np.float32(0.7)),
+        (Color.RED, Color.BLUE),
+        (PurePosixPath("/a"), PurePosixPath("/b")),
+        (re.compile("a+"), re.compile("b+")),
+        (functools.partial(max, 3), functools.partial(max, 4)),
+        (lambda v: v > 3, lambda v: v > 4),
+        (10**5000, 10**5000 + 1),
+        ([1, 2, 3] * 1000, [1, 2, 4] * 1000),
+    ]
+    for one, other in pairs:
+        assert named(one) != named(other), one
+        assert named(one) == named(copy.deepcopy(one) if not callable(one) else one)
+    itself: list[Any] = []
+    itself.append(itself)
+    with pytest.raises(ConfigError, match="pass `name=`"):
+        named(itself)
 
 
 def _longer_than(n: int) -> Callable[[dict[str, Any]], bool]:
@@ -393,6 +434,7 @@ def test_a_partial_or_a_callable_object_is_named_alike_in_every_process() -> Non
     ]
     assert names[2].startswith("__main__.<lambda>#")  # with a digest of its code
     assert names[3].startswith("__main__.<lambda>#") and names[3] != names[2]
+    assert len(set(names)) == len(names) == 5
 
     def late() -> str:
         # a cell not filled yet (`helper` comes later) raised a bare ValueError

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import enum
 import functools
 import hashlib
+import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -82,35 +87,77 @@ def _derived_name(fn: Any) -> str:
 
 def _lambda_digest(fn: Any) -> str:
     """What a lambda computes, as a digest the same in every process of one Python version:
-    its bytecode, constants and names, its defaults and the values it closes over (those
-    without a text the same in every process, such as objects whose repr holds a set or an
-    address, by their type). Two lambdas of one scope share a qualname: an edited threshold
-    would otherwise resume a state onto other data."""
-    parts = [_code_text(fn.__code__), _stable(fn.__defaults__ or ())]
+    its bytecode, constants and names, its defaults and the values it closes over (see
+    ``_stable``). Two lambdas of one scope share a qualname: an edited threshold would
+    otherwise resume a state onto other data.
+
+    Raises:
+        ConfigError: for a closed-over value too deep to describe (a list holding itself).
+    """
+    values = list(fn.__defaults__ or ())
     for cell in fn.__closure__ or ():
         try:
-            parts.append(_stable(cell.cell_contents))
+            values.append(cell.cell_contents)
         except ValueError:  # a cell not filled yet (a helper defined after the lambda)
-            parts.append("<empty>")
+            values.append(_EMPTY)
+    try:
+        parts = [_code_text(fn.__code__), *(_stable(value) for value in values)]
+    except RecursionError:
+        raise ConfigError(
+            f"cannot name {fn.__module__}.{fn.__qualname__} by what it closes over (a value "
+            "nested too deep, or holding itself): pass `name=`"
+        ) from None
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_EMPTY = object()
+_SIMPLE = (int, float, str)  # exact types: their reprs tell values apart in every process
 
 
 def _stable(value: Any) -> str:
-    """``value`` as text the same in every process: plain values, arrays and containers of
-    them (see ``_argument``); anything else by its type's name."""
-    if isinstance(value, (list, tuple, set, frozenset)):
-        if all(isinstance(v, _PLAIN) for v in value):
-            return _argument(value)
-        inner = ", ".join(_stable(v) for v in value)
-        return f"{type(value).__name__}({inner})"
+    """``value`` as text the same in every process that tells its values apart: containers
+    item by item (sets sorted), dataclasses field by field, numbers exactly, paths, patterns,
+    enum members, partials and functions by name; anything else by its repr, or by its type
+    where the repr holds a memory address."""
+    if value is _EMPTY:
+        return "<empty>"
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return f"int({value:#x})"  # no limit on digits, unlike str()
+    if isinstance(value, (float, complex, str, bytes)):
+        return repr(value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            return f"array({_stable(array.tolist())})"
+        digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+        return f"array({array.dtype}, {array.shape}, {digest})"
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}({', '.join(sorted(_stable(v) for v in value))})"
+    if isinstance(value, (list, tuple)):
+        if all(type(v) in _SIMPLE for v in value):  # the common long case, at repr's speed
+            with contextlib.suppress(ValueError):  # an int past str()'s digit limit
+                return f"{type(value).__name__}({value!r})"
+        return f"{type(value).__name__}({', '.join(_stable(v) for v in value)})"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_stable(k)}: {_stable(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (*_PLAIN, np.ndarray)):
-        return _argument(value)
-    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = (f"{f.name}={_stable(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        return f"{kind}({', '.join(fields)})"
+    if isinstance(value, enum.Enum):
+        return f"{kind}.{value.name}"
+    if isinstance(value, os.PathLike):
+        return f"{kind}({os.fspath(value)!r})"
+    if isinstance(value, re.Pattern):
+        return f"{kind}({value.pattern!r}, {value.flags})"
+    if callable(value):  # a function by its name (a lambda's with its digest)
+        with contextlib.suppress(ConfigError, RecursionError):
+            return function_name(value, None)
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', kind)}"
+    text = repr(value)
+    return f"<{kind}>" if " at 0x" in text else f"{kind}({text})"
 
 
 def _code_text(code: Any) -> str:
