@@ -29,10 +29,14 @@ def check_state(
     for key in sorted(set(saved) | set(fingerprint)):
         if saved.get(key) != fingerprint.get(key):
             mismatches[key] = (saved.get(key), fingerprint.get(key))
-    # lane states index the datasets by position: their order is part of the recipe (states
-    # saved before the order was recorded are not checked for it: a mixture's keys may have
-    # been sorted, `json.dumps(sort_keys=True)`)
+    # lane states index the datasets by position: their order is part of the recipe. A state
+    # saved before the order was recorded holds it in its mixture's keys, unless they were
+    # sorted (`json.dumps(sort_keys=True)`): keys in sorted order say nothing, and are not
+    # compared
     order = state.get("datasets")
+    if order is None:
+        keys = list(saved.get("mixture") or {})
+        order = None if keys == sorted(keys) else keys
     if live_order is None:
         live_order = list(fingerprint.get("mixture") or {})
     if "mixture" not in mismatches and order is not None and list(order) != live_order:

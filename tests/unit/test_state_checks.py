@@ -107,6 +107,17 @@ def _zeta_alpha(world_size: int | None = None, rank: int | None = None) -> Pipel
     return recipe.pretokenized("ids").pack_flat(8, "wrap").batch(2)
 
 
+def _alpha_zeta() -> Pipeline:
+    """`_zeta_alpha`'s datasets, the other way round."""
+    data = [
+        Dataset.from_dict(name, {"ids": [[base + i] * (3 + i % 5) for i in range(40)]})
+        for name, base in (("alpha", 100), ("zeta", 1))
+    ]
+    source = StaticMixtureWorkSource(data, {"alpha": 0.5, "zeta": 0.5}, seed=3)
+    recipe = Pipeline(source).options(canonical_replicas=2)
+    return recipe.pretokenized("ids").pack_flat(8, "wrap").batch(2)
+
+
 def test_states_written_with_sorted_keys_resume_and_merge() -> None:
     """`json.dumps(sort_keys=True)` sorts the mixture's keys: a state without "datasets"
     (saved before the order was recorded) is not checked for the order, and `merge_states`
@@ -123,6 +134,12 @@ def test_states_written_with_sorted_keys_resume_and_merge() -> None:
     again = _zeta_alpha()
     again.load_state_dict(stored)
     assert keys(again, limit=6) == expected
+    # unsorted, the mixture's keys still tell the order: a reordered pipeline is refused
+    unsorted = json.loads(json.dumps(state))  # mixture keys: zeta, alpha
+    del unsorted["datasets"]
+    _zeta_alpha().load_state_dict(copy.deepcopy(unsorted))  # the same order: loads
+    with pytest.raises(StateMismatchError, match="order of datasets"):
+        _alpha_zeta().load_state_dict(unsorted)
     halves = []
     for rank in range(2):
         half = _zeta_alpha(world_size=2, rank=rank)
