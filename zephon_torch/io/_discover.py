@@ -112,7 +112,7 @@ def _walk(directory: str, exclude: str | Sequence[str]) -> list[str]:
     ``_tree``); names starting with "." or "_" are left out."""
     return sorted(
         os.path.abspath(os.path.join(root, name))
-        for root, _, names in _tree(directory, _skipped(exclude), _visible)
+        for root, _, names in _tree(directory, _skipped(exclude), _visible, once=True)
         for name in names
         if not name.startswith(SKIPPED_PREFIXES)
     )
@@ -123,25 +123,28 @@ def _visible(folders: list[str]) -> bool:
 
 
 def _tree(
-    top: str, skipped: set[str], enter: Callable[[list[str]], bool]
+    top: str, skipped: set[str], enter: Callable[[list[str]], bool], *, once: bool
 ) -> Iterator[tuple[str, list[str], list[str]]]:
     """Each folder under ``top`` (``top`` too) with its path from ``top`` (its folder names)
-    and its file names, through linked folders, each real folder once: a link back up, or a
-    second link to one folder, is not entered (the first link in name order is, the same in
-    every run). Folders in ``skipped`` are not entered, nor those ``enter`` (given a folder's
-    path from ``top``) refuses; a folder refused does not count as entered."""
+    and its file names, through linked folders but never through a link back up (a folder
+    within itself). With ``once``, each real folder is entered once, by its first link in
+    name order (the same in every run); else by every path (a glob may match one and not
+    another; its matches are read once). Folders in ``skipped`` are not entered, nor those
+    ``enter`` (given a folder's path from ``top``) refuses."""
     entered = {os.path.realpath(top)}
-    paths: dict[str, list[str]] = {top: []}
+    below: dict[str, tuple[list[str], frozenset[str]]] = {top: ([], frozenset(entered))}
     for root, folders, names in os.walk(top, followlinks=True):
-        where = paths.pop(root)
+        where, above = below.pop(root)
         kept = []
         for folder in sorted(folders):
             real = os.path.realpath(os.path.join(root, folder))
-            if real in skipped or real in entered or not enter([*where, folder]):
+            if real in skipped or real in above or (once and real in entered):
+                continue
+            if not enter([*where, folder]):
                 continue
             entered.add(real)
             kept.append(folder)
-            paths[os.path.join(root, folder)] = [*where, folder]
+            below[os.path.join(root, folder)] = ([*where, folder], above | {real})
         folders[:] = kept
         yield root, where, names
 
@@ -158,7 +161,7 @@ def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:
         top = os.sep.join(fixed) or ("." if not pattern.startswith(os.sep) else os.sep)
         rest = parts[len(fixed) :]
         matches = []
-        for root, folders, names in _tree(top, skipped, lambda path: _may_hold(rest, path)):
+        for root, folders, names in _tree(top, skipped, lambda p: _may_hold(rest, p), once=False):
             matches += [os.path.join(root, n) for n in names if glob_shows(rest, [*folders, n])]
     else:
         inside = tuple(os.path.join(folder, "") for folder in skipped)

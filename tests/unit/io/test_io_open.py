@@ -87,7 +87,7 @@ def test_a_glob_matches_as_glob_glob_does_around_links_and_hidden_folders(
 ) -> None:
     """Walking for `**` matched `data/*/**` to files right under `data` (a trailing `**`
     took no name), and a hidden link to a folder (`.latest -> v2`), entered first and not
-    matched, kept the folder itself from being read."""
+    matched, kept the folder itself from being read; so did any link sorting first."""
     data = tmp_path / "data"
     for relative in ["stats.jsonl", "train/a.jsonl", "v2/b.jsonl", ".cache/c.jsonl"]:
         write_jsonl(data / relative, [{"x": 0}])
@@ -107,6 +107,11 @@ def test_a_glob_matches_as_glob_glob_does_around_links_and_hidden_folders(
     for pattern in ["*/**", "**/*.jsonl", "**", ".*/**", "**/.cache/*", "*/*.jsonl"]:
         assert found(pattern) == globbed(pattern), pattern
     assert found("*/**") == ["train/a.jsonl", "v2/b.jsonl"]
+    # a link whose name sorts first (latest -> train) took the folder, and `**/train/*`
+    # matched no file under `latest`: the folder's files were lost
+    write_jsonl(data / "en" / "train" / "c.jsonl", [{"x": 0}])
+    (data / "latest").symlink_to(data / "train")
+    assert found("**/train/*.jsonl") == ["en/train/c.jsonl", "train/a.jsonl"]
 
 
 def test_a_glob_picks_its_matches_across_folders(tmp_path: Path, write_jsonl: Any) -> None:
