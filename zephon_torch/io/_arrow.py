@@ -142,8 +142,23 @@ def row_columns(
             except ValueError as error:
                 raise ValueError(f"token column {name!r} {error}") from None
         else:
-            columns.append(column.to_pylist())
+            columns.append(_python_values(column))
     return names, tuple(columns)
+
+
+def _python_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """``column`` as Python values; nanosecond times that Python's datetime cannot hold (it
+    counts microseconds; pyarrow refuses to cut them without pandas) as numpy's exact
+    ``datetime64``/``timedelta64`` (a time of day: since midnight), nulls as None."""
+    try:
+        return column.to_pylist()  # type: ignore[no-any-return]
+    except ValueError:
+        kind = column.type
+        if not (pa.types.is_temporal(kind) and getattr(kind, "unit", None) == "ns"):
+            raise
+    ticks = column.cast(pa.int64()).to_pylist()
+    scalar = np.datetime64 if pa.types.is_timestamp(kind) else np.timedelta64
+    return [None if tick is None else scalar(tick, "ns") for tick in ticks]
 
 
 def column_bytes(columns: Sequence[list[Any] | TokenColumn], fallback: int) -> int:

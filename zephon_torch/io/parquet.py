@@ -238,7 +238,8 @@ class ParquetReader:
             self._check_columns(path, file.schema_arrow)
             metadata = file.metadata
             groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
-            group_bytes = tuple(self._group_bytes(group) for group in groups)
+            fields = set(file.schema_arrow.names)
+            group_bytes = tuple(self._group_bytes(group, fields) for group in groups)
         except DataError:  # the projection's, naming the column (a ValueError too)
             raise
         except (pa.ArrowException, OSError, ValueError) as error:
@@ -255,15 +256,16 @@ class ParquetReader:
             blocks=window_blocks(group_sizes(metadata)),
         )
 
-    def _group_bytes(self, group: pq.RowGroupMetaData) -> int:
+    def _group_bytes(self, group: pq.RowGroupMetaData, fields: set[str]) -> int:
         """The uncompressed size of the group's columns that are read as Python values; token
-        columns are weighed by their decoded arrays instead (see `column_bytes`)."""
+        columns are weighed by their decoded arrays instead (see `column_bytes`). ``fields``:
+        the file's top-level field names."""
         columns, tokens = self.projection.columns, self.projection.token_columns
         chunks = (group.column(i) for i in range(group.num_columns))
         return sum(
             int(chunk.total_uncompressed_size)
             for chunk in chunks
-            if (name := chunk.path_in_schema.split(".", 1)[0]) not in tokens
+            if (name := _top_field(chunk.path_in_schema, fields)) not in tokens
             and (columns is None or name in columns)
         )
 
@@ -346,3 +348,11 @@ class _DecodeLog:
                 return False
             self._warned = True
             return True
+
+
+def _top_field(path: str, fields: set[str]) -> str:
+    """A leaf column's top-level field: the longest of ``fields`` its dotted path is, or
+    starts with (a top-level name may hold a dot itself: "doc.text" is no struct's child)."""
+    parts = path.split(".")
+    prefixes = (".".join(parts[:end]) for end in range(len(parts), 0, -1))
+    return next((prefix for prefix in prefixes if prefix in fields), parts[0])

@@ -111,6 +111,48 @@ def test_a_token_column_that_is_not_a_list_of_integers_is_refused_at_open(
         Dataset.from_path("p", parquet_dir, columns=["nope"])
 
 
+@pytest.mark.parametrize("name", ["doc_text", "doc.text"])
+def test_a_column_named_with_a_dot_is_weighed_in_the_row_group_cache(
+    tmp_path: Path, name: str
+) -> None:
+    """A leaf's top-level field was its path cut at the first dot: a column named "doc.text"
+    weighed nothing, so the cache's byte bound never evicted its row groups."""
+    groups, rows = 12, 20
+    path = tmp_path / "a.parquet"
+    table = pa.table({name: ["y" * 10_000] * (groups * rows), "id": list(range(groups * rows))})
+    pq.write_table(table, path, row_group_size=rows, use_dictionary=False)
+    options = {"parquet": {"row_group_cache_bytes": 1 << 20}}
+    dataset = Dataset.from_path("d", path, columns=[name], io_options=options)
+    for group in range(groups):
+        assert dataset.read_rows(0, [group * rows]) == [{name: "y" * 10_000}]
+    held = len(dataset._reader._groups)  # type: ignore[attr-defined]
+    assert held <= 5, held  # 200 KB a group under a 1 MiB bound
+
+
+def test_nanosecond_times_read_exactly_as_numpy_values(tmp_path: Path) -> None:
+    """Python's datetime holds microseconds, and pyarrow refuses to cut nanoseconds without
+    pandas: a shard with a nanosecond timestamp, duration or time column failed to read at
+    all, even where only its text was used."""
+    ticks = pa.array([1_700_000_000_123_456_789, None], pa.int64())
+    table = pa.table(
+        {
+            "text": ["a", "b"],
+            "at": ticks.cast(pa.timestamp("ns")),
+            "took": pa.array([1_000_000_001, None], pa.int64()).cast(pa.duration("ns")),
+            "when": pa.array([1_000_000_001, None], pa.int64()).cast(pa.time64("ns")),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    rows = Dataset.from_path("d", tmp_path / "a.parquet").read_rows(0, [0, 1])
+    assert rows[0] == {
+        "text": "a",
+        "at": np.datetime64(1_700_000_000_123_456_789, "ns"),
+        "took": np.timedelta64(1_000_000_001, "ns"),
+        "when": np.timedelta64(1_000_000_001, "ns"),
+    }
+    assert rows[1] == {"text": "b", "at": None, "took": None, "when": None}
+
+
 def test_a_truncated_parquet_file_raises_a_data_error_naming_dataset_and_shard(
     tmp_path: Path,
 ) -> None:
