@@ -37,9 +37,15 @@ def compression_of(path: str) -> Compression | None:
         head = handle.read(4)
     if head.startswith(_GZIP_MAGIC):
         return "gzip"
-    if head.startswith(_ZSTD_MAGIC):
+    if head.startswith(_ZSTD_MAGIC) or _skippable(head):
         return "zstd"
     return None
+
+
+def _skippable(head: bytes) -> bool:
+    """Whether `head` starts a zstd skippable frame (magic 0x184D2A50-5F, little-endian), as
+    `pzstd` begins its output with: zstd data, read frame by frame."""
+    return len(head) == 4 and int.from_bytes(head, "little") & ~0xF == 0x184D2A50
 
 
 class CorruptError(Exception):

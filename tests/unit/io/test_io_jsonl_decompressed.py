@@ -324,6 +324,20 @@ def test_shards_opened_together_that_fit_one_at_a_time_do_not_wait_on_each_other
     assert used <= max_bytes
 
 
+def test_a_zstd_shard_starting_with_a_skippable_frame_is_read_as_zstd(tmp_path: Path) -> None:
+    """`pzstd` starts its output with a skippable frame: such a shard was taken for plain
+    text and its first row refused as malformed JSON."""
+    rows = [{"text": "a"}, {"text": "b"}]
+    skippable = (0x184D2A50).to_bytes(4, "little") + (4).to_bytes(4, "little") + b"zeph"
+    packed = zstandard.ZstdCompressor().compress(
+        "".join(json.dumps(row) + "\n" for row in rows).encode()
+    )
+    path = tmp_path / "a.jsonl.zst"
+    path.write_bytes(skippable + packed)
+    options = {"cache": {"dir": str(tmp_path / "c")}}
+    assert Dataset.from_path("d", path, io_options=options).read_rows(0, [0, 1]) == rows
+
+
 def test_a_truncated_zstd_shard_is_a_data_error(tmp_path: Path) -> None:
     blob = _zstd(_lines(300))
     for cut in (1, len(blob) // 2):
