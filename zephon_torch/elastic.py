@@ -75,9 +75,7 @@ def check_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size:
         StateMismatchError: naming the turns the lanes are at.
     """
     if ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=world_size):
-        turns = {
-            0 if s is None else int(s["turn"]) for s in lanes.values() if not (s or {}).get("done")
-        }
+        turns = {turn for turn in _lane_turns(lanes).values() if turn is not None}
         raise StateMismatchError(
             {
                 "lanes": (
@@ -99,9 +97,7 @@ def ranks_out_of_step(
     ranks holding ``lanes`` are not in step, else None. In step, every rank's lanes are at the
     turns every other rank's are, offset by offset: ranks deliver micro-batches together."""
     per_rank = canonical_replicas // world_size
-    turns: dict[int, int | None] = {}
-    for key, lane in lanes.items():
-        turns[int(key)] = 0 if lane is None else None if lane["done"] else int(lane["turn"])
+    turns = _lane_turns(lanes)
     by_rank = [
         [turns.get(rank * per_rank + offset, 0) for offset in range(per_rank)]
         for rank in range(world_size)
@@ -112,6 +108,14 @@ def ranks_out_of_step(
         if len(at) > 1:
             return by_rank
     return None
+
+
+def _lane_turns(lanes: dict[str, Any]) -> dict[int, int | None]:
+    """Each lane's turn: 0 for one not begun, None for a spent one."""
+    return {
+        int(key): 0 if lane is None else None if lane["done"] else int(lane["turn"])
+        for key, lane in lanes.items()
+    }
 
 
 _SAMPLER_STATE_VERSION = 1

@@ -51,7 +51,8 @@ def versioned_per_open(
     once that second is over (by this machine's clock). Copies of the dataset (DataLoader
     workers) share this open's version."""
     now = time.time()
-    bare = [item.url for _, item in objects if not _settled(item.version, now)]
+    settled = [_settled(item.version, now) for _, item in objects]
+    bare = [item.url for (_, item), kept in zip(objects, settled, strict=True) if not kept]
     if not bare:
         return objects
     warnings.warn(
@@ -63,8 +64,8 @@ def versioned_per_open(
     )
     stamp = f"{PER_OPEN}{time.time_ns()}:"
     return [
-        (p, item if _settled(item.version, now) else replace(item, version=stamp + item.version))
-        for p, item in objects
+        (p, item if kept else replace(item, version=stamp + item.version))
+        for (p, item), kept in zip(objects, settled, strict=True)
     ]
 
 

@@ -128,11 +128,8 @@ def _stable(value: Any) -> str:
     if isinstance(value, (float, complex, str, bytes)):
         return repr(value)
     if isinstance(value, (np.ndarray, np.generic)):
-        array = np.asarray(value)
-        if array.dtype.hasobject:
-            return f"array({_stable(array.tolist())})"
-        digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
-        return f"array({array.dtype}, {array.shape}, {digest})"
+        array = np.asarray(value)  # a numpy scalar too: by dtype and bytes
+        return f"array({_stable(array.tolist())})" if array.dtype.hasobject else _argument(array)
     if isinstance(value, (set, frozenset)):
         return f"{type(value).__name__}({', '.join(sorted(_stable(v) for v in value))})"
     if isinstance(value, (list, tuple)):
