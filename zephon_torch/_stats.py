@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,33 +36,45 @@ class RunCounters:
 
     def delivered(self, batch: Batch, waited: float, queued: int | None) -> None:
         """Record one micro-batch handed to the consumer after ``waited`` seconds."""
-        self.batches += 1
-        rows, width = batch.input_ids.shape
-        self.rows += rows
-        self.row_capacity += rows * width
-        for name, n in batch.tokens_by_source().items():
-            self.tokens_by_source[name] = self.tokens_by_source.get(name, 0) + n
-        if self.count_documents:
-            for name, n in batch.documents_by_source().items():
-                self.documents_by_source[name] = self.documents_by_source.get(name, 0) + n
-        self.consumer_waited += waited
+        documents = batch.documents_by_source() if self.count_documents else {}
+        self.received(batch.input_ids.shape, batch.tokens_by_source(), documents, waited)
         if queued is not None:
             self.queue_samples += 1
             self.queue_total += queued
+
+    def received(
+        self,
+        shape: tuple[int, ...],
+        tokens: dict[str, int],
+        documents: dict[str, int],
+        waited: float,
+    ) -> None:
+        """Record one micro-batch of ``shape`` [rows, width] holding ``tokens`` (and beginning
+        ``documents``) per source, which the consumer waited ``waited`` seconds for."""
+        self.batches += 1
+        rows, width = shape
+        self.rows += rows
+        self.row_capacity += rows * width
+        for name, n in tokens.items():
+            self.tokens_by_source[name] = self.tokens_by_source.get(name, 0) + n
+        for name, n in documents.items():
+            self.documents_by_source[name] = self.documents_by_source.get(name, 0) + n
+        self.consumer_waited += waited
 
 
 def report(
     counters: RunCounters,
     *,
     targets: dict[str, float],
-    operators: dict[str, tuple[float, int]],
-    reader_waited: float,
+    operators: dict[str, tuple[float, int]] | None,
+    reader_waited: float | None,
     skipped: dict[str, int],
     state_bytes: int,
     cache: dict[str, Any] | None = None,
     mixing: str = "tokens",
 ) -> dict[str, Any]:
-    """The stats report as plain data (see ``Pipeline.stats``)."""
+    """The stats report as plain data (see ``Pipeline.stats``); ``operators`` and
+    ``reader_waited`` are None where they were measured in other processes."""
     ended = counters.ended if counters.ended is not None else time.perf_counter()
     elapsed = ended - counters.started
     tokens = sum(counters.tokens_by_source.values())
@@ -69,7 +82,6 @@ def report(
     by_documents = mixing == "documents"
     shared = counters.documents_by_source if by_documents else counters.tokens_by_source
     total = sum(shared.values())
-    busy = sum(seconds for seconds, _ in operators.values()) or 1.0
     return {
         "batches": counters.batches,
         "elapsed_s": elapsed,
@@ -83,15 +95,7 @@ def report(
         "target_shares": dict(targets),
         "padding_fraction": 1 - tokens / counters.row_capacity if counters.row_capacity else 0.0,
         "skipped_documents": dict(skipped),
-        "operators": {
-            name: {
-                "seconds": seconds,
-                "documents": count,
-                "documents_per_s": count / seconds if seconds > 0 else 0.0,
-                "time_share": seconds / busy,
-            }
-            for name, (seconds, count) in operators.items()
-        },
+        "operators": None if operators is None else _operators(operators),
         "stalls": {
             "consumer_waited_s": counters.consumer_waited,
             "packer_waited_for_documents_s": reader_waited,
@@ -104,12 +108,21 @@ def report(
     }
 
 
+def _operators(operators: dict[str, tuple[float, int]]) -> dict[str, dict[str, float]]:
+    busy = sum(seconds for seconds, _ in operators.values()) or 1.0
+    return {
+        name: {
+            "seconds": seconds,
+            "documents": count,
+            "documents_per_s": count / seconds if seconds > 0 else 0.0,
+            "time_share": seconds / busy,
+        }
+        for name, (seconds, count) in operators.items()
+    }
+
+
 def pipeline_stats(pipeline: Pipeline) -> dict[str, Any]:
     """``Pipeline.stats()``: the counters of its live (or last) iteration, and its state."""
-    skipped = {"too_long": 0, "too_short": 0}
-    for state in pipeline._lane_states.values():
-        for key, n in _find_skipped(state).items():
-            skipped[key] += n
     runtime = pipeline._runtime
     source = pipeline._source
     return report(
@@ -117,11 +130,40 @@ def pipeline_stats(pipeline: Pipeline) -> dict[str, Any]:
         targets=dict(zip(source.names, source.weights)),
         operators=runtime.operator_seconds() if runtime is not None else {},
         reader_waited=runtime.reader_waited() if runtime is not None else 0.0,
-        skipped=skipped,
+        skipped=skipped_documents(pipeline._lane_states.values()),
         state_bytes=len(json.dumps(pipeline.state_dict())),
         cache=_cache_report(pipeline),
         mixing=source.mixing,
     )
+
+
+def loader_stats(
+    pipeline: Pipeline, counters: RunCounters, lanes: dict[str, Any]
+) -> dict[str, Any]:
+    """``DataLoader.stats()``: what the loop received, counted in the loop's process from
+    each batch's record, with ``lanes`` the rank's delivered lane states. Operator timings
+    and the packers' waits are the workers' (None here)."""
+    source = pipeline._source
+    state = pipeline.state_dict()
+    state["lanes"] = lanes
+    return report(
+        counters,
+        targets=dict(zip(source.names, source.weights)),
+        operators=None,
+        reader_waited=None,
+        skipped=skipped_documents(lanes.values()),
+        state_bytes=len(json.dumps(state)),
+        mixing=source.mixing,
+    )
+
+
+def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str, int]:
+    """Documents the length rules skipped, summed over lane states."""
+    skipped = {"too_long": 0, "too_short": 0}
+    for state in lane_states:
+        for key, n in _find_skipped(state).items():
+            skipped[key] += n
+    return skipped
 
 
 def _cache_report(pipeline: Pipeline) -> dict[str, Any] | None:

@@ -588,7 +588,8 @@ class Pipeline:
         and the state size in bytes. Operator timings cover the threads runner. Skips are
         counted from the run's start (a resumed run's too) up to the last delivered batch's
         state (under ``shuffle``, up to the start of its block). A ``DataLoader`` iterates
-        its own copy of the pipeline: this pipeline's stats stay empty then."""
+        its own copy of the pipeline: this pipeline's stats stay empty then (the loader's
+        ``stats()`` counts what the loop received)."""
         return pipeline_stats(self)
 
     def _end_live(self) -> None:

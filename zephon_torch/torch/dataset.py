@@ -155,6 +155,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             if self._loaded is not None and self._loaded.get("estimation") is not None:
                 state["estimation"] = self._loaded["estimation"]
             pipeline.load_state_dict(state)
+        by_documents = pipeline._source.mixing == "documents"  # for the loader's stats
         try:
             for batch in pipeline:
                 self._delivered[str(batch.lane)] = batch.state
@@ -169,6 +170,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                         "turn": batch.turn,
                         "tokens": batch.num_tokens,
                         "state": batch.state,
+                        "sources": batch.tokens_by_source(),
+                        "documents": batch.documents_by_source() if by_documents else {},
                     }
                 yield pack(item) if self.pack_transport and info is not None else item
         except ZephonError as error:

@@ -9,12 +9,14 @@ worker, ``num_workers`` may change between save and load.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
 from zephon_torch._lanes import calibrated, cut_at_empty_turn, in_lane_order, warn_if_spent
+from zephon_torch._stats import RunCounters, loader_stats
 from zephon_torch.elastic import check_in_step
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
@@ -101,6 +103,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # spent lanes pad on and the stream never ends: the caller cuts it (verify's
         # simulated ranks, which end together where no rank has data)
         self._pad_on = False
+        self._counters = RunCounters()  # of the newest iteration (`stats`)
 
     @property
     def pipeline_dataset(self) -> PipelineDataset:
@@ -144,7 +147,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             per_turn = len(pipeline.lanes)
             items = equal_ending(items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun)
         self._generation += 1
-        return self._strip(items, self._generation, resumed=resumed)
+        self._counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
+        return self._strip(items, self._generation, self._counters, resumed=resumed)
 
     def _lane_turns(self) -> dict[int, int]:
         """The turn each of this rank's lanes resumes at (0 for a lane not started)."""
@@ -165,7 +169,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         return sum(turn > min(turns) for turn in turns)
 
     def _strip(
-        self, items: Iterator[dict[str, Any]], generation: int, *, resumed: bool
+        self,
+        items: Iterator[dict[str, Any]],
+        generation: int,
+        counters: RunCounters,
+        *,
+        resumed: bool,
     ) -> Iterator[dict[str, Any]]:
         delivered = 0
         while True:
@@ -174,11 +183,20 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                     "this iterator of the loader is stale: the loader was iterated again or "
                     "loaded a state since it was made; use the newest iter(loader)"
                 )
-            item = next(items, None)
+            start = time.perf_counter()
+            try:
+                item = next(items, None)
+            except BaseException:
+                counters.ended = time.perf_counter()
+                raise
             if item is None:
+                counters.ended = time.perf_counter()
                 warn_if_spent(resumed, delivered)
                 return
             delivered += 1
+            meta = item[META_KEY]
+            waited = time.perf_counter() - start
+            counters.received(item["input_ids"].shape, meta["sources"], meta["documents"], waited)
             if not self.deliver_on_use and META_KEY in item:
                 self.mark_delivered(item)
             yield item
@@ -193,6 +211,17 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # a lane's batch marked after a later one of the same lane must not move it back
         if held is None or state["turn"] >= held["turn"]:
             self._delivered[lane] = state
+
+    def stats(self) -> dict[str, Any]:
+        """What the loop received from the current (or last) iteration, counted in the
+        loop's process: batches, tokens and tokens/s, delivered shares against targets,
+        padding fraction, documents skipped by policy (from the run's start, as
+        ``Pipeline.stats``), the time the loop waited for batches (``stalls``) and this rank's
+        state size. Per-operator timings and the packers' waits are measured in the workers
+        (``options(stats_every=..., on_stats=...)`` reports them there): None here. Not a
+        collective: under ``torch.distributed`` each rank reports its own lanes."""
+        lanes = self.pipeline_dataset.resume_lanes(self._delivered)
+        return loader_stats(self.pipeline_dataset.pipeline, self._counters, lanes)
 
     def state_dict(self) -> dict[str, Any]:
         """The pipeline state after the last batch handed to the loop (global under
