@@ -9,6 +9,7 @@ here, only when drawing, with the Agg backend (no display needed).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,24 @@ def panel_titles(runs: list[Run]) -> tuple[str, str]:
     if all(r.hashes == standard[0].hashes for r in standard):
         return zephon, "standard loader: curves coincide"
     return zephon, "standard loader: W changes data"
+
+
+def check_target(path: str | os.PathLike[str]) -> None:
+    """Refuse, before any run, a picture that could not be drawn or written: no matplotlib,
+    or a folder that does not exist or cannot be written to.
+
+    Raises:
+        ConfigError: naming what is missing.
+    """
+    try:
+        _pyplot()
+    except ImportError as error:
+        raise ConfigError(str(error)) from error
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ConfigError(f"`--plot` {str(path)!r}: the folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"`--plot` {str(path)!r}: the folder {str(folder)!r} is not writable")
 
 
 def _pyplot() -> Any:

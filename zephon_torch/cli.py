@@ -56,8 +56,9 @@ def _verify(args: argparse.Namespace) -> int:
     sizes = list(args.world_sizes) if args.world_sizes else None
     runs: list[Run]
     if args.plot:
-        from zephon_torch._plot import render
+        from zephon_torch._plot import check_target
 
+        check_target(args.plot)  # before the runs, which may take minutes
         steps = args.steps or (200 if args.train else 24)
         comparison = compare(
             build,
@@ -69,7 +70,6 @@ def _verify(args: argparse.Namespace) -> int:
         if comparison.note:
             print(f"note: {comparison.note}")
         runs = comparison.runs
-        render(comparison, args.plot, title=f"zephon-torch verify {args.recipe}")
     else:
         steps = args.steps or 8
         # the default fault lies inside the run (a fault at or after its end resumes nothing)
@@ -87,6 +87,13 @@ def _verify(args: argparse.Namespace) -> int:
     summary, code = overall(runs)
     print(f"\nverdict: {summary}")
     if args.plot:
+        from zephon_torch._inspect import failed
+        from zephon_torch._plot import render
+
+        try:  # after the verdict: a picture that cannot be written loses no run
+            render(comparison, args.plot, title=f"zephon-torch verify {args.recipe}")
+        except OSError as error:
+            return failed("verify", OSError(f"cannot write the picture: {error}"), sys.stdout)
         print(f"picture: {args.plot}")
     return code
 
@@ -183,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify",
         help="check identical global batches across configurations",
         epilog="exit codes: 0 IDENTICAL; 1 DIVERGES (a configuration gave other batches or "
-        "failed while running); 2 an error of the recipe or the arguments; 3 INCOMPLETE (no "
+        "failed while running); 2 an error of the recipe or the arguments (before any run), or "
+        "a --plot picture that could not be written (after the verdict); 3 INCOMPLETE (no "
         "divergence, but a configuration FAILED TO RUN for a reason of setup, such as a "
         "function spawned workers cannot pickle, or of the machine: an OSError, MemoryError)",
     )

@@ -79,6 +79,39 @@ def test_the_command_writes_the_picture_and_prints_the_table(
     assert "zephon W=4 fault@2 -> W=2: IDENTICAL" in text and f"picture: {out}" in text
 
 
+def test_a_picture_that_cannot_be_drawn_is_refused_before_any_run(
+    tmp_path: Path,
+    tokenizer: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The folder and matplotlib were checked only after every run: the runs were lost, with a
+    traceback and exit code 1, the code of DIVERGES."""
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")
+    base = ["verify", str(recipe), "--steps", "4", "--world-sizes", "4,2"]
+    assert main([*base, "--plot", str(tmp_path / "missing" / "p.png")]) == 2
+    captured = capsys.readouterr()
+    assert "IDENTICAL" not in captured.out and "does not exist" in captured.err
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    assert main([*base, "--plot", str(tmp_path / "p.png")]) == 2
+    captured = capsys.readouterr()
+    assert "IDENTICAL" not in captured.out and "pip install" in captured.err
+
+
+def test_a_picture_that_fails_to_write_after_the_runs_keeps_the_verdict(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_recipe(tmp_path, tokenizer, "recipe")
+    taken = tmp_path / "p.png"
+    taken.mkdir()  # a folder where the picture goes: writing it fails after the runs
+    code = main(
+        ["verify", str(recipe), "--plot", str(taken), "--steps", "4", "--world-sizes", "4,2"]
+    )
+    captured = capsys.readouterr()
+    assert code == 2 and "verdict: zephon_torch IDENTICAL" in captured.out
+    assert "cannot write the picture" in captured.err
+
+
 def test_importing_the_library_and_verify_does_not_import_matplotlib() -> None:
     code = (
         "import sys, zephon_torch, zephon_torch.verify, zephon_torch._plot, zephon_torch.cli; "
