@@ -15,6 +15,7 @@ import glob
 import itertools
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -59,8 +60,8 @@ def find_files(
     indexed = _indexed(text, format_)
     if indexed is not None:
         return indexed
-    if os.path.isfile(text):
-        files, where = [os.path.abspath(text)], "file"
+    if os.path.isfile(text) or (os.path.lexists(text) and not os.path.isdir(text)):
+        files, where = [os.path.abspath(text)], "file"  # not a regular file: refused below
     elif os.path.isdir(text):
         files, where = _walk(text, exclude), "directory"
     elif GLOB_CHARS.intersection(text):
@@ -69,9 +70,33 @@ def find_files(
         raise ConfigError(f"no files found at {text!r}: the path does not exist")
     if not files:
         raise ConfigError(f"no files found at {text!r}: the {where} holds no visible files")
-    if format_ is not None:
-        return format_, files
-    return _detect(text, where, files)
+    found = (format_, files) if format_ is not None else _detect(text, where, files)
+    _check_regular(found[1])
+    return found
+
+
+def _check_regular(files: list[str]) -> None:
+    """Refuse a data file that is not a regular file: opening a named pipe waits for a writer
+    that may never come, and a link to nothing holds no data."""
+    for file in files:
+        if os.path.isfile(file):
+            continue
+        try:
+            mode = os.stat(file).st_mode
+        except OSError:
+            kind = "a link to a file that does not exist"
+        else:
+            kind = (
+                "a named pipe"
+                if stat.S_ISFIFO(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "a device"
+            )
+        raise ConfigError(
+            f"{file!r} is not a regular file ({kind}): a dataset reads regular files only; "
+            "move it out of the dataset's folder or leave it out of the glob"
+        )
 
 
 def _indexed(text: str, format_: str | None) -> tuple[str, list[str]] | None:
@@ -168,7 +193,7 @@ def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:
         matches = [m for m in glob.glob(pattern) if not os.path.realpath(m).startswith(inside)]
     first: dict[str, str] = {}  # real folder -> the path its files are read by
     files = []
-    for match in sorted(os.path.abspath(m) for m in matches if os.path.isfile(m)):
+    for match in sorted(os.path.abspath(m) for m in matches if not os.path.isdir(m)):
         folder = os.path.dirname(match)
         if first.setdefault(os.path.realpath(folder), folder) == folder:
             files.append(match)

@@ -111,3 +111,25 @@ def test_bad_projection_arguments_are_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         Dataset.from_path("d", jsonl_file, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["directory", "glob", "file"])
+def test_a_named_pipe_or_a_dangling_link_among_the_data_is_refused_not_opened(
+    tmp_path: Path, how: str
+) -> None:
+    """A folder's walk kept a named pipe, whose open waited for a writer for ever, and a glob
+    dropped it (and a link to nothing) without a word."""
+    import os
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "README").write_text("not data, left out by its name")
+    os.mkfifo(tmp_path / "b.jsonl")
+    path = {"directory": tmp_path, "glob": tmp_path / "*.jsonl", "file": tmp_path / "b.jsonl"}
+    with pytest.raises(ConfigError, match=r"b\.jsonl' is not a regular file \(a named pipe\)"):
+        Dataset.from_path("d", path[how])
+    os.unlink(tmp_path / "b.jsonl")
+    os.symlink(tmp_path / "gone.jsonl", tmp_path / "c.jsonl")
+    with pytest.raises(ConfigError, match=r"c\.jsonl' is not a regular file \(a link to a file th"):
+        Dataset.from_path("d", tmp_path if how == "directory" else tmp_path / "*.jsonl")
+    os.unlink(tmp_path / "c.jsonl")
+    assert Dataset.from_path("d", path["glob"]).num_rows == 1
