@@ -175,16 +175,18 @@ def _save(index: LineIndex, target: str) -> None:
 
 def _forget_older(target: str) -> None:
     """Removes the cached indexes of other versions of the file `target` indexes (named by
-    the same path digest) that no open has used for `_UNUSED_S`: a file rewritten again and
+    the same path digest; for a download's index, of every other download) that no open has
+    used for `_UNUSED_S`: a file rewritten again and
     again would leave one index per version for ever. Versions in use stay, such as the copies
     nodes keep of a dataset at one path (`rsync -a`: other inodes) with a shared cache folder;
     each load marks its index used. A process still reading a removed one keeps it mapped."""
     name = os.path.basename(target)
     where, dash, _ = name.partition("-")
-    if not dash:  # a download's index: its name says which version, and the cache evicts it
-        return
+    # a download's index is named by the download alone (object and version), so no name
+    # groups the versions of one object: every other download's index unused as long goes
+    pattern = f"{where}-*.npy" if dash else "?" * len(where.removesuffix(".npy")) + ".npy"
     unused = time.time() - _UNUSED_S
-    for older in glob.glob(os.path.join(glob.escape(os.path.dirname(target)), f"{where}-*.npy")):
+    for older in glob.glob(os.path.join(glob.escape(os.path.dirname(target)), pattern)):
         if os.path.basename(older) == name:
             continue
         with contextlib.suppress(OSError):

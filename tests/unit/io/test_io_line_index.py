@@ -140,6 +140,27 @@ def test_indexes_of_other_versions_go_once_unused_for_a_week(
     assert time.time() - marked < 60
 
 
+def test_indexes_of_downloads_go_once_unused_for_a_week(tmp_path: Path, write_jsonl: Any) -> None:
+    """A download's index is named by the download (object and version): none was ever
+    removed, so each version of a remote shard read left its index (16 bytes a row) for ever."""
+    path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
+    cache = str(tmp_path / "cache")
+    load_or_build(str(path), cache, path.read_bytes)  # a local file's index: not a download's
+    local = Path(_line_index.cache_file(cache, str(path)))
+    names = [f"{digest}-data.jsonl" for digest in ("aa01", "aa02", "aa03", "aa04")]
+    for name in names[:3]:
+        load_or_build(str(path), cache, path.read_bytes, name=name)
+    week = 7 * 24 * 3600
+    for name in (*names[:2], None):
+        index = Path(_line_index.cache_file(cache, str(path), name))
+        os.utime(index, (index.stat().st_atime - week - 60,) * 2)
+    load_or_build(str(path), cache, path.read_bytes, name=names[3])
+    kept = {Path(_line_index.cache_file(cache, str(path), name)).exists() for name in names[:2]}
+    assert kept == {False}
+    assert all(Path(_line_index.cache_file(cache, str(path), n)).exists() for n in names[2:])
+    assert local.exists()  # a local file's versions age out by their own path only
+
+
 def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_indexed_again(
     tmp_path: Path, counting_scan: _CountingScan
 ) -> None:
