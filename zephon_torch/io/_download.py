@@ -1,28 +1,33 @@
-"""One object's download into a file: retried, and checked against the listing it came from.
+"""Reads of listed objects, retried and checked against the listing they came from.
 
-The bytes kept are the listed version's or none: after the transfer the object's size and
+The bytes kept are the listed version's or none: after a download the object's size and
 version are compared with its listing's (one HEAD; a fresh listing where that differs), since
-the cache, and the JSONL line index kept under its name, must not hold another version. An
-object gone from the store is a `DataError`; a download whose file went with the cache folder
-(a cleaner) stays the `FileNotFoundError` the cache retries once.
+the cache, and the JSONL line index kept under its name, must not hold another version. A read
+that fails for good asks the store the same, since stores answer a read of an object changed or
+gone since its listing in many ways (S3: a 416 for a range past a shrunk end, NoSuchKey, s3fs's
+FileExpired for another ETag): such an object is a `DataError` naming the shard, any other such
+failure a `StorageError` naming the URL. A download whose file went with the cache folder (a
+cleaner) stays the `FileNotFoundError` the cache retries once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import fsspec.callbacks
 
 from zephon_torch._progress import Progress
-from zephon_torch.errors import DataError
+from zephon_torch.errors import DataError, StorageError, ZephonError
 from zephon_torch.io._remote import find_detailed, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._versions import identity, listed_version
+
+T = TypeVar("T")
 
 
 def fetch(
@@ -40,7 +45,7 @@ def fetch(
 
     Raises:
         DataError: the object is missing, or changed since it was listed.
-        StorageError: the store failed past the retries.
+        StorageError: the store failed past the retries, or for good (see `read_listed`).
         FileNotFoundError: `target`'s folder went during the download.
     """
 
@@ -58,21 +63,84 @@ def fetch(
             check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)  # else retried
             raise OSError(f"truncated download: {got} of {item.size} bytes")
 
+    folder = os.path.dirname(target)
+    read_listed(
+        attempt, fs, fs_path, item, dataset=dataset, retry=retry, what="download", folder=folder
+    )
+    check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)
+
+
+def read_listed(
+    call: Callable[[], T],
+    fs: Any,
+    fs_path: str,
+    item: CachedObject,
+    *,
+    dataset: str,
+    retry: RetryPolicy,
+    what: str,
+    shard: str | None = None,
+    folder: str | None = None,
+) -> T:
+    """Returns `call()`, a read of the listed object `item` (at `fs_path` on `fs`), retried
+    under `retry`; a failure that is not retried asks the store whether the object is still
+    as listed, to say which of the errors below it is.
+
+    Args:
+        call: the read.
+        fs: the file system.
+        fs_path: the object's path on `fs`.
+        item: the object as listed.
+        dataset: the dataset, named in errors.
+        retry: the retry bounds.
+        what: a few words on the read ("reading the footer"), for the message.
+        shard: the shard errors name: the object's URL by default (a `.npy` token file's for
+            its offsets file).
+        folder: the local folder `call` writes into (a download's).
+
+    Raises:
+        DataError: the object is missing, or changed since it was listed.
+        StorageError: the store failed past the retries, or for good on an object still as
+            listed.
+        ConfigError: no usable credentials, or access denied (see `call_with_retry`).
+        FileNotFoundError: `folder` went during the call, while the object is still there.
+    """
+    shard = item.url if shard is None else shard
     try:
-        call_with_retry(attempt, url=item.url, policy=retry, what="download")
-        check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)
-    except FileNotFoundError:  # listed when the dataset was opened, gone since?
-        if _still_there(fs, fs_path, os.path.dirname(target)):
-            raise  # no: the cache folder was deleted under the download (see ShardCache.ensure)
-        raise DataError(
-            f"the object is missing{CHANGED_NOTE}", dataset=dataset, shard=item.url
-        ) from None
+        return call_with_retry(call, url=item.url, policy=retry, what=what)
+    except ZephonError:
+        raise
+    except OSError as error:
+        present = _present(fs, fs_path)
+        unknown = present is None and folder is not None and not os.path.isdir(folder)
+        gone_folder = folder is not None and (present is True or unknown)
+        if isinstance(error, FileNotFoundError) and gone_folder:
+            raise  # the cache folder went under the download (see ShardCache.ensure)
+        if present is False or (present is None and isinstance(error, FileNotFoundError)):
+            subject = _subject(item, shard)
+            raise DataError(
+                f"{subject} is missing since it was listed{CHANGED_NOTE}",
+                dataset=dataset,
+                shard=shard,
+            ) from error
+        check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
+        raise StorageError(
+            f"{what} failed, and not in a way worth retrying: {type(error).__name__}: {error}",
+            url=item.url,
+        ) from error
 
 
 def check_unchanged(
-    fs: Any, fs_path: str, item: CachedObject, *, dataset: str, retry: RetryPolicy
+    fs: Any,
+    fs_path: str,
+    item: CachedObject,
+    *,
+    dataset: str,
+    retry: RetryPolicy,
+    shard: str | None = None,
 ) -> None:
-    """``DataError`` when the object's size or version now differs from its listing's.
+    """``DataError`` when the object's size or version now differs from its listing's, naming
+    `shard` (by default the object's URL).
 
     Asked first by ``info`` (one HEAD; a listing of one object cost two requests, 13 ms
     a shard against 6 on loopback S3): the same size and version settle it. Else it is
@@ -101,27 +169,32 @@ def check_unchanged(
     info = sized(fs, fs_path, info, url=item.url, retry=retry)
     if not _same(item, info):
         now = identity(item.url, info)
+        shard = item.url if shard is None else shard
         raise DataError(
-            f"the object changed since it was listed (size {item.size}, version "
+            f"{_subject(item, shard)} changed since it was listed (size {item.size}, version "
             f"{listed_version(item)!r}; now size {now.size}, version {now.version!r})"
             f"{CHANGED_NOTE}",
             dataset=dataset,
-            shard=item.url,
+            shard=shard,
         )
 
 
-def _still_there(fs: Any, fs_path: str, folder: str) -> bool:
-    """After a download raised `FileNotFoundError`: whether the object is still in the store,
-    so that the error was the cache folder's (deleted under the download, and maybe made
-    again at once by another process sharing it). Where the store does not answer, whether
-    the download's `folder` is gone."""
+def _subject(item: CachedObject, shard: str) -> str:
+    """How a message on the object `item` names it, in an error naming `shard`."""
+    return "the object" if shard == item.url else f"its file {os.path.basename(item.url)!r}"
+
+
+def _present(fs: Any, fs_path: str) -> bool | None:
+    """Whether the store holds the object now (a FileNotFoundError of a download may be the
+    cache folder's, deleted under it, and maybe made again at once by another process sharing
+    it); None where the store does not answer."""
     fs.invalidate_cache(fs_path)
     try:
         fs.info(fs_path)
     except FileNotFoundError:
         return False
-    except Exception:
-        return not os.path.isdir(folder)
+    except Exception:  # any doubt (denied, an error): not known
+        return None
     return True
 
 

@@ -9,7 +9,8 @@ MDS and LitData from `index.json`, Parquet footers and `.npy` headers by range r
 `_remote_rows`). The reader pickles as its settings and object
 table; a worker rebuilds the file system, the cache handle and the local reader on first use.
 Every remote call is retried under the `RetryPolicy`, then fails with a StorageError naming the
-URL.
+URL; an object changed or gone since its listing is a DataError naming the shard (see
+`_download.read_listed`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._background import Background
-from zephon_torch.io._download import fetch
+from zephon_torch.io._download import fetch, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
@@ -40,7 +41,6 @@ from zephon_torch.io._remote_rows import (
     remember_layout,
     remembered_layout,
 )
-from zephon_torch.io._retry import call_with_retry
 from zephon_torch.io._rows import Rows, TokenIds
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
@@ -414,12 +414,16 @@ class RemoteReader:
         def tail(length: int) -> bytes:
             def attempt() -> bytes:
                 start = max(0, item.size - length)
-                data: bytes = self._filesystem().cat_file(fs_path, start=start, end=item.size)
+                data: bytes = fs.cat_file(fs_path, start=start, end=item.size)
                 return data
 
             retry = self.options.retry
-            return call_with_retry(attempt, url=path, policy=retry, what="reading the footer")
+            what = "reading the footer"
+            return read_listed(
+                attempt, fs, fs_path, item, dataset=self.dataset, retry=retry, what=what
+            )
 
+        fs = self._filesystem()
         return parquet_layout(tail, size=item.size, url=path, dataset=self.dataset)
 
     def _npy_rows(self, path: str) -> int:

@@ -23,8 +23,9 @@ import numpy as np
 from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import DataError
 from zephon_torch.io._arrow import Columns, schema_columns
+from zephon_torch.io._download import read_listed
 from zephon_torch.io._mapped import read_header
-from zephon_torch.io._retry import RetryPolicy, call_with_retry
+from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import ESTIMATE_VERSION, group_sizes
@@ -116,7 +117,9 @@ def _npy_header(
 
     Raises:
         DataError: naming `dataset` and `shard`, when the values the header says it holds end
-            past the object's listed size (a longer object is read, as a local file is).
+            past the object's listed size (a longer object is read, as a local file is), or
+            the object changed or went since it was listed (see `read_listed`).
+        StorageError: the store failed (see `read_listed`).
     """
     fs_path, item = objects[url]
 
@@ -128,7 +131,10 @@ def _npy_header(
                 return None
             return (found.shape, found.dtype, handle.tell()) if found.dtype.kind in "iu" else None
 
-    found = call_with_retry(header, url=url, policy=policy, what="reading the header")
+    what = "reading the header"
+    found = read_listed(
+        header, fs, fs_path, item, dataset=dataset, retry=policy, what=what, shard=shard
+    )
     if found is not None:
         shape, dtype, start = found
         end = start + math.prod(shape) * dtype.itemsize
@@ -174,7 +180,10 @@ def _npy_value(
             )
         return int(np.frombuffer(data, dtype=dtype, count=1)[0])
 
-    return call_with_retry(value, url=url, policy=policy, what="reading the offsets")
+    what = "reading the offsets"
+    return read_listed(
+        value, fs, fs_path, item, dataset=dataset, retry=policy, what=what, shard=shard
+    )
 
 
 def remembered_layout(

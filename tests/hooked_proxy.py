@@ -1,0 +1,59 @@
+"""A reverse proxy on loopback that runs a hook before it forwards each request, so that a test
+can change the store at one exact moment of a client's requests (between s3fs's own HEAD and
+its range GETs, say), which no timing could stage reliably."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Hook = Callable[[str, str, dict[str, str]], None]  # (method, path, headers)
+
+
+@contextmanager
+def hooked_proxy(upstream: str, before: Hook) -> Iterator[str]:
+    """Yields the URL of a proxy to `upstream` (``http://host:port``) that calls `before` with
+    each request's method, path and headers, then forwards it; stopped on exit."""
+    host, port = upstream.removeprefix("http://").split(":")
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            headers = dict(self.headers.items())
+            before(self.command, self.path, headers)
+            upstream = http.client.HTTPConnection(host, int(port), timeout=30)
+            try:
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+            finally:
+                upstream.close()
+            self.send_response(answer.status)
+            for name, value in answer.getheaders():
+                if name.lower() not in ("transfer-encoding", "connection"):
+                    self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

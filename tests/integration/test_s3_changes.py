@@ -1,0 +1,163 @@
+"""Objects on S3 (moto on loopback, read through the real s3fs) that change, shrink or go while
+they are read by range: at the open (Parquet footers, `.npy` headers) and in a ranged download.
+Each is a DataError naming the dataset and shard, never a bare client error.
+
+A writer's change between an open's listing and its row counts is staged by running it inside
+`versioned_per_open`, which `Dataset._from_remote` calls between the two; one between s3fs's
+own HEAD and its range GETs by a proxy that runs it before it forwards the first range GET."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.hooked_proxy import hooked_proxy
+from zephon_torch._moto import client, moto_server, upload
+from zephon_torch.errors import DataError
+from zephon_torch.io import Dataset
+from zephon_torch.io import dataset as dataset_module
+
+pytest.importorskip("boto3")
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps the default shard cache and index folder (remembered row counts) per test."""
+    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    with moto_server() as running:
+        yield running
+
+
+def _storage(endpoint: str, **more: Any) -> dict[str, Any]:
+    return {
+        "key": "x",
+        "secret": "x",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+        "skip_instance_cache": True,
+        **more,
+    }
+
+
+def _options(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "cache": {"dir": str(tmp_path / "cache"), "prefetch_bytes": 0},
+        "retry": {"attempts": 2, "initial_delay": 0.01},
+    }
+
+
+def _parquet(path: Path, rows: int, tag: str = "v1") -> Path:
+    """A Parquet file of `rows` rows: 8,000 make about 130 KB, past the footer's 64 KiB guess,
+    so its footer is read from a range that starts past a 40-row file's end."""
+    docs = [{"text": f"{tag} doc {i:05d} " * 4, "id": i} for i in range(rows)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(docs), path)
+    return path
+
+
+def _npy(folder: Path) -> Path:
+    """A 1-D token file with its offsets file, and a 2-D token file."""
+    folder.mkdir()
+    np.save(folder / "0.npy", np.arange(100_000, dtype=np.int32))
+    np.save(folder / "0.offsets.npy", np.arange(0, 100_001, 100, dtype=np.int64))
+    np.save(folder / "1.npy", np.arange(1000, dtype=np.int32).reshape(100, 10))
+    return folder
+
+
+def _after_listing(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
+    """Runs `change` between the next open's listing and its row counts."""
+    real = dataset_module.versioned_per_open
+
+    def hooked(objects: Any, name: str) -> Any:
+        change()
+        return real(objects, name)
+
+    monkeypatch.setattr(dataset_module, "versioned_per_open", hooked)
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "shard", "said"),
+    [
+        ("parquet", "shrunk", "part-1.parquet", r"part-1\.parquet.*changed since it was listed"),
+        ("parquet", "deleted", "part-1.parquet", "the object is missing since it was listed"),
+        ("npy", "replaced", "0.npy", r"0\.offsets\.npy.*changed since it was listed"),
+        ("npy", "deleted", "1.npy", "the object is missing since it was listed"),
+    ],
+    ids=["parquet-shrunk", "parquet-deleted", "npy-offsets-replaced", "npy-deleted"],
+)
+def test_an_object_changed_between_the_listing_and_its_range_reads_is_a_data_error_naming_it(
+    s3_server: tuple[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    change: str,
+    shard: str,
+    said: str,
+) -> None:
+    """Each was a bare OSError (S3's 416 for a range past the new end), FileNotFoundError or
+    s3fs's FileExpired, with no dataset and no URL."""
+    endpoint, _ = s3_server
+    prefix = f"{kind}-{change}"
+    if kind == "parquet":
+        local = tmp_path / "local"
+        for number in range(2):
+            _parquet(local / f"part-{number}.parquet", 8000)
+    else:
+        local = _npy(tmp_path / "local")
+    upload(endpoint, local, "bucket", prefix)
+    key = f"{prefix}/{'0.offsets.npy' if change == 'replaced' else shard}"
+    s3 = client(endpoint)
+    if change == "deleted":
+        _after_listing(monkeypatch, lambda: s3.delete_object(Bucket="bucket", Key=key))
+    else:
+        new = _parquet(tmp_path / "v2.parquet", 40).read_bytes() if kind == "parquet" else b"x"
+        _after_listing(monkeypatch, lambda: s3.put_object(Bucket="bucket", Key=key, Body=new))
+    with pytest.raises(DataError, match=said) as caught:
+        Dataset.from_path(
+            "d",
+            f"s3://bucket/{prefix}/",
+            storage_options=_storage(endpoint),
+            io_options=_options(tmp_path),
+        )
+    assert (caught.value.dataset, caught.value.shard) == ("d", f"s3://bucket/{prefix}/{shard}")
+
+
+def test_a_shard_shrunk_during_its_ranged_download_is_a_data_error_naming_it(
+    s3_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    """s3fs downloads an object past its block size (50 MiB by default, 32 KiB here) by
+    concurrent range GETs; one past the object's new end was S3's 416 as a bare OSError."""
+    endpoint, _ = s3_server
+    _parquet(tmp_path / "local" / "part-0.parquet", 8000)
+    upload(endpoint, tmp_path / "local", "bucket", "ranged")
+    small = _parquet(tmp_path / "v2.parquet", 40).read_bytes()
+    armed: list[bool] = []
+
+    def shrink_at_the_first_range_get(method: str, path: str, headers: dict[str, str]) -> None:
+        if armed == [True] and method == "GET" and headers.get("Range"):
+            armed.append(False)
+            client(endpoint).put_object(Bucket="bucket", Key="ranged/part-0.parquet", Body=small)
+
+    with hooked_proxy(endpoint, shrink_at_the_first_range_get) as proxy:
+        storage = _storage(proxy, default_block_size=32 << 10)
+        remote = Dataset.from_path(
+            "d", "s3://bucket/ranged/", storage_options=storage, io_options=_options(tmp_path)
+        )
+        armed.append(True)  # after the open's footer read
+        with pytest.raises(DataError, match="changed since it was listed") as caught:
+            remote.read_rows(0, [0])
+    assert armed == [True, False]
+    assert (caught.value.dataset, caught.value.shard) == ("d", "s3://bucket/ranged/part-0.parquet")
