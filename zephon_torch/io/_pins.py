@@ -79,6 +79,11 @@ class Pins:
             self._count(name, 1)
             return True
 
+    def size(self, name: str) -> int:
+        """The size of the file pinned as `name` (pinned by this process)."""
+        with self._lock:
+            return os.fstat(self.held[name][0]).st_size
+
     def place(self, name: str, temp: str) -> None:
         """Moves the finished file `temp` into the folder as `name`, pinned before it becomes
         visible, so no evicter can take it in between."""

@@ -14,7 +14,8 @@ A process that dies mid-download leaves its temporary file and reservation
 behind without their name's lock; the next reservation sweeps such leftovers (liveness is the
 lock, not a process id, so containers with their own process ids can share the folder).
 A shard that a process is opening or reading holds a shared lock on its file, and eviction
-skips any file it cannot lock exclusively, so a shard is never deleted under a read.
+skips any file it cannot lock exclusively, so a shard is never deleted under a read. A cached
+file of another size than its name's (cut short on the node) is dropped and downloaded again.
 Readers keep recently used shards open or memory-mapped between reads without a lock; Linux
 keeps an evicted file's data alive for them, so they stay valid, but its disk space is freed only
 when the reader lets the shard go. Remote readers therefore keep at most an eighth of
@@ -197,12 +198,12 @@ class ShardCache:
         return self._ensure(item, download, pin=pin)
 
     def _ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
-        if self._pins.pin_existing(item.name):
+        if self._pin_whole(item, locked=False):
             self.hits += 1
             return self._finish(item, pin)
         self._make_folders()
         with self._name_locked(item.name):
-            if self._pins.pin_existing(item.name):
+            if self._pin_whole(item, locked=True):
                 self.hits += 1
                 return self._finish(item, pin)
             reservation = self._reserve(item.name, item.size, item.url)
@@ -226,6 +227,31 @@ class ShardCache:
                 with contextlib.suppress(OSError), flock(self._folder_lock, fcntl.LOCK_EX):
                     os.unlink(reservation)
         return self._finish(item, pin)
+
+    def _pin_whole(self, item: CachedObject, *, locked: bool) -> bool:
+        """Pins `item`'s cached file where it is there whole. A copy of another size than the
+        one its name is for was cut short on this node (by a cleaner, a full disk, a crash):
+        it would fail every read of every job on the node, so it is dropped, as `discard`
+        drops a copy whose hash is wrong, and downloaded again. `locked`: the caller holds
+        the name's lock, which dropping needs (else the caller asks again under it).
+
+        Raises:
+            StorageError: for such a copy that another process is reading, naming it.
+        """
+        if not self._pins.pin_existing(item.name):
+            return False
+        size = self._pins.size(item.name)
+        if size == item.size:
+            return True
+        self._pins.unpin(item.name)
+        if not locked or _try_delete(self.path(item)):
+            return False
+        raise StorageError(
+            f"the cached copy {self.path(item)!r} is {size} bytes, not the {item.size} of the "
+            "object it was downloaded from: it was cut short on this node's disk (the object "
+            "is not at fault), and cannot be replaced while another process reads it",
+            url=item.url,
+        )
 
     @contextlib.contextmanager
     def open_made(self, key: str, url: str, make: Callable[[str], None]) -> Iterator[str]:

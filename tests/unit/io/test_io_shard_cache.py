@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, StorageError
 from zephon_torch.io import Dataset, _pins
 from zephon_torch.io._locks import lock_file, release_file
 from zephon_torch.io._shard_cache import (
@@ -166,6 +167,36 @@ def test_a_changed_remote_object_is_downloaded_again(tmp_path: Path) -> None:
     second = Dataset.from_path("d", "memory:///changing", io_options=options)
     assert second.read_rows(0, [0, 1]) == [{"v": 2}, {"v": 3}]
     assert len(_cached(tmp_path / "c")) == 2
+
+
+def test_a_cached_copy_cut_short_is_downloaded_again_by_the_next_open(tmp_path: Path) -> None:
+    """A copy cut short on the node's disk (a cleaner, a full disk, a crash) was pinned as it
+    was: every read of every later job failed on it, blaming the remote object."""
+    fs = fsspec.filesystem("memory")
+    rows = [{"n": number, "text": f"row {number} " * 20} for number in range(50)]
+    fs.pipe("/cut/a.jsonl", "".join(f"{json.dumps(row)}\n" for row in rows).encode())
+    options = {"cache": {"dir": str(tmp_path / "c"), "prefetch_bytes": 0}}
+    first = Dataset.from_path("d", "memory:///cut", io_options=options)
+    assert first.read_rows(0, [49]) == [rows[49]]
+    [name] = _cached(tmp_path / "c")
+    copy = tmp_path / "c" / name
+    os.truncate(copy, copy.stat().st_size // 2)
+    later = Dataset.from_path("d", "memory:///cut", io_options=options)
+    assert later.read_rows(0, [49, 0]) == [rows[49], rows[0]]
+    assert _cached(tmp_path / "c") == {name: fs.cat("/cut/a.jsonl")}
+
+
+def test_a_cut_short_copy_another_process_reads_is_an_error_naming_it(tmp_path: Path) -> None:
+    """It cannot be deleted under that read, so it is named, not read as it is."""
+    item = _item("a.jsonl", 100)
+    reading = ShardCache(str(tmp_path), max_bytes=1000)  # another process's pins
+    with reading.open(item, _writer(b"a" * 100)) as path:
+        os.truncate(path, 40)
+        cache = ShardCache(str(tmp_path), max_bytes=1000)
+        with pytest.raises(StorageError, match=r"cached copy .*a\.jsonl' is 40 bytes, not the 100"):
+            cache.ensure(item, _writer(b"b" * 100), pin=False)
+    cache.ensure(item, _writer(b"b" * 100), pin=False)  # read no more: replaced
+    assert Path(path).read_bytes() == b"b" * 100
 
 
 def _bookkeeping(directory: Path) -> dict[str, list[str]]:
