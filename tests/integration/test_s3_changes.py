@@ -161,3 +161,39 @@ def test_a_shard_shrunk_during_its_ranged_download_is_a_data_error_naming_it(
             remote.read_rows(0, [0])
     assert armed == [True, False]
     assert (caught.value.dataset, caught.value.shard) == ("d", "s3://bucket/ranged/part-0.parquet")
+
+
+def test_a_footer_read_from_a_rewrite_after_the_listing_is_not_remembered_for_the_listed_one(
+    s3_server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The footer is read by range, untied to the listed version: a rewrite between the listing
+    and that read was remembered as the listed version's row count (40 for 1,000 rows), and
+    once the object came back to the listed bytes (S3's ETag is their MD5), every later open
+    read 40 rows of it, every pass, with no error."""
+    endpoint, _ = s3_server
+    for number in range(2):
+        _parquet(tmp_path / "v1" / f"part-{number}.parquet", 1000)
+    upload(endpoint, tmp_path / "v1", "bucket", "rewritten")
+    listed = (tmp_path / "v1" / "part-1.parquet").read_bytes()
+    rewrite = _parquet(tmp_path / "v2.parquet", 40, tag="v2").read_bytes()
+    s3 = client(endpoint)
+
+    def put(body: bytes) -> None:
+        s3.put_object(Bucket="bucket", Key="rewritten/part-1.parquet", Body=body)
+
+    def open_it() -> Dataset:
+        storage = _storage(endpoint)
+        options = _options(tmp_path)
+        return Dataset.from_path(
+            "d", "s3://bucket/rewritten/", storage_options=storage, io_options=options
+        )
+
+    writes = [rewrite]  # by the first open's writer only
+    _after_listing(monkeypatch, lambda: put(writes.pop()) if writes else None)
+    with pytest.raises(DataError, match="changed since it was listed") as caught:
+        open_it()
+    assert caught.value.shard == "s3://bucket/rewritten/part-1.parquet"
+    put(listed)  # rolled back: the listed bytes, size and ETag again
+    again = open_it()
+    assert [shard.num_rows for shard in again.shards] == [1000, 1000]
+    assert len(again.read_rows(1, list(range(1000)))) == 1000

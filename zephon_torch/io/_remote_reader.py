@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._background import Background
-from zephon_torch.io._download import fetch, read_listed
+from zephon_torch.io._download import check_unchanged, fetch, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
@@ -408,7 +408,15 @@ class RemoteReader:
 
     def _parquet_layout(self, path: str) -> Layout:
         """The row count, row-group sizes and columns from the footer, by range reads
-        (retried); no download."""
+        (retried); no download. The reads are not tied to the listed version, so the object
+        is then checked to be it still (one HEAD, as after a download): a rewrite between the
+        listing and the reads would else be remembered as the listed version's layout, and
+        read as such should the object come back to the listed bytes (an S3 ETag is their
+        MD5), every pass losing the rows past the rewrite's count.
+
+        Raises:
+            DataError: the object changed or went since it was listed, or is not Parquet.
+        """
         fs_path, item = self.objects[path]
 
         def tail(length: int) -> bytes:
@@ -424,7 +432,13 @@ class RemoteReader:
             )
 
         fs = self._filesystem()
-        return parquet_layout(tail, size=item.size, url=path, dataset=self.dataset)
+        try:
+            layout = parquet_layout(tail, size=item.size, url=path, dataset=self.dataset)
+        except DataError:  # a footer cut from a rewrite's bytes: say that it changed
+            check_unchanged(fs, fs_path, item, dataset=self.dataset, retry=self.options.retry)
+            raise
+        check_unchanged(fs, fs_path, item, dataset=self.dataset, retry=self.options.retry)
+        return layout
 
     def _npy_rows(self, path: str) -> int:
         """From the `.npy` headers when they tell (see `npy_rows`), else from the files."""

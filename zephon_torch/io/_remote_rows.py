@@ -5,7 +5,8 @@ than the guess); a `.npy` token file's rows come from its header, or its offsets
 and two values; JSONL and Vortex shards are downloaded whole to be counted. Either count, with
 a Parquet shard's row-group sizes and columns, is remembered in the index cache folder, under
 the object's cache name (URL, size and version), so a later open, by any run, process or node
-sharing the folder, reads nothing but the listing.
+sharing the folder, reads nothing but the listing. A footer is remembered only once the object
+is found as listed after its reads (see `RemoteReader._parquet_layout`).
 """
 
 from __future__ import annotations
