@@ -22,7 +22,7 @@ import fsspec.callbacks
 from zephon_torch._progress import Progress
 from zephon_torch.errors import DataError, StorageError, ZephonError
 from zephon_torch.io._remote import find_detailed, sized
-from zephon_torch.io._retry import RetryPolicy, call_with_retry
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._versions import identity, listed_version
@@ -46,7 +46,8 @@ def fetch(
     Raises:
         DataError: the object is missing, or changed since it was listed.
         StorageError: the store failed past the retries, or for good (see `read_listed`).
-        FileNotFoundError: `target`'s folder went during the download.
+        OSError: unchanged, a full disk under `target` or an error naming a local file (a
+            `FileNotFoundError` where `target`'s folder went during the download).
     """
 
     def attempt() -> None:
@@ -103,7 +104,8 @@ def read_listed(
         StorageError: the store failed past the retries, or for good on an object still as
             listed.
         ConfigError: no usable credentials, or access denied (see `call_with_retry`).
-        FileNotFoundError: `folder` went during the call, while the object is still there.
+        OSError: unchanged, a full disk under `folder` or an error naming a file in it (a
+            `FileNotFoundError` where `folder` went during the call, the object still there).
     """
     shard = item.url if shard is None else shard
     try:
@@ -111,6 +113,8 @@ def read_listed(
     except ZephonError:
         raise
     except OSError as error:
+        if folder is not None and (disk_full(error) or _names_file_in(error, folder)):
+            raise  # the local disk's or file's, for the cache to tell (see ShardCache.ensure)
         present = _present(fs, fs_path)
         unknown = present is None and folder is not None and not os.path.isdir(folder)
         gone_folder = folder is not None and (present is True or unknown)
@@ -182,6 +186,12 @@ def check_unchanged(
 def _subject(item: CachedObject, shard: str) -> str:
     """How a message on the object `item` names it, in an error naming `shard`."""
     return "the object" if shard == item.url else f"its file {os.path.basename(item.url)!r}"
+
+
+def _names_file_in(error: OSError, folder: str) -> bool:
+    """Whether `error` names a local file in `folder` (as `open` and `os` calls do)."""
+    name = error.filename
+    return isinstance(name, str) and os.path.abspath(name).startswith(folder + os.sep)
 
 
 def _present(fs: Any, fs_path: str) -> bool | None:

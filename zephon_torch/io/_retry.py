@@ -9,6 +9,7 @@ object, a denied permission, a bad setting) are raised at once.
 
 from __future__ import annotations
 
+import errno
 import math
 import sys
 import time
@@ -132,15 +133,24 @@ def _loaded_instance(error: BaseException, kinds: dict[str, tuple[str, ...]]) ->
     return False
 
 
+# A full local disk (or quota) under a download's target: the node's to fix, not the store's.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` is a local disk's "no space left" (ENOSPC) or "quota exceeded"."""
+    return isinstance(error, OSError) and error.errno in _DISK_FULL
+
+
 # Client-side refusals of a setting (an invalid bucket name), looked up as above.
 _INVALID_SETTINGS: dict[str, tuple[str, ...]] = {"botocore.exceptions": ("ParamValidationError",)}
 
 
 def is_transient(error: BaseException) -> bool:
     """Whether waiting and trying again may cure `error`: not a missing object, denied
-    access, a bad argument, or an HTTP 4xx answer other than 408 (timeout) and 429 (too many
-    requests)."""
-    if not isinstance(error, Exception) or isinstance(error, _PERMANENT):
+    access, a bad argument, a full local disk (`disk_full`), or an HTTP 4xx answer other than
+    408 (timeout) and 429 (too many requests)."""
+    if not isinstance(error, Exception) or isinstance(error, _PERMANENT) or disk_full(error):
         return False
     if _loaded_instance(error, _INVALID_SETTINGS):
         return False

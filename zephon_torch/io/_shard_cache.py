@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._locks import flock, lock_file, release_file
 from zephon_torch.io._pins import Pins
+from zephon_torch.io._retry import disk_full
 
 # New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
 # .tmp, .reserve and .locks; sharing those with them would break both (see _sweep).
@@ -77,6 +78,11 @@ class CacheFullError(OSError):
 
 class CacheFolderError(ConfigError):
     """The cache folder cannot be made (a file lies in the way, no access)."""
+
+
+class CacheDiskFullError(ConfigError):
+    """The cache folder's disk filled before the cache reached `max_bytes`, and evicting the
+    shards not in use did not make room."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +216,7 @@ class ShardCache:
             try:
                 temp = self._temp(item.name)
                 try:
-                    download(temp)
+                    self._download_with_room(item, download, temp)
                     got = os.path.getsize(temp)
                     if got != item.size:
                         raise StorageError(
@@ -227,6 +233,49 @@ class ShardCache:
                 with contextlib.suppress(OSError), flock(self._folder_lock, fcntl.LOCK_EX):
                     os.unlink(reservation)
         return self._finish(item, pin)
+
+    def _download_with_room(
+        self, item: CachedObject, download: Callable[[str], None], temp: str
+    ) -> None:
+        """Under `item`'s name's lock: `download(temp)`. A disk that fills first (before
+        `max_bytes`, 64 GiB by default, as many nodes' disks do) has unpinned shards evicted,
+        least recently used first, until the object fits, and the download is made once more.
+
+        Raises:
+            CacheDiskFullError: (a ConfigError) when the disk stays full.
+        """
+        try:
+            download(temp)
+            return
+        except OSError as error:
+            if not disk_full(error):
+                raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        with flock(self._folder_lock, fcntl.LOCK_EX):
+            for path, _, _ in sorted(self._entries(), key=lambda entry: entry[2]):
+                if self._free_bytes() >= item.size:
+                    break
+                _try_delete(path)
+        try:
+            download(temp)
+        except OSError as error:
+            if not disk_full(error):
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise CacheDiskFullError(
+                f"the disk of the shard cache folder {self.directory!r} is full "
+                f"({self._free_bytes()} bytes free, the cache's shards holding "
+                f"{self.used_bytes()}) before the cache reached its `max_bytes` "
+                f"({self.max_bytes}): {item.url!r} ({item.size} bytes) does not fit; lower "
+                "io_options cache `max_bytes` to what the disk can hold, or free space on it"
+            ) from error
+
+    def _free_bytes(self) -> int:
+        """The bytes free to this process on the cache folder's disk."""
+        found = os.statvfs(self.directory)
+        return found.f_bavail * found.f_frsize
 
     def _pin_whole(self, item: CachedObject, *, locked: bool) -> bool:
         """Pins `item`'s cached file where it is there whole. A copy of another size than the

@@ -3,6 +3,9 @@ client errors that waiting cannot cure raised at once."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 
 from zephon_torch.errors import ConfigError, StorageError
@@ -215,4 +218,21 @@ def test_gcsfs_s_answer_to_a_403_is_a_denial() -> None:
     policy = RetryPolicy(attempts=3, initial_delay=0)
     with pytest.raises(ConfigError, match=r"listing of 'gs://bkt/d/' was denied.*Forbidden"):
         call_with_retry(forbidden, url="gs://bkt/d/", policy=policy, what="listing")
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_local_disk_is_raised_at_once_not_retried_as_a_store_failure(number: int) -> None:
+    """ENOSPC carries no HTTP status, so it was retried as transient (6 times over 15.6 s a
+    shard), then raised as a StorageError blaming the remote URL."""
+    calls: list[int] = []
+
+    def writes() -> None:
+        calls.append(1)
+        raise OSError(number, os.strerror(number))
+
+    policy = RetryPolicy(attempts=3, initial_delay=0)
+    with pytest.raises(OSError) as caught:
+        call_with_retry(writes, url="s3://b/k", policy=policy, what="download")
+    assert caught.value.errno == number and not isinstance(caught.value, StorageError)
     assert len(calls) == 1
