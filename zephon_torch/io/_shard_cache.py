@@ -188,7 +188,12 @@ class ShardCache:
         A download that fails as the cache folder is deleted under it (a tmp cleaner) is made
         once more, in the folder made again: a `FileNotFoundError` (an object gone from the
         store comes as a `DataError`), or any error once the folder is missing. Another
-        process sharing the folder may have made it again already."""
+        process sharing the folder may have made it again already.
+
+        Raises:
+            CacheFolderError: (a ConfigError) when the folder went under that second
+                download too, naming it and the object.
+        """
         if item.size > self.max_bytes:
             raise ConfigError(
                 f"cache `max_bytes` is {self.max_bytes}, smaller than the shard {item.url!r} "
@@ -196,12 +201,28 @@ class ShardCache:
             )
         try:
             return self._ensure(item, download, pin=pin)
-        except FileNotFoundError:
-            pass
-        except (OSError, ZephonError):
-            if os.path.isdir(os.path.join(self.directory, _TMP)):
+        except (OSError, ZephonError) as error:
+            if not self._lost_folder(error):
                 raise
-        return self._ensure(item, download, pin=pin)
+        try:
+            return self._ensure(item, download, pin=pin)
+        except (OSError, ZephonError) as error:
+            if not self._lost_folder(error):
+                raise
+            raise CacheFolderError(
+                f"the shard cache folder {self.directory!r} (io_options cache `dir`) was "
+                f"deleted under the download of {item.url!r}, and again under the download "
+                "made once more: point `dir` at a folder no cleaner deletes "
+                f"({type(error).__name__}: {error})"
+            ) from error
+
+    def _lost_folder(self, error: Exception) -> bool:
+        """Whether a download's `error` may be the cache folder's, deleted under it (one
+        that cannot be made again says so itself)."""
+        if isinstance(error, CacheFolderError):
+            return False
+        lost = isinstance(error, FileNotFoundError)
+        return lost or not os.path.isdir(os.path.join(self.directory, _TMP))
 
     def _ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
         if self._pin_whole(item, locked=False):

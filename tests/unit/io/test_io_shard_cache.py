@@ -27,6 +27,7 @@ from zephon_torch.io._shard_cache import (
     _RESERVE,
     _TMP,
     CachedObject,
+    CacheFolderError,
     ShardCache,
 )
 
@@ -594,12 +595,15 @@ def test_a_cache_folder_deleted_during_a_download_is_made_again_for_one_more(
     path = cache.ensure(_item("a.jsonl", 10), download, pin=False)
     assert Path(path).read_bytes() == b"x" * 10 and len(calls) == 2
 
-    def always(target: str) -> None:  # every try loses its folder: that error, as it is
+    def always(target: str) -> None:  # every try loses its folder
         shutil.rmtree(tmp_path / "cache", ignore_errors=True)
         Path(target).write_bytes(b"y" * 10)
 
-    with pytest.raises(FileNotFoundError, match=r"cache/\.downloading/"):
+    # it was the bare FileNotFoundError of a temporary file, naming no URL
+    with pytest.raises(CacheFolderError, match=r"'s3://bucket/b\.jsonl'") as caught:
         cache.ensure(_item("b.jsonl", 10), always, pin=False)
+    assert f"{str(tmp_path / 'cache')!r} (io_options cache `dir`)" in str(caught.value)
+    assert isinstance(caught.value.__cause__, FileNotFoundError)
 
 
 def test_a_cache_folder_made_again_by_another_process_mid_download_is_made_again_for_one_more(
