@@ -2,9 +2,11 @@
 
 Object stores fail transiently (throttling, dropped connections, a restarting endpoint); one
 such failure must not end a training run, and a dead endpoint must not hang it either. So every
-remote call gets a bounded number of attempts and a bounded total time, and then raises one
-`StorageError` naming the URL and the last cause. Errors that cannot heal by waiting (a missing
-object, a denied permission, a bad setting) are raised at once.
+remote call gets a bounded number of attempts, none started after a time limit, and then
+raises one `StorageError` naming the URL and the last cause. An attempt runs in the client's
+code and is not cut short: its own timeouts and retries bound it (see `RetryPolicy`). Errors
+that cannot heal by waiting (a missing object, a denied permission, a bad setting) are raised
+at once.
 """
 
 from __future__ import annotations
@@ -40,8 +42,15 @@ class RetryPolicy:
         attempts: the most calls in all, the first included; at least 1.
         initial_delay: seconds slept after the first failure; doubled after each further one.
         max_delay: the longest single sleep, in seconds.
-        timeout: the longest total time, in seconds, spent on one call and its retries; no
-            retry starts after it.
+        timeout: seconds after the first attempt's start past which no retry starts (one
+            whose backoff would end past it is not slept for). A running attempt is not cut
+            short, so a call can take this plus one whole attempt, and an attempt against a
+            store that stops answering lasts the client's own timeouts times its own retries:
+            for s3fs, its 5 tries times botocore's attempts, each up to `read_timeout` (60 s
+            by default); 412 s for one shard with every default, measured. Bound it with the
+            client's settings, for s3fs `storage_options={"config_kwargs": {"connect_timeout":
+            1, "read_timeout": 10, "retries": {"max_attempts": 1}}}` (24 s measured with
+            `read_timeout` 2).
     """
 
     attempts: int = 6
