@@ -255,15 +255,19 @@ class DocumentReader(BaseNode[Document]):
             self._prefetch_ahead()
 
     def _prefetch_ahead(self) -> None:
-        """Tell a remote dataset which shards this lane reads from the next chunk on, in order
-        (this pass's, then the next pass's): the pointer stream is pure, so what comes next is
-        known. The dataset downloads them ahead, as far as its part of the byte budget reaches
-        (the remote datasets of a mixture share it)."""
+        """Tell a remote dataset which shards this lane reads from its oldest chunk not yet
+        read on, in order (this pass's, then the next pass's): the pointer stream is pure, so
+        what comes next is known. The dataset downloads them ahead, as far as its part of the
+        byte budget reaches (the remote datasets of a mixture share it). Walked from the
+        read-ahead cursor instead, the shards of the chunks in flight came on top of the
+        budget: 5-8 shards downloaded and unread with a budget of 3, in a review's run."""
         datasets = self.runner.chain.datasets
         dataset = datasets[self.source]
         if not dataset.remote or self._cursor is None:
             return
-        pass_index, pos = self._cursor
+        unread = (span for future, span in zip(self._futures, self._spans) if not future.done())
+        oldest = next(unread, None)
+        pass_index, pos = self._cursor if oldest is None else (oldest.pass_index, oldest.pos)
         where = {"lane": self.lane, "num_lanes": self.num_lanes}
         # the walk (a stat of each shard, up to the budget) gives the same shards until the
         # cursor enters the next window: skip it until then

@@ -3,6 +3,7 @@ shared by datasets, walked once per window."""
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,9 +22,9 @@ from tests.unit.io.test_io_remote import (
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
 from zephon_torch.ops._runner import Runner
-from zephon_torch.ops.columns import TokenChain
+from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.read import DocumentReader
-from zephon_torch.work.pointers import PointerLayout
+from zephon_torch.work.pointers import PointerLayout, PointerSpan
 
 
 def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
@@ -301,3 +302,54 @@ def test_a_shard_a_reader_keeps_open_and_reads_all_the_time_is_not_evicted_first
         assert hot.exists(), f"the shard read all the time was evicted for shard {other}"
         assert dataset.read_rows(0, [1])[0]["input_ids"][0] == 0
     assert dataset.cache_counters()["misses"] == 5
+
+
+class _HeldChain(TokenChain):
+    """The real chain, whose chunks wait until `release` is set: read-ahead chunks stay in
+    flight, unread, while the reader walks ahead."""
+
+    def __init__(self, dataset: Dataset, release: threading.Event) -> None:
+        super().__init__((dataset,), "ids", None)
+        self.release = release
+
+    def __call__(self, source: int, span: PointerSpan) -> TokenChunk:
+        self.release.wait(10)
+        return super().__call__(source, span)
+
+
+def test_the_prefetch_budget_counts_from_the_oldest_chunk_still_unread_not_the_read_ahead(
+    tmp_path: Path,
+) -> None:
+    """The walk started at the read-ahead cursor, the end of the chunks submitted: the shards
+    of the chunks in flight, not yet read, came on top of the budget (5-8 shards downloaded
+    and unread with a budget of 3 in a review's run)."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(8):
+        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number] * 3] * 10}))
+    size = max(fs.size(f"{root}/{number}.parquet") for number in range(8))
+    options = _options(tmp_path)
+    options["cache"]["prefetch_bytes"] = size + size // 2  # one shard ahead of the one read
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    release = threading.Event()
+    runner = Runner(_HeldChain(dataset, release), parallelism=1, kind="threads")
+    layout = PointerLayout(name="p", shard_rows=(10,) * 8, seed=3, window_shards=1, shuffle=False)
+    # chunks of 1, 2 and 4 shards (they double): the cursor ends at shard 7, nothing read
+    reader = DocumentReader(
+        source=0,
+        layout=layout,
+        lane=0,
+        num_lanes=1,
+        exhaustion="stop",
+        runner=runner,
+        chunk_docs=10,
+        ahead=3,
+    )
+    reading = threading.Thread(target=reader.columns)
+    reading.start()
+    try:
+        assert _cached_shards(tmp_path / "cache", 2) == {"0.parquet", "1.parquet"}
+    finally:
+        release.set()
+        reading.join()
+        runner.close()
