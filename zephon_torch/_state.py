@@ -87,7 +87,8 @@ def state_dict_of(state: Any, keys: tuple[str, ...], where: str) -> dict[str, An
 
 def check_shape(state: Any) -> None:
     """Raise ``StateMismatchError`` unless ``state`` has the shape of a saved state: a dict
-    with a version, a fingerprint dict, a token estimation (None or figures by dataset), and a
+    with a version, a fingerprint dict, the datasets' names in order (absent in states saved
+    before they were recorded), a token estimation (None or figures by dataset), and a
     dict of lane states, each None or a dict holding its turn, end flag and packer state (what
     that holds is checked where read: ``state_int`` and its kin)."""
     if not isinstance(state, dict) or "version" not in state:
@@ -95,6 +96,9 @@ def check_shape(state: Any) -> None:
     problems: dict[str, tuple[object, object]] = {}
     if not isinstance(state.get("fingerprint"), dict):
         problems["fingerprint"] = (state.get("fingerprint"), "a dict of settings")
+    names = state.get("datasets", [])
+    if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+        problems["datasets"] = (names, "absent, or the datasets' names in order (a list of str)")
     lanes = state.get("lanes")
     if not isinstance(lanes, dict):
         problems["lanes"] = (lanes, "a dict of lane states by lane number")

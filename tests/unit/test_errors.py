@@ -179,11 +179,14 @@ def _broken(kind: str, state: dict[str, Any]) -> Any:
     if kind == "a lane without its pack":
         lanes = {k: {x: y for x, y in v.items() if x != "pack"} for k, v in state["lanes"].items()}
         return {**state, "lanes": lanes}
+    if kind == "datasets a number":
+        return {**state, "datasets": 3}
     return {k: v for k, v in state.items() if k != "fingerprint"}  # no fingerprint
 
 
 @pytest.mark.parametrize(
-    "kind", ["a list", "lanes a list", "a lane without its pack", "no fingerprint"]
+    "kind",
+    ["a list", "lanes a list", "a lane without its pack", "no fingerprint", "datasets a number"],
 )
 def test_a_malformed_state_is_a_state_mismatch_everywhere_it_is_loaded(
     tokenizer: Any, kind: str

@@ -62,6 +62,10 @@ EDITS: dict[str, tuple[Edit, str]] = {
     ),
     "skipped a list": (lambda s: _pack(s).update(skipped=[1]), "lane 0 pack.skipped"),
     "packer bins a number": (lambda s: _pack(s).update(packer={"bins": 3}), "lane 0 pack.packer"),
+    # a bare TypeError ('int' object is not iterable) where the order of datasets was read
+    "datasets a number": (lambda s: s.update(datasets=3), "  datasets: saved 3"),
+    "datasets of numbers": (lambda s: s.update(datasets=[0, 1]), "  datasets: saved \\[0, 1\\]"),
+    "datasets None": (lambda s: s.update(datasets=None), "  datasets: saved None"),
 }
 
 
