@@ -10,6 +10,7 @@ from zephon_torch.elastic import ranks_out_of_step
 from zephon_torch.errors import StateMismatchError
 
 STATE_VERSION = 1
+_MODULE_ENTRY = "zephon"  # the key PipelineDataModule keeps its state under in a checkpoint
 
 
 def check_state(
@@ -92,7 +93,7 @@ def check_shape(state: Any) -> None:
     dict of lane states, each None or a dict holding its turn, end flag and packer state (what
     that holds is checked where read: ``state_int`` and its kin)."""
     if not isinstance(state, dict) or "version" not in state:
-        raise StateMismatchError({"version": (None, STATE_VERSION)})
+        raise _not_a_state(state)
     problems: dict[str, tuple[object, object]] = {}
     if not isinstance(state.get("fingerprint"), dict):
         problems["fingerprint"] = (state.get("fingerprint"), "a dict of settings")
@@ -123,6 +124,30 @@ def check_shape(state: Any) -> None:
         )
     if problems:
         raise StateMismatchError(problems)
+
+
+_KEYS_SHOWN = 4  # top-level keys named when something else is loaded as a state
+
+
+def _not_a_state(given: Any) -> StateMismatchError:
+    """The error for ``given``, which is no zephon_torch state at all: what it is, and what to
+    load (not "version: saved None", which reads as a state of another release)."""
+    hint = ""
+    if isinstance(given, dict):
+        keys = [str(key) for key in given]
+        more = f" (and {len(keys) - _KEYS_SHOWN} more)" if len(keys) > _KEYS_SHOWN else ""
+        what = f"a dict with keys {keys[:_KEYS_SHOWN]}{more}" if keys else "an empty dict"
+        if keys == [_MODULE_ENTRY]:
+            # PipelineDataModule.state_dict(): easily taken for the state when restoring by hand
+            hint = (
+                f"; this is a PipelineDataModule checkpoint entry: load its {_MODULE_ENTRY!r} entry"
+            )
+    else:
+        what = f"a {type(given).__name__}"
+        if isinstance(given, (str, bytes)):
+            hint = "; if this is a state as JSON text, load json.loads of it"
+    expected = f"a zephon_torch state (a dict with 'version', 'fingerprint' and 'lanes'){hint}"
+    return StateMismatchError({"state": (what, expected)})
 
 
 def _figures(estimation: Any) -> bool:

@@ -152,3 +152,49 @@ def test_states_written_with_sorted_keys_resume_and_merge() -> None:
     merged = _zeta_alpha()
     merged.load_state_dict(merge_states(halves))
     assert keys(merged, limit=6) == expected
+
+
+def _module_entry(state: dict[str, Any]) -> object:
+    return {"zephon": state}  # what PipelineDataModule.state_dict() gives Lightning to keep
+
+
+def _stateful_dataloader_state(state: dict[str, Any]) -> object:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(list(range(4)), batch_size=None)
+    next(iter(loader))
+    return loader.state_dict()
+
+
+NOT_STATES: dict[str, tuple[Edit, str]] = {
+    "a PipelineDataModule's checkpoint entry": (
+        _module_entry,
+        r"a dict with keys \['zephon'\].*load its 'zephon' entry",
+    ),
+    "a StatefulDataLoader's state": (
+        _stateful_dataloader_state,
+        r"a dict with keys \['_.*\(and \d+ more\)",
+    ),
+    "the state as JSON text": (json.dumps, r"a str.*json\.loads"),
+    "None": (lambda s: None, "a NoneType"),
+}
+
+
+@pytest.mark.parametrize("given", list(NOT_STATES))
+def test_an_object_that_is_no_state_is_refused_saying_what_it_is(
+    tokenizer: Any, saved: tuple[dict[str, Any], list[Any]], given: str
+) -> None:
+    """Each was refused as 'version: saved None, live 1': a state of another release."""
+    from zephon_torch.torch import DataLoader
+
+    make, described = NOT_STATES[given]
+    obj = make(copy.deepcopy(saved[0]))
+    for load in (
+        small_pipeline(tokenizer, lanes=2, exhaustion="repeat", prefetch=0).load_state_dict,
+        DataLoader(small_pipeline(tokenizer, lanes=2, exhaustion="repeat")).load_state_dict,
+        lambda s: merge_states([s]),
+    ):
+        with pytest.raises(StateMismatchError, match=described) as refused:
+            load(obj)  # type: ignore[arg-type]
+        assert "a zephon_torch state" in str(refused.value)
+        assert "version" not in refused.value.mismatches
