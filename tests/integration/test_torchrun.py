@@ -168,3 +168,15 @@ def test_with_a_finite_dataset_every_rank_ends_on_the_same_step(
     four = torchrun(4, tmp_path / "four", tokenizer_path, "--steps", "0", "--exhaustion", "stop")
     assert len(one) > 5
     assert four == one  # same steps, same global batches, padding where a lane ran out
+
+
+@pytest.mark.parametrize("then", ["pipeline", "own-state"])
+def test_a_loader_starting_from_its_ranks_own_lanes_goes_on_as_one_process(
+    tmp_path: Path, tokenizer_path: Path, then: str
+) -> None:
+    """A pipeline that gave a step before the loader took it, or a rank's own pipeline state
+    loaded into a loader, was refused at iter() as 'saved mid-step': the other ranks' lanes,
+    absent from that state, counted as turn 0."""
+    one = torchrun(1, tmp_path / "one", tokenizer_path, "--steps", "4")
+    peek = ("--peek-steps", "1", "--peek-then", then)
+    assert torchrun(2, tmp_path / "two", tokenizer_path, "--steps", "4", *peek) == one

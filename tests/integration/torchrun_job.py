@@ -41,6 +41,15 @@ def main() -> None:
     parser.add_argument(
         "--again-every", type=int, default=0, help="iterate the loader anew after this many items"
     )
+    parser.add_argument(
+        "--peek-steps", type=int, default=0, help="steps the bare pipeline gives before a loader"
+    )
+    parser.add_argument(
+        "--peek-then",
+        choices=["pipeline", "own-state"],
+        default="pipeline",
+        help="after peeking: the loader takes the pipeline, or loads its (this rank's) state",
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -54,25 +63,35 @@ def main() -> None:
         datasets=two_sources(40, 30, shard_size=8),
     )
     assert pipeline.topology == (world, rank)
-    loader = DataLoader(pipeline, num_workers=args.workers, multiprocessing_context="spawn")
-    start = 0
+    lanes_per_rank = args.lanes // world
+    steps: dict[int, str] = {}
+    peeked = iter(pipeline) if args.peek_steps else iter(())
+    for step in range(args.peek_steps):
+        batches = [next(peeked).to_training() for _ in range(lanes_per_rank)]
+        steps[step] = _global_digest(torch.cat([b["input_ids"] for b in batches]), world)
+    data: Any = pipeline
+    if args.peek_steps and args.peek_then == "own-state":
+        data = small_pipeline(
+            tokenizer, lanes=args.lanes, exhaustion=args.exhaustion,
+            datasets=two_sources(40, 30, shard_size=8),
+        )  # fmt: skip
+    loader = DataLoader(data, num_workers=args.workers, multiprocessing_context="spawn")
+    if data is not pipeline:
+        loader.load_state_dict(pipeline.state_dict())  # this rank's lanes only
+    start = args.peek_steps
     if args.load:
         state = json.loads(Path(args.load).read_text())
         start = state["step"]  # every rank's, so that their collectives pair up
         if args.last_rank_load and rank == world - 1:
             state = json.loads(Path(args.last_rank_load).read_text())
         loader.load_state_dict(state)
-    lanes_per_rank = args.lanes // world
-    steps: dict[int, str] = {}
     stream = _items(loader, args.again_every)
     for step in range(start, args.steps or 10**9):
         try:
             mine = torch.cat([next(stream)["input_ids"] for _ in range(lanes_per_rank)])
         except StopIteration:  # with exhaustion="stop": every rank must stop at the same step
             break
-        parts = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(parts, mine)
-        steps[step] = hashlib.sha256(torch.cat(parts).numpy().tobytes()).hexdigest()
+        steps[step] = _global_digest(mine, world)
         if step + 1 == args.save_at:
             state = loader.state_dict()  # a collective: every rank calls it
             if rank == 0:
@@ -81,6 +100,13 @@ def main() -> None:
         Path(args.out, "steps.json").write_text(json.dumps(steps))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _global_digest(mine: torch.Tensor, world: int) -> str:
+    """The SHA-256 of a step's global batch: every rank's micro-batches, in rank order."""
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return hashlib.sha256(torch.cat(parts).numpy().tobytes()).hexdigest()
 
 
 def _items(loader: DataLoader, again_every: int) -> Iterator[dict[str, Any]]:

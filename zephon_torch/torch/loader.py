@@ -17,7 +17,6 @@ import torch.utils.data
 
 from zephon_torch._lanes import calibrated, cut_at_empty_turn, in_lane_order, warn_if_spent
 from zephon_torch._stats import RunCounters, loader_stats
-from zephon_torch.elastic import check_in_step
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset
@@ -156,15 +155,14 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         return {int(lane): 0 if state is None else state["turn"] for lane, state in lanes.items()}
 
     def _in_step(self) -> int:
-        """Refuse a state just loaded that would put the ranks at different turns
-        (``check_in_step``; the rank's own progress keeps them in step). Returns how many of
-        this rank's lanes are a turn ahead of its others: those of a step it stopped in."""
+        """Refuse a state just loaded that would put the ranks at different turns (the
+        pipeline's rule: a state of this rank's lanes only is not compared across ranks; the
+        rank's own progress keeps them in step). Checked again here: a state loaded before
+        the process group was set up was checked as one rank's. Returns how many of this
+        rank's lanes are a turn ahead of its others: those of a step it stopped in."""
         loaded = self.pipeline_dataset._loaded
-        pipeline = self.pipeline_dataset.pipeline
         if loaded is not None and not self._delivered:
-            world_size = pipeline.topology[0]
-            replicas = pipeline._options.canonical_replicas
-            check_in_step(loaded["lanes"], canonical_replicas=replicas, world_size=world_size)
+            self.pipeline_dataset.pipeline._check_in_step(loaded["lanes"])
         turns = list(self._lane_turns().values())
         return sum(turn > min(turns) for turn in turns)
 
