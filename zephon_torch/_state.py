@@ -205,7 +205,9 @@ def check_ranks_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world
         return  # not one rank's lanes per state: nothing to compare
     by_rank = ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=world_size)
     if by_rank is not None:
-        shown = "; ".join(f"rank {r}: {turns}" for r, turns in enumerate(by_rank))
+        shown = "; ".join(
+            f"rank {r}: {'spent' if turns is None else turns}" for r, turns in enumerate(by_rank)
+        )
         raise StateMismatchError(
             {
                 "lanes": (

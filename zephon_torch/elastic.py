@@ -74,8 +74,9 @@ def check_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size:
     Raises:
         StateMismatchError: naming the turns the lanes are at.
     """
-    if ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=world_size):
-        turns = {turn for turn in _lane_turns(lanes).values() if turn is not None}
+    by_rank = ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=world_size)
+    if by_rank is not None:
+        turns = {turn for row in by_rank if row is not None for turn in row}
         raise StateMismatchError(
             {
                 "lanes": (
@@ -91,31 +92,31 @@ def check_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size:
 
 def ranks_out_of_step(
     lanes: dict[str, Any], *, canonical_replicas: int, world_size: int
-) -> list[list[int | None]] | None:
-    """Each rank's lane turns, in its lane order (None: a spent lane, which gives nothing
-    more and is not compared; 0: a lane not begun or not in ``lanes``), when ``world_size``
-    ranks holding ``lanes`` are not in step, else None. In step, every rank's lanes are at the
-    turns every other rank's are, offset by offset: ranks deliver micro-batches together."""
+) -> list[list[int] | None] | None:
+    """Each rank's lane turns, in its lane order (``rank_turns``: None for a rank whose lanes
+    are all spent), when ``world_size`` ranks holding ``lanes`` are not in step, else None.
+    In step, the ranks compared have their lanes at the turns every other's are, offset by
+    offset: ranks deliver micro-batches together. A lane not in ``lanes`` counts as not
+    begun."""
     per_rank = canonical_replicas // world_size
-    turns = _lane_turns(lanes)
+    by_number = {int(key): lane for key, lane in lanes.items()}
     by_rank = [
-        [turns.get(rank * per_rank + offset, 0) for offset in range(per_rank)]
+        rank_turns([by_number.get(rank * per_rank + offset) for offset in range(per_rank)])
         for rank in range(world_size)
     ]
-    for offset in range(per_rank):
-        at = {row[offset] for row in by_rank}
-        at.discard(None)
-        if len(at) > 1:
-            return by_rank
-    return None
+    compared = {tuple(turns) for turns in by_rank if turns is not None}
+    return by_rank if len(compared) > 1 else None
 
 
-def _lane_turns(lanes: dict[str, Any]) -> dict[int, int | None]:
-    """Each lane's turn: 0 for one not begun, None for a spent one."""
-    return {
-        int(key): 0 if lane is None else None if lane["done"] else int(lane["turn"])
-        for key, lane in lanes.items()
-    }
+def rank_turns(lanes: list[dict[str, Any] | None]) -> list[int] | None:
+    """The turns of one rank's ``lanes`` (lane states, None for one not begun), or None where
+    every lane is spent. A spent lane pads in step with its rank's lanes that have data, so
+    its turn counts while one of them does; a rank whose lanes are all spent is not compared:
+    its stream may have ended (a pipeline's ends at the first turn without data on its rank,
+    turns before another rank's)."""
+    if lanes and all(lane is not None and lane["done"] for lane in lanes):
+        return None
+    return [0 if lane is None else int(lane["turn"]) for lane in lanes]
 
 
 _SAMPLER_STATE_VERSION = 1

@@ -23,6 +23,7 @@ except ImportError as error:
     ) from error
 
 from zephon_torch import Pipeline
+from zephon_torch.elastic import rank_turns
 from zephon_torch.torch import DataLoader
 
 
@@ -101,10 +102,8 @@ def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any]) -> None:
     world_size = pipeline.topology[0]
     if world_size == 1:
         return
-    lanes = [state["lanes"].get(str(lane)) for lane in pipeline.lanes]
-    turns = {
-        0 if lane is None else lane["turn"] for lane in lanes if lane is None or not lane["done"]
-    }
+    # the rule the load check applies: spent lanes count while a lane of the rank has data
+    turns = set(rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or ())
     if len(turns) > 1:
         warnings.warn(
             f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "

@@ -234,3 +234,22 @@ def test_a_checkpoint_taken_mid_step_on_several_ranks_is_warned_of(tokenizer: An
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         module.state_dict()  # at a step end
+
+
+def test_a_checkpoint_taken_mid_step_where_a_spent_lane_is_ahead_is_warned_of(
+    tokenizer: Any,
+) -> None:
+    """Spent lanes were left out of the turns compared: the rank's lanes at turns 8 (spent)
+    and 7 read as one step, a checkpoint that is refused on another world size."""
+    datasets = two_sources(12, 9, shard_size=8)
+    pipeline = small_pipeline(tokenizer, lanes=4, world_size=2, rank=0, datasets=datasets)
+    module = PipelineDataModule(pipeline)
+    batches = iter(module.train_dataloader())
+    for _ in range(2 * 7 + 1):  # seven steps and lane 0 of the eighth
+        module.on_before_batch_transfer(next(batches), 0)
+    with pytest.warns(UserWarning, match=r"mid-step \(this rank's lanes are at turns \[7, 8\]"):
+        state = module.state_dict()["zephon"]
+    assert {k: (s["turn"], s["done"]) for k, s in state["lanes"].items()} == {
+        "0": (8, True),
+        "1": (7, False),
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import warnings
@@ -291,3 +292,72 @@ def test_a_held_document_a_filter_drops_on_resume_is_named_by_its_shard_path(
         dataset.shards[shard].path,
         row,
     )
+
+
+def _tail(tokenizer: Any, world_size: int | None = None, rank: int | None = None) -> Pipeline:
+    """Four lanes of a finite stream whose lanes run out at different turns."""
+    data = two_sources(12, 9, shard_size=8)
+    return small_pipeline(tokenizer, lanes=4, world_size=world_size, rank=rank, datasets=data)
+
+
+def _turns(state: dict[str, Any]) -> dict[str, tuple[int, bool]]:
+    return {lane: (s["turn"], s["done"]) for lane, s in state["lanes"].items()}
+
+
+def test_a_spent_lane_pads_in_step_while_a_lane_of_its_rank_has_data(tokenizer: Any) -> None:
+    """What the in-step checks rely on to compare a spent lane's turn."""
+    batches = list(_tail(tokenizer))
+    assert [(b.lane, b.turn) for b in batches] == [(i % 4, i // 4) for i in range(len(batches))]
+    spent_then_padding = [
+        b for b in batches if b.num_tokens == 0 and any(
+            later.num_tokens for later in batches if later.turn >= b.turn
+        )
+    ]  # fmt: skip
+    assert spent_then_padding and all(b.state["done"] for b in spent_then_padding)
+
+
+def test_ranks_a_turn_apart_are_refused_where_spent_lanes_would_hide_it(tokenizer: Any) -> None:
+    """Spent lanes were left out of the comparison: rank 0's states of step 8 and rank 1's of
+    step 7 merged (lane 0 and lane 3, at the offsets that show it, spent), and a state saved
+    mid-step there loaded on two ranks, which then paired lane 1 of step s + 1 with lane 2 of
+    step s in every global batch."""
+    from zephon_torch import merge_states
+    from zephon_torch.errors import StateMismatchError
+
+    def at_step(rank: int, steps: int) -> dict[str, Any]:
+        pipeline = _tail(tokenizer, world_size=2, rank=rank)
+        _take(pipeline, 2 * steps)
+        return json.loads(json.dumps(pipeline.state_dict()))
+
+    ahead, behind = at_step(0, 8), at_step(1, 7)
+    assert _turns(ahead) == {"0": (8, True), "1": (8, False)}
+    assert _turns(behind) == {"2": (7, False), "3": (7, True)}
+    with pytest.raises(StateMismatchError, match=r"rank 0: \[8, 8\]; rank 1: \[7, 7\]"):
+        merge_states([ahead, behind])
+    one = _tail(tokenizer)
+    _take(one, 4 * 7 + 2)  # seven steps and half of the eighth
+    state = json.loads(json.dumps(one.state_dict()))
+    assert _turns(state) == {"0": (8, True), "1": (8, False), "2": (7, False), "3": (7, True)}
+    for rank in (0, 1):
+        with pytest.raises(StateMismatchError, match=r"saved mid-step: lanes at turns \[7, 8\]"):
+            _tail(tokenizer, world_size=2, rank=rank).load_state_dict(copy.deepcopy(state))
+
+
+def test_a_rank_whose_lanes_are_all_spent_may_end_turns_before_the_others(tokenizer: Any) -> None:
+    """Its stream ended where it had no more data: per-rank pipelines' final states merge and
+    load, giving no more data (padding up to the furthest lane's turn)."""
+    from zephon_torch import merge_states
+
+    def ended(rank: int) -> dict[str, Any]:
+        data = two_sources(31, 17, shard_size=8)
+        pipeline = small_pipeline(tokenizer, lanes=4, world_size=2, rank=rank, datasets=data)
+        assert sum(1 for _ in pipeline)
+        return pipeline.state_dict()
+
+    ends = [ended(0), ended(1)]
+    lanes = _turns(ends[0]) | _turns(ends[1])
+    assert lanes == {"0": (27, True), "1": (27, True), "2": (26, True), "3": (26, False)}
+    merged = merge_states(ends)
+    again = small_pipeline(tokenizer, lanes=4, datasets=two_sources(31, 17, shard_size=8))
+    again.load_state_dict(merged)
+    assert [(b.lane, b.num_tokens) for b in again] == [(2, 0), (3, 0)]
