@@ -164,6 +164,56 @@ def test_stateful_dataloader_restores_mid_epoch_exactly(tokenizer: Any, num_work
                 target.load_state_dict(worker)
 
 
+@pytest.mark.parametrize("kind", [torch.utils.data.DataLoader, StatefulDataLoader])
+def test_each_pass_of_persistent_workers_repeats_the_data_from_the_start(
+    tokenizer: Any, kind: type[torch.utils.data.DataLoader[Any]]
+) -> None:
+    """A persistent worker began its next pass from what it had produced (prefetched items
+    too) and dealt the lanes by turns of its own lanes only: lanes 0 and 2 never came again,
+    lanes 1 and 3 twice over. A fresh worker's pass starts from the dataset's state."""
+    reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 10)
+    loader = kind(
+        build(tokenizer, exhaustion="repeat").to_torch(),
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="spawn",
+    )
+    assert [take(loader, n) for n in (6, 10, 3)] == [reference[:6], reference, reference[:3]]
+
+
+def test_persistent_and_fresh_workers_of_a_stateful_loader_give_the_same_passes_and_resumes(
+    tokenizer: Any,
+) -> None:
+    """A state saved mid pass 2 resumes exactly, the pass after the resumed one starts from
+    the dataset's start, and so does a state saved as a pass begins (the workers' states are
+    taken then, before their first item), whether the workers persist or not."""
+
+    def loader(persistent: bool) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            build(tokenizer, exhaustion="repeat").to_torch(),
+            batch_size=None,
+            num_workers=2,
+            persistent_workers=persistent,
+            multiprocessing_context="spawn",
+        )
+
+    reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 12)
+    runs = []
+    for persistent in (False, True):
+        first = loader(persistent)
+        passes = [take(first, 6), take(first, 5)]
+        resumed = loader(persistent)
+        resumed.load_state_dict(first.state_dict())
+        passes += [take(resumed, 7), take(resumed, 4)]
+        iter(first)
+        begun = loader(persistent)
+        begun.load_state_dict(first.state_dict())
+        runs.append([*passes, take(begun, 3)])
+    assert runs[0] == [reference[:6], reference[:5], reference[5:], reference[:4], reference[:3]]
+    assert runs[1] == runs[0]
+
+
 def test_pin_memory_yields_pinned_tensors_when_an_accelerator_exists(tokenizer: Any) -> None:
     loader = DataLoader(build(tokenizer), pin_memory=torch.cuda.is_available())
     item = next(iter(loader))

@@ -64,7 +64,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     process and lets ``num_workers`` change between save and load. With workers under torch's
     loaders, every new pass (another ``for`` loop, the next epoch) starts where this dataset
     stands in the main process (its start, or the state loaded into it), since workers cannot
-    tell it what they delivered: it repeats the data, and so does a StatefulDataLoader state
+    tell it what they delivered (persistent workers too; a StatefulDataLoader's resumed pass
+    goes on from its state): it repeats the data, and so does a StatefulDataLoader state
     saved after the stream ended (torchdata takes it as the start of the next pass). Use
     ``exhaustion="repeat"`` with a step budget (one pass that never ends) there, or
     ``zephon_torch.torch.DataLoader``, whose passes continue. Only that loader also keeps
@@ -94,6 +95,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self._loaded: dict[str, Any] | None = None
         self._delivered: dict[str, Any] = {}
         self._worker_lanes: list[int] | None = None
+        # in a DataLoader worker: the dataset as it reached the worker, and the passes begun
+        self._arrived: tuple[Any, ...] | None = None
+        self._worker_passes = 0
         if any(s is not None for s in pipeline._lane_states.values()):
             # the pipeline was iterated or loaded: continue from there
             self.load_state_dict(pipeline.state_dict())
@@ -116,32 +120,60 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
+        if info is not None:
+            # here, not at the first item: StatefulDataLoader takes a worker's state as soon
+            # as its pass begins
+            self._begin_worker_pass()
+            if info.num_workers > 1:
+                self._worker_lanes = self._split_over_workers(info.num_workers, info.id)
+        return self._items()
+
+    def _begin_worker_pass(self) -> None:
+        """In a DataLoader worker, a pass after its first (persistent workers) starts where
+        the dataset stood when it reached the worker, as a fresh worker's pass does: not from
+        what this worker produced (its own lanes only, and what it prefetched)."""
+        if self._arrived is None:  # or taken by a load_state_dict before the first pass
+            self._arrived = self._as_arrived()
+        elif self._worker_passes:
+            loaded, delivered, estimation = copy.deepcopy(self._arrived)
+            self._loaded, self._delivered = loaded, delivered
+            self.pipeline._estimation = estimation
+        self._worker_passes += 1
+
+    def _as_arrived(self) -> tuple[Any, ...]:
+        return copy.deepcopy((self._loaded, self._delivered, self.pipeline._estimation))
+
+    def _split_over_workers(self, num_workers: int, worker_id: int) -> list[int]:
+        """The lanes this DataLoader worker emits (see the module docstring)."""
+        rank_lanes = self.pipeline.lanes
+        used = workers_used(num_lanes=len(rank_lanes), num_workers=num_workers)
+        if used < num_workers and worker_id == 0:
+            warnings.warn(
+                f"{len(rank_lanes)} lanes on this rank cannot be split evenly over "
+                f"{num_workers} DataLoader workers; using {used} of them (the rest "
+                "stay idle). Pick a num_workers that divides the lanes per rank.",
+                stacklevel=3,
+            )
+        if self._loaded is not None and "worker_lanes" in self._loaded:
+            # A worker's own state (StatefulDataLoader): same workers, same lanes.
+            return list(self._loaded["worker_lanes"])
+        states = self.resume_lanes(self._delivered)
+        turns = {int(k): v["turn"] for k, v in states.items() if v is not None}
+        return lanes_for_worker(
+            lanes=rank_lanes, turns=turns, num_workers=num_workers, worker_id=worker_id
+        )
+
+    def _items(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
         pipeline = self.pipeline
-        rank_lanes = pipeline.lanes
         states = dict(self._loaded["lanes"]) if self._loaded is not None else {}
         states.update(self._delivered)
         if info is not None and info.num_workers > 1:
-            used = workers_used(num_lanes=len(rank_lanes), num_workers=info.num_workers)
-            if used < info.num_workers and info.id == 0:
-                warnings.warn(
-                    f"{len(rank_lanes)} lanes on this rank cannot be split evenly over "
-                    f"{info.num_workers} DataLoader workers; using {used} of them (the rest "
-                    "stay idle). Pick a num_workers that divides the lanes per rank.",
-                    stacklevel=2,
-                )
-            if self._loaded is not None and "worker_lanes" in self._loaded:
-                # A worker's own state (StatefulDataLoader): same workers, same lanes.
-                mine = list(self._loaded["worker_lanes"])
-            else:
-                turns = {int(k): v["turn"] for k, v in states.items() if v is not None}
-                mine = lanes_for_worker(
-                    lanes=rank_lanes, turns=turns, num_workers=info.num_workers, worker_id=info.id
-                )
-            self._worker_lanes = mine
+            mine = list(self._worker_lanes or [])
             if not mine:
                 return
         else:
-            mine = rank_lanes
+            mine = pipeline.lanes
             if info is None:  # figures for the states; workers get them with the dataset
                 calibrated(pipeline)
         # a copy per iteration, from what was delivered: loaders sharing the dataset, and
@@ -246,6 +278,10 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         check_state(state, self.pipeline.fingerprint(), needed)
         if "worker_lanes" not in state:
             self.pipeline._check_in_step(state["lanes"])
+        if get_worker_info() is not None and self._arrived is None:
+            # StatefulDataLoader's resume, before the worker's first pass: that pass goes
+            # on from the state, and later ones start over as fresh workers' would
+            self._arrived = self._as_arrived()
         self._loaded = copy.deepcopy(state)
         self._delivered = {}
         if state.get("estimation") is not None:  # frozen: a resume never re-measures
