@@ -202,6 +202,23 @@ def test_a_bad_setting_is_a_config_error_naming_the_url_at_once(
     assert time.monotonic() - start < 5
 
 
+def test_a_setting_of_the_wrong_type_that_fails_a_read_is_a_config_error_at_once(
+    s3_server: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """A setting the listing takes but a read trips on (s3fs's block size as text) was a bare
+    TypeError out of the read; an AttributeError of a client's setting was retried
+    for 16 s as if waiting could cure it."""
+    endpoint, _ = s3_server
+    _write_corpus(tmp_path / "d", "parquet", shards=1)
+    upload(endpoint, tmp_path / "d", "bkt", "d")
+    storage = {**_storage(endpoint), "default_block_size": "64"}
+    dataset = Dataset.from_path("d", "s3://bkt/d/", storage_options=storage)
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"of 's3://bkt/d/part-000.parquet' failed on a setting"):
+        dataset.read_rows(0, [0])
+    assert time.monotonic() - start < 5
+
+
 def _users(endpoint: str, rights: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """Storage options of a new IAM user per entry, allowed those S3 actions on everything."""
     iam = boto3.client(

@@ -261,13 +261,15 @@ def list_remote(
 
     try:
         # the first call that reaches the store: a ValueError here is a setting (a malformed
-        # endpoint_url), a TypeError an unknown storage option, FileNotFoundError no bucket
+        # endpoint_url), a TypeError an unknown storage option (an AttributeError one of the
+        # wrong shape), FileNotFoundError no bucket
+        bad = (ValueError, TypeError, AttributeError)
         where, found = call_with_retry(
-            listing, url=url, policy=retry, what="listing", permanent=(ValueError,)
+            listing, url=url, policy=retry, what="listing", permanent=bad
         )
     except ZephonError:
         raise
-    except (FileNotFoundError, TypeError, ValueError) as error:
+    except (FileNotFoundError, *bad) as error:
         raise ConfigError(
             f"cannot list {url!r} (check the URL and storage_options): "
             f"{type(error).__name__}: {error}"

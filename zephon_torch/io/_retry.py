@@ -30,8 +30,11 @@ _PERMANENT: tuple[type[BaseException], ...] = (
     NotADirectoryError,
     ImportError,
     TypeError,
+    AttributeError,
     ZephonError,
 )
+# What a client raises on a setting of the wrong type or shape (`storage_options`)
+_BAD_SETTING: tuple[type[BaseException], ...] = (TypeError, AttributeError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +204,8 @@ def call_with_retry(
     Raises:
         StorageError: when the attempts or the time run out, naming `url` and the last error.
         ConfigError: at once, when the client found no usable credentials, or the store
-            denied access (`denied`), naming `url`.
+            denied access (`denied`), or the client failed on a setting of the wrong type
+            (a TypeError or AttributeError), naming `url`.
         Exception: another permanent error (a missing object, a bad argument), unchanged.
     """
     start = time.monotonic()
@@ -219,6 +223,11 @@ def call_with_retry(
                 ) from error
             if isinstance(error, permanent):
                 raise
+            if isinstance(error, _BAD_SETTING):
+                raise ConfigError(
+                    f"{what} of {url!r} failed on a setting of the storage client (check "
+                    f"storage_options): {type(error).__name__}: {error}"
+                ) from error
             if denied(error):
                 raise ConfigError(
                     f"{what} of {url!r} was denied (check the credentials and what they may "
