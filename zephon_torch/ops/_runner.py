@@ -79,44 +79,63 @@ class _Raised:
         self.error = error
 
 
-def _run_in_worker(source: int, span: PointerSpan) -> Chunk | _Raised:
+def _run_in_worker(source: int, span: PointerSpan) -> bytes:
+    """The chunk, or the zephon_torch error it raised, pickled here by the standard pickler.
+    Left to the pool, multiprocessing's pickler would send it, on which torch registers
+    reductions that pass each tensor as a shared-memory file descriptor: the parent held one
+    open per tensor read ahead (thousands), and past `ulimit -n` the pool broke."""
     if _WORKER_CHAIN is None:
         raise RuntimeError("worker process was started without its document chain")
     try:
-        return _WORKER_CHAIN(source, span)
+        outcome: Chunk | _Raised = _WORKER_CHAIN(source, span)
     except ZephonError as error:
-        return _Raised(error)
+        outcome = _Raised(error)
+    return pickle.dumps(outcome, protocol=5)
 
 
 def _broken(error: BrokenProcessPool) -> BrokenProcessPool:
-    """The pool's error, saying what may have ended the process and what to do."""
-    clear = BrokenProcessPool(
-        "a process of runner='processes' ended abruptly: it was killed (out of memory?) or "
-        "failed as it started (its error is printed above). The processes are spawned, so "
-        "they import the main script again: a script must run the pipeline under "
-        '`if __name__ == "__main__":`'
-    )
+    """The pool's error, saying what is known of what broke it: the pool's cause where it
+    gives one (it failed to take a result), else what may have ended a process and what to
+    do."""
+    cause = error.__cause__
+    if cause is not None:
+        lines = [line.strip() for line in str(cause).splitlines()]
+        said = [line for line in lines if line not in ("", "'''")]
+        reason = said[-1] if said else type(cause).__name__
+        clear = BrokenProcessPool(f"the process pool of runner='processes' broke: {reason}")
+    else:
+        clear = BrokenProcessPool(
+            "a process of runner='processes' ended abruptly: it was killed (out of memory?) or "
+            "failed as it started (its error is printed above). The processes are spawned, so "
+            "they import the main script again: a script must run the pipeline under "
+            '`if __name__ == "__main__":`'
+        )
     clear.__cause__ = error
     return clear
 
 
-def _raising(pending: Future[Chunk | _Raised]) -> Future[Chunk]:
-    """`pending`'s outcome, with a returned `_Raised` as the error it holds; cancelling the
-    result cancels `pending`."""
+def _raising(pending: Future[bytes]) -> Future[Chunk]:
+    """`pending`'s outcome, unpickled, with a returned `_Raised` as the error it holds;
+    cancelling the result cancels `pending`."""
     result: Future[Chunk] = Future()
 
-    def settle(done: Future[Chunk | _Raised]) -> None:
+    def settle(done: Future[bytes]) -> None:
         if done.cancelled():
             result.cancel()
             return
+        if not result.set_running_or_notify_cancel():
+            return  # nobody waits for it: not unpickled
         error = done.exception()
+        value: Chunk | _Raised | None = None
         if isinstance(error, BrokenProcessPool):
             error = _broken(error)
-        value = None if error is not None else done.result()
+        elif error is None:
+            try:
+                value = pickle.loads(done.result())
+            except Exception as exc:  # this chunk's own failure (out of memory): its reader's
+                error = exc
         if isinstance(value, _Raised):
             error = value.error
-        if not result.set_running_or_notify_cancel():
-            return
         if error is not None:
             result.set_exception(error)
         else:

@@ -1,0 +1,79 @@
+"""The runners of per-document work (threads, processes, inline): what comes back from them,
+the errors they give, and how they end."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
+from typing import Any
+
+import torch
+
+from tests.conftest import prose_documents
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.ops._runner import _broken
+from zephon_torch.work import StaticMixtureWorkSource
+
+# module-level user functions: spawned worker processes import them from here
+
+
+def tensor_payload(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "vec": torch.arange(16) + row["n"]}
+
+
+def numbered(count: int, name: str = "d", shard_size: int = 8) -> Dataset:
+    texts = prose_documents(count, seed=4, max_words=40)
+    return Dataset.from_dict(name, {"text": texts, "n": list(range(count))}, shard_size=shard_size)
+
+
+def payload_pipeline(tokenizer: Any, fn: Any, field: str, runner: str, lanes: int) -> Pipeline:
+    source = StaticMixtureWorkSource([numbered(200, "a"), numbered(150, "b")], seed=5)
+    return (
+        Pipeline(source)
+        .options(canonical_replicas=lanes)
+        .map(fn)
+        .tokenize(tokenizer=tokenizer, runner=runner, parallelism=1)  # type: ignore[arg-type]
+        .pack_sequences(128, payload_fields=[field])
+        .batch(2)
+    )
+
+
+def test_tensor_payloads_come_back_from_worker_processes_by_value_holding_no_descriptor(
+    tokenizer: Any,
+) -> None:
+    """A chunk came back through multiprocessing's pickler, where torch sends each tensor as
+    a shared-memory file descriptor: the loop held one per document read ahead (8,000 with 4
+    lanes), so under the usual `ulimit -n` of 1024 the pool broke. Threads and processes now
+    give the same batches, and processes hold no descriptor per document."""
+
+    def run(runner: str) -> tuple[list[Any], int]:
+        pipeline = payload_pipeline(tokenizer, tensor_payload, "vec", runner, lanes=4)
+        before, most, out = len(os.listdir("/proc/self/fd")), 0, []
+        for batch in pipeline:
+            most = max(most, len(os.listdir("/proc/self/fd")))
+            assert batch.payloads is not None
+            vectors = [[p["vec"].tolist() for p in row] for row in batch.payloads]
+            out.append((batch.input_ids.tolist(), vectors))
+        return out, most - before
+
+    threads, _ = run("threads")
+    processes, descriptors = run("processes")
+    assert processes == threads
+    assert descriptors < 40  # the pool's pipes; it was a descriptor per document read ahead
+
+
+def test_a_broken_pool_with_a_cause_says_what_broke_it_and_claims_no_kill() -> None:
+    """Every BrokenProcessPool was explained as a process killed (out of memory?) or failing
+    as it started, also where the pool said that the parent failed to read a result (running
+    out of file descriptors), two links down the cause chain."""
+    pool = BrokenProcessPool("A process in the process pool was terminated abruptly")
+    pool.__cause__ = _RemoteTraceback(
+        "\n'''\nTraceback (most recent call last):\n  File \"x.py\", line 1, in recv\n"
+        "RuntimeError: received 0 items of ancdata\n'''"
+    )
+    text = str(_broken(pool))
+    assert "RuntimeError: received 0 items of ancdata" in text
+    assert "killed" not in text and "__main__" not in text
+    killed = str(_broken(BrokenProcessPool("A child process terminated abruptly")))
+    assert "killed (out of memory?)" in killed and '`if __name__ == "__main__":`' in killed
