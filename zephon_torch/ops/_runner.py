@@ -16,7 +16,7 @@ import pickle
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
@@ -176,6 +176,7 @@ class Runner:
         self.kind = kind
         self._executor: Executor | None = None
         self._removal: Callable[[], object] | None = None  # removes the chain's file
+        self._pending: set[Future[bytes]] = set()  # the processes' chunks not yet done
         if kind == "inline":
             pass
         elif kind == "threads":
@@ -204,12 +205,32 @@ class Runner:
             )
 
     def submit(self, source: int, span: PointerSpan) -> Future[Chunk]:
-        """Schedule one chunk; the future yields its documents in stream order."""
+        """Schedule one chunk; the future yields its documents in stream order.
+
+        Raises:
+            BrokenProcessPool: explained (see `_broken`), where the pool broke.
+        """
         if self._executor is None:
             return _done(self.chain, source, span)
         if self.kind == "threads":
             return self._executor.submit(self.chain, source, span)
-        return _raising(self._executor.submit(_run_in_worker, source, span))
+        try:
+            pending = self._executor.submit(_run_in_worker, source, span)
+        except BrokenProcessPool as error:
+            broke = self._breaking(error)
+            raise _broken(broke) from broke
+        self._pending.add(pending)
+        pending.add_done_callback(self._pending.discard)
+        return _raising(pending)
+
+    def _breaking(self, refused: BrokenProcessPool) -> BrokenProcessPool:
+        """The error that broke the pool, which has just ``refused`` a chunk: the one it gives
+        every chunk it held (with its cause, where it has one), set right after it began to
+        refuse; ``refused`` where it held none (a process ended while idle)."""
+        held = list(self._pending)
+        wait(held, timeout=10)
+        errors = [f.exception() for f in held if f.done() and not f.cancelled()]
+        return next((e for e in errors if isinstance(e, BrokenProcessPool)), refused)
 
     def run_now(self, source: int, span: PointerSpan) -> Chunk:
         """Run one chunk on the calling thread (used to rebuild open bins on restore)."""

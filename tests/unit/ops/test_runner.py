@@ -7,12 +7,15 @@ import os
 from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
 from typing import Any
 
+import pytest
 import torch
 
 from tests.conftest import prose_documents
 from zephon_torch import Pipeline
+from zephon_torch._token_stage import doc_ops
 from zephon_torch.io import Dataset
-from zephon_torch.ops._runner import _broken
+from zephon_torch.ops._runner import DocChain, Runner, _broken
+from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work import StaticMixtureWorkSource
 
 # module-level user functions: spawned worker processes import them from here
@@ -20,6 +23,12 @@ from zephon_torch.work import StaticMixtureWorkSource
 
 def tensor_payload(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "vec": torch.arange(16) + row["n"]}
+
+
+def exit_at_row_one(row: dict[str, Any]) -> dict[str, Any]:
+    if row["n"] == 1:
+        os._exit(3)  # the process dies, as one killed for memory does
+    return row
 
 
 def numbered(count: int, name: str = "d", shard_size: int = 8) -> Dataset:
@@ -77,3 +86,24 @@ def test_a_broken_pool_with_a_cause_says_what_broke_it_and_claims_no_kill() -> N
     assert "killed" not in text and "__main__" not in text
     killed = str(_broken(BrokenProcessPool("A child process terminated abruptly")))
     assert "killed (out of memory?)" in killed and '`if __name__ == "__main__":`' in killed
+
+
+def test_a_chunk_submitted_to_a_broken_pool_gets_the_explained_error() -> None:
+    """The next chunk's submit to a pool a killed process had broken raised the pool's bare
+    "A child process terminated abruptly", without the explanation the README promises; in a
+    loop that consumes steadily (an out-of-memory kill) it was the usual case."""
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).map(exit_at_row_one).pretokenized("ids", runner="processes")
+    runner = Runner(
+        DocChain(FetchOp(source.datasets), doc_ops(recipe)), parallelism=1, kind="processes"
+    )
+    layout = source.layouts[0]
+    try:
+        killing = runner.submit(0, layout.span(pass_index=0, lane=0, num_lanes=1, start=0, count=2))
+        assert isinstance(killing.exception(timeout=60), BrokenProcessPool)
+        span = layout.span(pass_index=0, lane=0, num_lanes=1, start=2, count=2)
+        with pytest.raises(BrokenProcessPool, match=r"runner='processes' ended abruptly: .*kill"):
+            runner.submit(0, span)
+    finally:
+        runner.close()
