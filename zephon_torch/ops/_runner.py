@@ -20,7 +20,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
-from zephon_torch.errors import ConfigError, ZephonError
+from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.io import Dataset
 from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops.columns import TokenChain, TokenChunk
@@ -90,7 +90,38 @@ def _run_in_worker(source: int, span: PointerSpan) -> bytes:
         outcome: Chunk | _Raised = _WORKER_CHAIN(source, span)
     except ZephonError as error:
         outcome = _Raised(error)
-    return pickle.dumps(outcome, protocol=5)
+    try:
+        return pickle.dumps(outcome, protocol=5)
+    except Exception:
+        found = None
+        if isinstance(_WORKER_CHAIN, DocChain) and isinstance(outcome, list):
+            found = _unpicklable(_WORKER_CHAIN, outcome)
+        if found is None:
+            raise
+        return pickle.dumps(_Raised(found), protocol=5)
+
+
+def _unpicklable(chain: DocChain, docs: list[Document]) -> DataError | None:
+    """A DataError naming the first of ``docs`` that holds a value pickle cannot take (one a
+    map returned: a memoryview, an open file), and its field; None where none does."""
+    for doc in docs:
+        for kind, values in (("payload field", doc.payload), ("field", doc.data)):
+            for name, value in (values or {}).items():
+                try:
+                    pickle.dumps(value, protocol=5)
+                except Exception as error:
+                    dataset = chain.datasets[doc.source]
+                    found = DataError(
+                        f"{kind} {name!r} holds a {type(value).__name__}, which pickle cannot "
+                        f"take ({error}): with runner='processes' the values a map returns "
+                        "must be picklable, to come back from its worker process",
+                        dataset=dataset.name,
+                        shard=dataset.shards[doc.shard].path,
+                        row=doc.row,
+                    )
+                    found.__cause__ = error
+                    return found
+    return None
 
 
 def _broken(error: BrokenProcessPool) -> BrokenProcessPool:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import prose_documents
-from zephon_torch import Pipeline
+from zephon_torch import DataError, Pipeline
 from zephon_torch._token_stage import doc_ops
 from zephon_torch.io import Dataset
 from zephon_torch.ops._runner import DocChain, Runner, _broken
@@ -23,6 +23,10 @@ from zephon_torch.work import StaticMixtureWorkSource
 
 def tensor_payload(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "vec": torch.arange(16) + row["n"]}
+
+
+def memoryview_payload(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "blob": memoryview(row["text"].encode())}
 
 
 def exit_at_row_one(row: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +74,27 @@ def test_tensor_payloads_come_back_from_worker_processes_by_value_holding_no_des
     processes, descriptors = run("processes")
     assert processes == threads
     assert descriptors < 40  # the pool's pipes; it was a descriptor per document read ahead
+
+
+def test_a_payload_value_pickle_cannot_take_names_its_row_and_field_under_processes(
+    tokenizer: Any,
+) -> None:
+    """A memoryview in a payload field came from a worker process as a bare TypeError naming
+    neither the row nor the field (threads and inline pass it on as it is)."""
+    source = StaticMixtureWorkSource([numbered(20)], shuffle=False)
+    pipeline = (
+        Pipeline(source)
+        .map(memoryview_payload)
+        .tokenize(tokenizer=tokenizer, runner="processes", parallelism=1)
+        .pack_sequences(128, payload_fields=["blob"])
+        .batch(2)
+    )
+    with pytest.raises(DataError) as caught:
+        next(iter(pipeline))
+    error = caught.value
+    assert (error.dataset, error.shard, error.row) == ("d", "memory://d/0", 0)
+    assert "payload field 'blob' holds a memoryview" in str(error)
+    assert "with runner='processes'" in str(error) and "picklable" in str(error)
 
 
 def test_a_broken_pool_with_a_cause_says_what_broke_it_and_claims_no_kill() -> None:
