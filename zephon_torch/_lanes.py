@@ -61,9 +61,6 @@ class LaneRuntime:
     """The live nodes of one iteration: a runner, and per lane its readers, packer and batcher."""
 
     def __init__(self, pipeline: Pipeline) -> None:
-        source = pipeline._source
-        pack = pipeline._pack
-        assert pack is not None and pipeline._microbatch_size is not None
         _, token_field, parallelism, runner = token_stage(pipeline)
         doc_chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
         self.chain: DocChain | TokenChain = doc_chain
@@ -72,12 +69,25 @@ class LaneRuntime:
             eos = pipeline._pretokenized.eos_token_id
             self.chain = TokenChain(pipeline._datasets, token_field, eos)
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
+        self.nodes: list[BatchNode] = []
+        self.readers: list[DocumentReader] = []
+        try:
+            self._build(pipeline, doc_chain)
+        except BaseException:
+            # held by the error's traceback, an open runner kept its processes' pipes and its
+            # chain file (whose lock kept `sweep` off it) for as long as the error lived
+            self.close()
+            raise
+
+    def _build(self, pipeline: Pipeline, doc_chain: DocChain) -> None:
+        """Calibrate, then make each owned lane's readers, packer and batcher."""
+        source = pipeline._source
+        pack = pipeline._pack
+        assert pack is not None and pipeline._microbatch_size is not None
         calibrated(pipeline, doc_chain)
         chunk_docs = chunk_sizes(pipeline._estimation, source.names)
         num_lanes = pipeline._options.canonical_replicas
         warn_if_fewer_rows_than_lanes(source, num_lanes)
-        self.nodes: list[BatchNode] = []
-        self.readers: list[DocumentReader] = []
         where = (list(source.names), shard_paths(pipeline))  # user errors name their row
         for lane in pipeline.lanes:
             readers = [

@@ -4,7 +4,9 @@ the errors they give, and how they end."""
 from __future__ import annotations
 
 import os
+import tempfile
 from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from zephon_torch._token_stage import doc_ops
 from zephon_torch.io import Dataset
 from zephon_torch.ops._runner import DocChain, Runner, _broken
 from zephon_torch.ops.fetch import FetchOp
-from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 # module-level user functions: spawned worker processes import them from here
 
@@ -27,6 +29,10 @@ def tensor_payload(row: dict[str, Any]) -> dict[str, Any]:
 
 def memoryview_payload(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "blob": memoryview(row["text"].encode())}
+
+
+def fails_everywhere(row: dict[str, Any]) -> dict[str, Any]:
+    raise ValueError(f"row {row['n']} is refused")
 
 
 def exit_at_row_one(row: dict[str, Any]) -> dict[str, Any]:
@@ -132,3 +138,30 @@ def test_a_chunk_submitted_to_a_broken_pool_gets_the_explained_error() -> None:
             runner.submit(0, span)
     finally:
         runner.close()
+
+
+def test_an_iteration_that_fails_to_start_leaves_no_pool_or_chain_file(
+    tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner made before the token estimation failed (here a map refusing its documents)
+    was never closed: each failed iter() kept the pool's pipes, the chain file and its lock
+    for as long as its error was held (a retry loop keeping its errors, pytest.raises)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    source = StaticMixtureWorkSource(
+        [numbered(40)], seed=1, token_estimation=TokenEstimation(calibration_documents=4)
+    )
+    pipeline = (
+        Pipeline(source)
+        .map(fails_everywhere)
+        .tokenize(tokenizer=tokenizer, runner="processes", parallelism=1)
+        .pack_flat(32)
+        .batch(2)
+    )
+    before = len(os.listdir("/proc/self/fd"))
+    errors = []
+    for _ in range(3):
+        with pytest.raises(DataError, match="is refused") as caught:
+            iter(pipeline)
+        errors.append(caught.value)  # held, with its traceback and every frame's locals
+    assert list(tmp_path.iterdir()) == []
+    assert len(os.listdir("/proc/self/fd")) <= before + 1  # multiprocessing's resource tracker
