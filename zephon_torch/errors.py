@@ -132,12 +132,16 @@ class DataError(ZephonError, ValueError):
         if not given and dataset is not None:  # read back: the message says where already
             super().__init__(message)
             return
-        where = [] if dataset is None else [f"dataset {dataset!r}"]
-        if shard is not None:
-            where.append(f"shard {shard!r}")
-        if row is not None:
-            where.append(f"row {row}")
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        super().__init__(_located(message, dataset, shard, row))
+
+    def locate(self, *, dataset: str, shard: str | None, row: int | None) -> None:
+        """Name where the error was found, when it names nowhere yet (one a user's map or
+        filter raised): its fields and text become those of ``DataError(detail, dataset=...,
+        shard=..., row=...)``; the rest (type, cause, traceback) stays."""
+        if self.dataset is not None or self.shard is not None or self.row is not None:
+            return
+        self.dataset, self.shard, self.row = dataset, shard, row
+        self.args = (_located(self.detail, dataset, shard, row),)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only fields survive the trip back from a worker process (ones read back
@@ -170,6 +174,16 @@ class StorageError(ZephonError, OSError):
     @staticmethod
     def _rebuild(message: str, url: str | None) -> StorageError:
         return StorageError(message, url=url)
+
+
+def _located(message: str, dataset: str | None, shard: str | None, row: int | None) -> str:
+    """``message`` after where it was found, as far as known."""
+    where = [] if dataset is None else [f"dataset {dataset!r}"]
+    if shard is not None:
+        where.append(f"shard {shard!r}")
+    if row is not None:
+        where.append(f"row {row}")
+    return f"{', '.join(where)}: {message}" if where else message
 
 
 def _rebuild_data_error(

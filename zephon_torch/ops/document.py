@@ -113,10 +113,16 @@ def call_user(
     dataset_names: list[str],
     shard_paths: list[list[str]],
 ) -> R:
-    """``fn(arg)`` for a user's function ``what`` on ``doc``: a ZephonError passes as it is,
-    any other error becomes a DataError naming the document (its cause chained)."""
+    """``fn(arg)`` for a user's function ``what`` on ``doc``: a ZephonError passes as it is
+    (a DataError that names no place first names the document), any other error becomes a
+    DataError naming the document (its cause chained)."""
     try:
         return fn(arg)
+    except DataError as error:  # the type bad input should raise: kept, with its message
+        error.locate(
+            dataset=dataset_names[doc.source], shard=shard_paths[doc.source][doc.shard], row=doc.row
+        )
+        raise
     except ZephonError:
         raise
     except Exception as error:

@@ -31,6 +31,16 @@ def memoryview_payload(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "blob": memoryview(row["text"].encode())}
 
 
+def not_english(row: dict[str, Any]) -> dict[str, Any]:
+    if row["n"] == 5:
+        raise DataError("text is not English")
+    return row
+
+
+def keeps_english(row: dict[str, Any]) -> bool:
+    return not_english(row) is row
+
+
 def fails_everywhere(row: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"row {row['n']} is refused")
 
@@ -165,3 +175,21 @@ def test_an_iteration_that_fails_to_start_leaves_no_pool_or_chain_file(
         errors.append(caught.value)  # held, with its traceback and every frame's locals
     assert list(tmp_path.iterdir()) == []
     assert len(os.listdir("/proc/self/fd")) <= before + 1  # multiprocessing's resource tracker
+
+
+@pytest.mark.parametrize(
+    ("kind", "runner"), [("map", "threads"), ("filter", "inline"), ("map", "processes")]
+)
+def test_a_data_error_a_user_function_raises_names_the_document(kind: str, runner: str) -> None:
+    """A map or filter raising zephon_torch's own DataError (the type the README gives bad
+    input) reached the loop naming no dataset, shard or row."""
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
+    recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+    recipe = recipe.map(not_english) if kind == "map" else recipe.filter(keeps_english)
+    pipeline = recipe.pretokenized("ids", runner=runner, parallelism=1)  # type: ignore[arg-type]
+    with pytest.raises(DataError) as caught:
+        list(pipeline.pack_flat(8).batch(1))
+    error = caught.value
+    assert (error.dataset, error.shard, error.row) == ("d", "memory://d/1", 1)
+    assert str(error) == "dataset 'd', shard 'memory://d/1', row 1: text is not English"
+    assert error.detail == "text is not English"
