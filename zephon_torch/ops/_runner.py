@@ -11,18 +11,20 @@ than the work (and its wake-ups fight the packer for the GIL).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import pickle
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
 from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.io import Dataset
 from zephon_torch.ops._chain_file import release, write_chain
+from zephon_torch.ops._daemon_pool import DaemonPool
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import DocOp, Document, OperatorClock
 from zephon_torch.ops.fetch import FetchOp
@@ -193,9 +195,9 @@ class Runner:
     Args:
         chain: the fused per-document chain, or the columnar token chain.
         parallelism: number of workers (``inline``: unused).
-        kind: ``"threads"`` (the tokenizer backend releases the GIL), ``"processes"``
-            (spawned; user functions must be picklable) or ``"inline"`` (the submitting
-            thread, at once).
+        kind: ``"threads"`` (daemon threads, see `DaemonPool`; the tokenizer backend
+            releases the GIL), ``"processes"`` (spawned; user functions and the values
+            they return must be picklable) or ``"inline"`` (the submitting thread, at once).
     """
 
     def __init__(self, chain: Chain, *, parallelism: int, kind: RunnerKind) -> None:
@@ -211,7 +213,7 @@ class Runner:
         if kind == "inline":
             pass
         elif kind == "threads":
-            self._executor = ThreadPoolExecutor(parallelism, thread_name_prefix="zephon-docs")
+            self._executor = DaemonPool(parallelism, "zephon-docs")
         elif multiprocessing.current_process().daemon:
             raise ConfigError(
                 "runner='processes' cannot start its processes here: this is a daemonic "
@@ -268,11 +270,36 @@ class Runner:
         return self.chain(source, span)
 
     def close(self) -> None:
-        """Stop the workers; pending chunks are cancelled."""
+        """Stop the workers; pending chunks are cancelled, and the processes running chunks
+        are ended (their results would be thrown away, and a stuck map would hold the process
+        at exit); threads that run one end once it returns, without holding the process."""
+        if isinstance(self._executor, ProcessPoolExecutor):
+            running = [f for f in list(self._pending) if not f.cancel() and not f.done()]
+            self._pending.clear()
+            if running:
+                _terminate(self._executor)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self._removal is not None:
             self._removal()
+
+
+def _terminate(executor: ProcessPoolExecutor) -> None:
+    """Shut ``executor`` down and end its processes now, as Python 3.14's `terminate_workers`
+    does. Then close this process's end of the pipe they send results on, which it never
+    writes: a process ended in the middle of sending one left a message that the pool's
+    thread, reading it, would wait for the rest of for ever (and the interpreter joins that
+    thread at exit); with no writer left, it reads the end of the pipe and stops."""
+    processes = dict(getattr(executor, "_processes", None) or {})  # shutdown drops it
+    results = getattr(executor, "_result_queue", None)
+    executor.shutdown(wait=False, cancel_futures=True)
+    for process in processes.values():
+        with contextlib.suppress(ValueError, ProcessLookupError):  # ended meanwhile
+            if process.is_alive():
+                process.terminate()
+    writer = getattr(results, "_writer", None)
+    if writer is not None:
+        writer.close()
 
 
 def _done(chain: Chain, source: int, span: PointerSpan) -> Future[Chunk]:

@@ -4,7 +4,11 @@ the errors they give, and how they end."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 import tempfile
+import time
 from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
 from pathlib import Path
 from typing import Any
@@ -193,3 +197,58 @@ def test_a_data_error_a_user_function_raises_names_the_document(kind: str, runne
     assert (error.dataset, error.shard, error.row) == ("d", "memory://d/1", 1)
     assert str(error) == "dataset 'd', shard 'memory://d/1', row 1: text is not English"
     assert error.detail == "text is not English"
+
+
+_LEAVE_A_SLOW_MAP = """
+import os, sys, time
+from pathlib import Path
+
+from tests.conftest import prose_documents
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def slow_last_row(row):
+    if row["n"] == 199:
+        Path(os.environ["SLOW_MARK"]).touch()
+        time.sleep(300)  # a stuck regex, a network call without a timeout
+    return row
+
+
+if __name__ == "__main__":
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200, "n": list(range(200))})
+    for runner in sys.argv[1:]:
+        os.environ["SLOW_MARK"] = mark = f"{sys.argv[0]}.{runner}"
+        recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+        recipe = recipe.options(read_ahead=64).map(slow_last_row)
+        pipeline = recipe.pretokenized("ids", runner=runner, parallelism=2).pack_flat(8).batch(1)
+        for batch in pipeline:  # every chunk is read ahead at once: the last runs its map
+            deadline = time.monotonic() + 60
+            while not os.path.exists(mark) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            break
+        print("left", runner, time.monotonic(), flush=True)
+"""
+
+
+def test_a_loop_left_while_a_map_is_stuck_lets_the_process_exit(tmp_path: Path) -> None:
+    """A map call still running when the loop was left (break, an error, Ctrl-C) held the
+    process until it returned: the threads runner's pool threads were joined at exit, and
+    the processes runner's pool waited for its workers to finish their chunks."""
+    script = tmp_path / "leave.py"
+    script.write_text(_LEAVE_A_SLOW_MAP)
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+    done = subprocess.run(
+        [sys.executable, str(script), "threads", "processes"],
+        capture_output=True,
+        text=True,
+        timeout=150,  # the maps sleep 300 s each
+        check=False,
+        env=environment,
+    )
+    ended = time.monotonic()  # one clock for every process of the machine
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    left = re.findall(r"^left (\w+) ([\d.]+)$", done.stdout, re.MULTILINE)
+    assert [runner for runner, _ in left] == ["threads", "processes"]
+    assert ended - float(left[-1][1]) < 20
