@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -477,10 +479,16 @@ def test_a_chain_file_left_by_a_killed_process_is_removed_by_the_next_runner(
     try:
         assert run.stdout is not None and run.stdout.readline() == "running\n"
         assert len(list(temp.glob("zephon-chain-*.pickle"))) == 1
+        workers = _children(run.pid)
     finally:
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
     assert len(list(temp.glob("zephon-chain-*.pickle"))) == 1  # left behind
+    # its worker processes end too: orphaned, they waited for a task for ever
+    deadline = time.monotonic() + 20
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert workers and not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     path, lock = write_chain(b"chain")
     assert list(temp.iterdir()) == [Path(path)]  # the killed process's file is gone
@@ -489,6 +497,17 @@ def test_a_chain_file_left_by_a_killed_process_is_removed_by_the_next_runner(
     release(path, lock)
     release(other, other_lock)
     assert list(temp.iterdir()) == []
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == parent:
+                    found.append(int(entry))
+    return found
 
 
 def refusing_pipeline(runner: str) -> Pipeline:

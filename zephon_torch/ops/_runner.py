@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import pickle
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,6 +31,8 @@ from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import DocOp, Document, OperatorClock
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work.pointers import PointerSpan
+
+_PARENT_POLL_S = 1.0  # how soon a worker whose parent was killed ends
 
 RunnerKind = Literal["threads", "processes", "inline"]
 RUNNERS = ("threads", "processes", "inline")
@@ -66,11 +70,21 @@ _WORKER_CHAIN: Chain | None = None
 
 def _init_worker(path: str) -> None:
     global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
+    parent = os.getppid()
+    threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
     try:
         with open(path, "rb") as handle:
             _WORKER_CHAIN = pickle.load(handle)
     except FileNotFoundError:  # the runner closed before this process started: no task comes
         pass
+
+
+def _end_with(parent: int) -> None:
+    """End this worker once its parent has gone: a parent killed by SIGKILL (the out-of-memory
+    killer) closes no pool, and its workers waited for a task for ever, orphaned."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)
 
 
 class _Raised:
