@@ -170,7 +170,10 @@ def _npy_value(
     fs_path, item = objects[url]
 
     def value() -> int:
-        data = fs.cat_file(fs_path, start=position, end=position + dtype.itemsize)
+        end = position + dtype.itemsize
+        data = fs.cat_file(fs_path, start=position, end=end)
+        if len(data) == item.size >= end:  # a server that ignores ranges sends it whole
+            data = data[position:end]
         if len(data) != dtype.itemsize:
             raise DataError(
                 f"{os.path.basename(url)!r} gave {len(data)} of the {dtype.itemsize} bytes of "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -369,6 +370,25 @@ def test_http_urls_of_a_file_and_of_a_folder_page_open_and_read(
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
     with pytest.raises(DataError, match="changed since it was listed"):
         later.read_rows(0, [0])
+
+
+def test_npy_tokens_open_and_read_from_a_server_that_ignores_ranges(
+    tmp_path: Path, http_folder: tuple[Path, str]
+) -> None:
+    """python's http.server answers a range request with the whole file: each offsets value
+    read by range was refused as a file changed since its listing, so no .npy dataset opened
+    over such a server (other formats did)."""
+    folder, base = http_folder
+    tokens = np.arange(3000, dtype=np.int32)
+    for shard in range(2):
+        np.save(folder / f"{shard}.npy", tokens + shard)
+        np.save(folder / f"{shard}.offsets.npy", np.arange(0, 3001, 100, dtype=np.int64))
+        for name in (f"{shard}.npy", f"{shard}.offsets.npy"):
+            os.utime(folder / name, (time.time() - 10,) * 2)  # settled
+    dataset = Dataset.from_path("t", f"{base}/", io_options=_options(tmp_path))
+    assert (dataset.format, dataset.num_rows) == ("npy", 60)
+    [row] = dataset.read_rows(1, [29])
+    assert np.array_equal(np.asarray(row["input_ids"]), tokens[2900:3000] + 1)
 
 
 def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None:
