@@ -6,12 +6,12 @@ import contextlib
 import functools
 import http.server
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from tests.conftest import prose_documents
+from tests.loopback import serve_in_thread
 from zephon_torch import Batch, Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
@@ -116,10 +116,5 @@ def serve_without_versions(folder: Path) -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    handler = functools.partial(NoVersions, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serve_in_thread(functools.partial(NoVersions, directory=str(folder))) as url:
+        yield url

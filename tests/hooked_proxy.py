@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import http.client
 import http.server
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from tests.loopback import serve_in_thread
 
 Hook = Callable[[str, str, dict[str, str]], None]  # (method, path, headers)
 
@@ -47,13 +48,5 @@ def hooked_proxy(upstream: str, before: Hook) -> Iterator[str]:
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve_in_thread(Forward) as url:
+        yield url

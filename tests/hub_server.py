@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from tests.loopback import serve_in_thread
 
 
 class Hub:
@@ -266,11 +267,5 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
 @contextlib.contextmanager
 def serve(hub: Hub) -> Iterator[str]:
     """Serves `hub` on 127.0.0.1 in a thread; yields its endpoint URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_in_thread(_handler(hub)) as url:
+        yield url

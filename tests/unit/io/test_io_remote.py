@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import keys
+from tests.loopback import serve_in_thread
 from zephon_torch import Pipeline
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset
@@ -326,18 +327,13 @@ def http_folder(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A folder served by python's http.server on loopback (no ETag, no range requests)."""
     import functools
     import http.server
-    import threading
 
     folder = tmp_path / "served"
     folder.mkdir()
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
     handler.log_message = lambda *args: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serve_in_thread(handler) as url:
+        yield folder, url
 
 
 def test_http_urls_of_a_file_and_of_a_folder_page_open_and_read(
