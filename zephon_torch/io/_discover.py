@@ -204,7 +204,10 @@ def _detect(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:
     nested = [
         os.path.dirname(file)
         for file in files
-        if os.path.basename(file) == INDEX_FILE and index_format(file) is not None
+        # not opened unless regular (a named pipe's open waits for ever): refused later
+        if os.path.basename(file) == INDEX_FILE
+        and os.path.isfile(file)
+        and index_format(file) is not None
     ]
     if nested:
         raise ConfigError(

@@ -133,3 +133,8 @@ def test_a_named_pipe_or_a_dangling_link_among_the_data_is_refused_not_opened(
         Dataset.from_path("d", tmp_path if how == "directory" else tmp_path / "*.jsonl")
     os.unlink(tmp_path / "c.jsonl")
     assert Dataset.from_path("d", path["glob"]).num_rows == 1
+    if how == "directory":  # an index.json is opened to look for datasets in subfolders
+        (tmp_path / "sub").mkdir()
+        os.mkfifo(tmp_path / "sub" / "index.json")
+        with pytest.raises(ConfigError, match=r"index\.json' is not a regular file"):
+            Dataset.from_path("d", tmp_path)
