@@ -277,12 +277,3 @@ def test_a_jsonl_shard_removed_after_opening_is_a_data_error_naming_it(
     with pytest.raises(DataError, match="the shard file is missing") as caught:
         copy.read_rows(0, [5])
     assert (caught.value.dataset, caught.value.shard) == ("d", str(path))
-
-
-def test_a_dangling_link_in_a_jsonl_folder_is_a_data_error_naming_it(
-    tmp_path: Path, write_jsonl: Any
-) -> None:
-    write_jsonl(tmp_path / "a.jsonl", [{"a": 1}])
-    (tmp_path / "b.jsonl").symlink_to(tmp_path / "gone.jsonl")
-    with pytest.raises(DataError, match=r"b\.jsonl': the shard file is missing"):
-        Dataset.from_path("d", tmp_path)
