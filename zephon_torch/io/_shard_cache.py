@@ -265,33 +265,33 @@ class ShardCache:
         Raises:
             CacheDiskFullError: (a ConfigError) when the disk stays full.
         """
-        try:
-            download(temp)
-            return
-        except OSError as error:
-            if not disk_full(error):
-                raise
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
+        for again in (False, True):
+            try:
+                download(temp)
+                return
+            except OSError as error:
+                if not disk_full(error):
+                    raise
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp)
+                if not again:
+                    self._evict_to_free(item.size)
+                    continue
+                raise CacheDiskFullError(
+                    f"the disk of the shard cache folder {self.directory!r} is full "
+                    f"({self._free_bytes()} bytes free, the cache's shards holding "
+                    f"{self.used_bytes()}) before the cache reached its `max_bytes` "
+                    f"({self.max_bytes}): {item.url!r} ({item.size} bytes) does not fit; lower "
+                    "io_options cache `max_bytes` to what the disk can hold, or free space on it"
+                ) from error
+
+    def _evict_to_free(self, size: int) -> None:
+        """Evicts LRU unpinned shards until `size` bytes are free on the disk."""
         with flock(self._folder_lock, fcntl.LOCK_EX):
             for path, _, _ in sorted(self._entries(), key=lambda entry: entry[2]):
-                if self._free_bytes() >= item.size:
+                if self._free_bytes() >= size:
                     break
                 _try_delete(path)
-        try:
-            download(temp)
-        except OSError as error:
-            if not disk_full(error):
-                raise
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
-            raise CacheDiskFullError(
-                f"the disk of the shard cache folder {self.directory!r} is full "
-                f"({self._free_bytes()} bytes free, the cache's shards holding "
-                f"{self.used_bytes()}) before the cache reached its `max_bytes` "
-                f"({self.max_bytes}): {item.url!r} ({item.size} bytes) does not fit; lower "
-                "io_options cache `max_bytes` to what the disk can hold, or free space on it"
-            ) from error
 
     def _free_bytes(self) -> int:
         """The bytes free to this process on the cache folder's disk."""
