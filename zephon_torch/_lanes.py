@@ -71,6 +71,9 @@ class LaneRuntime:
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
         self.nodes: list[BatchNode] = []
         self.readers: list[DocumentReader] = []
+        # the turn whose emptiness ended a finite stream: its all-padding batches go
+        # undelivered, but their states (each lane spent) are the lanes' final ones
+        self.cut_turn: list[Batch] = []
         try:
             self._build(pipeline, doc_chain)
         except BaseException:
@@ -153,9 +156,14 @@ class LaneRuntime:
         if endless:
             return self._turns()
         if len(self.nodes) == 1:
-            return cut_lone_lane(self.nodes[0].next, ahead=ahead)  # reset when built
+            step = self.nodes[0].next  # reset when built
+            return cut_lone_lane(step, ahead=ahead, ended=self.cut_turn.extend)
         return cut_at_empty_turn(
-            self._turns(), turn=lambda b: b.turn, tokens=lambda b: b.num_tokens, ahead=ahead
+            self._turns(),
+            turn=lambda b: b.turn,
+            tokens=lambda b: b.num_tokens,
+            ahead=ahead,
+            ended=self.cut_turn.extend,
         )
 
     def _turns(self) -> Iterator[Batch]:
@@ -257,6 +265,10 @@ def deliver(
             start = time.perf_counter() if counting else 0.0
             batch = next(stream, None)
             if batch is None:
+                # each lane's state after the empty turn that ended the stream: spent, so
+                # the per-rank states of a run that ended (ranks turns apart) merge
+                for last in runtime.cut_turn:
+                    pipeline._lane_states[last.lane] = last.state
                 # endless or quiet: DataLoader workers, whose loader tells
                 if not (pipeline._endless or pipeline._quiet_spent):
                     warn_if_spent(resumed, delivered)
@@ -278,7 +290,12 @@ def deliver(
 
 
 def cut_at_empty_turn(
-    items: Iterable[T], *, turn: Callable[[T], int], tokens: Callable[[T], int], ahead: int
+    items: Iterable[T],
+    *,
+    turn: Callable[[T], int],
+    tokens: Callable[[T], int],
+    ahead: int,
+    ended: Callable[[list[T]], object] | None = None,
 ) -> Iterator[T]:
     """A rank's micro-batches, given in (turn, lane) order, up to the first turn in which none
     holds a token: where a rank's finite stream ends, in one process or across its workers.
@@ -286,7 +303,8 @@ def cut_at_empty_turn(
     Items with tokens go out at once; all-padding ones wait until their turn shows tokens (then
     go out in order), so a turn's first batch is not held up by the lanes after it. A turn below
     ``ahead`` (a lane of the resumed state has already begun a later one) always counts as
-    holding tokens, so it is completed.
+    holding tokens, so it is completed. ``ended`` is given the empty turn's items where the
+    stream is cut.
     """
     current: int | None = None
     live = False
@@ -294,6 +312,8 @@ def cut_at_empty_turn(
     for item in items:
         if turn(item) != current:
             if current is not None and not live:
+                if ended is not None:
+                    ended(held)
                 return
             current, live, held = turn(item), turn(item) < ahead, []
         if tokens(item) == 0 and not live:
@@ -305,13 +325,16 @@ def cut_at_empty_turn(
         yield item
 
 
-def cut_lone_lane(step: Callable[[], Batch], *, ahead: int) -> Iterator[Batch]:
+def cut_lone_lane(
+    step: Callable[[], Batch], *, ahead: int, ended: Callable[[list[Batch]], object]
+) -> Iterator[Batch]:
     """``cut_at_empty_turn`` for a single lane, where each turn is one batch, without its
     bookkeeping: ``step()``'s batches up to the first all-padding one whose turn is not below
-    ``ahead``."""
+    ``ahead`` (given to ``ended``)."""
     while True:
         batch = step()
         if batch.num_tokens == 0 and batch.turn >= ahead:
+            ended([batch])
             return
         yield batch
 

@@ -31,15 +31,31 @@ def test_items_from_workers_come_out_in_turn_then_lane_order(
     assert out == sorted(arrived)
 
 
-def _cut(items: list[tuple[int, int]], ahead: int = 0) -> list[tuple[int, int]]:
-    """(turn, tokens) items through the cut."""
-    return list(cut_at_empty_turn(items, turn=lambda i: i[0], tokens=lambda i: i[1], ahead=ahead))
+def _cut(
+    items: list[tuple[int, int]], ahead: int = 0, ended: list[tuple[int, int]] | None = None
+) -> list[tuple[int, int]]:
+    """(turn, tokens) items through the cut (the empty turn that ended them into ``ended``)."""
+    return list(
+        cut_at_empty_turn(
+            items,
+            turn=lambda i: i[0],
+            tokens=lambda i: i[1],
+            ahead=ahead,
+            ended=None if ended is None else ended.extend,
+        )
+    )
 
 
 def test_the_stream_ends_at_the_first_turn_without_tokens_and_keeps_padding_of_live_turns() -> None:
     items = [(0, 5), (0, 0), (1, 0), (1, 3), (2, 0), (2, 0), (3, 4)]
-    assert _cut(items) == items[:4]  # turn 2 holds no token: it and all after are cut
-    assert _cut([(0, 0), (0, 0), (1, 2)]) == []
+    ended: list[tuple[int, int]] = []
+    assert _cut(items, ended=ended) == items[:4]  # turn 2 holds no token: it and all after are cut
+    assert ended == [(2, 0), (2, 0)]  # the turn that ended the stream (its lanes' last states)
+    assert _cut([(0, 0), (0, 0), (1, 2)], ended=ended) == []
+    assert ended == [(2, 0), (2, 0), (0, 0), (0, 0)]
+    ended.clear()
+    assert _cut([(0, 1), (0, 0)], ended=ended) == [(0, 1), (0, 0)]
+    assert ended == []  # the items ran out: no turn was cut
 
 
 def test_turns_below_ahead_are_kept_whole_even_without_tokens() -> None:
@@ -61,7 +77,10 @@ def test_a_lone_lane_is_cut_where_the_general_cut_ends_it(
     items = [(first + i, n) for i, n in enumerate(tokens)]
     endless = itertools.chain(items, ((first + len(items) + i, 0) for i in itertools.count()))
     batches = (SimpleNamespace(turn=turn, num_tokens=n) for turn, n in endless)
-    lone = cut_lone_lane(lambda: next(batches), ahead=ahead)
+    lone_end: list[SimpleNamespace] = []
+    lone = cut_lone_lane(lambda: next(batches), ahead=ahead, ended=lone_end.extend)
     got = [(b.turn, b.num_tokens) for b in itertools.islice(lone, len(items) + 10)]
     padded = items + [(first + len(items) + i, 0) for i in range(10)]
-    assert got == _cut(padded, ahead)
+    general_end: list[tuple[int, int]] = []
+    assert got == _cut(padded, ahead, general_end)
+    assert [(b.turn, b.num_tokens) for b in lone_end] == general_end
