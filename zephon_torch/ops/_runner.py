@@ -15,6 +15,7 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import time
 import weakref
@@ -70,6 +71,9 @@ _WORKER_CHAIN: Chain | None = None
 
 def _init_worker(path: str) -> None:
     global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
+    # Ctrl-C reaches the whole process group: the parent ends its workers when it closes the
+    # runner, and each idle worker printed its own KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -252,3 +253,54 @@ def test_a_loop_left_while_a_map_is_stuck_lets_the_process_exit(tmp_path: Path) 
     left = re.findall(r"^left (\w+) ([\d.]+)$", done.stdout, re.MULTILINE)
     assert [runner for runner, _ in left] == ["threads", "processes"]
     assert ended - float(left[-1][1]) < 20
+
+
+_ITERATE_UNTIL_INTERRUPTED = """
+import sys
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+if __name__ == "__main__":
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
+    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat"))
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8).batch(1)
+    for step, batch in enumerate(pipeline):
+        if step == 100:
+            print("ready", flush=True)
+"""
+
+
+def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_path: Path) -> None:
+    """Ctrl-C reaches every process of the terminal's group: each idle worker printed its own
+    KeyboardInterrupt traceback under the loop's. Workers now leave SIGINT to their parent,
+    which ends them as it closes the runner."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(_ITERATE_UNTIL_INTERRUPTED)
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+    job = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        start_new_session=True,  # its own process group, as a terminal's job
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # the workers wait for chunks again
+        os.killpg(job.pid, signal.SIGINT)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(job.pid, 0)  # a process of the group is left
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError("a worker process outlived the interrupted loop")
