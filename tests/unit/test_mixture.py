@@ -124,6 +124,11 @@ def test_choose_source_agrees_with_its_definition(sources: list[tuple[float, int
         ({"a": -1.0, "b": 1.0}, "weight of 'a' must be a positive finite number, got -1.0"),
         ({"a": math.nan, "b": 1.0}, "weight of 'a' must be a positive finite number"),
         ({"a": 1.0}, "no weight for datasets ['b']"),
+        # a bare OverflowError from float() before
+        ({"a": 10**400, "b": 1}, "weight of 'a' must be a positive finite number, got 1000"),
+        # accepted before, normalised to 0.0: a ZeroDivisionError once the others ran out
+        ({"a": 1e300, "b": 1e-30}, "weights of ['b'] are too small beside the others' sum"),
+        ({"a": 2, "b": 5e-324}, "weights of ['b'] are too small"),
     ],
 )
 def test_a_bad_mixture_is_refused_naming_the_dataset(

@@ -224,7 +224,10 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
         raise ConfigError(f"`mixture` has no weight for datasets {missing}; give every dataset one")
     for name, weight in mixture.items():
         real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
-        value = float(weight) if real else math.nan  # not "0.7", not True
+        try:
+            value = float(weight) if real else math.nan  # not "0.7", not True
+        except OverflowError:  # an int past the largest float
+            value = math.inf
         if not math.isfinite(value) or value <= 0:
             raise ConfigError(
                 f"`mixture` weight of {name!r} must be a positive finite number, got {weight!r}"
@@ -235,7 +238,14 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
         raise ConfigError(
             f"`mixture` weights {dict(mixture)} sum past the largest float; scale them down"
         ) from None
-    return tuple(float(mixture[n]) / total for n in names)
+    shares = tuple(float(mixture[n]) / total for n in names)
+    vanished = [n for n, share in zip(names, shares) if share == 0.0]
+    if vanished:  # a share past the smallest float: 0.0, and a source of weight 0 divides by it
+        raise ConfigError(
+            f"`mixture` weights of {vanished} are too small beside the others' sum {total!r}: "
+            "their shares round to 0.0; give them larger weights or leave them out"
+        )
+    return shares
 
 
 def choose_source(
