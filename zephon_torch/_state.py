@@ -164,6 +164,11 @@ def _figures(estimation: Any) -> bool:
     )
 
 
+def state_step(lanes: dict[str, Any]) -> int:
+    """A state's ``step``: the lowest turn of its lanes (0 for a lane not begun)."""
+    return min(((0 if s is None else int(s["turn"])) for s in lanes.values()), default=0)
+
+
 def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Combine the per-rank states of one step (each holding its own lanes) into a global one.
 

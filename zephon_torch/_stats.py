@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from zephon_torch._state import state_step
 from zephon_torch.ops.batch import Batch
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ def loader_stats(
     and the packers' waits are the workers' (None here)."""
     source = pipeline._source
     state = pipeline.state_dict()
-    state["lanes"] = lanes
+    state["lanes"], state["step"] = lanes, state_step(lanes)
     return report(
         counters,
         targets=dict(zip(source.names, source.weights)),

@@ -25,7 +25,7 @@ from zephon_torch._specs import (
     TokenizeSpec,
     default_parallelism,
 )
-from zephon_torch._state import STATE_VERSION, check_state
+from zephon_torch._state import STATE_VERSION, check_state, state_step
 from zephon_torch._stats import RunCounters, pipeline_stats
 from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import check_in_step, lanes_for_rank
@@ -512,13 +512,12 @@ class Pipeline:
         """What was delivered so far, for this rank's lanes: plain JSON data (kilobytes with
         `wrap`; a bin packer adds its open rows' pieces, see the README)."""
         lanes = {str(lane): self._lane_states.get(lane) for lane in self.lanes}
-        turns = [0 if s is None else s["turn"] for s in lanes.values()]
         return {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint(),
             # lane states index the datasets by position; a list, kept by any serialiser
             "datasets": list(self._source.names),
-            "step": min(turns),
+            "step": state_step(lanes),
             "estimation": copy.deepcopy(self._estimation),
             "lanes": copy.deepcopy(lanes),
         }

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -530,3 +533,52 @@ def test_loader_stats_of_a_resumed_run_count_skips_from_the_run_s_start(tokenize
         stats["batches"] == len(rest) and len(received) + len(rest) == reference.stats()["batches"]
     )
     assert stats["skipped_documents"] == reference.stats()["skipped_documents"]
+
+
+def test_loader_stats_after_a_break_stay_as_they_were_with_the_state_s_size(
+    tokenizer: Any,
+) -> None:
+    """The loop's clock ran on after a `break` (a step budget's end): tokens/s fell towards 0
+    the longer stats() was called after the loop. The state's size counted a state of step 0,
+    digits short from step 10 on."""
+    loader = DataLoader(build(tokenizer, lanes=1, exhaustion="repeat"))
+    for step, _ in enumerate(loader):
+        if step == 11:
+            break
+    stats = loader.stats()
+    time.sleep(0.3)
+    assert loader.stats() == stats and stats["batches"] == 12
+    assert loader.state_dict()["step"] == 12
+    assert stats["state_bytes"] == len(json.dumps(loader.state_dict()))
+
+
+def test_loader_stats_follow_options_stats_false(tokenizer: Any) -> None:
+    """It counts nothing, as `Pipeline.stats()` does for the option (it counted all)."""
+    pipeline = build(tokenizer, lanes=1, exhaustion="repeat").options(stats=False)
+    loader = DataLoader(pipeline)
+    assert len(take(loader, 5)) == 5
+    stats = loader.stats()
+    assert (stats["batches"], stats["tokens"], stats["tokens_by_source"]) == (0, 0, {})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stale_loader_iterator_stops_its_workers_at_once(
+    tokenizer: Any, num_workers: int
+) -> None:
+    """A stale iterator raised on its next call, but its worker processes (or, without
+    workers, its pipeline's threads) read ahead as long as the caller held it: a peek with
+    `iter(loader)` before `for item in loader` doubled the workers."""
+    loader = DataLoader(build(tokenizer, exhaustion="repeat"), num_workers=num_workers)
+    threads = threading.active_count()
+    held = []
+    for _ in range(4):
+        held.append(iter(loader))
+        next(held[-1])
+    assert len(multiprocessing.active_children()) == num_workers
+    assert threading.active_count() - threads <= 4  # the newest iteration's, not four's
+    with pytest.raises(RuntimeError, match="stale"):
+        next(held[0])
+    loader.load_state_dict(loader.state_dict())
+    assert multiprocessing.active_children() == []
+    with pytest.raises(RuntimeError, match="stale"):
+        next(held[-1])

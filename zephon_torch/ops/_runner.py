@@ -69,12 +69,13 @@ Chain = DocChain | TokenChain
 _WORKER_CHAIN: Chain | None = None
 
 
-def _init_worker(path: str) -> None:
+def _init_worker(path: str, parent: int) -> None:
     global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
     # Ctrl-C reaches the whole process group: the parent ends its workers when it closes the
     # runner, and each idle worker printed its own KeyboardInterrupt traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
+    # the parent's pid from the parent: read here, after seconds of start-up, it is already
+    # init's (1) where the parent was killed meanwhile, and the watch below never fired
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
     try:
         with open(path, "rb") as handle:
@@ -252,7 +253,7 @@ class Runner:
                 parallelism,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(path,),
+                initargs=(path, os.getpid()),
             )
 
     def submit(self, source: int, span: PointerSpan) -> Future[Chunk]:

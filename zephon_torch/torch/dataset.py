@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon_torch._lanes import calibrated
-from zephon_torch._state import STATE_VERSION
+from zephon_torch._state import STATE_VERSION, state_step
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.torch._transport import pack
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
@@ -250,7 +250,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             lanes = all_gather_lane_states(lanes, recipe)
         base["lanes"] = lanes
         # a worker left idle (StatefulDataLoader) holds no lanes
-        base["step"] = min(((0 if s is None else s["turn"]) for s in lanes.values()), default=0)
+        base["step"] = state_step(lanes)
         return base
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

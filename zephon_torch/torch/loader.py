@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # simulated ranks, which end together where no rank has data)
         self._pad_on = False
         self._counters = RunCounters()  # of the newest iteration (`stats`)
+        self._live: weakref.ref[Any] | None = None  # torch's iterator of the newest iteration
 
     @property
     def pipeline_dataset(self) -> PipelineDataset:
@@ -134,7 +136,10 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         resumed = told and any(
             s is not None for s in dataset.resume_lanes(self._delivered).values()
         )
-        items: Iterator[dict[str, Any]] = _raising(map(unpack, super().__iter__()))
+        self._end_live()
+        torch_items = super().__iter__()
+        self._live = weakref.ref(torch_items)
+        items: Iterator[dict[str, Any]] = _raising(map(unpack, torch_items))
         if self.num_workers > 1:
             turns = self._lane_turns()
             items = in_lane_order(items, key=_turn_and_lane, turns=turns)
@@ -175,29 +180,30 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         resumed: bool,
     ) -> Iterator[dict[str, Any]]:
         delivered = 0
-        while True:
-            if self._generation != generation:
-                raise RuntimeError(
-                    "this iterator of the loader is stale: the loader was iterated again or "
-                    "loaded a state since it was made; use the newest iter(loader)"
-                )
-            start = time.perf_counter()
-            try:
+        counting = self.pipeline_dataset.pipeline._options.stats
+        try:
+            while True:
+                if self._generation != generation:
+                    raise RuntimeError(
+                        "this iterator of the loader is stale: the loader was iterated again "
+                        "or loaded a state since it was made; use the newest iter(loader)"
+                    )
+                start = time.perf_counter()
                 item = next(items, None)
-            except BaseException:
-                counters.ended = time.perf_counter()
-                raise
-            if item is None:
-                counters.ended = time.perf_counter()
-                warn_if_spent(resumed, delivered)
-                return
-            delivered += 1
-            meta = item[META_KEY]
-            waited = time.perf_counter() - start
-            counters.received(item["input_ids"].shape, meta["sources"], meta["documents"], waited)
-            if not self.deliver_on_use and META_KEY in item:
-                self.mark_delivered(item)
-            yield item
+                if item is None:
+                    warn_if_spent(resumed, delivered)
+                    return
+                delivered += 1
+                meta = item[META_KEY]
+                if counting:
+                    waited = time.perf_counter() - start
+                    shape = item["input_ids"].shape
+                    counters.received(shape, meta["sources"], meta["documents"], waited)
+                if not self.deliver_on_use and META_KEY in item:
+                    self.mark_delivered(item)
+                yield item
+        finally:  # ran out, raised, or left (a break): its stats stay as they were
+            counters.ended = time.perf_counter()
 
     def mark_delivered(self, item: dict[str, Any]) -> None:
         """Record ``item`` as used by the training loop (removes its ``"zephon"`` entry)."""
@@ -231,6 +237,25 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         self.pipeline_dataset.load_state_dict(state)
         self._delivered = {}
         self._generation += 1
+        self._end_live()
+
+    def _end_live(self) -> None:
+        """Stop the workers (or, without workers, the pipeline's threads) of the iteration a
+        newer ``iter()`` or ``load_state_dict`` made stale, even where the caller still holds
+        its iterator: it raises on its next call, and would read ahead until collected."""
+        live = self._live() if self._live is not None else None
+        self._live = None
+        if live is None:
+            return
+        # torch's iterators: no public way to end one; guarded, for torch versions without
+        shutdown = getattr(live, "_shutdown_workers", None)  # worker processes
+        if shutdown is not None:
+            shutdown()
+            return
+        inner = getattr(getattr(live, "_dataset_fetcher", None), "dataset_iter", None)
+        close = getattr(inner, "close", None)  # the dataset's generator, in this process
+        if close is not None:
+            close()
 
 
 def _raising(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -304,3 +304,25 @@ def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_pa
             return
         time.sleep(0.1)
     raise AssertionError("a worker process outlived the interrupted loop")
+
+
+def test_a_worker_ends_when_its_parent_died_before_the_worker_started() -> None:
+    """The worker read its parent's pid itself, after seconds of start-up: a parent killed in
+    that window was already gone (the pid read was init's), and the worker lived on for ever.
+    The pid now comes from the parent; here one that is not this worker's parent."""
+    script = (
+        "import time; from zephon_torch.ops import _runner; "
+        "_runner._init_worker('/nonexistent/chain', 2**22 + 1); time.sleep(60)"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert done.returncode == 1 and done.stderr == "", done.stderr  # ended by the watch
+    assert time.monotonic() - start < 50
