@@ -287,6 +287,10 @@ class ParquetReader:
         try:
             with opened.lock:
                 table = opened.file.read_row_group(group, columns=columns)
+            if columns is not None:
+                # pyarrow also reads a dotted name as a path into a struct: with a column
+                # "meta.src" beside a struct "meta", both came back
+                table = table.select(columns)
             names, values = row_columns(table, self.projection.token_columns)
         except BadTokenRow as error:
             row = int(opened.offsets[group]) + error.row

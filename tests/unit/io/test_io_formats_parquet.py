@@ -484,3 +484,19 @@ def test_empty_row_groups_join_a_block_and_never_make_one_of_their_own(tmp_path:
     assert [rows for rows, _ in groups] == [10, 10, 10, 0]
     sized = [(rows, big if rows else 14) for rows, _ in groups]
     assert window_blocks(sized) == (10, 10, 10)
+
+
+def test_a_dotted_column_name_beside_a_struct_reads_only_that_column(tmp_path: Path) -> None:
+    """pyarrow also reads "meta.src" as a path into the struct "meta": the rows carried the
+    struct too, a field the projection should have left out (pandas.json_normalize writes
+    such names)."""
+    table = pa.table(
+        {
+            "meta": pa.array([{"src": "in the struct", "n": 1}] * 3),
+            "meta.src": ["a column of its own"] * 3,
+            "text": ["hello"] * 3,
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    dataset = Dataset.from_path("p", tmp_path, columns=["meta.src"])
+    assert dataset.read_rows(0, [0, 2]) == [{"meta.src": "a column of its own"}] * 2
