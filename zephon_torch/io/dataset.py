@@ -12,6 +12,7 @@ import hashlib
 import json
 import operator
 import os
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -229,7 +230,7 @@ class Dataset:
             cache=options.cache,
             verify_hashes=options.mds.verify_hashes,
         )
-        shards = _shards(reader, files)
+        shards = _without_empty_tables(name, detected, _shards(reader, files))
         return cls(name=name, format=detected, shards=shards, reader=reader, revision=revision)
 
     @classmethod
@@ -266,6 +267,7 @@ class Dataset:
             fs=listing.fs,
         )
         shards = _shards(reader, reader.shard_urls, remote=True)
+        shards = _without_empty_tables(name, listing.format, shards)
         # an hf:// listing's root names the commit it was read at: hf://datasets/org/name@sha
         revision = url.rsplit("@", 1)[-1] if url.startswith("hf://") else None
         return cls(
@@ -512,3 +514,20 @@ def _shards(reader: ShardReader, files: list[str], *, remote: bool = False) -> l
         Shard(path=file, num_rows=rows, blocks=blocks)
         for file, (rows, blocks) in zip(files, layouts, strict=True)
     ]
+
+
+def _without_empty_tables(name: str, format_: str, shards: list[Shard]) -> list[Shard]:
+    """``shards`` less the Parquet and Vortex files without rows, with a warning naming them:
+    complete files of an empty partition (Spark, Dask and ``ParquetWriter`` write them), not
+    damage, as an empty JSONL file may be. Where every file is empty, the dataset's
+    "has no rows" error names the first."""
+    empty = [shard.path for shard in shards if shard.num_rows <= 0]
+    if format_ not in ("parquet", "vortex") or not empty or len(empty) == len(shards):
+        return shards
+    named = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+    warnings.warn(
+        f"dataset {name!r}: {len(empty)} of its {len(shards)} {format_} files hold no rows and "
+        f"are left out: {named}",
+        stacklevel=3,
+    )
+    return [shard for shard in shards if shard.num_rows > 0]

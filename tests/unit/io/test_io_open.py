@@ -220,6 +220,59 @@ def test_an_empty_shard_names_the_dataset_and_the_shard(
     assert str(empty) in str(caught.value)
 
 
+def _write_table(path: Path, rows: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import vortex
+
+    table = pa.table(
+        {"text": [f"row {i}" for i in range(rows)]}, schema=pa.schema([("text", pa.string())])
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        pq.write_table(table, path)
+    else:
+        vortex.io.write(table, str(path))
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".vortex"])
+@pytest.mark.parametrize("where", ["local", "memory://"])
+def test_empty_partition_files_of_a_table_folder_are_left_out_with_a_warning(
+    tmp_path: Path, suffix: str, where: str
+) -> None:
+    """Spark, Dask and ParquetWriter write a complete file of no rows for an empty partition:
+    the folder could not be opened at all (as an empty JSONL file, which may be damage, still
+    cannot). Every file empty stays the error naming the first."""
+    import uuid
+
+    import fsspec
+
+    folder = tmp_path / "data"
+    for part, rows in enumerate([3, 0, 2, 0]):
+        _write_table(folder / f"part-{part:05d}{suffix}", rows)
+    url = str(folder)
+    if where == "memory://":
+        root = f"/zt-{uuid.uuid4().hex[:8]}"
+        fsspec.filesystem("memory").put(str(folder), root, recursive=True)
+        url = f"memory://{root}"
+    options = {"cache": {"dir": str(tmp_path / "cache")}}
+    with pytest.warns(UserWarning, match=r"2 of its 4 .* files hold no rows and are left out"):
+        dataset = Dataset.from_path("spark", url, io_options=options)
+    assert [shard.num_rows for shard in dataset.shards] == [3, 2]
+    assert [re.sub(r".*/", "", shard.path) for shard in dataset.shards] == [
+        f"part-00000{suffix}",
+        f"part-00002{suffix}",
+    ]
+    rows = [row["text"] for n in range(2) for row in dataset.read_rows(n, [0, 1])]
+    assert rows == ["row 0", "row 1", "row 0", "row 1"]
+    nothing = tmp_path / "nothing"
+    _write_table(nothing / f"a{suffix}", 0)
+    _write_table(nothing / f"b{suffix}", 0)
+    with pytest.raises(DataError, match="has no rows") as caught:
+        Dataset.from_path("spark", nothing)
+    assert caught.value.shard == str(nothing / f"a{suffix}")
+
+
 def test_a_file_that_is_not_parquet_is_a_data_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.parquet"
     path.write_bytes(b"not parquet at all")
