@@ -318,17 +318,19 @@ def test_worker_lane_split_rotates_to_the_next_lane_due() -> None:
 
 
 def test_lanes_several_turns_apart_resume_alike_in_one_process_and_with_workers() -> None:
-    """Such states come from ranks stopped at different turns (put together by hand:
-    `merge_states` refuses them); every lane below the furthest one's turn is completed,
-    whether one process or the loader cuts the stream."""
+    """Such states come from ranks that ended at different turns (rank 1's stream ends after
+    one turn: its final state, every lane spent, merges with rank 0's of turn 6); every lane
+    below the furthest one's turn is completed, whether one process or the loader cuts the
+    stream. (Per-rank loaders' final states were refused while the last turn's states read
+    "not done".)"""
     ranks = []
-    for rank, count in ((0, 12), (1, 4)):  # lanes 0, 2 at turn 6; lanes 1, 3 at turn 2
+    for rank, count in ((0, 12), (1, 4)):  # lanes 0, 1 at turn 6; lanes 2, 3 spent at turn 2
         loader = DataLoader(uneven_lanes(world_size=2, rank=rank))
         take(loader, count)
         ranks.append(loader.state_dict())
-    with pytest.raises(StateMismatchError, match="lanes are at different turns"):
-        merge_states(ranks)
-    state = json.loads(json.dumps({**ranks[0], "lanes": ranks[0]["lanes"] | ranks[1]["lanes"]}))
+    lanes = {lane: (s["turn"], s["done"]) for r in ranks for lane, s in r["lanes"].items()}
+    assert lanes == {"0": (6, False), "1": (6, True), "2": (2, True), "3": (2, True)}
+    state = json.loads(json.dumps(merge_states(ranks)))
     streams = []
     for workers in (0, 2, 4):
         context = "spawn" if workers else None
@@ -582,3 +584,22 @@ def test_a_stale_loader_iterator_stops_its_workers_at_once(
     assert multiprocessing.active_children() == []
     with pytest.raises(RuntimeError, match="stale"):
         next(held[-1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_the_final_states_of_per_rank_loaders_merge(tokenizer: Any, num_workers: int) -> None:
+    """A lane whose last micro-batch was full read "not done" in the loader's final state, so
+    the ranks' final states (turns apart) were refused by `merge_states`. The loader cuts the
+    stream itself with any worker count and keeps the empty turn's states."""
+    ends = []
+    for rank in (0, 1):
+        data = two_sources(20, 11, shard_size=8)
+        pipeline = build(tokenizer, world_size=2, rank=rank, datasets=data)
+        loader = DataLoader(pipeline, num_workers=num_workers)
+        assert take(loader)
+        ends.append(loader.state_dict())
+        assert all(lane["done"] for lane in ends[-1]["lanes"].values())
+    again = DataLoader(build(tokenizer, datasets=two_sources(20, 11, shard_size=8)))
+    again.load_state_dict(merge_states(ends))
+    take(again)  # padding up to the furthest lane's turn, no more data
+    assert again.stats()["tokens"] == 0

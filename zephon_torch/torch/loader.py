@@ -130,23 +130,25 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         uncut = equalise or self._pad_on
         dataset.with_meta = True
         dataset.pack_transport = self.num_workers > 0 and self._pack_transport
-        dataset.endless = self.num_workers > 1 or uncut
-        # where one pipeline runs this rank's stream to its end, it warns of a spent state
-        told = self.num_workers > 0 or uncut  # its workers' pipelines are quiet (`with_lanes`)
-        resumed = told and any(
-            s is not None for s in dataset.resume_lanes(self._delivered).values()
-        )
+        # the stream is cut here with any worker count: the empty turn's states (every lane
+        # spent) are the lanes' final ones, so ranks' final states merge
+        dataset.endless = True
+        resumed = any(s is not None for s in dataset.resume_lanes(self._delivered).values())
         self._end_live()
         torch_items = super().__iter__()
         self._live = weakref.ref(torch_items)
         items: Iterator[dict[str, Any]] = _raising(map(unpack, torch_items))
+        turns = self._lane_turns()
         if self.num_workers > 1:
-            turns = self._lane_turns()
             items = in_lane_order(items, key=_turn_and_lane, turns=turns)
-            if not uncut:
-                items = cut_at_empty_turn(
-                    items, turn=_turn, tokens=_tokens, ahead=max(turns.values())
-                )
+        if not uncut:
+            items = cut_at_empty_turn(
+                items,
+                turn=_turn,
+                tokens=_tokens,
+                ahead=max(turns.values()),
+                ended=self._ended,
+            )
         if equalise:
             per_turn = len(pipeline.lanes)
             items = equal_ending(items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun)
@@ -204,6 +206,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 yield item
         finally:  # ran out, raised, or left (a break): its stats stay as they were
             counters.ended = time.perf_counter()
+
+    def _ended(self, empty_turn: list[dict[str, Any]]) -> None:
+        """Record the states of the all-padding turn that ended the stream (not handed to the
+        loop): each lane spent, its final state."""
+        for item in empty_turn:
+            self.mark_delivered(item)
 
     def mark_delivered(self, item: dict[str, Any]) -> None:
         """Record ``item`` as used by the training loop (removes its ``"zephon"`` entry)."""
