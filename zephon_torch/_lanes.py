@@ -155,6 +155,10 @@ class LaneRuntime:
         ahead = max(node.turn for node in self.nodes)
         if endless:
             return self._turns()
+        if all(node.done for node in self.nodes):
+            # a spent state: nothing follows, so no lane below `ahead` is padded up to it (a
+            # state merged from ranks that ended turns apart gave dozens of empty steps)
+            return iter(())
         if len(self.nodes) == 1:
             step = self.nodes[0].next  # reset when built
             return cut_lone_lane(step, ahead=ahead, ended=self.cut_turn.extend)

@@ -133,8 +133,14 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # the stream is cut here with any worker count: the empty turn's states (every lane
         # spent) are the lanes' final ones, so ranks' final states merge
         dataset.endless = True
-        resumed = any(s is not None for s in dataset.resume_lanes(self._delivered).values())
+        lanes = list(dataset.resume_lanes(self._delivered).values())
+        resumed = any(s is not None for s in lanes)
         self._end_live()
+        self._generation += 1
+        self._counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
+        if not uncut and lanes and all(s is not None and s["done"] for s in lanes):
+            # a spent state: nothing follows (see `LaneRuntime.batches`), no worker starts
+            return self._strip(iter(()), self._generation, self._counters, resumed=resumed)
         torch_items = super().__iter__()
         self._live = weakref.ref(torch_items)
         items: Iterator[dict[str, Any]] = _raising(map(unpack, torch_items))
@@ -152,8 +158,6 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if equalise:
             per_turn = len(pipeline.lanes)
             items = equal_ending(items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun)
-        self._generation += 1
-        self._counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
         return self._strip(items, self._generation, self._counters, resumed=resumed)
 
     def _lane_turns(self) -> dict[int, int]:
