@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from zephon_torch.elastic import ranks_out_of_step
-from zephon_torch.errors import StateMismatchError
+from zephon_torch.errors import ConfigError, StateMismatchError
 
 STATE_VERSION = 1
 _MODULE_ENTRY = "zephon"  # the key PipelineDataModule keeps its state under in a checkpoint
@@ -172,11 +172,12 @@ def state_step(lanes: dict[str, Any]) -> int:
 def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Combine the per-rank states of one step (each holding its own lanes) into a global one.
 
-    Raises ``StateMismatchError`` when the states come from different recipes.
+    Raises ``StateMismatchError`` when the states come from different recipes or steps, and
+    ``ConfigError`` for no state at all.
     """
     states = list(states)
     if not states:
-        raise ValueError("merge_states needs at least one state")
+        raise ConfigError("merge_states needs at least one state (each rank's), got none")
     for state in states:
         check_shape(state)
     first = states[0]

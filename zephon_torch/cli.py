@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "'pkl' column, which is not read",
         )
         if name == "inspect":
-            command.add_argument("--rows", type=int, default=3, help="rows to preview")
+            command.add_argument("--rows", type=_positive_int, default=3, help="rows to preview")
         command.set_defaults(run=run)
     args = parser.parse_args(argv)
     if args.command == "verify" and not os.path.isfile(args.recipe):

@@ -129,16 +129,19 @@ class Pipeline:
         """Lanes and topology (``canonical_replicas`` is data-affecting; the rest are not).
 
         Args:
-            canonical_replicas: L, the number of lanes; the largest GPU count you plan to use.
+            canonical_replicas: L, the number of lanes; the largest GPU count you plan to use
+                (default 1, which runs on one rank only).
             world_size: W, the number of ranks; must divide L. Default: from
-                ``torch.distributed`` when initialised, else ``WORLD_SIZE``, else 1.
+                ``torch.distributed`` when initialised, else ``WORLD_SIZE``, else 1. Given, it
+                must agree with those where they are set (a ConfigError otherwise).
             rank: this rank, in ``[0, W)``; default as for ``world_size``.
             prefetch: micro-batches computed ahead on a background thread (0: as the consumer
                 asks). ``"auto"`` (the default): none for pre-tokenized data (packing stored
                 ids holds the GIL, so the thread could not overlap it, and handing micro-batches
                 over cost more than half of making them), else 8.
             read_ahead: chunks of documents each reader keeps in flight.
-            stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches.
+            stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches;
+                0 turns a hook set before off.
             on_stats: the periodic stats hook (e.g. a logger).
             stats: keep the per-batch counters of ``stats()`` (default True; False leaves
                 its batch, token and stall figures at zero, for measuring their cost).
@@ -160,7 +163,10 @@ class Pipeline:
             "on_stats": on_stats,
             "stats": stats,
         }
-        opts = replace(self._options, **{k: v for k, v in given.items() if v is not None})
+        changes = {k: v for k, v in given.items() if v is not None}
+        if stats_every == 0:  # the hook off: ``on_stats`` goes with it
+            changes["on_stats"] = on_stats
+        opts = replace(self._options, **changes)
         if io_options is None:
             return self._with(_options=opts)
         datasets = tuple(d.with_io_options(io_options) for d in self._datasets)

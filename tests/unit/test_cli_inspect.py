@@ -64,6 +64,10 @@ def test_inspect_prints_format_shards_rows_fields_and_a_truncated_preview(
     # Row 4's text has 126 words: cut at ~200 characters, with its full length given.
     assert "... (" in out and "chars)" in out
     assert max(len(line) for line in out.splitlines()) < 260
+    for rows in ("0", "-1"):  # accepted before: no preview, and "types from the first 1 rows"
+        with pytest.raises(SystemExit) as caught:
+            main(["inspect", str(folder), "--rows", rows])
+        assert caught.value.code == 2
 
 
 def test_inspect_summarises_parquet_token_lists_and_mixed_types(

@@ -96,6 +96,11 @@ def test_the_stats_hook_runs_every_n_batches(tokenizer: Any) -> None:
     )
     n = len(list(pipeline))
     assert seen == list(range(5, n + 1, 5))
+    # stats_every=0 turns the hook off (it was a ConfigError: on_stats=None means unchanged)
+    seen.clear()
+    off = pipeline.options(stats_every=0)
+    assert len(list(off)) == n and seen == []
+    assert len(list(pipeline.options(stats_every=0, stats=False))) == n and seen == []
 
 
 def test_a_stats_hook_that_raises_loses_no_batch(tokenizer: Any) -> None:

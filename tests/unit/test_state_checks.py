@@ -198,3 +198,11 @@ def test_an_object_that_is_no_state_is_refused_saying_what_it_is(
             load(obj)  # type: ignore[arg-type]
         assert "a zephon_torch state" in str(refused.value)
         assert "version" not in refused.value.mismatches
+
+
+def test_merging_no_state_is_a_config_error() -> None:
+    """A bare ValueError before: the README promises the library's own error types."""
+    from zephon_torch import ConfigError
+
+    with pytest.raises(ConfigError, match="needs at least one state"):
+        merge_states([])

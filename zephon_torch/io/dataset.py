@@ -102,8 +102,8 @@ class Dataset:
         for shard in shards:
             if shard.num_rows <= 0:
                 raise DataError(
-                    "has no rows (an empty file, or only blank lines); remove it or narrow "
-                    "the path",
+                    "has no rows (an empty file, or a JSONL file of blank lines only); "
+                    "remove it or narrow the path",
                     dataset=name,
                     shard=shard.path,
                 )
@@ -137,8 +137,9 @@ class Dataset:
         Remote URLs (`s3://`, `gs://`, `az://`, `memory://`, any fsspec protocol) are listed
         once, in every format; each shard (with its `.npy` offsets file, and an MDS or LitData
         dataset's `index.json`) is downloaded whole into the node-local shard cache when first
-        read (or prefetched, see `prefetch`) and then read like a local file. Objects are keyed
-        by URL, size and etag/mtime, so a changed object is downloaded again. Opening reads
+        read (or ahead of use: `io_options={"cache": {"prefetch_bytes"}}`) and then read like a
+        local file. Objects are keyed by URL, size and etag/mtime, so a changed object is
+        downloaded again. Opening reads
         row counts from `index.json`, Parquet footers or `.npy` headers; a remote JSONL or
         Vortex shard is downloaded once to be counted, and its count is kept in
         `index_cache_dir` so later opens download nothing (`zephon-torch index URL` does this
@@ -186,9 +187,10 @@ class Dataset:
         Raises:
             ConfigError: for a bad name, a path naming no files, an unknown format, a
                 directory mixing formats, or bad `columns`/`token_columns`.
-            DataError: for a file that is not of its format or has no rows, a shard file that
-                `index.json` lists and the folder or bucket lacks, or a shard lacking a
-                requested column.
+            DataError: for a file that is not of its format or has no rows (Parquet and
+                Vortex files without rows are left out with a warning, unless all are), a
+                shard file that `index.json` lists and the folder or bucket lacks, or a shard
+                lacking a requested column.
             ImportError: for .zst files when `zstandard` is not installed, or a URL whose
                 fsspec or huggingface_hub package is missing.
             StorageError: when remote storage fails after the retries, naming the URL.

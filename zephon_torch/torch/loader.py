@@ -39,6 +39,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         prefetch_factor: batches each worker prepares ahead (ignored without workers).
         multiprocessing_context: e.g. ``"spawn"``; the default (fork on Linux) works too.
         timeout: seconds to wait for a worker's batch (0: forever; ignored without workers).
+        persistent_workers: accepted for torch's signature; only False (True is refused: a
+            persistent worker would resume from what it produced, not from what the loop
+            received).
         deliver_on_use: for loops that fetch batches ahead of using them (Lightning does): each
             batch keeps its ``"zephon"`` entry, and only ``mark_delivered(batch)``, called when
             the batch is actually used, advances the state (a lane's batch marked after a
