@@ -18,7 +18,12 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, Sampler
 
-from zephon_torch.errors import ConfigError, StateMismatchError, integer_setting
+from zephon_torch.errors import (
+    ConfigError,
+    StateMismatchError,
+    flag_setting,
+    integer_setting,
+)
 from zephon_torch.work._hashing import stable_key
 from zephon_torch.work._permutation import permute
 
@@ -125,7 +130,11 @@ _CHUNK_SAMPLES = 1 << 16  # indices a rank computes at a time: bounded memory, v
 
 def num_global_batches(*, dataset_len: int, global_batch_size: int, drop_last: bool) -> int:
     """Global batches in one epoch: the incomplete tail is dropped or padded to a whole batch."""
-    if drop_last:
+    dataset_len = _count_setting(dataset_len, "`dataset_len`")
+    global_batch_size = integer_setting(global_batch_size, "`global_batch_size`")
+    if global_batch_size < 1:
+        raise ConfigError(f"`global_batch_size` must be positive, got {global_batch_size}")
+    if flag_setting(drop_last, "`drop_last`"):
         return dataset_len // global_batch_size
     return -(-dataset_len // global_batch_size)
 
@@ -149,26 +158,41 @@ def rank_indices(
     (seed, epoch)-keyed permutation (identity without ``shuffle``); the modulo pads the last
     global batch by wrapping around to the start of the same permutation. Global batch ``b`` is
     positions ``[b*G, (b+1)*G)`` and the rank takes the ``rank``-th of its ``world_size`` slices.
+    Every argument is checked as the sampler checks it (``ConfigError`` naming it).
     """
     _check_split(global_batch_size=global_batch_size, world_size=world_size, rank=rank)
+    global_batch_size, rank = int(global_batch_size), int(rank)
+    share = global_batch_size // int(world_size)
+    # A plain int seed and epoch: a numpy one would hash to another key (stable_key includes
+    # types), and a float would be truncated to another epoch's permutation.
+    seed = integer_setting(seed, "`seed`")
+    epoch = _count_setting(epoch, "`epoch`")
+    shuffle = flag_setting(shuffle, "`shuffle`")
     total = num_global_batches(
         dataset_len=dataset_len, global_batch_size=global_batch_size, drop_last=drop_last
     )
-    stop = total if stop_batch is None else stop_batch
-    if not 0 <= start_batch <= stop <= total:
+    start = integer_setting(start_batch, "`start_batch`")
+    stop = total if stop_batch is None else integer_setting(stop_batch, "`stop_batch`")
+    if not 0 <= start <= stop <= total:
         raise ConfigError(
-            f"need 0 <= `start_batch` <= `stop_batch` <= {total}, got {start_batch}, {stop}"
+            f"need 0 <= `start_batch` <= `stop_batch` <= {total}, got {start}, {stop}"
         )
-    share = global_batch_size // world_size
-    batches = np.arange(start_batch, stop, dtype=np.int64)[:, None]
+    batches = np.arange(start, stop, dtype=np.int64)[:, None]
     offsets = np.arange(rank * share, (rank + 1) * share, dtype=np.int64)[None, :]
-    positions = (batches * global_batch_size + offsets).reshape(-1) % max(dataset_len, 1)
+    positions = (batches * global_batch_size + offsets).reshape(-1) % max(int(dataset_len), 1)
     if shuffle:
-        # int(): a numpy seed would otherwise hash to another key (stable_key includes types).
-        key = stable_key("ElasticDistributedSampler", int(seed), int(epoch))
-        positions = permute(positions, dataset_len, key)
+        key = stable_key("ElasticDistributedSampler", seed, epoch)
+        positions = permute(positions, int(dataset_len), key)
     out: list[int] = positions.tolist()
     return out
+
+
+def _count_setting(value: Any, name: str) -> int:
+    """``value`` as a plain int >= 0, else the ``ConfigError`` naming ``name``."""
+    number = integer_setting(value, name)
+    if number < 0:
+        raise ConfigError(f"{name} must be >= 0, got {number}")
+    return number
 
 
 def _check_split(
@@ -283,9 +307,10 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         self.dataset = dataset  # type: ignore[assignment]  # any Sized, not only a Dataset
         self.num_replicas = world
         self.rank = this_rank
-        self.shuffle = shuffle
-        self.seed = integer_setting(seed, "`seed`")  # a plain int: JSON state, one permutation key
-        self.drop_last = drop_last
+        # Plain ints and bools: a JSON state, and one permutation key per setting.
+        self.shuffle = flag_setting(shuffle, "`shuffle`")
+        self.seed = integer_setting(seed, "`seed`")
+        self.drop_last = flag_setting(drop_last, "`drop_last`")
         self.global_batch_size = global_batch_size
         self.rank_batch_size = global_batch_size // world
         self.dataset_len = len(dataset)
@@ -384,12 +409,15 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         mismatches: dict[str, tuple[object, object]] = {
             key: (state.get(key), value) for key, value in live.items() if state.get(key) != value
         }
-        epoch, consumed = state.get("epoch"), state.get("global_batches")
-        if not isinstance(epoch, int) or epoch < 0:
-            mismatches["epoch"] = (epoch, "an integer >= 0")
-        if not isinstance(consumed, int) or not 0 <= consumed <= total:
-            mismatches["global_batches"] = (consumed, f"an integer in [0, {total}]")
-        if mismatches or not isinstance(epoch, int) or not isinstance(consumed, int):
+        epoch, consumed = _state_int(state.get("epoch")), _state_int(state.get("global_batches"))
+        if epoch is None or epoch < 0:
+            mismatches["epoch"] = (state.get("epoch"), "an integer >= 0")
+        if consumed is None or not 0 <= consumed <= total:
+            mismatches["global_batches"] = (
+                state.get("global_batches"),
+                f"an integer in [0, {total}]",
+            )
+        if mismatches or epoch is None or consumed is None:
             raise StateMismatchError(mismatches)
         if consumed == total and self.epoch > epoch:
             return
@@ -404,3 +432,11 @@ class ElasticDistributedSampler(DistributedSampler[int]):
             "drop_last": self.drop_last,
             "dataset_len": self.dataset_len,
         }
+
+
+def _state_int(value: object) -> int | None:
+    """A state's integer as a plain int (numpy too: a torch.save checkpoint keeps it), or None
+    for anything else, a bool included."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return None

@@ -1,5 +1,6 @@
 """The exceptions zephon_torch raises: each subclasses the built-in a caller would expect; and
-`integer_setting`, which reads an int setting or raises the ConfigError naming it."""
+`integer_setting` and `flag_setting`, which read an int or a bool setting or raise the
+ConfigError naming it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pickle
 import re
 import traceback
 from typing import Any
+
+import numpy as np
 
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'|" + r'"(?:[^"\\\n]|\\.)*"'  # a str's repr
 # the last line of a worker's traceback that torch re-raises as text: "pkg.DataError: dataset
@@ -103,6 +106,15 @@ def integer_setting(value: Any, name: str) -> int:
         return operator.index(value)
     except TypeError:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
+def flag_setting(value: Any, name: str) -> bool:
+    """``value`` as a plain bool (a numpy bool too: a state must be plain JSON), else a
+    ``ConfigError`` naming the setting ``name`` (a string such as "False" is truthy, and 0 or 1
+    are not flags)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ConfigError(f"{name} must be True or False, got {value!r}")
 
 
 class DataError(ZephonError, ValueError):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from torch.utils.data import Dataset, DistributedSampler
 
-from zephon_torch.elastic import ElasticDistributedSampler
-from zephon_torch.errors import ConfigError
+from zephon_torch.elastic import ElasticDistributedSampler, num_global_batches, rank_indices
+from zephon_torch.errors import ConfigError, StateMismatchError
 
 
 class IndexDataset(Dataset[int]):
@@ -107,3 +107,87 @@ def _epoch(epoch: int) -> list[int]:
     s = sampler()
     s.set_epoch(epoch)
     return list(s)
+
+
+@pytest.mark.parametrize("name", ["shuffle", "drop_last"])
+@pytest.mark.parametrize("value", ["False", "no", 0, 1, None])
+def test_a_flag_that_is_not_a_bool_is_refused_naming_it(name: str, value: Any) -> None:
+    """``shuffle="False"`` shuffled and ``drop_last="no"`` dropped the tail."""
+    with pytest.raises(ConfigError, match=f"`{name}` must be True or False, got {value!r}"):
+        sampler(**{name: value})
+
+
+@pytest.mark.parametrize("name", ["shuffle", "drop_last"])
+def test_a_numpy_bool_flag_gives_a_json_state(name: str) -> None:
+    s = sampler(**{name: np.bool_(True)})
+    assert json.loads(json.dumps(s.state_dict())) == sampler(**{name: True}).state_dict()
+
+
+@pytest.mark.parametrize("key", ["epoch", "global_batches"])
+def test_a_state_whose_position_is_a_bool_is_refused(key: str) -> None:
+    s = sampler()
+    with pytest.raises(StateMismatchError) as err:
+        s.load_state_dict(s.state_dict() | {key: True})
+    assert set(err.value.mismatches) == {key}
+    assert s.state_dict()["epoch"] == 0
+
+
+def test_a_state_with_numpy_positions_loads_as_plain_ints() -> None:
+    s = sampler()
+    s.load_state_dict(s.state_dict() | {"epoch": np.int64(3), "global_batches": np.int32(1)})
+    state = s.state_dict()
+    assert (type(state["epoch"]), type(state["global_batches"])) == (int, int)
+    assert (state["epoch"], state["global_batches"]) == (3, 1)
+
+
+HELPER = {
+    "dataset_len": 10,
+    "global_batch_size": 2,
+    "world_size": 1,
+    "rank": 0,
+    "seed": 1,
+    "epoch": 0,
+    "shuffle": True,
+    "drop_last": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"seed": 1.7}, "`seed` must be an integer, got 1.7"),
+        ({"epoch": 0.9}, "`epoch` must be an integer, got 0.9"),
+        ({"epoch": -3}, "`epoch` must be >= 0, got -3"),
+        ({"dataset_len": -5}, "`dataset_len` must be >= 0, got -5"),
+        ({"global_batch_size": 0}, "`global_batch_size` must be positive, got 0"),
+        ({"shuffle": "False"}, "`shuffle` must be True or False"),
+        ({"start_batch": 1.0}, "`start_batch` must be an integer"),
+    ],
+)
+def test_rank_indices_checks_its_arguments_as_the_sampler_does(
+    kw: dict[str, Any], message: str
+) -> None:
+    """A float seed or epoch was truncated to another permutation's, a negative epoch taken."""
+    with pytest.raises(ConfigError, match=message):
+        rank_indices(**(HELPER | kw))
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"global_batch_size": 0}, "`global_batch_size` must be positive, got 0"),
+        ({"dataset_len": -5}, "`dataset_len` must be >= 0, got -5"),
+        ({"drop_last": "yes"}, "`drop_last` must be True or False"),
+    ],
+)
+def test_num_global_batches_checks_its_arguments(kw: dict[str, Any], message: str) -> None:
+    """``global_batch_size=0`` was a bare ZeroDivisionError."""
+    args = {"dataset_len": 10, "global_batch_size": 4, "drop_last": False} | kw
+    with pytest.raises(ConfigError, match=message):
+        num_global_batches(**args)
+
+
+def test_the_helpers_take_numpy_integers_as_the_sampler_does() -> None:
+    kw = HELPER | {"seed": np.int64(1), "epoch": np.int32(0), "dataset_len": np.int64(10)}
+    assert rank_indices(**kw) == rank_indices(**HELPER)
+    assert num_global_batches(dataset_len=np.int64(10), global_batch_size=4, drop_last=True) == 2
