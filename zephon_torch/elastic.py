@@ -272,14 +272,29 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         compared on load: ``seed``, ``global_batch_size``, ``shuffle``, ``drop_last``,
         ``dataset_len``. W is not part of it: any W dividing G may load it.
 
-    Resume guarantee: exact at step boundaries, onto any W dividing G. ``state_dict()`` with no
-    argument counts the whole ``G/W`` shares this sampler has yielded, which is what was consumed
-    with ``num_workers=0`` and under ``StatefulDataLoader`` (any ``num_workers``: it snapshots the
-    sampler as each batch is sent). A plain DataLoader with workers prefetches ahead, so pass the
-    training loop's step count within the epoch as ``consumed_global_batches``. A state taken in
-    the middle of a global batch (between accumulation micro-batches) resumes at its start.
-    Only the newest pass runs: one started before a later pass, a ``load_state_dict`` or a
-    change of epoch raises RuntimeError on its next index.
+    Resume guarantee: exact at step boundaries, onto any W dividing G, for any ``num_workers``.
+    ``state_dict()`` with no argument counts the whole ``G/W`` shares this sampler has yielded,
+    which is what was consumed with ``num_workers=0`` and under ``StatefulDataLoader`` (any
+    ``num_workers``: it snapshots the sampler as each batch is sent, so prefetching does not
+    leak into its state). A plain DataLoader with workers prefetches ahead, so pass the training
+    loop's step count within the epoch as ``consumed_global_batches``. A state taken in the
+    middle of a global batch (between accumulation micro-batches) resumes at its start.
+
+    Epoch boundaries: a state at the end of epoch e (``global_batches`` is the epoch's total)
+    is the point between epochs e and e+1, and the loop's ``set_epoch``, before or after the
+    load, says which side the next pass starts on. ``set_epoch(e)``: the rest of epoch e, which
+    is nothing, until ``set_epoch`` moves on. A later epoch: its first batch. No ``set_epoch``
+    yet: epoch e+1 from its first batch, which is Lightning's order (it makes the loader's
+    iterator, whose workers draw indices at once, before it calls ``set_epoch(e + 1)``). A pass
+    that ran to the end by itself starts its epoch over at the next ``iter``, as
+    ``DistributedSampler``'s does.
+
+    A pass reads its epoch and start at its first index, so ``set_epoch`` or ``load_state_dict``
+    between ``iter()`` and then applies; a DataLoader with workers draws that index as soon as
+    its iterator exists, so call ``set_epoch`` before ``iter(loader)`` (and before
+    ``state_dict()`` on a fresh StatefulDataLoader, which makes one). Only the newest pass
+    draws: one made before a later ``iter``, or one that drew before a ``load_state_dict`` or a
+    change of epoch, raises RuntimeError at its next index or at its end.
     """
 
     def __init__(
@@ -318,10 +333,12 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         self.num_samples = self.num_global_batches() * self.rank_batch_size
         self.total_size = self.num_samples * world
         self.epoch = 0
+        self._epoch_set = False  # the loop named ``epoch`` (set_epoch), not a default or a load
         self._start = 0  # global batch the next pass over ``epoch`` starts at
         self._consumed = 0  # whole global batches of ``epoch`` accounted for so far
         self._into_share = 0  # indices yielded into the current, unfinished share
-        self._generation = 0  # counts started passes and loads: older passes are stale
+        self._passes = 0  # iter() calls: only the newest pass may draw
+        self._moves = 0  # set_epoch and load_state_dict calls that moved the position
 
     def num_global_batches(self) -> int:
         """Global batches (steps) in a whole epoch."""
@@ -339,13 +356,19 @@ class ElasticDistributedSampler(DistributedSampler[int]):
         return self.num_global_batches() * self.rank_batch_size
 
     def __iter__(self) -> Iterator[int]:
-        # A generator: the resume point is read at the first ``next``, so a state loaded after
-        # ``iter()`` (as StatefulDataLoader does) still applies. A pass started before a later
-        # one, or before a load, must not go on: it would count its own stream's position.
-        epoch, start, total = self.epoch, self._start, self.num_global_batches()
+        # Until it draws, the newest pass's position is the state: a StatefulDataLoader snapshots
+        # it when it makes an iterator, after an iterator it discarded may have prefetched.
+        self._passes += 1
+        self._consumed, self._into_share = self._start, 0
+        return self._pass(self._passes)
+
+    def _pass(self, number: int) -> Iterator[int]:
+        self._check_newest(number, self._moves)
+        total = self.num_global_batches()
+        if self._start == total > 0 and not self._epoch_set:
+            self.epoch, self._start = self.epoch + 1, 0  # a loaded end of epoch: see the class
+        epoch, start, moves = self.epoch, self._start, self._moves
         self._consumed, self._into_share = start, 0
-        self._generation += 1
-        generation = self._generation
         step = max(1, _CHUNK_SAMPLES // self.rank_batch_size)
         for lo in range(start, total, step):
             for index in rank_indices(
@@ -360,26 +383,34 @@ class ElasticDistributedSampler(DistributedSampler[int]):
                 start_batch=lo,
                 stop_batch=min(lo + step, total),
             ):
-                if self._generation != generation:
-                    raise RuntimeError(
-                        "this iterator of the sampler is stale: the sampler was iterated again "
-                        "or loaded a state since it started; use the newest iter(sampler)"
-                    )
+                self._check_newest(number, moves)
                 self._into_share += 1
                 if self._into_share == self.rank_batch_size:
                     self._consumed, self._into_share = self._consumed + 1, 0
                 yield index
-        if self._generation == generation:
+        # Here too: workers may have drawn every index before the loop's set_epoch came.
+        self._check_newest(number, moves)
+        if start < total:  # a pass that started at a loaded end keeps that epoch finished
             self._start = 0
 
+    def _check_newest(self, number: int, moves: int) -> None:
+        if number != self._passes or moves != self._moves:
+            raise RuntimeError(
+                "this iterator of the sampler is stale: the sampler was iterated again, loaded "
+                "a state or changed epoch since it began; use the newest iter(sampler), and "
+                "with DataLoader workers call set_epoch before the loader makes its iterator"
+            )
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch's permutation; a new epoch starts at its first global batch."""
+        """Select the epoch's permutation; a new epoch starts at its first global batch, and
+        naming the epoch of a loaded end-of-epoch state keeps it finished."""
         epoch = integer_setting(epoch, "`epoch`")
         if epoch < 0:
             raise ConfigError(f"`epoch` must be >= 0, got {epoch}")
+        self._epoch_set = True
         if epoch != self.epoch:
             self.epoch, self._start, self._consumed, self._into_share = epoch, 0, 0, 0
-            self._generation += 1
+            self._moves += 1
 
     def state_dict(self, consumed_global_batches: int | None = None) -> dict[str, Any]:
         """The resume point: ``consumed_global_batches`` of this epoch, else what was yielded."""
@@ -400,9 +431,9 @@ class ElasticDistributedSampler(DistributedSampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``'s epoch and global batch; raise one error listing every mismatch.
 
-        A finished epoch's state loaded into a sampler already set to a later epoch leaves that
-        epoch alone: StatefulDataLoader applies the state at the next ``iter(loader)``, after
-        the training loop's ``set_epoch(epoch + 1)``.
+        A state at the end of its epoch loaded into a sampler already set to a later epoch
+        leaves that epoch alone: StatefulDataLoader applies the state at the next
+        ``iter(loader)``, after the training loop's ``set_epoch(epoch + 1)``.
         """
         total = self.num_global_batches()
         live = {"version": _SAMPLER_STATE_VERSION} | self._settings()
@@ -421,8 +452,9 @@ class ElasticDistributedSampler(DistributedSampler[int]):
             raise StateMismatchError(mismatches)
         if consumed == total and self.epoch > epoch:
             return
+        self._epoch_set = self._epoch_set and self.epoch == epoch
         self.epoch, self._start, self._consumed, self._into_share = epoch, consumed, consumed, 0
-        self._generation += 1
+        self._moves += 1
 
     def _settings(self) -> dict[str, Any]:
         return {

@@ -253,3 +253,29 @@ def test_a_checkpoint_taken_mid_step_where_a_spent_lane_is_ahead_is_warned_of(
         "0": (8, True),
         "1": (7, False),
     }
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_resume_from_every_step_of_two_epochs_trains_the_rest_with_any_worker_count(
+    tmp_path: Path, num_workers: int
+) -> None:
+    """The checkpoint at epoch 0's last step holds the sampler at that epoch's end. Lightning
+    makes the resumed loader's iterator before its set_epoch(1); with workers that iterator drew
+    at once from the finished epoch, found nothing, and epoch 1 trained no batch."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def fit(root: Path, ckpt_path: str | None = None) -> list[list[int]]:
+        dataset = IndexDataset()  # 32 samples, G = 16: two steps per epoch
+        sampler = ElasticDistributedSampler(dataset, global_batch_size=16, num_replicas=1, rank=0)
+        model = IndexModel()
+        loader = StatefulDataLoader(
+            dataset, batch_size=16, sampler=sampler, num_workers=num_workers
+        )
+        trainer(root, 1, max_epochs=2).fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
+        return model.seen
+
+    full = fit(tmp_path / "full")
+    assert len(full) == 4 and full[:2] != full[2:]
+    for step in range(1, 4):
+        (checkpoint,) = (tmp_path / "full").glob(f"*step={step}.ckpt")
+        assert fit(tmp_path / f"resumed{step}", str(checkpoint)) == full[step:], step

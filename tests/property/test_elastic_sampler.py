@@ -36,7 +36,7 @@ def global_steps(
     per_rank = []
     for r in range(w):
         s = sampler(n, g, w, r, **kw)
-        s.set_epoch(epoch)
+        s.set_epoch(epoch if state is None else state["epoch"])  # a loop names the state's epoch
         if state is not None:
             s.load_state_dict(state)
         share = g // w
@@ -249,17 +249,41 @@ def test_set_epoch_keeps_a_loaded_resume_point_for_its_epoch_and_the_next_pass_s
     assert list(s) == flat([step[:2] for step in global_steps(50, 4, 2, epoch=4)])
 
 
-def test_a_finished_epoch_resumes_empty_unless_the_sampler_is_already_on_a_later_epoch() -> None:
+def test_a_state_at_an_epochs_end_resumes_on_the_side_the_loop_names_and_else_goes_on() -> None:
+    """The end of epoch 2 is the start of epoch 3. A loop that names epoch 2 (set_epoch, before
+    or after the load) gets its empty rest; one that names none yet, Lightning's order, gets
+    epoch 3, however far its iterator drew before Lightning's set_epoch(3)."""
     s = sampler(50, 4, 2, 1)
     s.set_epoch(2)
     list(s)
     finished = s.state_dict()
     assert finished["epoch"] == 2
     assert finished["global_batches"] == s.num_global_batches()
-    resumed = sampler(50, 4, 2, 1)
-    resumed.load_state_dict(finished)
-    assert list(resumed) == []
+    epoch_3 = flat([step[2:] for step in global_steps(50, 4, 2, epoch=3)])
+    for named_first in (True, False):
+        named = sampler(50, 4, 2, 1)
+        if named_first:
+            named.set_epoch(2)
+        named.load_state_dict(finished)
+        named.set_epoch(2)
+        assert list(named) == [] and list(named) == []  # finished until set_epoch moves on
+        named.set_epoch(3)
+        assert list(named) == epoch_3
+    for drawn in (0, 1, len(epoch_3)):  # what a DataLoader's workers drew before set_epoch
+        unnamed = sampler(50, 4, 2, 1)
+        unnamed.load_state_dict(finished)
+        passing = iter(unnamed)
+        head = list(islice(passing, drawn))
+        unnamed.set_epoch(3)
+        assert head + list(passing) == epoch_3
+        assert unnamed.state_dict()["epoch"] == 3
     later = sampler(50, 4, 2, 1)
     later.set_epoch(3)
     later.load_state_dict(finished)
-    assert list(later) == flat([step[2:] for step in global_steps(50, 4, 2, epoch=3)])
+    assert list(later) == epoch_3
+
+
+def test_a_pass_that_ran_to_its_end_starts_its_epoch_over_as_distributed_samplers_do() -> None:
+    s = sampler(50, 4, 2, 1)
+    s.set_epoch(2)
+    assert list(s) == list(s) == flat([step[2:] for step in global_steps(50, 4, 2, epoch=2)])
