@@ -248,7 +248,8 @@ def deliver(
     ``iteration`` is the pipeline's ``_iteration`` when this iterator was made. Once a later
     ``iter()`` or ``load_state_dict`` has moved it on, the next call raises RuntimeError: the
     stream would otherwise go on from where it was and record its states over the loaded ones
-    (or, its prefetch thread stopped, wait forever).
+    (or, its prefetch thread stopped, wait forever). So does a call in flight on another
+    thread meanwhile, whatever the emptied stream raised or returned.
     """
     options = pipeline._options
     every, hook, counting = options.stats_every, options.on_stats, options.stats
@@ -260,14 +261,18 @@ def deliver(
             counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
             pipeline._runtime, pipeline._counters = runtime, counters
         while True:
-            if pipeline._iteration != iteration:
-                raise RuntimeError(
-                    "this iterator of the pipeline is stale: the pipeline was iterated again "
-                    "or loaded a state since it was made; call iter(pipeline) to continue from "
-                    "the pipeline's current state"
-                )
+            _check_current(pipeline, iteration)
             start = time.perf_counter() if counting else 0.0
-            batch = next(stream, None)
+            try:
+                batch = next(stream, None)
+            except Exception as error:
+                # another thread's iter() or load_state_dict ended this iteration while
+                # ``stream`` ran on this one (no prefetch thread) and emptied its readers
+                _check_current(pipeline, iteration, error)
+                raise
+            # ended meanwhile, ``stream`` may still have made a batch: its state would be
+            # recorded over the loaded one
+            _check_current(pipeline, iteration)
             if batch is None:
                 # each lane's state after the empty turn that ended the stream: spent, so
                 # the per-rank states of a run that ended (ranks turns apart) merge
@@ -291,6 +296,17 @@ def deliver(
         if isinstance(stream, Prefetcher):
             stream.close()
         runtime.close()
+
+
+def _check_current(pipeline: Pipeline, iteration: int, error: BaseException | None = None) -> None:
+    """Raise RuntimeError (from ``error``, what the ended iteration raised) where a later
+    ``iter()`` or ``load_state_dict`` has ended ``iteration``."""
+    if pipeline._iteration != iteration:
+        raise RuntimeError(
+            "this iterator of the pipeline is stale: the pipeline was iterated again "
+            "or loaded a state since it was made; call iter(pipeline) to continue from "
+            "the pipeline's current state"
+        ) from error
 
 
 def cut_at_empty_turn(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import sys
+import threading
+import time
 import warnings
 from typing import Any
 
@@ -113,6 +116,97 @@ def test_only_the_newest_iterator_of_a_pipeline_runs(tokenizer: Any, prefetch: i
         with pytest.raises(RuntimeError, match="stale"):
             next(stale)
     assert taken + [key(b) for b in latest] == reference
+
+
+class _HoldOnce:
+    """A map that, once armed, holds its next call until released, saying when it began."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            self.release.wait(60)
+        return row
+
+
+def _wait_until_blocked_in(thread: threading.Thread, function: str) -> None:
+    """Return once ``thread`` waits (on a lock or an event) somewhere under ``function``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident or 0)
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if names and names[0] == "wait" and function in names:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"{thread.name} never waited in {function}")
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+@pytest.mark.parametrize("action", ["load_state_dict", "iter"])
+def test_a_next_in_flight_when_another_thread_moves_the_pipeline_on_raises_stale(
+    tokenizer: Any, action: str, runner: str
+) -> None:
+    """Without a prefetch thread the stream runs on the consumer's thread, and ending it from
+    another thread emptied its readers mid-call: the call raised a bare IndexError from the
+    reader (threads: waiting for a chunk), or delivered a batch whose state replaced the
+    loaded one (inline: running the map)."""
+    hold = _HoldOnce()
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource(
+            two_sources(300, 200, shard_size=50), {"long": 0.6, "short": 0.4}, seed=7
+        )
+        return (
+            Pipeline(source)
+            .options(canonical_replicas=1, prefetch=0, read_ahead=1)
+            .map(hold, name="hold")
+            .tokenize(tokenizer=tokenizer, parallelism=1, runner=runner)  # type: ignore[arg-type]
+            .pack_flat(64, "wrap")
+            .batch(2)
+        )
+
+    reference = [key(b) for b in build()]
+    pipeline = build()
+    stream = iter(pipeline)
+    taken = [key(next(stream))]
+    saved = pipeline.state_dict()
+    errors: list[Exception] = []
+
+    def consume() -> None:
+        try:
+            while True:
+                taken.append(key(next(stream)))
+        except Exception as error:
+            errors.append(error)
+
+    hold.armed = True
+    consumer = threading.Thread(target=consume, name="consumer")
+    consumer.start()
+    assert hold.entered.wait(60), "the map was never called again"
+    _wait_until_blocked_in(consumer, "_next_chunk")
+    before = len(taken)
+    newer = iter(pipeline) if action == "iter" else None
+    if newer is None:
+        pipeline.load_state_dict(saved)
+    hold.release.set()
+    consumer.join(60)
+    assert not consumer.is_alive()
+    assert len(taken) == before, "the call in flight delivered a batch of the ended iteration"
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
+    assert "iterator of the pipeline is stale" in str(errors[0])
+    if newer is None:
+        assert pipeline.state_dict() == saved
+        assert [key(b) for b in pipeline] == reference[1:]
+    else:
+        assert taken + [key(b) for b in newer] == reference
 
 
 @pytest.mark.parametrize(("lanes", "rows"), [(2, (60, 40)), (4, (40, 30))])
