@@ -167,8 +167,10 @@ def _broken(error: BrokenProcessPool) -> BrokenProcessPool:
 
 
 def _raising(pending: Future[bytes]) -> Future[Chunk]:
-    """`pending`'s outcome, unpickled, with a returned `_Raised` as the error it holds;
-    cancelling the result cancels `pending`."""
+    """`pending`'s outcome, unpickled, with a returned `_Raised` as the error it holds.
+
+    Cancelling the result leaves `pending` to run (its outcome is then not unpickled): only
+    the pool's own thread may cancel its futures (see `Runner.close`)."""
     result: Future[Chunk] = Future()
 
     def settle(done: Future[bytes]) -> None:
@@ -193,17 +195,6 @@ def _raising(pending: Future[bytes]) -> Future[Chunk]:
         else:
             result.set_result(value)  # type: ignore[arg-type]
 
-    # weakly: each future's callbacks stay on it once it is done, and a cycle through them
-    # would hold the chunk's documents until the garbage collector ran (a finished `pending`
-    # is gone then, and cancelling it would do nothing)
-    pending_ref = weakref.ref(pending)
-
-    def cancel_pending(outcome: Future[Chunk]) -> None:
-        running = pending_ref()
-        if running is not None and outcome.cancelled():
-            running.cancel()
-
-    result.add_done_callback(cancel_pending)
     pending.add_done_callback(settle)
     return result
 
@@ -289,13 +280,19 @@ class Runner:
         return self.chain(source, span)
 
     def close(self) -> None:
-        """Stop the workers; pending chunks are cancelled, and the processes running chunks
-        are ended (their results would be thrown away, and a stuck map would hold the process
-        at exit); threads that run one end once it returns, without holding the process."""
+        """Stop the workers; pending chunks are cancelled, and the processes are ended where a
+        chunk is not done (its result would be thrown away, and a stuck map would hold the
+        process at exit); threads that run one end once it returns, without holding the
+        process.
+
+        The pool's futures are left to its own thread to cancel (``cancel_futures``), which
+        drops them from its table as it does: one cancelled here stayed there, and where that
+        thread then found the processes ended before it saw the shutdown, Python < 3.12 failed
+        on it (InvalidStateError) and the thread died, skipping the pool's clean-up."""
         if isinstance(self._executor, ProcessPoolExecutor):
-            running = [f for f in list(self._pending) if not f.cancel() and not f.done()]
+            busy = any(not f.done() for f in list(self._pending))
             self._pending.clear()
-            if running:
+            if busy:
                 _terminate(self._executor)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

@@ -3,13 +3,17 @@ the errors they give, and how they end."""
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
 from pathlib import Path
 from typing import Any
@@ -53,6 +57,13 @@ def fails_everywhere(row: dict[str, Any]) -> dict[str, Any]:
 def exit_at_row_one(row: dict[str, Any]) -> dict[str, Any]:
     if row["n"] == 1:
         os._exit(3)  # the process dies, as one killed for memory does
+    return row
+
+
+def stuck_where_marked(row: dict[str, Any]) -> dict[str, Any]:
+    if row["mark"]:
+        Path(row["mark"]).touch()
+        time.sleep(300)  # a stuck regex, a network call without a timeout
     return row
 
 
@@ -153,6 +164,90 @@ def test_a_chunk_submitted_to_a_broken_pool_gets_the_explained_error() -> None:
             runner.submit(0, span)
     finally:
         runner.close()
+
+
+def _stack(thread: threading.Thread) -> list[str]:
+    """The functions ``thread`` is in, innermost first."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
+def _wait_for(what: str, ready: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited 60 s for {what}")
+        time.sleep(0.001)
+
+
+def test_closing_a_busy_pool_lets_its_thread_end_cleanly_whatever_it_sees_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close`` cancelled the pool's pending futures itself, and they stayed in the table of
+    the pool's thread until it saw the shutdown. Where that thread saw its ended processes
+    first (a loop left early in a thread, in a review's runs), Python 3.11 failed to set their
+    error (InvalidStateError: CANCELLED): the thread died with a traceback, skipping the
+    pool's clean-up, and the futures after it never finished. A chunk's future cancelled
+    afterwards (a reader dropping its read-ahead) cancelled the pool's future the same way.
+    Here the thread is held at the top of its loop (on the call queue's lock) while ``close``
+    runs, so that it sees the ended processes before the shutdown."""
+    died: list[str] = []
+    monkeypatch.setattr(
+        threading,
+        "excepthook",
+        lambda hook: died.append(f"{hook.exc_type.__name__}: {hook.exc_value}"),
+    )
+    mark = tmp_path / "stuck"
+    data = Dataset.from_dict(
+        "d", {"ids": [[1, 2, 3]] * 6, "mark": [str(mark)] + [""] * 5}, shard_size=6
+    )
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).map(stuck_where_marked).pretokenized("ids", runner="processes")
+    runner = Runner(
+        DocChain(FetchOp(source.datasets), doc_ops(recipe)), parallelism=1, kind="processes"
+    )
+    layout = source.layouts[0]
+
+    def chunk(row: int) -> Any:
+        return runner.submit(0, layout.span(pass_index=0, lane=0, num_lanes=1, start=row, count=1))
+
+    chunks = [chunk(0)]  # the one worker takes it and is stuck in the map
+    executor = runner._executor
+    assert isinstance(executor, ProcessPoolExecutor)
+    manager = executor._executor_manager_thread
+    assert manager is not None
+    processes = list(executor._processes.values())
+    _wait_for("the worker to be stuck in the map", mark.exists)
+    chunks.append(chunk(1))
+    _wait_for(
+        "chunk 1 to wait in the call queue (running, for the pool)",
+        lambda: (
+            all(f.running() for f in list(runner._pending))
+            and "wait_result_broken_or_wakeup" in _stack(manager)
+        ),
+    )
+    holding = executor._call_queue._notempty
+    with holding:
+        chunks.append(chunk(2))  # the pool's thread puts it in the call queue: held there
+        _wait_for(
+            "the pool's thread to wait for the call queue's lock",
+            lambda: _stack(manager)[:3] == ["__enter__", "put", "add_call_item_to_queue"],
+        )
+        chunks += [chunk(3), chunk(4)]  # pending: the call queue is full
+        runner.close()
+        for future in chunks[3:]:  # then the readers drop their read-ahead (LaneRuntime.close)
+            assert future.cancel()
+        # the worker ended (and the result pipe's last writer with it) before the thread goes on
+        assert multiprocessing.connection.wait([p.sentinel for p in processes], timeout=60)
+    manager.join(60)
+    assert not manager.is_alive()
+    assert died == []
+    for future in chunks[:3]:  # each told, none left waiting
+        assert isinstance(future.exception(timeout=60), BrokenProcessPool)
 
 
 def test_an_iteration_that_fails_to_start_leaves_no_pool_or_chain_file(
