@@ -8,11 +8,14 @@ size (0.4 GB/s with 60-byte lines, 1.3 GB/s with 500-byte ones, one core); only 
 start with whitespace are checked one by one.
 Indexes are saved as .npy files keyed by (absolute path, size, mtime_ns) and written
 atomically, so each version of a file is scanned once, by whichever process gets there first.
+A writer locks its temporary file until it is renamed into place, so the temporary of a writer
+that was killed (its lock went with it) is removed by the next index written in the folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import logging
@@ -25,12 +28,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zephon_torch.io._locks import close_tracked, lock_file
 from zephon_torch.io._mapped import map_array
 
 LineIndex = npt.NDArray[np.int64]
 
 _INDEX_VERSION = 2
 _UNUSED_S = 7 * 24 * 3600  # an index of another version of its file unused this long goes
+_WRITING = ".writing-"  # an index being written, locked by its writer (see `_sweep`)
+_UNLOCKED = ".tmp-"  # temporaries of versions before the lock: no write takes _UNLOCKED_S
+_UNLOCKED_S = 24 * 3600
 _CHUNK_BYTES = 1 << 26
 _NEWLINE = 10
 _CARRIAGE_RETURN = 13
@@ -155,13 +162,19 @@ def _save(index: LineIndex, target: str) -> None:
     directory = os.path.dirname(target)
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".npy")
+        _sweep(directory)
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=_WRITING, suffix=".npy")
+        os.close(handle)
+        # held until the file has its final name; taken again on a new file where a sweep
+        # removed this one before the lock (see `lock_file`)
+        lock = lock_file(temporary, wait=True)
     except OSError as error:
         _log.warning("cannot cache the JSONL line index in %r: %s", directory, error)
         return
+    assert lock is not None
     try:
-        with os.fdopen(fd, "wb") as handle:
-            np.save(handle, index, allow_pickle=False)
+        with open(temporary, "wb") as out:
+            np.save(out, index, allow_pickle=False)
         os.replace(temporary, target)
     except BaseException as error:
         with contextlib.suppress(OSError):
@@ -170,7 +183,34 @@ def _save(index: LineIndex, target: str) -> None:
             raise
         _log.warning("cannot cache the JSONL line index in %r: %s", directory, error)
         return
+    finally:
+        close_tracked(lock)
     _forget_older(target)
+
+
+def _sweep(directory: str) -> None:
+    """Removes the temporary files in `directory` whose writer died writing them (killed:
+    up to the whole index, 16 bytes a row): those whose lock no one holds. Liveness is the
+    lock, not a process id, as in the shard cache: containers sharing the folder each have
+    their own process ids. Unlocked temporaries of earlier versions go once a day old."""
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{_WRITING}*.npy")):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # renamed into place or removed meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)
+        except OSError:  # held (BlockingIOError): being written; or gone meanwhile
+            pass
+        finally:
+            os.close(fd)
+    old = time.time() - _UNLOCKED_S
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{_UNLOCKED}*.npy")):
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mtime < old:
+                os.unlink(path)
 
 
 def _forget_older(target: str) -> None:

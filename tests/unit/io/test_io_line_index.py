@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -230,3 +233,62 @@ def test_no_temporary_files_are_left_in_the_cache(tmp_path: Path, write_jsonl: A
     names = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert len(names) == 3
     assert all(not name.startswith(".") for name in names)
+
+
+_WRITE_AN_INDEX_AND_STOP_BEFORE_ITS_RENAME = """
+import os, sys, time
+from zephon_torch.io import Dataset
+
+def stop_at_the_rename(frame, event, function):
+    if event == "c_call" and function is os.replace:  # the index's temporary file is written
+        print("writing", flush=True)
+        time.sleep(600)
+
+sys.setprofile(stop_at_the_rename)
+Dataset.from_path("d", sys.argv[1], index_cache_dir=sys.argv[2])
+"""
+
+
+def test_the_temporary_file_of_a_writer_killed_mid_write_is_swept_by_the_next_index(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """A process killed while writing an index (a DataLoader worker or rank killed at
+    start-up) left its temporary file, up to the whole index (16 bytes a row), in the folder
+    for ever. A live writer's is kept (here one stopped just before its rename); a killed
+    one's, whose lock went with it, goes with the next index written; so do the unlocked
+    temporaries of earlier versions once a day old."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    earlier = [cache / ".tmp-earlier.npy", cache / ".tmp-recent.npy"]
+    for leftover in earlier:
+        leftover.write_bytes(b"part of an index")
+    day = 24 * 3600
+    os.utime(earlier[0], (time.time() - day - 60,) * 2)
+    paths = [
+        write_jsonl(tmp_path / f"{i}.jsonl", [{"a": j} for j in range(i + 5)]) for i in range(3)
+    ]
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _WRITE_AN_INDEX_AND_STOP_BEFORE_ITS_RENAME,
+            str(paths[0]),
+            str(cache),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "writing\n"
+        [writing] = {p.name for p in cache.iterdir()} - {p.name for p in earlier}
+        assert Dataset.from_path("d", paths[1], index_cache_dir=str(cache)).num_rows == 6
+        assert (cache / writing).exists()  # its writer lives: kept
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(60)
+    assert Dataset.from_path("d", paths[2], index_cache_dir=str(cache)).num_rows == 7
+    names = sorted(p.name for p in cache.iterdir())
+    assert [name for name in names if name.startswith(".")] == [".tmp-recent.npy"]
+    assert len(names) == 3  # and the two indexes written whole
