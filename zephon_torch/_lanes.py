@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zephon_torch._stats import RunCounters
 from zephon_torch._token_stage import (
@@ -36,6 +36,7 @@ from zephon_torch.ops.shuffle import ShuffleNode
 from zephon_torch.ops.stateful import FilteredReader
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
@@ -92,6 +93,9 @@ class LaneRuntime:
         num_lanes = pipeline._options.canonical_replicas
         warn_if_fewer_rows_than_lanes(source, num_lanes)
         where = (list(source.names), shard_paths(pipeline))  # user errors name their row
+        states = {lane: pipeline._lane_states.get(lane) for lane in pipeline.lanes}
+        if not pipeline._endless:  # all the rank's lanes, cut here (a worker's are not)
+            states = skip_spent_turns(states)
         for lane in pipeline.lanes:
             readers = [
                 DocumentReader(
@@ -146,7 +150,7 @@ class LaneRuntime:
                 id_check=id_check(pipeline),
                 payloads=bool(pack.payload_fields),
             )
-            node.reset(pipeline._lane_states.get(lane))
+            node.reset(states[lane])
             self.nodes.append(node)
 
     def batches(self, *, endless: bool = False) -> Iterator[Batch]:
@@ -155,10 +159,6 @@ class LaneRuntime:
         ahead = max(node.turn for node in self.nodes)
         if endless:
             return self._turns()
-        if all(node.done for node in self.nodes):
-            # a spent state: nothing follows, so no lane below `ahead` is padded up to it (a
-            # state merged from ranks that ended turns apart gave dozens of empty steps)
-            return iter(())
         if len(self.nodes) == 1:
             step = self.nodes[0].next  # reset when built
             return cut_lone_lane(step, ahead=ahead, ended=self.cut_turn.extend)
@@ -202,6 +202,26 @@ class LaneRuntime:
         for reader in self.readers:
             reader.close()
         self.nodes = []
+
+
+def spent_at(state: dict[str, Any]) -> dict[str, Any]:
+    """A lane's final state from ``state``, that of its batch in the empty turn that ended the
+    stream (not delivered): spent, at that turn, so a state's ``step`` counts the turns run."""
+    return {**state, "turn": int(state["turn"]) - 1}
+
+
+def skip_spent_turns(states: dict[K, dict[str, Any] | None]) -> dict[K, dict[str, Any] | None]:
+    """Where every lane of ``states`` is spent, those more than a turn behind the furthest
+    move up to its turn: they would pad whole turns (a state merged from ranks that ended turns
+    apart gave dozens of all-padding steps), where lanes one turn behind complete the turn in
+    progress (a state saved mid-turn in the last turn). Otherwise ``states`` as they are."""
+    if not states or any(s is None or not s["done"] for s in states.values()):
+        return states
+    ahead = max(int(s["turn"]) for s in states.values() if s is not None)
+    return {
+        lane: s if s is None or s["turn"] >= ahead - 1 else {**s, "turn": ahead}
+        for lane, s in states.items()
+    }
 
 
 def warn_if_fewer_rows_than_lanes(source: StaticMixtureWorkSource, num_lanes: int) -> None:
@@ -277,7 +297,7 @@ def deliver(
                 # each lane's state after the empty turn that ended the stream: spent, so
                 # the per-rank states of a run that ended (ranks turns apart) merge
                 for last in runtime.cut_turn:
-                    pipeline._lane_states[last.lane] = last.state
+                    pipeline._lane_states[last.lane] = spent_at(last.state)
                 # endless or quiet: DataLoader workers, whose loader tells
                 if not (pipeline._endless or pipeline._quiet_spent):
                     warn_if_spent(resumed, delivered)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -323,12 +325,12 @@ def test_lanes_several_turns_apart_resume_alike_in_one_process_and_with_workers(
     stream. (Per-rank loaders' final states were refused while the last turn's states read
     "not done".)"""
     ranks = []
-    for rank, count in ((0, 12), (1, 4)):  # lanes 0, 1 at turn 6; lanes 2, 3 spent at turn 2
+    for rank, count in ((0, 12), (1, 4)):  # lanes 0, 1 at turn 6; lanes 2, 3 spent at turn 1
         loader = DataLoader(uneven_lanes(world_size=2, rank=rank))
         take(loader, count)
         ranks.append(loader.state_dict())
     lanes = {lane: (s["turn"], s["done"]) for r in ranks for lane, s in r["lanes"].items()}
-    assert lanes == {"0": (6, False), "1": (6, True), "2": (2, True), "3": (2, True)}
+    assert lanes == {"0": (6, False), "1": (6, True), "2": (1, True), "3": (1, True)}
     state = json.loads(json.dumps(merge_states(ranks)))
     streams = []
     for workers in (0, 2, 4):
@@ -520,3 +522,65 @@ def test_the_final_states_of_per_rank_loaders_merge(tokenizer: Any, num_workers:
     again.load_state_dict(merge_states(ends))
     with pytest.warns(UserWarning, match="spent"):
         assert take(again) == []  # no lane padded up to the furthest one's turn
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loop_holding_batches_ahead_resumes_exactly_from_its_last_checkpoints(
+    num_workers: int,
+) -> None:
+    """With deliver_on_use, the states of the empty turn that ends the stream were recorded as
+    soon as the loader read past the end, while the loop still held its last batches unused:
+    a checkpoint before the last step read "spent" and its resume lost the last batch."""
+    reference = take(DataLoader(uneven_lanes()))
+    loader = DataLoader(uneven_lanes(), num_workers=num_workers, deliver_on_use=True)
+    items = iter(loader)
+    ahead = [next(items), next(items)]  # a device prefetcher's two batches in flight
+    checkpoints = []
+    while ahead:
+        batch = ahead.pop(0)
+        ahead.extend(itertools.islice(items, 1))  # fetched while this step runs
+        loader.mark_delivered(batch)
+        checkpoints.append(loader.state_dict())
+    assert len(checkpoints) == len(reference)
+    for used in (len(reference) - 3, len(reference) - 2, len(reference) - 1):
+        resumed = DataLoader(uneven_lanes())
+        resumed.load_state_dict(checkpoints[used - 1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the last: a spent state
+            assert take(resumed) == reference[used:]
+
+
+def test_a_state_saved_inside_the_last_turn_resumes_to_the_end_of_that_turn() -> None:
+    """Every lane reads spent after the last micro-batch with data, but the turn's padding of
+    the lanes after it belongs to the stream (a loop stepping every L/W micro-batches completes
+    its last step with it); a shortcut for spent states dropped it."""
+    reference = list(uneven_lanes())
+    tail = [(b.lane, b.turn) for b in reference[-4:]]
+    for saved in range(len(reference) - 4, len(reference) + 1):
+        pipeline = uneven_lanes()
+        list(itertools.islice(pipeline, saved))
+        state = pipeline.state_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the last: a spent state
+            again = uneven_lanes()
+            again.load_state_dict(state)
+            assert [(b.lane, b.turn) for b in again] == tail[saved - len(reference) + 4 :]
+            loader = DataLoader(uneven_lanes())
+            loader.load_state_dict(state)
+            assert len(take(loader)) == len(reference) - saved
+    # and a finished run's step counts the turns it ran, as under torch.distributed
+    assert state["step"] == reference[-1].turn + 1
+
+
+def test_the_final_states_of_per_rank_torch_datasets_merge(tokenizer: Any) -> None:
+    """`to_torch()` under torch's own DataLoader (or iterated directly) recorded only the
+    batches it yielded, so its last lanes read "not done" and ranks' final states were refused
+    as Pipeline's and zephon_torch's loader's were."""
+    ends = []
+    for rank in (0, 1):
+        data = two_sources(20, 11, shard_size=8)
+        dataset = build(tokenizer, world_size=2, rank=rank, datasets=data).to_torch()
+        assert sum(1 for _ in torch.utils.data.DataLoader(dataset, batch_size=None))
+        ends.append(dataset.state_dict())
+        assert all(lane["done"] for lane in ends[-1]["lanes"].values())
+    merge_states(ends)

@@ -8,7 +8,12 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_torch._lanes import cut_at_empty_turn, cut_lone_lane, in_lane_order
+from zephon_torch._lanes import (
+    cut_at_empty_turn,
+    cut_lone_lane,
+    in_lane_order,
+    skip_spent_turns,
+)
 
 
 @given(
@@ -84,3 +89,30 @@ def test_a_lone_lane_is_cut_where_the_general_cut_ends_it(
     general_end: list[tuple[int, int]] = []
     assert got == _cut(padded, ahead, general_end)
     assert [(b.turn, b.num_tokens) for b in lone_end] == general_end
+
+
+@given(
+    lanes=st.lists(
+        st.one_of(st.none(), st.tuples(st.integers(0, 9), st.booleans())), min_size=1, max_size=6
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_spent_lanes_far_behind_move_up_and_the_turn_in_progress_is_kept(
+    lanes: list[tuple[int, bool] | None],
+) -> None:
+    """Only where every lane is spent; there, every lane ends within the turn in progress."""
+    states = {
+        str(i): None if lane is None else {"turn": lane[0], "done": lane[1], "pack": {"i": i}}
+        for i, lane in enumerate(lanes)
+    }
+    moved = skip_spent_turns(states)
+    if any(lane is None or not lane[1] for lane in lanes):
+        assert moved is states
+        return
+    ahead = max(turn for turn, _ in lanes)  # type: ignore[misc]
+    for key, state in states.items():
+        assert state is not None
+        after = moved[key]
+        assert after is not None and after["done"] and after["pack"] == state["pack"]
+        expected = state["turn"] if state["turn"] >= ahead - 1 else ahead
+        assert after["turn"] == expected

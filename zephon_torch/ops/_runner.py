@@ -71,9 +71,10 @@ _WORKER_CHAIN: Chain | None = None
 
 def _init_worker(path: str, parent: int) -> None:
     global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
-    # Ctrl-C reaches the whole process group: the parent ends its workers when it closes the
-    # runner, and each idle worker printed its own KeyboardInterrupt traceback
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C reaches the whole process group: a worker ends at once, quietly (each printed
+    # its own KeyboardInterrupt traceback under the loop's; ignoring it instead left a worker
+    # in a slow map holding the parent at exit, its pool joined)
+    signal.signal(signal.SIGINT, _end_quietly)
     # the parent's pid from the parent: read here, after seconds of start-up, it is already
     # init's (1) where the parent was killed meanwhile, and the watch below never fired
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
@@ -82,6 +83,10 @@ def _init_worker(path: str, parent: int) -> None:
             _WORKER_CHAIN = pickle.load(handle)
     except FileNotFoundError:  # the runner closed before this process started: no task comes
         pass
+
+
+def _end_quietly(signum: int, _frame: object) -> None:
+    os._exit(128 + signum)
 
 
 def _end_with(parent: int) -> None:

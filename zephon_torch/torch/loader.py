@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from zephon_torch._lanes import calibrated, cut_at_empty_turn, in_lane_order, warn_if_spent
+from zephon_torch._lanes import (
+    calibrated,
+    cut_at_empty_turn,
+    in_lane_order,
+    skip_spent_turns,
+    spent_at,
+    warn_if_spent,
+)
 from zephon_torch._stats import RunCounters, loader_stats
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
@@ -108,6 +115,10 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         self._pad_on = False
         self._counters = RunCounters()  # of the newest iteration (`stats`)
         self._live: weakref.ref[Any] | None = None  # torch's iterator of the newest iteration
+        # (lane, turn) of the batches handed out and not yet marked (``deliver_on_use``), and
+        # the final states kept until they are: see `_ended`
+        self._unmarked: set[tuple[int, int]] = set()
+        self._end: list[tuple[str, dict[str, Any]]] = []
 
     @property
     def pipeline_dataset(self) -> PipelineDataset:
@@ -119,7 +130,6 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         # Workers are started from the dataset as it is now: continue from what was delivered.
         dataset = self.pipeline_dataset
-        dataset._delivered = copy.deepcopy(self._delivered)
         # Set per iteration (workers copy the dataset when they start): another loader may
         # share this dataset. A worker, or a rank of several, sees only some of the lanes, so
         # it must not end the stream itself: spent lanes pad on (with their states), workers'
@@ -136,14 +146,16 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # the stream is cut here with any worker count: the empty turn's states (every lane
         # spent) are the lanes' final ones, so ranks' final states merge
         dataset.endless = True
-        lanes = list(dataset.resume_lanes(self._delivered).values())
-        resumed = any(s is not None for s in lanes)
+        lanes = dataset.resume_lanes(self._delivered)
+        resumed = any(s is not None for s in lanes.values())
+        if not uncut:  # a spent state's lanes far behind pad nothing (see `skip_spent_turns`)
+            moved = skip_spent_turns(lanes)
+            self._delivered.update({k: v for k, v in moved.items() if v is not lanes[k]})
+        dataset._delivered = copy.deepcopy(self._delivered)
         self._end_live()
         self._generation += 1
         self._counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
-        if not uncut and lanes and all(s is not None and s["done"] for s in lanes):
-            # a spent state: nothing follows (see `LaneRuntime.batches`), no worker starts
-            return self._strip(iter(()), self._generation, self._counters, resumed=resumed)
+        self._unmarked, self._end = set(), []
         torch_items = super().__iter__()
         self._live = weakref.ref(torch_items)
         items: Iterator[dict[str, Any]] = _raising(map(unpack, torch_items))
@@ -208,28 +220,42 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                     waited = time.perf_counter() - start
                     shape = item["input_ids"].shape
                     counters.received(shape, meta["sources"], meta["documents"], waited)
-                if not self.deliver_on_use and META_KEY in item:
+                if not self.deliver_on_use:
                     self.mark_delivered(item)
+                else:
+                    self._unmarked.add((int(meta["lane"]), int(meta["turn"])))
                 yield item
         finally:  # ran out, raised, or left (a break): its stats stay as they were
             counters.ended = time.perf_counter()
 
     def _ended(self, empty_turn: list[dict[str, Any]]) -> None:
-        """Record the states of the all-padding turn that ended the stream (not handed to the
-        loop): each lane spent, its final state."""
-        for item in empty_turn:
-            self.mark_delivered(item)
+        """Keep the states of the all-padding turn that ended the stream (not handed to the
+        loop): each lane spent, its final state. Recorded once every batch handed out is
+        marked (``deliver_on_use``: the loop may still hold some)."""
+        self._end = [(str(i[META_KEY]["lane"]), spent_at(i[META_KEY]["state"])) for i in empty_turn]
+        if not self._unmarked:
+            self._record_end()
 
     def mark_delivered(self, item: dict[str, Any]) -> None:
         """Record ``item`` as used by the training loop (removes its ``"zephon"`` entry)."""
         meta = item.pop(META_KEY, None)
         if meta is None:  # an item marked twice changes nothing
             return
-        lane, state = str(meta["lane"]), meta["state"]
+        self._record(str(meta["lane"]), meta["state"])
+        self._unmarked.discard((int(meta["lane"]), int(meta["turn"])))
+        if self._end and not self._unmarked:
+            self._record_end()
+
+    def _record(self, lane: str, state: dict[str, Any]) -> None:
         held = self._delivered.get(lane)
         # a lane's batch marked after a later one of the same lane must not move it back
         if held is None or state["turn"] >= held["turn"]:
             self._delivered[lane] = state
+
+    def _record_end(self) -> None:
+        for lane, state in self._end:
+            self._record(lane, state)
+        self._end = []
 
     def stats(self) -> dict[str, Any]:
         """What the loop received from the current (or last) iteration, counted in the

@@ -421,3 +421,69 @@ def test_a_worker_ends_when_its_parent_died_before_the_worker_started() -> None:
     )
     assert done.returncode == 1 and done.stderr == "", done.stderr  # ended by the watch
     assert time.monotonic() - start < 50
+
+
+_INTERRUPTED_IN_THE_STEP = """
+import os, sys, time
+from pathlib import Path
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def slow_after_forty(row):
+    if row["ids"][0] >= 40:
+        Path(f"{os.environ['SLOW_MARK']}.{os.getpid()}").touch()
+        time.sleep(300)  # a huge document, a remote lookup
+    return row
+
+
+if __name__ == "__main__":
+    data = Dataset.from_dict("d", {"ids": [[i, 2, 2] for i in range(200)]}, shard_size=8)
+    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat", shuffle=False))
+    recipe = recipe.map(slow_after_forty).options(read_ahead=64)
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8)
+    batches = iter(pipeline.batch(1))
+    next(batches)
+    print("ready", flush=True)
+    time.sleep(300)  # the training step: Ctrl-C lands here, outside the pipeline
+"""
+
+
+def test_ctrl_c_in_the_training_step_ends_a_job_whose_worker_is_in_a_slow_map(
+    tmp_path: Path,
+) -> None:
+    """Workers that ignored SIGINT (to spare their tracebacks) held the job at exit: the
+    parent's KeyboardInterrupt left the loop without closing the runner, and the pool joined
+    at exit waited for the map. Workers now end at once, quietly."""
+    script = tmp_path / "step.py"
+    script.write_text(_INTERRUPTED_IN_THE_STEP)
+    mark = tmp_path / "slow"
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).parents[3]),
+        "SLOW_MARK": str(mark),
+    }
+    job = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        start_new_session=True,
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"
+        # both workers in the slow map (a worker still starting up, importing, is not yet
+        # able to end quietly: its start-up prints its own traceback)
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("slow.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(list(tmp_path.glob("slow.*"))) == 2
+        os.killpg(job.pid, signal.SIGINT)
+        _, err = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
