@@ -34,6 +34,7 @@ from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work.pointers import PointerSpan
 
 _PARENT_POLL_S = 1.0  # how soon a worker whose parent was killed ends
+_INTERRUPT_GRACE_S = 1.0  # how long after Ctrl-C a worker ends (its parent takes it first)
 
 RunnerKind = Literal["threads", "processes", "inline"]
 RUNNERS = ("threads", "processes", "inline")
@@ -71,9 +72,10 @@ _WORKER_CHAIN: Chain | None = None
 
 def _init_worker(path: str, parent: int) -> None:
     global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
-    # Ctrl-C reaches the whole process group: a worker ends at once, quietly (each printed
-    # its own KeyboardInterrupt traceback under the loop's; ignoring it instead left a worker
-    # in a slow map holding the parent at exit, its pool joined)
+    # Ctrl-C reaches the whole process group: a worker ends shortly after, quietly. Each
+    # printed its own KeyboardInterrupt traceback under the loop's; ignoring it left a worker
+    # in a slow map holding the parent at exit (its pool joined); ending at once could break
+    # the pool before the parent took its KeyboardInterrupt, which then read as the pool's.
     signal.signal(signal.SIGINT, _end_quietly)
     # the parent's pid from the parent: read here, after seconds of start-up, it is already
     # init's (1) where the parent was killed meanwhile, and the watch below never fired
@@ -86,7 +88,10 @@ def _init_worker(path: str, parent: int) -> None:
 
 
 def _end_quietly(signum: int, _frame: object) -> None:
-    os._exit(128 + signum)
+    """On Ctrl-C: end this worker `_INTERRUPT_GRACE_S` later, without a traceback."""
+    ending = threading.Timer(_INTERRUPT_GRACE_S, os._exit, args=(128 + signum,))
+    ending.daemon = True
+    ending.start()
 
 
 def _end_with(parent: int) -> None:

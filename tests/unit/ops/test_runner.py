@@ -351,15 +351,22 @@ def test_a_loop_left_while_a_map_is_stuck_lets_the_process_exit(tmp_path: Path) 
 
 
 _ITERATE_UNTIL_INTERRUPTED = """
-import sys
+import os
+from pathlib import Path
 
 from zephon_torch import Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
 
+
+def marked(row):
+    Path(f"{os.environ['WORKER_MARK']}.{os.getpid()}").touch()
+    return row
+
+
 if __name__ == "__main__":
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
-    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat"))
+    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat")).map(marked)
     pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8).batch(1)
     for step, batch in enumerate(pipeline):
         if step == 100:
@@ -367,34 +374,48 @@ if __name__ == "__main__":
 """
 
 
-def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_path: Path) -> None:
-    """Ctrl-C reaches every process of the terminal's group: each idle worker printed its own
-    KeyboardInterrupt traceback under the loop's. Workers now leave SIGINT to their parent,
-    which ends them as it closes the runner."""
-    script = tmp_path / "interrupted.py"
-    script.write_text(_ITERATE_UNTIL_INTERRUPTED)
-    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+def _interrupt(script: Path, ready: Callable[[], bool], **env: str) -> tuple[int, str]:
+    """Runs ``script`` as a terminal's job (its own process group), waits for its "ready"
+    line and then for ``ready()``, and sends the group SIGINT, as Ctrl-C does: the job's pid
+    (its group's id) and what it wrote to stderr."""
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3]), **env}
     job = subprocess.Popen(
         [sys.executable, str(script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=environment,
-        start_new_session=True,  # its own process group, as a terminal's job
+        start_new_session=True,
     )
     try:
         assert job.stdout is not None and job.stdout.readline() == "ready\n"
-        time.sleep(0.5)  # the workers wait for chunks again
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready()
         os.killpg(job.pid, signal.SIGINT)
-        _, err = job.communicate(timeout=60)
+        _, err = job.communicate(timeout=30)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+    return job.pid, err
+
+
+def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_path: Path) -> None:
+    """Ctrl-C reaches every process of the terminal's group: each idle worker printed its own
+    KeyboardInterrupt traceback under the loop's. Workers now end quietly."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(_ITERATE_UNTIL_INTERRUPTED)
+
+    def both_started() -> bool:  # a worker still importing cannot end quietly yet
+        return len(list(tmp_path.glob("worker.*"))) == 2
+
+    group, err = _interrupt(script, both_started, WORKER_MARK=str(tmp_path / "worker"))
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            os.killpg(job.pid, 0)  # a process of the group is left
+            os.killpg(group, 0)  # a process of the group is left
         except ProcessLookupError:
             return
         time.sleep(0.1)
@@ -459,31 +480,9 @@ def test_ctrl_c_in_the_training_step_ends_a_job_whose_worker_is_in_a_slow_map(
     at exit waited for the map. Workers now end at once, quietly."""
     script = tmp_path / "step.py"
     script.write_text(_INTERRUPTED_IN_THE_STEP)
-    mark = tmp_path / "slow"
-    environment = {
-        **os.environ,
-        "PYTHONPATH": str(Path(__file__).parents[3]),
-        "SLOW_MARK": str(mark),
-    }
-    job = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-        start_new_session=True,
-    )
-    try:
-        assert job.stdout is not None and job.stdout.readline() == "ready\n"
-        # both workers in the slow map (a worker still starting up, importing, is not yet
-        # able to end quietly: its start-up prints its own traceback)
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("slow.*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(list(tmp_path.glob("slow.*"))) == 2
-        os.killpg(job.pid, signal.SIGINT)
-        _, err = job.communicate(timeout=30)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+
+    def both_in_the_slow_map() -> bool:  # a worker still importing cannot end quietly yet
+        return len(list(tmp_path.glob("slow.*"))) == 2
+
+    _, err = _interrupt(script, both_in_the_slow_map, SLOW_MARK=str(tmp_path / "slow"))
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
