@@ -584,3 +584,24 @@ def test_the_final_states_of_per_rank_torch_datasets_merge(tokenizer: Any) -> No
         ends.append(dataset.state_dict())
         assert all(lane["done"] for lane in ends[-1]["lanes"].values())
     merge_states(ends)
+
+
+def test_a_batch_never_marked_does_not_keep_the_final_states_back() -> None:
+    """With deliver_on_use, the empty turn's final states waited for every batch handed out
+    to be marked: one never marked (a step skipped for a bad loss), though later batches of
+    its lane were, kept them back for ever; a lane whose last batch was full then read not
+    spent, and the ranks' final states did not merge."""
+    lengths = [40, 3, 36, 3]  # lanes 0 and 2 end on full batches
+    rows = [{"input_ids": [i + 1] * lengths[i % 4]} for i in range(32)]
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", rows)], seed=1, shuffle=False)
+    ends = []
+    for rank in (0, 1):
+        recipe = Pipeline(source).options(canonical_replicas=4, world_size=2, rank=rank)
+        loader = DataLoader(recipe.pretokenized("input_ids").pack_flat(16, "best_fit").batch(2),
+                            deliver_on_use=True)  # fmt: skip
+        for number, item in enumerate(loader):
+            if number:  # the first batch is never used
+                loader.mark_delivered(item)
+        ends.append(loader.state_dict())
+        assert all(lane["done"] for lane in ends[-1]["lanes"].values())
+    merge_states(ends)

@@ -34,7 +34,6 @@ from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work.pointers import PointerSpan
 
 _PARENT_POLL_S = 1.0  # how soon a worker whose parent was killed ends
-_INTERRUPT_GRACE_S = 1.0  # how long after Ctrl-C a worker ends (its parent takes it first)
 
 RunnerKind = Literal["threads", "processes", "inline"]
 RUNNERS = ("threads", "processes", "inline")
@@ -72,11 +71,10 @@ _WORKER_CHAIN: Chain | None = None
 
 def _init_worker(path: str, parent: int) -> None:
     global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
-    # Ctrl-C reaches the whole process group: a worker ends shortly after, quietly. Each
-    # printed its own KeyboardInterrupt traceback under the loop's; ignoring it left a worker
-    # in a slow map holding the parent at exit (its pool joined); ending at once could break
-    # the pool before the parent took its KeyboardInterrupt, which then read as the pool's.
-    signal.signal(signal.SIGINT, _end_quietly)
+    # Ctrl-C reaches the whole process group; it is the parent's to act on (a loop may take
+    # it as "stop after the next checkpoint" and go on). Each worker printed its own
+    # KeyboardInterrupt traceback, and died; a parent that leaves ends them (`_end_at_exit`).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the parent's pid from the parent: read here, after seconds of start-up, it is already
     # init's (1) where the parent was killed meanwhile, and the watch below never fired
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
@@ -87,11 +85,21 @@ def _init_worker(path: str, parent: int) -> None:
         pass
 
 
-def _end_quietly(signum: int, _frame: object) -> None:
-    """On Ctrl-C: end this worker `_INTERRUPT_GRACE_S` later, without a traceback."""
-    ending = threading.Timer(_INTERRUPT_GRACE_S, os._exit, args=(128 + signum,))
-    ending.daemon = True
-    ending.start()
+_OPEN_RUNNERS: weakref.WeakSet[Runner] = weakref.WeakSet()
+
+
+def _end_at_exit() -> None:
+    """Close the processes runners still open as the interpreter exits: an error (Ctrl-C)
+    that left the loop without closing its iterator left them open, and concurrent.futures'
+    own exit hook then waited for a worker's map to return, for ever if it was stuck.
+    Registered after that hook, so run before it."""
+    for runner in list(_OPEN_RUNNERS):
+        runner.close()
+
+
+# threading's exit hooks, not atexit's: concurrent.futures joins its pools in one, which runs
+# before atexit; the hooks run last registered first (a private hook, guarded)
+getattr(threading, "_register_atexit", lambda _hook: None)(_end_at_exit)
 
 
 def _end_with(parent: int) -> None:
@@ -256,6 +264,7 @@ class Runner:
                 initializer=_init_worker,
                 initargs=(path, os.getpid()),
             )
+            _OPEN_RUNNERS.add(self)
 
     def submit(self, source: int, span: PointerSpan) -> Future[Chunk]:
         """Schedule one chunk; the future yields its documents in stream order.

@@ -242,7 +242,10 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if meta is None:  # an item marked twice changes nothing
             return
         self._record(str(meta["lane"]), meta["state"])
-        self._unmarked.discard((int(meta["lane"]), int(meta["turn"])))
+        # this lane's batches up to this one count as used (a batch never marked stays
+        # behind a later one of its lane, as its state does)
+        lane, turn = int(meta["lane"]), int(meta["turn"])
+        self._unmarked = {(n, t) for n, t in self._unmarked if n != lane or t > turn}
         if self._end and not self._unmarked:
             self._record_end()
 

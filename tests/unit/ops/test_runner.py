@@ -374,10 +374,10 @@ if __name__ == "__main__":
 """
 
 
-def _interrupt(script: Path, ready: Callable[[], bool], **env: str) -> tuple[int, str]:
+def _interrupt(script: Path, ready: Callable[[], bool], **env: str) -> tuple[int, str, str]:
     """Runs ``script`` as a terminal's job (its own process group), waits for its "ready"
     line and then for ``ready()``, and sends the group SIGINT, as Ctrl-C does: the job's pid
-    (its group's id) and what it wrote to stderr."""
+    (its group's id) and what it wrote to stdout after "ready", and to stderr."""
     environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3]), **env}
     job = subprocess.Popen(
         [sys.executable, str(script)],
@@ -394,11 +394,11 @@ def _interrupt(script: Path, ready: Callable[[], bool], **env: str) -> tuple[int
             time.sleep(0.05)
         assert ready()
         os.killpg(job.pid, signal.SIGINT)
-        _, err = job.communicate(timeout=30)
+        out, err = job.communicate(timeout=30)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    return job.pid, err
+    return job.pid, out, err
 
 
 def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_path: Path) -> None:
@@ -410,7 +410,7 @@ def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_pa
     def both_started() -> bool:  # a worker still importing cannot end quietly yet
         return len(list(tmp_path.glob("worker.*"))) == 2
 
-    group, err = _interrupt(script, both_started, WORKER_MARK=str(tmp_path / "worker"))
+    group, _, err = _interrupt(script, both_started, WORKER_MARK=str(tmp_path / "worker"))
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -484,5 +484,49 @@ def test_ctrl_c_in_the_training_step_ends_a_job_whose_worker_is_in_a_slow_map(
     def both_in_the_slow_map() -> bool:  # a worker still importing cannot end quietly yet
         return len(list(tmp_path.glob("slow.*"))) == 2
 
-    _, err = _interrupt(script, both_in_the_slow_map, SLOW_MARK=str(tmp_path / "slow"))
+    _, _, err = _interrupt(script, both_in_the_slow_map, SLOW_MARK=str(tmp_path / "slow"))
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
+
+
+_STOP_AFTER_THE_CHECKPOINT = """
+import os, signal, time
+from pathlib import Path
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def marked(row):
+    Path(f"{os.environ['WORKER_MARK']}.{os.getpid()}").touch()
+    return row
+
+
+if __name__ == "__main__":
+    stopping = []
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))  # stop after the checkpoint
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
+    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat")).map(marked)
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8).batch(1)
+    for step, batch in enumerate(pipeline):
+        if step == 100:
+            print("ready", flush=True)
+        if stopping and len(stopping) == 1:
+            stopping.append(time.monotonic())
+        if stopping and time.monotonic() - stopping[1] > 3:  # the steps to the checkpoint
+            print("checkpointed", flush=True)
+            break
+"""
+
+
+def test_a_loop_that_takes_ctrl_c_itself_goes_on_to_its_checkpoint(tmp_path: Path) -> None:
+    """Its own SIGINT handler ("stop after the next checkpoint") kept the loop going, but the
+    workers had died of the same Ctrl-C: the next chunk raised BrokenProcessPool."""
+    script = tmp_path / "graceful.py"
+    script.write_text(_STOP_AFTER_THE_CHECKPOINT)
+
+    def both_started() -> bool:
+        return len(list(tmp_path.glob("worker.*"))) == 2
+
+    _, out, err = _interrupt(script, both_started, WORKER_MARK=str(tmp_path / "worker"))
+    assert out == "checkpointed\n" and err == "", err
