@@ -100,6 +100,9 @@ def _end_at_exit() -> None:
 # threading's exit hooks, not atexit's: concurrent.futures joins its pools in one, which runs
 # before atexit; the hooks run last registered first (a private hook, guarded)
 getattr(threading, "_register_atexit", lambda _hook: None)(_end_at_exit)
+# a forked child (a DataLoader worker runs threading's exit hooks too) must not end the
+# parent's pools: their processes are the parent's
+os.register_at_fork(after_in_child=_OPEN_RUNNERS.clear)
 
 
 def _end_with(parent: int) -> None:

@@ -530,3 +530,26 @@ def test_a_loop_that_takes_ctrl_c_itself_goes_on_to_its_checkpoint(tmp_path: Pat
 
     _, out, err = _interrupt(script, both_started, WORKER_MARK=str(tmp_path / "worker"))
     assert out == "checkpointed\n" and err == "", err
+
+
+def _exit_at_once() -> None:
+    pass
+
+
+def test_a_forked_child_leaves_the_parent_s_worker_processes_alone() -> None:
+    """The exit hook that closes open processes runners ran in forked children too (a torch
+    DataLoader worker runs threading's exit hooks), and ended the parent's pool."""
+    import multiprocessing
+
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
+    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat"))
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8)
+    batches = iter(pipeline.batch(1))
+    for _ in range(50):
+        next(batches)
+    child = multiprocessing.get_context("fork").Process(target=_exit_at_once)
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    for _ in range(2000):  # a few passes: new chunks for the workers
+        next(batches)
