@@ -351,7 +351,7 @@ def test_a_loop_left_while_a_map_is_stuck_lets_the_process_exit(tmp_path: Path) 
 
 
 _ITERATE_UNTIL_INTERRUPTED = """
-import os
+import os, signal, time
 from pathlib import Path
 
 from zephon_torch import Pipeline
@@ -365,12 +365,18 @@ def marked(row):
 
 
 if __name__ == "__main__":
+    stopping = []
+    if os.environ.get("OWN_HANDLER"):  # Ctrl-C: stop after the next checkpoint
+        signal.signal(signal.SIGINT, lambda *_: stopping.append(time.monotonic()))
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
     recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat")).map(marked)
     pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8).batch(1)
     for step, batch in enumerate(pipeline):
         if step == 100:
             print("ready", flush=True)
+        if stopping and time.monotonic() - stopping[0] > 3:  # the steps to the checkpoint
+            print("checkpointed", flush=True)
+            break
 """
 
 
@@ -401,16 +407,22 @@ def _interrupt(script: Path, ready: Callable[[], bool], **env: str) -> tuple[int
     return job.pid, out, err
 
 
+def _both(folder: Path, mark: str) -> Callable[[], bool]:
+    """Whether both workers have left their marks (started; a worker still importing when
+    Ctrl-C lands prints its own traceback, its handler not yet set)."""
+    return lambda: len(list(folder.glob(f"{mark}.*"))) == 2
+
+
 def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_path: Path) -> None:
     """Ctrl-C reaches every process of the terminal's group: each idle worker printed its own
-    KeyboardInterrupt traceback under the loop's. Workers now end quietly."""
+    KeyboardInterrupt traceback under the loop's. Workers now leave Ctrl-C to the parent,
+    which ends them as it leaves."""
     script = tmp_path / "interrupted.py"
     script.write_text(_ITERATE_UNTIL_INTERRUPTED)
 
-    def both_started() -> bool:  # a worker still importing cannot end quietly yet
-        return len(list(tmp_path.glob("worker.*"))) == 2
-
-    group, _, err = _interrupt(script, both_started, WORKER_MARK=str(tmp_path / "worker"))
+    group, _, err = _interrupt(
+        script, _both(tmp_path, "worker"), WORKER_MARK=str(tmp_path / "worker")
+    )
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -475,60 +487,24 @@ if __name__ == "__main__":
 def test_ctrl_c_in_the_training_step_ends_a_job_whose_worker_is_in_a_slow_map(
     tmp_path: Path,
 ) -> None:
-    """Workers that ignored SIGINT (to spare their tracebacks) held the job at exit: the
-    parent's KeyboardInterrupt left the loop without closing the runner, and the pool joined
-    at exit waited for the map. Workers now end at once, quietly."""
+    """Workers that ignore SIGINT held the job at exit: the parent's KeyboardInterrupt left the
+    loop without closing the runner, and the pool joined at exit waited for the map. The
+    runners still open are now closed by an exit hook run before that join."""
     script = tmp_path / "step.py"
     script.write_text(_INTERRUPTED_IN_THE_STEP)
 
-    def both_in_the_slow_map() -> bool:  # a worker still importing cannot end quietly yet
-        return len(list(tmp_path.glob("slow.*"))) == 2
-
-    _, _, err = _interrupt(script, both_in_the_slow_map, SLOW_MARK=str(tmp_path / "slow"))
+    _, _, err = _interrupt(script, _both(tmp_path, "slow"), SLOW_MARK=str(tmp_path / "slow"))
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
-
-
-_STOP_AFTER_THE_CHECKPOINT = """
-import os, signal, time
-from pathlib import Path
-
-from zephon_torch import Pipeline
-from zephon_torch.io import Dataset
-from zephon_torch.work import StaticMixtureWorkSource
-
-
-def marked(row):
-    Path(f"{os.environ['WORKER_MARK']}.{os.getpid()}").touch()
-    return row
-
-
-if __name__ == "__main__":
-    stopping = []
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))  # stop after the checkpoint
-    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
-    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat")).map(marked)
-    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8).batch(1)
-    for step, batch in enumerate(pipeline):
-        if step == 100:
-            print("ready", flush=True)
-        if stopping and len(stopping) == 1:
-            stopping.append(time.monotonic())
-        if stopping and time.monotonic() - stopping[1] > 3:  # the steps to the checkpoint
-            print("checkpointed", flush=True)
-            break
-"""
 
 
 def test_a_loop_that_takes_ctrl_c_itself_goes_on_to_its_checkpoint(tmp_path: Path) -> None:
     """Its own SIGINT handler ("stop after the next checkpoint") kept the loop going, but the
     workers had died of the same Ctrl-C: the next chunk raised BrokenProcessPool."""
     script = tmp_path / "graceful.py"
-    script.write_text(_STOP_AFTER_THE_CHECKPOINT)
+    script.write_text(_ITERATE_UNTIL_INTERRUPTED)
 
-    def both_started() -> bool:
-        return len(list(tmp_path.glob("worker.*"))) == 2
-
-    _, out, err = _interrupt(script, both_started, WORKER_MARK=str(tmp_path / "worker"))
+    marks = str(tmp_path / "worker")
+    _, out, err = _interrupt(script, _both(tmp_path, "worker"), WORKER_MARK=marks, OWN_HANDLER="1")
     assert out == "checkpointed\n" and err == "", err
 
 
