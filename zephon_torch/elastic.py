@@ -328,9 +328,7 @@ class ElasticDistributedSampler(DistributedSampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's permutation; a new epoch starts at its first global batch, and
         naming the epoch of a loaded end-of-epoch state keeps it finished."""
-        epoch = integer_setting(epoch, "`epoch`")
-        if epoch < 0:
-            raise ConfigError(f"`epoch` must be >= 0, got {epoch}")
+        epoch = _count_setting(epoch, "`epoch`")
         self._epoch_set = True
         if epoch != self.epoch:
             self.epoch, self._start, self._consumed, self._into_share = epoch, 0, 0, 0

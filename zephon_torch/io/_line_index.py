@@ -15,7 +15,6 @@ that was killed (its lock went with it) is removed by the next index written in 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import logging
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from zephon_torch.io._locks import close_tracked, lock_file
+from zephon_torch.io._locks import close_tracked, lock_file, remove_unlocked
 from zephon_torch.io._mapped import map_array
 
 LineIndex = npt.NDArray[np.int64]
@@ -190,22 +189,9 @@ def _save(index: LineIndex, target: str) -> None:
 
 def _sweep(directory: str) -> None:
     """Removes the temporary files in `directory` whose writer died writing them (killed:
-    up to the whole index, 16 bytes a row): those whose lock no one holds. Liveness is the
-    lock, not a process id, as in the shard cache: containers sharing the folder each have
-    their own process ids. Unlocked temporaries of earlier versions go once a day old."""
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{_WRITING}*.npy")):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:  # renamed into place or removed meanwhile
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                os.unlink(path)
-        except OSError:  # held (BlockingIOError): being written; or gone meanwhile
-            pass
-        finally:
-            os.close(fd)
+    up to the whole index, 16 bytes a row): those whose lock no one holds (`remove_unlocked`).
+    Unlocked temporaries of earlier versions go once a day old."""
+    remove_unlocked(os.path.join(glob.escape(directory), f"{_WRITING}*.npy"))
     old = time.time() - _UNLOCKED_S
     for path in glob.glob(os.path.join(glob.escape(directory), f"{_UNLOCKED}*.npy")):
         with contextlib.suppress(OSError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import threading
 from collections.abc import Iterator
@@ -102,3 +103,23 @@ os.register_at_fork(
     after_in_parent=_OPENING.release,
     after_in_child=_drop_inherited_locks,
 )
+
+
+def remove_unlocked(pattern: str) -> None:
+    """Removes the files matching the glob ``pattern`` whose lock no process holds: a file
+    its writer keeps locked for as long as it is in use, left by a writer that was killed (the
+    lock went with the process). Liveness is the lock, not a process id: containers sharing a
+    folder each have their own process ids."""
+    for path in glob.glob(pattern):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # removed or renamed meanwhile, or another user's
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)
+        except OSError:  # held (BlockingIOError): in use; or removed meanwhile
+            pass
+        finally:
+            os.close(fd)

@@ -134,20 +134,18 @@ class Dataset:
     ) -> Dataset:
         """Opens the files at a local path or URL as one dataset, one shard per file.
 
-        Remote URLs (`s3://`, `gs://`, `az://`, `memory://`, any fsspec protocol) are listed
-        once, in every format; each shard (with its `.npy` offsets file, and an MDS or LitData
-        dataset's `index.json`) is downloaded whole into the node-local shard cache when first
-        read (or ahead of use: `io_options={"cache": {"prefetch_bytes"}}`) and then read like a
-        local file. Objects are keyed by URL, size and etag/mtime, so a changed object is
-        downloaded again. Opening reads
-        row counts from `index.json`, Parquet footers or `.npy` headers; a remote JSONL or
-        Vortex shard is downloaded once to be counted, and its count is kept in
-        `index_cache_dir` so later opens download nothing (`zephon-torch index URL` does this
-        ahead of a job). `hf://org/name[/config]/split` reads a Hugging Face dataset's data
-        files: online, listed on the hub and read like any remote URL, at the commit the
-        revision pointed at when opened (`storage_options` go to `huggingface_hub`'s
-        `HfFileSystem`, e.g. `token`); offline (`HF_HUB_OFFLINE=1`) or when no answer comes
-        from the hub, from the local hub cache.
+        Remote URLs (`s3://`, `gs://`, `az://`, `memory://`, any fsspec protocol) are listed once,
+        in every format; each shard (with its `.npy` offsets file, and an MDS or LitData dataset's
+        `index.json`) is downloaded whole into the node-local shard cache when first read (or ahead
+        of use: `io_options={"cache": {"prefetch_bytes"}}`) and then read like a local file. Objects
+        are keyed by URL, size and etag/mtime, so a changed object is downloaded again. Opening
+        reads row counts from `index.json`, Parquet footers or `.npy` headers; a remote JSONL or
+        Vortex shard is downloaded once to be counted, and its count is kept in `index_cache_dir` so
+        later opens download nothing (`zephon-torch index URL` does this ahead of a job).
+        `hf://org/name[/config]/split` reads a Hugging Face dataset's data files: online, listed on
+        the hub and read like any remote URL, at the commit the revision pointed at when opened
+        (`storage_options` go to `huggingface_hub`'s `HfFileSystem`, e.g. `token`); offline
+        (`HF_HUB_OFFLINE=1`) or when no answer comes from the hub, from the local hub cache.
 
         Args:
             name: the dataset name.

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import os
 import tempfile
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.io._locks import close_tracked, open_tracked
+from zephon_torch.io._locks import close_tracked, open_tracked, remove_unlocked
 
 PREFIX = "zephon-chain-"
 SUFFIX = ".pickle"
@@ -61,19 +60,7 @@ def release(path: str, fd: int) -> None:
 
 def sweep() -> None:
     """Removes every chain file under the temporary folder that no live writer holds."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*{SUFFIX}")):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:  # removed meanwhile, or another user's
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                _remove(path)
-        except OSError:  # held (BlockingIOError), or removed meanwhile
-            pass
-        finally:
-            os.close(fd)
+    remove_unlocked(os.path.join(tempfile.gettempdir(), f"{PREFIX}*{SUFFIX}"))
 
 
 def _remove(path: str) -> None:

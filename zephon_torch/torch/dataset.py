@@ -208,9 +208,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                 yield pack(item) if self.pack_transport and info is not None else item
             # a stream the pipeline cut itself (not endless): its lanes' final states, spent
             # (see `_lanes.spent_at`), so ranks' final states merge
-            for lane, final in pipeline.state_dict()["lanes"].items():
-                if final is not None:
-                    self._delivered[lane] = final
+            for lane, final in pipeline._lane_states.items():
+                self._delivered[str(lane)] = final
         except ZephonError as error:
             if info is None or not self.with_meta:
                 raise
