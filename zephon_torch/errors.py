@@ -92,8 +92,14 @@ class StateMismatchError(ZephonError, ValueError):
             f"  {key}: saved {saved!r}, live {live!r}"
             for key, (saved, live) in sorted(mismatches.items())
         )
+        note = ""
+        if "version" in mismatches:
+            note = (
+                "\nThe state's version is another zephon_torch release's: it would resume onto "
+                "other data than the run that saved it. Resume with the release that saved it."
+            )
         super().__init__(
-            f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}"
+            f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}{note}"
         )
 
 

@@ -350,9 +350,11 @@ class MixPack(BaseNode[PackedRow]):
         return taken, last
 
     def _pull(self, max_tokens: int) -> Piece | None:
-        counts = self.tokens if self.count == "tokens" else self.documents
+        by_tokens = self.count == "tokens"
+        counts = self.tokens if by_tokens else self.documents
+        ahead = max_tokens if by_tokens else 1  # the most the next piece adds to its count
         while True:
-            source = choose_source(self.weights, counts, self.active)
+            source = choose_source(self.weights, counts, self.active, ahead)
             if source < 0:
                 return None
             piece = self.carry[source]

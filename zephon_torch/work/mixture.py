@@ -249,18 +249,26 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
 
 
 def choose_source(
-    weights: Sequence[float], delivered: Sequence[int], active: Sequence[bool]
+    weights: Sequence[float], delivered: Sequence[int], active: Sequence[bool], ahead: int
 ) -> int:
-    """The active source furthest below its target share (lowest index on ties), or -1.
+    """The active source furthest below its target share once ``ahead`` more is delivered
+    (lowest index on ties), or -1.
 
-    Smooth weighted round robin on real counts: target of source i is ``w_i * total`` where
-    both the weights and the total are taken over active sources only.
+    Smooth weighted round robin on real counts, looking one piece ahead: the target of
+    source i is ``w_i * (total + ahead)``, the weights and the total taken over active sources
+    only, and ``ahead`` the most the next piece can add (the space it fills, or one document).
+    Without the look-ahead every source that has delivered nothing would sit exactly on its
+    target (0), so a source weighted 1e-9 would take a lane's second piece and, with pieces a
+    row long, most of the first global batch. With it, a source is picked only once the
+    piece would not carry it past its share by more than the piece: a source of share ``w``
+    first comes after about ``ahead * (1 - 2w) / (2w)`` of the others'. Still, no pick leaves
+    a source more than ``ahead`` above its target.
     """
     if len(weights) == 1:
         return 0 if active[0] else -1
     # once per piece packed: plain loops, and the weights' sum cached per set of active sources
     weight_sum = _active_weight(tuple(weights), tuple(active))
-    total = 0
+    total = ahead
     for d, a in zip(delivered, active):
         if a:
             total += d
