@@ -9,9 +9,13 @@ from typing import Any
 from zephon_torch.elastic import ranks_out_of_step
 from zephon_torch.errors import ConfigError, StateMismatchError
 
-# 2: the mixer looks one piece ahead (`choose_source`). A state of version 1 would resume
-# under the new rule onto other picks than the run that saved it, so it is refused.
+# 2: the mixer looks a row ahead (`choose_source`); see `version_mismatch` for version 1
 STATE_VERSION = 2
+VERSION_NOTE = (
+    "The state was saved by a zephon_torch release whose mixer picks its sources otherwise: "
+    "resumed here, it would go on with other data than the run that saved it. Resume with "
+    "the release that saved it."
+)
 _MODULE_ENTRY = "zephon"  # the key PipelineDataModule keeps its state under in a checkpoint
 
 
@@ -25,9 +29,7 @@ def check_state(
     """Raise one ``StateMismatchError`` listing every difference between saved and live
     (``live_order``: the datasets' order, if not the fingerprint mixture's)."""
     check_shape(state)
-    mismatches: dict[str, tuple[object, object]] = {}
-    if state["version"] != STATE_VERSION:
-        mismatches["version"] = (state["version"], STATE_VERSION)
+    mismatches = version_mismatch(state)
     saved = state["fingerprint"]
     for key in sorted(set(saved) | set(fingerprint)):
         if saved.get(key) != fingerprint.get(key):
@@ -48,7 +50,20 @@ def check_state(
     if missing:
         mismatches["lanes"] = (sorted(int(k) for k in state.get("lanes", {})), f"needs {missing}")
     if mismatches:
-        raise StateMismatchError(mismatches)
+        raise StateMismatchError(mismatches, note=VERSION_NOTE if "version" in mismatches else "")
+
+
+def version_mismatch(state: dict[str, Any]) -> dict[str, tuple[object, object]]:
+    """``{"version": (saved, live)}`` unless this release continues ``state`` exactly: a state
+    of its own version, or of version 1 whose mixture holds one dataset or equal weights,
+    where the look-ahead adds the same to every source and so picks as version 1 did."""
+    saved = state["version"]
+    if saved == STATE_VERSION:
+        return {}
+    mixture = state["fingerprint"].get("mixture")
+    if saved == 1 and isinstance(mixture, dict) and len(set(mixture.values())) == 1:
+        return {}
+    return {"version": (saved, STATE_VERSION)}
 
 
 _LANE_KEYS = ("turn", "done", "pack")

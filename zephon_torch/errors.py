@@ -84,22 +84,18 @@ class StateMismatchError(ZephonError, ValueError):
     """A saved state does not fit the pipeline it is loaded into; lists every difference."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _with_cause(self, (StateMismatchError, (self.mismatches,)))
+        return _with_cause(self, (StateMismatchError, (self.mismatches, self.note)))
 
-    def __init__(self, mismatches: dict[str, tuple[object, object]]) -> None:
+    def __init__(self, mismatches: dict[str, tuple[object, object]], note: str = "") -> None:
         self.mismatches = dict(mismatches)
+        self.note = note
         lines = "\n".join(
             f"  {key}: saved {saved!r}, live {live!r}"
             for key, (saved, live) in sorted(mismatches.items())
         )
-        note = ""
-        if "version" in mismatches:
-            note = (
-                "\nThe state's version is another zephon_torch release's: it would resume onto "
-                "other data than the run that saved it. Resume with the release that saved it."
-            )
         super().__init__(
-            f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}{note}"
+            f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}"
+            + (f"\n{note}" if note else "")
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -167,6 +168,43 @@ def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
     with pytest.raises(StateMismatchError, match="version: saved 1, live 2") as refused:
         small_pipeline(tokenizer).load_state_dict(state)
     assert "Resume with the release that saved it" in str(refused.value)
+    with pytest.raises(StateMismatchError, match="Resume with the release") as refused:
+        DataLoader(small_pipeline(tokenizer)).load_state_dict(state)
+    # the note travels with the error (from a DataLoader worker, say)
+    assert pickle.loads(pickle.dumps(refused.value)).note == refused.value.note
+
+
+def _equal_mix(tokenizer: Any) -> Pipeline:
+    from tests.helpers import two_sources
+
+    source = StaticMixtureWorkSource(
+        two_sources(), {"long": 1, "short": 1}, seed=7, token_estimation=TokenEstimation()
+    )
+    return (
+        Pipeline(source).options(canonical_replicas=2)
+        .tokenize(tokenizer=tokenizer).pack_flat(64).batch(2)
+    )  # fmt: skip
+
+
+def test_a_version_1_state_of_equal_weights_resumes_as_its_own_version(tokenizer: Any) -> None:
+    """Equal weights pick alike under both versions' rules (the look-ahead adds the same to
+    every source), so such a state of version 1 is taken, and continues as version 2's."""
+    from tests.helpers import keys
+
+    pipeline = _equal_mix(tokenizer)
+    batches = iter(pipeline)
+    for _ in range(5):
+        next(batches)
+    state = pipeline.state_dict()
+    expected = keys(batches, 12)
+    old = {**state, "version": 1}
+    resumed = _equal_mix(tokenizer)
+    resumed.load_state_dict(old)
+    assert keys(resumed, 12) == expected
+    loader = DataLoader(_equal_mix(tokenizer))
+    loader.load_state_dict(old)
+    got = [item["input_ids"].numpy().tobytes() for _, item in zip(range(12), loader)]
+    assert got == [k[2] for k in expected]
 
 
 def _broken(kind: str, state: dict[str, Any]) -> Any:

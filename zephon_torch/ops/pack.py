@@ -1,4 +1,4 @@
-"""Mix and pack one lane: pick the source furthest below target, pack its next piece.
+"""Mix and pack one lane: pick the source furthest below target a row ahead, pack its next piece.
 
 Serial per lane by design: the choice of the next source depends on the real token (or
 document) counts delivered so far. The packer asks for at most the space it has (a row's rest,
@@ -352,7 +352,10 @@ class MixPack(BaseNode[PackedRow]):
     def _pull(self, max_tokens: int) -> Piece | None:
         by_tokens = self.count == "tokens"
         counts = self.tokens if by_tokens else self.documents
-        ahead = max_tokens if by_tokens else 1  # the most the next piece adds to its count
+        # a row (the most any piece adds) or a document, the same at every pick: looking ahead
+        # by the space left would favour a small source where that space is small, the ends of
+        # rows, and cut its documents into slivers there
+        ahead = self.packer.max_length if by_tokens else 1
         while True:
             source = choose_source(self.weights, counts, self.active, ahead)
             if source < 0:

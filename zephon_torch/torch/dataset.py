@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon_torch._lanes import calibrated
-from zephon_torch._state import STATE_VERSION, state_step
+from zephon_torch._state import VERSION_NOTE, state_step, version_mismatch
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.torch._transport import pack
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
@@ -262,8 +262,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         from zephon_torch._state import check_shape, check_state
 
         check_shape(state)
-        if state["version"] != STATE_VERSION:
-            raise StateMismatchError({"version": (state["version"], STATE_VERSION)})
+        if version_mismatch(state):
+            raise StateMismatchError(version_mismatch(state), note=VERSION_NOTE)
 
         # a worker's own state (StatefulDataLoader) holds its lanes; any other, this rank's
         if "worker_lanes" in state and get_worker_info() is None:

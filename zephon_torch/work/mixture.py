@@ -1,10 +1,11 @@
 """Static mixtures: several datasets, target shares, one seed, and the pure per-lane streams.
 
 The work source decides *which* documents exist in which lane and pass (pure pointer streams);
-the packer decides *when* each is used, picking the source whose delivered share is furthest
-below target (smooth weighted round robin on real counts). With ``token_estimation`` the shares
-are token shares, otherwise document shares. Either way every lane meets its targets within one
-document at every point, so every global batch does too, up to one document per lane.
+the packer decides *when* each is used, picking the source furthest below its share of the
+total plus one row (smooth weighted round robin on real counts, a row ahead). With
+``token_estimation`` the shares are token shares, otherwise document shares. Either way every
+lane meets its targets within about one row at every point, so every global batch does too, up
+to one row per lane.
 """
 
 from __future__ import annotations
@@ -251,18 +252,16 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
 def choose_source(
     weights: Sequence[float], delivered: Sequence[int], active: Sequence[bool], ahead: int
 ) -> int:
-    """The active source furthest below its target share once ``ahead`` more is delivered
-    (lowest index on ties), or -1.
+    """The active source furthest below its target share of the total plus ``ahead`` (lowest
+    index on ties), or -1.
 
-    Smooth weighted round robin on real counts, looking one piece ahead: the target of
-    source i is ``w_i * (total + ahead)``, the weights and the total taken over active sources
-    only, and ``ahead`` the most the next piece can add (the space it fills, or one document).
-    Without the look-ahead every source that has delivered nothing would sit exactly on its
-    target (0), so a source weighted 1e-9 would take a lane's second piece and, with pieces a
-    row long, most of the first global batch. With it, a source is picked only once the
-    piece would not carry it past its share by more than the piece: a source of share ``w``
-    first comes after about ``ahead * (1 - 2w) / (2w)`` of the others'. Still, no pick leaves
-    a source more than ``ahead`` above its target.
+    Smooth weighted round robin on real counts, a row ahead: the target of source i is
+    ``w_i * (total + ahead)``, the weights and the total taken over active sources only, and
+    ``ahead`` the same at every pick (the packer passes a row, ``max_length``, or one document).
+    Without it every source that has delivered nothing would sit exactly on its target (0),
+    so a source weighted 1e-9 would take a lane's second piece. With it a source is picked
+    once it is owed part of a row: of two sources, one of share ``w`` first comes after about
+    ``ahead * (1 - 2w) / (2w)`` of the other's.
     """
     if len(weights) == 1:
         return 0 if active[0] else -1
