@@ -37,6 +37,23 @@ def ranks_simulated() -> Iterator[None]:
         os.environ.update(saved)
 
 
+@contextlib.contextmanager
+def as_rank(rank: int, world_size: int) -> Iterator[None]:
+    """RANK and WORLD_SIZE set as a real job's rank ``rank`` would see them, while that
+    simulated rank is built and run: a recipe whose map reads its rank from the environment
+    then makes each simulated rank's data as the real rank would (and verify sees it)."""
+    saved = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE")}
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def digest(parts: list[dict[str, torch.Tensor]]) -> str:
     """The SHA-256 of a global batch: its ranks' input ids, positions and labels (the loss
     masks of chat data among them; the standard loader's have none), in rank order."""
@@ -95,19 +112,20 @@ def zephon_batches(
     """The global batches (micro-batches in rank order) of steps ``first_step..steps-1``."""
     per_rank: list[list[list[dict[str, torch.Tensor]]]] = []
     for rank in range(world_size):
-        pipeline = build().options(world_size=world_size, rank=rank)
-        if not num_workers:  # the loader's workers pad on by `_pad_on` (`_rank_items`)
-            pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
-        if start is not None:
-            pipeline.load_state_dict(start)
-        lanes = len(pipeline.lanes)
-        items = _rank_items(pipeline, num_workers)
-        turns = []
-        for _ in range(first_step, steps):
-            turn = [item for _, item in zip(range(lanes), items)]
-            if len(turn) < lanes:
-                break
-            turns.append(turn)
+        with as_rank(rank, world_size):
+            pipeline = build().options(world_size=world_size, rank=rank)
+            if not num_workers:  # the loader's workers pad on by `_pad_on` (`_rank_items`)
+                pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
+            if start is not None:
+                pipeline.load_state_dict(start)
+            lanes = len(pipeline.lanes)
+            items = _rank_items(pipeline, num_workers)
+            turns = []
+            for _ in range(first_step, steps):
+                turn = [item for _, item in zip(range(lanes), items)]
+                if len(turn) < lanes:
+                    break
+                turns.append(turn)
         per_rank.append(turns)
     count = min(len(t) for t in per_rank)
     # as the loader ends a finite stream on several ranks: at the first turn no rank has data
@@ -122,27 +140,46 @@ def zephon_batches(
     return [[p for rank in per_rank for p in rank[t]] for t in range(count)]
 
 
-def fault_state(build: Build, world_size: int, fault_step: int) -> dict[str, Any]:
-    """The merged state of ``world_size`` ranks after ``fault_step`` steps, through JSON."""
+def fault_state(
+    build: Build, world_size: int, fault_step: int, *, loader_workers: int | None = None
+) -> dict[str, Any]:
+    """The merged state of ``world_size`` ranks after ``fault_step`` steps, through JSON:
+    of each rank's pipeline, or of its ``DataLoader`` with ``loader_workers`` workers."""
     states = []
     for rank in range(world_size):
-        pipeline = build().options(world_size=world_size, rank=rank)
-        # spent lanes pad on (their states moving with them), as under torch.distributed
-        pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
-        lanes = len(pipeline.lanes)
-        for i, _ in enumerate(pipeline):
-            if i + 1 == fault_step * lanes:
-                break
-        states.append(pipeline.state_dict())
+        with as_rank(rank, world_size):
+            pipeline = build().options(world_size=world_size, rank=rank)
+            lanes = len(pipeline.lanes)
+            if loader_workers is not None:
+                loader = DataLoader(
+                    pipeline, num_workers=loader_workers, multiprocessing_context="spawn"
+                )
+                loader._pad_on = True  # spent lanes pad on, as under torch.distributed
+                run: Any = loader
+            else:
+                # spent lanes pad on (their states moving with them), as under torch.distributed
+                run = pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
+            for i, _ in enumerate(run):
+                if i + 1 == fault_step * lanes:
+                    break
+            states.append(run.state_dict())
     merged: dict[str, Any] = json.loads(json.dumps(merge_states(states)))
     return merged
 
 
-def fault_run(build: Build, before: int, after: int, fault_step: int, steps: int) -> list[str]:
-    """Hashes of a run on ``before`` ranks that saves at ``fault_step`` and resumes on
-    ``after`` ranks."""
-    head = zephon_run(build, before, fault_step)
-    merged = fault_state(build, before, fault_step)
+def fault_run(
+    build: Build,
+    before: int,
+    after: int,
+    fault_step: int,
+    steps: int,
+    *,
+    loader_workers: int | None = None,
+) -> list[str]:
+    """Hashes of a run on ``before`` ranks that saves at ``fault_step`` (the pipelines'
+    states, or with ``loader_workers`` their DataLoaders') and resumes on ``after`` ranks."""
+    head = zephon_run(build, before, fault_step, num_workers=loader_workers or 0)
+    merged = fault_state(build, before, fault_step, loader_workers=loader_workers)
     return head + zephon_run(build, after, steps, start=merged, first_step=fault_step)
 
 

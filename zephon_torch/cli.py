@@ -85,7 +85,8 @@ def _verify(args: argparse.Namespace) -> int:
         )
     print(table(runs))
     summary, code = overall(runs)
-    print(f"\nverdict: {summary}")
+    scope = " (of the pictured runs only: no workers or runners; verify without --plot checks them)"
+    print(f"\nverdict: {summary}{scope if args.plot else ''}")
     if args.plot:
         from zephon_torch._inspect import failed
         from zephon_torch._plot import render
@@ -226,8 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fault-step",
         type=_non_negative_int,
         default=None,
-        help="save here, resume on another W (default: 3, at most steps - 1; with --plot: "
-        "half the steps; 0: no fault)",
+        help="save here and resume from the most ranks on the fewest, and from the fewest "
+        "(a DataLoader's state, with workers) on the most; the same W when only one runs "
+        "(default: 3, at most steps - 1; with --plot: half the steps; 0: no fault)",
     )
     check.add_argument(
         "--no-standard", action="store_true", help="skip the standard-loader baseline"

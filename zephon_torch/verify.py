@@ -173,11 +173,21 @@ def verify(
         )
         for runner in runners
     ]
-    if fault_step is not None and len(sizes) > 1:
+    if fault_step is not None:
+        # from the most ranks to the fewest (the same, with one world size), and back from
+        # the fewest through a DataLoader's state, with workers where any are asked for
         jobs.append(
             (
                 f"zephon W={sizes[-1]} fault@{fault_step} -> W={sizes[0]}",
                 partial(fault_run, build, sizes[-1], sizes[0], fault_step, steps),
+                True,
+            )
+        )
+        n = max(workers, default=0)
+        jobs.append(
+            (
+                f"zephon W={sizes[0]} loader workers={n} fault@{fault_step} -> W={sizes[-1]}",
+                partial(fault_run, build, sizes[0], sizes[-1], fault_step, steps, loader_workers=n),
                 True,
             )
         )

@@ -118,9 +118,10 @@ def test_a_finite_recipe_is_identical_with_workers_and_a_fault_after_a_rank_ran_
         standard=False,
         runners=(),
     )
-    assert [r.name for r in runs][-2:] == [
+    assert [r.name for r in runs][-3:] == [
         "zephon W=2 workers=2",
         f"zephon W=4 fault@{count - 1} -> W=2",
+        f"zephon W=2 loader workers=2 fault@{count - 1} -> W=4",
     ]
     assert all(r.hashes == real[0].hashes for r in runs), table(runs)
 
@@ -301,7 +302,7 @@ def test_verify_simulates_its_ranks_in_a_shell_that_names_a_rank(
     runs = verify(
         build, steps=2, world_sizes=[1, 2], workers=(), runners=(), fault_step=1, standard=False
     )
-    assert [r.error for r in runs] == [None, None, None]
+    assert [r.error for r in runs] == [None] * 4
     assert all(r.hashes == runs[0].hashes and len(r.hashes) == 2 for r in runs)
     assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("1", "0")  # given back
 
@@ -419,7 +420,8 @@ def test_a_configuration_that_cannot_run_is_reported_as_failed_to_run_not_diverg
     assert code == 3, text
     assert "zephon W=1 workers=2: FAILED TO RUN: AttributeError: Can't pickle" in text
     assert "zephon W=2 fault@1 -> W=1: IDENTICAL" in text
-    assert "verdict: INCOMPLETE: 1 of 4 configurations failed to run" in text
+    assert "zephon W=1 loader workers=2 fault@1 -> W=2: FAILED TO RUN" in text
+    assert "verdict: INCOMPLETE: 2 of 5 configurations failed to run" in text
     assert "DIVERGES" not in text
 
 
