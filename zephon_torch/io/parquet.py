@@ -319,9 +319,14 @@ class _DecodeLog:
     means the window's groups do not fit. It tells only a dataset of many windows (whose
     groups seen far outnumber a window's): with two or three windows, a thrash and a new pass
     look alike by timing. Thread-safe; a forked child starts afresh, as the caches do.
+
+    Bounded: it keeps the ``_MAX_SEEN`` groups decoded last (about 12 MiB), and nothing once it
+    has warned. Over a larger dataset a thrash is then a group decoded twice within
+    ``_MAX_SEEN / 4`` decodes, far more than a window holds.
     """
 
     _BLOCK = 256
+    _MAX_SEEN = 1 << 16
 
     def __init__(self) -> None:
         self._pid = os.getpid()
@@ -337,9 +342,14 @@ class _DecodeLog:
         if self._pid != os.getpid():
             self.__init__()  # type: ignore[misc]
         with self._lock:
+            if self._warned:
+                return False
             self._count += 1
-            before, last = self._seen.get(key, (0, 0))
-            self._seen[key] = (last, self._count)
+            seen = self._seen
+            before, last = seen.pop(key, (0, 0))
+            seen[key] = (last, self._count)  # last in the dict's order: decoded last
+            if len(seen) > self._MAX_SEEN:
+                del seen[next(iter(seen))]
             block = self._block
             block[0] += 1
             if before and self._count - before < len(self._seen) // 4:
@@ -348,9 +358,10 @@ class _DecodeLog:
                 return False
             thrashing = 2 * block[1] >= block[0]
             self._block = [0, 0]
-            if self._warned or not thrashing:
+            if not thrashing:
                 return False
             self._warned = True
+            seen.clear()
             return True
 
 

@@ -302,6 +302,21 @@ def test_the_decode_log_stays_quiet_over_many_shuffled_passes_that_fit() -> None
     assert said.count(True) == 1
 
 
+def test_the_decode_log_is_bounded_over_a_pass_of_many_groups() -> None:
+    """It kept every group ever decoded: a pass over 10M row groups held 1.8 GB of it in
+    each process. Now the last 65,536, and it still tells a cache that thrashes."""
+    from zephon_torch.io.parquet import _DecodeLog
+
+    log = _DecodeLog()
+    limit = _DecodeLog._MAX_SEEN
+    for group in range(limit + 5_000):
+        assert not log.again_soon(("part-0", group))
+    assert len(log._seen) == limit
+    said = [log.again_soon(("part-1", group % 40)) for group in range(40 * 20)]
+    assert said.count(True) == 1
+    assert not log._seen  # nothing kept once it has said it
+
+
 # -- big shards split into window blocks ----------------------------------------------------------
 
 
