@@ -112,7 +112,8 @@ def panel_titles(runs: list[Run]) -> tuple[str, str]:
 
 def check_target(path: str | os.PathLike[str]) -> None:
     """Refuse, before any run, a picture that could not be drawn or written: no matplotlib,
-    or a folder that does not exist or cannot be written to.
+    a folder as the target, a name not ending in .png, or a folder that does not exist or
+    cannot be written to.
 
     Raises:
         ConfigError: naming what is missing.
@@ -121,6 +122,10 @@ def check_target(path: str | os.PathLike[str]) -> None:
         _pyplot()
     except ImportError as error:
         raise ConfigError(str(error)) from error
+    if Path(path).is_dir():
+        raise ConfigError(f"`--plot` {str(path)!r} is a folder: name the picture's file")
+    if Path(path).suffix.lower() != ".png":
+        raise ConfigError(f"`--plot` {str(path)!r}: the picture is a PNG; name it *.png")
     folder = Path(path).parent
     if not folder.is_dir():
         raise ConfigError(f"`--plot` {str(path)!r}: the folder {str(folder)!r} does not exist")

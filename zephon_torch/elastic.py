@@ -322,7 +322,9 @@ class ElasticDistributedSampler(DistributedSampler[int]):
             raise RuntimeError(
                 "this iterator of the sampler is stale: the sampler was iterated again, loaded "
                 "a state or changed epoch since it began; use the newest iter(sampler), and "
-                "with DataLoader workers call set_epoch before the loader makes its iterator"
+                "with DataLoader workers call set_epoch before the loader makes its iterator "
+                "(under Lightning, which calls it after: checkpoint with every_n_train_steps, "
+                "or use num_workers=0)"
             )
 
     def set_epoch(self, epoch: int) -> None:

@@ -107,7 +107,7 @@ def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any]) -> None:
     if len(turns) > 1:
         warnings.warn(
             f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "
-            f"it resumes on {world_size} ranks only. Checkpoint at step ends "
+            f"it resumes on {world_size} ranks or on one only. Checkpoint at step ends "
             f"(accumulate_grad_batches={len(pipeline.lanes)}, canonical_replicas / world "
             "size) to resume on any world size",
             stacklevel=3,

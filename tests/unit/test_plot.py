@@ -92,6 +92,13 @@ def test_a_picture_that_cannot_be_drawn_is_refused_before_any_run(
     assert main([*base, "--plot", str(tmp_path / "missing" / "p.png")]) == 2
     captured = capsys.readouterr()
     assert "IDENTICAL" not in captured.out and "does not exist" in captured.err
+    # a folder as the target, and a name other than .png (it got PNG bytes), were refused
+    # only after the runs, or not at all
+    (tmp_path / "folder.png").mkdir()
+    for target, says in [("folder.png", "is a folder"), ("p.svg", "name it *.png")]:
+        assert main([*base, "--plot", str(tmp_path / target)]) == 2
+        captured = capsys.readouterr()
+        assert "IDENTICAL" not in captured.out and says in captured.err
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
     assert main([*base, "--plot", str(tmp_path / "p.png")]) == 2
     captured = capsys.readouterr()
@@ -99,11 +106,18 @@ def test_a_picture_that_cannot_be_drawn_is_refused_before_any_run(
 
 
 def test_a_picture_that_fails_to_write_after_the_runs_keeps_the_verdict(
-    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tokenizer: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import zephon_torch._plot
+
     recipe = write_recipe(tmp_path, tokenizer, "recipe")
     taken = tmp_path / "p.png"
     taken.mkdir()  # a folder where the picture goes: writing it fails after the runs
+    # (past the check before the runs, as a folder made while they ran would be)
+    monkeypatch.setattr(zephon_torch._plot, "check_target", lambda path: None)
     code = main(
         ["verify", str(recipe), "--plot", str(taken), "--steps", "4", "--world-sizes", "4,2"]
     )
