@@ -167,11 +167,34 @@ class DataError(ZephonError, ValueError):
         return _with_cause(self, (_rebuild_data_error, where))
 
 
+# a URL query value that is a credential: an OAuth token (gcsfs asks Google's tokeninfo with
+# `?access_token=`), an Azure SAS signature, a signed URL's parts
+_SECRET_QUERY = re.compile(
+    r"(?<![\w-])((?:access_token|token|sig|signature|key|code|"
+    r"x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential)"
+    r"=)[^&\s'\"()<>]+",
+    re.IGNORECASE,
+)
+
+
+def without_secrets(text: str) -> str:
+    """``text`` with every credential a URL query carries replaced by ``***``."""
+    return _SECRET_QUERY.sub(r"\1***", text)
+
+
+def secret_free(error: BaseException) -> BaseException | None:
+    """``error`` to chain as a cause, or None where its text holds a credential: a traceback
+    prints every cause whole."""
+    text = str(error)
+    return error if without_secrets(text) == text else None
+
+
 class StorageError(ZephonError, OSError):
     """Storage failed after retries; names the URL (left out only as for ``DataError``, and
     read back from a worker's traceback text alike)."""
 
     def __init__(self, message: str, *, url: str | None = None) -> None:
+        message = without_secrets(message)  # a client's error may quote a signed request
         read_back = url is None and "Traceback" in message
         if read_back:
             name = re.escape(type(self).__name__)

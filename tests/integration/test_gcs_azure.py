@@ -133,3 +133,54 @@ def test_a_dead_azure_endpoint_raises_a_storage_error_naming_the_url_in_bounded_
         retry = {"attempts": 1, "initial_delay": 0.1, "timeout": 5}
         remote = _open(store, "bucket", "dying", tmp_path, retry=retry)
         dies_naming(remote, store.process, "az://bucket/dying/part-001.parquet", bound=150)
+
+
+def test_gcs_requests_have_a_time_limit_unless_one_is_given(tmp_path: Path) -> None:
+    """gcsfs waits for an answer with no limit by default: a store that took the connection
+    and never answered held the run for ever (no error at 590 s). Every gs:// file system,
+    a DataLoader worker's copy's too, now limits a request to 60 s unless told otherwise."""
+    _write_corpus(tmp_path / "c", "jsonl", shards=2, rows=5)
+    with gcs_store() as store:
+        store.upload(tmp_path / "c", "bucket", "c")
+        opened = _open(store, "bucket", "c", tmp_path)
+        copy = pickle.loads(pickle.dumps(opened))
+        copy.read_rows(1, [0])
+        for dataset in (opened, copy):
+            assert dataset._reader._filesystem().requests_timeout == 60.0
+        given = Dataset.from_path(
+            "c",
+            store.url("bucket", "c"),
+            storage_options={**store.options, "requests_timeout": 5},
+            io_options={"cache": {"dir": str(tmp_path / "cache")}},
+        )
+        assert given._reader._filesystem().requests_timeout == 5
+
+
+def test_a_gcs_token_never_shows_in_an_error_or_its_causes(tmp_path: Path) -> None:
+    """gcsfs checks a raw access token by asking Google's tokeninfo with `?access_token=`;
+    where that fails (here: no network), the token was copied into the StorageError and its
+    cause."""
+    import traceback
+
+    from zephon_torch import StorageError
+
+    secret = "ya29.a0SECRET-ACCESS-TOKEN-0123456789"
+    options = {"token": secret, "endpoint_url": "http://127.0.0.1:9"}
+    with pytest.raises(StorageError, match="cannot connect") as raised:
+        Dataset.from_path("c", "gs://bucket/c", storage_options=options)
+    text = "".join(traceback.format_exception(raised.value))
+    assert "access_token=***" in text and secret not in text
+
+
+def test_credentials_in_urls_are_blanked() -> None:
+    from zephon_torch.errors import StorageError, without_secrets
+
+    text = (
+        "GET https://a.blob.core.windows.net/c/x?sv=2021&sig=AbC%2Fd&se=1 failed; "
+        "tokeninfo?access_token=ya29.x (monkey=1, X-Amz-Signature=f00&X-Amz-Date=2)"
+    )
+    assert without_secrets(text) == (
+        "GET https://a.blob.core.windows.net/c/x?sv=2021&sig=***&se=1 failed; "
+        "tokeninfo?access_token=*** (monkey=1, X-Amz-Signature=***&X-Amz-Date=2)"
+    )
+    assert "AbC" not in str(StorageError(text, url="az://c/x"))

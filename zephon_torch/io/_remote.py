@@ -15,7 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from zephon_torch.errors import ConfigError, StorageError, ZephonError, integer_setting
+from zephon_torch.errors import (
+    ConfigError,
+    StorageError,
+    ZephonError,
+    integer_setting,
+    secret_free,
+    without_secrets,
+)
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
 from zephon_torch.io._index import index_kind, parse_json
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied
@@ -214,6 +221,20 @@ class Listing:
     fs: Any = field(default=None, repr=False)
 
 
+GCS_REQUEST_TIMEOUT_S = 60.0
+
+
+def client_options(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage_options`` for ``url``'s file system, with a limit the client lacks: gcsfs
+    waits for an answer with no time limit by default, so a store that takes the connection
+    and never answers held the run for ever. gs:// gets ``requests_timeout`` (seconds per
+    request, not per download) unless it is given."""
+    options = dict(storage_options)
+    if url.split("://", 1)[0] in ("gs", "gcs"):
+        options.setdefault("requests_timeout", GCS_REQUEST_TIMEOUT_S)
+    return options
+
+
 def list_remote(
     url: str,
     *,
@@ -234,16 +255,21 @@ def list_remote(
     import fsspec
 
     try:
-        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        fs, root = fsspec.core.url_to_fs(url, **client_options(url, storage_options))
     except ImportError as error:
         raise ImportError(
             f"reading {url!r} needs its fsspec back end: {error}; for s3://, gs:// and az:// "
             "install 'zephon-torch[cloud]'"
         ) from error
     except (TypeError, ValueError) as error:  # a malformed URL or an unknown storage option
-        raise ConfigError(f"cannot open {url!r}: {type(error).__name__}: {error}") from error
-    except OSError as error:  # a file system that connects when made (ftp, sftp, hdfs)
-        raise StorageError(f"cannot connect: {type(error).__name__}: {error}", url=url) from error
+        raise ConfigError(
+            f"cannot open {url!r}: {type(error).__name__}: {without_secrets(str(error))}"
+        ) from secret_free(error)
+    except OSError as error:  # a file system that connects when made (ftp, sftp, hdfs; gcsfs
+        # checking a token)
+        raise StorageError(
+            f"cannot connect: {type(error).__name__}: {error}", url=url
+        ) from secret_free(error)
     if format_ is not None:
         check_format(format_)
     name = url_namer(fs, url)

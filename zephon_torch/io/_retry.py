@@ -19,7 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from zephon_torch.errors import ConfigError, StorageError, ZephonError
+from zephon_torch.errors import (
+    ConfigError,
+    StorageError,
+    ZephonError,
+    secret_free,
+    without_secrets,
+)
 
 T = TypeVar("T")
 
@@ -219,28 +225,28 @@ def call_with_retry(
             if lacks_credentials(error):
                 raise ConfigError(
                     f"{what} of {url!r} found no usable credentials: "
-                    f"{type(error).__name__}: {error}"
-                ) from error
+                    f"{type(error).__name__}: {without_secrets(str(error))}"
+                ) from secret_free(error)
             if isinstance(error, permanent):
                 raise
             if isinstance(error, _BAD_SETTING):
                 raise ConfigError(
                     f"{what} of {url!r} failed on a setting of the storage client (check "
-                    f"storage_options): {type(error).__name__}: {error}"
-                ) from error
+                    f"storage_options): {type(error).__name__}: {without_secrets(str(error))}"
+                ) from secret_free(error)
             if denied(error):
                 raise ConfigError(
                     f"{what} of {url!r} was denied (check the credentials and what they may "
-                    f"read): {type(error).__name__}: {error}"
-                ) from error
+                    f"read): {type(error).__name__}: {without_secrets(str(error))}"
+                ) from secret_free(error)
             if not is_transient(error):
                 raise
             elapsed = time.monotonic() - start
             if attempt >= policy.attempts or elapsed + delay > policy.timeout:
                 raise StorageError(
                     f"{what} failed after {attempt} attempt(s) in {elapsed:.1f} s: "
-                    f"{type(error).__name__}: {error}",
+                    f"{type(error).__name__}: {without_secrets(str(error))}",
                     url=url,
-                ) from error
+                ) from secret_free(error)
         time.sleep(delay)
         delay = min(delay * 2, policy.max_delay)
