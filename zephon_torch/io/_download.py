@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import fsspec.callbacks
 
 from zephon_torch._progress import Progress
-from zephon_torch.errors import DataError, StorageError, ZephonError
+from zephon_torch.errors import DataError, StorageError, ZephonError, secret_free
 from zephon_torch.io._remote import find_detailed, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full
 from zephon_torch.io._rows import CHANGED_NOTE
@@ -116,10 +116,18 @@ def read_listed(
         if folder is not None and (disk_full(error) or _names_file_in(error, folder)):
             raise  # the local disk's or file's, for the cache to tell (see ShardCache.ensure)
         present = _present(fs, fs_path)
-        unknown = present is None and folder is not None and not os.path.isdir(folder)
-        gone_folder = folder is not None and (present is True or unknown)
+        # the folder's only where it is gone: a store that answers "not found" to a read of
+        # an object it lists (a gateway serving listings, not downloads) is the store's
+        gone_folder = folder is not None and present is not False and not os.path.isdir(folder)
         if isinstance(error, FileNotFoundError) and gone_folder:
             raise  # the cache folder went under the download (see ShardCache.ensure)
+        if isinstance(error, FileNotFoundError) and present is True:
+            raise StorageError(
+                f"{what}: the store answered 'not found' for an object it lists (check "
+                f"`endpoint_url`, and that the credentials may read objects, not only list "
+                f"them): {type(error).__name__}: {error}",
+                url=item.url,
+            ) from secret_free(error)
         if present is False or (present is None and isinstance(error, FileNotFoundError)):
             subject = _subject(item, shard)
             raise DataError(
