@@ -61,7 +61,8 @@ def version_mismatch(state: dict[str, Any]) -> dict[str, tuple[object, object]]:
     if saved == STATE_VERSION:
         return {}
     mixture = state["fingerprint"].get("mixture")
-    if saved == 1 and isinstance(mixture, dict) and len(set(mixture.values())) == 1:
+    weights = list(mixture.values()) if isinstance(mixture, dict) else []
+    if saved == 1 and weights and all(w == weights[0] for w in weights):
         return {}
     return {"version": (saved, STATE_VERSION)}
 
