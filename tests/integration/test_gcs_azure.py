@@ -184,3 +184,12 @@ def test_credentials_in_urls_are_blanked() -> None:
         "tokeninfo?access_token=*** (monkey=1, X-Amz-Signature=***&X-Amz-Date=2)"
     )
     assert "AbC" not in str(StorageError(text, url="az://c/x"))
+
+
+def test_a_malformed_gcs_token_is_a_config_error_naming_the_url() -> None:
+    """A token dict missing a field escaped as a bare KeyError: 'refresh_token'."""
+    from zephon_torch import ConfigError
+
+    options = {"token": {"client_id": "a"}, "endpoint_url": "http://127.0.0.1:9"}
+    with pytest.raises(ConfigError, match=r"cannot open 'gs://bucket/c' \(check its storage"):
+        Dataset.from_path("c", "gs://bucket/c", storage_options=options)

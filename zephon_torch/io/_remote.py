@@ -261,9 +261,11 @@ def list_remote(
             f"reading {url!r} needs its fsspec back end: {error}; for s3://, gs:// and az:// "
             "install 'zephon-torch[cloud]'"
         ) from error
-    except (TypeError, ValueError) as error:  # a malformed URL or an unknown storage option
+    except (TypeError, ValueError, LookupError) as error:  # a malformed URL, an unknown
+        # storage option, credentials missing a field (gcsfs: KeyError 'refresh_token')
         raise ConfigError(
-            f"cannot open {url!r}: {type(error).__name__}: {without_secrets(str(error))}"
+            f"cannot open {url!r} (check its storage_options): {type(error).__name__}: "
+            f"{without_secrets(str(error))}"
         ) from secret_free(error)
     except OSError as error:  # a file system that connects when made (ftp, sftp, hdfs; gcsfs
         # checking a token)
