@@ -158,7 +158,7 @@ def fault_state(
                 run: Any = loader
             else:
                 # spent lanes pad on (their states moving with them), as under torch.distributed
-                run = pipeline = pipeline.with_lanes(list(pipeline.lanes), endless=True)
+                run = pipeline.with_lanes(list(pipeline.lanes), endless=True)
             for i, _ in enumerate(run):
                 if i + 1 == fault_step * lanes:
                     break

@@ -224,15 +224,41 @@ class Listing:
 GCS_REQUEST_TIMEOUT_S = 60.0
 
 
-def client_options(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
-    """``storage_options`` for ``url``'s file system, with a limit the client lacks: gcsfs
-    waits for an answer with no time limit by default, so a store that takes the connection
-    and never answers held the run for ever. gs:// gets ``requests_timeout`` (seconds per
-    request, not per download) unless it is given."""
+def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
+    """``url``'s fsspec file system and path, made with ``storage_options`` plus a limit the
+    client lacks: gcsfs waits for an answer with no time limit by default, so a store that
+    takes the connection and never answers held the run for ever; gs:// gets
+    ``requests_timeout`` (seconds per request, not per download) unless it is given.
+
+    Raises:
+        ImportError: the URL's back end is not installed, saying what to install.
+        ConfigError: a malformed URL, an unknown storage option, credentials missing a field
+            (gcsfs: KeyError 'refresh_token').
+        StorageError: a file system that connects when made (ftp, sftp, hdfs; gcsfs checking
+            a token) cannot connect.
+    """
+    import fsspec
+
     options = dict(storage_options)
     if url.split("://", 1)[0] in ("gs", "gcs"):
         options.setdefault("requests_timeout", GCS_REQUEST_TIMEOUT_S)
-    return options
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except ImportError as error:
+        raise ImportError(
+            f"reading {url!r} needs its fsspec back end: {error}; for s3://, gs:// and az:// "
+            "install 'zephon-torch[cloud]'"
+        ) from error
+    except (TypeError, ValueError, LookupError) as error:
+        raise ConfigError(
+            f"cannot open {url!r} (check its storage_options): {type(error).__name__}: "
+            f"{without_secrets(str(error))}"
+        ) from secret_free(error)
+    except OSError as error:  # StorageError blanks the credentials its text may quote
+        raise StorageError(
+            f"cannot connect: {type(error).__name__}: {error}", url=url
+        ) from secret_free(error)
+    return fs, root
 
 
 def list_remote(
@@ -252,26 +278,7 @@ def list_remote(
         StorageError: when listing or reading an index fails after retries, or a file system
             that connects when it is made (ftp://, sftp://, hdfs://) cannot connect.
     """
-    import fsspec
-
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **client_options(url, storage_options))
-    except ImportError as error:
-        raise ImportError(
-            f"reading {url!r} needs its fsspec back end: {error}; for s3://, gs:// and az:// "
-            "install 'zephon-torch[cloud]'"
-        ) from error
-    except (TypeError, ValueError, LookupError) as error:  # a malformed URL, an unknown
-        # storage option, credentials missing a field (gcsfs: KeyError 'refresh_token')
-        raise ConfigError(
-            f"cannot open {url!r} (check its storage_options): {type(error).__name__}: "
-            f"{without_secrets(str(error))}"
-        ) from secret_free(error)
-    except OSError as error:  # a file system that connects when made (ftp, sftp, hdfs; gcsfs
-        # checking a token)
-        raise StorageError(
-            f"cannot connect: {type(error).__name__}: {error}", url=url
-        ) from secret_free(error)
+    fs, root = open_filesystem(url, storage_options)
     if format_ is not None:
         check_format(format_)
     name = url_namer(fs, url)

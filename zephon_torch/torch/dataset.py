@@ -262,8 +262,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         from zephon_torch._state import check_shape, check_state
 
         check_shape(state)
-        if version_mismatch(state):
-            raise StateMismatchError(version_mismatch(state), note=VERSION_NOTE)
+        mismatch = version_mismatch(state)
+        if mismatch:
+            raise StateMismatchError(mismatch, note=VERSION_NOTE)
 
         # a worker's own state (StatefulDataLoader) holds its lanes; any other, this rank's
         if "worker_lanes" in state and get_worker_info() is None:
