@@ -11,6 +11,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.hooked_proxy import hooked_proxy
 from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_litdata, write_mds
 from zephon_torch._moto import client, moto_server, upload
 from zephon_torch.errors import ConfigError, DataError, StorageError
@@ -169,6 +171,109 @@ def test_a_read_that_waited_on_a_failed_prefetch_raises_its_error_without_retryi
         remote.read_rows(1, [0])
     assert time.monotonic() - start < timeout + 1.5  # its own retries would take `timeout`
     assert caught.value.url == "s3://bucket/dead/part-001.parquet"
+
+
+def test_a_failed_download_stops_the_prefetches_until_a_download_succeeds(
+    s3_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    """Queued prefetches each retried a dead store for the policy's whole `timeout` after the
+    read that failed on it had raised (minutes each with the defaults), holding their objects'
+    locks: once a download fails past its retries, no other is tried until one succeeds."""
+    endpoint, _ = s3_server
+    _write_corpus(tmp_path / "local", "parquet", shards=8)
+    upload(endpoint, tmp_path / "local", "bucket", "breaker")
+    down: list[bool] = []
+    asked: list[str] = []
+
+    def store(method: str, path: str, headers: dict[str, str]) -> None:
+        asked.append(path.split("?", maxsplit=1)[0])
+        if down:
+            raise ConnectionResetError("the store is down")
+
+    with hooked_proxy(endpoint, store) as proxy:
+        options = {
+            "cache": {"dir": str(tmp_path / "cache"), "prefetch_threads": 1},
+            "retry": {"attempts": 1000, "initial_delay": 0.05, "max_delay": 0.05, "timeout": 1},
+        }
+        remote = Dataset.from_path(
+            "c", "s3://bucket/breaker", storage_options=_storage(proxy), io_options=options
+        )
+        down.append(True)
+        asked.clear()
+        remote.prefetch(range(8))  # shard 0 downloading, the 7 others queued
+        with pytest.raises(StorageError) as caught:
+            remote.read_rows(0, [0])
+        assert caught.value.url == "s3://bucket/breaker/part-000.parquet"
+        deadline = time.monotonic() + 60
+        while _prefetching() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _prefetching()
+        assert {os.path.basename(path) for path in asked} == {"part-000.parquet"}
+        remote.prefetch(range(1, 8))  # nothing queued while no download has succeeded
+        assert not _prefetching()
+
+        down.clear()  # the store is back: the next download succeeds, prefetches go on
+        assert remote.read_rows(1, [0])[0]["id"] == 50
+        remote.prefetch(range(1, 4))
+        while len(_cache_files(tmp_path / "cache")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _cache_files(tmp_path / "cache") == {f"part-00{n}.parquet" for n in (1, 2, 3)}
+
+
+def test_a_read_waiting_on_a_prefetch_stopped_by_another_failure_downloads_itself(
+    s3_server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefetch stopped (not failed past its retries) because another download failed says
+    nothing of its own object: the read that waited on it tries the store itself."""
+    import s3fs
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # one request per attempt
+    endpoint, _ = s3_server
+    _write_corpus(tmp_path / "local", "parquet", shards=2)
+    upload(endpoint, tmp_path / "local", "bucket", "stopped")
+    armed, release = threading.Event(), threading.Event()
+    held: list[str] = []
+
+    def store(method: str, path: str, headers: dict[str, str]) -> None:
+        if not armed.is_set():
+            return
+        if path.split("?", maxsplit=1)[0].endswith("part-000.parquet"):
+            raise ConnectionResetError("this object's downloads fail")
+        if path.split("?", maxsplit=1)[0].endswith("part-001.parquet") and _prefetching_threads():
+            if not held:  # the prefetch's first request, held until the read waits on it
+                held.append(path)
+                release.wait(60)
+            raise ConnectionResetError("fails while the prefetch runs")
+
+    with hooked_proxy(endpoint, store) as proxy:
+        options = {
+            "cache": {"dir": str(tmp_path / "cache"), "prefetch_threads": 2},
+            "retry": {"attempts": 1000, "initial_delay": 0.05, "max_delay": 0.05, "timeout": 0.3},
+        }
+        remote = Dataset.from_path(
+            "c", "s3://bucket/stopped", storage_options=_storage(proxy), io_options=options
+        )
+        armed.set()
+        remote.prefetch(range(2))
+        deadline = time.monotonic() + 60
+        while (not held or _prefetching_threads() > 1) and time.monotonic() < deadline:
+            time.sleep(0.02)  # shard 0's prefetch failed; shard 1's holds its lock
+        assert held and _prefetching_threads() == 1
+        threading.Timer(0.5, release.set).start()  # once the read below waits on the lock
+        assert remote.read_rows(1, [0])[0]["id"] == 50
+
+
+def _prefetching_threads() -> int:
+    return sum(thread.name == "zephon-prefetch" for thread in threading.enumerate())
+
+
+def _prefetching() -> bool:
+    return any(thread.name == "zephon-prefetch" for thread in threading.enumerate())
+
+
+def _cache_files(folder: Path) -> set[str]:
+    """The shards cached in `folder` (a cached file's name is a digest, a dash, the shard's)."""
+    return {p.name.split("-", 1)[1] for p in folder.iterdir() if p.is_file() and p.name[0] != "."}
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,13 @@ class Background:
                 self._running += 1
                 threading.Thread(target=self._work, name=self.name, daemon=True).start()
 
+    def clear(self) -> list[tuple[Any, ...]]:
+        """Drops the jobs not started yet (those running go on); returns their arguments."""
+        with self._lock:
+            dropped = [args for _, args in self._jobs]
+            self._jobs.clear()
+        return dropped
+
     def _work(self) -> None:
         while True:
             with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -39,9 +40,11 @@ def fetch(
     dataset: str,
     retry: RetryPolicy,
     show: bool,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Writes the object `item` (at `fs_path` on `fs`) to `target`, retried under `retry`;
-    `show`: a byte bar on a terminal (prefetches stay quiet: several run at once).
+    """Writes the object `item` (at `fs_path` on `fs`) to `target`, retried under `retry`
+    until `stop` is set (see `call_with_retry`); `show`: a byte bar on a terminal (prefetches
+    stay quiet: several run at once).
 
     Raises:
         DataError: the object is missing, or changed since it was listed.
@@ -66,7 +69,15 @@ def fetch(
 
     folder = os.path.dirname(target)
     read_listed(
-        attempt, fs, fs_path, item, dataset=dataset, retry=retry, what="download", folder=folder
+        attempt,
+        fs,
+        fs_path,
+        item,
+        dataset=dataset,
+        retry=retry,
+        what="download",
+        folder=folder,
+        stop=stop,
     )
     check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)
 
@@ -82,6 +93,7 @@ def read_listed(
     what: str,
     shard: str | None = None,
     folder: str | None = None,
+    stop: threading.Event | None = None,
 ) -> T:
     """Returns `call()`, a read of the listed object `item` (at `fs_path` on `fs`), retried
     under `retry`; a failure that is not retried asks the store whether the object is still
@@ -98,6 +110,7 @@ def read_listed(
         shard: the shard errors name: the object's URL by default (a `.npy` token file's for
             its offsets file).
         folder: the local folder `call` writes into (a download's).
+        stop: once set, no retry starts (see `call_with_retry`).
 
     Raises:
         DataError: the object is missing, or changed since it was listed.
@@ -109,7 +122,7 @@ def read_listed(
     """
     shard = item.url if shard is None else shard
     try:
-        return call_with_retry(call, url=item.url, policy=retry, what=what)
+        return call_with_retry(call, url=item.url, policy=retry, what=what, stop=stop)
     except ZephonError:
         raise
     except OSError as error:

@@ -123,6 +123,9 @@ class RemoteReader:
         self._queued: set[str] = set()
         # per object, when and how its last prefetch failed (see `_downloader`)
         self._failed: dict[str, tuple[float, StorageError]] = {}
+        # set by a download that failed past its retries, cleared by one that succeeds in the
+        # foreground: meanwhile no prefetch is queued, and those running stop retrying
+        self._store_failed = threading.Event()
 
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker): fresh locks, as a parent thread may have
@@ -262,11 +265,12 @@ class RemoteReader:
         since, and is evicted before its turn). It consumes `urls` lazily. `share`: how
         many datasets prefetch into this cache at once; each gets that part of the budget, so
         together they stay within it. Errors are not raised here; the read that needs the
-        shard retries and raises them.
+        shard retries and raises them. Nothing is fetched ahead after a download from the store
+        failed past its retries, until one succeeds again (see `_downloader`).
         """
         cache_options = self.options.cache
         budget = cache_options.prefetch_bytes
-        if budget == 0:
+        if budget == 0 or self._store_failed.is_set():
             return
         processes = local_processes()
         if budget is None:  # a quarter of the cache for all the node's processes together
@@ -450,6 +454,8 @@ class RemoteReader:
         # Errors are not raised here: the read that needs the object downloads it and raises
         # them, or this one where it waited on this download (see `_downloader`).
         try:
+            if self._store_failed.is_set():  # queued before a download failed
+                return
             download = self._downloader(fs_path, item, foreground=False)
             self._shard_cache().ensure(item, download, pin=False)
         except Exception:  # raised again by the read that needs the object
@@ -465,8 +471,16 @@ class RemoteReader:
         A foreground download raises at once the `StorageError` of a prefetch of the object
         whose retries ended after this download was made: the read waited on them (for the
         object's lock), and retrying as long again would double the retry policy's
-        `timeout` against a dead store."""
+        `timeout` against a dead store.
+
+        A download that fails past its retries stops the prefetches: those queued are
+        dropped, and those running stop before their next retry, rather than each retrying
+        a dead store for the policy's whole `timeout` (and holding its object's lock) after
+        the run has its error; prefetching resumes once a foreground download succeeds. A
+        prefetch so stopped is not reported to the read of its object, which retries
+        itself."""
         asked = time.monotonic() if foreground else None
+        stop = None if foreground else self._store_failed
 
         def download(target: str) -> None:
             if asked is not None:
@@ -489,14 +503,27 @@ class RemoteReader:
                     dataset=self.dataset,
                     retry=self.options.retry,
                     show=foreground,
+                    stop=stop,
                 )
             except StorageError as error:
-                if asked is None:  # a prefetch: told while it still holds the object's lock,
-                    with self._lock:  # which a waiting read takes the moment it is let go
+                with self._lock:
+                    # a prefetch that failed (not stopped): told while it still holds the
+                    # object's lock, which a waiting read takes the moment it is let go
+                    if stop is not None and not stop.is_set():
                         self._failed[item.url] = (time.monotonic(), error)
+                    self._stop_prefetching()
                 raise
+            if foreground:
+                self._store_failed.clear()
 
         return download
+
+    def _stop_prefetching(self) -> None:
+        """Under the lock: no prefetch queued or retried until a foreground download succeeds."""
+        self._store_failed.set()
+        if self._pool is not None:
+            for url, *_ in self._pool.clear():
+                self._queued.discard(url)
 
     def _filesystem(self) -> Any:
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,6 +198,7 @@ def call_with_retry(
     policy: RetryPolicy,
     what: str = "storage call",
     permanent: tuple[type[Exception], ...] = (),
+    stop: threading.Event | None = None,
 ) -> T:
     """Returns `call()`, retrying transient errors under `policy`.
 
@@ -206,9 +208,12 @@ def call_with_retry(
         policy: the retry bounds.
         what: a few words on the operation ("download", "listing"), for the message.
         permanent: more error types raised at once (for this call, not transient).
+        stop: once set, no retry starts (a sleep between attempts ends early): a prefetch
+            stops when another download from the store has failed past its retries.
 
     Raises:
-        StorageError: when the attempts or the time run out, naming `url` and the last error.
+        StorageError: when the attempts or the time run out, or `stop` is set, naming `url`
+            and the last error.
         ConfigError: at once, when the client found no usable credentials, or the store
             denied access (`denied`), or the client failed on a setting of the wrong type
             (a TypeError or AttributeError), naming `url`.
@@ -242,11 +247,20 @@ def call_with_retry(
             if not is_transient(error):
                 raise
             elapsed = time.monotonic() - start
-            if attempt >= policy.attempts or elapsed + delay > policy.timeout:
+            spent = attempt >= policy.attempts or elapsed + delay > policy.timeout
+            if spent or _stopped(stop, delay):
+                why = "failed" if spent else "stopped, another download having failed,"
                 raise StorageError(  # which blanks the credentials the text may quote
-                    f"{what} failed after {attempt} attempt(s) in {elapsed:.1f} s: "
+                    f"{what} {why} after {attempt} attempt(s) in {elapsed:.1f} s: "
                     f"{type(error).__name__}: {error}",
                     url=url,
                 ) from secret_free(error)
-        time.sleep(delay)
         delay = min(delay * 2, policy.max_delay)
+
+
+def _stopped(stop: threading.Event | None, delay: float) -> bool:
+    """Sleeps `delay` seconds, or less where `stop` is set meanwhile; whether it is."""
+    if stop is None:
+        time.sleep(delay)
+        return False
+    return stop.wait(delay)

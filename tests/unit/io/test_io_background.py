@@ -51,3 +51,21 @@ def test_jobs_share_up_to_the_threads_given() -> None:
         time.sleep(0.01)
     assert sorted(started) == list(range(6))
     assert not _threads("bg-width")
+
+
+def test_clear_drops_the_jobs_not_started_and_returns_their_arguments() -> None:
+    pool = Background(1, "bg-clear")
+    started, gate = threading.Event(), threading.Event()
+    done: list[int] = []
+    pool.submit(lambda: started.set() or gate.wait())
+    assert started.wait(30)  # running: not dropped
+    for n in range(4):
+        pool.submit(done.append, n)
+    assert pool.clear() == [(0,), (1,), (2,), (3,)]
+    pool.submit(done.append, 9)  # queued after the clear: runs
+    gate.set()
+    deadline = time.monotonic() + 30
+    while (not done or _threads("bg-clear")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done == [9]
+    assert pool.clear() == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+import time
 
 import pytest
 
@@ -236,3 +238,29 @@ def test_a_full_local_disk_is_raised_at_once_not_retried_as_a_store_failure(numb
         call_with_retry(writes, url="s3://b/k", policy=policy, what="download")
     assert caught.value.errno == number and not isinstance(caught.value, StorageError)
     assert len(calls) == 1
+
+
+def test_a_set_stop_ends_the_retries_and_wakes_the_sleep_between_them() -> None:
+    """A prefetch stops retrying once another download from the store has failed: the stop is
+    checked after each failure, and a backoff sleep ends when it is set."""
+    calls: list[int] = []
+    stop = threading.Event()
+
+    def down() -> None:
+        calls.append(1)
+        raise ConnectionResetError("reset")
+
+    policy = RetryPolicy(attempts=100, initial_delay=60, timeout=600)
+    threading.Timer(0.2, stop.set).start()
+    start = time.monotonic()
+    with pytest.raises(StorageError, match=r"stopped, .* after 1 attempt\(s\)") as caught:
+        call_with_retry(down, url="s3://b/k", policy=policy, stop=stop)
+    assert time.monotonic() - start < 30  # not the 60 s sleep
+    assert len(calls) == 1
+    assert caught.value.url == "s3://b/k"
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+
+    with pytest.raises(StorageError, match="stopped"):  # set before the call: no retry
+        call_with_retry(down, url="s3://b/k", policy=policy, stop=stop)
+    assert len(calls) == 2
+    assert call_with_retry(lambda: "ok", url="s3://b/k", policy=policy, stop=stop) == "ok"
