@@ -1,6 +1,6 @@
 """A reverse proxy on loopback that runs a hook before it forwards each request, so that a test
 can change the store at one exact moment of a client's requests (between s3fs's own HEAD and
-its range GETs, say), which no timing could stage reliably."""
+its range GETs, say), which no timing could stage reliably, or answer a request itself."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from contextlib import contextmanager
 
 from tests.loopback import serve_in_thread
 
-Hook = Callable[[str, str, dict[str, str]], None]  # (method, path, headers)
+# (method, path, headers) -> None to forward the request, or the (status, JSON body) to answer
+Hook = Callable[[str, str, dict[str, str]], "tuple[int, bytes] | None"]
 
 
 @contextmanager
 def hooked_proxy(upstream: str, before: Hook) -> Iterator[str]:
     """Yields the URL of a proxy to `upstream` (``http://host:port``) that calls `before` with
-    each request's method, path and headers, then forwards it; stopped on exit."""
+    each request's method, path and headers, then forwards it, or answers what `before`
+    returned; stopped on exit."""
     host, port = upstream.removeprefix("http://").split(":")
 
     class Forward(http.server.BaseHTTPRequestHandler):
@@ -30,7 +32,15 @@ def hooked_proxy(upstream: str, before: Hook) -> Iterator[str]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             headers = dict(self.headers.items())
-            before(self.command, self.path, headers)
+            answer_given = before(self.command, self.path, headers)
+            if answer_given is not None:
+                status, data = answer_given
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             upstream = http.client.HTTPConnection(host, int(port), timeout=30)
             try:
                 upstream.request(self.command, self.path, body=body, headers=headers)

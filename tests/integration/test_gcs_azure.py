@@ -193,3 +193,60 @@ def test_a_malformed_gcs_token_is_a_config_error_naming_the_url() -> None:
     options = {"token": {"client_id": "a"}, "endpoint_url": "http://127.0.0.1:9"}
     with pytest.raises(ConfigError, match=r"cannot open 'gs://bucket/c' \(check its storage"):
         Dataset.from_path("c", "gs://bucket/c", storage_options=options)
+
+
+def test_a_refused_gcs_download_is_one_storage_error_with_gcsfs_s_logs_demoted(
+    tmp_path: Path,
+) -> None:
+    """gcsfs logs each request it gives up on at ERROR with its traceback (hundreds of stderr
+    lines for one dead store in a review's run) and raised a refusal (409) as its own
+    HttpError, naming no URL. During zephon_torch's calls those records are DEBUG (kept for
+    who asks for them); outside them, gcsfs logs as it always did."""
+    import logging
+
+    from tests.hooked_proxy import hooked_proxy
+    from zephon_torch import StorageError
+
+    _write_corpus(tmp_path / "c", "parquet", shards=2, rows=5)
+    refusing: list[bool] = []
+
+    def store_answer(method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes] | None:
+        if refusing and "alt=media" in path:
+            return 409, b'{"error": {"code": 409, "message": "conflict"}}'
+        return None
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    gcsfs_logger = logging.getLogger("gcsfs")
+    level = gcsfs_logger.level
+    gcsfs_logger.addHandler(handler)
+    gcsfs_logger.setLevel(logging.DEBUG)
+    try:
+        with (
+            gcs_store() as store,
+            hooked_proxy(store.options["endpoint_url"], store_answer) as proxy,
+        ):
+            store.upload(tmp_path / "c", "bucket", "c")
+            options = {**store.options, "endpoint_url": proxy}
+            remote = Dataset.from_path(
+                "c",
+                "gs://bucket/c",
+                storage_options=options,
+                io_options={"cache": {"dir": str(tmp_path / "cache"), "prefetch_bytes": 0}},
+            )
+            refusing.append(True)
+            with pytest.raises(StorageError, match=r"refused by the store .*409") as caught:
+                remote.read_rows(1, [0])
+            assert caught.value.url == "gs://bucket/c/part-001.parquet"
+            ours = [r for r in records if "non-retriable" in r.getMessage()]
+            assert ours and {r.levelno for r in records} == {logging.DEBUG}
+            records.clear()
+            with pytest.raises(Exception, match="409"):  # gcsfs called directly: its own logs
+                store.filesystem().__class__(**options).cat_file("bucket/c/part-001.parquet")
+            assert any(
+                r.levelno == logging.ERROR and "non-retriable" in r.getMessage() for r in records
+            )
+    finally:
+        gcsfs_logger.removeHandler(handler)
+        gcsfs_logger.setLevel(level)

@@ -23,7 +23,7 @@ import fsspec.callbacks
 from zephon_torch._progress import Progress
 from zephon_torch.errors import DataError, StorageError, ZephonError, secret_free
 from zephon_torch.io._remote import find_detailed, sized
-from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full, refused
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._versions import identity, listed_version
@@ -114,8 +114,8 @@ def read_listed(
 
     Raises:
         DataError: the object is missing, or changed since it was listed.
-        StorageError: the store failed past the retries, or for good on an object still as
-            listed.
+        StorageError: the store failed past the retries, or for good (or refused the read,
+            see `refused`) on an object still as listed.
         ConfigError: no usable credentials, or access denied (see `call_with_retry`).
         OSError: unchanged, a full disk under `folder` or an error naming a file in it (a
             `FileNotFoundError` where `folder` went during the call, the object still there).
@@ -123,6 +123,10 @@ def read_listed(
     shard = item.url if shard is None else shard
     try:
         return call_with_retry(call, url=item.url, policy=retry, what=what, stop=stop)
+    except StorageError as error:
+        if refused(error.__cause__):  # a 416 for a range past a shrunk end, say
+            check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
+        raise
     except ZephonError:
         raise
     except OSError as error:

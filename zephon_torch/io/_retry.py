@@ -11,7 +11,9 @@ at once.
 
 from __future__ import annotations
 
+import contextvars
 import errno
+import logging
 import math
 import sys
 import threading
@@ -42,6 +44,35 @@ _PERMANENT: tuple[type[BaseException], ...] = (
 )
 # What a client raises on a setting of the wrong type or shape (`storage_options`)
 _BAD_SETTING: tuple[type[BaseException], ...] = (TypeError, AttributeError)
+
+
+# Set while a storage call of this package runs, in the calling thread and in the tasks it
+# starts on fsspec's event-loop thread (which copy the caller's context).
+_CALLING: contextvars.ContextVar[bool] = contextvars.ContextVar("zephon_call", default=False)
+# Clients that log each failure they give up on at ERROR, with its traceback (gcsfs, for every
+# request out of retries: 170 tracebacks on stderr for one dead store in a review's run), or a
+# WARNING per broken download (azure-core): during this package's calls, whose failures reach
+# the caller as one error chained to the client's, these records are demoted to DEBUG.
+_CHATTY_LOGGERS = (
+    "gcsfs",
+    "azure.core.pipeline.transport._aiohttp",
+    "azure.core.pipeline.transport._requests_asyncio",
+    "azure.core.pipeline.transport._requests_basic",
+)
+
+
+class _DemotedInCalls(logging.Filter):
+    """Demotes a record to DEBUG when logged during a storage call of this package."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _CALLING.get() and record.levelno > logging.DEBUG:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_DEMOTED = _DemotedInCalls()
+for _name in _CHATTY_LOGGERS:
+    logging.getLogger(_name).addFilter(_DEMOTED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,6 +210,15 @@ def is_transient(error: BaseException) -> bool:
     return status is None or status >= 500 or status in (408, 429)
 
 
+def refused(error: BaseException | None) -> bool:
+    """Whether `error` is an answer of the store that waiting cannot cure (an HTTP 4xx other
+    than 408 and 429) in an error type that says nothing of storage: gcsfs raises a 409 or a
+    416 as its own `HttpError`, not an OSError."""
+    if not isinstance(error, Exception) or isinstance(error, (OSError, ZephonError)):
+        return False
+    return http_status(error) is not None and not is_transient(error)
+
+
 def denied(error: BaseException) -> bool:
     """Whether the store refused access: a `PermissionError` naming no local file (as s3fs
     raises S3's AccessDenied; a local file's names it), gcsfs's plain `OSError` for a 403
@@ -213,7 +253,8 @@ def call_with_retry(
 
     Raises:
         StorageError: when the attempts or the time run out, or `stop` is set, naming `url`
-            and the last error.
+            and the last error; at once, for an answer of the store that waiting cannot cure
+            in an error type that says nothing of storage (`refused`).
         ConfigError: at once, when the client found no usable credentials, or the store
             denied access (`denied`), or the client failed on a setting of the wrong type
             (a TypeError or AttributeError), naming `url`.
@@ -225,7 +266,7 @@ def call_with_retry(
     while True:
         attempt += 1
         try:
-            return call()
+            return _quietly(call)
         except Exception as error:
             if lacks_credentials(error):
                 raise ConfigError(
@@ -244,6 +285,12 @@ def call_with_retry(
                     f"{what} of {url!r} was denied (check the credentials and what they may "
                     f"read): {type(error).__name__}: {without_secrets(str(error))}"
                 ) from secret_free(error)
+            if refused(error):
+                raise StorageError(
+                    f"{what} was refused by the store (not retried): "
+                    f"{type(error).__name__}: {error}",
+                    url=url,
+                ) from secret_free(error)
             if not is_transient(error):
                 raise
             elapsed = time.monotonic() - start
@@ -256,6 +303,15 @@ def call_with_retry(
                     url=url,
                 ) from secret_free(error)
         delay = min(delay * 2, policy.max_delay)
+
+
+def _quietly(call: Callable[[], T]) -> T:
+    """`call()`, with the storage clients' own error logs demoted (see `_CHATTY_LOGGERS`)."""
+    calling = _CALLING.set(True)
+    try:
+        return call()
+    finally:
+        _CALLING.reset(calling)
 
 
 def _stopped(stop: threading.Event | None, delay: float) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from zephon_torch.errors import StorageError
+from zephon_torch.errors import DataError, StorageError
 from zephon_torch.io._download import read_listed
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
@@ -48,3 +48,32 @@ def test_not_found_for_a_listed_object_is_the_store_s_not_the_cache_folder_s(
     shutil.rmtree(tmp_path)  # the folder gone under the download: left to the cache to tell
     with pytest.raises(FileNotFoundError):
         _read(tmp_path)
+
+
+def test_a_refusal_in_a_client_s_own_error_type_is_a_storage_error_or_a_change(
+    tmp_path: Path,
+) -> None:
+    """gcsfs raises a 409 or a 416 (a range past a shrunk end) as its own HttpError, not an
+    OSError: it escaped unwrapped, naming no URL, dataset or shard."""
+    http_error = pytest.importorskip("gcsfs.retry").HttpError
+    fs, item = _store()
+
+    def refused() -> bytes:
+        raise http_error({"code": 416, "message": "Requested range not satisfiable"})
+
+    def read() -> bytes:
+        policy = RetryPolicy(attempts=3, initial_delay=0)
+        return read_listed(
+            refused, fs, "/bucket/part-0.jsonl", item, dataset="d", retry=policy, what="reading"
+        )
+
+    with pytest.raises(
+        StorageError, match=r"reading was refused by the store \(not retried\)"
+    ) as caught:
+        read()
+    assert caught.value.url == item.url
+    assert isinstance(caught.value.__cause__, http_error)
+    fs.pipe("/bucket/part-0.jsonl", b"{}\n")  # shrunk since the listing
+    with pytest.raises(DataError, match="changed since it was listed") as changed:
+        read()
+    assert (changed.value.dataset, changed.value.shard) == ("d", item.url)
