@@ -26,6 +26,9 @@ from zephon_torch.io._shard_cache import CachedObject
 PER_OPEN = "per-open@"  # starts a version given by an open (see `versioned_per_open`)
 SETTLE_S = 2.0  # a whole-second modification time is trusted this long after it
 _VERSION_KEYS = (
+    # GCS: a new one for each write of the data only; the JSON API's `etag` also changes with
+    # metadata (an ACL, a label), which would look like a rewrite of the object mid-run
+    "generation",
     "ETag",
     "etag",
     "md5Hash",

@@ -12,6 +12,7 @@ from zephon_torch.errors import DataError, StorageError
 from zephon_torch.io._download import read_listed
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io._versions import identity
 
 
 def _store() -> tuple[fsspec.AbstractFileSystem, CachedObject]:
@@ -77,3 +78,29 @@ def test_a_refusal_in_a_client_s_own_error_type_is_a_storage_error_or_a_change(
     with pytest.raises(DataError, match="changed since it was listed") as changed:
         read()
     assert (changed.value.dataset, changed.value.shard) == ("d", item.url)
+
+
+def test_a_gcs_object_s_version_is_its_generation_not_its_metadata_s_etag() -> None:
+    """GCS's JSON API changes an object's `etag` with its metadata (an ACL, a label) too: read
+    as the version, a relabelled shard looked rewritten mid-run, a DataError 'changed since it
+    was listed'. Its `generation` changes with its data only (fields as gcsfs lists them)."""
+    url = "gs://bucket/c/part-0.parquet"
+    listed = {
+        "size": 5,
+        "generation": "1796249439724963390",
+        "metageneration": "1",
+        "etag": "CL6K8Y7l2pEDEAE=",
+        "md5Hash": "XUFAKrxLKna5cZ2REBfFkg==",
+        "updated": "2026-12-02T22:10:39.724968Z",
+    }
+    labelled = {
+        **listed,
+        "metageneration": "2",
+        "etag": "CL6K8Y7l2pEDEAI=",
+        "updated": "2026-12-03T08:00:00Z",
+    }
+    rewritten = {**listed, "generation": "1796249439724963391", "etag": "CL+K8Y7l2pEDEAE="}
+    assert identity(url, labelled) == identity(url, listed)
+    assert identity(url, rewritten) != identity(url, listed)
+    s3 = {"size": 5, "ETag": '"5d41402abc4b2a76b9719d911017c592"', "LastModified": "x"}
+    assert identity("s3://b/k", s3).version == s3["ETag"]  # elsewhere as before
