@@ -135,6 +135,19 @@ def test_a_dead_azure_endpoint_raises_a_storage_error_naming_the_url_in_bounded_
         dies_naming(remote, store.process, "az://bucket/dying/part-001.parquet", bound=150)
 
 
+def test_a_missing_bucket_is_named_as_such_and_a_missing_path_as_such(store: Store) -> None:
+    """Both were "the path does not exist" (Azure) or a bare "FileNotFoundError: b/nope/o"
+    (GCS): neither said that the bucket or container was the missing part."""
+    from zephon_torch import ConfigError
+
+    store.filesystem().mkdir("bucket")
+    kind = "container" if store.scheme == "az" else "bucket"
+    with pytest.raises(ConfigError, match=f"the {kind} 'nobucket' does not exist, or these"):
+        Dataset.from_path("d", store.url("nobucket", "c"), storage_options=store.options)
+    with pytest.raises(ConfigError, match=r"no files found at .*: the path does not exist$"):
+        Dataset.from_path("d", store.url("bucket", "c"), storage_options=store.options)
+
+
 def test_gcs_requests_have_a_time_limit_unless_one_is_given(tmp_path: Path) -> None:
     """gcsfs waits for an answer with no limit by default: a store that took the connection
     and never answered held the run for ever (no error at 590 s). Every gs:// file system,

@@ -281,7 +281,7 @@ def _cache_files(folder: Path) -> set[str]:
     [
         ({"client_kwargs": {"endpoint_url": "not a url"}}, "ValueError: Invalid endpoint"),
         ({"bogus_option": 1}, "TypeError: .*bogus_option"),
-        ("s3://nobucket/d/", "FileNotFoundError"),
+        ("s3://nobucket/d/", "the bucket .nobucket. does not exist, or these credentials"),
     ],
     ids=["malformed-endpoint", "unknown-option", "missing-bucket"],
 )
@@ -302,7 +302,7 @@ def test_a_bad_setting_is_a_config_error_naming_the_url_at_once(
                 **change["client_kwargs"],
             }
     start = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"cannot list '{url}' .*{message}"):
+    with pytest.raises(ConfigError, match=rf"cannot list '{url}'.*{message}"):
         Dataset.from_path("d", url, storage_options=storage)
     assert time.monotonic() - start < 5
 

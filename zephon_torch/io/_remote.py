@@ -292,7 +292,7 @@ def list_remote(
             return "file", found
         if found or fs.isdir(root):
             return "directory", found
-        raise ConfigError(f"no files found at {url!r}: the path does not exist")
+        raise ConfigError(f"no files found at {url!r}: {_missing(fs, url, root)}")
 
     try:
         # the first call that reaches the store: a ValueError here is a setting (a malformed
@@ -305,6 +305,9 @@ def list_remote(
     except ZephonError:
         raise
     except (FileNotFoundError, *bad) as error:
+        missing = _missing(fs, url, root) if isinstance(error, FileNotFoundError) else ""
+        if missing.startswith(("the bucket", "the container")):
+            raise ConfigError(f"cannot list {url!r}: {missing}") from error
         raise ConfigError(
             f"cannot list {url!r} (check the URL and storage_options): "
             f"{type(error).__name__}: {error}"
@@ -414,6 +417,29 @@ def _indexed(
         for path in sorted(infos)
     ]
     return Listing(str(kind), objects, name(index), index_data=data, fs=fs)
+
+
+# object stores whose paths start with a bucket (a container on Azure)
+_BUCKET_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+
+
+def _missing(fs: Any, url: str, root: str) -> str:
+    """Why `root` lists nothing: its bucket is missing (or unseen with these credentials), as
+    far as the store tells, else the path."""
+    scheme = url.rsplit("::", 1)[-1].split("://", 1)[0]
+    bucket = root.strip("/").split("/", 1)[0]
+    if scheme in _BUCKET_SCHEMES and bucket:
+        try:
+            there = fs.exists(bucket)
+        except Exception:  # no answer: say what is known
+            there = True
+        if not there:
+            kind = "container" if scheme in ("az", "abfs", "abfss") else "bucket"
+            return (
+                f"the {kind} {bucket!r} does not exist, or these credentials cannot see it "
+                "(check the URL and storage_options)"
+            )
+    return "the path does not exist"
 
 
 def _index_kind(fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy) -> str | None:
