@@ -13,8 +13,12 @@ import atexit
 import contextlib
 import datetime
 import email.utils
+import fcntl
+import glob
+import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -94,14 +98,60 @@ def _settled(version: str, now: float) -> bool:
     return when is None or not when.is_integer() or now >= when + SETTLE_S
 
 
+_OPEN_INDEX = "zephon-open-index-"
+_OWN_INDEX: dict[str, int] = {}  # this process's folder: its locked descriptor
+_MAKING = threading.Lock()
+os.register_at_fork(
+    before=_MAKING.acquire, after_in_parent=_MAKING.release, after_in_child=_MAKING.release
+)
+
+
 def per_open_index_dir() -> str:
-    """A fresh index folder for a dataset whose objects are versioned by its open (see
+    """The index folder for datasets whose objects are versioned by their open (see
     `versioned_per_open`): their line indexes and row counts, keyed by that version, would
-    never be read again, so they go to a temporary folder removed when the process exits
-    (DataLoader workers, which end first, read it too)."""
-    folder = tempfile.mkdtemp(prefix="zephon-open-index-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
+    never be read again, so they go to a temporary folder of this process, removed when it
+    exits (DataLoader workers, which end first, read it too). The process holds a lock on
+    the folder for its life, so that the folders of killed processes are removed by the next
+    process that makes one (liveness is the lock, not a process id: containers sharing /tmp
+    each have their own)."""
+    with _MAKING:
+        return _own_index_dir()
+
+
+def _own_index_dir() -> str:
+    own = next(iter(_OWN_INDEX), None)
+    if own is None or not os.path.isdir(own):
+        root = tempfile.gettempdir()
+        _remove_dead_folders(root)
+        making = tempfile.mkdtemp(prefix=f"{_OPEN_INDEX}new-", dir=root)
+        held = os.open(making, os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)  # before it takes the name that others sweep
+        own = making.replace(f"{_OPEN_INDEX}new-", _OPEN_INDEX)
+        os.rename(making, own)
+        atexit.register(shutil.rmtree, own, ignore_errors=True)
+        for fd in _OWN_INDEX.values():  # one removed under this process (a cleaner)
+            os.close(fd)
+        _OWN_INDEX.clear()
+        _OWN_INDEX[own] = held
+    return own
+
+
+def _remove_dead_folders(root: str) -> None:
+    """Removes the per-open index folders in `root` that no process holds locked."""
+    for folder in glob.glob(os.path.join(root, f"{_OPEN_INDEX}*")):
+        if os.path.basename(folder).startswith(f"{_OPEN_INDEX}new-"):
+            continue  # being made
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:  # removed meanwhile, or another user's
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # held: in use
+            pass
+        finally:
+            os.close(fd)
 
 
 def identity(url: str, info: Mapping[str, Any]) -> CachedObject:

@@ -697,6 +697,63 @@ def test_an_object_listed_without_a_version_is_downloaded_again_by_each_open(
     assert not Path(index).exists() or not any(Path(index).rglob("*.*"))
 
 
+def test_opens_versioned_per_open_share_one_index_folder_and_dead_processes_are_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each such open made its own temporary index folder and exit hook (60 opens: 60 folders),
+    and a process killed before its exit hooks left its folder in /tmp for good. A process now
+    has one folder, locked for its life; the next process to make one removes those no process
+    holds (a killed one's), and keeps a live one's."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.helpers import serve_without_versions
+    from zephon_torch.io import _versions
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_versions, "_OWN_INDEX", {})
+    make = "from zephon_torch.io._versions import per_open_index_dir as d; print(d(), flush=True)"
+    live = subprocess.Popen(
+        [sys.executable, "-c", f"{make}; import sys; sys.stdin.read()"],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert live.stdout is not None
+        held = live.stdout.readline().strip()
+        dead = subprocess.run(
+            [sys.executable, "-c", f"{make}; import os; os._exit(0)"],  # no exit hooks: killed
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert os.path.isdir(dead) and os.path.isdir(held)
+        folder = tmp_path / "served"
+        folder.mkdir()
+        (folder / "data.jsonl").write_text(json.dumps({"text": "a"}) + "\n")
+        with serve_without_versions(folder) as base:
+            opened = []
+            for _ in range(3):
+                with pytest.warns(UserWarning, match="without a version"):
+                    opened.append(
+                        Dataset.from_path("h", f"{base}/data.jsonl", io_options=_options(tmp_path))
+                    )
+                assert opened[-1].read_rows(0, [0]) == [{"text": "a"}]
+        ours = {dataset._reader.index_cache_dir for dataset in opened}
+        assert len(ours) == 1 and os.path.dirname(ours.pop()) == str(tmp_path)
+        assert not os.path.exists(dead)  # swept
+        assert os.path.isdir(held)  # its process lives
+        assert len(list(tmp_path.glob("zephon-open-index-*"))) == 2
+    finally:
+        live.communicate("", timeout=30)
+        for fd in _versions._OWN_INDEX.values():  # this test's folder: its lock let go
+            os.close(fd)
+
+
 def test_a_same_size_rewrite_within_the_second_of_its_last_modified_is_read_anew(
     tmp_path: Path, http_folder: tuple[Path, str]
 ) -> None:
