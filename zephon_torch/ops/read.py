@@ -209,11 +209,13 @@ class DocumentReader(BaseNode[Document]):
         return docs[0]
 
     def close(self) -> None:
-        """Drop read-ahead."""
+        """Drop read-ahead and the current chunk (an inline reader's views of decoded shards
+        reach millions of tokens, which a finished iteration kept until the next)."""
         for future in self._futures:
             future.cancel()
         self._futures.clear()
         self._spans.clear()
+        self._chunk, self._index = [], 0
 
     def _normalise(self, at: tuple[int, int]) -> tuple[int, int] | None:
         pass_index, pos = at

@@ -541,3 +541,19 @@ def test_a_reader_s_chunk_count_stops_once_chunks_stop_growing() -> None:
         assert pipeline._runtime is not None
         [reader] = pipeline._runtime.readers
         assert reader._submitted == reader._growth.bit_length()
+
+
+def test_a_finished_or_left_iteration_keeps_no_chunk_of_documents() -> None:
+    """The runtime stays for `stats()`; its readers kept their last chunk, an inline reader's
+    views of decoded shards reaching millions of tokens, until the next iteration."""
+    docs = [[i % 100 + 1] * 3 for i in range(5_000)]
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"ids": docs})], shuffle=False)
+    pipeline = Pipeline(source).pretokenized("ids").pack_flat(16).batch(4)
+    for batch_number, _ in enumerate(pipeline):
+        if batch_number == 3:
+            assert pipeline._runtime is not None
+            assert len(pipeline._runtime.readers[0]._chunk) > 0
+            break
+    assert pipeline._runtime is not None
+    assert [len(reader._chunk) for reader in pipeline._runtime.readers] == [0]
+    assert pipeline.stats()["tokens"] > 0
