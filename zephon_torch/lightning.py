@@ -31,8 +31,15 @@ class PipelineDataModule(L.LightningDataModule):
     """Serve a zephon_torch ``Pipeline`` to ``Trainer.fit``.
 
     Args:
-        pipeline: the recipe (rank and world size resolve from torch.distributed at start).
-        num_workers: DataLoader workers (a performance knob).
+        pipeline: the training recipe (rank and world size resolve from torch.distributed at
+            start).
+        val_pipeline: a validation recipe: each validation run sees its batches from the
+            start, the same ones every time and after a resume (a loader with
+            ``restart=True``). It must end (``exhaustion="stop"``), or ``limit_val_batches``
+            must cut it. On several ranks its last steps may hold all-padding micro-batches
+            (``num_valid_tokens == 0``), which the validation step must weigh as nothing.
+            Without it, the module has no ``val_dataloader`` and Lightning skips validation.
+        num_workers: DataLoader workers (a performance knob), for both.
         pin_memory: pin batches for asynchronous copies to the accelerator.
         multiprocessing_context: e.g. ``"spawn"``.
     """
@@ -41,17 +48,32 @@ class PipelineDataModule(L.LightningDataModule):
         self,
         pipeline: Pipeline,
         *,
+        val_pipeline: Pipeline | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         multiprocessing_context: str | None = None,
     ) -> None:
         super().__init__()
         self.pipeline = pipeline
+        self.val_pipeline = val_pipeline
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.multiprocessing_context = multiprocessing_context
         self._loader: DataLoader | None = None
         self._pending: dict[str, Any] | None = None
+        if val_pipeline is not None:  # Lightning validates where a data module has one
+            self.val_dataloader = self._val_dataloader  # type: ignore[method-assign]
+
+    def _val_dataloader(self) -> DataLoader:
+        """A loader of the validation pipeline whose every pass starts at its beginning."""
+        assert self.val_pipeline is not None
+        return DataLoader(
+            self.val_pipeline,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            multiprocessing_context=self.multiprocessing_context,
+            restart=True,
+        )
 
     def train_dataloader(self) -> DataLoader:
         """The loader; continues from a restored checkpoint state if there is one, else from
@@ -72,7 +94,8 @@ class PipelineDataModule(L.LightningDataModule):
         return self._loader
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Record the batch as delivered: Lightning is about to train on it."""
+        """Record the batch as delivered: Lightning is about to train on it. (Validation
+        batches come without their ``"zephon"`` entry: their loader has recorded them.)"""
         if self._loader is not None and isinstance(batch, dict) and "zephon" in batch:
             self._loader.mark_delivered(batch)
         return batch

@@ -129,6 +129,27 @@ def test_a_loader_iterated_again_continues_from_what_it_delivered(tokenizer: Any
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_restarting_loader_shows_the_same_batches_at_every_pass(
+    tokenizer: Any, num_workers: int
+) -> None:
+    """An evaluation loader (`restart=True`): each pass, whole or cut short, starts where the
+    loader started, the pipeline's beginning or the state loaded last."""
+    whole = take(DataLoader(build(tokenizer)))
+    assert len(whole) > 6
+    loader = DataLoader(build(tokenizer), num_workers=num_workers, restart=True)
+    assert take(loader, 3) == whole[:3]
+    assert take(loader) == whole
+    assert take(loader) == whole
+    at_four = DataLoader(build(tokenizer))
+    take(at_four, 4)
+    loader.load_state_dict(at_four.state_dict())
+    assert take(loader, 2) == whole[4:6]
+    assert take(loader) == whole[4:]
+    with pytest.raises(ConfigError, match="`restart` must be True or False"):
+        DataLoader(build(tokenizer), restart=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_loader_over_a_dataset_iterated_before_continues_from_it(
     tokenizer: Any, num_workers: int
 ) -> None:

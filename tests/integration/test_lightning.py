@@ -127,6 +127,64 @@ def test_a_loader_built_again_every_epoch_continues_the_stream(
     assert model.seen == expected
 
 
+class ValidatedLM(TinyLM):
+    """Records each validation run's batches, a run per list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validations: list[list[str]] = []
+
+    def on_validation_epoch_start(self) -> None:
+        self.validations.append([])
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        assert "zephon" not in batch  # delivered as it came: nothing left to mark
+        self.validations[-1].append(
+            hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest()
+        )
+
+
+def _hashes(pipeline: Any) -> list[str]:
+    return [
+        hashlib.sha256(b.to_training()["input_ids"].numpy().tobytes()).hexdigest() for b in pipeline
+    ]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_validation_run_sees_the_validation_batches_from_the_start(
+    tmp_path: Path, tokenizer: Any, num_workers: int
+) -> None:
+    """Without `val_pipeline` there was no validation, and a zephon loader made once by hand
+    showed each run other batches (it goes on where it stopped). Validation leaves the
+    training batches and their resume as they were."""
+    val_data = two_sources(12, 10, shard_size=4)
+    whole = _hashes(small_pipeline(tokenizer, lanes=2, datasets=val_data))
+    assert len(whole) >= 4
+
+    def run(root: Path, ckpt_path: str | None = None, validate: bool = True) -> ValidatedLM:
+        torch.manual_seed(0)
+        model = ValidatedLM()
+        data = PipelineDataModule(
+            small_pipeline(tokenizer, lanes=2, exhaustion="repeat", datasets=DATASETS),
+            val_pipeline=small_pipeline(tokenizer, lanes=2, datasets=val_data)
+            if validate
+            else None,
+            num_workers=num_workers,
+        )
+        trainer(root, 4, max_steps=9, val_check_interval=3, num_sanity_val_steps=2).fit(
+            model, datamodule=data, ckpt_path=ckpt_path
+        )
+        return model
+
+    full = run(tmp_path / "full")
+    assert full.validations == [whole[:2], whole, whole, whole]  # sanity check, steps 3, 6, 9
+    assert full.seen == run(tmp_path / "plain", validate=False).seen  # training untouched
+    (checkpoint,) = (tmp_path / "full").glob("*step=4.ckpt")
+    resumed = run(tmp_path / "resumed", str(checkpoint))
+    assert resumed.seen == full.seen[4:]
+    assert resumed.validations[-2:] == [whole, whole]
+
+
 def test_importing_zephon_torch_does_not_import_lightning() -> None:
     import subprocess
     import sys

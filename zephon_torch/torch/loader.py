@@ -53,6 +53,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             batch keeps its ``"zephon"`` entry, and only ``mark_delivered(batch)``, called when
             the batch is actually used, advances the state (a lane's batch marked after a
             later one of the same lane does not move it back).
+        restart: every ``iter()`` starts where the loader started (the pipeline's beginning,
+            or the state loaded last), not where the previous pass stopped: an evaluation
+            loader that shows the same batches at each run.
 
     ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank, between
     global steps (a state saved mid-step continues only on its own world size). With
@@ -74,6 +77,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         timeout: float = 0,
         persistent_workers: bool = False,
         deliver_on_use: bool = False,
+        restart: bool = False,
     ) -> None:
         from zephon_torch.pipeline import Pipeline
 
@@ -81,8 +85,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             raise ConfigError(
                 f"`DataLoader` loads a Pipeline or its `to_torch()` dataset, got {data!r}"
             )
-        if not isinstance(deliver_on_use, bool):
-            raise ConfigError(f"`deliver_on_use` must be True or False, got {deliver_on_use!r}")
+        for name, flag in (("deliver_on_use", deliver_on_use), ("restart", restart)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"`{name}` must be True or False, got {flag!r}")
         if num_workers and prefetch_factor is not None and prefetch_factor < 1:
             raise ConfigError(f"`prefetch_factor` must be >= 1, got {prefetch_factor!r}")
         if persistent_workers:
@@ -107,6 +112,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # from what the dataset delivered so far: a dataset iterated before continues
         given = data._delivered if isinstance(data, PipelineDataset) else {}
         self._delivered: dict[str, Any] = copy.deepcopy(given)
+        self.restart = restart
+        self._start = copy.deepcopy(given)  # where each pass starts (`restart`)
         self._generation = 0  # counts iter() and load_state_dict(): older iterators are stale
         self.deliver_on_use = deliver_on_use
         self._pack_transport = True  # off only to measure torch's own transport
@@ -136,6 +143,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # items are put back in (turn, lane) order, and the stream is cut here, where one
         # process would end it (across ranks: at the first turn no rank has data).
         pipeline = dataset.pipeline
+        if self.restart:
+            self._delivered = copy.deepcopy(self._start)
         calibrated(pipeline)  # once, here: workers start with the figures, and states hold them
         ranks = pipeline.topology[0] > 1 and distributed_ready()
         begun = self._in_step() if ranks else 0
@@ -279,7 +288,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers."""
         self.pipeline_dataset.load_state_dict(state)
-        self._delivered = {}
+        self._delivered, self._start = {}, {}
         self._generation += 1
         self._end_live()
 
