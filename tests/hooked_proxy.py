@@ -11,7 +11,8 @@ from contextlib import contextmanager
 
 from tests.loopback import serve_in_thread
 
-# (method, path, headers) -> None to forward the request, or the (status, JSON body) to answer
+# (method, path, headers) -> None to forward the request, or the (status, body) to answer (a
+# body starting with "<" is sent as XML, S3's and Azure's, any other as JSON, GCS's)
 Hook = Callable[[str, str, dict[str, str]], "tuple[int, bytes] | None"]
 
 
@@ -36,10 +37,12 @@ def hooked_proxy(upstream: str, before: Hook) -> Iterator[str]:
             if answer_given is not None:
                 status, data = answer_given
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                kind = "application/xml" if data.startswith(b"<") else "application/json"
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
                 return
             upstream = http.client.HTTPConnection(host, int(port), timeout=30)
             try:

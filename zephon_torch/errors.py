@@ -191,9 +191,13 @@ def secret_free(error: BaseException) -> BaseException | None:
 
 class StorageError(ZephonError, OSError):
     """Storage failed after retries; names the URL (left out only as for ``DataError``, and
-    read back from a worker's traceback text alike)."""
+    read back from a worker's traceback text alike). ``reason``: ``"failed"`` (the retries
+    ran out, or the error is not worth retrying), ``"refused"`` (the store refused the
+    request: an answer that waiting cannot cure) or ``"stopped"`` (a background download,
+    stopped before its retries ran out because another download from the store failed)."""
 
-    def __init__(self, message: str, *, url: str | None = None) -> None:
+    def __init__(self, message: str, *, url: str | None = None, reason: str = "failed") -> None:
+        self.reason = reason
         message = without_secrets(message)  # a client's error may quote a signed request
         read_back = url is None and "Traceback" in message
         if read_back:
@@ -206,11 +210,11 @@ class StorageError(ZephonError, OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         url = None if str(self) == self.detail else self.url  # None: no URL, or read back
-        return _with_cause(self, (StorageError._rebuild, (self.detail, url)))
+        return _with_cause(self, (StorageError._rebuild, (self.detail, url, self.reason)))
 
     @staticmethod
-    def _rebuild(message: str, url: str | None) -> StorageError:
-        return StorageError(message, url=url)
+    def _rebuild(message: str, url: str | None, reason: str = "failed") -> StorageError:
+        return StorageError(message, url=url, reason=reason)
 
 
 def _located(message: str, dataset: str | None, shard: str | None, row: int | None) -> str:

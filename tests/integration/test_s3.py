@@ -223,8 +223,9 @@ def test_a_failed_download_stops_the_prefetches_until_a_download_succeeds(
 def test_a_read_waiting_on_a_prefetch_stopped_by_another_failure_downloads_itself(
     s3_server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A prefetch stopped (not failed past its retries) because another download failed says
-    nothing of its own object: the read that waited on it tries the store itself."""
+    """A prefetch stopped (not failed) because another download failed says nothing of its
+    own object: the read that waited on it tries the store itself, for what was left of the
+    prefetch's retry time."""
     import s3fs
 
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # one request per attempt
@@ -234,21 +235,25 @@ def test_a_read_waiting_on_a_prefetch_stopped_by_another_failure_downloads_itsel
     armed, release = threading.Event(), threading.Event()
     held: list[str] = []
 
-    def store(method: str, path: str, headers: dict[str, str]) -> None:
+    def store(method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes] | None:
         if not armed.is_set():
-            return
-        if path.split("?", maxsplit=1)[0].endswith("part-000.parquet"):
-            raise ConnectionResetError("this object's downloads fail")
+            return None
+        if path.split("?", maxsplit=1)[0].endswith("part-000.parquet"):  # failed for good
+            return (
+                400,
+                b"<Error><Code>InvalidRequest</Code><Message>no</Message><RequestId>1</RequestId></Error>",
+            )
         if path.split("?", maxsplit=1)[0].endswith("part-001.parquet") and _prefetching_threads():
             if not held:  # the prefetch's first request, held until the read waits on it
                 held.append(path)
                 release.wait(60)
             raise ConnectionResetError("fails while the prefetch runs")
+        return None
 
     with hooked_proxy(endpoint, store) as proxy:
         options = {
             "cache": {"dir": str(tmp_path / "cache"), "prefetch_threads": 2},
-            "retry": {"attempts": 1000, "initial_delay": 0.05, "max_delay": 0.05, "timeout": 0.3},
+            "retry": {"attempts": 1000, "initial_delay": 0.05, "max_delay": 0.05, "timeout": 30},
         }
         remote = Dataset.from_path(
             "c", "s3://bucket/stopped", storage_options=_storage(proxy), io_options=options

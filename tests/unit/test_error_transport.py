@@ -84,7 +84,10 @@ def test_errors_survive_pickling() -> None:
         "dataset 'd', shard 's', row 3: bad",
     )
     s = pickle.loads(pickle.dumps(StorageError("gone", url="s3://b/k")))
-    assert (s.url, str(s)) == ("s3://b/k", "s3://b/k: gone")
+    assert (s.url, str(s), s.reason) == ("s3://b/k", "s3://b/k: gone", "failed")
+    assert pickle.loads(pickle.dumps(StorageError("no", url="u", reason="refused"))).reason == (
+        "refused"
+    )
     m = pickle.loads(pickle.dumps(StateMismatchError({"seed": (1, 2)})))
     assert m.mismatches == {"seed": (1, 2)}
 

@@ -23,7 +23,7 @@ import fsspec.callbacks
 from zephon_torch._progress import Progress
 from zephon_torch.errors import DataError, StorageError, ZephonError, secret_free
 from zephon_torch.io._remote import find_detailed, sized
-from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full, refused
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full, quietly
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._versions import identity, listed_version
@@ -124,8 +124,8 @@ def read_listed(
     try:
         return call_with_retry(call, url=item.url, policy=retry, what=what, stop=stop)
     except StorageError as error:
-        if refused(error.__cause__):  # a 416 for a range past a shrunk end, say
-            check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
+        if error.reason == "refused":  # a 416 for a range past a shrunk end, say
+            _raise_if_changed(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
         raise
     except ZephonError:
         raise
@@ -152,11 +152,24 @@ def read_listed(
                 dataset=dataset,
                 shard=shard,
             ) from error
-        check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
+        _raise_if_changed(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
         raise StorageError(
             f"{what} failed, and not in a way worth retrying: {type(error).__name__}: {error}",
             url=item.url,
         ) from error
+
+
+def _raise_if_changed(
+    fs: Any, fs_path: str, item: CachedObject, *, dataset: str, retry: RetryPolicy, shard: str
+) -> None:
+    """The `DataError` of `check_unchanged`, if the object changed since it was listed; a
+    failure of the check itself is not raised: the caller raises the read's own error."""
+    try:
+        check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
+    except DataError:
+        raise
+    except Exception:  # the read's error is the one to tell
+        pass
 
 
 def check_unchanged(
@@ -187,7 +200,7 @@ def check_unchanged(
 
     fs.invalidate_cache(fs_path)  # not the first listing's answer again
     try:
-        quick: Mapping[str, Any] = fs.info(fs_path)
+        quick: Mapping[str, Any] = quietly(lambda: fs.info(fs_path))
     except Exception:  # any doubt (denied, missing, an error): the listing decides
         quick = {}
     if quick.get("size") is not None and _same(item, quick):
@@ -225,7 +238,7 @@ def _present(fs: Any, fs_path: str) -> bool | None:
     it); None where the store does not answer."""
     fs.invalidate_cache(fs_path)
     try:
-        fs.info(fs_path)
+        quietly(lambda: fs.info(fs_path))
     except FileNotFoundError:
         return False
     except Exception:  # any doubt (denied, an error): not known

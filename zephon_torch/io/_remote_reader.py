@@ -16,6 +16,8 @@ URL; an object changed or gone since its listing is a DataError naming the shard
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 import sys
 import threading
@@ -23,7 +25,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._arrow import check_columns
@@ -46,6 +48,8 @@ from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
 from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import window_blocks
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -121,9 +125,9 @@ class RemoteReader:
         self._opening = threading.Lock()  # builds the local reader; may download the index
         self._pool: Background | None = None
         self._queued: set[str] = set()
-        # per object, when and how its last prefetch failed (see `_downloader`)
-        self._failed: dict[str, tuple[float, StorageError]] = {}
-        # set by a download that failed past its retries, cleared by one that succeeds in the
+        # per object, how its last prefetch failed or stopped (see `_downloader`)
+        self._failed: dict[str, _Failed] = {}
+        # set by a download that failed (not stopped), cleared by one that succeeds in the
         # foreground: meanwhile no prefetch is queued, and those running stop retrying
         self._store_failed = threading.Event()
 
@@ -266,7 +270,7 @@ class RemoteReader:
         many datasets prefetch into this cache at once; each gets that part of the budget, so
         together they stay within it. Errors are not raised here; the read that needs the
         shard retries and raises them. Nothing is fetched ahead after a download from the store
-        failed past its retries, until one succeeds again (see `_downloader`).
+        failed, until a read's download succeeds (see `_downloader`).
         """
         cache_options = self.options.cache
         budget = cache_options.prefetch_bytes
@@ -468,32 +472,37 @@ class RemoteReader:
         """The download of one object, retried; a foreground one shows a byte bar on a
         terminal (prefetches stay quiet: several run at once in the background).
 
-        A foreground download raises at once the `StorageError` of a prefetch of the object
-        whose retries ended after this download was made: the read waited on them (for the
-        object's lock), and retrying as long again would double the retry policy's
-        `timeout` against a dead store.
+        A download that fails (past its retries, or for good) stops the prefetches: those
+        queued are dropped, and those running stop before their next retry, rather than each
+        retrying a dead store for the policy's whole `timeout` (and holding its object's
+        lock) after the run has its error; prefetching resumes once a foreground download
+        succeeds.
 
-        A download that fails past its retries stops the prefetches: those queued are
-        dropped, and those running stop before their next retry, rather than each retrying
-        a dead store for the policy's whole `timeout` (and holding its object's lock) after
-        the run has its error; prefetching resumes once a foreground download succeeds. A
-        prefetch so stopped is not reported to the read of its object, which retries
-        itself."""
+        A foreground download that waited on a prefetch of its object (for the object's lock)
+        raises at once the `StorageError` of that prefetch if it failed: retrying as long
+        again would double the policy's `timeout` against a dead store. If it was stopped,
+        the read retries for what was left of the prefetch's `timeout` only (one attempt at
+        least): one budget per object, whichever download spends it."""
         asked = time.monotonic() if foreground else None
         stop = None if foreground else self._store_failed
 
         def download(target: str) -> None:
+            retry = self.options.retry
             if asked is not None:
                 with self._lock:
                     failed = self._failed.pop(item.url, None)
-                if failed is not None and failed[0] >= asked:
-                    error = failed[1]
-                    raise StorageError(error.detail, url=error.url) from error
+                if failed is not None and failed.at >= asked:
+                    if failed.error.reason != "stopped":
+                        error = failed.error
+                        raise StorageError(error.detail, url=error.url) from error
+                    left = failed.began + retry.timeout - time.monotonic()
+                    retry = dataclasses.replace(retry, timeout=max(0.0, left))
             given = self._index_data if item.url == self.index else None
             if given is not None and len(given) == item.size:  # read when listing: no GET
                 with open(target, "wb") as handle:
                     handle.write(given)
                 return
+            began = time.monotonic()
             try:
                 fetch(
                     self._filesystem(),
@@ -501,25 +510,32 @@ class RemoteReader:
                     item,
                     target,
                     dataset=self.dataset,
-                    retry=self.options.retry,
+                    retry=retry,
                     show=foreground,
                     stop=stop,
                 )
             except StorageError as error:
                 with self._lock:
-                    # a prefetch that failed (not stopped): told while it still holds the
-                    # object's lock, which a waiting read takes the moment it is let go
-                    if stop is not None and not stop.is_set():
-                        self._failed[item.url] = (time.monotonic(), error)
-                    self._stop_prefetching()
+                    if stop is not None:  # a prefetch: told while it still holds the object's
+                        # lock, which a waiting read takes the moment it is let go
+                        self._failed[item.url] = _Failed(time.monotonic(), began, error)
+                    if error.reason != "stopped":
+                        self._stop_prefetching(error)
                 raise
-            if foreground:
+            if foreground and self._store_failed.is_set():
                 self._store_failed.clear()
+                _log.info("dataset %r: a download succeeded; prefetching resumes", self.dataset)
 
         return download
 
-    def _stop_prefetching(self) -> None:
+    def _stop_prefetching(self, error: StorageError) -> None:
         """Under the lock: no prefetch queued or retried until a foreground download succeeds."""
+        if not self._store_failed.is_set():
+            _log.info(
+                "dataset %r: prefetching stops until a read's download succeeds, after: %s",
+                self.dataset,
+                error,
+            )
         self._store_failed.set()
         if self._pool is not None:
             for url, *_ in self._pool.clear():
@@ -537,6 +553,14 @@ class RemoteReader:
                 cache = self.options.cache
                 self._cache = ShardCache(cache.directory, cache.max_bytes)
             return self._cache
+
+
+class _Failed(NamedTuple):
+    """A prefetch that ended in a StorageError: when, when its download began, the error."""
+
+    at: float
+    began: float
+    error: StorageError
 
 
 def local_processes() -> int:

@@ -249,12 +249,13 @@ def call_with_retry(
         what: a few words on the operation ("download", "listing"), for the message.
         permanent: more error types raised at once (for this call, not transient).
         stop: once set, no retry starts (a sleep between attempts ends early): a prefetch
-            stops when another download from the store has failed past its retries.
+            stops when another download from the store has failed.
 
     Raises:
-        StorageError: when the attempts or the time run out, or `stop` is set, naming `url`
-            and the last error; at once, for an answer of the store that waiting cannot cure
-            in an error type that says nothing of storage (`refused`).
+        StorageError: when the attempts or the time run out, or `stop` is set (its `reason`
+            "stopped"), naming `url` and the last error; at once, for an answer of the store
+            that waiting cannot cure in an error type that says nothing of storage (`refused`;
+            its `reason` "refused").
         ConfigError: at once, when the client found no usable credentials, or the store
             denied access (`denied`), or the client failed on a setting of the wrong type
             (a TypeError or AttributeError), naming `url`.
@@ -266,7 +267,7 @@ def call_with_retry(
     while True:
         attempt += 1
         try:
-            return _quietly(call)
+            return quietly(call)
         except Exception as error:
             if lacks_credentials(error):
                 raise ConfigError(
@@ -290,6 +291,7 @@ def call_with_retry(
                     f"{what} was refused by the store (not retried): "
                     f"{type(error).__name__}: {error}",
                     url=url,
+                    reason="refused",
                 ) from secret_free(error)
             if not is_transient(error):
                 raise
@@ -298,15 +300,17 @@ def call_with_retry(
             if spent or _stopped(stop, delay):
                 why = "failed" if spent else "stopped, another download having failed,"
                 raise StorageError(  # which blanks the credentials the text may quote
-                    f"{what} {why} after {attempt} attempt(s) in {elapsed:.1f} s: "
-                    f"{type(error).__name__}: {error}",
+                    f"{what} {why} after {attempt} attempt(s) in "
+                    f"{time.monotonic() - start:.1f} s: {type(error).__name__}: {error}",
                     url=url,
+                    reason="failed" if spent else "stopped",
                 ) from secret_free(error)
         delay = min(delay * 2, policy.max_delay)
 
 
-def _quietly(call: Callable[[], T]) -> T:
-    """`call()`, with the storage clients' own error logs demoted (see `_CHATTY_LOGGERS`)."""
+def quietly(call: Callable[[], T]) -> T:
+    """`call()`, a storage call whose failure this package reports itself, with the storage
+    clients' own logs of it demoted to DEBUG (see `_CHATTY_LOGGERS`)."""
     calling = _CALLING.set(True)
     try:
         return call()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import shutil
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -51,16 +53,19 @@ def test_not_found_for_a_listed_object_is_the_store_s_not_the_cache_folder_s(
         _read(tmp_path)
 
 
+@pytest.mark.parametrize("signed", [False, True])
 def test_a_refusal_in_a_client_s_own_error_type_is_a_storage_error_or_a_change(
-    tmp_path: Path,
+    tmp_path: Path, signed: bool
 ) -> None:
     """gcsfs raises a 409 or a 416 (a range past a shrunk end) as its own HttpError, not an
-    OSError: it escaped unwrapped, naming no URL, dataset or shard."""
+    OSError: it escaped unwrapped, naming no URL, dataset or shard. Where its text quotes a
+    credential (a signed URL), the error's cause is left out, and the change went unseen."""
     http_error = pytest.importorskip("gcsfs.retry").HttpError
     fs, item = _store()
+    where = " for https://h/part-0.jsonl?sig=s3cret" if signed else ""
 
     def refused() -> bytes:
-        raise http_error({"code": 416, "message": "Requested range not satisfiable"})
+        raise http_error({"code": 416, "message": f"Requested range not satisfiable{where}"})
 
     def read() -> bytes:
         policy = RetryPolicy(attempts=3, initial_delay=0)
@@ -73,7 +78,7 @@ def test_a_refusal_in_a_client_s_own_error_type_is_a_storage_error_or_a_change(
     ) as caught:
         read()
     assert caught.value.url == item.url
-    assert isinstance(caught.value.__cause__, http_error)
+    assert isinstance(caught.value.__cause__, http_error) != signed
     fs.pipe("/bucket/part-0.jsonl", b"{}\n")  # shrunk since the listing
     with pytest.raises(DataError, match="changed since it was listed") as changed:
         read()
@@ -104,3 +109,36 @@ def test_a_gcs_object_s_version_is_its_generation_not_its_metadata_s_etag() -> N
     assert identity(url, rewritten) != identity(url, listed)
     s3 = {"size": 5, "ETag": '"5d41402abc4b2a76b9719d911017c592"', "LastModified": "x"}
     assert identity("s3://b/k", s3).version == s3["ETag"]  # elsewhere as before
+
+
+@pytest.mark.parametrize("refused", [True, False])
+def test_a_failed_read_whose_change_check_fails_too_raises_the_read_s_error(
+    monkeypatch: pytest.MonkeyPatch, refused: bool
+) -> None:
+    """The check of whether the object changed, made after a read failed for good, raised
+    its own error in place of the read's: a listing refused, or a bare OSError (s3fs's
+    'Bad Request' for a HEAD answered 400) that escaped unwrapped from a prefetch."""
+    http_error = pytest.importorskip("gcsfs.retry").HttpError
+    fs, item = _store()
+
+    def gone() -> Any:
+        raise http_error({"code": 410, "message": "Gone"})
+
+    def bad() -> Any:  # as s3fs raises a 400: an OSError caused by botocore's error
+        error = OSError(errno.EINVAL, "Bad Request")
+        error.response = type("Response", (), {"status_code": 400})()  # type: ignore[attr-defined]
+        raise error
+
+    monkeypatch.setattr(fs, "info", lambda *args, **kwargs: bad())  # fsspec's shared one
+    monkeypatch.setattr(fs, "find", lambda *args, **kwargs: gone() if refused else bad())
+    said = "was refused" if refused else "failed, and not in a way worth retrying"
+    with pytest.raises(StorageError, match=f"^memory://bucket/part-0.jsonl: reading {said}"):
+        read_listed(
+            gone if refused else bad,
+            fs,
+            "/bucket/part-0.jsonl",
+            item,
+            dataset="d",
+            retry=RetryPolicy(attempts=1),
+            what="reading",
+        )
