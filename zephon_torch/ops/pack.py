@@ -88,6 +88,11 @@ class RowBlock:
     tokens: int
 
 
+# A source that runs out while another has more than this part of its documents to come is
+# warned of: the shares no longer hold for the rest of the run
+_LATE_SHARE = 0.05
+
+
 class MixPack(BaseNode[PackedRow]):
     """Mix the lane's sources by target share and pack documents into rows.
 
@@ -398,6 +403,17 @@ class MixPack(BaseNode[PackedRow]):
                 f"dataset {reader.layout.name!r} gave a lane no token: every document of it "
                 "that the lane read was empty or dropped (by filters, min_document_length or "
                 "long_documents='drop'), and with exhaustion='stop' its pass is over",
+                stacklevel=2,
+            )
+            return
+        going = [r for r, on in zip(self.readers, self.active, strict=True) if on]
+        if any(r.unread_share() > _LATE_SHARE for r in going):
+            warnings.warn(
+                f"dataset {reader.layout.name!r} ran out (exhaustion='stop': its passes are "
+                f"read) while {[r.layout.name for r in going]} had more than "
+                f"{_LATE_SHARE:.0%} of their documents to come: the rest of the run is theirs "
+                "alone, and the delivered shares leave their targets; give it more `passes`, "
+                "or use exhaustion='repeat' with a step budget to keep the shares",
                 stacklevel=2,
             )
 

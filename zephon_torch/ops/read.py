@@ -117,6 +117,15 @@ class DocumentReader(BaseNode[Document]):
         """Documents in one pass of this lane."""
         return self._lane_rows
 
+    def unread_share(self) -> float:
+        """The part of this lane's documents (over all its passes) not yet returned; 0.0 for a
+        lane that never ends (``exhaustion="repeat"``) or has none."""
+        total = self.passes * self._lane_rows
+        if self.exhaustion == "repeat" or total == 0:
+            return 0.0
+        pass_index, pos = self._next
+        return max(0, total - pass_index * self._lane_rows - pos) / total
+
     @property
     def same_each_pass(self) -> bool:
         """Whether every pass hands this lane the same documents: one lane, or no shuffle

@@ -114,6 +114,10 @@ class FilteredReader(BaseNode[Document]):
         """The reader's exhaustion policy."""
         return self.reader.exhaustion
 
+    def unread_share(self) -> float:
+        """The part of this lane's documents not yet read (see ``DocumentReader``)."""
+        return self.reader.unread_share()
+
     @property
     def same_each_pass(self) -> bool:
         """Whether every pass hands this lane the same documents (see ``DocumentReader``)."""
