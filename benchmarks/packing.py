@@ -225,7 +225,7 @@ def make_pipeline(corpus: Corpus, config: Config, ids: dict[str, Ids]) -> Pipeli
         Pipeline(source)
         .options(canonical_replicas=1)
         .pretokenized("ids")
-        .pack_flat(config.max_length, config.algorithm, num_bins=config.num_bins or 8)
+        .pack_flat(config.max_length, config.algorithm, num_bins=config.num_bins)
         .batch(MICROBATCH_SIZE)
     )
 

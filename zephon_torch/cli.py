@@ -175,17 +175,34 @@ _BROKEN_PIPE_EXIT = 141  # as a process ended by SIGPIPE shows in the shell (128
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zephon-torch`` console script."""
-    parser = argparse.ArgumentParser(prog="zephon-torch", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="zephon-torch",
+        description="zephon_torch's command line: run the demo, check a recipe's determinism "
+        "(verify), look into a dataset (inspect) or index it (index).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the 50:50 code/prose demo pipeline offline")
     demo.add_argument(
         "--tokenizer", default=None, help="hub id or local path (default: a BPE trained locally)"
     )
-    demo.add_argument("--steps", type=_positive_int, default=100, help="global steps to run")
-    demo.add_argument("--lanes", type=_positive_int, default=8, help="canonical_replicas (L)")
-    demo.add_argument("--max-length", type=_positive_int, default=2048)
-    demo.add_argument("--microbatch-size", type=_positive_int, default=8)
-    demo.add_argument("--parallelism", type=_positive_int, default=None, help="default: 2 x CPUs")
+    demo.add_argument(
+        "--steps", type=_positive_int, default=100, help="global steps to run (default: 100)"
+    )
+    demo.add_argument(
+        "--lanes", type=_positive_int, default=8, help="canonical_replicas, L (default: 8)"
+    )
+    demo.add_argument(
+        "--max-length", type=_positive_int, default=2048, help="tokens per row (default: 2048)"
+    )
+    demo.add_argument(
+        "--microbatch-size", type=_positive_int, default=8, help="rows per micro-batch (default: 8)"
+    )
+    demo.add_argument(
+        "--parallelism",
+        type=_positive_int,
+        default=None,
+        help="tokenizer threads (default: 2 x CPUs)",
+    )
     demo.set_defaults(run=_demo)
     check = commands.add_parser(
         "verify",

@@ -46,6 +46,8 @@ from zephon_torch.work.mixture import StaticMixtureWorkSource
 if TYPE_CHECKING:
     from zephon_torch.torch.dataset import PipelineDataset
 
+_DEFAULT_BINS = 8  # open rows of the bin packers
+
 
 def _stop(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:
     """Stop an iteration's threads (again, harmlessly, where it ran to its end)."""
@@ -319,7 +321,7 @@ class Pipeline:
         max_length: int,
         algorithm: Algorithm = "wrap",
         *,
-        num_bins: int = 8,
+        num_bins: int | None = None,
         max_sequences_per_bin: int | None = None,
         long_documents: LongDocuments = "split",
         min_document_length: int = 0,
@@ -332,8 +334,8 @@ class Pipeline:
             algorithm: ``"wrap"`` (no padding; documents span rows), ``"best_fit"``,
                 ``"first_fit"`` or ``"best_fit_wrap"`` (whole documents in ``num_bins`` open
                 rows, padded; the last may cut one document per row instead of opening a row).
-            num_bins: open rows of the bin packers.
-            max_sequences_per_bin: close a row once it holds this many pieces.
+            num_bins: open rows of the bin packers (default 8; refused with ``"wrap"``).
+            max_sequences_per_bin: close a row once it holds this many pieces (bin packers).
             long_documents: documents longer than ``max_length``: ``"split"`` into pieces, or
                 ``"drop"`` them (counted in the lane state's ``skipped``).
             min_document_length: drop (and count) documents with fewer tokens.
@@ -343,10 +345,12 @@ class Pipeline:
             raise ConfigError(
                 "`pack_flat` needs token ids: call `tokenize` (or `pretokenized`) first"
             )
+        if algorithm == "wrap" and num_bins is not None:
+            raise ConfigError("`num_bins` needs a bin packer, not 'wrap' (which keeps one row)")
         spec = PackSpec(
             max_length=max_length,
             algorithm=algorithm,
-            num_bins=num_bins,
+            num_bins=_DEFAULT_BINS if num_bins is None else num_bins,
             pad_token_id=pad_token_id,
             max_sequences_per_bin=max_sequences_per_bin,
             long_documents=long_documents,
@@ -391,7 +395,7 @@ class Pipeline:
         algorithm: Literal["best_fit", "first_fit"] = "best_fit",
         *,
         payload_fields: tuple[str, ...] | list[str] = (),
-        num_bins: int = 8,
+        num_bins: int = _DEFAULT_BINS,
         max_sequences_per_bin: int | None = None,
         min_document_length: int = 0,
         pad_token_id: int | None = None,
@@ -550,10 +554,24 @@ class Pipeline:
 
     def to_torch(self, *, mask_document_boundaries: bool = False) -> PipelineDataset:
         """This pipeline as a torch ``IterableDataset`` of training dicts (see
-        ``zephon_torch.torch``); the loaded state, if any, carries over."""
+        ``zephon_torch.torch``); the loaded state, if any, carries over. Its items are whole
+        micro-batches: give a torch loader ``batch_size=None`` (its default of 1 adds a
+        leading dimension)."""
         from zephon_torch.torch.dataset import PipelineDataset
 
         return PipelineDataset(self, mask_document_boundaries=mask_document_boundaries)
+
+    def __len__(self) -> int:
+        """Not sized: a stream. Refused with the way to a torch loader, which asks for a length
+        where it takes a dataset for a map-style one."""
+        raise TypeError(
+            "a Pipeline is a stream, not a sized dataset: load it with "
+            "zephon_torch.torch.DataLoader(pipeline), or give a torch loader "
+            "pipeline.to_torch() (an IterableDataset) with batch_size=None"
+        )
+
+    def __bool__(self) -> bool:
+        return True  # not from __len__
 
     def __iter__(self) -> Iterator[Batch]:
         """Micro-batches from the delivered (or loaded) state on. Only the newest iterator

@@ -149,6 +149,42 @@ def test_a_restarting_loader_shows_the_same_batches_at_every_pass(
         DataLoader(build(tokenizer), restart=1)  # type: ignore[arg-type]
 
 
+def test_a_lambda_in_a_pipeline_for_spawned_workers_is_a_config_error_saying_so(
+    tokenizer: Any,
+) -> None:
+    """Spawned (or forkserver) workers get the pipeline pickled: a lambda gave pickle's bare
+    AttributeError from inside torch."""
+    source = StaticMixtureWorkSource(DATASETS, seed=1)
+    pipeline = (
+        Pipeline(source)
+        .map(lambda row: {**row, "text": row["text"].upper()})
+        .tokenize(tokenizer=tokenizer)
+        .pack_flat(64)
+        .batch(2)
+    )
+    loader = DataLoader(pipeline, num_workers=1, multiprocessing_context="spawn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own note on the pickle error
+        with pytest.raises(
+            ConfigError, match=r"started by 'spawn' get the pipeline pickled.*lambda"
+        ):
+            next(iter(loader))
+    assert take(DataLoader(pipeline, num_workers=1, multiprocessing_context="fork"), 1)
+
+
+def test_a_pipeline_given_to_torch_s_own_loader_says_how_to_load_it(tokenizer: Any) -> None:
+    """torch's DataLoader takes what is not an IterableDataset for a map-style dataset and
+    asked a Pipeline for its length: a bare "object of type 'Pipeline' has no len()"."""
+    pipeline = build(tokenizer)
+    with pytest.raises(
+        TypeError, match=r"zephon_torch\.torch\.DataLoader\(pipeline\).*batch_size=None"
+    ):
+        next(iter(torch.utils.data.DataLoader(pipeline)))
+    assert pipeline and len(list(pipeline)) > 1  # truth and list() do not ask for a length
+    item = next(iter(torch.utils.data.DataLoader(build(tokenizer).to_torch(), batch_size=None)))
+    assert item["input_ids"].shape == (2, 64)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_loader_over_a_dataset_iterated_before_continues_from_it(
     tokenizer: Any, num_workers: int

@@ -1,4 +1,5 @@
-"""The training-loop example: same data and loss on 1, 2 and 4 ranks; resume on fewer ranks."""
+"""The examples: the training loop gives the same data and loss on 1, 2 and 4 ranks and resumes
+on fewer; the quickstart runs offline and resumes exactly."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ def test_a_checkpoint_from_four_ranks_resumes_on_two(tmp_path: Path) -> None:
     resumed = run(2, tmp_path / "resumed.json", "--resume", str(checkpoint))
     assert [r["step"] for r in resumed] == list(range(3, 8))
     assert same(resumed, full[3:])
+
+
+def test_the_quickstart_runs_offline_meets_its_shares_and_resumes_exactly(tmp_path: Path) -> None:
+    quickstart = str(ROOT / "examples" / "quickstart.py")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, quickstart, "--out", str(tmp_path / "data")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed exactly: True" in done.stdout
+    shares = json.loads(
+        done.stdout.split("token shares ")[1].split(" (target")[0].replace("'", '"')
+    )
+    assert abs(shares["wiki"] - 0.7) < 0.02, shares

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -322,3 +324,14 @@ def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, _private_cache: Pa
     )
     assert done.stderr == ""
     assert done.stdout.strip() == "141"
+
+
+def test_the_command_line_runs_as_a_module() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "zephon_torch", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "{demo,verify,inspect,index}" in done.stdout

@@ -618,8 +618,14 @@ def _source(**kwargs: Any) -> StaticMixtureWorkSource:
             "`min_document_length` 9 is above `max_length` 8, and documents are kept whole",
         ),
         (
-            lambda tok: Pipeline(_source()).tokenize(tokenizer=tok).pack_flat(8, num_bins=-3),
+            lambda tok: (
+                Pipeline(_source()).tokenize(tokenizer=tok).pack_flat(8, "best_fit", num_bins=-3)
+            ),
             "`num_bins` must be positive, got -3",
+        ),
+        (  # was ignored, while max_sequences_per_bin with 'wrap' was refused
+            lambda tok: Pipeline(_source()).tokenize(tokenizer=tok).pack_flat(8, num_bins=3),
+            "`num_bins` needs a bin packer, not 'wrap'",
         ),
         (
             lambda tok: Pipeline(_source()).tokenize(tokenizer=tok).stateful_filter("x"),  # type: ignore[arg-type]

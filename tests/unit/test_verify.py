@@ -418,7 +418,10 @@ def test_a_configuration_that_cannot_run_is_reported_as_failed_to_run_not_diverg
     whose every configuration that ran was identical."""
     code, text = _verify_with_workers(UNPICKLABLE, tmp_path, tokenizer, capsys)
     assert code == 3, text
-    assert "zephon W=1 workers=2: FAILED TO RUN: AttributeError: Can't pickle" in text
+    assert (
+        "zephon W=1 workers=2: FAILED TO RUN: ConfigError: DataLoader workers started by "
+        "'spawn' get the pipeline pickled" in text
+    )
     assert "zephon W=2 fault@1 -> W=1: IDENTICAL" in text
     assert "zephon W=1 loader workers=2 fault@1 -> W=2: FAILED TO RUN" in text
     assert "verdict: INCOMPLETE: 2 of 5 configurations failed to run" in text

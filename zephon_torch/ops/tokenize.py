@@ -61,7 +61,9 @@ class TokenizeOp:
             if tokenizer.eos_id is None:
                 raise ConfigError(
                     f"`special_tokens={special_tokens!r}` needs an EOS token, and the tokenizer "
-                    "has none known; pass `eos_token=`"
+                    "has none known; pass `eos_token=` naming one of its tokens, or "
+                    "`special_tokens='none'` for no token between documents (a tokenizer "
+                    "without special tokens has none to name: add one when training it)"
                 )
             self.suffix = [tokenizer.eos_id]
         if tokenizer.adds_bos and not self.prefix:

@@ -9,6 +9,8 @@ worker, ``num_workers`` may change between save and load.
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import pickle
 import time
 import weakref
 from collections.abc import Iterator
@@ -165,7 +167,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         self._generation += 1
         self._counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
         self._unmarked, self._end = set(), []
-        torch_items = super().__iter__()
+        torch_items = self._started_workers()
         self._live = weakref.ref(torch_items)
         items: Iterator[dict[str, Any]] = _raising(map(unpack, torch_items))
         turns = self._lane_turns()
@@ -183,6 +185,23 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             per_turn = len(pipeline.lanes)
             items = equal_ending(items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun)
         return self._strip(items, self._generation, self._counters, resumed=resumed)
+
+    def _started_workers(self) -> Iterator[Any]:
+        """torch's iterator, whose workers (if any) start here; a pipeline that a worker
+        started by spawn or forkserver cannot receive (a lambda, a closure) is a ConfigError
+        saying so, not pickle's bare error from inside torch."""
+        try:
+            return super().__iter__()
+        except (pickle.PicklingError, AttributeError, TypeError) as error:
+            if "pickle" not in str(error).lower():
+                raise
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            raise ConfigError(
+                f"DataLoader workers started by {context.get_start_method()!r} get the "
+                "pipeline pickled, and "
+                "it holds what cannot be (use module-level functions, not lambdas or "
+                f"closures, in map, filter and the rest; or fork): {error}"
+            ) from error
 
     def _lane_turns(self) -> dict[int, int]:
         """The turn each of this rank's lanes resumes at (0 for a lane not started)."""

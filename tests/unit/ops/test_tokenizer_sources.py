@@ -216,3 +216,26 @@ def test_unreadable_tokenizer_files_and_bad_token_names_are_config_errors_naming
     (folder / "tokenizer_config.json").write_text("{}")
     refused(str(folder), r"`bos_token` must be a token's text \(a str\), got 1", bos_token=1)
     assert resolve_tokenizer(str(folder), None, bos_token=None, eos_token=None).eos_id is not None
+
+
+def test_a_tokenizer_without_special_tokens_is_told_of_special_tokens_none() -> None:
+    """The advice was only `eos_token=`, which such a tokenizer cannot follow: every name is
+    'not in the tokenizer's vocabulary'."""
+    import pytest
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from zephon_torch.errors import ConfigError
+    from zephon_torch.ops.tokenize import TokenizeOp
+
+    bare = Tokenizer(models.BPE())
+    bare.pre_tokenizer = pre_tokenizers.ByteLevel()
+    bare.train_from_iterator(
+        ["plain text without special tokens"] * 20, trainers.BpeTrainer(vocab_size=300)
+    )
+    resolved = resolve_tokenizer(None, bare, bos_token=None, eos_token=None)
+    with pytest.raises(
+        ConfigError, match=r"`special_tokens='none'` for no token between documents"
+    ):
+        TokenizeOp(
+            resolved, field="text", special_tokens="eos", dataset_names=["d"], shard_paths=[["s"]]
+        )
