@@ -191,13 +191,7 @@ def test_a_failed_download_stops_the_prefetches_until_a_download_succeeds(
             raise ConnectionResetError("the store is down")
 
     with hooked_proxy(endpoint, store) as proxy:
-        options = {
-            "cache": {"dir": str(tmp_path / "cache"), "prefetch_threads": 1},
-            "retry": {"attempts": 1000, "initial_delay": 0.05, "max_delay": 0.05, "timeout": 1},
-        }
-        remote = Dataset.from_path(
-            "c", "s3://bucket/breaker", storage_options=_storage(proxy), io_options=options
-        )
+        remote = _retrying(proxy, "s3://bucket/breaker", tmp_path, threads=1, timeout=1)
         down.append(True)
         asked.clear()
         remote.prefetch(range(8))  # shard 0 downloading, the 7 others queued
@@ -251,13 +245,7 @@ def test_a_read_waiting_on_a_prefetch_stopped_by_another_failure_downloads_itsel
         return None
 
     with hooked_proxy(endpoint, store) as proxy:
-        options = {
-            "cache": {"dir": str(tmp_path / "cache"), "prefetch_threads": 2},
-            "retry": {"attempts": 1000, "initial_delay": 0.05, "max_delay": 0.05, "timeout": 30},
-        }
-        remote = Dataset.from_path(
-            "c", "s3://bucket/stopped", storage_options=_storage(proxy), io_options=options
-        )
+        remote = _retrying(proxy, "s3://bucket/stopped", tmp_path, threads=2, timeout=30)
         armed.set()
         remote.prefetch(range(2))
         deadline = time.monotonic() + 60
@@ -266,6 +254,16 @@ def test_a_read_waiting_on_a_prefetch_stopped_by_another_failure_downloads_itsel
         assert held and _prefetching_threads() == 1
         threading.Timer(0.5, release.set).start()  # once the read below waits on the lock
         assert remote.read_rows(1, [0])[0]["id"] == 50
+
+
+def _retrying(proxy: str, url: str, tmp_path: Path, *, threads: int, timeout: float) -> Dataset:
+    """`url` through `proxy`, on `threads` prefetch threads, retried every 50 ms up to
+    `timeout` seconds."""
+    options = {
+        "cache": {"dir": str(tmp_path / "cache"), "prefetch_threads": threads},
+        "retry": {"attempts": 1000, "initial_delay": 0.05, "max_delay": 0.05, "timeout": timeout},
+    }
+    return Dataset.from_path("c", url, storage_options=_storage(proxy), io_options=options)
 
 
 def _prefetching_threads() -> int:
