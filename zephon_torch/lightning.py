@@ -24,6 +24,7 @@ except ImportError as error:
 
 from zephon_torch import Pipeline
 from zephon_torch.elastic import rank_turns
+from zephon_torch.errors import ConfigError
 from zephon_torch.torch import DataLoader
 
 
@@ -67,6 +68,14 @@ class PipelineDataModule(L.LightningDataModule):
     def _val_dataloader(self) -> DataLoader:
         """A loader of the validation pipeline whose every pass starts at its beginning."""
         assert self.val_pipeline is not None
+        limit = getattr(self.trainer, "limit_val_batches", None)
+        endless = self.val_pipeline.exhaustion == "repeat"
+        if endless and (limit is None or isinstance(limit, float)):  # 1.0: all of it
+            raise ConfigError(
+                "`val_pipeline` never ends (exhaustion='repeat'), so each validation run "
+                "would go on for ever: make it end (exhaustion='stop') or give the Trainer "
+                "limit_val_batches=<a number of batches>"
+            )
         return DataLoader(
             self.val_pipeline,
             num_workers=self.num_workers,

@@ -185,6 +185,30 @@ def test_every_validation_run_sees_the_validation_batches_from_the_start(
     assert resumed.validations[-2:] == [whole, whole]
 
 
+def test_a_validation_pipeline_that_never_ends_needs_a_batch_limit(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """With exhaustion='repeat' and no limit_val_batches, the first validation run went on for
+    ever (77,000 batches when a review killed it)."""
+    from zephon_torch import ConfigError
+
+    def data() -> PipelineDataModule:
+        return PipelineDataModule(
+            small_pipeline(tokenizer, lanes=2, exhaustion="repeat", datasets=DATASETS),
+            val_pipeline=small_pipeline(tokenizer, lanes=2, exhaustion="repeat", datasets=DATASETS),
+        )
+
+    with pytest.raises(ConfigError, match="`val_pipeline` never ends"):
+        trainer(tmp_path / "a", 4, max_steps=2, val_check_interval=2).fit(
+            ValidatedLM(), datamodule=data()
+        )
+    model = ValidatedLM()
+    limited = trainer(tmp_path / "b", 4, max_steps=4, val_check_interval=2, limit_val_batches=3)
+    limited.fit(model, datamodule=data())
+    assert [len(run) for run in model.validations] == [2, 3, 3]  # the sanity check, steps 2, 4
+    assert model.validations[1] == model.validations[2]
+
+
 def test_importing_zephon_torch_does_not_import_lightning() -> None:
     import subprocess
     import sys

@@ -464,8 +464,11 @@ def test_a_small_source_s_documents_are_not_cut_into_slivers(weight: float) -> N
     assert np.median(pieces) >= 512, np.median(pieces)
 
 
-def _finite_mixture(rows: dict[str, int], weights: dict[str, float], **kw: Any) -> Any:
-    """Two pre-tokenized sources of 10-token documents, mixed by tokens, 2 lanes, rows of 32."""
+def _finite_mixture(
+    rows: dict[str, int], weights: dict[str, float], lanes: int = 2, **kw: Any
+) -> Any:
+    """Two pre-tokenized sources of 10-token documents, mixed by tokens, on `lanes` lanes, rows
+    of 32."""
     from zephon_torch import Pipeline
     from zephon_torch.work import TokenEstimation
 
@@ -475,7 +478,7 @@ def _finite_mixture(rows: dict[str, int], weights: dict[str, float], **kw: Any) 
     ]
     estimation = TokenEstimation(calibration_documents=4)
     source = StaticMixtureWorkSource(datasets, weights, token_estimation=estimation, seed=3, **kw)
-    pipeline = Pipeline(source).options(canonical_replicas=2).pretokenized("ids")
+    pipeline = Pipeline(source).options(canonical_replicas=lanes).pretokenized("ids")
     return pipeline.pack_flat(32).batch(2)
 
 
@@ -491,16 +494,18 @@ def test_a_source_that_runs_out_early_is_warned_of_once_and_a_natural_end_is_not
         list(early)
     said = [str(w.message) for w in caught if "ran out" in str(w.message)]
     assert said == [
-        "dataset 'small' ran out (exhaustion='stop': its passes are read) while ['big'] had "
-        "more than 5% of their documents to come: the rest of the run is theirs alone, and "
-        "the delivered shares leave their targets; give it more `passes`, or use "
+        "dataset 'small' ran out (exhaustion='stop': its passes are read) with more than 5% "
+        "of a lane's documents, of other datasets, to come: the rest of the run is theirs "
+        "alone, and the delivered shares leave their targets; give it more `passes`, or use "
         "exhaustion='repeat' with a step budget to keep the shares"
     ]  # once, for both lanes
     matched = _finite_mixture({"small": 700, "big": 300}, {"small": 0.7, "big": 0.3})
+    # a source of 1% on 8 lanes: a few documents a lane, one of them left is no sign
+    tiny = _finite_mixture({"tiny": 20, "big": 2000}, {"tiny": 0.01, "big": 0.99}, lanes=8)
     more = _finite_mixture(
         {"small": 100, "big": 1000}, {"small": 0.7, "big": 0.3}, passes={"small": 23}
     )
-    for pipeline in (matched, more):
+    for pipeline in (matched, more, tiny):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert list(pipeline)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -68,6 +69,15 @@ class DaemonPool(Executor):
         if wait:
             for thread in self._threads:
                 thread.join()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for the threads to end (after ``shutdown``): a
+        thread left inside native code (a tokenizer's batch encode) as the interpreter exits
+        can abort the process."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _stop(jobs: queue.SimpleQueue[_Job | None], threads: int) -> None:

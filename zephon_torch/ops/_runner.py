@@ -86,13 +86,16 @@ def _init_worker(path: str, parent: int) -> None:
 
 
 _OPEN_RUNNERS: weakref.WeakSet[Runner] = weakref.WeakSet()
+_JOIN_S = 1.0  # how long closing a threads runner waits for a chunk still running
 
 
 def _end_at_exit() -> None:
-    """Close the processes runners still open as the interpreter exits: an error (Ctrl-C)
-    that left the loop without closing its iterator left them open, and concurrent.futures'
-    own exit hook then waited for a worker's map to return, for ever if it was stuck.
-    Registered after that hook, so run before it."""
+    """Close the runners still open as the interpreter exits: a loop left by ``break`` or an
+    error (Ctrl-C) without closing its iterator left them open. concurrent.futures' own exit
+    hook then waited for a process worker's map to return, for ever if it was stuck; and a
+    thread still inside a tokenizer's native batch encode as the interpreter is torn down can
+    abort the process ("terminate called without an active exception"). Registered after
+    concurrent.futures' hook, so run before it."""
     for runner in list(_OPEN_RUNNERS):
         runner.close()
 
@@ -245,6 +248,7 @@ class Runner:
             pass
         elif kind == "threads":
             self._executor = DaemonPool(parallelism, "zephon-docs")
+            _OPEN_RUNNERS.add(self)
         elif multiprocessing.current_process().daemon:
             raise ConfigError(
                 "runner='processes' cannot start its processes here: this is a daemonic "
@@ -318,6 +322,9 @@ class Runner:
                 _terminate(self._executor)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self._executor, DaemonPool):  # a chunk running ends in moments, or
+            self._executor.join(_JOIN_S)  # (a map that never returns) is left behind
+        _OPEN_RUNNERS.discard(self)
         if self._removal is not None:
             self._removal()
 

@@ -88,8 +88,8 @@ class RowBlock:
     tokens: int
 
 
-# A source that runs out while another has more than this part of its documents to come is
-# warned of: the shares no longer hold for the rest of the run
+# A source that runs out while the others have more than this part of the lane's documents
+# (over all sources and passes) to come is warned of: the shares no longer hold from there
 _LATE_SHARE = 0.05
 
 
@@ -406,14 +406,15 @@ class MixPack(BaseNode[PackedRow]):
                 stacklevel=2,
             )
             return
-        going = [r for r, on in zip(self.readers, self.active, strict=True) if on]
-        if any(r.unread_share() > _LATE_SHARE for r in going):
+        left = sum(r.unread()[0] for r, on in zip(self.readers, self.active, strict=True) if on)
+        total = sum(r.unread()[1] for r in self.readers)
+        if left > _LATE_SHARE * total:  # the text names no lane: a run warns once
             warnings.warn(
                 f"dataset {reader.layout.name!r} ran out (exhaustion='stop': its passes are "
-                f"read) while {[r.layout.name for r in going]} had more than "
-                f"{_LATE_SHARE:.0%} of their documents to come: the rest of the run is theirs "
-                "alone, and the delivered shares leave their targets; give it more `passes`, "
-                "or use exhaustion='repeat' with a step budget to keep the shares",
+                f"read) with more than {_LATE_SHARE:.0%} of a lane's documents, of other "
+                "datasets, to come: the rest of the run is theirs alone, and the delivered "
+                "shares leave their targets; give it more `passes`, or use "
+                "exhaustion='repeat' with a step budget to keep the shares",
                 stacklevel=2,
             )
 

@@ -117,14 +117,14 @@ class DocumentReader(BaseNode[Document]):
         """Documents in one pass of this lane."""
         return self._lane_rows
 
-    def unread_share(self) -> float:
-        """The part of this lane's documents (over all its passes) not yet returned; 0.0 for a
-        lane that never ends (``exhaustion="repeat"``) or has none."""
+    def unread(self) -> tuple[int, int]:
+        """This lane's documents (over all its passes) not yet returned, and all of them;
+        (0, 0) for a lane that never ends (``exhaustion="repeat"``)."""
+        if self.exhaustion == "repeat":
+            return 0, 0
         total = self.passes * self._lane_rows
-        if self.exhaustion == "repeat" or total == 0:
-            return 0.0
         pass_index, pos = self._next
-        return max(0, total - pass_index * self._lane_rows - pos) / total
+        return max(0, total - pass_index * self._lane_rows - pos), total
 
     @property
     def same_each_pass(self) -> bool:

@@ -114,9 +114,9 @@ class FilteredReader(BaseNode[Document]):
         """The reader's exhaustion policy."""
         return self.reader.exhaustion
 
-    def unread_share(self) -> float:
-        """The part of this lane's documents not yet read (see ``DocumentReader``)."""
-        return self.reader.unread_share()
+    def unread(self) -> tuple[int, int]:
+        """This lane's documents not yet read, and all of them (see ``DocumentReader``)."""
+        return self.reader.unread()
 
     @property
     def same_each_pass(self) -> bool:

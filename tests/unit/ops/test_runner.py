@@ -529,3 +529,41 @@ def test_a_forked_child_leaves_the_parent_s_worker_processes_alone() -> None:
     assert child.exitcode == 0
     for _ in range(2000):  # a few passes: new chunks for the workers
         next(batches)
+
+
+_LEFT_BY_BREAK = """
+import atexit, threading, time
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+def slow(row):  # chunks of many rows take a few hundred ms
+    time.sleep(0.005)
+    return row
+
+rows = {"ids": [[i % 50 + 1] * 8 for i in range(400)]}
+source = StaticMixtureWorkSource([Dataset.from_dict("d", rows)], seed=1)
+pipeline = Pipeline(source).map(slow).pretokenized("ids", parallelism=2, runner="threads")
+for batch in pipeline.pack_flat(16).batch(2):
+    break
+
+def left():  # runs after threading's exit hooks
+    names = [t.name for t in threading.enumerate() if t.name.startswith("zephon-docs")]
+    print("left at exit:", names, flush=True)
+
+atexit.register(left)
+"""
+
+
+def test_a_loop_left_by_break_leaves_no_reader_thread_running_at_exit(tmp_path: Path) -> None:
+    """The threads runner of an iteration left by `break` stayed open, its threads inside a
+    tokenizer's native batch encode as the interpreter was torn down, which can abort the
+    process ("terminate called without an active exception", seen once from the quickstart).
+    The runners still open are closed at exit, their running chunk waited for."""
+    script = tmp_path / "left.py"
+    script.write_text(_LEFT_BY_BREAK)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "left at exit: []" in done.stdout, done.stdout
