@@ -206,3 +206,16 @@ def test_merging_no_state_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="needs at least one state"):
         merge_states([])
+
+
+def test_a_changed_exhaustion_is_one_difference_not_two(
+    tokenizer: Any, saved: tuple[dict[str, Any], list[Any]]
+) -> None:
+    # 'repeat' has no passes: listing `passes: saved None, live {...}` beside the exhaustion
+    # line sent a user looking for a passes setting they never changed
+    state, _ = saved
+    pipeline = small_pipeline(tokenizer, lanes=2, exhaustion="stop", prefetch=0)
+    with pytest.raises(StateMismatchError) as caught:
+        pipeline.load_state_dict(copy.deepcopy(state))
+    assert list(caught.value.mismatches) == ["exhaustion"]
+    assert "saved 'repeat', live 'stop'" in str(caught.value)
