@@ -310,6 +310,9 @@ def test_a_data_error_in_a_worker_reaches_the_loop_as_a_data_error(
     with pytest.raises(DataError) as caught:
         list(loader)
     assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("web", str(shard), 9)
+    # stopped with the error: its frames hold torch's iterator, whose workers lived on
+    # until the error was collected
+    assert multiprocessing.active_children() == []
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

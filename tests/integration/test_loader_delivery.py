@@ -5,6 +5,7 @@ iterators, an idle StatefulDataLoader worker, and a dataset shared with a plain 
 from __future__ import annotations
 
 import json
+import pathlib
 import warnings
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+import zephon_torch
 from tests.helpers import small_pipeline, two_sources
 from zephon_torch.torch import DataLoader
 
@@ -169,3 +171,29 @@ def test_iterating_a_spent_loader_again_warns_once(
     assert len(caught) == 1 and "every lane of this pipeline is spent" in str(caught[0].message)
     assert sum(again) == 0
     assert "gave no data" not in capfd.readouterr().err  # nor once more by a worker
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_warning_every_worker_gives_comes_once_from_the_main_process(
+    tokenizer: Any, context: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Each worker printed its own copy of a warning about the data (here: a source that ran
+    out mid-run, in every lane), one per worker per rank, and none that the main process's
+    filters or `pytest.warns` could see."""
+    pipeline = build(tokenizer, exhaustion="stop", datasets=two_sources(40, 30, shard_size=3))
+    in_process = [
+        fingerprint(item)
+        for item in DataLoader(
+            build(tokenizer, exhaustion="stop", datasets=two_sources(40, 30, shard_size=3))
+        )
+    ]
+    loader = DataLoader(pipeline, num_workers=2, multiprocessing_context=context)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        assert [fingerprint(item) for item in loader] == in_process
+    said = [str(w.message) for w in caught if "ran out" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("dataset 'short' ran out (exhaustion='stop'")
+    assert [w.filename for w in caught if "ran out" in str(w.message)] == [
+        str(pathlib.Path(zephon_torch.__file__).parent / "ops" / "pack.py")
+    ]  # where the worker warned from
+    assert "ran out" not in capfd.readouterr().err  # no worker printed it

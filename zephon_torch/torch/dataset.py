@@ -21,6 +21,7 @@ from zephon_torch._lanes import calibrated
 from zephon_torch._state import VERSION_NOTE, state_step, version_mismatch
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.torch._transport import pack
+from zephon_torch.torch._warnings import WARNINGS_KEY, heard_warnings, take
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
 
 if TYPE_CHECKING:
@@ -180,40 +181,44 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # iterators of one loader, never move each other
         # in a worker of zephon_torch's loader, which warns of a spent state in the main process
         quiet = self.with_meta and info is not None
-        pipeline = pipeline.with_lanes(mine, endless=self.endless, quiet=quiet)
-        if states:
-            state = pipeline.state_dict()
-            state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
-            if self._loaded is not None and self._loaded.get("estimation") is not None:
-                state["estimation"] = self._loaded["estimation"]
-            pipeline.load_state_dict(state)
-        by_documents = pipeline._source.mixing == "documents"  # for the loader's stats
-        try:
-            for batch in pipeline:
-                self._delivered[str(batch.lane)] = batch.state
-                item: dict[str, Any] = dict(
-                    batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
-                )
-                if batch.payloads is not None:
-                    item["payloads"] = batch.payloads
-                if self.with_meta:
-                    item[META_KEY] = {
-                        "lane": batch.lane,
-                        "turn": batch.turn,
-                        "tokens": batch.num_tokens,
-                        "state": batch.state,
-                        "sources": batch.tokens_by_source(),
-                        "documents": batch.documents_by_source() if by_documents else {},
-                    }
-                yield pack(item) if self.pack_transport and info is not None else item
-            # a stream the pipeline cut itself (not endless): its lanes' final states, spent
-            # (see `_lanes.spent_at`), so ranks' final states merge
-            for lane, final in pipeline._lane_states.items():
-                self._delivered[str(lane)] = final
-        except ZephonError as error:
-            if info is None or not self.with_meta:
-                raise
-            yield {ERROR_KEY: error}
+        # and gives the warnings its workers heard there, once (see `_warnings`)
+        with heard_warnings(quiet) as heard:
+            pipeline = pipeline.with_lanes(mine, endless=self.endless, quiet=quiet)
+            if states:
+                state = pipeline.state_dict()
+                state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
+                if self._loaded is not None and self._loaded.get("estimation") is not None:
+                    state["estimation"] = self._loaded["estimation"]
+                pipeline.load_state_dict(state)
+            by_documents = pipeline._source.mixing == "documents"  # for the loader's stats
+            try:
+                for batch in pipeline:
+                    self._delivered[str(batch.lane)] = batch.state
+                    item: dict[str, Any] = dict(
+                        batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
+                    )
+                    if batch.payloads is not None:
+                        item["payloads"] = batch.payloads
+                    if self.with_meta:
+                        item[META_KEY] = {
+                            "lane": batch.lane,
+                            "turn": batch.turn,
+                            "tokens": batch.num_tokens,
+                            "state": batch.state,
+                            "sources": batch.tokens_by_source(),
+                            "documents": batch.documents_by_source() if by_documents else {},
+                        }
+                    if heard:
+                        item[WARNINGS_KEY] = take(heard)
+                    yield pack(item) if self.pack_transport and info is not None else item
+                # a stream the pipeline cut itself (not endless): its lanes' final states, spent
+                # (see `_lanes.spent_at`), so ranks' final states merge
+                for lane, final in pipeline._lane_states.items():
+                    self._delivered[str(lane)] = final
+            except ZephonError as error:
+                if info is None or not self.with_meta:
+                    raise
+                yield {ERROR_KEY: error, WARNINGS_KEY: take(heard) if heard else []}
 
     def state_dict(self) -> dict[str, Any]:
         """The state after what this process's iterator yielded (see the class docstring).

@@ -29,6 +29,7 @@ from zephon_torch._lanes import (
 from zephon_torch._stats import RunCounters, loader_stats
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
+from zephon_torch.torch._warnings import WARNINGS_KEY, give
 from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset
 from zephon_torch.torch.distributed import distributed_ready, equal_ending
 
@@ -253,6 +254,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 else:
                     self._unmarked.add((int(meta["lane"]), int(meta["turn"])))
                 yield item
+        except Exception:
+            # a worker's error ended its stream: stop the iteration's workers now, not once
+            # the error (whose frames hold torch's iterator) is collected
+            if self._generation == generation:
+                self._end_live()
+            raise
         finally:  # ran out, raised, or left (a break): its stats stay as they were
             counters.ended = time.perf_counter()
 
@@ -331,8 +338,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
 
 def _raising(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """The items, raising a worker's error where it sent one (see `ERROR_KEY`)."""
+    """The items, raising a worker's error where it sent one (see `ERROR_KEY`), and giving the
+    warnings its workers heard (see `_warnings`)."""
     for item in items:
+        heard = item.pop(WARNINGS_KEY, None)
+        if heard:
+            give(heard)
         if ERROR_KEY in item:
             raise item[ERROR_KEY]
         yield item
