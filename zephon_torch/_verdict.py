@@ -35,6 +35,8 @@ class Run:
     zephon: bool = True
     error: str | None = None
     setup: bool = False
+    # per step, the SHA-256 of each micro-batch of the global batch (lane order), where known
+    parts: list[list[str]] | None = None
 
 
 def failed_run(name: str, error: BaseException, *, zephon: bool = True) -> Run:
@@ -74,7 +76,7 @@ def verdict(run: Run, reference: Run, *, steps: int | None = None) -> str:
         return f"DIVERGES: the run failed: {run.error}"
     for t, (a, b) in enumerate(zip(run.hashes, reference.hashes)):
         if a != b:
-            return f"DIVERGES from {reference.name} at step {t}"
+            return f"DIVERGES from {reference.name} at step {t}{_first_lane(run, reference, t)}"
     compared = min(len(run.hashes), len(reference.hashes))
     if steps is not None and compared < steps:
         short = f"the standard loader gave {len(run.hashes)} of {steps} steps"
@@ -86,6 +88,20 @@ def verdict(run: Run, reference: Run, *, steps: int | None = None) -> str:
     if len(run.hashes) != len(reference.hashes):
         return f"DIVERGES: {len(run.hashes)} steps vs {len(reference.hashes)}"
     return f"IDENTICAL to {reference.name} ({len(run.hashes)} steps)"
+
+
+def _first_lane(run: Run, reference: Run, step: int) -> str:
+    """`` (lane i first)``: the first micro-batch of global batch ``step`` that differs, where
+    both runs hashed each (zephon_torch runs: micro-batch i is lane i's); else nothing."""
+    if run.parts is None or reference.parts is None or not run.zephon:
+        return ""
+    if step >= min(len(run.parts), len(reference.parts)):
+        return ""
+    mine, theirs = run.parts[step], reference.parts[step]
+    if len(mine) != len(theirs):
+        return f" ({len(mine)} micro-batches vs {len(theirs)})"
+    lane = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+    return f" (lane {lane} first)"
 
 
 def table(runs: list[Run]) -> str:

@@ -66,6 +66,20 @@ def digest(parts: list[dict[str, torch.Tensor]]) -> str:
     return h.hexdigest()
 
 
+class StepHashes(list[str]):
+    """Global-batch hashes, each step's micro-batch hashes beside them (``parts``)."""
+
+    def __init__(self, batches: list[list[dict[str, torch.Tensor]]]) -> None:
+        super().__init__(digest(parts) for parts in batches)
+        self.parts = [[digest([part]) for part in parts] for parts in batches]
+
+    def __add__(self, other: list[str]) -> StepHashes:  # type: ignore[override]
+        joined = StepHashes([])
+        joined.extend([*self, *other])
+        joined.parts = self.parts + getattr(other, "parts", [[] for _ in other])
+        return joined
+
+
 def _rank_items(pipeline: Pipeline, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
     """A simulated rank's micro-batches (without workers, of a pipeline made endless): its
     spent lanes pad on, and the caller cuts the stream where no rank has data, as the loader
@@ -97,7 +111,7 @@ def zephon_run(
     batches = zephon_batches(
         build, world_size, steps, num_workers=num_workers, start=start, first_step=first_step
     )
-    return [digest(parts) for parts in batches]
+    return StepHashes(batches)
 
 
 def zephon_batches(

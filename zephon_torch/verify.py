@@ -28,7 +28,7 @@ from zephon_torch._progress import progress, track
 from zephon_torch._verdict import Run, failed_run, table, verdict
 from zephon_torch._verify_runs import (
     Build,
-    digest,
+    StepHashes,
     fault_run,
     fault_state,
     ranks_simulated,
@@ -231,7 +231,8 @@ def _run_jobs(jobs: list[tuple[str, Callable[[], list[str]], bool]]) -> list[Run
         for name, job, zephon in jobs:
             bar.note(name)
             try:
-                runs.append(Run(name, job(), zephon=zephon))
+                hashes = job()
+                runs.append(Run(name, hashes, zephon=zephon, parts=getattr(hashes, "parts", None)))
             except Exception as error:
                 if not runs:
                     raise
@@ -299,7 +300,8 @@ def compare(
         name = f"zephon W={reference}"
         bar.note(name)
         head = batches[name] = zephon_batches(build, reference, steps)
-        runs.append(Run(name, [digest(p) for p in head]))
+        hashes = StepHashes(head)
+        runs.append(Run(name, list(hashes), parts=hashes.parts))
         state = None
         if fault_step:
             bar.note(f"state at step {fault_step} on W={reference}")
@@ -341,4 +343,5 @@ def _drawn(
     except Exception as error:
         batches[name] = []
         return failed_run(name, error, zephon=zephon)
-    return Run(name, [digest(p) for p in batches[name]], zephon=zephon)
+    hashes = StepHashes(batches[name])
+    return Run(name, list(hashes), zephon=zephon, parts=hashes.parts)

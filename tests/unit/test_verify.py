@@ -44,6 +44,9 @@ def test_verify_finds_every_configuration_identical_and_the_standard_loader_not(
     assert all(r.hashes == zephon[0].hashes and len(r.hashes) == 6 for r in zephon)
     standard = [r for r in runs if not r.zephon]
     assert len({tuple(r.hashes) for r in standard}) == len(standard)  # W changes its batches
+    # each global batch hashed whole and by lane, the fault runs' across their resume too
+    assert all(r.parts is not None and len(r.parts) == len(r.hashes) == 6 for r in zephon)
+    assert all(len(step) == 4 for r in zephon for step in r.parts or [])
     text = table(runs)
     assert "zephon W=4 fault@2 -> W=1: IDENTICAL" in text
     assert "zephon W=1 runner=processes: IDENTICAL" in text
@@ -57,7 +60,20 @@ def test_verify_reports_a_divergence_when_a_data_affecting_setting_differs(
     changed = load_recipe(write_recipe(tmp_path, tokenizer, "changed", extra=", max_length=48"))
     a = verify(base, steps=4, world_sizes=[2], workers=(), standard=False)[0]
     b = verify(changed, steps=4, world_sizes=[2], workers=(), standard=False)[0]
-    assert verdict(b, a).startswith("DIVERGES from zephon W=2 at step 0")
+    assert verdict(b, a) == "DIVERGES from zephon W=2 at step 0 (lane 0 first)"
+
+
+def test_a_divergence_names_the_first_lane_whose_micro_batch_differs() -> None:
+    """A DIVERGES line named the step alone: which of the L micro-batches differed (a lane
+    resumed wrong, one rank's data) was for the user to find."""
+    same, other = "1" * 64, "2" * 64
+    reference = Run("zephon W=1", ["a" * 64, "b" * 64], parts=[[same, same], [same, same]])
+    run = Run("zephon W=2", ["a" * 64, "c" * 64], parts=[[same, same], [same, other]])
+    assert verdict(run, reference) == "DIVERGES from zephon W=1 at step 1 (lane 1 first)"
+    fewer = Run("zephon W=2", ["a" * 64, "c" * 64], parts=[[same, same], [same]])
+    assert verdict(fewer, reference).endswith("at step 1 (1 micro-batches vs 2)")
+    unknown = Run("zephon W=2", ["a" * 64, "c" * 64])  # no per-lane hashes: the step alone
+    assert verdict(unknown, reference) == "DIVERGES from zephon W=1 at step 1"
 
 
 def test_the_standard_baseline_diverges_across_world_sizes(tmp_path: Path, tokenizer: Any) -> None:
