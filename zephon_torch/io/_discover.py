@@ -16,12 +16,15 @@ import itertools
 import os
 import re
 import stat
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from zephon_torch._caller import user_stacklevel
 from zephon_torch.errors import ConfigError
 from zephon_torch.io.formats import (
-    EXTENSIONS,
+    COMPRESSION_ENDINGS,
+    ENDINGS,
     INDEX_FILE,
     INDEXED_FORMATS,
     check_format,
@@ -32,6 +35,14 @@ from zephon_torch.io.formats import (
 
 GLOB_CHARS = frozenset("*?[")
 _INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chunks
+# an index.json, or a per-node or per-rank one that litdata.optimize merges into it at its end
+_INDEX_LIKE = re.compile(r"(\d+[-.])?index\.json$")
+# left out of a folder without a word: notes, code and pictures kept beside data, never data
+_NOT_DATA = frozenset(
+    {".md", ".markdown", ".rst", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".py", ".ipynb"}
+    | {".sh", ".lock", ".crc", ".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html"}
+)
+_SHOWN = 3  # files named in a warning of left-out files
 SKIPPED_PREFIXES = (".", "_")
 
 
@@ -225,21 +236,18 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
         ConfigError: when no file has a known ending, or the files mix formats.
     """
     by_format: dict[str, list[str]] = {}
+    left_out = []
     for file in files:
         detected = detect_format(file)
         if detected is not None:
             by_format.setdefault(detected, []).append(file)
-    endings = ", ".join(EXTENSIONS)
+        else:
+            left_out.append(file)
+    endings = ENDINGS
     if list(by_format) == ["jsonl"] and all(
-        os.path.basename(file) == INDEX_FILE for file in by_format["jsonl"]
+        _INDEX_LIKE.fullmatch(os.path.basename(file)) for file in by_format["jsonl"]
     ):
-        shards = [file for file in files if _INDEXED_SHARD.search(os.path.basename(file))]
-        if shards:
-            raise ConfigError(
-                f"{text!r} holds {INDEX_FILE} next to {len(shards)} MDS or LitData shard "
-                f"files, e.g. {shards[0]!r}, but it does not read as an MDS or LitData index "
-                "(damaged or cut short?); pass `format='jsonl'` to read it as JSON Lines"
-            )
+        _refuse_unread_index(text, by_format["jsonl"], files)
     if not by_format:
         if where == "file":
             raise ConfigError(
@@ -260,7 +268,75 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
             "with a glob such as 'data/**/*.parquet', and make one Dataset per format"
         )
     [(detected_format, found)] = by_format.items()
+    if where != "file":
+        _warn_left_out(text, left_out, endings)
+        _warn_twins(text, found)
     return detected_format, found
+
+
+def _refuse_unread_index(text: str, indexes: list[str], files: list[str]) -> None:
+    """Refuse to read an MDS or LitData folder as JSON Lines: its only JSON files are
+    indexes (the data itself in shard files), which would each be one "document"."""
+    shards = [file for file in files if _INDEXED_SHARD.search(os.path.basename(file))]
+    if not shards:
+        return
+    names = sorted({os.path.basename(file) for file in indexes})
+    if names == [INDEX_FILE]:
+        why = "it does not read as an MDS or LitData index (damaged or cut short?)"
+    else:
+        why = (
+            f"there is no {INDEX_FILE} ({', '.join(names)} are a write's per-node or per-rank "
+            f"indexes, which litdata.optimize merges into {INDEX_FILE} as it ends: a write "
+            "that did not finish?)"
+        )
+    raise ConfigError(
+        f"{text!r} holds {len(shards)} MDS or LitData shard files, e.g. {shards[0]!r}, and "
+        f"{len(indexes)} index file(s), but {why}; pass `format='jsonl'` to read the JSON files "
+        "as JSON Lines"
+    )
+
+
+def _warn_left_out(text: str, left_out: list[str], endings: str) -> None:
+    """Say which files of a folder or glob are left out for a name ending in no format
+    (notes, code and pictures aside): a `.jsonl.bz2` or `.arrow` shard among the data was
+    dropped without a word."""
+    dropped = [
+        file
+        for file in left_out
+        if "." in os.path.basename(file) and os.path.splitext(file)[1].lower() not in _NOT_DATA
+    ]
+    if not dropped:
+        return
+    named = ", ".join(repr(os.path.basename(file)) for file in dropped[:_SHOWN])
+    more = f" and {len(dropped) - _SHOWN} more" if len(dropped) > _SHOWN else ""
+    warnings.warn(
+        f"{text!r}: {len(dropped)} file(s) whose names end in no format it reads are left "
+        f"out: {named}{more} (it reads {endings}). "
+        "Pass `format=` to read every file as one format, or a glob to choose the files",
+        stacklevel=user_stacklevel(),
+    )
+
+
+def _warn_twins(text: str, found: list[str]) -> None:
+    """Warn of files read twice over, likely: a name that is another's plus a compression
+    ending (`gzip -k` leaves `train.jsonl` beside `train.jsonl.gz`)."""
+    names = set(found)
+    twins = [
+        (file, file + suffix)
+        for file in found
+        for suffix in COMPRESSION_ENDINGS
+        if file + suffix in names
+    ]
+    if not twins:
+        return
+    plain, packed = twins[0]
+    more = f" (and {len(twins) - 1} more such pairs)" if len(twins) > 1 else ""
+    warnings.warn(
+        f"{text!r}: {os.path.basename(plain)!r} and {os.path.basename(packed)!r}{more} differ "
+        "only by a compression ending: if they hold the same data, every row of them is read "
+        "twice; both are read. Remove one, or pass a glob that picks one of each",
+        stacklevel=user_stacklevel(),
+    )
 
 
 def visible_files(

@@ -35,7 +35,8 @@ LOCATING_FORMATS = ("litdata", "mds", "npy")
 """Formats whose readers open files through their `locate` hook, given shard paths."""
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
-_COMPRESSION_SUFFIXES = ("", ".gz", ".zst")
+COMPRESSION_ENDINGS = (".gz", ".gzip", ".zst", ".zstd")  # of JSON Lines, read by magic bytes
+_COMPRESSION_SUFFIXES = ("", *COMPRESSION_ENDINGS)
 EXTENSIONS: dict[str, str] = {
     **{
         f"{suffix}{compression}": "jsonl"
@@ -44,11 +45,20 @@ EXTENSIONS: dict[str, str] = {
     },
     ".npy": "npy",
     ".parquet": "parquet",
+    ".pq": "parquet",
+    ".parq": "parquet",
     ".vortex": "vortex",
 }
 """File name endings and the format each one means."""
+ENDINGS = (
+    f"JSON Lines ({', '.join(_JSONL_SUFFIXES)}; gzip or zstd compressed too: "
+    f"{', '.join(COMPRESSION_ENDINGS)}), .npy, Parquet (.parquet, .pq, .parq), .vortex"
+)
+"""The endings, as an error names them."""
 
 __all__ = [
+    "COMPRESSION_ENDINGS",
+    "ENDINGS",
     "EXTENSIONS",
     "FILE_FORMATS",
     "INDEXED_FORMATS",

@@ -138,3 +138,67 @@ def test_a_named_pipe_or_a_dangling_link_among_the_data_is_refused_not_opened(
         os.mkfifo(tmp_path / "sub" / "index.json")
         with pytest.raises(ConfigError, match=r"index\.json' is not a regular file"):
             Dataset.from_path("d", tmp_path)
+
+
+def _lines(start: int, count: int) -> bytes:
+    return b"".join(b'{"text": "doc %d"}\n' % i for i in range(start, start + count))
+
+
+def test_every_shard_of_a_folder_is_read_or_named_as_left_out(tmp_path: Path) -> None:
+    """A folder of `.jsonl.zst`, `.jsonl.zstd`, `.jsonl.bz2`, ... read the first alone and
+    dropped the rest without a word (80% of the rows in a review's run); `.pq` and `.parq`
+    Parquet files likewise."""
+    import bz2
+    import gzip
+    import warnings
+
+    import zstandard
+
+    (tmp_path / "part-0.jsonl.zst").write_bytes(zstandard.compress(_lines(0, 10)))
+    (tmp_path / "part-1.jsonl.zstd").write_bytes(zstandard.compress(_lines(10, 10)))
+    (tmp_path / "part-2.jsonl.gzip").write_bytes(gzip.compress(_lines(20, 10)))
+    (tmp_path / "part-3.jsonl.bz2").write_bytes(bz2.compress(_lines(30, 10)))
+    (tmp_path / "part-4.arrow").write_bytes(b"ARROW1")
+    (tmp_path / "README.md").write_text("# notes\n")  # notes beside data: left out quietly
+    (tmp_path / "LICENSE").write_text("CC-BY\n")
+    with pytest.warns(UserWarning) as caught:
+        dataset = Dataset.from_path("web", tmp_path)
+    assert (len(dataset.shards), dataset.num_rows) == (3, 30)
+    assert [row["text"] for row in dataset.read_rows(1, [0, 9])] == ["doc 10", "doc 19"]
+    [said] = [str(w.message) for w in caught]
+    assert "2 file(s) whose names end in no format it reads are left out: " in said
+    assert "'part-3.jsonl.bz2', 'part-4.arrow' (it reads JSON Lines" in said
+    assert caught[0].filename == __file__  # the user's from_path line
+    assert "README" not in said and "LICENSE" not in said
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    for number, ending in enumerate([".parquet", ".pq", ".parq"]):
+        table = pa.table({"text": [f"p{number}-{i}" for i in range(4)]})
+        pq.write_table(table, parquet / f"part-{number}{ending}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = Dataset.from_path("pq", parquet)
+    assert (found.format, len(found.shards), found.num_rows) == ("parquet", 3, 12)
+
+
+def test_a_litdata_folder_whose_write_did_not_merge_its_index_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Left with `0-index.json` (optimize merges it into index.json as it ends), the folder
+    read as JSON Lines: the index one "document", its chunks dropped."""
+    from tests.unit.io.test_io_formats_writers import write_litdata
+
+    write_litdata(tmp_path, sample_rows(6))
+    (tmp_path / "index.json").rename(tmp_path / "0-index.json")
+    with pytest.raises(ConfigError, match=r"there is no index.json \(0-index.json are a write"):
+        Dataset.from_path("lit", tmp_path)
+
+
+def test_a_file_beside_its_compressed_copy_is_warned_of(tmp_path: Path) -> None:
+    """`gzip -k` leaves both: every row read twice, without a word."""
+    import gzip
+
+    (tmp_path / "train.jsonl").write_bytes(_lines(0, 10))
+    (tmp_path / "train.jsonl.gz").write_bytes(gzip.compress(_lines(0, 10)))
+    with pytest.warns(UserWarning, match=r"'train.jsonl' and 'train.jsonl.gz' differ only by a "):
+        assert Dataset.from_path("twice", tmp_path).num_rows == 20
