@@ -78,7 +78,20 @@ def check_schema(projection: Projection, schema: pa.Schema, *, dataset: str, sha
 def check_columns(projection: Projection, columns: Columns, *, dataset: str, shard: str) -> None:
     """Raise ``DataError`` unless the projected columns exist and token columns hold integer
     lists."""
-    projection.check_available([name for name, _, _ in columns], dataset=dataset, shard=shard)
+    names = [name for name, _, _ in columns]
+    projection.check_available(names, dataset=dataset, shard=shard)
+    twice = sorted({n for n in names if names.count(n) > 1 and projection.keeps(n)})
+    if twice:
+        # a row keeps one value per name: one of the columns would be lost, or a projection
+        # fail at the first read with Arrow's bare KeyError
+        raise DataError(
+            f"the file has {names.count(twice[0])} columns named {twice[0]!r}"
+            f"{f' (and others named alike: {twice[1:]})' if twice[1:] else ''}; a row keeps "
+            "one value per field: rewrite it with distinct names, or leave them out with "
+            "`columns=`",
+            dataset=dataset,
+            shard=shard,
+        )
     for name, kind, integer_lists in columns:
         if name in projection.token_columns and not integer_lists:
             raise DataError(

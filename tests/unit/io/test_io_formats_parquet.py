@@ -111,6 +111,18 @@ def test_a_token_column_that_is_not_a_list_of_integers_is_refused_at_open(
         Dataset.from_path("p", parquet_dir, columns=["nope"])
 
 
+def test_a_file_with_two_columns_of_one_name_is_refused_at_open(tmp_path: Path) -> None:
+    """pyarrow writes them without a word; read whole, a row kept the second and lost the
+    first, and `columns=["text"]` failed at the first read with Arrow's bare KeyError."""
+    path = tmp_path / "twice.parquet"
+    columns = [pa.array(["first 0", "first 1"]), pa.array(["second 0", "second 1"])]
+    pq.write_table(pa.Table.from_arrays([*columns, pa.array([0, 1])], ["text", "text", "id"]), path)
+    for columns_ in (None, ["text"]):
+        with pytest.raises(DataError, match=r"twice.parquet.*the file has 2 columns named 'text'"):
+            Dataset.from_path("p", path, columns=columns_)
+    assert Dataset.from_path("p", path, columns=["id"]).read_rows(0, [1]) == [{"id": 1}]
+
+
 @pytest.mark.parametrize("name", ["doc_text", "doc.text"])
 def test_a_column_named_with_a_dot_is_weighed_in_the_row_group_cache(
     tmp_path: Path, name: str
