@@ -30,6 +30,7 @@ class OneArray:
     length_at: int | None  # its place among the variable columns; None when fixed-size
     size: int | None  # its bytes when fixed-size
     count: int | None  # elements of a fixed shape, or None when each sample states its own
+    fixed: int = 0  # the bytes of every fixed-size column of a sample, this one's too
 
 
 BULK_ROWS = 32  # fewer rows are decoded one by one: the bulk path's set-up costs about 30 rows
@@ -56,7 +57,8 @@ def one_array(
     before = sizes[:column]
     length_at = None if sizes[column] is not None else sum(s is None for s in before)
     count = None if shape is None else shape[0]
-    return OneArray(names[column], dtype, before, length_at, sizes[column], count)
+    fixed = sum(size for size in sizes if size is not None)
+    return OneArray(names[column], dtype, before, length_at, sizes[column], count, fixed)
 
 
 def read_arrays(
@@ -84,6 +86,13 @@ def read_arrays(
         return values
 
     if (ends - starts < 4 * variable).any():
+        return None
+    # every sample is its columns end to end: one the index says more or less of is damaged
+    # (an index of another write: each row would lose its last ids, or gain another's)
+    whole = starts + 4 * variable + spec.fixed
+    for place in range(variable):
+        whole = whole + little(starts + 4 * place, 4)
+    if (whole != ends).any():
         return None
     column = starts + 4 * variable
     variable_seen = 0

@@ -49,12 +49,14 @@ class _Layout:
     kept: tuple[int, ...]  # positions of kept columns, in the order rows list them
     one_array: OneArray | None = None
     variable: int = field(init=False)  # columns without a fixed size: their lengths lead
+    fixed: int = field(init=False)  # the bytes of the fixed-size columns
     lengths: Struct = field(init=False)  # reads those lengths
     columns: tuple[tuple[int | None, Decoder | None], ...] = field(init=False)  # to the last kept
 
     def __post_init__(self) -> None:
         variable = sum(size is None for size in self.sizes)
         object.__setattr__(self, "variable", variable)
+        object.__setattr__(self, "fixed", sum(size for size in self.sizes if size is not None))
         object.__setattr__(self, "lengths", Struct(f"<{variable}I"))
         last = max(self.kept, default=-1) + 1
         columns = tuple(zip(self.sizes[:last], self.decoders[:last], strict=True))
@@ -384,9 +386,15 @@ class MdsReader:
 
 
 def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
-    """A sample's kept columns; the columns after the last kept one are not looked at."""
+    """A sample's kept columns (the columns after the last kept one are not decoded); a
+    sample that is not its columns end to end, as the index gives them, is refused."""
     lengths = layout.lengths.unpack_from(sample)
     position, variable, total = 4 * layout.variable, 0, len(sample)
+    whole = position + layout.fixed + sum(lengths)
+    if whole != total:
+        raise ValueError(
+            f"its columns, as the index gives them, take {whole} bytes, but it holds {total}"
+        )
     values: list[Any] = []
     for fixed, decode in layout.columns:
         if fixed is None:

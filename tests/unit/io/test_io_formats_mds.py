@@ -20,6 +20,7 @@ import zstandard
 
 from tests.unit.io.test_io_formats_writers import (
     assert_threads_read_like_one,
+    mds_writer_class,
     plain,
     sample_rows,
     write_mds,
@@ -532,3 +533,23 @@ def test_a_shape_of_two_to_the_63_is_a_data_error_not_an_empty_array(
         dataset.read_rows(0, [2] * 40 + [3])
     with pytest.raises(DataError, match=r"dataset 'm'.*row 3.*does not decode"):
         dataset.read_tokens(0, [2] * 40 + [3], "tokens")
+
+
+def test_an_index_that_says_less_of_a_sample_than_it_holds_is_a_data_error(
+    tmp_path: Path,
+) -> None:
+    """An index stating 3 int32 ids a sample where 4 are stored (an index of another write)
+    cut every document's last id, by the bulk path and by the per-sample decoder alike."""
+    with mds_writer_class()(out=str(tmp_path), columns={"tok": "ndarray:int32:4"}) as writer:
+        for i in range(40):
+            writer.write({"tok": np.arange(4, dtype=np.int32) + i})
+    index = json.loads((tmp_path / "index.json").read_text())
+    index["shards"][0]["column_encodings"] = ["ndarray:int32:3"]
+    index["shards"][0]["column_sizes"] = [12]
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    dataset = Dataset.from_path("m", tmp_path)
+    said = r"row 0: sample does not decode: .*take 12 bytes, but it holds 16"
+    with pytest.raises(DataError, match=said):
+        dataset.read_rows(0, [0, 1])
+    with pytest.raises(DataError, match=said):
+        dataset.read_tokens(0, list(range(40)), "tok")  # the bulk path, then the decoder
