@@ -12,7 +12,9 @@ still as long as its map. A file replaced by a rename keeps its old pages and pa
 
 from __future__ import annotations
 
+import math
 import mmap
+import os
 import re
 import struct
 from typing import IO, Any, NamedTuple
@@ -116,8 +118,18 @@ def map_array(path: str) -> npt.NDArray[Any]:
     with open(path, "rb") as handle:
         header = read_header(handle)
         offset = handle.tell()
+        size = os.fstat(handle.fileno()).st_size
     if header.dtype.hasobject:
         raise ValueError("holds Python objects, which cannot be memory-mapped")
+    stated = offset + math.prod(header.shape) * header.dtype.itemsize
+    if size != stated:
+        # longer: bytes appended after it was written (ids that would never be read), or a
+        # header patched to a smaller array
+        how = "cut short" if size < stated else f"{size - stated} bytes longer than that"
+        raise ValueError(
+            f"its header describes an array of shape {header.shape} and dtype {header.dtype}, "
+            f"{stated} bytes with the header, but the file has {size}: {how}"
+        )
     mapped = np.memmap(
         path,
         dtype=header.dtype,

@@ -42,6 +42,29 @@ def test_a_flat_token_file_without_offsets_is_refused(tmp_path: Path) -> None:
         Dataset.from_path("n", tmp_path)
 
 
+@pytest.mark.parametrize("change", ["appended to", "cut short"])
+def test_a_token_file_not_the_size_its_header_says_is_a_data_error(
+    tmp_path: Path, change: str
+) -> None:
+    """Ids appended after `np.save` were never read, without a word; a cut file said only
+    "mmap length is greater than file size"."""
+    path = tmp_path / "t.npy"
+    np.save(path, np.arange(20, dtype=np.int32).reshape(4, 5))
+    stated = path.stat().st_size
+    if change == "appended to":
+        with path.open("ab") as out:
+            out.write(np.arange(5, dtype=np.int32).tobytes())
+        how = "20 bytes longer than that"
+    else:
+        with path.open("r+b") as out:
+            out.truncate(stated - 8)
+        how = "cut short"
+    said = rf"shape \(4, 5\) and dtype int32, {stated} bytes with the header, but the file has "
+    with pytest.raises(DataError, match=said + rf"{path.stat().st_size}: {how}") as caught:
+        Dataset.from_path("n", tmp_path)
+    assert caught.value.shard == str(path)
+
+
 @pytest.mark.parametrize(
     ("offsets", "tokens"),
     [([0, 4, 3, 10], np.arange(10)), ([0, 5, 9], np.arange(10)), ([0, 10], np.ones(10))],
