@@ -271,6 +271,8 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
     if where != "file":
         _warn_left_out(text, left_out, endings)
         _warn_twins(text, found)
+        if detected_format == "jsonl":
+            _warn_json_beside(text, found)
     return detected_format, found
 
 
@@ -315,6 +317,30 @@ def _warn_left_out(text: str, left_out: list[str], endings: str) -> None:
         "Pass `format=` to read every file as one format, or a glob to choose the files",
         stacklevel=user_stacklevel(),
     )
+
+
+def _warn_json_beside(text: str, found: list[str]) -> None:
+    """Warn where `.json` files are read as JSON Lines beside `.jsonl` or `.ndjson` ones: a
+    metadata file kept with the data (`stats.json`) becomes a row of it."""
+    json_files = [file for file in found if _ending(file) == ".json"]
+    if not json_files or len(json_files) == len(found):
+        return
+    named = ", ".join(repr(os.path.basename(file)) for file in json_files[:_SHOWN])
+    more = f" and {len(json_files) - _SHOWN} more" if len(json_files) > _SHOWN else ""
+    warnings.warn(
+        f"{text!r}: {len(json_files)} .json file(s) are read as JSON Lines beside its "
+        f".jsonl files: {named}{more}; if they hold metadata, not data, each line of them is "
+        "a row. Pass a glob such as '**/*.jsonl' to leave them out",
+        stacklevel=user_stacklevel(),
+    )
+
+
+def _ending(file: str) -> str:
+    """A JSON Lines file's ending without its compression: `.json` of `a.json.gz`."""
+    name = os.path.basename(file).lower()
+    for suffix in COMPRESSION_ENDINGS:
+        name = name.removesuffix(suffix)
+    return os.path.splitext(name)[1]
 
 
 def _warn_twins(text: str, found: list[str]) -> None:

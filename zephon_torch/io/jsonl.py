@@ -176,7 +176,7 @@ class JsonlReader:
             except (ValueError, RecursionError) as error:  # also UnicodeDecodeError; too deep
                 raise DataError(
                     f"malformed JSON in the line at byte {start}: {error} "
-                    f"(line starts {_preview(line)!r})",
+                    f"(line starts {_preview(line)!r}){_one_document(line)}",
                     dataset=self.dataset,
                     shard=path,
                     row=row,
@@ -405,3 +405,14 @@ def with_jsonl_cache(reader: ShardReader, io_options: Mapping[str, Any] | IoOpti
     if projected is None:
         return fresh
     return ProjectedReader(fresh, projection=projected.projection, dataset=projected.dataset)
+
+
+def _one_document(line: bytes) -> str:
+    """A hint where a line that does not parse is the first of a JSON document spread over
+    lines (an array, or a pretty-printed object), which is not JSON Lines."""
+    if line.strip() in (b"[", b"{"):
+        return (
+            "; the file looks like one JSON document over many lines, not JSON Lines (one "
+            "object per line): convert it, or leave it out of the dataset"
+        )
+    return ""

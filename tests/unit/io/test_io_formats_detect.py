@@ -136,7 +136,10 @@ def test_a_named_pipe_or_a_dangling_link_among_the_data_is_refused_not_opened(
     if how == "directory":  # an index.json is opened to look for datasets in subfolders
         (tmp_path / "sub").mkdir()
         os.mkfifo(tmp_path / "sub" / "index.json")
-        with pytest.raises(ConfigError, match=r"index\.json' is not a regular file"):
+        with (
+            pytest.warns(UserWarning, match=r"'index.json'; if they hold metadata"),
+            pytest.raises(ConfigError, match=r"index\.json' is not a regular file"),
+        ):
             Dataset.from_path("d", tmp_path)
 
 
@@ -202,3 +205,22 @@ def test_a_file_beside_its_compressed_copy_is_warned_of(tmp_path: Path) -> None:
     (tmp_path / "train.jsonl.gz").write_bytes(gzip.compress(_lines(0, 10)))
     with pytest.warns(UserWarning, match=r"'train.jsonl' and 'train.jsonl.gz' differ only by a "):
         assert Dataset.from_path("twice", tmp_path).num_rows == 20
+
+
+def test_json_files_beside_json_lines_are_warned_of_and_a_json_document_is_named(
+    tmp_path: Path,
+) -> None:
+    """A one-line `stats.json` beside the data became a training row without a word; a
+    pretty-printed JSON array read as JSON Lines failed with a bare "malformed JSON"."""
+    import json
+
+    (tmp_path / "data.jsonl").write_bytes(_lines(0, 3))
+    (tmp_path / "stats.json").write_text(json.dumps({"num_docs": 3, "text": "not a document"}))
+    with pytest.warns(UserWarning, match=r"1 .json file\(s\) are read as JSON Lines beside its "):
+        assert Dataset.from_path("a", tmp_path).num_rows == 4
+    array = tmp_path / "array"
+    array.mkdir()
+    (array / "data.json").write_text(json.dumps([{"text": "x"}, {"text": "y"}], indent=2))
+    dataset = Dataset.from_path("b", array)  # .json alone: JSON Lines, no warning
+    with pytest.raises(DataError, match=r"looks like one JSON document over many lines"):
+        dataset.read_rows(0, [0])
