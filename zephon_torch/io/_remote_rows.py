@@ -28,7 +28,7 @@ from zephon_torch.io._download import read_listed
 from zephon_torch.io._mapped import read_header
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
-from zephon_torch.io.npy import offsets_path
+from zephon_torch.io.npy import offsets_path, unused_offsets
 from zephon_torch.io.parquet import ESTIMATE_VERSION, group_sizes
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
@@ -94,9 +94,11 @@ def npy_rows(
             checked against the listed size before any value is read.
     """
     header = _npy_header(url, objects, fs=fs, policy=policy, dataset=dataset, shard=url)
-    if header is not None and len(header[0]) == 2:
-        return header[0][0]
     partner = offsets_path(url)
+    if header is not None and len(header[0]) == 2:
+        if partner in objects:
+            raise unused_offsets(url, header[0], dataset=dataset)
+        return header[0][0]
     if header is not None and len(header[0]) == 1 and partner in objects:
         bounds = _npy_header(partner, objects, fs=fs, policy=policy, dataset=dataset, shard=url)
         if bounds is not None and len(bounds[0]) == 1 and bounds[0][0] >= 2:

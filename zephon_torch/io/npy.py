@@ -40,6 +40,18 @@ def offsets_path(path: str) -> str:
     return path[: -len(".npy")] + OFFSETS_SUFFIX
 
 
+def unused_offsets(path: str, shape: tuple[int, ...], *, dataset: str) -> DataError:
+    """The error for a 2-D token file that has an offsets file beside it, which its rows of
+    fixed length would leave unused: the documents those offsets mark would be lost."""
+    return DataError(
+        f"holds a 2-D array of shape {shape} (rows of fixed length), but "
+        f"{os.path.basename(offsets_path(path))!r} beside it marks documents of their own "
+        "lengths, which would be left unused: store the tokens 1-D, or remove the offsets file",
+        dataset=dataset,
+        shard=path,
+    )
+
+
 def token_files(files: Sequence[str]) -> list[str]:
     """Drops the offsets files that go with a token file in `files`; they are not shards."""
     listed = set(files)
@@ -136,9 +148,12 @@ class NpyReader:
             raise DataError(
                 f"the token file is missing{CHANGED_NOTE}", dataset=self.dataset, shard=path
             ) from None
-        if tokens.ndim == 2:
-            return _TokenFile(tokens=tokens, offsets=None)
         partner = offsets_path(path)
+        if tokens.ndim == 2:
+            # a remote dataset's listing is checked when its rows are counted (`npy_rows`)
+            if self.locate is local_file and os.path.exists(partner):
+                raise unused_offsets(path, tokens.shape, dataset=self.dataset)
+            return _TokenFile(tokens=tokens, offsets=None)
         try:
             stored = self._load(partner) if tokens.ndim == 1 else None
         except FileNotFoundError:

@@ -117,6 +117,21 @@ def test_npy_rows_are_counted_from_headers_without_downloading_tokens(tmp_path: 
     assert _cached(tmp_path) == ["b.npy", "b.offsets.npy"]
 
 
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_2d_token_file_with_an_offsets_file_beside_it_is_refused(
+    tmp_path: Path, where: str
+) -> None:
+    """Its rows of fixed length left the offsets unused, and the documents they mark lost,
+    without a word."""
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
+    np.save(folder / "a.offsets.npy", np.array([0, 7, 40]))
+    path = str(folder) if where == "local" else _put(folder)
+    with pytest.raises(DataError, match=r"shape \(8, 5\) \(rows of fixed length\), but 'a.offs"):
+        Dataset.from_path("n", path, io_options=_options(tmp_path))
+
+
 @pytest.mark.parametrize(
     ("offsets", "message"),
     [
