@@ -125,7 +125,9 @@ def table(runs: list[Run]) -> str:
     lines.append("")
     standard = [r for r in runs if not r.zephon]
     for r in runs:
-        if r.zephon or not standard:
+        if r is reference and r.error is None:
+            lines.append(f"{r.name}: the reference ({len(r.hashes)} steps)")
+        elif r.zephon or not standard:
             lines.append(f"{r.name}: {verdict(r, reference)}")
         else:
             lines.append(f"{r.name}: {verdict(r, standard[0], steps=len(reference.hashes))}")

@@ -48,6 +48,7 @@ def test_verify_finds_every_configuration_identical_and_the_standard_loader_not(
     assert all(r.parts is not None and len(r.parts) == len(r.hashes) == 6 for r in zephon)
     assert all(len(step) == 4 for r in zephon for step in r.parts or [])
     text = table(runs)
+    assert "zephon W=1: the reference (6 steps)" in text  # not "IDENTICAL to" itself
     assert "zephon W=4 fault@2 -> W=1: IDENTICAL" in text
     assert "zephon W=1 runner=processes: IDENTICAL" in text
     assert "standard W=2: DIVERGES from standard W=1 at step 0" in text
