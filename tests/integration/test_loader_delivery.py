@@ -181,12 +181,13 @@ def test_a_warning_every_worker_gives_comes_once_from_the_main_process(
     out mid-run, in every lane), one per worker per rank, and none that the main process's
     filters or `pytest.warns` could see."""
     pipeline = build(tokenizer, exhaustion="stop", datasets=two_sources(40, 30, shard_size=3))
-    in_process = [
-        fingerprint(item)
-        for item in DataLoader(
-            build(tokenizer, exhaustion="stop", datasets=two_sources(40, 30, shard_size=3))
-        )
-    ]
+    with pytest.warns(UserWarning, match="dataset 'short' ran out"):  # once, in process
+        in_process = [
+            fingerprint(item)
+            for item in DataLoader(
+                build(tokenizer, exhaustion="stop", datasets=two_sources(40, 30, shard_size=3))
+            )
+        ]
     loader = DataLoader(pipeline, num_workers=2, multiprocessing_context=context)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")

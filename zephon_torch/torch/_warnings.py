@@ -4,9 +4,12 @@ Each worker of a rank runs the same pipeline over its own lanes, so a warning ab
 source that ran out mid-run, a shard cache too small for a shuffle window) came once per worker
 process, each copy printed by the worker: four on a rank of four workers, 256 in a 64-rank job,
 and none that the main process's filters, ``pytest.warns`` or a logging capture could see.
-``zephon_torch.torch.DataLoader`` records them in its workers, sends each with the worker's next
-item, and gives it in the main process, at the place the worker warned from, where Python's
-filters show a repeated warning once.
+``zephon_torch.torch.DataLoader`` records every warning in its workers (each once: the same
+text from the same line is sent once), sends it with the worker's next item, and gives it in
+the main process, as from the worker's line and module, where the main process's filters decide
+and Python shows a repeat once. A worker that ends without another item (an exception, a
+shutdown) prints what it still holds; one killed outright (a signal, a crash in native code)
+loses it with the rest of its output.
 """
 
 from __future__ import annotations
@@ -20,35 +23,68 @@ from typing import Any
 WARNINGS_KEY = "zephon_warnings"
 """An item's warnings heard in its worker since the previous item: ``Heard`` tuples."""
 
-Heard = tuple[type[Warning], str, str, int]  # category, text, file, line
-_GIVEN: dict[Any, Any] = {}  # the main process's registry of warnings given: a repeat is not
+Heard = tuple[type[Warning], str, str, int, str | None]  # category, text, file, line, module
+_GIVEN: dict[str, dict[Any, Any]] = {}  # per file, the registry of warnings given from it
+
+
+class WorkerWarnings:
+    """The warnings a worker heard and has not yet sent (see ``heard_warnings``)."""
+
+    def __init__(self, log: list[warnings.WarningMessage]) -> None:
+        self._log = log
+        self._sent: set[tuple[Any, ...]] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._log)
+
+    def take(self) -> list[Heard]:
+        """The warnings heard since the last call, each the first time only, as plain data to
+        send. A category the main process could not unpickle (a class defined in a function)
+        travels as UserWarning."""
+        taken = self._log[: len(self._log)]
+        del self._log[: len(taken)]  # one recorded meanwhile by another thread stays for next
+        heard = []
+        for w in taken:
+            key = (w.category, str(w.message), w.filename, w.lineno)
+            if key not in self._sent:
+                self._sent.add(key)
+                heard.append(
+                    (_sendable(w.category), str(w.message), w.filename, w.lineno, _module(w))
+                )
+        return heard
+
+    def show_left(self) -> None:
+        """Print, in the worker, what was heard and never sent."""
+        for category, text, filename, lineno, _ in self.take():
+            warnings.showwarning(category(text), category, filename, lineno)
 
 
 @contextlib.contextmanager
-def heard_warnings(active: bool) -> Iterator[list[warnings.WarningMessage] | None]:
+def heard_warnings(active: bool) -> Iterator[WorkerWarnings | None]:
     """Record the process's warnings while inside, where ``active`` (a worker); else None.
 
-    What Python's filters would have shown is recorded instead: a repeat from the same place
-    is left out here as it would have been printed once."""
+    Every warning is recorded (the main process's filters decide, not the worker's, which
+    under spawn are Python's defaults); on leaving, what was not sent is printed here."""
     if not active:
         yield None
         return
-    with warnings.catch_warnings(record=True) as log:
-        yield log
-
-
-def take(log: list[warnings.WarningMessage]) -> list[Heard]:
-    """The warnings ``log`` holds, as plain data to send, and ``log`` emptied. A category the
-    main process could not unpickle (a class defined in a function) travels as UserWarning."""
-    heard = [(_sendable(w.category), str(w.message), w.filename, w.lineno) for w in log[: len(log)]]
-    del log[: len(heard)]  # a warning recorded meanwhile by another thread stays for the next
-    return heard
+    heard = None
+    try:
+        with warnings.catch_warnings(record=True) as log:
+            warnings.simplefilter("always")
+            heard = WorkerWarnings(log)
+            yield heard
+    finally:
+        if heard:
+            heard.show_left()
 
 
 def give(heard: list[Heard]) -> None:
-    """Issue warnings heard in a worker, as from the place the worker warned from."""
-    for category, text, filename, lineno in heard:
-        warnings.warn_explicit(text, category, filename, lineno, registry=_GIVEN)
+    """Issue warnings heard in a worker, as from the place and module the worker warned
+    from: the main process's filters decide, and its registry shows a repeat once."""
+    for category, text, filename, lineno, module in heard:
+        registry = _GIVEN.setdefault(filename, {})
+        warnings.warn_explicit(text, category, filename, lineno, module=module, registry=registry)
 
 
 def _sendable(category: type[Warning]) -> type[Warning]:
@@ -57,3 +93,12 @@ def _sendable(category: type[Warning]) -> type[Warning]:
     for name in category.__qualname__.split("."):
         found = getattr(found, name, None)
     return category if found is category else UserWarning
+
+
+def _module(message: warnings.WarningMessage) -> str | None:
+    """The name of the module the warning was made from, for filters by module (None: the
+    main process derives one from the file name, as Python does)."""
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == message.filename:
+            return name
+    return None

@@ -21,7 +21,7 @@ from zephon_torch._lanes import calibrated
 from zephon_torch._state import VERSION_NOTE, state_step, version_mismatch
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.torch._transport import pack
-from zephon_torch.torch._warnings import WARNINGS_KEY, heard_warnings, take
+from zephon_torch.torch._warnings import WARNINGS_KEY, heard_warnings
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # in a DataLoader worker: the dataset as it reached the worker, and the passes begun
         self._arrived: tuple[Any, ...] | None = None
         self._worker_passes = 0
+        self._idle_note: str | None = None  # a worker's warning that some workers are idle
         if any(s is not None for s in pipeline._lane_states.values()):
             # the pipeline was iterated or loaded: continue from there
             self.load_state_dict(pipeline.state_dict())
@@ -149,11 +150,11 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         rank_lanes = self.pipeline.lanes
         used = workers_used(num_lanes=len(rank_lanes), num_workers=num_workers)
         if used < num_workers and worker_id == 0:
-            warnings.warn(
+            # given as the worker's items begin, so zephon_torch's loader hears it too
+            self._idle_note = (
                 f"{len(rank_lanes)} lanes on this rank cannot be split evenly over "
                 f"{num_workers} DataLoader workers; using {used} of them (the rest "
-                "stay idle). Pick a num_workers that divides the lanes per rank.",
-                stacklevel=3,
+                "stay idle). Pick a num_workers that divides the lanes per rank."
             )
         if self._loaded is not None and "worker_lanes" in self._loaded:
             # A worker's own state (StatefulDataLoader): same workers, same lanes.
@@ -183,6 +184,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         quiet = self.with_meta and info is not None
         # and gives the warnings its workers heard there, once (see `_warnings`)
         with heard_warnings(quiet) as heard:
+            if self._idle_note is not None:
+                warnings.warn(self._idle_note, stacklevel=2)
+                self._idle_note = None
             pipeline = pipeline.with_lanes(mine, endless=self.endless, quiet=quiet)
             if states:
                 state = pipeline.state_dict()
@@ -209,7 +213,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                             "documents": batch.documents_by_source() if by_documents else {},
                         }
                     if heard:
-                        item[WARNINGS_KEY] = take(heard)
+                        item[WARNINGS_KEY] = heard.take()
                     yield pack(item) if self.pack_transport and info is not None else item
                 # a stream the pipeline cut itself (not endless): its lanes' final states, spent
                 # (see `_lanes.spent_at`), so ranks' final states merge
@@ -218,7 +222,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             except ZephonError as error:
                 if info is None or not self.with_meta:
                     raise
-                yield {ERROR_KEY: error, WARNINGS_KEY: take(heard) if heard else []}
+                yield {ERROR_KEY: error, WARNINGS_KEY: heard.take() if heard else []}
 
     def state_dict(self) -> dict[str, Any]:
         """The state after what this process's iterator yielded (see the class docstring).

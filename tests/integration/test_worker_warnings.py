@@ -1,0 +1,105 @@
+"""Warnings of zephon_torch's DataLoader workers reach the main process once, where its own
+filters decide (see `zephon_torch/torch/_warnings.py`); a worker that ends without another item
+prints what it still holds."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from tests.helpers import small_pipeline, two_sources
+from zephon_torch import Pipeline
+from zephon_torch.errors import DataError
+from zephon_torch.io import Dataset
+from zephon_torch.torch import DataLoader
+from zephon_torch.torch._warnings import heard_warnings
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+class OddRow(DeprecationWarning):
+    """A warning category of this module: arrives as itself."""
+
+
+def warn_then_refuse_row_five(row: dict[str, Any]) -> dict[str, Any]:
+    """Warns of every row (a DeprecationWarning, which a worker's default filters drop),
+    and refuses row 5."""
+    warnings.warn(f"row {row['n']} looks odd", OddRow, stacklevel=1)
+    if row["n"] == 5:
+        raise ValueError("row 5 is refused")
+    return row
+
+
+def _warning_pipeline(lanes: int = 1) -> Pipeline:
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).options(canonical_replicas=lanes).map(warn_then_refuse_row_five)
+    return recipe.pretokenized("ids").pack_flat(8).batch(1)
+
+
+def test_a_worker_s_warnings_come_with_its_error_to_the_main_process_s_filters(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A DeprecationWarning a spawned worker's default filters dropped, heard before the
+    error that ended the worker: given in the main process, as its category, from the map's
+    line and module (so a filter by module applies)."""
+    loader = DataLoader(_warning_pipeline(), num_workers=1, multiprocessing_context="spawn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message="row 3", module=__name__)
+        with pytest.raises(DataError, match="raised ValueError"):
+            list(loader)
+    said = [(w.category, str(w.message)) for w in caught if "looks odd" in str(w.message)]
+    assert said == [(OddRow, f"row {n} looks odd") for n in (0, 1, 2, 4, 5)]
+    assert all(w.filename == __file__ for w in caught if "looks odd" in str(w.message))
+    assert "looks odd" not in capfd.readouterr().err  # the worker printed none of them
+
+
+def test_a_worker_shows_what_it_heard_where_it_ends_without_another_item() -> None:
+    """Held for the next item, a warning heard just before the worker failed (an error not
+    of zephon_torch's, a shutdown) was lost with it; now the worker shows it itself (its
+    stderr, through `warnings.showwarning`)."""
+    with (
+        warnings.catch_warnings(record=True) as shown,
+        pytest.raises(RuntimeError, match="gone"),
+        heard_warnings(True) as heard,
+    ):
+        assert heard is not None
+        for number in range(2):
+            warnings.warn("sent already", UserWarning, stacklevel=1)  # the same, once
+            if number == 0:
+                warnings.warn("the cache is too small", UserWarning, stacklevel=1)
+                assert [text for _, text, *_ in heard.take()] == [
+                    "sent already",
+                    "the cache is too small",
+                ]
+        warnings.warn("the last words", UserWarning, stacklevel=1)
+        raise RuntimeError("gone")
+    assert [str(w.message) for w in shown] == ["the last words"]
+
+
+def test_a_category_defined_in_a_function_arrives_as_a_user_warning() -> None:
+    class Local(UserWarning):
+        pass
+
+    with heard_warnings(True) as heard:
+        assert heard is not None
+        warnings.warn("local", Local, stacklevel=1)
+        warnings.warn("kept", OddRow, stacklevel=1)
+        taken = heard.take()
+    assert [(category, text) for category, text, *_ in taken] == [
+        (UserWarning, "local"),
+        (OddRow, "kept"),
+    ]
+    assert {module for *_, module in taken} == {__name__}
+
+
+def test_the_idle_workers_warning_comes_from_the_main_process(
+    tokenizer: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = small_pipeline(tokenizer, lanes=4, datasets=two_sources(20, 10, shard_size=4))
+    loader = DataLoader(pipeline, num_workers=3, multiprocessing_context="fork")
+    with pytest.warns(UserWarning, match=r"4 lanes on this rank cannot be split evenly over 3"):
+        next(iter(loader))
+    assert "cannot be split evenly" not in capfd.readouterr().err
