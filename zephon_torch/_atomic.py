@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import time
 import uuid
 
 STALE_S = 24 * 3600  # a temporary this old is a killed writer's: no write takes that long
 _swept: set[str] = set()  # folders swept by this process
+_OURS = re.compile(r"\..+\.\d+\.[0-9a-f]{32}\.tmp")  # `.{name}.{pid}.{uuid hex}.tmp`
 
 
 def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
@@ -37,6 +39,8 @@ def _sweep(folder: str) -> None:
     _swept.add(folder)
     old = time.time() - STALE_S
     for left in glob.glob(os.path.join(glob.escape(folder), ".*.tmp")):
+        if not _OURS.fullmatch(os.path.basename(left)):  # another tool's, in a user's folder
+            continue
         with contextlib.suppress(OSError):  # another process's sweep took it first
             if os.stat(left).st_mtime < old:
                 os.unlink(left)

@@ -73,11 +73,13 @@ class StepHashes(list[str]):
         super().__init__(digest(parts) for parts in batches)
         self.parts = [[digest([part]) for part in parts] for parts in batches]
 
-    def __add__(self, other: list[str]) -> StepHashes:  # type: ignore[override]
-        joined = StepHashes([])
-        joined.extend([*self, *other])
-        joined.parts = self.parts + getattr(other, "parts", [[] for _ in other])
-        return joined
+    @classmethod
+    def joined(cls, head: StepHashes, tail: StepHashes) -> StepHashes:
+        """``head``'s steps, then ``tail``'s."""
+        both = cls([])
+        both.extend([*head, *tail])
+        both.parts = head.parts + tail.parts
+        return both
 
 
 def _rank_items(pipeline: Pipeline, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -106,8 +108,9 @@ def zephon_run(
     num_workers: int = 0,
     start: dict[str, Any] | None = None,
     first_step: int = 0,
-) -> list[str]:
-    """Global-batch hashes of ``steps`` steps with ``world_size`` simulated ranks."""
+) -> StepHashes:
+    """Global-batch hashes of ``steps`` steps with ``world_size`` simulated ranks (each
+    step's per-lane hashes too)."""
     batches = zephon_batches(
         build, world_size, steps, num_workers=num_workers, start=start, first_step=first_step
     )
@@ -189,12 +192,13 @@ def fault_run(
     steps: int,
     *,
     loader_workers: int | None = None,
-) -> list[str]:
+) -> StepHashes:
     """Hashes of a run on ``before`` ranks that saves at ``fault_step`` (the pipelines'
     states, or with ``loader_workers`` their DataLoaders') and resumes on ``after`` ranks."""
     head = zephon_run(build, before, fault_step, num_workers=loader_workers or 0)
     merged = fault_state(build, before, fault_step, loader_workers=loader_workers)
-    return head + zephon_run(build, after, steps, start=merged, first_step=fault_step)
+    tail = zephon_run(build, after, steps, start=merged, first_step=fault_step)
+    return StepHashes.joined(head, tail)
 
 
 _MAX_PASSES = 1000  # of the standard baseline over the documents of a "repeat" recipe

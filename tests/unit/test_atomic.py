@@ -23,13 +23,15 @@ def test_temporaries_a_killed_writer_left_are_swept_once_a_day_old(
 ) -> None:
     """A writer killed between writing and renaming left its hidden temporary for ever."""
     _atomic._swept.discard(str(tmp_path))
-    stale = tmp_path / ".other.json.123.abc.tmp"
-    fresh = tmp_path / ".other.json.456.def.tmp"  # perhaps a live writer's: kept
+    stale = tmp_path / f".other.json.123.{'a' * 32}.tmp"
+    fresh = tmp_path / f".other.json.456.{'b' * 32}.tmp"  # perhaps a live writer's: kept
     mine = tmp_path / "notes.tmp"  # not a temporary of ours: kept
-    for path in (stale, fresh, mine):
+    foreign = tmp_path / ".model.safetensors.tmp"  # another tool's, hidden too: kept
+    for path in (stale, fresh, mine, foreign):
         path.write_text("{")
     past = time.time() - STALE_S - 60
-    os.utime(stale, (past, past))
-    os.utime(mine, (past, past))
+    for path in (stale, mine, foreign):
+        os.utime(path, (past, past))
     write_text_atomically(tmp_path / "record.json", "{}")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name, "notes.tmp", "record.json"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [foreign.name, fresh.name, "notes.tmp", "record.json"]

@@ -8,6 +8,7 @@ other column becomes a Python list once per batch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,12 +81,13 @@ def check_columns(projection: Projection, columns: Columns, *, dataset: str, sha
     lists."""
     names = [name for name, _, _ in columns]
     projection.check_available(names, dataset=dataset, shard=shard)
-    twice = sorted({n for n in names if names.count(n) > 1 and projection.keeps(n)})
+    counts = Counter(names)
+    twice = sorted(n for n, count in counts.items() if count > 1 and projection.keeps(n))
     if twice:
         # a row keeps one value per name: one of the columns would be lost, or a projection
         # fail at the first read with Arrow's bare KeyError
         raise DataError(
-            f"the file has {names.count(twice[0])} columns named {twice[0]!r}"
+            f"the file has {counts[twice[0]]} columns named {twice[0]!r}"
             f"{f' (and others named alike: {twice[1:]})' if twice[1:] else ''}; a row keeps "
             "one value per field: rewrite it with distinct names, or leave them out with "
             "`columns=`",

@@ -39,10 +39,12 @@ _INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chu
 _INDEX_LIKE = re.compile(r"(\d+[-.])?index\.json$")
 # left out of a folder without a word: notes, code and pictures kept beside data, never data
 _NOT_DATA = frozenset(
-    {".md", ".markdown", ".rst", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".py", ".ipynb"}
-    | {".sh", ".lock", ".crc", ".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html"}
+    {".md", ".markdown", ".rst", ".txt", ".log", ".yaml", ".yml", ".toml", ".cfg", ".ini"}
+    | {".py", ".ipynb", ".sh", ".lock", ".crc", ".md5", ".sha1", ".sha256", ".sig"}
+    | {".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html"}
 )
 _SHOWN = 3  # files named in a warning of left-out files
+_OTHER_COMPRESSIONS = frozenset({".bz2", ".xz", ".lz4", ".br", ".zip", ".7z", ".lzma", ".snappy"})
 SKIPPED_PREFIXES = (".", "_")
 
 
@@ -284,17 +286,16 @@ def _refuse_unread_index(text: str, indexes: list[str], files: list[str]) -> Non
         return
     names = sorted({os.path.basename(file) for file in indexes})
     if names == [INDEX_FILE]:
-        why = "it does not read as an MDS or LitData index (damaged or cut short?)"
-    else:
-        why = (
-            f"there is no {INDEX_FILE} ({', '.join(names)} are a write's per-node or per-rank "
-            f"indexes, which litdata.optimize merges into {INDEX_FILE} as it ends: a write "
-            "that did not finish?)"
+        raise ConfigError(
+            f"{text!r} holds {INDEX_FILE} next to {len(shards)} MDS or LitData shard files, "
+            f"e.g. {shards[0]!r}, but it does not read as an MDS or LitData index (damaged or "
+            "cut short?); pass `format='jsonl'` if it is JSON Lines after all"
         )
     raise ConfigError(
-        f"{text!r} holds {len(shards)} MDS or LitData shard files, e.g. {shards[0]!r}, and "
-        f"{len(indexes)} index file(s), but {why}; pass `format='jsonl'` to read the JSON files "
-        "as JSON Lines"
+        f"{text!r} holds {len(shards)} LitData chunk or MDS shard files, e.g. {shards[0]!r}, "
+        f"but no {INDEX_FILE}: only a write's per-node or per-rank index(es) "
+        f"({', '.join(names)}), which litdata.optimize merges into {INDEX_FILE} as it ends. "
+        "The write did not finish: run it again to its end"
     )
 
 
@@ -311,10 +312,17 @@ def _warn_left_out(text: str, left_out: list[str], endings: str) -> None:
         return
     named = ", ".join(repr(os.path.basename(file)) for file in dropped[:_SHOWN])
     more = f" and {len(dropped) - _SHOWN} more" if len(dropped) > _SHOWN else ""
+    packed = [f for f in dropped if os.path.splitext(f)[1].lower() in _OTHER_COMPRESSIONS]
+    advice = (
+        f" ({os.path.basename(packed[0])!r} is compressed as no reader here reads: recompress "
+        "it with gzip or zstd)"
+        if packed
+        else ""
+    )
     warnings.warn(
         f"{text!r}: {len(dropped)} file(s) whose names end in no format it reads are left "
-        f"out: {named}{more} (it reads {endings}). "
-        "Pass `format=` to read every file as one format, or a glob to choose the files",
+        f"out: {named}{more} (it reads {endings}){advice}. If they are data, give them a "
+        "known ending, or pass `format=` with a glob that names them alone",
         stacklevel=user_stacklevel(),
     )
 
@@ -330,7 +338,8 @@ def _warn_json_beside(text: str, found: list[str]) -> None:
     warnings.warn(
         f"{text!r}: {len(json_files)} .json file(s) are read as JSON Lines beside its "
         f".jsonl files: {named}{more}; if they hold metadata, not data, each line of them is "
-        "a row. Pass a glob such as '**/*.jsonl' to leave them out",
+        "a row. Pass a glob that names the data files alone (such as "
+        f"'{os.path.join(text, '**', '*.jsonl*')}') to leave them out",
         stacklevel=user_stacklevel(),
     )
 
@@ -360,7 +369,7 @@ def _warn_twins(text: str, found: list[str]) -> None:
     warnings.warn(
         f"{text!r}: {os.path.basename(plain)!r} and {os.path.basename(packed)!r}{more} differ "
         "only by a compression ending: if they hold the same data, every row of them is read "
-        "twice; both are read. Remove one, or pass a glob that picks one of each",
+        "twice; both are read. Remove one, or pass a glob that picks one of each pair",
         stacklevel=user_stacklevel(),
     )
 

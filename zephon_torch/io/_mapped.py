@@ -128,7 +128,8 @@ def map_array(path: str) -> npt.NDArray[Any]:
         how = "cut short" if size < stated else f"{size - stated} bytes longer than that"
         raise ValueError(
             f"its header describes an array of shape {header.shape} and dtype {header.dtype}, "
-            f"{stated} bytes with the header, but the file has {size}: {how}"
+            f"{stated} bytes with the header, but the file has {size}: {how} (write it again "
+            "with np.save, or restore a whole copy)"
         )
     mapped = np.memmap(
         path,

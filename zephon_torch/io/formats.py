@@ -266,8 +266,10 @@ def open_reader(
         cache=cache,
     )
     if format_ == "npy":
-        from zephon_torch.io.npy import token_files
+        from zephon_torch.io.npy import OFFSETS_SUFFIX, NpyReader, token_files
 
+        assert isinstance(reader, NpyReader)
+        reader.offsets_files = frozenset(f for f in files if f.endswith(OFFSETS_SUFFIX))
         return reader, token_files(files)
     return reader, list(files)
 

@@ -408,9 +408,12 @@ def with_jsonl_cache(reader: ShardReader, io_options: Mapping[str, Any] | IoOpti
 
 
 def _one_document(line: bytes) -> str:
-    """A hint where a line that does not parse is the first of a JSON document spread over
-    lines (an array, or a pretty-printed object), which is not JSON Lines."""
-    if line.strip() in (b"[", b"{"):
+    """A hint where a line that does not parse is part of a JSON document spread over lines
+    (an array, or a pretty-printed object: a bracket alone, or an indented `"key": value`),
+    which is not JSON Lines."""
+    stripped = line.strip()
+    indented = line[:1] in (b" ", b"\t") and stripped[:1] == b'"' and b'":' in stripped
+    if stripped in (b"[", b"{", b"]", b"}", b"},", b"}]", b"{}") or indented:
         return (
             "; the file looks like one JSON document over many lines, not JSON Lines (one "
             "object per line): convert it, or leave it out of the dataset"

@@ -46,7 +46,8 @@ def unused_offsets(path: str, shape: tuple[int, ...], *, dataset: str) -> DataEr
     return DataError(
         f"holds a 2-D array of shape {shape} (rows of fixed length), but "
         f"{os.path.basename(offsets_path(path))!r} beside it marks documents of their own "
-        "lengths, which would be left unused: store the tokens 1-D, or remove the offsets file",
+        "lengths, which would be left unused: store the tokens 1-D, remove the offsets "
+        "file, or name the token files alone (a path or glob that leaves the offsets out)",
         dataset=dataset,
         shard=path,
     )
@@ -95,13 +96,14 @@ class NpyReader:
         self.projection = projection or Projection()
         self.max_open = max_open
         self.locate = locate
+        self.offsets_files: frozenset[str] = frozenset()  # those the path named (`token_files`)
         self._open_caches()
 
     def _open_caches(self) -> None:
         self._files: LruCache[_TokenFile] = LruCache(self.max_open)
 
     def __getstate__(self) -> dict[str, Any]:
-        keys = ("dataset", "projection", "max_open", "locate")
+        keys = ("dataset", "projection", "max_open", "locate", "offsets_files")
         return {key: self.__dict__[key] for key in keys}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -150,8 +152,8 @@ class NpyReader:
             ) from None
         partner = offsets_path(path)
         if tokens.ndim == 2:
-            # a remote dataset's listing is checked when its rows are counted (`npy_rows`)
-            if self.locate is local_file and os.path.exists(partner):
+            # among the files the path named (a remote one's listing: `npy_rows`)
+            if partner in self.offsets_files:
                 raise unused_offsets(path, tokens.shape, dataset=self.dataset)
             return _TokenFile(tokens=tokens, offsets=None)
         try:

@@ -184,16 +184,18 @@ def test_every_shard_of_a_folder_is_read_or_named_as_left_out(tmp_path: Path) ->
     assert (found.format, len(found.shards), found.num_rows) == ("parquet", 3, 12)
 
 
+@pytest.mark.parametrize("left", ["0-index.json", "0.index.json"])
 def test_a_litdata_folder_whose_write_did_not_merge_its_index_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, left: str
 ) -> None:
-    """Left with `0-index.json` (optimize merges it into index.json as it ends), the folder
-    read as JSON Lines: the index one "document", its chunks dropped."""
+    """Left with a per-node `0-index.json` or per-rank `0.index.json` (optimize merges them
+    into index.json as it ends), the folder read as JSON Lines: the index one "document",
+    its chunks dropped."""
     from tests.unit.io.test_io_formats_writers import write_litdata
 
     write_litdata(tmp_path, sample_rows(6))
-    (tmp_path / "index.json").rename(tmp_path / "0-index.json")
-    with pytest.raises(ConfigError, match=r"there is no index.json \(0-index.json are a write"):
+    (tmp_path / "index.json").rename(tmp_path / left)
+    with pytest.raises(ConfigError, match=rf"but no index.json: only a write's .*\({left}\)"):
         Dataset.from_path("lit", tmp_path)
 
 
@@ -213,6 +215,7 @@ def test_json_files_beside_json_lines_are_warned_of_and_a_json_document_is_named
     """A one-line `stats.json` beside the data became a training row without a word; a
     pretty-printed JSON array read as JSON Lines failed with a bare "malformed JSON"."""
     import json
+    import warnings
 
     (tmp_path / "data.jsonl").write_bytes(_lines(0, 3))
     (tmp_path / "stats.json").write_text(json.dumps({"num_docs": 3, "text": "not a document"}))
@@ -221,6 +224,10 @@ def test_json_files_beside_json_lines_are_warned_of_and_a_json_document_is_named
     array = tmp_path / "array"
     array.mkdir()
     (array / "data.json").write_text(json.dumps([{"text": "x"}, {"text": "y"}], indent=2))
-    dataset = Dataset.from_path("b", array)  # .json alone: JSON Lines, no warning
-    with pytest.raises(DataError, match=r"looks like one JSON document over many lines"):
-        dataset.read_rows(0, [0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dataset = Dataset.from_path("b", array)  # .json alone: JSON Lines, no warning
+    # the array's bracket, an object's brace, an indented field: each row says what it is
+    for row in (0, 1, 2):
+        with pytest.raises(DataError, match=r"looks like one JSON document over many lines"):
+            dataset.read_rows(0, [row])

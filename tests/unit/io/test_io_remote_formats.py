@@ -130,6 +130,9 @@ def test_a_2d_token_file_with_an_offsets_file_beside_it_is_refused(
     path = str(folder) if where == "local" else _put(folder)
     with pytest.raises(DataError, match=r"shape \(8, 5\) \(rows of fixed length\), but 'a.offs"):
         Dataset.from_path("n", path, io_options=_options(tmp_path))
+    # named alone, the token file is what was asked for, there and here alike
+    alone = Dataset.from_path("n", f"{path}/a.npy", io_options=_options(tmp_path))
+    assert alone.num_rows == 8
 
 
 @pytest.mark.parametrize(
