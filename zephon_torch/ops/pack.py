@@ -39,7 +39,7 @@ from zephon_torch.ops.packers import (
     pieces_from_state,
 )
 from zephon_torch.ops.pretokenized import Owner
-from zephon_torch.ops.read import BarrenRun, DocumentReader
+from zephon_torch.ops.read import BarrenRun, DocumentReader, gave_up_error
 
 if TYPE_CHECKING:
     from zephon_torch.ops.stateful import FilteredReader
@@ -153,7 +153,7 @@ class MixPack(BaseNode[PackedRow]):
                 # a stateful filter's rejection is no pure fact of the row: it may let the
                 # document through later (a curriculum), so it ends the run (its own check
                 # covers a filter that rejects for ever)
-                plain.on_rejected = self._barren_runs[source].clear
+                plain.on_rejected = _weakly(self._rejected, source)
                 plain = plain.reader
             plain.on_filtered = _weakly(self._dropped, source)
         # per source, its current token chunk and the documents _admit refuses there
@@ -440,6 +440,19 @@ class MixPack(BaseNode[PackedRow]):
         self._filtered[source] = True
         if self._barren_runs[source].extend(self.readers[source], shards, rows):
             self._never_gives(source)
+        self._check_dry(source)
+
+    def _rejected(self, source: int) -> None:
+        """Count a document of ``source`` a stateful filter rejected: it ends the run's
+        proof (no pure fact of the row), not its dry spell."""
+        self._barren_runs[source].restart()
+        self._check_dry(source, 1)
+
+    def _check_dry(self, source: int, added: int = 0) -> None:
+        """Refuse ``source`` once it went ``GIVE_UP_PASSES`` lane passes without a token."""
+        run, reader = self._barren_runs[source], self.readers[source]
+        if run.given_up(reader, added):
+            raise gave_up_error(reader, run.dry)
 
     def _barren(self, source: int, shard: int, row: int) -> None:
         """Count a document of ``source`` that gave no tokens (empty or dropped by length),
@@ -447,6 +460,7 @@ class MixPack(BaseNode[PackedRow]):
         under ``exhaustion="repeat"`` is refused once its run proves it (``BarrenRun``)."""
         if self._barren_runs[source].extend(self.readers[source], shard, row):
             self._never_gives(source)
+        self._check_dry(source)
 
     def _never_gives(self, source: int) -> None:
         """The ``DataError`` of a source proved to give no token for ever."""

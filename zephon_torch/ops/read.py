@@ -198,6 +198,8 @@ class DocumentReader(BaseNode[Document]):
                     "exhaustion='repeat' it would be read forever without giving a document",
                     dataset=self.layout.name,
                 )
+            if self._filtered.given_up(self):
+                raise gave_up_error(self, self._filtered.dry)
             if self.on_filtered is not None:
                 self.on_filtered(span.shards, span.rows)
 
@@ -302,6 +304,22 @@ class DocumentReader(BaseNode[Document]):
         dataset.prefetch(upcoming, share=share)
 
 
+GIVE_UP_PASSES = 256  # lane passes without a token after which a repeating source is refused
+
+
+def gave_up_error(reader: Any, dry: int) -> DataError:
+    """The ``DataError`` of a source that went ``GIVE_UP_PASSES`` passes of a lane without
+    giving it anything (``BarrenRun.given_up``)."""
+    return DataError(
+        f"gave lane {reader.lane} nothing in {GIVE_UP_PASSES} passes of it ({dry} documents "
+        "in a row: empty, dropped by the filters or the length rules, or rejected by a "
+        "stateful filter): with exhaustion='repeat' it would be read for ever. Check the "
+        "filters and rules, or the lane's share of the dataset (a few documents dealt over "
+        "many lanes may leave a lane only empty ones)",
+        dataset=reader.layout.name,
+    )
+
+
 class BarrenRun:
     """A run of one lane's documents of one source, in a row, that gave nothing (empty, cut by
     the length rules, or dropped by the filters: all pure functions of the row).
@@ -315,6 +333,10 @@ class BarrenRun:
       every row of the dataset (counted from the third lane pass on, a flag per row).
 
     A warning names the source after eight lane passes, as the proof may take many passes.
+    Where no proof can come (a lane whose positions never reach the rows that give tokens, as
+    a shuffle window of one shard may deal them; a stateful filter's rejections, which end
+    the run as no pure fact of the row), ``given_up`` says so once the source has gone
+    ``GIVE_UP_PASSES`` lane passes without a token: a lane that read on would never yield.
 
     Args:
         what: what befell the documents, for the warning ("were dropped by the filters").
@@ -326,15 +348,30 @@ class BarrenRun:
 
     def clear(self) -> None:
         """End the run: a document gave something."""
+        self.restart()
+        self.dry = 0  # documents read since the source last gave something
+
+    def restart(self) -> None:
+        """End the run's proof, not its dry spell: a document was rejected for no pure
+        reason of the row (a stateful filter's)."""
         self.length = 0
         self._met: npt.NDArray[np.bool_] | None = None  # the rows met, from the third pass
         self._count = 0
 
+    def given_up(self, reader: Any, added: int = 0) -> bool:
+        """Count ``added`` more documents of the dry spell; True once it has lasted
+        ``GIVE_UP_PASSES`` passes of the lane under ``exhaustion="repeat"``."""
+        self.dry += added
+        rows = reader.lane_rows
+        return bool(reader.exhaustion == "repeat" and 0 < GIVE_UP_PASSES * rows < self.dry)
+
     def extend(self, reader: Any, shards: Any, rows: Any) -> bool:
         """Add the documents stored at ``(shards, rows)`` (arrays, or one of each) to the run;
         True once it proves that the source gives nothing for ever. ``reader``: the lane's
-        reader of the source (its layout, lane pass and policy)."""
+        reader of the source (its layout, lane pass and policy). Counts them in the dry spell
+        too (``given_up``)."""
         added = int(np.size(rows))
+        self.dry += added
         self.length += added
         lane_rows = reader.lane_rows
         if reader.exhaustion != "repeat" or self.length <= 2 * lane_rows:

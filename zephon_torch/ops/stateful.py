@@ -105,6 +105,11 @@ class FilteredReader(BaseNode[Document]):
         return self.reader.layout
 
     @property
+    def lane(self) -> int:
+        """The canonical lane read."""
+        return self.reader.lane
+
+    @property
     def lane_rows(self) -> int:
         """Documents in one pass of this lane, before filtering."""
         return self.reader.lane_rows

@@ -15,8 +15,11 @@ import numpy.typing as npt
 import pytest
 
 from tests.helpers import assert_resumes_at_every_step, small_pipeline, two_sources
-from zephon_torch import ConfigError
+from zephon_torch import ConfigError, Pipeline
+from zephon_torch.errors import DataError
+from zephon_torch.io import Dataset
 from zephon_torch.ops.stateful import StatefulFilter
+from zephon_torch.work import StaticMixtureWorkSource
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "curriculum_filter.py"
 
@@ -607,3 +610,64 @@ def test_a_filter_whose_state_cycles_without_keeping_is_an_error(cycle: int) -> 
     ):
         warnings.simplefilter("ignore")  # the eight-pass warning, on the longer cycles
         next(iter(pipeline))
+
+
+class KeepNone(StatefulFilter):
+    """Rejects every document, counting them: a state that never comes back."""
+
+    name = "keep_none"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def keep(self, tokens: Any, source: str) -> bool:
+        self.seen += 1
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
+
+
+class KeepTiny(StatefulFilter):
+    """Keeps documents of at most one token, and no state to speak of."""
+
+    name = "keep_tiny"
+
+    def keep(self, tokens: Any, source: str) -> bool:
+        return len(tokens) <= 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("case", ["counter rejects all", "filter then min length", "lane"])
+def test_a_source_that_gives_a_lane_nothing_for_ever_is_refused_not_read_on(case: str) -> None:
+    """Each read for ever without a word past one warning (a resume fuzzer's hangs): a
+    counting filter that rejects everything (no state comes back to prove it), a filter whose
+    kept documents the length rules drop (its rejections ended the proof of the rules), and a
+    lane a one-shard shuffle window deals only the empty documents of a tiny dataset."""
+    if case == "lane":
+        data = Dataset.from_dict("small", {"ids": [[], [], [8] * 9]}, shard_size=2)
+        source = StaticMixtureWorkSource(
+            [data], exhaustion="repeat", shuffle_window_shards=1, seed=0
+        )
+        recipe = Pipeline(source).options(canonical_replicas=2).pretokenized("ids")
+        pipeline = recipe.pack_flat(32).batch(1)
+        said = r"gave lane 1 nothing in 256 passes of it \(257 documents in a row"
+    else:
+        data = Dataset.from_dict("s0", {"ids": [[1], [2, 3], [4, 5, 6], [7] * 9]})
+        source = StaticMixtureWorkSource([data], exhaustion="repeat", shuffle=False, seed=0)
+        recipe = Pipeline(source).pretokenized("ids")
+        make = KeepNone if case == "counter rejects all" else KeepTiny
+        recipe = recipe.stateful_filter(lambda lane: make())
+        pipeline = recipe.pack_flat(8, min_document_length=2).batch(1)
+        said = r"gave lane 0 nothing in 256 passes of it \(1025 documents in a row"
+    with warnings.catch_warnings(), pytest.raises(DataError, match=said):
+        warnings.simplefilter("ignore")  # the eight-pass warning comes first
+        list(itertools.islice(pipeline, 2))  # lane 1's first micro-batch never came
