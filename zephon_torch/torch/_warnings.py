@@ -63,15 +63,17 @@ class WorkerWarnings:
 def heard_warnings(active: bool) -> Iterator[WorkerWarnings | None]:
     """Record the process's warnings while inside, where ``active`` (a worker); else None.
 
-    Every warning is recorded (the main process's filters decide, not the worker's, which
-    under spawn are Python's defaults); on leaving, what was not sent is printed here."""
+    Every warning is recorded once (the main process's filters decide, not the worker's,
+    which under spawn are Python's defaults); on leaving, what was not sent is printed here."""
     if not active:
         yield None
         return
     heard = None
     try:
         with warnings.catch_warnings(record=True) as log:
-            warnings.simplefilter("always")
+            # the first of each (text, category, line), whatever the worker's filters say;
+            # repeats are dropped here by Python's registry, at its cost (a warning a row)
+            warnings.simplefilter("default")
             heard = WorkerWarnings(log)
             yield heard
     finally:
