@@ -14,16 +14,13 @@ import fnmatch
 import glob
 import itertools
 import os
-import re
 import stat
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from zephon_torch._caller import user_stacklevel
 from zephon_torch.errors import ConfigError
+from zephon_torch.io._found_files import refuse_unread_index, warn_of_files
 from zephon_torch.io.formats import (
-    COMPRESSION_ENDINGS,
     ENDINGS,
     INDEX_FILE,
     INDEXED_FORMATS,
@@ -34,17 +31,6 @@ from zephon_torch.io.formats import (
 )
 
 GLOB_CHARS = frozenset("*?[")
-_INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chunks
-# an index.json, or a per-node or per-rank one that litdata.optimize merges into it at its end
-_INDEX_LIKE = re.compile(r"(\d+[-.])?index\.json$")
-# left out of a folder without a word: notes, code and pictures kept beside data, never data
-_NOT_DATA = frozenset(
-    {".md", ".markdown", ".rst", ".txt", ".log", ".yaml", ".yml", ".toml", ".cfg", ".ini"}
-    | {".py", ".ipynb", ".sh", ".lock", ".crc", ".md5", ".sha1", ".sha256", ".sig"}
-    | {".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html"}
-)
-_SHOWN = 3  # files named in a warning of left-out files
-_OTHER_COMPRESSIONS = frozenset({".bz2", ".xz", ".lz4", ".br", ".zip", ".7z", ".lzma", ".snappy"})
 SKIPPED_PREFIXES = (".", "_")
 
 
@@ -245,20 +231,17 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
             by_format.setdefault(detected, []).append(file)
         else:
             left_out.append(file)
-    endings = ENDINGS
-    if list(by_format) == ["jsonl"] and all(
-        _INDEX_LIKE.fullmatch(os.path.basename(file)) for file in by_format["jsonl"]
-    ):
-        _refuse_unread_index(text, by_format["jsonl"], files)
+    if list(by_format) == ["jsonl"]:
+        refuse_unread_index(text, by_format["jsonl"], files)
     if not by_format:
         if where == "file":
             raise ConfigError(
                 f"cannot tell the format of {text!r} from its name: known endings are "
-                f"{endings}; pass `format=`"
+                f"{ENDINGS}; pass `format=`"
             )
         raise ConfigError(
             f"no files found at {text!r}: none of its {len(files)} files ends in a known "
-            f"extension ({endings}); pass `format=` to read them all as one format"
+            f"extension ({ENDINGS}); pass `format=` to read them all as one format"
         )
     if len(by_format) > 1:
         listed = "; ".join(
@@ -271,107 +254,8 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
         )
     [(detected_format, found)] = by_format.items()
     if where != "file":
-        _warn_left_out(text, left_out, endings)
-        _warn_twins(text, found)
-        if detected_format == "jsonl":
-            _warn_json_beside(text, found)
+        warn_of_files(text, detected_format, found, left_out)
     return detected_format, found
-
-
-def _refuse_unread_index(text: str, indexes: list[str], files: list[str]) -> None:
-    """Refuse to read an MDS or LitData folder as JSON Lines: its only JSON files are
-    indexes (the data itself in shard files), which would each be one "document"."""
-    shards = [file for file in files if _INDEXED_SHARD.search(os.path.basename(file))]
-    if not shards:
-        return
-    names = sorted({os.path.basename(file) for file in indexes})
-    if names == [INDEX_FILE]:
-        raise ConfigError(
-            f"{text!r} holds {INDEX_FILE} next to {len(shards)} MDS or LitData shard files, "
-            f"e.g. {shards[0]!r}, but it does not read as an MDS or LitData index (damaged or "
-            "cut short?); pass `format='jsonl'` if it is JSON Lines after all"
-        )
-    raise ConfigError(
-        f"{text!r} holds {len(shards)} LitData chunk or MDS shard files, e.g. {shards[0]!r}, "
-        f"but no {INDEX_FILE}: only a write's per-node or per-rank index(es) "
-        f"({', '.join(names)}), which litdata.optimize merges into {INDEX_FILE} as it ends. "
-        "The write did not finish: run it again to its end"
-    )
-
-
-def _warn_left_out(text: str, left_out: list[str], endings: str) -> None:
-    """Say which files of a folder or glob are left out for a name ending in no format
-    (notes, code and pictures aside): a `.jsonl.bz2` or `.arrow` shard among the data was
-    dropped without a word."""
-    dropped = [
-        file
-        for file in left_out
-        if "." in os.path.basename(file) and os.path.splitext(file)[1].lower() not in _NOT_DATA
-    ]
-    if not dropped:
-        return
-    named = ", ".join(repr(os.path.basename(file)) for file in dropped[:_SHOWN])
-    more = f" and {len(dropped) - _SHOWN} more" if len(dropped) > _SHOWN else ""
-    packed = [f for f in dropped if os.path.splitext(f)[1].lower() in _OTHER_COMPRESSIONS]
-    advice = (
-        f" ({os.path.basename(packed[0])!r} is compressed as no reader here reads: recompress "
-        "it with gzip or zstd)"
-        if packed
-        else ""
-    )
-    warnings.warn(
-        f"{text!r}: {len(dropped)} file(s) whose names end in no format it reads are left "
-        f"out: {named}{more} (it reads {endings}){advice}. If they are data, give them a "
-        "known ending, or pass `format=` with a glob that names them alone",
-        stacklevel=user_stacklevel(),
-    )
-
-
-def _warn_json_beside(text: str, found: list[str]) -> None:
-    """Warn where `.json` files are read as JSON Lines beside `.jsonl` or `.ndjson` ones: a
-    metadata file kept with the data (`stats.json`) becomes a row of it."""
-    json_files = [file for file in found if _ending(file) == ".json"]
-    if not json_files or len(json_files) == len(found):
-        return
-    named = ", ".join(repr(os.path.basename(file)) for file in json_files[:_SHOWN])
-    more = f" and {len(json_files) - _SHOWN} more" if len(json_files) > _SHOWN else ""
-    warnings.warn(
-        f"{text!r}: {len(json_files)} .json file(s) are read as JSON Lines beside its "
-        f".jsonl files: {named}{more}; if they hold metadata, not data, each line of them is "
-        "a row. Pass a glob that names the data files alone (such as "
-        f"'{os.path.join(text, '**', '*.jsonl*')}') to leave them out",
-        stacklevel=user_stacklevel(),
-    )
-
-
-def _ending(file: str) -> str:
-    """A JSON Lines file's ending without its compression: `.json` of `a.json.gz`."""
-    name = os.path.basename(file).lower()
-    for suffix in COMPRESSION_ENDINGS:
-        name = name.removesuffix(suffix)
-    return os.path.splitext(name)[1]
-
-
-def _warn_twins(text: str, found: list[str]) -> None:
-    """Warn of files read twice over, likely: a name that is another's plus a compression
-    ending (`gzip -k` leaves `train.jsonl` beside `train.jsonl.gz`)."""
-    names = set(found)
-    twins = [
-        (file, file + suffix)
-        for file in found
-        for suffix in COMPRESSION_ENDINGS
-        if file + suffix in names
-    ]
-    if not twins:
-        return
-    plain, packed = twins[0]
-    more = f" (and {len(twins) - 1} more such pairs)" if len(twins) > 1 else ""
-    warnings.warn(
-        f"{text!r}: {os.path.basename(plain)!r} and {os.path.basename(packed)!r}{more} differ "
-        "only by a compression ending: if they hold the same data, every row of them is read "
-        "twice; both are read. Remove one, or pass a glob that picks one of each pair",
-        stacklevel=user_stacklevel(),
-    )
 
 
 def visible_files(

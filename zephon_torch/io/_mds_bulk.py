@@ -30,7 +30,6 @@ class OneArray:
     length_at: int | None  # its place among the variable columns; None when fixed-size
     size: int | None  # its bytes when fixed-size
     count: int | None  # elements of a fixed shape, or None when each sample states its own
-    fixed: int = 0  # the bytes of every fixed-size column of a sample, this one's too
 
 
 BULK_ROWS = 32  # fewer rows are decoded one by one: the bulk path's set-up costs about 30 rows
@@ -57,8 +56,7 @@ def one_array(
     before = sizes[:column]
     length_at = None if sizes[column] is not None else sum(s is None for s in before)
     count = None if shape is None else shape[0]
-    fixed = sum(size for size in sizes if size is not None)
-    return OneArray(names[column], dtype, before, length_at, sizes[column], count, fixed)
+    return OneArray(names[column], dtype, before, length_at, sizes[column], count)
 
 
 def read_arrays(
@@ -67,11 +65,13 @@ def read_arrays(
     positions: npt.NDArray[np.int64],
     spec: OneArray,
     variable: int,
+    fixed: int,
 ) -> list[npt.NDArray[Any]] | None:
-    """The arrays of ``spec``'s column at ``positions``, as read-only views of the shard:
-    column places, lengths and shape headers found for every sample at once with numpy, then
-    one view per sample. None when any sample is not as the encoding says (the per-sample
-    decoder then names it)."""
+    """The arrays of ``spec``'s column at ``positions``, as read-only views of the shard
+    (whose samples lead with ``variable`` lengths and hold ``fixed`` bytes of fixed-size
+    columns): column places, lengths and shape headers found for every sample at once with
+    numpy, then one view per sample. None when any sample is not as the encoding says (the
+    per-sample decoder then names it)."""
     raw = views.raw()
     last = len(raw) - 1
     starts = offsets[positions]
@@ -89,7 +89,7 @@ def read_arrays(
         return None
     # every sample is its columns end to end: one the index says more or less of is damaged
     # (an index of another write: each row would lose its last ids, or gain another's)
-    whole = starts + 4 * variable + spec.fixed
+    whole = starts + 4 * variable + fixed
     for place in range(variable):
         whole = whole + little(starts + 4 * place, 4)
     if (whole != ends).any():

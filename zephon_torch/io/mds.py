@@ -253,7 +253,9 @@ class MdsReader:
         layout = info.layout
         if layout.one_array is None or len(positions) < BULK_ROWS:
             return None
-        return read_arrays(shard.views, shard.offsets, positions, layout.one_array, layout.variable)
+        return read_arrays(
+            shard.views, shard.offsets, positions, layout.one_array, layout.variable, layout.fixed
+        )
 
     def _read_index(self) -> dict[str, _ShardInfo]:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)

@@ -151,8 +151,8 @@ class MixPack(BaseNode[PackedRow]):
             plain: Any = reader
             while not isinstance(plain, DocumentReader):  # beneath the stateful filters
                 # a stateful filter's rejection is no pure fact of the row: it may let the
-                # document through later (a curriculum), so it ends the run (its own check
-                # covers a filter that rejects for ever)
+                # document through later (a curriculum), so it ends the run's proof, not its
+                # dry spell (`_rejected`; the filter's own check covers a state that cycles)
                 plain.on_rejected = _weakly(self._rejected, source)
                 plain = plain.reader
             plain.on_filtered = _weakly(self._dropped, source)
@@ -438,9 +438,7 @@ class MixPack(BaseNode[PackedRow]):
         rows)``, with those that gave no token: a source whose documents the filters and the
         length rules share out between them gives nothing, and neither alone proves it."""
         self._filtered[source] = True
-        if self._barren_runs[source].extend(self.readers[source], shards, rows):
-            self._never_gives(source)
-        self._check_dry(source)
+        self._barren(source, shards, rows)
 
     def _rejected(self, source: int) -> None:
         """Count a document of ``source`` a stateful filter rejected: it ends the run's
@@ -454,10 +452,11 @@ class MixPack(BaseNode[PackedRow]):
         if run.given_up(reader, added):
             raise gave_up_error(reader, run.dry)
 
-    def _barren(self, source: int, shard: int, row: int) -> None:
-        """Count a document of ``source`` that gave no tokens (empty or dropped by length),
-        stored at ``(shard, row)``: a source that would be read for ever without a token
-        under ``exhaustion="repeat"`` is refused once its run proves it (``BarrenRun``)."""
+    def _barren(self, source: int, shard: Any, row: Any) -> None:
+        """Count documents of ``source`` that gave no tokens (empty, dropped by length or by
+        the filters), stored at ``(shard, row)`` (one, or arrays): a source that would be read
+        for ever without a token under ``exhaustion="repeat"`` is refused once its run proves
+        it (``BarrenRun``), or once it went ``GIVE_UP_PASSES`` lane passes without one."""
         if self._barren_runs[source].extend(self.readers[source], shard, row):
             self._never_gives(source)
         self._check_dry(source)

@@ -1,0 +1,137 @@
+"""Checks of the files a dataset path found, once their format is decided (`_discover`):
+an MDS or LitData folder whose index does not read is refused, not read as JSON Lines; files
+left out for their ending, a file beside its compressed copy, and `.json` files beside `.jsonl`
+ones are warned of, naming them, at the user's `from_path` line. Notes, code and pictures kept
+beside the data (`README.md`, `LICENSE`) are left out quietly."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+
+from zephon_torch._caller import user_stacklevel
+from zephon_torch.errors import ConfigError
+from zephon_torch.io.formats import COMPRESSION_ENDINGS, ENDINGS, INDEX_FILE
+
+_INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chunks
+# an index.json, or a per-node or per-rank one that litdata.optimize merges into it at its end
+_INDEX_LIKE = re.compile(r"(\d+[-.])?index\.json$")
+# left out of a folder without a word: notes, code and pictures kept beside data, never data
+_NOT_DATA = frozenset(
+    {".md", ".markdown", ".rst", ".txt", ".log", ".yaml", ".yml", ".toml", ".cfg", ".ini"}
+    | {".py", ".ipynb", ".sh", ".lock", ".crc", ".md5", ".sha1", ".sha256", ".sig"}
+    | {".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html"}
+)
+_SHOWN = 3  # files named in a warning of left-out files
+_OTHER_COMPRESSIONS = frozenset({".bz2", ".xz", ".lz4", ".br", ".zip", ".7z", ".lzma", ".snappy"})
+
+
+def warn_of_files(text: str, format_: str, found: list[str], left_out: list[str]) -> None:
+    """The warnings of a folder or glob ``text`` whose files of ``format_`` are ``found`` and
+    whose other files, of no known ending, are ``left_out``."""
+    _warn_left_out(text, left_out)
+    _warn_twins(text, found)
+    if format_ == "jsonl":
+        _warn_json_beside(text, found)
+
+
+def _some(files: list[str]) -> str:
+    """The first few of ``files`` by name, and how many more."""
+    named = ", ".join(repr(os.path.basename(file)) for file in files[:_SHOWN])
+    return named + (f" and {len(files) - _SHOWN} more" if len(files) > _SHOWN else "")
+
+
+def refuse_unread_index(text: str, jsonl: list[str], files: list[str]) -> None:
+    """Refuse to read an MDS or LitData folder as JSON Lines: its only JSON files (``jsonl``,
+    of ``files``) are indexes, the data itself in shard files, and each index would be one
+    "document"."""
+    if not all(_INDEX_LIKE.fullmatch(os.path.basename(file)) for file in jsonl):
+        return
+    shards = [file for file in files if _INDEXED_SHARD.search(os.path.basename(file))]
+    if not shards:
+        return
+    names = sorted({os.path.basename(file) for file in jsonl})
+    if names == [INDEX_FILE]:
+        raise ConfigError(
+            f"{text!r} holds {INDEX_FILE} next to {len(shards)} MDS or LitData shard files, "
+            f"e.g. {shards[0]!r}, but it does not read as an MDS or LitData index (damaged or "
+            "cut short?); pass `format='jsonl'` if it is JSON Lines after all"
+        )
+    raise ConfigError(
+        f"{text!r} holds {len(shards)} LitData chunk or MDS shard files, e.g. {shards[0]!r}, "
+        f"but no {INDEX_FILE}: only a write's per-node or per-rank index(es) "
+        f"({', '.join(names)}), which litdata.optimize merges into {INDEX_FILE} as it ends. "
+        "The write did not finish: run it again to its end"
+    )
+
+
+def _warn_left_out(text: str, left_out: list[str]) -> None:
+    """Say which files of a folder or glob are left out for a name ending in no format
+    (notes, code and pictures aside): a `.jsonl.bz2` or `.arrow` shard among the data was
+    dropped without a word."""
+    dropped = [
+        file
+        for file in left_out
+        if "." in os.path.basename(file) and os.path.splitext(file)[1].lower() not in _NOT_DATA
+    ]
+    if not dropped:
+        return
+    packed = [f for f in dropped if os.path.splitext(f)[1].lower() in _OTHER_COMPRESSIONS]
+    advice = (
+        f" ({os.path.basename(packed[0])!r} is compressed as no reader here reads: recompress "
+        "it with gzip or zstd)"
+        if packed
+        else ""
+    )
+    warnings.warn(
+        f"{text!r}: {len(dropped)} file(s) whose names end in no format it reads are left "
+        f"out: {_some(dropped)} (it reads {ENDINGS}){advice}. If they are data, give them a "
+        "known ending, or pass `format=` with a glob that names them alone",
+        stacklevel=user_stacklevel(),
+    )
+
+
+def _warn_json_beside(text: str, found: list[str]) -> None:
+    """Warn where `.json` files are read as JSON Lines beside `.jsonl` or `.ndjson` ones: a
+    metadata file kept with the data (`stats.json`) becomes a row of it."""
+    json_files = [file for file in found if _ending(file) == ".json"]
+    if not json_files or len(json_files) == len(found):
+        return
+    warnings.warn(
+        f"{text!r}: {len(json_files)} .json file(s) are read as JSON Lines beside its "
+        f".jsonl files: {_some(json_files)}; if they hold metadata, not data, each line of them is "
+        "a row. Pass a glob that names the data files alone (such as "
+        f"'{os.path.join(text, '**', '*.jsonl*')}') to leave them out",
+        stacklevel=user_stacklevel(),
+    )
+
+
+def _ending(file: str) -> str:
+    """A JSON Lines file's ending without its compression: `.json` of `a.json.gz`."""
+    name = os.path.basename(file).lower()
+    for suffix in COMPRESSION_ENDINGS:
+        name = name.removesuffix(suffix)
+    return os.path.splitext(name)[1]
+
+
+def _warn_twins(text: str, found: list[str]) -> None:
+    """Warn of files read twice over, likely: a name that is another's plus a compression
+    ending (`gzip -k` leaves `train.jsonl` beside `train.jsonl.gz`)."""
+    names = set(found)
+    twins = [
+        (file, file + suffix)
+        for file in found
+        for suffix in COMPRESSION_ENDINGS
+        if file + suffix in names
+    ]
+    if not twins:
+        return
+    plain, packed = twins[0]
+    more = f" (and {len(twins) - 1} more such pairs)" if len(twins) > 1 else ""
+    warnings.warn(
+        f"{text!r}: {os.path.basename(plain)!r} and {os.path.basename(packed)!r}{more} differ "
+        "only by a compression ending: if they hold the same data, every row of them is read "
+        "twice; both are read. Remove one, or pass a glob that picks one of each pair",
+        stacklevel=user_stacklevel(),
+    )
