@@ -211,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "failed while running); 2 an error of the recipe or the arguments (before any run), or "
         "a --plot picture that could not be written (after the verdict); 3 INCOMPLETE (no "
         "divergence, but a configuration FAILED TO RUN for a reason of setup, such as a "
-        "function spawned workers cannot pickle, or of the machine: an OSError, MemoryError)",
+        "function spawned workers cannot pickle, or of the machine: an OSError, MemoryError; "
+        "or no configuration gave a step to compare)",
     )
     check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
     check.add_argument(

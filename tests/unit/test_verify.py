@@ -52,6 +52,7 @@ def test_verify_finds_every_configuration_identical_and_the_standard_loader_not(
     assert "zephon W=4 fault@2 -> W=1: IDENTICAL" in text
     assert "zephon W=1 runner=processes: IDENTICAL" in text
     assert "standard W=2: DIVERGES from standard W=1 at step 0" in text
+    assert "standard W=1: the standard loader's reference (6 steps)" in text  # not itself
 
 
 def test_verify_reports_a_divergence_when_a_data_affecting_setting_differs(
