@@ -13,7 +13,9 @@ pages, zstd ("parquet_plain"). Each is read by
 same run, reads the same `.npy` token files through `np.load(mmap_mode="r")` and copies them,
 in order, into [8, 2048] int64 batches: no per-document work, no shuffling, no state. A second
 reference, the piece loop, copies the same documents one Python slice assignment per piece
-(no mixing, no state); a third, per Parquet variant, is pyarrow's decode of the token column
+(no mixing, no state); another, the shuffled copy, copies them in a random order with one
+`np.concatenate` and one id check a batch (what shuffling costs before any pipeline work); a
+third, per Parquet variant, is pyarrow's decode of the token column
 alone, the most any Parquet reader built on it can deliver on one thread. Token counts must
 match the baseline's (no EOS is added), else exit code 2. Target: each format at least 0.5 of
 the baseline (best of `--repeats`); a missed target still exits 0.
@@ -253,6 +255,41 @@ def piece_loop(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     return tokens
 
 
+def shuffled_copy(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
+    """What any shuffled pipeline pays before its own work: the documents of the `.npy` files,
+    in a seeded random order, copied into [B, S] int64 batches by one `np.concatenate` a batch
+    (documents cut at batch ends), each batch's ids checked by one maximum over it, as the
+    pipeline checks them; no mixing, no state, no objects."""
+    docs: list[npt.NDArray[Any]] = []
+    for path in sorted((root / "npy").glob("part-*[0-9].npy")):
+        data = np.load(path, mmap_mode="r").view(np.ndarray)
+        bounds = np.load(path.with_name(path.name[: -len(".npy")] + ".offsets.npy")).tolist()
+        docs += [data[a:b] for a, b in itertools.pairwise(bounds)]
+    order = np.random.default_rng(0).permutation(len(docs)).tolist()
+    size = shape[0] * shape[1]
+    tokens = 0
+    parts: list[npt.NDArray[Any]] = []
+    room = size
+    for index in order:
+        doc = docs[index]
+        while len(doc) >= room:
+            parts.append(doc[:room])
+            doc = doc[room:]
+            batch = np.empty(shape, dtype=np.int64)
+            np.concatenate(parts, out=batch.reshape(-1))
+            if np.maximum.reduce(batch.reshape(-1).view(np.uint64)) > np.iinfo(np.int32).max:
+                raise SystemExit("an id out of range")
+            tokens += size
+            parts, room = [], size
+        if len(doc):
+            parts.append(doc)
+            room -= len(doc)
+    if parts:  # the last batch, padded
+        parts.append(np.zeros(room, dtype=np.int64))
+        np.concatenate(parts, out=np.empty(size, dtype=np.int64))
+    return tokens + size - room
+
+
 def parquet_decode(root: pathlib.Path, kind: str) -> int:
     """Parquet's own floor: pyarrow decodes every row group's `input_ids` list column and hands
     over its flat values as numpy, on one thread; no batches, no documents."""
@@ -382,6 +419,12 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         tokens, seconds = timed(lambda: piece_loop(root, shape))
         best["pieces"] = max(best.get("pieces", 0.0), tokens / seconds)
         line.append(f"piece loop {_rate(tokens, seconds)}")
+        tokens, seconds = timed(lambda: shuffled_copy(root, shape))
+        if tokens != total:
+            print(f"MISMATCH: the shuffled copy read {tokens:,} tokens, expected {total:,}")
+            return _MISMATCH_EXIT
+        best["shuffled"] = max(best.get("shuffled", 0.0), tokens / seconds)
+        line.append(f"shuffled copy {_rate(tokens, seconds)}")
         for kind in ("parquet", "parquet_plain"):
             tokens, seconds = timed(lambda: parquet_decode(root, kind))  # noqa: B023
             best[f"{kind} decode"] = max(best.get(f"{kind} decode", 0.0), tokens / seconds)
@@ -404,6 +447,11 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     print(
         f"{'piece loop':<18}{_rate(int(best['pieces']), 1.0)}  ratio "
         f"{best['pieces'] / best['memmap']:.3f}  (one Python slice per piece, nothing else)"
+    )
+    print(
+        f"{'shuffled copy':<18}{_rate(int(best['shuffled']), 1.0)}  ratio "
+        f"{best['shuffled'] / best['memmap']:.3f}  (documents in a random order, one "
+        "concatenate and one id check a batch: a shuffled pipeline's floor)"
     )
     for kind in ("parquet", "parquet_plain"):
         floor = best[f"{kind} decode"]
