@@ -20,64 +20,37 @@ Readers keep recently used shards open or memory-mapped between reads without a 
 keeps an evicted file's data alive for them, so they stay valid, but its disk space is freed only
 when the reader lets the shard go. Remote readers therefore keep at most an eighth of
 `max_bytes` worth of shards open (2 to 16), which bounds that excess per dataset and process.
+The folder's layout, reservations, sweeping and eviction are `_cache_folder`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import re
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from zephon_torch.errors import ConfigError, StorageError, ZephonError
-from zephon_torch.io._locks import flock, lock_file, release_file
+from zephon_torch.io._cache_folder import (
+    CacheFolder,
+    CacheFolderError,
+    cached_name,
+    delete_unpinned,
+    mark_used,
+)
+from zephon_torch.io._locks import flock
 from zephon_torch.io._pins import Pins
 from zephon_torch.io._retry import disk_full
 
-# New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
-# .tmp, .reserve and .locks; sharing those with them would break both (see _sweep).
-_TMP = ".downloading"
-_RESERVE = ".reserved"
-_LOCKS = ".name_locks"
-_FOLDER_LOCK = ".lock"
 _FULL_POLL_S = 0.05
 _MAKE_WAIT_S = 5.0  # how long a made file (decompressed shard) waits for room
-# The basename kept in a cached file's name: with the digest, the temporary file's and the
-# reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
-_MAX_BASE = 100
-
-
-_DIGEST = 24  # hex digits of a cached file's name (`cached_name`)
-_CACHED_NAME = re.compile(rf"[0-9a-f]{{{_DIGEST}}}-.")
-
-
-def cached_name(key: str, url: str) -> str:
-    """The name of the cached file of `key`: a digest of it, then the end of `url`'s basename
-    (which keeps the extension, which readers use to tell compression apart)."""
-    return f"{hashlib.sha256(key.encode()).hexdigest()[:_DIGEST]}-{_base(url)}"
-
-
-def _base(url: str) -> str:
-    """The end of `url`'s basename (which keeps its extension), for a file name: at most
-    `_MAX_BASE` bytes in UTF-8, as NAME_MAX counts bytes (a CJK character takes 3)."""
-    base = (url.rstrip("/").rsplit("/", 1)[-1] or "shard")[-_MAX_BASE:]
-    while len(base.encode("utf-8", "surrogatepass")) > _MAX_BASE:
-        base = base[1:]
-    return base
 
 
 class CacheFullError(OSError):
     """No room for a made file: the cache stayed full of shards in use."""
-
-
-class CacheFolderError(ConfigError):
-    """The cache folder cannot be made (a file lies in the way, no access)."""
 
 
 class CacheDiskFullError(ConfigError):
@@ -126,34 +99,14 @@ class ShardCache:
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.max_bytes = max_bytes
         self.full_timeout = full_timeout
-        self._make_folders()
+        self._folder = CacheFolder(self.directory)
+        self._folder.make()
         self._pins = Pins(self.directory)
         _LIVE.add(self)
         # this process's use of the cache, for stats
         self.hits = 0
         self.misses = 0
         self.bytes_downloaded = 0
-
-    def _make_folders(self) -> None:
-        """Creates the folder and its bookkeeping folders where missing: at start, and before
-        each download or make, as a cleaner (or a user) may delete the folder during a run.
-
-        Raises:
-            CacheFolderError: (a ConfigError) when the folder cannot be made.
-        """
-        try:
-            for sub in (_TMP, _RESERVE, _LOCKS):
-                os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
-            # there already, and not writable: the folder itself too, where downloads land
-            for sub in ("", _TMP, _RESERVE, _LOCKS):
-                folder = os.path.join(self.directory, sub)
-                if not os.access(folder, os.W_OK):
-                    raise PermissionError(f"{folder!r} cannot be written")
-        except OSError as error:
-            raise CacheFolderError(
-                f"cannot use the shard cache folder {self.directory!r} "
-                f"(io_options cache `dir`): {error}"
-            ) from None
 
     def after_fork(self) -> None:
         """In a forked child: see `Pins.after_fork`. Runs at every fork (see `_LIVE`)."""
@@ -222,20 +175,20 @@ class ShardCache:
         if isinstance(error, CacheFolderError):
             return False
         lost = isinstance(error, FileNotFoundError)
-        return lost or not os.path.isdir(os.path.join(self.directory, _TMP))
+        return lost or not self._folder.intact()
 
     def _ensure(self, item: CachedObject, download: Callable[[str], None], *, pin: bool) -> str:
         if self._pin_whole(item, locked=False):
             self.hits += 1
             return self._finish(item, pin)
-        self._make_folders()
-        with self._name_locked(item.name):
+        self._folder.make()
+        with self._folder.name_locked(item.name):
             if self._pin_whole(item, locked=True):
                 self.hits += 1
                 return self._finish(item, pin)
             reservation = self._reserve(item.name, item.size, item.url)
             try:
-                temp = self._temp(item.name)
+                temp = self._folder.temp(item.name)
                 try:
                     self._download_with_room(item, download, temp)
                     got = os.path.getsize(temp)
@@ -251,7 +204,7 @@ class ShardCache:
                         os.unlink(temp)
             finally:
                 # the folder (and its lock file) may be gone: nothing left to undo then
-                with contextlib.suppress(OSError), flock(self._folder_lock, fcntl.LOCK_EX):
+                with contextlib.suppress(OSError), flock(self._folder.lock, fcntl.LOCK_EX):
                     os.unlink(reservation)
         return self._finish(item, pin)
 
@@ -287,11 +240,11 @@ class ShardCache:
 
     def _evict_to_free(self, size: int) -> None:
         """Evicts LRU unpinned shards until `size` bytes are free on the disk."""
-        with flock(self._folder_lock, fcntl.LOCK_EX):
-            for path, _, _ in sorted(self._entries(), key=lambda entry: entry[2]):
+        with flock(self._folder.lock, fcntl.LOCK_EX):
+            for path, _, _ in sorted(self._folder.entries(), key=lambda entry: entry[2]):
                 if self._free_bytes() >= size:
                     break
-                _try_delete(path)
+                delete_unpinned(path)
 
     def _free_bytes(self) -> int:
         """The bytes free to this process on the cache folder's disk."""
@@ -314,7 +267,7 @@ class ShardCache:
         if size == item.size:
             return True
         self._pins.unpin(item.name)
-        if not locked or _try_delete(self.path(item)):
+        if not locked or delete_unpinned(self.path(item)):
             return False
         raise StorageError(
             f"the cached copy {self.path(item)!r} is {size} bytes, not the {item.size} of the "
@@ -348,14 +301,14 @@ class ShardCache:
         if self._pins.pin_existing(name):
             self.hits += 1
         else:
-            self._make_folders()
-            with self._name_locked(name):
+            self._folder.make()
+            with self._folder.name_locked(name):
                 if self._pins.pin_existing(name):
                     self.hits += 1
                 else:
                     self._make(name, url, make)
         path = os.path.join(self.directory, name)
-        _touch(path)
+        mark_used(path)
         try:
             yield path
         finally:
@@ -363,7 +316,7 @@ class ShardCache:
 
     def _make(self, name: str, url: str, make: Callable[[str], None]) -> None:
         """Under `name`'s lock: makes the file, reserves its size, places it pinned."""
-        temp = self._temp(name)
+        temp = self._folder.temp(name)
         try:
             make(temp)
             size = os.path.getsize(temp)
@@ -382,7 +335,7 @@ class ShardCache:
                 self.misses += 1
             finally:
                 # the folder (and its lock file) may be gone: nothing left to undo then
-                with contextlib.suppress(OSError), flock(self._folder_lock, fcntl.LOCK_EX):
+                with contextlib.suppress(OSError), flock(self._folder.lock, fcntl.LOCK_EX):
                     os.unlink(reservation)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -390,47 +343,24 @@ class ShardCache:
 
     def touch(self, item: CachedObject) -> bool:
         """Marks `item`'s cached file as just used; False when it is not cached."""
-        return _touch(self.path(item))
+        return mark_used(self.path(item))
 
     def discard(self, item: CachedObject) -> bool:
         """Deletes `item`'s cached file (a bad copy), unless a process has it pinned; True
         when it is gone."""
-        with self._name_locked(item.name):
-            return _try_delete(self.path(item))
+        with self._folder.name_locked(item.name):
+            return delete_unpinned(self.path(item))
 
     def used_bytes(self) -> int:
         """Bytes held by cached shards (reservations not counted)."""
-        return sum(size for _, size, _ in self._entries())
+        return sum(size for _, size, _ in self._folder.entries())
 
     def _finish(self, item: CachedObject, pin: bool) -> str:
         path = self.path(item)
-        _touch(path)
+        mark_used(path)
         if not pin:
             self._pins.unpin(item.name)
         return path
-
-    @property
-    def _folder_lock(self) -> str:
-        return os.path.join(self.directory, _FOLDER_LOCK)
-
-    def _name_lock(self, name: str) -> str:
-        return os.path.join(self.directory, _LOCKS, f"{name}.lock")
-
-    @contextlib.contextmanager
-    def _name_locked(self, name: str) -> Iterator[None]:
-        """Holds `name`'s lock: only its holder downloads or makes the file `name`, and its
-        temporary file and reservation exist only while it holds the lock (see `_sweep`)."""
-        path = self._name_lock(name)
-        fd = lock_file(path, wait=True)
-        assert fd is not None
-        try:
-            yield
-        finally:
-            release_file(path, fd)
-
-    def _temp(self, name: str) -> str:
-        """A fresh temporary path for the file `name` (written under `name`'s lock)."""
-        return os.path.join(self.directory, _TMP, f"{name}.{uuid.uuid4().hex[:12]}")
 
     def _reserve(
         self, name: str, size: int, url: str, *, made: str = "", wait: float | None = None
@@ -442,14 +372,9 @@ class ShardCache:
         then `StorageError`)."""
         deadline = time.monotonic() + (self.full_timeout if wait is None else wait)
         while True:
-            with flock(self._folder_lock, fcntl.LOCK_EX):
-                if self._evict_for(size, (name, made)):
-                    marker = os.path.join(
-                        self.directory, _RESERVE, f"{size}-{uuid.uuid4().hex[:12]}-{name}"
-                    )
-                    with open(marker, "w"):
-                        pass
-                    return marker
+            with flock(self._folder.lock, fcntl.LOCK_EX):
+                if self._folder.evict_for(size, (name, made), self.max_bytes):
+                    return self._folder.marker(name, size)
             if time.monotonic() > deadline:
                 if wait is not None:
                     raise CacheFullError(
@@ -463,95 +388,6 @@ class ShardCache:
                 )
             time.sleep(_FULL_POLL_S)
 
-    def _evict_for(self, size: int, mine: tuple[str, str]) -> bool:
-        """Under the folder lock and the lock of `mine` (a name and its caller's temporary
-        file, see `_reserve`): evicts LRU unpinned shards until `size` more bytes fit."""
-        used = self._reserved_bytes(mine)
-        entries = sorted(self._entries(), key=lambda entry: entry[2])
-        used += sum(entry_size for _, entry_size, _ in entries)
-        for path, entry_size, _ in entries:
-            if used + size <= self.max_bytes:
-                break
-            if _try_delete(path):
-                used -= entry_size
-        return used + size <= self.max_bytes
-
-    def _entries(self) -> list[tuple[str, int, float]]:
-        """The cached files: (path, size, last use). Other files in the folder (a user's,
-        pointing `dir` at a folder in use) are neither counted nor evicted."""
-        found = []
-        with os.scandir(self.directory) as listing:
-            for entry in listing:
-                if not _CACHED_NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
-                    continue
-                try:
-                    stat = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                found.append((entry.path, stat.st_size, stat.st_mtime))
-        return found
-
-    def _reserved_bytes(self, mine: tuple[str, str]) -> int:
-        """Under the folder lock: the bytes reserved by downloads and makes under way, once
-        the leftovers of dead processes are swept (see `_sweep`)."""
-        markers: dict[str, list[str]] = {}
-        for marker in os.listdir(os.path.join(self.directory, _RESERVE)):
-            markers.setdefault(marker.split("-", 2)[-1], []).append(marker)
-        temps: dict[str, list[str]] = {}
-        for temp in os.listdir(os.path.join(self.directory, _TMP)):
-            temps.setdefault(temp.rsplit(".", 1)[0], []).append(temp)
-        self._sweep(markers, temps, mine)
-        total = 0
-        for found in markers.values():
-            for marker in found:
-                size = marker.split("-", 1)[0]
-                total += int(size) if size.isdigit() else 0
-        return total
-
-    def _sweep(
-        self, markers: dict[str, list[str]], temps: dict[str, list[str]], mine: tuple[str, str]
-    ) -> None:
-        """Deletes the reservations and temporary files (grouped by the name of the file they
-        are for) whose name's lock no one holds: their process died while downloading or
-        making that file. Swept names leave `markers`.
-
-        Liveness is the lock, not a process id: containers sharing the cache folder on one
-        kernel, each with its own process ids, sweep only what the dead left. The caller holds
-        the lock of `mine`'s name, so what lies there (but its own temporary file) is a dead
-        holder's: a job killed mid-download that restarts on the same shard."""
-        own, made = mine
-
-        def delete(name: str) -> None:  # under the name's lock
-            leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
-            leftovers += [(_TMP, t) for t in temps.get(name, []) if t != made]
-            for folder, leftover in leftovers:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.directory, folder, leftover))
-
-        for name in set(markers) | set(temps):
-            if name == own:
-                delete(name)
-                continue
-            path = self._name_lock(name)
-            fd = lock_file(path, wait=False)
-            if fd is None:  # held: a download or make under way
-                continue
-            try:
-                delete(name)
-            finally:
-                release_file(path, fd)
-        # Lock files alone: a process killed holding a name's lock before it reserved (waiting
-        # for space) leaves only that. Free ones are deleted; a locker that opened one just
-        # before finds it deleted and locks the current file (see `lock_file`).
-        for lock in os.listdir(os.path.join(self.directory, _LOCKS)):
-            name = lock.removesuffix(".lock")
-            if name == own or name in markers or name in temps:
-                continue
-            path = self._name_lock(name)
-            fd = lock_file(path, wait=False)
-            if fd is not None:
-                release_file(path, fd)
-
 
 _LIVE: weakref.WeakSet[ShardCache] = weakref.WeakSet()
 
@@ -562,33 +398,3 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
-
-
-def _touch(path: str) -> bool:
-    """Marks the file `path` as just used on the LRU clock (its mtime, shared by every
-    process); False when it is not there."""
-    try:
-        os.utime(path)
-    except OSError:
-        return False
-    return True
-
-
-def _try_delete(path: str) -> bool:
-    """Deletes `path` unless some process holds a lock on it (is reading it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)
-    return True

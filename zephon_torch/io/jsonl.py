@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._cache import LruCache
+from zephon_torch.io._cache_folder import CacheFolderError
 from zephon_torch.io._compression import (
     Compression,
     CorruptError,
@@ -40,7 +41,7 @@ from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._projection import ProjectedReader
 from zephon_torch.io._remote import CacheOptions, IoOptions
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
-from zephon_torch.io._shard_cache import CacheFolderError, ShardCache
+from zephon_torch.io._shard_cache import ShardCache
 
 if TYPE_CHECKING:
     from zephon_torch.io.formats import ShardReader

@@ -21,15 +21,9 @@ import pytest
 
 from zephon_torch.errors import ConfigError, StorageError
 from zephon_torch.io import Dataset, _pins
+from zephon_torch.io._cache_folder import _LOCKS, _RESERVE, _TMP, CacheFolderError
 from zephon_torch.io._locks import lock_file, release_file
-from zephon_torch.io._shard_cache import (
-    _LOCKS,
-    _RESERVE,
-    _TMP,
-    CachedObject,
-    CacheFolderError,
-    ShardCache,
-)
+from zephon_torch.io._shard_cache import CachedObject, ShardCache
 
 
 def _item(name: str, size: int, version: str = "v1") -> CachedObject:

@@ -1,0 +1,243 @@
+"""The shard cache's folder: where its files, temporary files, reservations and locks lie, and
+the space bookkeeping each process sharing the folder does under its lock (`CacheFolder`).
+
+Cached files are named by a digest and the end of their URL's basename (`cached_name`); other
+files in the folder (a user's) are neither counted nor evicted. A download or make writes its
+temporary file under `.downloading` and records its size in a marker under `.reserved`, both
+only while it holds its name's lock (a file under `.name_locks`): what lies there without the
+lock is a dead process's, swept by the next reservation. Eviction deletes the least recently
+used files (by mtime, which every use marks) that no process holds a shared lock on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import uuid
+from collections.abc import Iterator
+
+from zephon_torch.errors import ConfigError
+from zephon_torch.io._locks import lock_file, release_file
+
+# New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
+# .tmp, .reserve and .locks; sharing those with them would break both (see `CacheFolder.sweep`).
+_TMP = ".downloading"
+_RESERVE = ".reserved"
+_LOCKS = ".name_locks"
+_FOLDER_LOCK = ".lock"
+# The basename kept in a cached file's name: with the digest, the temporary file's and the
+# reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
+_MAX_BASE = 100
+
+
+_DIGEST = 24  # hex digits of a cached file's name (`cached_name`)
+_CACHED_NAME = re.compile(rf"[0-9a-f]{{{_DIGEST}}}-.")
+
+
+def cached_name(key: str, url: str) -> str:
+    """The name of the cached file of `key`: a digest of it, then the end of `url`'s basename
+    (which keeps the extension, which readers use to tell compression apart)."""
+    return f"{hashlib.sha256(key.encode()).hexdigest()[:_DIGEST]}-{_base(url)}"
+
+
+def _base(url: str) -> str:
+    """The end of `url`'s basename (which keeps its extension), for a file name: at most
+    `_MAX_BASE` bytes in UTF-8, as NAME_MAX counts bytes (a CJK character takes 3)."""
+    base = (url.rstrip("/").rsplit("/", 1)[-1] or "shard")[-_MAX_BASE:]
+    while len(base.encode("utf-8", "surrogatepass")) > _MAX_BASE:
+        base = base[1:]
+    return base
+
+
+class CacheFolderError(ConfigError):
+    """The cache folder cannot be made (a file lies in the way, no access)."""
+
+
+class CacheFolder:
+    """One cache folder's layout and bookkeeping (see the module docstring).
+
+    Args:
+        directory: the folder, an absolute path.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def make(self) -> None:
+        """Creates the folder and its bookkeeping folders where missing: at start, and before
+        each download or make, as a cleaner (or a user) may delete the folder during a run.
+
+        Raises:
+            CacheFolderError: (a ConfigError) when the folder cannot be made.
+        """
+        try:
+            for sub in (_TMP, _RESERVE, _LOCKS):
+                os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+            # there already, and not writable: the folder itself too, where downloads land
+            for sub in ("", _TMP, _RESERVE, _LOCKS):
+                folder = os.path.join(self.directory, sub)
+                if not os.access(folder, os.W_OK):
+                    raise PermissionError(f"{folder!r} cannot be written")
+        except OSError as error:
+            raise CacheFolderError(
+                f"cannot use the shard cache folder {self.directory!r} "
+                f"(io_options cache `dir`): {error}"
+            ) from None
+
+    def intact(self) -> bool:
+        """Whether the bookkeeping folders are there (a cleaner may delete the folder)."""
+        return os.path.isdir(os.path.join(self.directory, _TMP))
+
+    def marker(self, name: str, size: int) -> str:
+        """Under the folder lock and `name`'s: records a reservation of `size` bytes for the
+        file `name`; returns its marker file, which the reserver deletes when done."""
+        marker = os.path.join(self.directory, _RESERVE, f"{size}-{uuid.uuid4().hex[:12]}-{name}")
+        with open(marker, "w"):
+            pass
+        return marker
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.directory, _FOLDER_LOCK)
+
+    def name_lock(self, name: str) -> str:
+        return os.path.join(self.directory, _LOCKS, f"{name}.lock")
+
+    @contextlib.contextmanager
+    def name_locked(self, name: str) -> Iterator[None]:
+        """Holds `name`'s lock: only its holder downloads or makes the file `name`, and its
+        temporary file and reservation exist only while it holds the lock (see `sweep`)."""
+        path = self.name_lock(name)
+        fd = lock_file(path, wait=True)
+        assert fd is not None
+        try:
+            yield
+        finally:
+            release_file(path, fd)
+
+    def temp(self, name: str) -> str:
+        """A fresh temporary path for the file `name` (written under `name`'s lock)."""
+        return os.path.join(self.directory, _TMP, f"{name}.{uuid.uuid4().hex[:12]}")
+
+    def evict_for(self, size: int, mine: tuple[str, str], max_bytes: int) -> bool:
+        """Under the folder lock and the lock of `mine` (a name and its caller's temporary
+        file, see `ShardCache._reserve`): evicts LRU unpinned shards until `size` more bytes
+        fit in `max_bytes`."""
+        used = self.reserved_bytes(mine)
+        entries = sorted(self.entries(), key=lambda entry: entry[2])
+        used += sum(entry_size for _, entry_size, _ in entries)
+        for path, entry_size, _ in entries:
+            if used + size <= max_bytes:
+                break
+            if delete_unpinned(path):
+                used -= entry_size
+        return used + size <= max_bytes
+
+    def entries(self) -> list[tuple[str, int, float]]:
+        """The cached files: (path, size, last use). Other files in the folder (a user's,
+        pointing `dir` at a folder in use) are neither counted nor evicted."""
+        found = []
+        with os.scandir(self.directory) as listing:
+            for entry in listing:
+                if not _CACHED_NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                found.append((entry.path, stat.st_size, stat.st_mtime))
+        return found
+
+    def reserved_bytes(self, mine: tuple[str, str]) -> int:
+        """Under the folder lock: the bytes reserved by downloads and makes under way, once
+        the leftovers of dead processes are swept (see `sweep`)."""
+        markers: dict[str, list[str]] = {}
+        for marker in os.listdir(os.path.join(self.directory, _RESERVE)):
+            markers.setdefault(marker.split("-", 2)[-1], []).append(marker)
+        temps: dict[str, list[str]] = {}
+        for temp in os.listdir(os.path.join(self.directory, _TMP)):
+            temps.setdefault(temp.rsplit(".", 1)[0], []).append(temp)
+        self.sweep(markers, temps, mine)
+        total = 0
+        for found in markers.values():
+            for marker in found:
+                size = marker.split("-", 1)[0]
+                total += int(size) if size.isdigit() else 0
+        return total
+
+    def sweep(
+        self, markers: dict[str, list[str]], temps: dict[str, list[str]], mine: tuple[str, str]
+    ) -> None:
+        """Deletes the reservations and temporary files (grouped by the name of the file they
+        are for) whose name's lock no one holds: their process died while downloading or
+        making that file. Swept names leave `markers`.
+
+        Liveness is the lock, not a process id: containers sharing the cache folder on one
+        kernel, each with its own process ids, sweep only what the dead left. The caller holds
+        the lock of `mine`'s name, so what lies there (but its own temporary file) is a dead
+        holder's: a job killed mid-download that restarts on the same shard."""
+        own, made = mine
+
+        def delete(name: str) -> None:  # under the name's lock
+            leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
+            leftovers += [(_TMP, t) for t in temps.get(name, []) if t != made]
+            for folder, leftover in leftovers:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.directory, folder, leftover))
+
+        for name in set(markers) | set(temps):
+            if name == own:
+                delete(name)
+                continue
+            path = self.name_lock(name)
+            fd = lock_file(path, wait=False)
+            if fd is None:  # held: a download or make under way
+                continue
+            try:
+                delete(name)
+            finally:
+                release_file(path, fd)
+        # Lock files alone: a process killed holding a name's lock before it reserved (waiting
+        # for space) leaves only that. Free ones are deleted; a locker that opened one just
+        # before finds it deleted and locks the current file (see `lock_file`).
+        for lock in os.listdir(os.path.join(self.directory, _LOCKS)):
+            name = lock.removesuffix(".lock")
+            if name == own or name in markers or name in temps:
+                continue
+            path = self.name_lock(name)
+            fd = lock_file(path, wait=False)
+            if fd is not None:
+                release_file(path, fd)
+
+
+def mark_used(path: str) -> bool:
+    """Marks the file `path` as just used on the LRU clock (its mtime, shared by every
+    process); False when it is not there."""
+    try:
+        os.utime(path)
+    except OSError:
+        return False
+    return True
+
+
+def delete_unpinned(path: str) -> bool:
+    """Deletes `path` unless some process holds a lock on it (is reading it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+    return True
