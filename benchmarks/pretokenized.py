@@ -43,6 +43,7 @@ import threading
 import time
 import types
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -410,33 +411,24 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     for repeat in range(args.repeats):
         # Interleaved, so drift on the machine affects every side alike.
         line = []
-        tokens, seconds = timed(lambda: baseline(root, shape))
-        if tokens != total:
-            print(f"MISMATCH: baseline read {tokens:,} tokens, expected {total:,}")
-            return _MISMATCH_EXIT
-        best["memmap"] = max(best.get("memmap", 0.0), tokens / seconds)
-        line.append(f"memmap {_rate(tokens, seconds)}")
-        tokens, seconds = timed(lambda: piece_loop(root, shape))
-        best["pieces"] = max(best.get("pieces", 0.0), tokens / seconds)
-        line.append(f"piece loop {_rate(tokens, seconds)}")
-        tokens, seconds = timed(lambda: shuffled_copy(root, shape))
-        if tokens != total:
-            print(f"MISMATCH: the shuffled copy read {tokens:,} tokens, expected {total:,}")
-            return _MISMATCH_EXIT
-        best["shuffled"] = max(best.get("shuffled", 0.0), tokens / seconds)
-        line.append(f"shuffled copy {_rate(tokens, seconds)}")
+        # each side's callable is made before its timing starts (a pipeline is built then)
+        sides: list[tuple[str, Callable[[], Callable[[], int]]]] = [
+            ("memmap", lambda: partial(baseline, root, shape)),
+            ("piece loop", lambda: partial(piece_loop, root, shape)),
+            ("shuffled copy", lambda: partial(shuffled_copy, root, shape)),
+        ]
         for kind in ("parquet", "parquet_plain"):
-            tokens, seconds = timed(lambda: parquet_decode(root, kind))  # noqa: B023
-            best[f"{kind} decode"] = max(best.get(f"{kind} decode", 0.0), tokens / seconds)
-            line.append(f"{kind} decode {_rate(tokens, seconds)}")
+            sides.append((f"{kind} decode", lambda k=kind: partial(parquet_decode, root, k)))
         for kind in kinds:
-            pipeline = build_pipeline(_dataset(root, kind), args)
-            tokens, seconds = timed(lambda: pipeline_tokens(pipeline, shape))  # noqa: B023
+            built = partial(build_pipeline, _dataset(root, kind), args)
+            sides.append((kind, lambda b=built: partial(pipeline_tokens, b(), shape)))
+        for name, make in sides:
+            tokens, seconds = timed(make())
             if tokens != total:
-                print(f"MISMATCH: {kind} pipeline gave {tokens:,} tokens, expected {total:,}")
+                print(f"MISMATCH: {name} gave {tokens:,} tokens, expected {total:,}")
                 return _MISMATCH_EXIT
-            best[kind] = max(best.get(kind, 0.0), tokens / seconds)
-            line.append(f"{kind} {_rate(tokens, seconds)}")
+            best[name] = max(best.get(name, 0.0), tokens / seconds)
+            line.append(f"{name} {_rate(tokens, seconds)}")
         print(f"repeat {repeat + 1}: " + ", ".join(line), flush=True)
     print(
         f"\nsettings: lanes {args.lanes}, batch [{args.batch}, {args.seq}] int64 wrap, "
@@ -445,12 +437,12 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     )
     print(f"{'memmap baseline':<18}{_rate(int(best['memmap']), 1.0)}")
     print(
-        f"{'piece loop':<18}{_rate(int(best['pieces']), 1.0)}  ratio "
-        f"{best['pieces'] / best['memmap']:.3f}  (one Python slice per piece, nothing else)"
+        f"{'piece loop':<18}{_rate(int(best['piece loop']), 1.0)}  ratio "
+        f"{best['piece loop'] / best['memmap']:.3f}  (one Python slice per piece, nothing else)"
     )
     print(
-        f"{'shuffled copy':<18}{_rate(int(best['shuffled']), 1.0)}  ratio "
-        f"{best['shuffled'] / best['memmap']:.3f}  (documents in a random order, one "
+        f"{'shuffled copy':<18}{_rate(int(best['shuffled copy']), 1.0)}  ratio "
+        f"{best['shuffled copy'] / best['memmap']:.3f}  (documents in a random order, one "
         "concatenate and one id check a batch: a shuffled pipeline's floor)"
     )
     for kind in ("parquet", "parquet_plain"):
@@ -462,7 +454,7 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     for kind in kinds:
         ratio = best[kind] / best["memmap"]
         verdict = "met" if ratio >= TARGET_RATIO else "not met"
-        floor = best.get(f"{kind} decode", best["pieces"])
+        floor = best.get(f"{kind} decode", best["piece loop"])
         what = "decode" if f"{kind} decode" in best else "piece loop"
         print(
             f"{kind + ' pipeline':<18}{_rate(int(best[kind]), 1.0)}  ratio {ratio:.3f}  "
