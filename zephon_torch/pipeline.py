@@ -581,7 +581,10 @@ class Pipeline:
         fork_safe_backend()
         runtime = self._live_runtime = LaneRuntime(self)
         stream: Iterator[Batch]
-        produce = partial(runtime.batches, endless=self._endless)
+        # under "repeat" a stream never ends: a rank whose lanes were dealt no document (a
+        # dataset of fewer documents than lanes) pads, as those lanes do in one process
+        endless = self._endless or self.exhaustion == "repeat"
+        produce = partial(runtime.batches, endless=endless)
         depth = prefetch_depth(self)
         if depth:
             self._live = Prefetcher(produce, depth)

@@ -161,6 +161,17 @@ def test_ranks_with_dataloader_workers_give_the_same_global_batches(
     assert plain == workers
 
 
+def test_a_rank_dealt_no_document_pads_on_under_repeat_as_in_one_process(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Datasets of 3 and 2 documents over 8 lanes: rank 1 (lanes 4 to 7) is dealt none. Its
+    loader ended at once while rank 0's went on, and the job hung in rank 0's next gather."""
+    common = ("--steps", "4", "--lanes", "8", "--rows", "3,2")
+    one = torchrun(1, tmp_path / "one", tokenizer_path, *common)
+    assert len(one) == 4
+    assert torchrun(2, tmp_path / "two", tokenizer_path, *common, "--workers", "2") == one
+
+
 def test_with_a_finite_dataset_every_rank_ends_on_the_same_step(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:

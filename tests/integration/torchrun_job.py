@@ -35,6 +35,7 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--exhaustion", default="repeat")
+    parser.add_argument("--rows", default="40,30", help="documents of the two datasets")
     parser.add_argument(
         "--last-rank-algorithm", default="wrap", help="another recipe on the last rank"
     )
@@ -60,7 +61,7 @@ def main() -> None:
         algorithm=args.last_rank_algorithm if rank == world - 1 else "wrap",
         lanes=args.lanes,
         exhaustion=args.exhaustion,
-        datasets=two_sources(40, 30, shard_size=8),
+        datasets=two_sources(*map(int, args.rows.split(",")), shard_size=8),
     )
     assert pipeline.topology == (world, rank)
     lanes_per_rank = args.lanes // world
@@ -73,7 +74,7 @@ def main() -> None:
     if args.peek_steps and args.peek_then == "own-state":
         data = small_pipeline(
             tokenizer, lanes=args.lanes, exhaustion=args.exhaustion,
-            datasets=two_sources(40, 30, shard_size=8),
+            datasets=two_sources(*map(int, args.rows.split(",")), shard_size=8),
         )  # fmt: skip
     loader = DataLoader(data, num_workers=args.workers, multiprocessing_context="spawn")
     if data is not pipeline:

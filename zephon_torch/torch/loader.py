@@ -152,7 +152,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         ranks = pipeline.topology[0] > 1 and distributed_ready()
         begun = self._in_step() if ranks else 0
         equalise = ranks and pipeline.exhaustion == "stop"
-        uncut = equalise or self._pad_on
+        # never cut under "repeat" (see Pipeline.__iter__): a rank dealt no document pads
+        uncut = equalise or self._pad_on or pipeline.exhaustion == "repeat"
         dataset.with_meta = True
         dataset.pack_transport = self.num_workers > 0 and self._pack_transport
         # the stream is cut here with any worker count: the empty turn's states (every lane
