@@ -51,7 +51,8 @@ class TokenColumn:
 
 
 def is_integer_list(kind: pa.DataType) -> bool:
-    """Whether an Arrow type is a list (any layout) of integers."""
+    """Whether an Arrow type is a list (any layout) of integers, or of nulls: what a writer
+    infers for a column of empty lists alone (a shard of empty documents) without a type."""
     lists = (
         pa.types.is_list(kind)
         or pa.types.is_large_list(kind)
@@ -59,7 +60,8 @@ def is_integer_list(kind: pa.DataType) -> bool:
         or pa.types.is_list_view(kind)
         or pa.types.is_large_list_view(kind)
     )
-    return bool(lists and pa.types.is_integer(kind.value_type))
+    value = kind.value_type if lists else None
+    return bool(lists and (pa.types.is_integer(value) or pa.types.is_null(value)))
 
 
 Columns = tuple[tuple[str, str, bool], ...]  # each column's name, type, and integer lists?
@@ -129,7 +131,10 @@ def token_column(column: pa.Array | pa.ChunkedArray) -> TokenColumn:
         first = pc.index(flat.is_null(), True).as_py()
         row = int(np.searchsorted(offsets, first, side="right")) - 1
         raise BadTokenRow(f"holds {flat.null_count} null token ids, the first in row", row)
-    values = flat.to_numpy(zero_copy_only=False)
+    if pa.types.is_null(flat.type):  # empty lists alone (any id would have been a null)
+        values = np.zeros(0, dtype=np.int32)
+    else:
+        values = flat.to_numpy(zero_copy_only=False)
     values.flags.writeable = False
     valid = None
     if array.null_count:

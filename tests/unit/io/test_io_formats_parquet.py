@@ -102,6 +102,23 @@ def test_a_null_token_list_is_none_and_a_null_token_id_is_a_data_error(tmp_path:
     assert (caught.value.row, caught.value.shard) == (7, str(tmp_path / "r.parquet"))
 
 
+def test_a_shard_of_empty_token_lists_written_without_a_type_reads_as_empty_documents(
+    tmp_path: Path,
+) -> None:
+    """pyarrow infers list<null> for a column of empty lists alone: such a shard (of empty
+    documents) was refused as not holding integer token ids, where `.npy` took the same."""
+    pq.write_table(pa.table({"ids": [[], []]}), tmp_path / "a.parquet")
+    kind = pa.list_(pa.int32())
+    pq.write_table(pa.table({"ids": pa.array([[5, 6], [7]], kind)}), tmp_path / "b.parquet")
+    assert pq.read_schema(tmp_path / "a.parquet").field("ids").type == pa.list_(pa.null())
+    dataset = Dataset.from_path("p", tmp_path, token_columns=["ids"])
+    rows = [dataset.read_rows(shard, [0, 1]) for shard in (0, 1)]
+    assert [[row["ids"].tolist() for row in shard] for shard in rows] == [[[], []], [[5, 6], [7]]]
+    pq.write_table(pa.table({"ids": [[None]]}), tmp_path / "c.parquet")  # list<null>, an id
+    with pytest.raises(DataError, match=r"token column 'ids' holds 1 null token ids"):
+        Dataset.from_path("p", tmp_path / "c.parquet", token_columns=["ids"]).read_rows(0, [0])
+
+
 def test_a_token_column_that_is_not_a_list_of_integers_is_refused_at_open(
     parquet_dir: Path,
 ) -> None:
