@@ -6,9 +6,14 @@ import contextlib
 import functools
 import http.server
 import json
+import os
+import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
+
+import pytest
 
 from tests.conftest import prose_documents
 from tests.loopback import serve_in_thread
@@ -118,3 +123,23 @@ def serve_without_versions(folder: Path) -> Iterator[str]:
 
     with serve_in_thread(functools.partial(NoVersions, directory=str(folder))) as url:
         yield url
+
+
+def run_group(
+    cmd: list[str], *, env: dict[str, str] | None = None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd)`` with its output captured, in a session of its own: past
+    ``timeout`` every process of it is killed and the test fails saying so. A plain timeout
+    killed torchrun alone and left its ranks (and their DataLoader workers) waiting in a
+    collective for good."""
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as job:  # fmt: skip
+        try:
+            out, err = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            out, err = job.communicate()
+            pytest.fail(f"{cmd[-1]!r}... ran past {timeout} s; stderr: {err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, job.returncode, out, err)

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import run_group
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_loop.py")
 
@@ -21,7 +23,7 @@ def run(nproc: int, out: Path, *extra: str) -> list[dict[str, Any]]:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [*launcher, EXAMPLE, "--steps", "8", "--out", str(out), *extra]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = run_group(cmd, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     log: list[dict[str, Any]] = json.loads(out.read_text())
     return log
