@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -232,6 +232,13 @@ def baseline(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     return tokens
 
 
+def npy_files(root: pathlib.Path) -> Iterator[tuple[npt.NDArray[Any], list[int]]]:
+    """Each `.npy` token file, memory-mapped, with its documents' bounds (offsets file)."""
+    for path in sorted((root / "npy").glob("part-*[0-9].npy")):
+        bounds = np.load(path.with_name(path.name[: -len(".npy")] + ".offsets.npy")).tolist()
+        yield np.load(path, mmap_mode="r"), bounds
+
+
 def piece_loop(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     """The floor of any per-document design: each document of the `.npy` files, in stored
     order, copied by one Python slice assignment per piece (cut at row ends) into [B, S]
@@ -240,9 +247,7 @@ def piece_loop(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     seq = shape[1]
     flat = batch.reshape(-1)
     filled = tokens = 0
-    for path in sorted((root / "npy").glob("part-*[0-9].npy")):
-        data = np.load(path, mmap_mode="r")
-        bounds = np.load(path.with_name(path.name[: -len(".npy")] + ".offsets.npy")).tolist()
+    for data, bounds in npy_files(root):
         for first, end in itertools.pairwise(bounds):
             start = first
             while start < end:
@@ -262,9 +267,8 @@ def shuffled_copy(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     (documents cut at batch ends), each batch's ids checked by one maximum over it, as the
     pipeline checks them; no mixing, no state, no objects."""
     docs: list[npt.NDArray[Any]] = []
-    for path in sorted((root / "npy").glob("part-*[0-9].npy")):
-        data = np.load(path, mmap_mode="r").view(np.ndarray)
-        bounds = np.load(path.with_name(path.name[: -len(".npy")] + ".offsets.npy")).tolist()
+    for mapped, bounds in npy_files(root):
+        data = mapped.view(np.ndarray)
         docs += [data[a:b] for a, b in itertools.pairwise(bounds)]
     order = np.random.default_rng(0).permutation(len(docs)).tolist()
     size = shape[0] * shape[1]

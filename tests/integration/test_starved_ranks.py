@@ -5,7 +5,7 @@ stream ends while the others go on (its training loop would hang in the next col
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -21,15 +21,6 @@ def build(tokenizer: Any, **kw: Any) -> Any:
     with warnings.catch_warnings():  # fewer documents than lanes: warned of, on purpose here
         warnings.simplefilter("ignore")
         return small_pipeline(tokenizer, lanes=L, exhaustion="repeat", datasets=DATASETS, **kw)
-
-
-def first(items: Iterator[Any], count: int) -> list[Any]:
-    out = []
-    for item in items:
-        out.append(item)
-        if len(out) == count:
-            break
-    return out
 
 
 def one_process_steps(tokenizer: Any) -> list[list[tuple[Any, ...]]]:
@@ -48,7 +39,7 @@ def test_a_rank_dealt_no_document_pads_on_under_repeat_as_its_lanes_do_in_one_pr
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ranks = [
-            first(iter(build(tokenizer, world_size=W, rank=r)), STEPS * per_rank) for r in range(W)
+            list(islice(build(tokenizer, world_size=W, rank=r), STEPS * per_rank)) for r in range(W)
         ]
     starved = ranks[W - 1]
     assert len(starved) == STEPS * per_rank  # it ended at once: no batch at all
@@ -67,7 +58,7 @@ def test_a_starved_rank_s_loader_gives_padding_under_repeat(tokenizer: Any, work
     loader = DataLoader(build(tokenizer, world_size=W, rank=W - 1), num_workers=workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        items = first(iter(loader), STEPS * per_rank)
+        items = list(islice(loader, STEPS * per_rank))
     assert len(items) == STEPS * per_rank
     expected = [k for step in reference for k in step[(W - 1) * per_rank :]]
     assert [item["input_ids"].numpy().tobytes() for item in items] == [k[2] for k in expected]

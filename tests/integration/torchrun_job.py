@@ -56,12 +56,13 @@ def main() -> None:
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     tokenizer = Tokenizer.from_file(args.tokenizer)
+    rows = tuple(map(int, args.rows.split(",")))
     pipeline = small_pipeline(
         tokenizer,
         algorithm=args.last_rank_algorithm if rank == world - 1 else "wrap",
         lanes=args.lanes,
         exhaustion=args.exhaustion,
-        datasets=two_sources(*map(int, args.rows.split(",")), shard_size=8),
+        datasets=two_sources(*rows, shard_size=8),
     )
     assert pipeline.topology == (world, rank)
     lanes_per_rank = args.lanes // world
@@ -74,7 +75,7 @@ def main() -> None:
     if args.peek_steps and args.peek_then == "own-state":
         data = small_pipeline(
             tokenizer, lanes=args.lanes, exhaustion=args.exhaustion,
-            datasets=two_sources(*map(int, args.rows.split(",")), shard_size=8),
+            datasets=two_sources(*rows, shard_size=8),
         )  # fmt: skip
     loader = DataLoader(data, num_workers=args.workers, multiprocessing_context="spawn")
     if data is not pipeline:

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.io._locks import lock_file, release_file
+from zephon_torch.io._locks import flock, lock_file, release_file
 
 # New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
 # .tmp, .reserve and .locks; sharing those with them would break both (see `CacheFolder.sweep`).
@@ -91,16 +91,42 @@ class CacheFolder:
         """Whether the bookkeeping folders are there (a cleaner may delete the folder)."""
         return os.path.isdir(os.path.join(self.directory, _TMP))
 
-    def marker(self, name: str, size: int) -> str:
-        """Under the folder lock and `name`'s: records a reservation of `size` bytes for the
-        file `name`; returns its marker file, which the reserver deletes when done."""
-        marker = os.path.join(self.directory, _RESERVE, f"{size}-{uuid.uuid4().hex[:12]}-{name}")
-        with open(marker, "w"):
-            pass
-        return marker
+    def reserve(self, name: str, size: int, made: str, max_bytes: int) -> str | None:
+        """Under `name`'s lock: evicts LRU unpinned shards until `size` more bytes fit in
+        `max_bytes`, then records a reservation for the file `name` and returns its marker
+        file (see `release`); None when shards in use hold the space. `made`: the caller's own
+        temporary file for `name`, already written (any other is a dead holder's)."""
+        with flock(self._lock, fcntl.LOCK_EX):
+            if not self._evict_for(size, (name, made), max_bytes):
+                return None
+            marker = os.path.join(
+                self.directory, _RESERVE, f"{size}-{uuid.uuid4().hex[:12]}-{name}"
+            )
+            with open(marker, "w"):
+                pass
+            return marker
+
+    def release(self, marker: str) -> None:
+        """Drops a reservation `reserve` recorded; the folder (and its lock file) may be gone,
+        with nothing left to undo then."""
+        with contextlib.suppress(OSError), flock(self._lock, fcntl.LOCK_EX):
+            os.unlink(marker)
+
+    def evict_to_free(self, size: int) -> None:
+        """Evicts LRU unpinned shards until `size` bytes are free on the disk."""
+        with flock(self._lock, fcntl.LOCK_EX):
+            for path, _, _ in sorted(self.entries(), key=lambda entry: entry[2]):
+                if self.free_bytes() >= size:
+                    break
+                delete_unpinned(path)
+
+    def free_bytes(self) -> int:
+        """The bytes free to this process on the folder's disk."""
+        found = os.statvfs(self.directory)
+        return found.f_bavail * found.f_frsize
 
     @property
-    def lock(self) -> str:
+    def _lock(self) -> str:
         return os.path.join(self.directory, _FOLDER_LOCK)
 
     def name_lock(self, name: str) -> str:
@@ -122,10 +148,10 @@ class CacheFolder:
         """A fresh temporary path for the file `name` (written under `name`'s lock)."""
         return os.path.join(self.directory, _TMP, f"{name}.{uuid.uuid4().hex[:12]}")
 
-    def evict_for(self, size: int, mine: tuple[str, str], max_bytes: int) -> bool:
+    def _evict_for(self, size: int, mine: tuple[str, str], max_bytes: int) -> bool:
         """Under the folder lock and the lock of `mine` (a name and its caller's temporary
-        file, see `ShardCache._reserve`): evicts LRU unpinned shards until `size` more bytes
-        fit in `max_bytes`."""
+        file, see `reserve`): evicts LRU unpinned shards until `size` more bytes fit in
+        `max_bytes`."""
         used = self.reserved_bytes(mine)
         entries = sorted(self.entries(), key=lambda entry: entry[2])
         used += sum(entry_size for _, entry_size, _ in entries)

@@ -26,7 +26,6 @@ The folder's layout, reservations, sweeping and eviction are `_cache_folder`'s.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 import weakref
@@ -41,7 +40,6 @@ from zephon_torch.io._cache_folder import (
     delete_unpinned,
     mark_used,
 )
-from zephon_torch.io._locks import flock
 from zephon_torch.io._pins import Pins
 from zephon_torch.io._retry import disk_full
 
@@ -203,9 +201,7 @@ class ShardCache:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(temp)
             finally:
-                # the folder (and its lock file) may be gone: nothing left to undo then
-                with contextlib.suppress(OSError), flock(self._folder.lock, fcntl.LOCK_EX):
-                    os.unlink(reservation)
+                self._folder.release(reservation)
         return self._finish(item, pin)
 
     def _download_with_room(
@@ -228,28 +224,15 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp)
                 if not again:
-                    self._evict_to_free(item.size)
+                    self._folder.evict_to_free(item.size)
                     continue
                 raise CacheDiskFullError(
                     f"the disk of the shard cache folder {self.directory!r} is full "
-                    f"({self._free_bytes()} bytes free, the cache's shards holding "
+                    f"({self._folder.free_bytes()} bytes free, the cache's shards holding "
                     f"{self.used_bytes()}) before the cache reached its `max_bytes` "
                     f"({self.max_bytes}): {item.url!r} ({item.size} bytes) does not fit; lower "
                     "io_options cache `max_bytes` to what the disk can hold, or free space on it"
                 ) from error
-
-    def _evict_to_free(self, size: int) -> None:
-        """Evicts LRU unpinned shards until `size` bytes are free on the disk."""
-        with flock(self._folder.lock, fcntl.LOCK_EX):
-            for path, _, _ in sorted(self._folder.entries(), key=lambda entry: entry[2]):
-                if self._free_bytes() >= size:
-                    break
-                delete_unpinned(path)
-
-    def _free_bytes(self) -> int:
-        """The bytes free to this process on the cache folder's disk."""
-        found = os.statvfs(self.directory)
-        return found.f_bavail * found.f_frsize
 
     def _pin_whole(self, item: CachedObject, *, locked: bool) -> bool:
         """Pins `item`'s cached file where it is there whole. A copy of another size than the
@@ -334,9 +317,7 @@ class ShardCache:
                 self._pins.place(name, temp)
                 self.misses += 1
             finally:
-                # the folder (and its lock file) may be gone: nothing left to undo then
-                with contextlib.suppress(OSError), flock(self._folder.lock, fcntl.LOCK_EX):
-                    os.unlink(reservation)
+                self._folder.release(reservation)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
@@ -372,9 +353,9 @@ class ShardCache:
         then `StorageError`)."""
         deadline = time.monotonic() + (self.full_timeout if wait is None else wait)
         while True:
-            with flock(self._folder.lock, fcntl.LOCK_EX):
-                if self._folder.evict_for(size, (name, made), self.max_bytes):
-                    return self._folder.marker(name, size)
+            marker = self._folder.reserve(name, size, made, self.max_bytes)
+            if marker is not None:
+                return marker
             if time.monotonic() > deadline:
                 if wait is not None:
                     raise CacheFullError(
