@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_torch._state import state_step
 from zephon_torch.ops.batch import Batch
+from zephon_torch.ops.pack import SKIP_REASONS
 
 if TYPE_CHECKING:
     from zephon_torch.pipeline import Pipeline
@@ -159,8 +160,8 @@ def loader_stats(
 
 
 def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str, int]:
-    """Documents the length rules skipped, summed over lane states."""
-    skipped = {"too_long": 0, "too_short": 0}
+    """Documents the length rules skipped, and empty ones, summed over lane states."""
+    skipped = dict.fromkeys(SKIP_REASONS, 0)
     for state in lane_states:
         for key, n in _find_skipped(state).items():
             skipped[key] += n

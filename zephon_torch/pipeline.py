@@ -299,7 +299,8 @@ class Pipeline:
         parallelism: int | None = None,
         runner: RunnerKind | Literal["auto"] = "auto",
     ) -> Pipeline:
-        """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set.
+        """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set (not
+        to an empty document, which is skipped and counted).
 
         ``runner`` (a performance knob): ``"auto"`` reads on the packer's own thread
         (``"inline"``) when every dataset is a local memory-mapped format (``.npy``, MDS,

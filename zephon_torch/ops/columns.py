@@ -74,7 +74,7 @@ class TokenChain(OperatorClock):
     Args:
         datasets: the work source's datasets, by source index.
         field: the row field holding token ids.
-        eos_token_id: appended to every document when set.
+        eos_token_id: appended to every non-empty document when set.
     """
 
     def __init__(self, datasets: tuple[Dataset, ...], field: str, eos_token_id: int | None) -> None:

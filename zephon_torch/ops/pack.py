@@ -91,6 +91,8 @@ class RowBlock:
 # A source that runs out while the others have more than this part of the lane's documents
 # (over all sources and passes) to come is warned of: the shares no longer hold from there
 _LATE_SHARE = 0.05
+# why documents are skipped: the length rules, and documents of no token
+SKIP_REASONS = ("too_long", "too_short", "empty")
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -109,7 +111,7 @@ class MixPack(BaseNode[PackedRow]):
     State:
         ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
         "active": [bool...], "carry": [[piece] or []...], "skipped": {"too_long": int,
-        "too_short": int}, "packer": packer state}``.
+        "too_short": int, "empty": int}, "packer": packer state}``.
 
     Resume guarantee: exact; only documents in the packer's open rows are re-read.
     """
@@ -139,7 +141,7 @@ class MixPack(BaseNode[PackedRow]):
         self.carry: list[Piece | None] = [None] * len(readers)
         self.drop_longer_than = drop_longer_than
         self.drop_shorter_than = drop_shorter_than
-        self.skipped = {"too_long": 0, "too_short": 0}
+        self.skipped = dict.fromkeys(SKIP_REASONS, 0)
         # per source, its documents in a row that gave no tokens: empty, cut by the length
         # rules, or dropped by the plain filters (pure, as the rules are; the readers tell)
         self._barren_runs = [
@@ -174,7 +176,7 @@ class MixPack(BaseNode[PackedRow]):
             self.documents = [0] * len(self.readers)
             self.active = [True] * len(self.readers)
             self.carry = [None] * len(self.readers)
-            self.skipped = {"too_long": 0, "too_short": 0}
+            self.skipped = dict.fromkeys(SKIP_REASONS, 0)
             self.packer.clear()
             return
         state = checked_pack_state(initial_state, len(self.readers))
@@ -183,7 +185,7 @@ class MixPack(BaseNode[PackedRow]):
         self.tokens = [t for t, _ in state["delivered"]]
         self.documents = [d for _, d in state["delivered"]]
         self.active = list(state["active"])
-        self.skipped = dict(state["skipped"])
+        self.skipped = {**dict.fromkeys(SKIP_REASONS, 0), **state["skipped"]}
         try:
             carries = pieces_from_state(initial_state["carry"], self._fetch)
             self.carry = [row[0] if row else None for row in carries]
@@ -420,13 +422,15 @@ class MixPack(BaseNode[PackedRow]):
 
     def _admit(self, source: int, size: int, shard: int, row: int) -> bool:
         """Count a new document of ``source`` of ``size`` tokens under the length rules (a
-        dropped one as skipped, a kept one as delivered, an empty one as neither); True when
-        it gives tokens."""
-        if self.drop_longer_than is not None and size > self.drop_longer_than:
+        dropped one, or an empty one, as skipped; a kept one as delivered); True when it
+        gives tokens."""
+        if not size:  # no token, not even a special one (see `with_eos`)
+            self.skipped["empty"] += 1
+        elif self.drop_longer_than is not None and size > self.drop_longer_than:
             self.skipped["too_long"] += 1
         elif size < self.drop_shorter_than:
             self.skipped["too_short"] += 1
-        elif size:  # an empty document gives nothing: not counted as a document delivered
+        else:
             self.documents[source] += 1
             self._barren_runs[source].clear()
             return True

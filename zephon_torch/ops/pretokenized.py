@@ -44,7 +44,10 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
 def with_eos(tokens: npt.NDArray[np.integer[Any]], eos_token_id: int) -> npt.NDArray[Any]:
     """A copy of ``tokens`` with the EOS id (in ``[0, 2**31)``) appended: in the stored type
     when it holds the id (32 and 64 bits always; uint16 ids stay uint16, whose batches need no
-    id check), else int32."""
+    id check), else int32. An empty document stays empty: a lone EOS would be trained on as a
+    document, and a source of empty ones would fill its mixture share with EOS runs."""
+    if not len(tokens):
+        return tokens
     dtype = tokens.dtype
     if dtype.itemsize < 4 and eos_token_id > np.iinfo(dtype).max:
         dtype = np.dtype(np.int32)
@@ -66,7 +69,7 @@ class TokenFieldOp:
 
     Args:
         field: the row field holding token ids.
-        eos_token_id: appended to every document when set (for data stored without one).
+        eos_token_id: appended to every non-empty document when set (for data stored without one).
         dataset_names: source index to dataset name, for error messages.
         shard_paths: per source, shard index to path, for error messages.
         keep_data: keep the row after taking its tokens.

@@ -1,0 +1,94 @@
+"""A document of no token stays empty whatever the special-token policy, and is counted as
+skipped ("empty"): it used to become a lone EOS (or BOS), so a source of empty texts filled its
+mixture share with EOS runs for ever under `repeat`, while the stats read its share as met."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from zephon_torch import DataError, Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+TEXTS = [f"the sea is blue, document {i}" if i % 3 else "" for i in range(60)]
+
+
+def _text_pipeline(tokenizer: Any, special: str, exhaustion: str = "stop") -> Pipeline:
+    holey = Dataset.from_dict("holey", {"text": TEXTS}, shard_size=16)
+    source = StaticMixtureWorkSource([holey], seed=3, exhaustion=exhaustion)
+    pipeline = Pipeline(source).options(canonical_replicas=2)
+    bos = {"bos_token": "<|endoftext|>"} if special in ("bos", "both") else {}
+    tokenized = pipeline.tokenize(tokenizer, special_tokens=special, **bos)  # type: ignore[arg-type]
+    return tokenized.pack_flat(32).batch(2)
+
+
+@pytest.mark.parametrize("special", ["eos", "bos", "both", "none"])
+def test_empty_texts_give_no_token_and_are_counted(tokenizer: Any, special: str) -> None:
+    pipeline = _text_pipeline(tokenizer, special)
+    batches = list(pipeline)
+    extra = {"eos": 1, "bos": 1, "both": 2, "none": 0}[special]
+    encoded = [len(tokenizer.encode(t, add_special_tokens=False).ids) for t in TEXTS if t]
+    assert sum(b.num_tokens for b in batches) == sum(encoded) + extra * len(encoded)
+    lengths = [n for b in batches for row in b.lengths for n in row]
+    # no document of the special tokens alone (a cut document's pieces may be short)
+    assert sum(b.documents_by_source()["holey"] for b in batches) == len(encoded)
+    assert len(lengths) >= len(encoded)
+    assert pipeline.stats()["skipped_documents"] == {"too_long": 0, "too_short": 0, "empty": 20}
+
+
+def test_a_source_of_empty_texts_is_refused_under_repeat(tokenizer: Any) -> None:
+    empty = Dataset.from_dict("forum", {"text": [""] * 40})
+    good = Dataset.from_dict("wiki", {"text": [f"the sea, document {i}" for i in range(40)]})
+    source = StaticMixtureWorkSource([empty, good], seed=1, exhaustion="repeat")
+    pipeline = Pipeline(source).tokenize(tokenizer).pack_flat(64).batch(2)
+    with pytest.raises(DataError, match=r"dataset 'forum': every document of .* is empty"):
+        next(iter(pipeline))
+    # and under `stop` the run ends without it, saying so
+    source = StaticMixtureWorkSource([empty, good], seed=1, exhaustion="stop")
+    finite = Pipeline(source).tokenize(tokenizer).pack_flat(64).batch(2)
+    with pytest.warns(UserWarning, match=r"dataset 'forum' gave a lane no token"):
+        batches = list(finite)
+    assert all(b.tokens_by_source()["forum"] == 0 for b in batches)
+    assert finite.stats()["skipped_documents"]["empty"] == 40
+
+
+def test_stored_empty_token_lists_get_no_eos(tokenizer: Any) -> None:
+    ids = [[5, 6, 7] if i % 2 else [] for i in range(20)]
+    dataset = Dataset.from_dict("ids", {"ids": ids})
+    source = StaticMixtureWorkSource([dataset], seed=0, exhaustion="stop")
+    pipeline = Pipeline(source).pretokenized("ids", eos_token_id=9).pack_flat(8).batch(1)
+    batches = list(pipeline)
+    assert sum(b.num_tokens for b in batches) == 10 * 4
+    flat = [int(t) for b in batches for t in b.input_ids.reshape(-1)[: b.num_tokens]]
+    assert flat == [5, 6, 7, 9] * 10  # never a lone 9
+    assert pipeline.stats()["skipped_documents"]["empty"] == 10
+
+
+def test_the_empty_count_resumes_exactly_at_every_step(tokenizer: Any) -> None:
+    full = list(_text_pipeline(tokenizer, "eos"))
+    for step in range(1, len(full)):
+        first = _text_pipeline(tokenizer, "eos")
+        list(itertools.islice(first, step))
+        state = json.loads(json.dumps(first.state_dict()))
+        second = _text_pipeline(tokenizer, "eos")
+        second.load_state_dict(state)
+        rest = list(second)
+        assert [b.input_ids.tolist() for b in rest] == [b.input_ids.tolist() for b in full[step:]]
+        assert second.stats()["skipped_documents"]["empty"] == 20
+
+
+def test_a_state_saved_before_the_empty_count_loads(tokenizer: Any) -> None:
+    first = _text_pipeline(tokenizer, "eos")
+    expected = list(first)
+    head = _text_pipeline(tokenizer, "eos")
+    list(itertools.islice(head, 2))  # a whole step: both lanes delivered
+    state = json.loads(json.dumps(head.state_dict()))
+    for lane in state["lanes"].values():
+        del lane["pack"]["skipped"]["empty"]
+    resumed = _text_pipeline(tokenizer, "eos")
+    resumed.load_state_dict(state)
+    assert [b.input_ids.tolist() for b in resumed] == [b.input_ids.tolist() for b in expected[2:]]
