@@ -24,15 +24,23 @@ from zephon_torch.ops.map import function_name
 
 ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
 _CHATML_START = "<|im_start|>"
+CHATML_ROLES = ("system", "user", "assistant", "tool")
 
 
 def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
     """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; assistant content and its end
     marker are trainable, everything else (system, user, role headers, the newline after each
-    end marker) is context, as transformers' assistant masks have it."""
+    end marker) is context, as transformers' assistant masks have it. A role other than
+    ``CHATML_ROLES`` is a ValueError: spelt otherwise, an assistant turn would train nothing."""
     out: list[tuple[str, bool]] = []
-    for message in messages:
+    for number, message in enumerate(messages):
         role = message["role"]
+        if role not in CHATML_ROLES:  # "model", "gpt", "Assistant" would train on nothing
+            raise ValueError(
+                f"message {number} has role {role!r}; chatml knows {list(CHATML_ROLES)} and "
+                "trains on 'assistant' turns alone: rename the roles with a `map` before "
+                "`tokenize_chat`, or pass your model's own template as a callable"
+            )
         out.append((f"{_CHATML_START}{role}\n", False))
         out.append((f"{message['content']}<|im_end|>", role == "assistant"))
         out.append(("\n", False))
@@ -57,6 +65,23 @@ def resolve_template(
     if not callable(template):
         raise ConfigError(f"`chat_template` must be a callable or a name, got {template!r}")
     return template, function_name(template, name)
+
+
+def _malformed(messages: Any) -> str | None:
+    """What keeps ``messages`` from being a list of ``{"role": str, "content": str}`` (None:
+    nothing), naming the first message at fault."""
+    if not isinstance(messages, list):
+        return f"it is a {type(messages).__name__}"
+    for number, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"message {number} is a {type(message).__name__}"
+        for key in ("role", "content"):
+            value = message.get(key)
+            if not isinstance(value, str):
+                what = "missing" if key not in message else f"a {type(value).__name__}"
+                what = "None" if key in message and value is None else what
+                return f"message {number}'s {key!r} is {what}"
+    return None
 
 
 class TokenizeChatOp:
@@ -119,13 +144,10 @@ class TokenizeChatOp:
         problem = None
         if self.field not in data:
             problem = f"field {self.field!r} is missing; the row has fields {sorted(data)}"
-        elif not isinstance(messages, list) or not all(
-            isinstance(m, dict)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in messages
-        ):
-            problem = f"field {self.field!r} must be a list of {{'role': str, 'content': str}}"
+        elif (fault := _malformed(messages)) is not None:
+            problem = (
+                f"field {self.field!r} must be a list of {{'role': str, 'content': str}}: {fault}"
+            )
         if problem is not None:
             raise document_error(
                 doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths

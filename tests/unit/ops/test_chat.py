@@ -217,3 +217,41 @@ def test_the_chatml_warning_follows_the_template_not_its_name(tokenizer: Any) ->
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build(_template_with("A: "), "chatml")
+
+
+@pytest.mark.parametrize("role", ["model", "gpt", "Assistant"])
+def test_chatml_refuses_a_role_it_does_not_know_naming_the_row(tokenizer: Any, role: str) -> None:
+    """An assistant turn spelt otherwise trained nothing, without a word (review H, F2)."""
+    turns = [{"role": "user", "content": "hi"}, {"role": role, "content": "hello"}]
+    good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    dataset = Dataset.from_dict("sft", {"messages": [good, turns]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False)).tokenize_chat(
+        tokenizer=tokenizer
+    )
+    with pytest.raises(
+        DataError,
+        match=rf"dataset 'sft', .*row 1: chat template 'chatml' raised ValueError: message 1 "
+        rf"has role '{role}'; chatml knows \['system', 'user', 'assistant', 'tool'\]",
+    ):
+        list(pipeline.pack_flat(64).batch(1))
+
+
+@pytest.mark.parametrize(
+    ("message", "fault"),
+    [
+        ({"role": "user", "content": None}, "message 1's 'content' is None"),
+        ({"role": "user", "content": [{"type": "text"}]}, "message 1's 'content' is a list"),
+        ({"content": "hi"}, "message 1's 'role' is missing"),
+        ("hi", "message 1 is a str"),
+    ],
+)
+def test_a_malformed_message_is_named_by_its_place(
+    tokenizer: Any, message: Any, fault: str
+) -> None:
+    turns = [{"role": "system", "content": "be brief"}, message]
+    dataset = Dataset.from_dict("sft", {"messages": [turns]})
+    pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False)).tokenize_chat(
+        tokenizer=tokenizer
+    )
+    with pytest.raises(DataError, match=rf"row 0: field 'messages' must be a list of .*: {fault}"):
+        list(pipeline.pack_flat(64).batch(1))
