@@ -78,8 +78,10 @@ def _malformed(messages: Any) -> str | None:
         for key in ("role", "content"):
             value = message.get(key)
             if not isinstance(value, str):
-                what = "missing" if key not in message else f"a {type(value).__name__}"
-                what = "None" if key in message and value is None else what
+                if key not in message:
+                    what = "missing"
+                else:
+                    what = "None" if value is None else f"a {type(value).__name__}"
                 return f"message {number}'s {key!r} is {what}"
     return None
 
