@@ -27,6 +27,7 @@ from zephon_torch.io._locks import flock, lock_file, release_file
 _TMP = ".downloading"
 _RESERVE = ".reserved"
 _LOCKS = ".name_locks"
+_MAKE_TRIES = 3  # makes of a folder a cleaner deletes as it is made
 _FOLDER_LOCK = ".lock"
 # The basename kept in a cached file's name: with the digest, the temporary file's and the
 # reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
@@ -70,22 +71,36 @@ class CacheFolder:
         """Creates the folder and its bookkeeping folders where missing: at start, and before
         each download or make, as a cleaner (or a user) may delete the folder during a run.
 
+        A folder deleted again while it is made (a cleaner's `rm -rf` under way) is made
+        once more, up to three times in all.
+
         Raises:
             CacheFolderError: (a ConfigError) when the folder cannot be made.
         """
-        try:
-            for sub in (_TMP, _RESERVE, _LOCKS):
-                os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
-            # there already, and not writable: the folder itself too, where downloads land
-            for sub in ("", _TMP, _RESERVE, _LOCKS):
-                folder = os.path.join(self.directory, sub)
-                if not os.access(folder, os.W_OK):
-                    raise PermissionError(f"{folder!r} cannot be written")
-        except OSError as error:
-            raise CacheFolderError(
-                f"cannot use the shard cache folder {self.directory!r} "
-                f"(io_options cache `dir`): {error}"
-            ) from None
+        for _ in range(_MAKE_TRIES):
+            try:
+                self._make_once()
+                return
+            except FileNotFoundError as error:  # deleted as it was made: make it again
+                failure: OSError = error
+            except OSError as error:
+                failure = error
+                break
+        raise CacheFolderError(
+            f"cannot use the shard cache folder {self.directory!r} "
+            f"(io_options cache `dir`): {failure}"
+        ) from None
+
+    def _make_once(self) -> None:
+        for sub in (_TMP, _RESERVE, _LOCKS):
+            os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
+        # there already, and not writable: the folder itself too, where downloads land
+        for sub in ("", _TMP, _RESERVE, _LOCKS):
+            folder = os.path.join(self.directory, sub)
+            if not os.access(folder, os.W_OK):
+                if not os.path.isdir(folder):
+                    raise FileNotFoundError(f"{folder!r} was deleted as it was made")
+                raise PermissionError(f"{folder!r} cannot be written")
 
     def intact(self) -> bool:
         """Whether the bookkeeping folders are there (a cleaner may delete the folder)."""

@@ -54,10 +54,15 @@ class Pins:
                 del self._by_thread[threading.get_ident()]
 
     def pin_existing(self, name: str) -> bool:
-        """Pins the cached file `name` if it exists; False when it does not."""
+        """Pins the cached file `name` if it exists; False when it does not.
+
+        A name this process holds already is checked too: someone else (a tmp cleaner) may
+        have deleted the file while our pin held it, which no evicter does. Readers open the
+        file by its name, so a pin on the deleted one would send them to a missing file.
+        """
         with self._lock:
             held = self.held.get(name)
-            if held is not None:
+            if held is not None and self._at_name(name, held[0]):
                 self.held[name] = (held[0], held[1] + 1)
                 self._count(name, 1)
                 return True
@@ -68,16 +73,37 @@ class Pins:
                 return False
             fcntl.flock(fd, fcntl.LOCK_SH)
             # An evicter may have unlinked it between our open and our lock.
-            try:
-                alive = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                alive = False
-            if not alive:
+            if not self._at_name(name, fd):
                 close_tracked(fd)
                 return False
-            self.held[name] = (fd, 1)
-            self._count(name, 1)
+            self._hold(name, fd)
             return True
+
+    def _at_name(self, name: str, fd: int) -> bool:
+        """Whether `fd` is the file the folder holds as `name` (not one deleted since)."""
+        try:
+            return os.stat(os.path.join(self.directory, name)).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    def stale(self, name: str) -> bool:
+        """Whether the file pinned as `name` is no longer the one at its name: deleted (or
+        replaced) under the pin, so a reader opening the name may have missed it."""
+        with self._lock:
+            return not self._at_name(name, self.held[name][0])
+
+    def _hold(self, name: str, fd: int) -> None:
+        """Under the lock: one more pin on `name`, now held by `fd`. A descriptor held for a
+        file deleted under our pins is closed: its readers keep their own handles, and the
+        pins counted on it now keep the new file (it closes with the last of them)."""
+        held = self.held.get(name)
+        if held is None:
+            self.held[name] = (fd, 1)
+        else:
+            if held[0] != fd:
+                close_tracked(held[0])
+            self.held[name] = (fd, held[1] + 1)
+        self._count(name, 1)
 
     def size(self, name: str) -> int:
         """The size of the file pinned as `name` (pinned by this process)."""
@@ -97,15 +123,14 @@ class Pins:
         self._add(name, fd)
 
     def _add(self, name: str, fd: int) -> None:
-        """Counts a pin on `name` held by `fd` (closed when `name` is pinned already)."""
+        """Counts a pin on `name` held by `fd` (closed when `name` is pinned already, for the
+        file at the name)."""
         with self._lock:
             held = self.held.get(name)
-            if held is None:
-                self.held[name] = (fd, 1)
-            else:
-                self.held[name] = (held[0], held[1] + 1)
+            if held is not None and self._at_name(name, held[0]):
                 close_tracked(fd)
-            self._count(name, 1)
+                fd = held[0]
+            self._hold(name, fd)
 
     def unpin(self, name: str) -> None:
         """Lets one pin on `name` go; the last one closes its descriptor."""

@@ -237,16 +237,39 @@ class RemoteReader:
 
     def _with_reader(self, path: str, call: Callable[[ShardReader, str], T]) -> T:
         """Runs `call(local reader, shard path)`: the URL for readers that locate their files
-        (they download what they need), else the cached file, naming the URL in errors."""
+        (they download what they need), else the cached file, naming the URL in errors. A
+        read that failed as the node's cached copy was deleted under it (a tmp cleaner; the
+        object is not at fault) is made once more, downloading it again.
+
+        Raises:
+            StorageError: when the copy was deleted under that second read too.
+        """
+        try:
+            return self._read_once(path, call)
+        except _LostCopy:
+            pass
+        try:
+            return self._read_once(path, call)
+        except _LostCopy as error:
+            raise StorageError(
+                f"{error.detail}, and again under the read made once more: point io_options "
+                "cache `dir` at a folder no cleaner deletes",
+                url=path,
+            ) from error
+
+    def _read_once(self, path: str, call: Callable[[ShardReader, str], T]) -> T:
         reader = self._open()[0]
         if self.format in LOCATING_FORMATS:
             self._mark_used(path)
             return call(reader, path)
         fs_path, item = self.objects[path]
-        with self._shard_cache().open(item, self._downloader(fs_path, item)) as local:
+        cache = self._shard_cache()
+        with cache.open(item, self._downloader(fs_path, item)) as local:
             try:
                 return call(reader, local)
             except DataError as error:
+                if cache.lost(item):
+                    raise _LostCopy(local, error, self.dataset) from error
                 raise DataError(
                     error.detail, dataset=self.dataset, shard=path, row=error.row
                 ) from error
@@ -397,14 +420,20 @@ class RemoteReader:
     def _locate(self, url: str) -> Iterator[str]:
         """Yields the cached file of a listed object, pinned; FileNotFoundError when unlisted.
         A `HashMismatch` raised in the block drops the cached copy (unless another process
-        is reading it), so that the next read downloads the object again."""
+        is reading it), so that the next read downloads the object again; an error raised
+        there as the copy was deleted under the pin is a `_LostCopy` (see `_with_reader`)."""
         if url not in self.objects:
             raise FileNotFoundError(f"{url} is not in the listing of {self.url}")
         fs_path, item = self.objects[url]
         cache = self._shard_cache()
         try:
             with cache.open(item, self._downloader(fs_path, item)) as local:
-                yield local
+                try:
+                    yield local
+                except (DataError, OSError) as error:
+                    if not isinstance(error, HashMismatch) and cache.lost(item):
+                        raise _LostCopy(local, error, self.dataset) from error
+                    raise
         except HashMismatch:
             cache.discard(item)
             raise
@@ -553,6 +582,18 @@ class RemoteReader:
                 cache = self.options.cache
                 self._cache = ShardCache(cache.directory, cache.max_bytes)
             return self._cache
+
+
+class _LostCopy(DataError):
+    """A read failed as the node's cached copy of its shard was deleted (or replaced) under
+    its pin, by someone else: `_with_reader` makes it once more."""
+
+    def __init__(self, local: str, error: Exception, dataset: str) -> None:
+        super().__init__(
+            f"the cached copy {local!r} was deleted under the read ({type(error).__name__}: "
+            f"{error})",
+            dataset=dataset,
+        )
 
 
 class _Failed(NamedTuple):

@@ -114,6 +114,12 @@ class ShardCache:
         """The local path `item` has once cached."""
         return os.path.join(self.directory, item.name)
 
+    def lost(self, item: CachedObject) -> bool:
+        """Whether `item`'s cached file, pinned by this process, was deleted (or replaced)
+        under the pin by someone else, a tmp cleaner: a read of it by name may have failed
+        for that alone, and another `open` downloads it again."""
+        return self._pins.stale(item.name)
+
     @contextlib.contextmanager
     def open(self, item: CachedObject, download: Callable[[str], None]) -> Iterator[str]:
         """Yields the local path of `item`, downloading it first when not cached.
