@@ -1,7 +1,8 @@
 """Checks of the files a dataset path found, once their format is decided (`_discover`):
 an MDS or LitData folder whose index does not read is refused, not read as JSON Lines; files
 left out for their ending, a file beside its compressed copy, and `.json` files beside `.jsonl`
-ones are warned of, naming them, at the user's `from_path` line. Notes, code and pictures kept
+ones are warned of, naming them, at the user's `from_path` line; a file linked under two names
+is read once. Notes, code and pictures kept
 beside the data (`README.md`, `LICENSE`) are left out quietly."""
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ _NOT_DATA = frozenset(
     | {".py", ".ipynb", ".sh", ".lock", ".crc", ".md5", ".sha1", ".sha256", ".sig"}
     | {".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html"}
 )
+# names without an ending left out without a word (in upper case)
+_NOT_DATA_NAMES = frozenset(
+    {"LICENSE", "LICENCE", "COPYING", "NOTICE", "README", "AUTHORS", "CONTRIBUTORS"}
+    | {"CHANGELOG", "CHANGES", "VERSION", "MANIFEST", "MAKEFILE", "DOCKERFILE", "CITATION"}
+)
 _SHOWN = 3  # files named in a warning of left-out files
 _OTHER_COMPRESSIONS = frozenset({".bz2", ".xz", ".lz4", ".br", ".zip", ".7z", ".lzma", ".snappy"})
 
@@ -34,6 +40,38 @@ def warn_of_files(text: str, format_: str, found: list[str], left_out: list[str]
     _warn_twins(text, found)
     if format_ == "jsonl":
         _warn_json_beside(text, found)
+
+
+def once_each(text: str, files: list[str]) -> list[str]:
+    """``files`` (of the folder or glob ``text``) less those that are other names of a file
+    listed before them: links, symbolic or hard, to one file would read its rows once per name
+    each pass. Folders linked twice are entered once already (`_discover._tree`); this is the
+    same for files, with a warning naming them."""
+    first: dict[tuple[int, int], str] = {}
+    kept: list[str] = []
+    twins: list[str] = []
+    for file in files:
+        try:
+            info = os.stat(file)
+        except OSError:  # a link to nothing: refused by the caller
+            kept.append(file)
+            continue
+        same = first.setdefault((info.st_dev, info.st_ino), file)
+        if same == file:
+            kept.append(file)
+        else:
+            twins.append(f"{os.path.basename(file)!r} (= {os.path.basename(same)!r})")
+    if twins:
+        shown = ", ".join(twins[:_SHOWN]) + (
+            f" and {len(twins) - _SHOWN} more" if len(twins) > _SHOWN else ""
+        )
+        warnings.warn(
+            f"{text!r}: {len(twins)} file(s) are other names (links) of files it reads, and are "
+            f"not read again: {shown}. To read a source more often, give it a larger mixture "
+            "weight (or `passes=`)",
+            stacklevel=user_stacklevel(),
+        )
+    return kept
 
 
 def _some(files: list[str]) -> str:
@@ -70,11 +108,7 @@ def _warn_left_out(text: str, left_out: list[str]) -> None:
     """Say which files of a folder or glob are left out for a name ending in no format
     (notes, code and pictures aside): a `.jsonl.bz2` or `.arrow` shard among the data was
     dropped without a word."""
-    dropped = [
-        file
-        for file in left_out
-        if "." in os.path.basename(file) and os.path.splitext(file)[1].lower() not in _NOT_DATA
-    ]
+    dropped = [file for file in left_out if not _quiet(os.path.basename(file))]
     if not dropped:
         return
     packed = [f for f in dropped if os.path.splitext(f)[1].lower() in _OTHER_COMPRESSIONS]
@@ -90,6 +124,15 @@ def _warn_left_out(text: str, left_out: list[str]) -> None:
         "known ending, or pass `format=` with a glob that names them alone",
         stacklevel=user_stacklevel(),
     )
+
+
+def _quiet(name: str) -> bool:
+    """Whether a file left out is one of the notes kept beside data: a name ending in
+    `_NOT_DATA`, or one of `_NOT_DATA_NAMES` (a name without an ending is otherwise warned
+    of: Spark's `saveAsTextFile` writes its JSON Lines shards as `part-00000`)."""
+    if "." not in name:
+        return name.upper() in _NOT_DATA_NAMES
+    return os.path.splitext(name)[1].lower() in _NOT_DATA
 
 
 def _warn_json_beside(text: str, found: list[str]) -> None:

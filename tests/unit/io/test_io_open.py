@@ -354,3 +354,39 @@ def test_from_dict_refuses_bad_input() -> None:
 def test_from_dict_without_rows_is_a_data_error(data: Any) -> None:
     with pytest.raises(DataError, match="dataset 'd': has no rows"):
         Dataset.from_dict("d", data)
+
+
+def test_a_file_linked_under_two_names_is_read_once_with_a_warning(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """Two symbolic links and a hard link to one shard read its rows three times a pass, with
+    no word, where a folder linked twice is read once (review H, F4)."""
+    write_jsonl(tmp_path / "store" / "a.jsonl", [{"x": i} for i in range(10)])
+    write_jsonl(tmp_path / "mix" / "b.jsonl", [{"x": 10}])
+    (tmp_path / "mix" / "a.jsonl").symlink_to(tmp_path / "store" / "a.jsonl")
+    (tmp_path / "mix" / "c.jsonl").symlink_to(tmp_path / "store" / "a.jsonl")
+    os.link(tmp_path / "store" / "a.jsonl", tmp_path / "mix" / "d.jsonl")
+    for path in (tmp_path / "mix", tmp_path / "mix" / "*.jsonl"):
+        with pytest.warns(UserWarning, match=r"2 file\(s\) are other names \(links\) of files it "
+                          r"reads, and are not read again: 'c.jsonl' \(= 'a.jsonl'\), "
+                          r"'d.jsonl' \(= 'a.jsonl'\)") as caught:  # fmt: skip
+            dataset = Dataset.from_path("d", path)
+        assert caught[0].filename == __file__
+        assert [os.path.basename(s.path) for s in dataset.shards] == ["a.jsonl", "b.jsonl"]
+        assert dataset.num_rows == 11
+
+
+def test_a_data_file_named_without_an_ending_is_named_as_left_out(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """Spark's `saveAsTextFile` names its shards `part-00001`: they were left out without a
+    word beside `.jsonl` shards of the same data (review H, F3). Notes such as LICENSE stay
+    quiet."""
+    write_jsonl(tmp_path / "part-00000.jsonl", [{"x": 0}])
+    write_jsonl(tmp_path / "part-00001", [{"x": 1}] * 20)
+    (tmp_path / "LICENSE").write_text("CC-BY\n")
+    (tmp_path / "Makefile").write_text("all:\n")
+    with pytest.warns(UserWarning, match=r"1 file\(s\) whose names end in no format it reads "
+                      r"are left out: 'part-00001' \(it reads") as caught:  # fmt: skip
+        dataset = Dataset.from_path("d", tmp_path)
+    assert len(caught) == 1 and dataset.num_rows == 1
