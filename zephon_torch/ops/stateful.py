@@ -15,14 +15,14 @@ import json
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_dict_of
-from zephon_torch.errors import DataError
+from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.ops.document import Document, call_user
 from zephon_torch.ops.map import Where
 from zephon_torch.ops.read import DocumentReader
@@ -67,6 +67,37 @@ def filter_name(op: StatefulFilter) -> str:
     return f"{type(op).__module__}.{type(op).__qualname__}"
 
 
+def plain_copy(value: Any, op: StatefulFilter, where: str = "") -> Any:
+    """A copy of ``value``, the state ``op`` gave, checked to be plain JSON data on the way
+    (numpy numbers become Python's).
+
+    Raises:
+        ConfigError: naming the filter and the place of the first value JSON would not give
+            back as it was: a set, bytes, an array, a tuple (JSON has lists only), a key that
+            is not a string (JSON makes it one), any other object.
+    """
+    if value is None or type(value) in (str, bool, int, float):
+        return value
+    if isinstance(value, np.generic) and type(plain := value.item()) in (bool, int, float):
+        return plain  # a numpy number (a counter updated with numpy): JSON writes it plain
+    if type(value) is dict:
+        for key in value:
+            if type(key) is not str:
+                _not_plain(op, f"{where}[{key!r}]", f"a key of type {type(key).__name__}")
+        return {key: plain_copy(item, op, f"{where}[{key!r}]") for key, item in value.items()}
+    if type(value) is list:
+        return [plain_copy(item, op, f"{where}[{i}]") for i, item in enumerate(value)]
+    _not_plain(op, where, f"a {type(value).__module__}.{type(value).__qualname__}")
+
+
+def _not_plain(op: StatefulFilter, where: str, what: str) -> NoReturn:
+    raise ConfigError(
+        f"stateful filter {filter_name(op)!r}: its state_dict() must be plain JSON data (dicts "
+        f"with string keys, lists, str, int, float, bool, None), which a checkpoint saves and a "
+        f"resume gives back as it was; state{where} holds {what}"
+    )
+
+
 class FilteredReader(BaseNode[Document]):
     """A lane's source reader with a stateful filter applied in order.
 
@@ -83,7 +114,7 @@ class FilteredReader(BaseNode[Document]):
         self.source_name = source_name
         self.where = where  # dataset names and shard paths, for errors naming a row
         self.on_rejected: Callable[[], None] | None = None  # told of each rejection
-        self._initial = copy.deepcopy(op.state_dict())
+        self._initial = plain_copy(op.state_dict(), op)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or restore the reader's position and the filter's state."""
@@ -129,10 +160,14 @@ class FilteredReader(BaseNode[Document]):
         return self.reader.same_each_pass
 
     def get_state(self) -> dict[str, Any]:
-        """Reader position and a copy of the filter state: a filter may return (and go on
-        updating) its live objects, while this state travels with a batch to a consumer that
-        the packer runs ahead of (`prefetch`'s thread; a shuffle keeps it for a block)."""
-        return {"reader": self.reader.get_state(), "filter": copy.deepcopy(self.op.state_dict())}
+        """Reader position and a copy of the filter state, checked to be plain JSON data
+        (`plain_copy`): a filter may return (and go on updating) its live objects, while this
+        state travels with a batch to a consumer that the packer runs ahead of (`prefetch`'s
+        thread; a shuffle keeps it for a block)."""
+        return {
+            "reader": self.reader.get_state(),
+            "filter": plain_copy(self.op.state_dict(), self.op),
+        }
 
     def next(self) -> Document:
         """The next kept document.

@@ -6,11 +6,13 @@ import copy
 import importlib.util
 import itertools
 import json
+import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 import pytest
 
@@ -332,22 +334,69 @@ def test_with_several_shuffled_lanes_a_filter_rejecting_on_and_on_is_warned_of()
     assert len(set(map(repr, kept))) == len(kept) > 3 * 40  # each lane kept each at most once
 
 
-class TupleKeyed(Warmup):
-    """A warm-up whose state JSON cannot write (a tuple key): the check must not fail on it."""
+class Holding(Warmup):
+    """A warm-up whose state holds ``value`` beside its count, from the document ``when``."""
 
-    name = "tuple_keyed"
+    name = "holding"
+
+    def __init__(self, value: Any, when: int = 0) -> None:
+        super().__init__(skip=0)
+        self.value, self.when = value, when
 
     def state_dict(self) -> dict[Any, Any]:
-        return {("seen", 0): self.state["seen"]}
-
-    def load_state_dict(self, state: dict[Any, Any]) -> None:
-        self.state = {"seen": next(iter(state.values()))}
+        held = self.value if self.state["seen"] >= self.when else None
+        return {"seen": self.state["seen"], "held": held}
 
 
-def test_a_state_json_cannot_write_is_never_judged_unchanged() -> None:
-    pipeline = _repeating(4).stateful_filter(lambda lane: TupleKeyed(skip=20)).batch(1)
-    batches = iter(pipeline)
-    assert [next(batches).num_tokens for _ in range(3)] == [3, 3, 3]
+class _Thing:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "what"),
+    [
+        ({1, 2}, "['held']", "a builtins.set"),
+        ((1, 2), "['held']", "a builtins.tuple"),
+        ({("seen", 0): 1}, "['held'][('seen', 0)]", "a key of type tuple"),
+        ({7: 1}, "['held'][7]", "a key of type int"),
+        ([b"x"], "['held'][0]", "a builtins.bytes"),
+        (np.arange(3), "['held']", "a numpy.ndarray"),
+        (threading.Lock(), "['held']", "a _thread.lock"),
+        (
+            {"deep": [_Thing()]},
+            "['held']['deep'][0]",
+            "a tests.unit.ops.test_stateful_filter._Thing",
+        ),
+    ],
+)
+@pytest.mark.parametrize("when", [0, 2])
+def test_a_state_that_is_not_plain_json_is_refused_naming_the_filter(
+    value: Any, where: str, what: str, when: int
+) -> None:
+    """It was handed out, to fail in the user's `json.dump` naming neither the filter nor the
+    key (a set, bytes), or to come back changed from JSON (a tuple, an int key), or as a bare
+    "cannot pickle" TypeError (a lock) (review H, F5). Refused from the first state on, and
+    from a later one that starts holding it."""
+    pipeline = _repeating(4).stateful_filter(lambda lane: Holding(value, when)).batch(1)
+    with pytest.raises(ConfigError) as caught:
+        list(itertools.islice(pipeline, 4))
+    assert str(caught.value) == (
+        "stateful filter 'holding': its state_dict() must be plain JSON data (dicts with string "
+        "keys, lists, str, int, float, bool, None), which a checkpoint saves and a resume gives "
+        f"back as it was; state{where} holds {what}"
+    )
+
+
+def test_numpy_numbers_in_a_state_are_saved_as_plain_numbers() -> None:
+    """A counter updated with numpy (np.int64) made a state `json.dumps` refused."""
+    value = {"count": np.int64(5), "mean": np.float32(0.5), "flag": np.bool_(True)}
+    pipeline = _repeating(4).stateful_filter(lambda lane: Holding(value)).batch(1)
+    list(itertools.islice(pipeline, 2))
+    state = pipeline.state_dict()
+    held = state["lanes"]["0"]["pack"]["readers"][0]["filter"]["held"]
+    assert held == {"count": 5, "mean": 0.5, "flag": True}
+    assert [type(v) for v in held.values()] == [int, float, bool]
+    json.dumps(state)
 
 
 def _dedup_pipeline(*, prefetch: int, shuffle: int | None = None) -> Any:
