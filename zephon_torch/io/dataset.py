@@ -101,9 +101,9 @@ class Dataset:
             raise ConfigError(f"`shards` must not be empty for dataset {name!r}")
         for shard in shards:
             if shard.num_rows <= 0:
+                blank = ", or of blank lines only" if format == "jsonl" else ""
                 raise DataError(
-                    "has no rows (an empty file, or a JSONL file of blank lines only); "
-                    "remove it or narrow the path",
+                    f"has no rows (an empty file{blank}); remove it or narrow the path",
                     dataset=name,
                     shard=shard.path,
                 )
@@ -197,6 +197,12 @@ class Dataset:
         projection = Projection.of(columns, token_columns)
         options = IoOptions.of(io_options)
         cache_dir = os.path.abspath(os.path.expanduser(index_cache_dir or default_cache_dir()))
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(
+                f"`path` of dataset {name!r} must be one file, folder, glob or URL (a str or "
+                f"path), got a {type(path).__name__}: for several files, pass their folder or "
+                "a glob that names them (such as 'data/train-*.jsonl')"
+            )
         text = os.fspath(path)
         storage = storage_options or {}
         if is_remote(text):

@@ -157,7 +157,7 @@ class NpyReader:
                 raise unused_offsets(path, tokens.shape, dataset=self.dataset)
             return _TokenFile(tokens=tokens, offsets=None)
         try:
-            stored = self._load(partner) if tokens.ndim == 1 else None
+            stored = self._load(partner, "offsets") if tokens.ndim == 1 else None
         except FileNotFoundError:
             stored = None
         if stored is None and path.endswith(OFFSETS_SUFFIX):  # listed as a shard, without
@@ -184,14 +184,16 @@ class NpyReader:
         ):
             raise DataError(
                 f"the offsets in {os.path.basename(partner)!r} must rise from 0 to the "
-                f"token count {len(tokens)}{CHANGED_NOTE}",
+                f"token count {len(tokens)} (a damaged offsets file, or one written for other "
+                "tokens)",
                 dataset=self.dataset,
                 shard=path,
             )
         return _TokenFile(tokens=tokens, offsets=offsets)
 
-    def _load(self, path: str) -> npt.NDArray[np.integer[Any]]:
-        """Maps an integer `.npy` file; FileNotFoundError when there is none.
+    def _load(self, path: str, what: str = "token ids") -> npt.NDArray[np.integer[Any]]:
+        """Maps an integer `.npy` file (of `what`, for errors); FileNotFoundError when there is
+        none.
 
         The locate is outside the try: a failed download is a StorageError, not bad data.
         """
@@ -206,7 +208,7 @@ class NpyReader:
                 ) from None
         if array.dtype.kind not in "iu":
             raise DataError(
-                f"holds {array.dtype} values, not integer token ids",
+                f"holds {array.dtype} values, not integer {what}",
                 dataset=self.dataset,
                 shard=path,
             )

@@ -1,4 +1,6 @@
-"""User filters: keep a document when ``fn(row)`` is true; dropped documents are counted."""
+"""User filters: keep a document when ``fn(row)`` is true. Dropped documents are not counted
+(`stats()` counts the length rules' skips and empty documents); a filter that drops every
+document of a source is warned of, or refused under ``exhaustion="repeat"``."""
 
 from __future__ import annotations
 

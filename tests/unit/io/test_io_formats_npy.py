@@ -78,6 +78,16 @@ def test_bad_offsets_or_non_integer_tokens_raise_a_data_error_naming_the_shard(
     with pytest.raises(DataError, match=r"offsets .* must rise|not integer token ids") as caught:
         Dataset.from_path("bad", tmp_path)
     assert caught.value.shard == str(tmp_path / "t.npy")
+    # wrong from the first open: not blamed on a change since (review H, F7)
+    assert "did the file change" not in str(caught.value)
+
+
+def test_offsets_of_floats_are_named_as_offsets(tmp_path: Path) -> None:
+    np.save(tmp_path / "t.npy", np.arange(10, dtype=np.int32))
+    np.save(tmp_path / "t.offsets.npy", np.array([0.0, 10.0]))
+    with pytest.raises(DataError, match=r"holds float64 values, not integer offsets") as caught:
+        Dataset.from_path("bad", tmp_path)
+    assert caught.value.shard == str(tmp_path / "t.offsets.npy")
 
 
 @pytest.mark.parametrize("empty", ["t.npy", "t.offsets.npy"])

@@ -220,6 +220,24 @@ def test_an_empty_shard_names_the_dataset_and_the_shard(
     assert str(empty) in str(caught.value)
 
 
+def test_an_empty_parquet_shard_gets_no_json_lines_hint(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "only.parquet")
+    with pytest.raises(DataError, match=r"has no rows \(an empty file\); remove it") as caught:
+        Dataset.from_path("p", tmp_path / "only.parquet")
+    assert "JSON" not in str(caught.value) and "blank lines" not in str(caught.value)
+
+
+def test_a_list_of_paths_is_a_config_error_pointing_to_a_glob(tmp_path: Path) -> None:
+    """It was a bare TypeError from os.fspath (review H, F7)."""
+    with pytest.raises(ConfigError, match=r"`path` of dataset 'd' must be one file, folder, "
+                       r"glob or URL \(a str or path\), got a list: for several files, pass "
+                       r"their folder or a glob"):  # fmt: skip
+        Dataset.from_path("d", [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])  # type: ignore[arg-type]
+
+
 def _write_table(path: Path, rows: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
