@@ -212,7 +212,9 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
                 )
             lanes[lane] = lane_state
     merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
-    merged["step"] = min((s.get("step", 0) for s in states), default=0)
+    # in step, the ranks' steps are one; ranks of a finished run under "stop" end apart, and
+    # the run's step is then the last rank's
+    merged["step"] = max((s.get("step", 0) for s in states), default=0)
     total = first["fingerprint"].get("canonical_replicas")
     if len(states) > 1 and isinstance(total, int) and len(lanes) == total:
         check_ranks_in_step(merged["lanes"], canonical_replicas=total, world_size=len(states))

@@ -219,3 +219,31 @@ def test_a_changed_exhaustion_is_one_difference_not_two(
         pipeline.load_state_dict(copy.deepcopy(state))
     assert list(caught.value.mismatches) == ["exhaustion"]
     assert "saved 'repeat', live 'stop'" in str(caught.value)
+
+
+def test_the_merged_final_states_of_ranks_that_ended_apart_say_the_run_s_step() -> None:
+    """Plain per-rank pipelines under "stop" end turns apart; the merge said the shortest
+    rank's step (1 here) for a run of 10 global steps (review F)."""
+    import numpy as np
+
+    docs = [np.arange(n, dtype=np.int32) + 10 for n in (40, 3, 3, 3)]  # lane 0: the long one
+    dataset = Dataset.from_dict("a", {"input_ids": docs})
+
+    def build(**topology: int) -> Pipeline:
+        source = StaticMixtureWorkSource([dataset], seed=0, shuffle=False)
+        pipeline = Pipeline(source).options(canonical_replicas=4, **topology)
+        return pipeline.pretokenized("input_ids").pack_flat(4).batch(1)
+
+    one = build()
+    steps = len(list(one)) // 4
+    states = []
+    for rank in range(2):
+        pipeline = build(world_size=2, rank=rank)
+        list(pipeline)
+        states.append(pipeline.state_dict())
+    assert sorted(s["step"] for s in states) == [1, steps] and steps == 10
+    merged = merge_states(states)
+    assert merged["step"] == one.state_dict()["step"] == steps
+    resumed = build()
+    resumed.load_state_dict(merged)
+    assert list(resumed) == []  # nothing left, as for the one-process run
