@@ -137,11 +137,28 @@ class PretokenizedSpec:
     eos_token_id: int | None
     parallelism: int
     runner: RunnerKind | Literal["auto"]
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_field(self.field)
         _check_workers(self.parallelism, "threads" if self.runner == "auto" else self.runner)
         object.__setattr__(self, "eos_token_id", check_token_id("eos_token_id", self.eos_token_id))
+        vocab = self.vocab_size
+        if vocab is not None:
+            if not isinstance(vocab, (int, np.integer)) or isinstance(vocab, (bool, np.bool_)):
+                raise ConfigError(f"`vocab_size` must be a positive int, got {vocab!r}")
+            if not 0 < int(vocab) <= 2**31:
+                raise ConfigError(f"`vocab_size` must lie in [1, 2**31], got {vocab!r}")
+            object.__setattr__(self, "vocab_size", int(vocab))
+            check_below_vocab("eos_token_id", self.eos_token_id, int(vocab))
+
+
+def check_below_vocab(name: str, token_id: int | None, vocab_size: int | None) -> None:
+    """``ConfigError`` when ``token_id`` is set and not below ``vocab_size`` (when set)."""
+    if token_id is not None and vocab_size is not None and token_id >= vocab_size:
+        raise ConfigError(
+            f"`{name}` {token_id} lies outside the vocabulary: `vocab_size` is {vocab_size}"
+        )
 
 
 def check_token_id(name: str, value: object) -> int | None:

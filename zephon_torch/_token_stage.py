@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zephon_torch._specs import check_below_vocab
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
 from zephon_torch.ops.chat import TokenizeChatOp
@@ -136,10 +137,13 @@ def id_check(self: Pipeline) -> IdCheck | None:
     """The check of every batch's ids, for pre-tokenized data (tokenizers give valid ids)."""
     if self._pretokenized is None:
         return None
+    vocab_size = self._pretokenized.vocab_size
+    check_below_vocab("pad_token_id", pad_id(self), vocab_size)
     return IdCheck(
         self._pretokenized.field,
         self._source.names,
         shard_paths(self),
+        vocab_size=vocab_size,
     )
 
 

@@ -296,11 +296,17 @@ class Pipeline:
         field: str = "input_ids",
         *,
         eos_token_id: int | None = None,
+        vocab_size: int | None = None,
         parallelism: int | None = None,
         runner: RunnerKind | Literal["auto"] = "auto",
     ) -> Pipeline:
         """Take token ids from ``field`` (no tokenizer); append ``eos_token_id`` when set (not
         to an empty document, which is skipped and counted).
+
+        Every batch's ids are checked to lie in ``[0, vocab_size)`` (the model's vocabulary;
+        default ``2**31``), a bad one raising ``DataError`` naming its dataset, shard and row,
+        where the model would fail on it naming nothing. The check is one pass over each batch
+        whatever the bound; it changes no data, so ``vocab_size`` is not in the state.
 
         ``runner`` (a performance knob): ``"auto"`` reads on the packer's own thread
         (``"inline"``) when every dataset is a local memory-mapped format (``.npy``, MDS,
@@ -314,6 +320,7 @@ class Pipeline:
             eos_token_id=eos_token_id,
             parallelism=default_parallelism() if parallelism is None else parallelism,
             runner=runner,
+            vocab_size=vocab_size,
         )
         return self._with(_pretokenized=spec)
 

@@ -20,7 +20,8 @@ from zephon_torch.ops.document import Document, document_error
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _maximum = np.maximum.reduce
-_NARROW = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})  # ids of these always fit
+# ids of these types always fit int32 (and a vocabulary as large as their range)
+_NARROW: frozenset[np.dtype[Any]] = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})
 
 
 def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
@@ -125,10 +126,21 @@ class IdCheck:
         shard_paths: per source, shard index to path.
     """
 
-    def __init__(self, field: str, dataset_names: list[str], shard_paths: list[list[str]]) -> None:
+    def __init__(
+        self,
+        field: str,
+        dataset_names: list[str],
+        shard_paths: list[list[str]],
+        *,
+        vocab_size: int | None = None,
+    ) -> None:
         self.field = field
         self.dataset_names = dataset_names
         self.shard_paths = shard_paths
+        self.limit = _INT32_MAX + 1 if vocab_size is None else vocab_size
+        # stored types whose every value lies below the limit: their batches need no pass
+        self.narrow = frozenset(d for d in _NARROW if (1 << 8 * d.itemsize) <= self.limit)
+        self.bound = "2**31" if vocab_size is None else f"{vocab_size} (vocab_size)"
 
     def check(
         self,
@@ -137,7 +149,7 @@ class IdCheck:
         owners: Sequence[Owner | None],
     ) -> None:
         """Raise ``DataError`` naming the document when an id of the batch ``ids`` lies
-        outside ``[0, 2**31)``.
+        outside ``[0, limit)`` (``2**31``, or the ``vocab_size`` given).
 
         ``ids`` was filled with ``parts`` in order, the i-th owned by ``owners[i]`` (None:
         padding, which comes after the owned parts of its row). Copied into int64, any stored
@@ -146,16 +158,16 @@ class IdCheck:
         batch whose every document is stored as uint8 or uint16 needs no pass (the pass takes
         about 5 us per [8, 2048] batch on a 2-core VM: a seventh of the batch's 35-45 us).
         """
-        narrow = _NARROW
+        narrow, top = self.narrow, self.limit - 1
         for part, owner in zip(parts, owners):
             if owner is not None and part.dtype not in narrow:
                 break
-        else:  # uint8 and uint16 ids always fit: nothing to check
+        else:  # uint8 and uint16 ids always fit (below a vocabulary past their range)
             return
         flat = ids.reshape(-1).view(np.uint64)
-        if _maximum(flat) <= _INT32_MAX:
+        if _maximum(flat) <= top:
             return
-        bad = int(np.flatnonzero(flat > _INT32_MAX)[0])
+        bad = int(np.flatnonzero(flat > top)[0])
         end = 0
         for part, owner in zip(parts, owners):
             end += len(part)
@@ -163,7 +175,8 @@ class IdCheck:
                 value = int(part[bad - end + len(part)])
                 source, shard, row = owner
                 raise DataError(
-                    f"field {self.field!r} holds token id {value}; ids must lie in [0, 2**31)",
+                    f"field {self.field!r} holds token id {value}; ids must lie in "
+                    f"[0, {self.bound})",
                     dataset=self.dataset_names[source],
                     shard=self.shard_paths[source][shard],
                     row=row,

@@ -169,6 +169,47 @@ def test_an_id_outside_int32_is_refused_naming_its_document_on_every_path(
     assert [b.input_ids.tolist() for b in ok.batch(1)] == [[[1, 2, 3, 4, 5]]] * 3
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32, np.int64])
+@pytest.mark.parametrize("how", ["columns", "bins", "mapped"])
+def test_an_id_past_vocab_size_is_refused_naming_its_document(dtype: Any, how: str) -> None:
+    """An id past the model's vocabulary went into batches, to fail in the embedding naming
+    no dataset, shard or row (review H, F8). uint8 and uint16 ids, which skip the int32
+    check, are checked against a vocabulary smaller than their range."""
+    vocab = 200 if dtype == np.uint8 else 50_000
+    docs = [np.arange(1, 6, dtype=dtype) for _ in range(9)]
+    docs[6] = np.array([1, vocab], dtype=dtype)  # shard 1 (of 4 rows each), row 2
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": docs}, shard_size=4))
+    if how == "mapped":
+        pipeline = pipeline.map(dict)
+    checked = pipeline.pretokenized("ids", vocab_size=vocab)
+    packed = checked.pack_flat(4, "best_fit" if how == "bins" else "wrap").batch(2)
+    where = (
+        rf"shard 'memory://d/1', row 2: field 'ids' holds token id {vocab}; ids must lie in "
+        rf"\[0, {vocab} \(vocab_size\)\)"
+    )
+    with pytest.raises(DataError, match=where):
+        list(packed)
+    wide = pipeline.pretokenized("ids", vocab_size=vocab + 1).pack_flat(4).batch(2)
+    assert sum(b.num_tokens for b in wide) == 8 * 5 + 2  # the largest id fits
+    # the recipe is the same: vocab_size changes no data, so it is not in the state
+    assert checked.pack_flat(4).batch(2).fingerprint() == wide.fingerprint()
+
+
+def test_eos_and_pad_ids_past_vocab_size_are_config_errors() -> None:
+    from zephon_torch import ConfigError
+
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": [[1, 2]]}))
+    with pytest.raises(ConfigError, match=r"`eos_token_id` 9 lies outside the vocabulary: "
+                       r"`vocab_size` is 9"):  # fmt: skip
+        pipeline.pretokenized("ids", eos_token_id=9, vocab_size=9)
+    padded = pipeline.pretokenized("ids", vocab_size=9).pack_flat(4, pad_token_id=10).batch(1)
+    with pytest.raises(ConfigError, match=r"`pad_token_id` 10 lies outside the vocabulary"):
+        list(padded)
+    for bad in (0, -1, 2**31 + 1, 2.0, True):
+        with pytest.raises(ConfigError, match=r"`vocab_size` must"):
+            pipeline.pretokenized("ids", vocab_size=bad)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("how", ["columns", "bins"])
 def test_uint16_ids_need_no_check_but_a_wider_document_among_them_is_still_checked(
     how: str,
