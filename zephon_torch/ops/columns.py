@@ -96,7 +96,7 @@ class TokenChain(OperatorClock):
         tokens = self._tokens(source, read, shards, rows) if stored is None else stored
         if self.eos_token_id is not None:
             eos = self.eos_token_id
-            tokens = [with_eos(ids, eos) for ids in tokens]
+            tokens = [with_eos(ids, eos) if len(ids) else ids for ids in tokens]
         self.record([(count, fetched - start), (count, time.perf_counter() - fetched)])
         return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)
 

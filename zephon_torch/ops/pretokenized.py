@@ -45,10 +45,9 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
 def with_eos(tokens: npt.NDArray[np.integer[Any]], eos_token_id: int) -> npt.NDArray[Any]:
     """A copy of ``tokens`` with the EOS id (in ``[0, 2**31)``) appended: in the stored type
     when it holds the id (32 and 64 bits always; uint16 ids stay uint16, whose batches need no
-    id check), else int32. An empty document stays empty: a lone EOS would be trained on as a
-    document, and a source of empty ones would fill its mixture share with EOS runs."""
-    if not len(tokens):
-        return tokens
+    id check), else int32. Callers leave an empty document empty (unless it carries a
+    payload): a lone EOS would be trained on as a document, and a source of empty ones would
+    fill its mixture share with EOS runs."""
     dtype = tokens.dtype
     if dtype.itemsize < 4 and eos_token_id > np.iinfo(dtype).max:
         dtype = np.dtype(np.int32)
@@ -104,7 +103,9 @@ class TokenFieldOp:
                     dataset_names=self.dataset_names,
                     shard_paths=self.shard_paths,
                 ) from None
-            doc.tokens = tokens if eos is None else with_eos(tokens, eos)
+            if eos is not None and (len(tokens) or doc.payload is not None):
+                tokens = with_eos(tokens, eos)
+            doc.tokens = tokens
             if not self.keep_data:
                 doc.data = None
         return docs

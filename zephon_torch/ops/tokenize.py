@@ -30,7 +30,8 @@ class TokenizeOp:
         special_tokens: ``"eos"`` appends EOS to every document (the usual separator for
             packing), ``"bos"`` prepends BOS, ``"both"`` does both, ``"none"`` adds nothing.
             A document whose text gives no token gets none either: it stays empty, and the
-            packer counts it as skipped (``"empty"``) rather than train on a lone EOS.
+            packer counts it as skipped (``"empty"``) rather than train on a lone EOS; one
+            carrying a payload (an image without a caption) keeps them, with its payload.
         keep_data: keep the row after tokenizing (for operators that need other fields).
         dataset_names: source index to dataset name, for error messages.
         shard_paths: per source, shard index to path, for error messages.
@@ -101,7 +102,7 @@ class TokenizeOp:
         start = 0
         extra = len(self.prefix) + len(self.suffix)
         for doc, length in zip(docs, lengths):
-            if not length:  # an empty text stays empty: no lone BOS or EOS (see `with_eos`)
+            if not length and doc.payload is None:  # empty stays empty (see `with_eos`)
                 doc.tokens = np.empty(0, dtype=np.int32)
                 if not self.keep_data:
                     doc.data = None

@@ -92,3 +92,23 @@ def test_a_state_saved_before_the_empty_count_loads(tokenizer: Any) -> None:
     resumed = _text_pipeline(tokenizer, "eos")
     resumed.load_state_dict(state)
     assert [b.input_ids.tolist() for b in resumed] == [b.input_ids.tolist() for b in expected[2:]]
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_an_empty_document_with_a_payload_keeps_its_special_tokens_and_payload(
+    tokenizer: Any, stored: bool
+) -> None:
+    """An image without a caption is a document: it keeps its EOS, and its payload travels."""
+    if stored:
+        data = {"ids": [[], [5, 6], []], "img": [b"1", b"2", b"3"]}
+        base = Pipeline(StaticMixtureWorkSource([Dataset.from_dict("mm", data)], shuffle=False))
+        pipeline = base.pretokenized("ids", eos_token_id=0)
+    else:
+        data = {"text": ["", "a cat", ""], "img": [b"1", b"2", b"3"]}
+        base = Pipeline(StaticMixtureWorkSource([Dataset.from_dict("mm", data)], shuffle=False))
+        pipeline = base.tokenize(tokenizer)
+    packed = pipeline.pack_sequences(16, payload_fields=["img"]).batch(1)
+    [batch] = list(packed)
+    assert batch.payloads == [[{"img": b"1"}, {"img": b"2"}, {"img": b"3"}]]
+    assert batch.lengths[0][0] == 1 and batch.lengths[0][2] == 1  # EOS alone
+    assert packed.stats()["skipped_documents"]["empty"] == 0
