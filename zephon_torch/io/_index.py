@@ -15,6 +15,7 @@ from typing import Any
 
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._locate import Locate, local_file
+from zephon_torch.io._rows import machine_fault
 
 INDEX_FILE = "index.json"
 
@@ -71,6 +72,8 @@ def load_index(index_path: str, *, dataset: str, locate: Locate = local_file) ->
             with open(local, "rb") as handle:
                 index = parse_json(handle.read())
         except (OSError, ValueError) as error:
+            if machine_fault(error):
+                raise
             raise DataError(
                 f"cannot read the index: {error}", dataset=dataset, shard=index_path
             ) from None

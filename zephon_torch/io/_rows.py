@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from typing import Any, TypeAlias, cast
 
@@ -18,6 +19,25 @@ TokenIds: TypeAlias = npt.NDArray[np.integer[Any]]
 
 CHANGED_NOTE = " (did the file change after the dataset was opened?)"
 """Appended by readers whose own row count disagrees with the one the dataset recorded."""
+
+
+# errors of the machine, not of a file's bytes: out of descriptors or memory, a failing disk,
+# a file the process may not read
+_MACHINE_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO, errno.ENOSPC, errno.EAGAIN}
+    | {errno.EACCES, errno.EPERM, errno.EINTR}
+)
+
+
+def machine_fault(error: BaseException) -> bool:
+    """Whether a reader's `error` is the machine's, not the shard's: a `MemoryError`, or an
+    `OSError` whose errno says so (too many open files, no memory, an I/O error, permission).
+    Readers raise those as they are: a `DataError` saying a healthy shard is unreadable or
+    corrupt would send the user to rebuild good data. A format library's own `OSError` for bad
+    bytes carries no such errno, and is the data's."""
+    return isinstance(error, MemoryError) or (
+        isinstance(error, OSError) and error.errno in _MACHINE_ERRNOS
+    )
 
 
 def as_row_array(rows: Rows) -> npt.NDArray[np.int64]:

@@ -34,7 +34,14 @@ from zephon_torch.io._index import check_listed_once, load_index, recorded_count
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._projection import TOKENS_FIELD, Projection, token_array
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
+from zephon_torch.io._rows import (
+    CHANGED_NOTE,
+    Rows,
+    TokenIds,
+    as_row_array,
+    check_in_range,
+    machine_fault,
+)
 from zephon_torch.io._views import TypedViews
 
 _ITEM_FIELD = "item"
@@ -122,6 +129,8 @@ class LitDataReader:
         except DataError:
             raise
         except (*_CORRUPT, TypeError) as error:
+            if machine_fault(error):
+                raise
             raise self._error(f"cannot read this LitData index: {error}", self.index_path) from None
         self._chunks: LruCache[_Chunk] = LruCache(self.max_open)
         self._frames: LruCache[memoryview] = LruCache(self.max_open * 4)
@@ -335,6 +344,8 @@ class LitDataReader:
         except ImportError:
             raise
         except _CORRUPT as error:
+            if machine_fault(error):
+                raise
             raise self._error(
                 f"the chunk is truncated or corrupt: {error}{CHANGED_NOTE}", path
             ) from None

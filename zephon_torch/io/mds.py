@@ -35,7 +35,14 @@ from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_array
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, array_config, decoder
 from zephon_torch.io._mds_index import shard_entries
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
+from zephon_torch.io._rows import (
+    CHANGED_NOTE,
+    Rows,
+    TokenIds,
+    as_row_array,
+    check_in_range,
+    machine_fault,
+)
 from zephon_torch.io._views import TypedViews
 
 
@@ -360,6 +367,8 @@ class MdsReader:
                     shard=path,
                 ) from None
             except Exception as error:
+                if machine_fault(error):
+                    raise
                 raise DataError(
                     f"cannot read the shard: {error}", dataset=self.dataset, shard=path
                 ) from error

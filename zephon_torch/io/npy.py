@@ -30,7 +30,14 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_array
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, TokenIds, as_row_array, check_in_range
+from zephon_torch.io._rows import (
+    CHANGED_NOTE,
+    Rows,
+    TokenIds,
+    as_row_array,
+    check_in_range,
+    machine_fault,
+)
 
 OFFSETS_SUFFIX = ".offsets.npy"
 
@@ -203,6 +210,8 @@ class NpyReader:
             except FileNotFoundError:
                 raise
             except (OSError, ValueError, EOFError) as error:  # EOFError: an empty file
+                if machine_fault(error):
+                    raise
                 raise DataError(
                     f"not a readable .npy file: {error}", dataset=self.dataset, shard=path
                 ) from None

@@ -38,7 +38,7 @@ from zephon_torch.io._arrow import (
 )
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range, machine_fault
 
 WINDOW_BLOCK_BYTES = 32 << 20
 """A Parquet shard whose row groups hold more than this many bytes (see `decoded_bytes`) is
@@ -243,6 +243,8 @@ class ParquetReader:
         except DataError:  # the projection's, naming the column (a ValueError too)
             raise
         except (pa.ArrowException, OSError, ValueError) as error:
+            if machine_fault(error):
+                raise
             raise DataError(
                 f"not a readable Parquet file: {error}", dataset=self.dataset, shard=path
             ) from error

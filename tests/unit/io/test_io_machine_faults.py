@@ -1,0 +1,92 @@
+"""A fault of the machine while a healthy shard is opened (too many open files, no memory, an
+I/O error) is raised as it is, not as a `DataError` saying the shard is unreadable or corrupt,
+which sent the user to rebuild good data (review L, finding 1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.unit.io.test_io_formats_writers import write_litdata, write_mds
+from zephon_torch.io._rows import machine_fault
+
+# In a child process (the limit is its own): open the dataset and copy it as a DataLoader
+# worker gets it (no file open yet), take every descriptor the limit leaves, read a shard,
+# then free them and read it again.
+_CHILD = textwrap.dedent(
+    """
+    import json, os, pickle, resource, sys
+    from zephon_torch.io import Dataset
+    dataset = pickle.loads(pickle.dumps(Dataset.from_path("d", sys.argv[1])))
+    last = len(dataset.shards) - 1
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        dataset.read_rows(last, [0])
+        seen = "read"
+    except Exception as error:
+        seen = f"{type(error).__name__}: {error}"
+    for fd in held:
+        os.close(fd)
+    again = dataset.read_rows(last, [0])
+    print(json.dumps({"seen": seen, "again": len(again)}))
+    """
+)
+
+
+def _write(folder: Path, kind: str) -> Path:
+    rows = [{"text": f"document {i}"} for i in range(40)]
+    if kind == "parquet":
+        folder.mkdir()
+        for number in range(2):
+            table = pa.table({"text": [r["text"] for r in rows[number * 20 : number * 20 + 20]]})
+            pq.write_table(table, folder / f"{number}.parquet")
+    elif kind == "npy":
+        folder.mkdir()
+        for number in range(2):
+            np.save(folder / f"part-{number}.npy", np.arange(10, dtype=np.int32).reshape(2, 5))
+    elif kind == "mds":
+        write_mds(folder, rows, {"text": "str"}, size_limit=1 << 9)
+    else:
+        write_litdata(folder, [r["text"] for r in rows], chunk_bytes=1 << 9)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["parquet", "npy", "mds", "litdata"])
+def test_too_many_open_files_is_not_reported_as_a_corrupt_shard(tmp_path: Path, kind: str) -> None:
+    folder = _write(tmp_path / kind, kind)
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).parents[3],
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["again"] == 1  # the shard was healthy all along
+    assert not result["seen"].startswith("DataError"), result["seen"]
+    assert "Too many open files" in result["seen"]
+
+
+def test_a_format_library_s_own_os_error_is_the_data_s() -> None:
+    assert machine_fault(MemoryError())
+    assert machine_fault(OSError(24, "Too many open files"))
+    assert machine_fault(PermissionError(13, "Permission denied"))
+    assert not machine_fault(OSError("Couldn't deserialize thrift"))  # pyarrow, bad bytes
+    assert not machine_fault(FileNotFoundError(2, "No such file"))
+    assert not machine_fault(ValueError("bad magic"))
