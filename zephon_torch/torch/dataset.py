@@ -168,8 +168,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     def _items(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         pipeline = self.pipeline
-        states = dict(self._loaded["lanes"]) if self._loaded is not None else {}
-        states.update(self._delivered)
+        resuming = self._loaded is not None or bool(self._delivered)
+        states = self.resume_lanes(self._delivered) if resuming else {}
         if info is not None and info.num_workers > 1:
             mine = list(self._worker_lanes or [])
             if not mine:
@@ -248,16 +248,12 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         """A full pipeline state for this rank from per-lane delivered states; gathered over
         ranks when ``torch.distributed`` is initialised (then a collective)."""
         base = self.pipeline.state_dict()
-        # copies: the caller owns what it gets, and the loaded state is what a later
-        # iteration resumes from (lanes not delivered since the load come from it)
-        loaded = copy.deepcopy(self._loaded)
-        # not base["lanes"]: without workers the pipeline's own states are what it produced
+        # not base["lanes"]: without workers the pipeline's own states are what it produced;
         # and only this rank's lanes: the others' loaded states went on on their own ranks,
-        # whose gathered states must not be overwritten by these
-        lanes = {str(lane): None for lane in self.pipeline.lanes}
-        if loaded is not None:
-            lanes.update({k: v for k, v in loaded["lanes"].items() if k in lanes})
-        lanes.update(copy.deepcopy(delivered))
+        # whose gathered states must not be overwritten by these. A copy: the caller owns
+        # what it gets, and the loaded state is what a later iteration resumes from (lanes
+        # not delivered since the load come from it)
+        lanes = copy.deepcopy(self.resume_lanes(delivered))
         if get_worker_info() is None and distributed_ready():
             recipe = {**base["fingerprint"], "token estimation": base.get("estimation")}
             lanes = all_gather_lane_states(lanes, recipe)
