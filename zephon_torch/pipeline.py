@@ -128,7 +128,8 @@ class Pipeline:
         stats: bool | None = None,
         io_options: Mapping[str, Any] | None = None,
     ) -> Pipeline:
-        """Lanes and topology (``canonical_replicas`` is data-affecting; the rest are not).
+        """Lanes, topology and performance settings (``canonical_replicas`` is data-affecting;
+        the rest are not).
 
         Args:
             canonical_replicas: L, the number of lanes; the largest GPU count you plan to use
@@ -374,7 +375,10 @@ class Pipeline:
         seeing that source's documents serially and in order; its state is part of the lane
         state."""
         if self._tokenize is None and self._pretokenized is None:
-            raise ConfigError("`stateful_filter` sees token ids: call `tokenize` first")
+            raise ConfigError(
+                "`stateful_filter` sees token ids: call `tokenize`, `tokenize_chat` or "
+                "`pretokenized` first"
+            )
         if not callable(factory):
             raise ConfigError(
                 f"`stateful_filter` takes a function of the lane making a StatefulFilter, got "
@@ -391,7 +395,9 @@ class Pipeline:
         (so every pass); exact on resume, which re-packs at most one block. It always runs
         between packing and batching, wherever it is called after `pack_flat`."""
         if self._pack is None:
-            raise ConfigError("`shuffle` shuffles packed rows: call `pack_flat` first")
+            raise ConfigError(
+                "`shuffle` shuffles packed rows: call `pack_flat` or `pack_sequences` first"
+            )
         window = integer_setting(window, "`window`")
         if window < 1:
             raise ConfigError(f"`window` must be a positive int, got {window!r}")
@@ -442,7 +448,9 @@ class Pipeline:
     def batch(self, microbatch_size: int) -> Pipeline:
         """Group ``microbatch_size`` rows of one lane into a micro-batch."""
         if self._pack is None:
-            raise ConfigError("`batch` needs packed rows: call `pack_flat` first")
+            raise ConfigError(
+                "`batch` needs packed rows: call `pack_flat` or `pack_sequences` first"
+            )
         if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int):
             microbatch_size = integer_setting(microbatch_size, "`microbatch_size`")
         if microbatch_size < 1:

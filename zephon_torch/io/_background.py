@@ -8,10 +8,13 @@ exit leaves a partial download, which the shard cache sweeps as it does a killed
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+_log = logging.getLogger(__name__)
 
 
 class Background:
@@ -55,4 +58,4 @@ class Background:
             try:
                 job(*args)
             except Exception:  # a job's own bug: the thread goes on with the others
-                continue
+                _log.debug("a background job failed", exc_info=True)

@@ -51,7 +51,6 @@ _TORCH_DTYPES = {
     20: "<u2",
 }
 ARRAY_LEAVES = frozenset({"numpy", "no_header_numpy", "tensor", "no_header_tensor"})
-SCALAR_LEAVES = ("bool", "bytes", "float", "int", "str", "text")
 
 
 def _numpy(view: memoryview) -> npt.NDArray[Any]:

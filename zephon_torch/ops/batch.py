@@ -237,7 +237,8 @@ class BatchNode(BaseNode[Batch]):
     """Group ``microbatch_size`` rows of one lane into a padded ``Batch``.
 
     After the lane's rows run out, the last batch is padded with empty rows, and every later
-    batch is all padding (``num_tokens == 0``): the scheduler decides when the stream ends.
+    batch is all padding (``num_tokens == 0``): the lane runtime decides when the stream ends
+    (``_lanes.LaneRuntime``).
 
     State:
         ``{"turn": int, "done": bool, "pack": the row source's state}``.

@@ -101,7 +101,7 @@ class MixPack(BaseNode[PackedRow]):
     Args:
         readers: one reader per source, in source order.
         weights: normalised target shares, in source order.
-        count: ``"tokens"`` (token shares) or ``"documents"`` (document shares).
+        mixing: ``"tokens"`` (token shares) or ``"documents"`` (document shares).
         packer: the packing algorithm.
         drop_longer_than: skip (and count) documents with more tokens than this.
         drop_shorter_than: skip (and count) documents with fewer tokens than this.
@@ -120,7 +120,7 @@ class MixPack(BaseNode[PackedRow]):
         self,
         readers: Sequence[DocumentReader | FilteredReader],
         weights: tuple[float, ...],
-        count: Literal["tokens", "documents"],
+        mixing: Literal["tokens", "documents"],
         packer: Packer,
         *,
         drop_longer_than: int | None = None,
@@ -133,7 +133,7 @@ class MixPack(BaseNode[PackedRow]):
         self.long_rule = long_rule
         self.shard_paths = shard_paths
         self.weights = weights
-        self.count = count
+        self.mixing = mixing
         self.packer = packer
         self.tokens = [0] * len(readers)
         self.documents = [0] * len(readers)
@@ -357,7 +357,7 @@ class MixPack(BaseNode[PackedRow]):
         return taken, last
 
     def _pull(self, max_tokens: int) -> Piece | None:
-        by_tokens = self.count == "tokens"
+        by_tokens = self.mixing == "tokens"
         counts = self.tokens if by_tokens else self.documents
         # a row (the most any piece adds) or a document, the same at every pick: looking ahead
         # by the space left would favour a small source where that space is small, the ends of
