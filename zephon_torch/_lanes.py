@@ -313,9 +313,14 @@ def deliver(
     finally:
         if counters is not None:  # stats of an iteration that ended stay as they were
             counters.ended = time.perf_counter()
-        if isinstance(stream, Prefetcher):
-            stream.close()
-        runtime.close()
+        stop_iteration(stream if isinstance(stream, Prefetcher) else None, runtime)
+
+
+def stop_iteration(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:
+    """Stop an iteration's threads (again, harmlessly, where it ran to its end)."""
+    if prefetcher is not None:
+        prefetcher.close()
+    runtime.close()
 
 
 def _check_current(pipeline: Pipeline, iteration: int, error: BaseException | None = None) -> None:

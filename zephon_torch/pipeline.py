@@ -16,7 +16,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from zephon_torch._lanes import LaneRuntime, deliver
+from zephon_torch._lanes import LaneRuntime, deliver, stop_iteration
 from zephon_torch._recipe import recipe_fingerprint
 from zephon_torch._specs import (
     Options,
@@ -49,11 +49,8 @@ if TYPE_CHECKING:
 _DEFAULT_BINS = 8  # open rows of the bin packers
 
 
-def _stop(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:
-    """Stop an iteration's threads (again, harmlessly, where it ran to its end)."""
-    if prefetcher is not None:
-        prefetcher.close()
-    runtime.close()
+# an iteration's live parts: threads, never copied into a new pipeline or a spawned worker
+_LIVE_FIELDS = ("_live", "_live_runtime", "_runtime")
 
 
 class Pipeline:
@@ -96,20 +93,15 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         # A live iteration (threads) stays behind: a copy sent to a worker starts from the state.
-        state = dict(self.__dict__)
-        state["_live"] = None
-        state["_live_runtime"] = None
-        state["_runtime"] = None
-        return state
+        return {**self.__dict__, **dict.fromkeys(_LIVE_FIELDS)}
 
     # -- builder -------------------------------------------------------------------------------
 
     def _with(self, **changes: Any) -> Pipeline:
         new = copy.copy(self)
         new._lane_states = {}
-        new._live = None
-        new._live_runtime = None
-        new._runtime = None
+        for name in _LIVE_FIELDS:
+            setattr(new, name, None)
         new._counters = RunCounters()
         for key, value in changes.items():
             setattr(new, key, value)
@@ -610,7 +602,7 @@ class Pipeline:
         delivering = deliver(self, stream, runtime, self._iteration)
         # an iterator dropped before its first next() never runs deliver's cleanup: its
         # threads stop when it is collected
-        weakref.finalize(delivering, _stop, self._live if depth else None, runtime)
+        weakref.finalize(delivering, stop_iteration, self._live if depth else None, runtime)
         return delivering
 
     def explain(self, *, num_workers: int = 0) -> str:
@@ -639,9 +631,6 @@ class Pipeline:
         and workers stop, its read-ahead goes, and its iterator raises from now on (see
         ``deliver``), even where the caller still holds it."""
         self._iteration += 1
-        if self._live is not None:
-            self._live.close()
-            self._live = None
         if self._live_runtime is not None:
-            self._live_runtime.close()
-            self._live_runtime = None
+            stop_iteration(self._live, self._live_runtime)
+        self._live = self._live_runtime = None
