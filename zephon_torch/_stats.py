@@ -160,11 +160,19 @@ def loader_stats(
 
 
 def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str, int]:
-    """Documents the length rules skipped, and empty ones, summed over lane states."""
-    skipped = dict.fromkeys(SKIP_REASONS, 0)
+    """Documents the length rules skipped, empty ones, and those the plain filters dropped
+    ("filtered"), summed over lane states."""
+    skipped = dict.fromkeys((*SKIP_REASONS, "filtered"), 0)
     for state in lane_states:
-        for key, n in _find_skipped(state).items():
+        pack = _pack_state(state)
+        for key, n in (pack or {}).get("skipped", {}).items():
             skipped[key] += n
+        for reader_state in (pack or {}).get("readers", []):
+            plain = reader_state
+            while isinstance(plain, dict) and "reader" in plain:  # beneath stateful filters
+                plain = plain["reader"]
+            if isinstance(plain, dict):
+                skipped["filtered"] += plain.get("filtered", 0)
     return skipped
 
 
@@ -178,10 +186,10 @@ def _cache_report(pipeline: Pipeline) -> dict[str, Any] | None:
     return {**total, "hit_rate": total["hits"] / reads if reads else 0.0}
 
 
-def _find_skipped(state: dict[str, Any] | None) -> dict[str, int]:
-    """The packer's skip counters inside a lane state (under a shuffle, at the block start)."""
+def _pack_state(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The packer's state inside a lane state (under a shuffle, at the block start)."""
     while isinstance(state, dict):
         if "skipped" in state:
-            return dict(state["skipped"])
+            return state
         state = state.get("pack", state.get("start"))
-    return {}
+    return None

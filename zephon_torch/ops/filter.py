@@ -1,6 +1,7 @@
-"""User filters: keep a document when ``fn(row)`` is true. Dropped documents are not counted
-(`stats()` counts the length rules' skips and empty documents); a filter that drops every
-document of a source is warned of, or refused under ``exhaustion="repeat"``."""
+"""User filters: keep a document when ``fn(row)`` is true. Dropped documents are counted by the
+lane's reader as it returns the next kept one (``stats()["skipped_documents"]["filtered"]``);
+a filter that drops every document of a source is warned of, or refused under
+``exhaustion="repeat"``."""
 
 from __future__ import annotations
 

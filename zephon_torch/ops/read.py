@@ -88,6 +88,7 @@ class DocumentReader(BaseNode[Document]):
         self._growth = _VIEW_GROWTH if runner.kind == "inline" and views else 8
         self._seen = [0, 0]  # documents and tokens of the view chunks returned so far
         self._next: tuple[int, int] = (0, 0)  # next document to return
+        self.filtered = 0  # documents the plain filters dropped before it
         self._cursor: tuple[int, int] | None = (0, 0)  # next pointer to submit; None: done
         self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
         self._submitted = 0
@@ -105,10 +106,12 @@ class DocumentReader(BaseNode[Document]):
         self._submitted = 0
         self._walked = None
         if initial_state is None:
-            start = (0, 0)
+            start, self.filtered = (0, 0), 0
         else:
             state = state_dict_of(initial_state, ("pass", "pos"), "reader")
             start = (state_int(state["pass"], "reader pass"), state_int(state["pos"], "reader pos"))
+            # absent from states saved before it was counted
+            self.filtered = state_int(state.get("filtered", 0), "reader filtered")
         self._next = start
         self._cursor = self._normalise(start)
 
@@ -133,16 +136,26 @@ class DocumentReader(BaseNode[Document]):
         return self.num_lanes == 1 or not self.layout.shuffle
 
     def get_state(self) -> dict[str, Any]:
-        """The position of the next document to return."""
-        return {"pass": self._next[0], "pos": self._next[1]}
+        """The position of the next document to return, and the documents the plain filters
+        dropped before it (exact at every position: counted as documents are returned)."""
+        return {"pass": self._next[0], "pos": self._next[1], "filtered": self.filtered}
 
     def next(self) -> Document:
         """The next document of this lane's stream; StopIteration when exhausted."""
         chunk, index = self._chunk, self._index
         if index >= len(chunk):
-            chunk, index = self._next_chunk(), 0
+            try:
+                chunk, index = self._next_chunk(), 0
+            except StopIteration:  # the filters dropped the rest of the stream, if any
+                self.filtered += self.unread()[0]
+                if self._lane_rows:
+                    self._next = (self.passes - 1, self._lane_rows)
+                raise
         doc = chunk[index]
         self._index = index + 1
+        # the stream's positions between the last document returned and this one were dropped
+        pass_index, pos = self._next
+        self.filtered += (doc.pass_index - pass_index) * self._lane_rows + doc.pos - pos
         self._next = (doc.pass_index, doc.pos + 1)
         return doc
 
