@@ -13,6 +13,7 @@ checkpoint file continues with exactly the batches an uninterrupted run would ha
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 try:
@@ -62,6 +63,7 @@ class PipelineDataModule(L.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self._loader: DataLoader | None = None
         self._pending: dict[str, Any] | None = None
+        self._restored = False  # a checkpoint's state came: Lightning's counter to align
         if val_pipeline is not None:  # Lightning validates where a data module has one
             self.val_dataloader = self._val_dataloader  # type: ignore[method-assign]
 
@@ -90,7 +92,8 @@ class PipelineDataModule(L.LightningDataModule):
         every epoch with ``reload_dataloaders_every_n_epochs``)."""
         if self._pending is None and self._loader is not None:
             self._pending = self._loader.state_dict()
-        self._loader = DataLoader(
+        self._loader = _Loader(
+            self,
             self.pipeline,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -99,7 +102,11 @@ class PipelineDataModule(L.LightningDataModule):
         )
         if self._pending is not None:
             self._loader.load_state_dict(self._pending)
+            aligned = self._restored and _at_step_end(self.pipeline, self._pending)
+            if aligned and self.trainer is not None:
+                _align_accumulation(self.trainer)
             self._pending = None
+        self._restored = False
         return self._loader
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -128,14 +135,72 @@ class PipelineDataModule(L.LightningDataModule):
             self._loader.load_state_dict(state)
         else:
             self._pending = state
+            self._restored = True
+
+
+class _Loader(DataLoader):
+    """The module's training loader: an iteration that gives no batch, the stream being spent
+    (``exhaustion="stop"``), stops the fit. Lightning knows no length of a stream: with
+    ``max_steps`` past the data and no ``max_epochs`` it started empty epochs for ever (and
+    under DDP with workers, new workers for each)."""
+
+    def __init__(self, module: PipelineDataModule, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._module = module
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        given = 0
+        for item in super().__iter__():
+            given += 1
+            yield item
+        trainer = self._module.trainer
+        if not given and trainer is not None:
+            if not trainer.should_stop:
+                warnings.warn(
+                    f"the training data is spent at global step {trainer.global_step} "
+                    "(exhaustion='stop'): the fit stops here",
+                    stacklevel=2,
+                )
+            trainer.should_stop = True
+
+
+def _rank_turns(pipeline: Pipeline, state: dict[str, Any]) -> set[int]:
+    """The turns this rank's lanes stand at in ``state`` (the load check's rule: spent lanes
+    count while a lane of the rank has data)."""
+    return set(rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or ())
+
+
+def _at_step_end(pipeline: Pipeline, state: dict[str, Any]) -> bool:
+    return len(_rank_turns(pipeline, state)) <= 1
+
+
+def _align_accumulation(trainer: L.Trainer) -> None:
+    """Align Lightning's count of this epoch's batches with the optimizer steps it restored,
+    for a checkpoint taken at a step end on another world size.
+
+    Lightning steps the optimizer when its per-rank batch count is a multiple of
+    ``accumulate_grad_batches``, and restores that count from the checkpoint: saved on W
+    ranks at step s it is s x L/W, which on W' ranks (``accumulate_grad_batches`` L/W') is
+    out of line with the steps unless W' divides W. The data resumed exactly, but every
+    later optimizer step then straddled two global batches. The count becomes s x L/W'
+    (the same for the counts Lightning keeps beside it), the one a run on W' would have.
+    """
+    if not trainer.lightning_module.automatic_optimization:
+        return  # the user's training step decides when to step
+    loop = trainer.fit_loop.epoch_loop
+    steps = loop.automatic_optimization.optim_progress.optimizer.step.current.completed
+    progress = loop.batch_progress
+    shift = steps * trainer.accumulate_grad_batches - progress.current.ready
+    if not shift:
+        return
+    progress.increment_by(shift)  # ready, started, processed and completed; total too
 
 
 def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any]) -> None:
     world_size = pipeline.topology[0]
     if world_size == 1:
         return
-    # the rule the load check applies: spent lanes count while a lane of the rank has data
-    turns = set(rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or ())
+    turns = _rank_turns(pipeline, state)
     if len(turns) > 1:
         warnings.warn(
             f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "

@@ -361,3 +361,95 @@ def test_a_resume_from_every_step_of_two_epochs_trains_the_rest_with_any_worker_
     for step in range(1, 4):
         (checkpoint,) = (tmp_path / "full").glob(f"*step={step}.ckpt")
         assert fit(tmp_path / f"resumed{step}", str(checkpoint)) == full[step:], step
+
+
+def _lightning_run(
+    nproc: int, out: Path, tokenizer_path: Path, *extra: str
+) -> dict[int, list[str]]:
+    """A torchrun Lightning job (`lightning_job.py`): each optimizer step's micro-batch
+    digests, rank by rank (so lane by lane, as one process trains them)."""
+    import os
+    import sys
+
+    from tests.helpers import run_group
+
+    root = Path(__file__).resolve().parents[2]
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        str(root / "tests" / "integration" / "lightning_job.py"),
+        "--tokenizer", str(tokenizer_path), "--out", str(out), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = run_group(cmd, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps: dict[int, list[str]] = {}
+    for rank in range(nproc):
+        for step, digest in json.loads((out / f"seen_{rank}.json").read_text()):
+            steps.setdefault(step, []).append(digest)
+    return steps
+
+
+def test_a_step_end_checkpoint_resumes_on_fewer_devices_with_the_same_optimizer_steps(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Lightning restores its per-rank batch count and steps the optimizer at its multiples of
+    accumulate_grad_batches: a W=2 checkpoint at step 3 (count 6) resumed on W=1 (L/W = 4)
+    stepped after 2 micro-batches, and every later step straddled two global batches, though
+    the data came in order (review I, F1)."""
+    tokenizer_path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(tokenizer_path))
+    reference = _lightning_run(1, tmp_path / "w1", tokenizer_path)
+    assert sorted(reference) == list(range(6)) and all(len(v) == 4 for v in reference.values())
+    assert _lightning_run(2, tmp_path / "w2", tokenizer_path) == reference
+    checkpoint = str(tmp_path / "w2" / "epoch=0-step=3.ckpt")
+    resumed = _lightning_run(1, tmp_path / "w2to1", tokenizer_path, "--ckpt", checkpoint)
+    assert resumed == {step: reference[step] for step in (3, 4, 5)}
+
+
+class _Counting(TinyLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.batches += 1
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_fit_past_the_end_of_a_finite_stream_stops_where_the_data_ends(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """With exhaustion="stop", max_steps past the data and no max_epochs, Lightning started
+    empty epochs for ever (under DDP with workers, new workers for each) (review I, F2)."""
+    pipeline = small_pipeline(tokenizer, lanes=2, exhaustion="stop", datasets=DATASETS)
+    expected = sum(1 for _ in zephon_loader(pipeline))
+    model = _Counting()
+    fitting = trainer(tmp_path, every=1000, max_steps=10_000, max_epochs=50)  # 50: no hang
+    with pytest.warns(UserWarning, match=r"the training data is spent at global step \d+"):
+        fitting.fit(model, datamodule=PipelineDataModule(pipeline))
+    assert model.batches == expected > 0
+    assert fitting.current_epoch <= 2
+
+
+def zephon_loader(pipeline: Any) -> Any:
+    from zephon_torch.torch import DataLoader as ZephonLoader
+
+    return ZephonLoader(pipeline)
+
+
+def test_a_loader_says_it_has_no_length() -> None:
+    from zephon_torch.torch import DataLoader as ZephonLoader
+
+    loader = ZephonLoader(_tiny_pipeline())
+    with pytest.raises(TypeError, match=r"streams micro-batches and has no length"):
+        len(loader)
+
+
+def _tiny_pipeline() -> Any:
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    dataset = Dataset.from_dict("ids", {"ids": [[1, 2, 3]] * 4})
+    return Pipeline(StaticMixtureWorkSource([dataset])).pretokenized("ids").pack_flat(4).batch(1)

@@ -137,6 +137,15 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         assert isinstance(dataset, PipelineDataset)
         return dataset
 
+    def __len__(self) -> int:
+        """Not sized: a stream (a TypeError, as for any loader of an IterableDataset, which
+        Lightning takes for a stream of unknown length), saying how to bound a run."""
+        raise TypeError(
+            "zephon_torch.torch.DataLoader streams micro-batches and has no length: bound the "
+            "run by steps (a step budget in your loop, Trainer(max_steps=...)), or use "
+            "exhaustion='stop' to end where the data ends"
+        )
+
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         # Workers are started from the dataset as it is now: continue from what was delivered.
         dataset = self.pipeline_dataset
