@@ -9,10 +9,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import fsspec
 import pytest
 
 from tests.conftest import prose_documents
@@ -143,3 +146,29 @@ def run_group(
             out, err = job.communicate()
             pytest.fail(f"{cmd[-1]!r}... ran past {timeout} s; stderr: {err[-3000:]}")
     return subprocess.CompletedProcess(cmd, job.returncode, out, err)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_torchrun(
+    script: str, nproc: int, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``tests/integration/<script>`` run by torchrun on ``nproc`` ranks of this machine (gloo,
+    one thread each), in a session of its own (see ``run_group``)."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        str(ROOT / "tests" / "integration" / script), *args,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return run_group(cmd, env=env, timeout=timeout)
+
+
+def memory_copy(folder: Path) -> str:
+    """Every file under ``folder`` copied to a fresh memory:// folder; returns its URL."""
+    fs = fsspec.filesystem("memory")
+    root = f"/zt-{uuid.uuid4().hex[:8]}"
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fs.pipe(f"{root}/{path.relative_to(folder)}", path.read_bytes())
+    return f"memory://{root}/"

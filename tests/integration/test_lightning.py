@@ -368,20 +368,11 @@ def _lightning_run(
 ) -> dict[int, list[str]]:
     """A torchrun Lightning job (`lightning_job.py`): each optimizer step's micro-batch
     digests, rank by rank (so lane by lane, as one process trains them)."""
-    import os
-    import sys
+    from tests.helpers import run_torchrun
 
-    from tests.helpers import run_group
-
-    root = Path(__file__).resolve().parents[2]
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        str(root / "tests" / "integration" / "lightning_job.py"),
-        "--tokenizer", str(tokenizer_path), "--out", str(out), *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    done = run_group(cmd, env=env, timeout=300)
+    args = ("--tokenizer", str(tokenizer_path), "--out", str(out), *extra)
+    done = run_torchrun("lightning_job.py", nproc, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     steps: dict[int, list[str]] = {}
     for rank in range(nproc):

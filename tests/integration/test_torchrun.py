@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import run_group
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_torchrun
 
 
 def torchrun(
@@ -20,13 +16,8 @@ def torchrun(
 ) -> dict[str, str]:
     """The job's global batch digests by step; with `fails`, its stderr under "stderr"."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        str(ROOT / "tests" / "integration" / "torchrun_job.py"),
-        "--tokenizer", str(tokenizer_path), "--out", str(out), *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = run_group(cmd, env=env, timeout=300)
+    args = ("--tokenizer", str(tokenizer_path), "--out", str(out), *extra)
+    done = run_torchrun("torchrun_job.py", nproc, *args)
     if fails:
         assert done.returncode != 0
         return {"stderr": done.stderr}

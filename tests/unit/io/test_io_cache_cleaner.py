@@ -10,17 +10,16 @@ import gzip
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import memory_copy
 from tests.unit.io.test_io_formats_writers import write_mds
 from zephon_torch.errors import StorageError
 from zephon_torch.io import Dataset
@@ -58,14 +57,9 @@ def _remote(tmp_path: Path, kind: str) -> tuple[Dataset, Dataset]:
     """The remote dataset (memory://, a cache of its own) and its local copy."""
     local = tmp_path / "local"
     _write(local, kind)
-    fs = fsspec.filesystem("memory")
-    root = f"/zt-{uuid.uuid4().hex[:8]}"
-    for path in local.rglob("*"):
-        if path.is_file():
-            fs.pipe(f"{root}/{path.relative_to(local)}", path.read_bytes())
     options = {"cache": {"dir": str(tmp_path / "cache"), "max_bytes": 1 << 20}}
     remote = Dataset.from_path(
-        "d", f"memory://{root}/", io_options=options, index_cache_dir=str(tmp_path / "i1")
+        "d", memory_copy(local), io_options=options, index_cache_dir=str(tmp_path / "i1")
     )
     return remote, Dataset.from_path("d", local, index_cache_dir=str(tmp_path / "i2"))
 

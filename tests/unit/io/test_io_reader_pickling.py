@@ -9,16 +9,15 @@ import gzip
 import inspect
 import json
 import pickle
-import uuid
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import memory_copy
 from tests.unit.io.test_io_formats_writers import write_litdata, write_mds
 from zephon_torch.io import Dataset
 
@@ -78,14 +77,9 @@ def test_every_reader_keeps_its_settings_through_a_pickle(tmp_path: Path, kind: 
     folder = _write(tmp_path / "data", kind)
     local = Dataset.from_path("d", folder, index_cache_dir=str(tmp_path / "i1"))
     _settings_kept(local._reader)
-    fs = fsspec.filesystem("memory")
-    root = f"/zt-{uuid.uuid4().hex[:8]}"
-    for path in folder.rglob("*"):
-        if path.is_file():
-            fs.pipe(f"{root}/{path.relative_to(folder)}", path.read_bytes())
     options = {"cache": {"dir": str(tmp_path / "cache"), "max_bytes": 1 << 20}}
     remote = Dataset.from_path(
-        "d", f"memory://{root}/", io_options=options, index_cache_dir=str(tmp_path / "i2")
+        "d", memory_copy(folder), io_options=options, index_cache_dir=str(tmp_path / "i2")
     )
     _settings_kept(remote._reader)
     copied = pickle.loads(pickle.dumps(remote)).read_rows(0, [0, 5])
