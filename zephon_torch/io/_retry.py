@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import errno
+import functools
 import logging
 import math
 import sys
@@ -71,8 +72,14 @@ class _DemotedInCalls(logging.Filter):
 
 
 _DEMOTED = _DemotedInCalls()
-for _name in _CHATTY_LOGGERS:
-    logging.getLogger(_name).addFilter(_DEMOTED)
+
+
+@functools.cache
+def _demote_client_logs() -> None:
+    """Adds the filter to the chatty clients' loggers, once, at this package's first storage
+    call: not on import, which changes nothing outside the package."""
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).addFilter(_DEMOTED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,6 +318,7 @@ def call_with_retry(
 def quietly(call: Callable[[], T]) -> T:
     """`call()`, a storage call whose failure this package reports itself, with the storage
     clients' own logs of it demoted to DEBUG (see `_CHATTY_LOGGERS`)."""
+    _demote_client_logs()
     calling = _CALLING.set(True)
     try:
         return call()

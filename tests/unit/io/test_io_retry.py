@@ -264,3 +264,22 @@ def test_a_set_stop_ends_the_retries_and_wakes_the_sleep_between_them() -> None:
         call_with_retry(down, url="s3://b/k", policy=policy, stop=stop)
     assert len(calls) == 2
     assert call_with_retry(lambda: "ok", url="s3://b/k", policy=policy, stop=stop) == "ok"
+
+
+def test_importing_the_package_leaves_other_packages_loggers_alone() -> None:
+    """The filter that demotes cloud clients' logs during this package's storage calls was
+    added to their loggers on import (a side effect outside the package): now at the first
+    storage call (review L, finding 11)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import logging, zephon_torch, zephon_torch.io._retry as r\n"
+        "before = len(logging.getLogger('gcsfs').filters)\n"
+        "r.quietly(lambda: None)\n"
+        "print(before, len(logging.getLogger('gcsfs').filters))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["0", "1"]
