@@ -96,6 +96,7 @@ class LaneRuntime:
         states = {lane: pipeline._lane_states.get(lane) for lane in pipeline.lanes}
         if not pipeline._endless:  # all the rank's lanes, cut here (a worker's are not)
             states = skip_spent_turns(states)
+        padding, checker = pad_id(pipeline), id_check(pipeline)  # the same for every lane
         for lane in pipeline.lanes:
             readers = [
                 DocumentReader(
@@ -144,10 +145,10 @@ class LaneRuntime:
                 microbatch_size=pipeline._microbatch_size,
                 max_length=pack.max_length,
                 lane=lane,
-                pad_id=pad_id(pipeline),
+                pad_id=padding,
                 source_names=source.names,
                 plain=plain_documents(pipeline),
-                id_check=id_check(pipeline),
+                id_check=checker,
                 payloads=bool(pack.payload_fields),
             )
             node.reset(states[lane])

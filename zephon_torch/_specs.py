@@ -143,14 +143,12 @@ class PretokenizedSpec:
         _check_field(self.field)
         _check_workers(self.parallelism, "threads" if self.runner == "auto" else self.runner)
         object.__setattr__(self, "eos_token_id", check_token_id("eos_token_id", self.eos_token_id))
-        vocab = self.vocab_size
-        if vocab is not None:
-            if not isinstance(vocab, (int, np.integer)) or isinstance(vocab, (bool, np.bool_)):
-                raise ConfigError(f"`vocab_size` must be a positive int, got {vocab!r}")
-            if not 0 < int(vocab) <= 2**31:
+        if self.vocab_size is not None:
+            vocab = integer_setting(self.vocab_size, "`vocab_size`")
+            if not 0 < vocab <= 2**31:
                 raise ConfigError(f"`vocab_size` must lie in [1, 2**31], got {vocab!r}")
-            object.__setattr__(self, "vocab_size", int(vocab))
-            check_below_vocab("eos_token_id", self.eos_token_id, int(vocab))
+            object.__setattr__(self, "vocab_size", vocab)
+            check_below_vocab("eos_token_id", self.eos_token_id, vocab)
 
 
 def check_below_vocab(name: str, token_id: int | None, vocab_size: int | None) -> None:

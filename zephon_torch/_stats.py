@@ -165,9 +165,11 @@ def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str,
     skipped = dict.fromkeys((*SKIP_REASONS, "filtered"), 0)
     for state in lane_states:
         pack = _pack_state(state)
-        for key, n in (pack or {}).get("skipped", {}).items():
+        if pack is None:  # a lane not begun
+            continue
+        for key, n in pack["skipped"].items():
             skipped[key] += n
-        for reader_state in (pack or {}).get("readers", []):
+        for reader_state in pack.get("readers", []):
             plain = reader_state
             while isinstance(plain, dict) and "reader" in plain:  # beneath stateful filters
                 plain = plain["reader"]

@@ -102,15 +102,13 @@ class TokenizeOp:
         start = 0
         extra = len(self.prefix) + len(self.suffix)
         for doc, length in zip(docs, lengths):
-            if not length and doc.payload is None:  # empty stays empty (see `with_eos`)
-                doc.tokens = np.empty(0, dtype=np.int32)
-                if not self.keep_data:
-                    doc.data = None
-                continue
-            tokens = np.empty(length + extra, dtype=np.int32)
-            tokens[len(self.prefix) : len(self.prefix) + length] = flat[start : start + length]
-            tokens[: len(self.prefix)] = self.prefix
-            tokens[len(self.prefix) + length :] = self.suffix
+            if length or doc.payload is not None:
+                tokens = np.empty(length + extra, dtype=np.int32)
+                tokens[len(self.prefix) : len(self.prefix) + length] = flat[start : start + length]
+                tokens[: len(self.prefix)] = self.prefix
+                tokens[len(self.prefix) + length :] = self.suffix
+            else:  # an empty text stays empty, with no special token (see `with_eos`)
+                tokens = np.empty(0, dtype=np.int32)  # not a view holding the chunk's ids
             doc.tokens = tokens
             start += length
             if not self.keep_data:
