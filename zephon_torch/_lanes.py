@@ -23,6 +23,8 @@ from zephon_torch._token_stage import (
     shard_paths,
     token_stage,
 )
+from zephon_torch.errors import DataError
+from zephon_torch.io.dataset import name_line
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
 from zephon_torch.ops.columns import TokenChain
@@ -290,6 +292,8 @@ def deliver(
                 # another thread's iter() or load_state_dict ended this iteration while
                 # ``stream`` ran on this one (no prefetch thread) and emptied its readers
                 _check_current(pipeline, iteration, error)
+                if isinstance(error, DataError):
+                    name_line(error, pipeline._source.datasets)
                 raise
             # ended meanwhile, ``stream`` may still have made a batch: its state would be
             # recorded over the loaded one

@@ -157,6 +157,14 @@ class DataError(ZephonError, ValueError):
         self.dataset, self.shard, self.row = dataset, shard, row
         self.args = (_located(self.detail, dataset, shard, row),)
 
+    def add_place(self, text: str) -> None:
+        """Say more of where the error was found (``text``: "line 37 of the file"), after its
+        message, once (an error passed on is told once); the fields stay as they are."""
+        if self.detail.endswith(f" ({text})"):
+            return
+        self.detail = f"{self.detail} ({text})"
+        self.args = (f"{self.args[0]} ({text})",)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only fields survive the trip back from a worker process (ones read back
         # from a traceback are read back again).

@@ -27,13 +27,13 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
-from zephon_torch.errors import ConfigError, DataError, StorageError
+from zephon_torch.errors import ConfigError, DataError, StorageError, ZephonError
 from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._background import Background
 from zephon_torch.io._download import check_unchanged, fetch, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
-from zephon_torch.io._projection import Projection
+from zephon_torch.io._projection import Projection, where_in_file
 from zephon_torch.io._remote import IoOptions, open_filesystem
 from zephon_torch.io._remote_rows import (
     SCHEMA_FORMATS,
@@ -234,6 +234,16 @@ class RemoteReader:
         if reader is None:
             return None
         return self._with_reader(path, lambda _, local: reader.read_tokens(local, rows, field))
+
+    def line_of(self, path: str, row: int) -> str | None:
+        """The local reader's place of the row in the cached copy (`where_in_file`); None
+        where that copy cannot be had now."""
+        if not hasattr(self._open()[0], "line_of"):
+            return None
+        try:
+            return self._with_reader(path, lambda reader, local: where_in_file(reader, local, row))
+        except (ZephonError, OSError):
+            return None
 
     def _with_reader(self, path: str, call: Callable[[ShardReader, str], T]) -> T:
         """Runs `call(local reader, shard path)`: the URL for readers that locate their files

@@ -22,7 +22,7 @@ from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError, DataError, integer_setting
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
-from zephon_torch.io._projection import Projection
+from zephon_torch.io._projection import Projection, where_in_file
 from zephon_torch.io._remote import (
     IoOptions,
     Listing,
@@ -349,6 +349,12 @@ class Dataset:
             return None
         return reader.read_tokens(*self._checked_rows(shard, rows), field)
 
+    def line_of(self, path: str, row: int) -> str | None:
+        """Where row `row` of the shard at `path` lies in its file, for an error to name:
+        "line 37 of the file" for JSONL (rows count its non-blank lines from 0); None for the
+        other formats, whose row numbers say it."""
+        return where_in_file(self._reader, path, row)
+
     def _checked_rows(self, shard: int, rows: Rows) -> tuple[str, npt.NDArray[np.int64]]:
         """The shard's path and `rows` as an array, each checked to lie in the shard."""
         entry = self._shard(shard)
@@ -537,3 +543,17 @@ def _without_empty_tables(name: str, format_: str, shards: list[Shard]) -> list[
         stacklevel=3,
     )
     return [shard for shard in shards if shard.num_rows > 0]
+
+
+def name_line(error: DataError, datasets: Iterable[Dataset]) -> None:
+    """Add to ``error``, where it names a row of a JSONL shard of one of ``datasets``, the
+    row's line in the file (see `Dataset.line_of`): a user who opens the file at "row 30"
+    would read the wrong line where blank lines come before it."""
+    if error.row is None or error.shard is None:
+        return
+    for dataset in datasets:
+        if dataset.name == error.dataset:
+            place = dataset.line_of(error.shard, error.row)
+            if place is not None:
+                error.add_place(place)
+            return

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._cache_folder import CacheFolderError
@@ -58,6 +60,8 @@ _PREVIEW_CHARS = 60
 _DECODER = json.JSONDecoder()
 _log = logging.getLogger(__name__)
 _RAW_DECODE = _DECODER.raw_decode
+_NEWLINE = ord("\n")
+_COUNT_PIECE = 1 << 22  # bytes read at a time to count lines
 
 
 class JsonlReader:
@@ -193,6 +197,23 @@ class JsonlReader:
                 )
             decoded.append(value)
         return decoded
+
+    def line_of(self, path: str, row: int) -> str | None:
+        """Where row ``row`` of the shard lies in its file, for an error to name: "line 37 of
+        the file" (rows count non-blank lines from 0, so row 30 is line 31 only in a file
+        without blank lines); None where that cannot be told (a row past the end, a file gone).
+        Counts the newlines before the row: one scan, for errors only."""
+        try:
+            start = int(self._index(path)[0, row])
+            compressed = self._compression_of(path) is not None
+            if compressed:  # a file of ours, never cut: counted in its map
+                before = np.frombuffer(self._buffer(path), dtype=np.uint8, count=start)
+                newlines = int(np.count_nonzero(before == _NEWLINE))
+            else:  # read, not mapped: a file cut short meanwhile must not fault the process
+                newlines = _newlines_before(path, start)
+        except (OSError, IndexError, ValueError, DataError, ConfigError):
+            return None
+        return f"line {newlines + 1} of the file{' once decompressed' if compressed else ''}"
 
     def _missing(self, path: str) -> DataError:
         return DataError(
@@ -332,6 +353,19 @@ def _identity(stat: os.stat_result) -> tuple[int, int, int]:
     """A plain shard file's size, inode and mtime: what a rewrite, an append or a replacement
     changes (not its ctime, which a `chmod` of the dataset's folder would move too)."""
     return stat.st_size, stat.st_ino, stat.st_mtime_ns
+
+
+def _newlines_before(path: str, end: int) -> int:
+    """The newlines among the first ``end`` bytes of the file at ``path``."""
+    count = 0
+    with open(path, "rb") as file:
+        while end > 0:
+            piece = file.read(min(end, _COUNT_PIECE))
+            if not piece:
+                break
+            count += piece.count(b"\n")
+            end -= len(piece)
+    return count
 
 
 class _Descriptor:
