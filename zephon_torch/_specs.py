@@ -14,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon_torch.elastic import check_topology
-from zephon_torch.errors import ConfigError, integer_setting
+from zephon_torch.errors import ConfigError, integer_setting, positive_setting
 from zephon_torch.ops._runner import RUNNERS, RunnerKind
 from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
 from zephon_torch.ops.tokenize import SpecialTokens
@@ -177,8 +177,7 @@ def _check_field(field: object) -> None:
 
 
 def _check_workers(parallelism: int, runner: str) -> None:
-    if integer_setting(parallelism, "`parallelism`") < 1:
-        raise ConfigError(f"`parallelism` must be a positive int, got {parallelism!r}")
+    positive_setting(parallelism, "`parallelism`")
     if runner not in RUNNERS:
         raise ConfigError(f"`runner` must be one of {list(RUNNERS)}, got {runner!r}")
 

@@ -110,6 +110,15 @@ def integer_setting(value: Any, name: str) -> int:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
 
 
+def positive_setting(value: Any, name: str) -> int:
+    """``value`` as a plain int of at least 1 (see ``integer_setting``), else a
+    ``ConfigError`` naming the setting ``name``."""
+    number = integer_setting(value, name)
+    if number < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    return number
+
+
 def flag_setting(value: Any, name: str) -> bool:
     """``value`` as a plain bool (a numpy bool too: a state must be plain JSON), else a
     ``ConfigError`` naming the setting ``name`` (a string such as "False" is truthy, and 0 or 1

@@ -29,7 +29,7 @@ from zephon_torch._state import STATE_VERSION, check_state, state_step
 from zephon_torch._stats import RunCounters, pipeline_stats
 from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import check_in_step, lanes_for_rank
-from zephon_torch.errors import ConfigError, integer_setting
+from zephon_torch.errors import ConfigError, positive_setting
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, fork_safe_backend
 from zephon_torch.ops.batch import Batch
@@ -390,9 +390,7 @@ class Pipeline:
             raise ConfigError(
                 "`shuffle` shuffles packed rows: call `pack_flat` or `pack_sequences` first"
             )
-        window = integer_setting(window, "`window`")
-        if window < 1:
-            raise ConfigError(f"`window` must be a positive int, got {window!r}")
+        window = positive_setting(window, "`window`")
         return self._with(_shuffle_window=window)
 
     def pack_sequences(
@@ -443,10 +441,7 @@ class Pipeline:
             raise ConfigError(
                 "`batch` needs packed rows: call `pack_flat` or `pack_sequences` first"
             )
-        if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int):
-            microbatch_size = integer_setting(microbatch_size, "`microbatch_size`")
-        if microbatch_size < 1:
-            raise ConfigError(f"`microbatch_size` must be a positive int, got {microbatch_size!r}")
+        microbatch_size = positive_setting(microbatch_size, "`microbatch_size`")
         return self._with(_microbatch_size=microbatch_size)
 
     def _check_before_tokenize(self, what: str) -> None:

@@ -289,6 +289,24 @@ def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
         Pipeline(source).tokenize(tokenizer=tokenizer, parallelism=0)
     with pytest.raises(ConfigError, match="`special_tokens` must be one of"):
         Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="eol")  # type: ignore[arg-type]
+    for bad, said in ((-3, "a positive int, got -3"), (2.0, "an integer, got 2.0")):
+        with pytest.raises(ConfigError, match=f"`max_length` must be {said}"):
+            p.pack_flat(bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=f"`window` must be {said}"):
+            p.pack_flat(8).shuffle(bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=f"`microbatch_size` must be {said}"):
+            p.pack_flat(8).batch(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="`max_length` must be an integer, got True"):
+        p.pack_flat(True)
+    # numpy integers are settings too, kept as plain ints (a state must be plain JSON)
+    built = p.pack_flat(np.int64(8)).shuffle(np.int32(4)).batch(np.int16(2))
+    assert [
+        type(v) for v in (built._pack.max_length, built._shuffle_window, built._microbatch_size)
+    ] == [
+        int,
+        int,
+        int,
+    ]
     with pytest.raises(ConfigError, match="needs a BOS token"):
         Pipeline(source).tokenize(tokenizer=tokenizer, special_tokens="bos")
     for bad in (["text"], "", None):  # was a TypeError or a DataError blaming the rows

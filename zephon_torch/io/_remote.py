@@ -20,6 +20,7 @@ from zephon_torch.errors import (
     StorageError,
     ZephonError,
     integer_setting,
+    positive_setting,
     secret_free,
     without_secrets,
 )
@@ -62,9 +63,7 @@ class CacheOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "prefetch_threads"):
-            value = integer_setting(getattr(self, name), f"cache `{name}`")
-            if value < 1:
-                raise ConfigError(f"cache `{name}` must be a positive int, got {value!r}")
+            value = positive_setting(getattr(self, name), f"cache `{name}`")
             object.__setattr__(self, name, value)
         if self.prefetch_bytes is not None:
             ahead = integer_setting(self.prefetch_bytes, "cache `prefetch_bytes`")
@@ -109,11 +108,7 @@ class ParquetOptions:
     row_group_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
-        value = integer_setting(self.row_group_cache_bytes, "parquet `row_group_cache_bytes`")
-        if value < 1:
-            raise ConfigError(
-                f"parquet `row_group_cache_bytes` must be a positive int, got {value!r}"
-            )
+        value = positive_setting(self.row_group_cache_bytes, "parquet `row_group_cache_bytes`")
         object.__setattr__(self, "row_group_cache_bytes", value)
 
 

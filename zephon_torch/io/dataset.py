@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zephon_torch._progress import track
-from zephon_torch.errors import ConfigError, DataError, integer_setting
+from zephon_torch.errors import ConfigError, DataError, positive_setting
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._projection import Projection, where_in_file
@@ -305,9 +305,7 @@ class Dataset:
         """
         _check_name(name)
         if shard_size is not None:
-            shard_size = integer_setting(shard_size, "`shard_size` (a positive int or None)")
-            if shard_size < 1:
-                raise ConfigError(f"`shard_size` must be a positive int or None, got {shard_size}")
+            shard_size = positive_setting(shard_size, "`shard_size`")
         rows = rows_of(data)
         if not rows:
             raise DataError("has no rows: `data` is empty", dataset=name)

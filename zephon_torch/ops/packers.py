@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, positive_setting
 from zephon_torch.ops.document import Document
 
 Algorithm = Literal["wrap", "best_fit", "first_fit", "best_fit_wrap"]
@@ -254,8 +254,7 @@ def make_packer(
     algorithm: str, max_length: int, num_bins: int, max_sequences_per_bin: int | None = None
 ) -> Packer:
     """The packer for ``algorithm``; raises ``ConfigError`` listing the known ones."""
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ConfigError(f"`max_length` must be a positive int, got {max_length!r}")
+    max_length = positive_setting(max_length, "`max_length`")
     if algorithm == "wrap":
         if max_sequences_per_bin is not None:
             raise ConfigError("`max_sequences_per_bin` needs a bin packer, not 'wrap'")
