@@ -175,12 +175,38 @@ _BROKEN_PIPE_EXIT = 141  # as a process ended by SIGPIPE shows in the shell (128
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zephon-torch`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_arguments(parser, args)
+    try:
+        if args.command in ("demo", "verify"):  # inspect and index guard their own
+            from zephon_torch._inspect import failed
+            from zephon_torch.errors import ZephonError
+
+            try:
+                return int(args.run(args))
+            except ZephonError as error:
+                return failed(args.command, error, sys.stdout)
+        return int(args.run(args))
+    except BrokenPipeError:  # `zephon-torch inspect ... | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the exit's flush
+        return _BROKEN_PIPE_EXIT
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zephon-torch",
         description="zephon_torch's command line: run the demo, check a recipe's determinism "
         "(verify), look into a dataset (inspect) or index it (index).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_demo(commands)
+    _add_verify(commands)
+    _add_dataset_commands(commands)
+    return parser
+
+
+def _add_demo(commands: Any) -> None:
     demo = commands.add_parser("demo", help="run the 50:50 code/prose demo pipeline offline")
     demo.add_argument(
         "--tokenizer", default=None, help="hub id or local path (default: a BPE trained locally)"
@@ -204,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="tokenizer threads (default: 2 x CPUs)",
     )
     demo.set_defaults(run=_demo)
+
+
+def _add_verify(commands: Any) -> None:
     check = commands.add_parser(
         "verify",
         help="check identical global batches across configurations",
@@ -265,6 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --plot: also the loss curves of a tiny CPU model trained on each run",
     )
     check.set_defaults(run=_verify)
+
+
+def _add_dataset_commands(commands: Any) -> None:
+    """``inspect`` and ``index``: one dataset path and the options to open it."""
     for name, run, summary in (
         ("inspect", _inspect, "print a dataset's format, shards, rows, fields and first rows"),
         (
@@ -299,7 +332,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "inspect":
             command.add_argument("--rows", type=_positive_int, default=3, help="rows to preview")
         command.set_defaults(run=run)
-    args = parser.parse_args(argv)
+
+
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (``parser.error``) what the parser alone lets through."""
     if args.command == "verify" and not os.path.isfile(args.recipe):
         parser.error(f"verify: no recipe file {args.recipe!r}")
     if getattr(args, "train", False) and not args.plot:
@@ -319,19 +355,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"verify --plot draws its own runs (a reference, resumed runs and the standard "
                 f"loader): {', '.join(given)} apply without --plot"
             )
-    try:
-        if args.command in ("demo", "verify"):  # inspect and index guard their own
-            from zephon_torch._inspect import failed
-            from zephon_torch.errors import ZephonError
-
-            try:
-                return int(args.run(args))
-            except ZephonError as error:
-                return failed(args.command, error, sys.stdout)
-        return int(args.run(args))
-    except BrokenPipeError:  # `zephon-torch inspect ... | head`: the reader has gone
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the exit's flush
-        return _BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":
