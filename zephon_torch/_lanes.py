@@ -100,43 +100,15 @@ class LaneRuntime:
             states = skip_spent_turns(states)
         padding, checker = pad_id(pipeline), id_check(pipeline)  # the same for every lane
         for lane in pipeline.lanes:
-            readers = [
-                DocumentReader(
-                    source=i,
-                    layout=layout,
-                    lane=lane,
-                    num_lanes=num_lanes,
-                    exhaustion=source.exhaustion,
-                    passes=1 if source.passes is None else source.passes[i],
-                    runner=self.runner,
-                    chunk_docs=chunk_docs[i],
-                    ahead=pipeline._options.read_ahead,
-                )
-                for i, layout in enumerate(source.layouts)
-            ]
-            self.readers.extend(readers)
+            readers: list[DocumentReader | FilteredReader] = list(
+                self._readers(pipeline, lane, chunk_docs)
+            )
             for factory, _ in pipeline._stateful:
                 readers = [
                     FilteredReader(reader, factory(lane), name, where)
                     for reader, name in zip(readers, source.names)
                 ]
-            packer = make_packer(
-                pack.algorithm, pack.max_length, pack.num_bins, pack.max_sequences_per_bin
-            )
-            mixpack = MixPack(
-                readers,
-                source.weights,
-                source.mixing,
-                packer,
-                drop_longer_than=pack.max_length if pack.long_documents == "drop" else None,
-                drop_shorter_than=pack.min_document_length,
-                shard_paths=where[1],
-                long_rule=(
-                    f"pack_sequences, which drops documents above max_length={pack.max_length}"
-                    if pack.whole
-                    else None
-                ),
-            )
+            mixpack = _mixpack(pipeline, readers, where[1])
             rows: BaseNode[PackedRow] = mixpack
             if pipeline._shuffle_window is not None:
                 rows = ShuffleNode(
@@ -155,6 +127,28 @@ class LaneRuntime:
             )
             node.reset(states[lane])
             self.nodes.append(node)
+
+    def _readers(
+        self, pipeline: Pipeline, lane: int, chunk_docs: list[int]
+    ) -> list[DocumentReader]:
+        """The lane's reader of each source, reading through this runtime's runner."""
+        source = pipeline._source
+        readers = [
+            DocumentReader(
+                source=i,
+                layout=layout,
+                lane=lane,
+                num_lanes=pipeline._options.canonical_replicas,
+                exhaustion=source.exhaustion,
+                passes=1 if source.passes is None else source.passes[i],
+                runner=self.runner,
+                chunk_docs=chunk_docs[i],
+                ahead=pipeline._options.read_ahead,
+            )
+            for i, layout in enumerate(source.layouts)
+        ]
+        self.readers.extend(readers)
+        return readers
 
     def batches(self, *, endless: bool = False) -> Iterator[Batch]:
         """Micro-batches in (turn, lane) order until a turn in which no owned lane has data
@@ -319,6 +313,29 @@ def deliver(
         if counters is not None:  # stats of an iteration that ended stay as they were
             counters.ended = time.perf_counter()
         stop_iteration(stream if isinstance(stream, Prefetcher) else None, runtime)
+
+
+def _mixpack(
+    pipeline: Pipeline, readers: list[DocumentReader | FilteredReader], paths: list[list[str]]
+) -> MixPack:
+    """A lane's mixer and packer over its ``readers`` (one per source)."""
+    source, pack = pipeline._source, pipeline._pack
+    assert pack is not None
+    packer = make_packer(pack.algorithm, pack.max_length, pack.num_bins, pack.max_sequences_per_bin)
+    return MixPack(
+        readers,
+        source.weights,
+        source.mixing,
+        packer,
+        drop_longer_than=pack.max_length if pack.long_documents == "drop" else None,
+        drop_shorter_than=pack.min_document_length,
+        shard_paths=paths,
+        long_rule=(
+            f"pack_sequences, which drops documents above max_length={pack.max_length}"
+            if pack.whole
+            else None
+        ),
+    )
 
 
 def stop_iteration(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:
