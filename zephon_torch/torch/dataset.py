@@ -25,6 +25,7 @@ from zephon_torch.torch._warnings import WARNINGS_KEY, heard_warnings
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
 
 if TYPE_CHECKING:
+    from zephon_torch.ops.batch import Batch
     from zephon_torch.pipeline import Pipeline
 
 META_KEY = "zephon"
@@ -198,20 +199,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             try:
                 for batch in pipeline:
                     self._delivered[str(batch.lane)] = batch.state
-                    item: dict[str, Any] = dict(
-                        batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
-                    )
-                    if batch.payloads is not None:
-                        item["payloads"] = batch.payloads
-                    if self.with_meta:
-                        item[META_KEY] = {
-                            "lane": batch.lane,
-                            "turn": batch.turn,
-                            "tokens": batch.num_tokens,
-                            "state": batch.state,
-                            "sources": batch.tokens_by_source(),
-                            "documents": batch.documents_by_source() if by_documents else {},
-                        }
+                    item = self._item(batch, by_documents=by_documents)
                     if heard:
                         item[WARNINGS_KEY] = heard.take()
                     yield pack(item) if self.pack_transport and info is not None else item
@@ -223,6 +211,25 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                 if info is None or not self.with_meta:
                     raise
                 yield {ERROR_KEY: error, WARNINGS_KEY: heard.take() if heard else []}
+
+    def _item(self, batch: Batch, *, by_documents: bool) -> dict[str, Any]:
+        """A batch's training dict, with its payloads, and, for zephon_torch's loader, what
+        it needs of the batch besides (``META_KEY``: lane, turn, state, counts for stats)."""
+        item: dict[str, Any] = dict(
+            batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
+        )
+        if batch.payloads is not None:
+            item["payloads"] = batch.payloads
+        if self.with_meta:
+            item[META_KEY] = {
+                "lane": batch.lane,
+                "turn": batch.turn,
+                "tokens": batch.num_tokens,
+                "state": batch.state,
+                "sources": batch.tokens_by_source(),
+                "documents": batch.documents_by_source() if by_documents else {},
+            }
+        return item
 
     def state_dict(self) -> dict[str, Any]:
         """The state after what this process's iterator yielded (see the class docstring).
