@@ -7,12 +7,14 @@ the tokenizer is resolved once per pipeline object.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
+from zephon_torch._caller import user_stacklevel
 from zephon_torch._specs import check_below_vocab
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
-from zephon_torch.ops.chat import TokenizeChatOp
+from zephon_torch.ops.chat import TokenizeChatOp, chatml, chatml_warning
 from zephon_torch.ops.document import DocOp
 from zephon_torch.ops.payload import PayloadOp
 from zephon_torch.ops.pretokenized import IdCheck, TokenFieldOp
@@ -101,8 +103,25 @@ def resolve(self: Pipeline) -> ResolvedTokenizer:
             bos_token=spec.bos_token,
             eos_token=spec.eos_token,
         )
-        tokenize_op(self)  # validates the special-token policy against the tokenizer
+        op = tokenize_op(self)  # validates the special-token policy against the tokenizer
+        for warning in _doubts(op):
+            warnings.warn(warning, stacklevel=user_stacklevel())
     return self._resolved["tokenizer"]
+
+
+def _doubts(op: TokenizeOp | TokenizeChatOp) -> list[str]:
+    """What to warn of in a tokenizer and its use, once, as the pipeline is built."""
+    tokenizer = op.tokenizer
+    if isinstance(op, TokenizeChatOp):
+        doubt = chatml_warning(tokenizer) if op.template is chatml else None
+        return [] if doubt is None else [doubt]
+    if tokenizer.adds_bos and not op.prefix:
+        return [
+            "the tokenizer starts every sequence with BOS itself, and "
+            f"`special_tokens={op.special_tokens!r}` leaves it out of every document; pass "
+            "`special_tokens='both'` to keep BOS (and EOS), as the model will see it"
+        ]
+    return []
 
 
 def tokenize_op(self: Pipeline) -> TokenizeOp | TokenizeChatOp:

@@ -198,8 +198,8 @@ class Pipeline:
         eos_token: str | None = None,
     ) -> Pipeline:
         """Tokenize ``field`` with a hub id, a local directory or file, or a tokenizer object
-        (``tokenizers.Tokenizer`` or a transformers fast tokenizer, as the first argument or as
-        ``tokenizer=``).
+        (``tokenizers.Tokenizer`` or a transformers fast tokenizer), as the first argument or
+        as ``tokenizer=``.
 
         ``parallelism`` (default: twice the CPU count, at most 32; the workers mostly wait in
         the tokenizer's native code) and ``runner`` are performance knobs: they never change
@@ -237,6 +237,8 @@ class Pipeline:
             if tokenizer is not None:
                 raise ConfigError("`tokenize` needs exactly one of `tokenizer_id` or `tokenizer`")
             tokenizer_id, tokenizer = None, tokenizer_id
+        if tokenizer_id is None and isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer_id, tokenizer = tokenizer, None  # a path or hub id given as `tokenizer=`
         spec = TokenizeSpec(
             tokenizer_id=None if tokenizer_id is None else os.fspath(tokenizer_id),
             tokenizer=tokenizer,

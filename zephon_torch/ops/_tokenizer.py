@@ -22,6 +22,8 @@ from zephon_torch.io._cache import LruCache
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
+# where a saved folder or hub repository names its BOS and EOS
+_NAMING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
 _PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")  # as the backend reads the variable
 _IMPORTED_IN = os.getpid()  # another pid later: a forked copy of the importing process
@@ -76,10 +78,18 @@ def resolve_tokenizer(
         description = type(tokenizer).__name__
     if isinstance(tokenizer, Tokenizer):
         backend = tokenizer
+        # tokenizer.json does not hold it: text that spells a special token ("<|endoftext|>"
+        # in a web page) stays text when the user set it so on the object
+        split_special = bool(backend.encode_special_tokens)
     elif isinstance(getattr(tokenizer, "backend_tokenizer", None), Tokenizer):
         backend = tokenizer.backend_tokenizer
         bos_name = bos_name or getattr(tokenizer, "bos_token", None)
         eos_name = eos_name or getattr(tokenizer, "eos_token", None)
+        # transformers' own setting: its backend's flag is what the last call asked for (a
+        # call with `split_special_tokens=` leaves it set until the next one)
+        split_special = bool(
+            getattr(tokenizer, "split_special_tokens", backend.encode_special_tokens)
+        )
     else:
         raise ConfigError(
             "`tokenizer` must be a tokenizers.Tokenizer or a transformers fast tokenizer, "
@@ -101,9 +111,6 @@ def resolve_tokenizer(
             "the batches nor a resume (which re-reads open rows) could be reproduced; set "
             "`tokenizer.model.dropout = None` (or 0)"
         )
-    # tokenizer.json does not hold it: text that spells a special token ("<|endoftext|>" in a
-    # web page) stays text when the user asked so (transformers' split_special_tokens=True)
-    split_special = bool(backend.encode_special_tokens)
     backend, first_ids = _private_copy(text, split_special)
     bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
     # whether the tokenizer's own post-processing starts every sequence with BOS (Llama,
@@ -126,7 +133,7 @@ _COPIES: LruCache[tuple[Tokenizer, list[int]]] = LruCache(8)
 
 def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]:
     """The backend the pipeline encodes with, made from the tokenizer's JSON ``text``, and the
-    ids its own post-processing gives "a" (read before that is removed).
+    first id its own post-processing gives a text (read before that is removed).
 
     A private copy: the user's object keeps its truncation and padding settings, ours has
     none; nor post-processing: the pipeline adds BOS/EOS itself, and a ByteLevel
@@ -141,7 +148,12 @@ def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]
         backend = Tokenizer.from_str(text)
         backend.no_truncation()
         backend.no_padding()
-        first_ids = backend.encode("a").ids[:1]
+        # what its post-processing puts first: of the empty text, which any model encodes
+        # (a vocabulary without an unknown token cannot encode "a")
+        try:
+            first_ids = backend.encode("").ids[:1]
+        except Exception:  # tokenizers raises bare Exceptions: then nothing is known
+            first_ids = []
         backend.post_processor = None
         backend.encode_special_tokens = split_special
         return backend, first_ids
@@ -196,8 +208,9 @@ def _from_hub(repo_id: str) -> Any:
     try:
         file = Path(hf_hub_download(repo_id, "tokenizer.json"))
         # optional; offline and not cached counts as absent too
-        with contextlib.suppress(EntryNotFoundError):
-            hf_hub_download(repo_id, "tokenizer_config.json")
+        for optional in _NAMING_FILES:
+            with contextlib.suppress(EntryNotFoundError):
+                hf_hub_download(repo_id, optional)
         return _with_config_tokens(_read_tokenizer(file), file.parent)
     except ConfigError:  # its files are there, and one is unreadable
         raise
@@ -224,7 +237,7 @@ def _from_hub(repo_id: str) -> Any:
 
 
 class _ConfiguredTokenizer:
-    """A backend plus the bos/eos names a local ``tokenizer_config.json`` declares."""
+    """A backend plus the bos/eos names its saved folder declares."""
 
     def __init__(self, backend: Tokenizer, bos: str | None, eos: str | None) -> None:
         self.backend_tokenizer = backend
@@ -233,25 +246,39 @@ class _ConfiguredTokenizer:
 
 
 def _with_config_tokens(backend: Tokenizer, directory: Path) -> Any:
-    config_file = directory / "tokenizer_config.json"
-    if not config_file.is_file():
+    """``backend`` with the BOS and EOS names a saved folder declares, as transformers reads
+    them: ``tokenizer_config.json``, and where that has no ``added_tokens_decoder`` (a folder
+    written before it), ``special_tokens_map.json`` over it."""
+    config = _json_file(directory / _NAMING_FILES[0])
+    if config is None:
+        config = {}
+    names = {key: _token_name(config.get(key)) for key in ("bos_token", "eos_token")}
+    if "added_tokens_decoder" not in config:
+        mapping = _json_file(directory / _NAMING_FILES[1]) or {}
+        names = {key: _token_name(mapping.get(key)) or name for key, name in names.items()}
+    if not any(names.values()):
         return backend
+    return _ConfiguredTokenizer(backend, names["bos_token"], names["eos_token"])
+
+
+def _json_file(file: Path) -> dict[str, Any] | None:
+    """The JSON object in ``file``; None where there is no such file."""
+    if not file.is_file():
+        return None
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        value = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read {str(config_file)!r}: {error}") from error
-    if not isinstance(config, dict):
-        kind = type(config).__name__
-        raise ConfigError(f"{str(config_file)!r} must hold a JSON object, got a {kind}")
+        raise ConfigError(f"cannot read {str(file)!r}: {error}") from error
+    if not isinstance(value, dict):
+        raise ConfigError(f"{str(file)!r} must hold a JSON object, got a {type(value).__name__}")
+    return value
 
-    def name(value: Any) -> str | None:
-        if isinstance(value, dict):
-            value = value.get("content")
-        return value if isinstance(value, str) else None
 
-    return _ConfiguredTokenizer(
-        backend, name(config.get("bos_token")), name(config.get("eos_token"))
-    )
+def _token_name(value: Any) -> str | None:
+    """A token named as text, or as an object with its ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def _token_id(
@@ -264,8 +291,12 @@ def _token_id(
         if token_id is None:
             raise ConfigError(f"`{argument}` {name!r} is not in the tokenizer's vocabulary")
         return int(token_id)
+    # by name, only among the tokens added to the model (its special ones): a BPE trained
+    # without special tokens may have learned "</s>" as text, which no document should end with
+    added = {
+        token.content: token_id for token_id, token in backend.get_added_tokens_decoder().items()
+    }
     for candidate in candidates:
-        token_id = backend.token_to_id(candidate)
-        if token_id is not None:
-            return int(token_id)
+        if candidate in added:
+            return int(added[candidate])
     return None

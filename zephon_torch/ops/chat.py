@@ -11,7 +11,6 @@ every label whose target token is not trainable.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +47,27 @@ def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
 
 
 TEMPLATES: dict[str, ChatTemplate] = {"chatml": chatml}
+
+
+def chatml_warning(tokenizer: ResolvedTokenizer) -> str | None:
+    """Why the built-in chatml template's markers would be tokenized as plain text, a format
+    the model may never see at inference (None: they are special tokens)."""
+    if tokenizer.backend.token_to_id(_CHATML_START) is None:
+        return (
+            f"the tokenizer has no {_CHATML_START} token: the built-in chatml template's "
+            "markers are tokenized as plain text, a format the model may never see at "
+            "inference. Pass `chat_template=` a callable that renders your model's own "
+            "template as (text, trainable) segments"
+        )
+    if tokenizer.split_special_tokens:
+        return (
+            "the tokenizer is set to split special tokens (transformers' "
+            "split_special_tokens=True): the chatml template's own markers are tokenized as "
+            "plain text too, a format the model may never see at inference. Chat data needs "
+            "it off; then a message that spells a marker gets that special token, as with "
+            "transformers' apply_chat_template"
+        )
+    return None
 
 
 def resolve_template(
@@ -111,14 +131,6 @@ class TokenizeChatOp:
         self.tokenizer = tokenizer
         self.field = field
         self.template, self.template_name = resolve_template(chat_template, template_name)
-        if self.template is chatml and tokenizer.backend.token_to_id(_CHATML_START) is None:
-            warnings.warn(
-                f"the tokenizer has no {_CHATML_START} token: the built-in chatml template's "
-                "markers are tokenized as plain text, a format the model may never see at "
-                "inference. Pass `chat_template=` a callable that renders your model's own "
-                "template as (text, trainable) segments",
-                stacklevel=2,
-            )
         self.dataset_names = dataset_names
         self.shard_paths = shard_paths
 

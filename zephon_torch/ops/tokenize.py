@@ -7,7 +7,6 @@ Python work beyond the backend's list of ids.
 
 from __future__ import annotations
 
-import warnings
 from itertools import chain
 from typing import Any, Literal
 
@@ -69,13 +68,6 @@ class TokenizeOp:
                     "without special tokens has none to name: add one when training it)"
                 )
             self.suffix = [tokenizer.eos_id]
-        if tokenizer.adds_bos and not self.prefix:
-            warnings.warn(
-                f"the tokenizer starts every sequence with BOS itself, and "
-                f"`special_tokens={special_tokens!r}` leaves it out of every document; pass "
-                "`special_tokens='both'` to keep BOS (and EOS), as the model will see it",
-                stacklevel=2,
-            )
         self.tokenizer = tokenizer
         self.field = field
         self.special_tokens = special_tokens

@@ -255,3 +255,33 @@ def test_a_malformed_message_is_named_by_its_place(
     )
     with pytest.raises(DataError, match=rf"row 0: field 'messages' must be a list of .*: {fault}"):
         list(pipeline.pack_flat(64).batch(1))
+
+
+def test_chatml_over_a_tokenizer_that_splits_special_tokens_warns_once_at_the_users_line(
+    tokenizer: Any,
+) -> None:
+    """Set to split special tokens, the tokenizer splits the template's own markers as text:
+    chat data no model sees at inference, without a word (review K, finding 3). The warnings
+    of a tokenizer's use point at the user's line, once per build, not into the library at
+    every rebuild of the op."""
+    import warnings
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(tokenizer.to_str())
+    backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    dataset = Dataset.from_dict("sft", {"messages": conversations(4, seed=2)})
+    source = StaticMixtureWorkSource([dataset], shuffle=False)
+    for split in (True, False):
+        hf = PreTrainedTokenizerFast(tokenizer_object=backend, split_special_tokens=split)
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
+            pipeline = Pipeline(source).tokenize_chat(tokenizer=hf).pack_flat(64).batch(1)
+            ids = [batch.input_ids for batch in pipeline]
+        start = backend.token_to_id("<|im_start|>")
+        assert any(start in batch for batch in ids) is not split
+        said = [w for w in heard if "split special tokens" in str(w.message)]
+        assert len(said) == int(split), [str(w.message) for w in heard]
+        if said:
+            assert said[0].filename == __file__

@@ -230,8 +230,13 @@ def test_a_tokenizer_that_adds_bos_itself_warns_when_the_policy_leaves_it_out(
         pipeline = Pipeline(source).tokenize(starts, parallelism=1, **tokenize)
         return list(next(iter(pipeline.pack_flat(16).batch(1))).input_ids[0].tolist())
 
-    with pytest.warns(UserWarning, match=r"starts every sequence with BOS itself, and "):
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
         assert bos not in first_row()
+    said = [w for w in heard if "starts every sequence with BOS itself, and " in str(w.message)]
+    # once, as the pipeline is built, at the user's line (it came at every rebuild of the op,
+    # from inside the library)
+    assert [w.filename for w in said] == [__file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert first_row(special_tokens="both")[0] == bos

@@ -239,3 +239,122 @@ def test_a_tokenizer_without_special_tokens_is_told_of_special_tokens_none() -> 
         TokenizeOp(
             resolved, field="text", special_tokens="eos", dataset_names=["d"], shard_paths=[["s"]]
         )
+
+
+def test_a_transformers_tokenizer_keeps_its_own_split_special_tokens_setting(
+    tokenizer: Tokenizer,
+) -> None:
+    """transformers leaves a call's `split_special_tokens=` on its backend until the next
+    call: read from there, one earlier call turned the tokenizer's own setting around, and a
+    literal "<|endoftext|>" in a document became EOS (or stopped being it)."""
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    text = "a page that quotes <|endoftext|> in its text"
+    for setting in (True, False):
+        hf = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(tokenizer.to_str()),
+            eos_token="<|endoftext|>",
+            split_special_tokens=setting,
+        )
+        expected = hf(text, add_special_tokens=False)["input_ids"]
+        assert (eos in expected) is not setting
+        hf(text, split_special_tokens=not setting)  # one call with the other setting
+        resolved = resolve_tokenizer(None, hf, bos_token=None, eos_token=None)
+        assert resolved.split_special_tokens is setting
+        assert resolved.backend.encode(text, add_special_tokens=False).ids == expected
+
+
+def save_folder(folder: Path, backend: Tokenizer, **files: dict[str, Any]) -> Path:
+    """``backend`` saved as ``tokenizer.json`` with the JSON ``files`` beside it."""
+    import json
+
+    folder.mkdir()
+    backend.save(str(folder / "tokenizer.json"))
+    for name, content in files.items():
+        (folder / f"{name}.json").write_text(json.dumps(content))
+    return folder
+
+
+def test_a_folders_special_tokens_map_names_its_bos_and_eos_as_transformers_reads_it(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """A folder (or hub repository) of the kind written before `added_tokens_decoder`,
+    naming its BOS and EOS only in `special_tokens_map.json`, got a candidate's ids instead
+    ("<|endoftext|>"), with no word."""
+    from transformers import AutoTokenizer
+
+    own = Tokenizer.from_str(tokenizer.to_str())
+    own.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    named = {"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}}
+    cases = {
+        "map only": {"special_tokens_map": named},
+        "config without them, and the map": {
+            "tokenizer_config": {"model_max_length": 2048},
+            "special_tokens_map": named,
+        },
+        "config naming others, and the map": {
+            "tokenizer_config": {"eos_token": "<|endoftext|>"},
+            "special_tokens_map": named,
+        },
+    }
+    for number, (case, files) in enumerate(cases.items()):
+        folder = save_folder(tmp_path / f"tok{number}", own, **files)
+        resolved = resolve_tokenizer(str(folder), None, bos_token=None, eos_token=None)
+        reference = AutoTokenizer.from_pretrained(str(folder))
+        assert (
+            (resolved.bos_id, resolved.eos_id)
+            == (
+                reference.bos_token_id,
+                reference.eos_token_id,
+            )
+            == (own.token_to_id("<|im_start|>"), own.token_to_id("<|im_end|>"))
+        ), case
+    # a config with `added_tokens_decoder` (as transformers writes now) is read alone
+    decoder = {"added_tokens_decoder": {}, "eos_token": "<|endoftext|>"}
+    folder = save_folder(tmp_path / "new", own, tokenizer_config=decoder, special_tokens_map=named)
+    resolved = resolve_tokenizer(str(folder), None, bos_token=None, eos_token=None)
+    assert resolved.eos_id == own.token_to_id("<|endoftext|>")
+
+
+def test_usual_names_are_taken_as_special_tokens_only_among_the_added_ones() -> None:
+    """A BPE trained without special tokens may learn "</s>" as text: taken as EOS, every
+    document ended with a text token, and no error said the tokenizer has none."""
+    import pytest
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from zephon_torch.errors import ConfigError
+    from zephon_torch.ops.tokenize import TokenizeOp
+
+    bare = Tokenizer(models.BPE())
+    bare.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bare.train_from_iterator(["</s> <s> text"] * 50, trainers.BpeTrainer(vocab_size=60))
+    assert bare.token_to_id("</s>") is not None and bare.token_to_id("<s>") is not None
+    resolved = resolve_tokenizer(None, bare, bos_token=None, eos_token=None)
+    assert (resolved.bos_id, resolved.eos_id) == (None, None)
+    with pytest.raises(ConfigError, match="needs an EOS token"):
+        TokenizeOp(
+            resolved, field="text", special_tokens="eos", dataset_names=["d"], shard_paths=[["s"]]
+        )
+    # named, a vocabulary entry is the user's choice
+    named = resolve_tokenizer(None, bare, bos_token=None, eos_token="</s>")
+    assert named.eos_id == bare.token_to_id("</s>")
+
+
+def test_a_vocabulary_that_cannot_encode_a_letter_a_still_resolves() -> None:
+    """The check for a BOS the tokenizer adds itself encoded "a": a word-level vocabulary of
+    other symbols, without an unknown token, failed the build with a bare Exception."""
+    from tokenizers import models, pre_tokenizers
+
+    dna = Tokenizer(models.WordLevel({"A": 0, "C": 1, "G": 2, "T": 3, "<eos>": 4}))
+    dna.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    dna.add_special_tokens(["<eos>"])
+    resolved = resolve_tokenizer(None, dna, bos_token=None, eos_token=None)
+    assert resolved.eos_id == 4 and not resolved.adds_bos
+    assert resolved.backend.encode("GATTACA").ids == [2, 0, 3, 3, 0, 1, 0]
+
+
+def test_a_path_given_as_tokenizer_is_read_as_the_first_argument_is(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    tokenizer.save(str(tmp_path / "tok.json"))
+    for given in (str(tmp_path / "tok.json"), tmp_path / "tok.json"):
+        assert keys(small_pipeline(tokenizer=given)) == keys(small_pipeline(tokenizer=tokenizer))
