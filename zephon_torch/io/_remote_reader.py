@@ -33,6 +33,7 @@ from zephon_torch.io._background import Background
 from zephon_torch.io._download import check_unchanged, fetch, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
+from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection, where_in_file
 from zephon_torch.io._remote import IoOptions, open_filesystem
 from zephon_torch.io._remote_rows import (
@@ -57,7 +58,7 @@ _MAPPED_SHARE = 8  # shards kept open by a local reader take at most max_bytes /
 _MIN_OPEN, _MAX_OPEN = 2, 16
 
 
-class RemoteReader:
+class RemoteReader(PickledAsSettings):
     """A `ShardReader` over remote shards: downloads each into the cache, reads it locally.
 
     Shard paths are URLs. Thread-safe; pickles as its settings and object table.
@@ -81,6 +82,17 @@ class RemoteReader:
 
     _fs: Any
     _index_data: bytes | None
+    SETTINGS = (  # what it pickles as
+        "dataset",
+        "format",
+        "url",
+        "objects",
+        "storage_options",
+        "options",
+        "index_cache_dir",
+        "projection",
+        "index",
+    )
 
     def __init__(
         self,
@@ -106,11 +118,11 @@ class RemoteReader:
         self.index_cache_dir = index_cache_dir
         self.projection = projection or Projection()
         self.index = index
-        self._setup()
+        self._open_caches()
         self._fs = fs  # the listing's, reused in this process only
         self._index_data = index_data
 
-    def _setup(self) -> None:
+    def _open_caches(self) -> None:
         self._fs = None
         self._index_data = None
         self._cache: ShardCache | None = None
@@ -140,30 +152,11 @@ class RemoteReader:
         if self._cache is not None:
             self._cache.after_fork()
 
-    _SETTINGS = (
-        "dataset",
-        "format",
-        "url",
-        "objects",
-        "storage_options",
-        "options",
-        "index_cache_dir",
-        "projection",
-        "index",
-    )
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {key: self.__dict__[key] for key in self._SETTINGS}
-
     def with_options(self, options: IoOptions) -> RemoteReader:
         """A reader of the same shards with other cache and retry settings."""
         clone = RemoteReader.__new__(RemoteReader)
         clone.__setstate__({**self.__getstate__(), "options": options})
         return clone
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._setup()
 
     @property
     def shard_urls(self) -> list[str]:

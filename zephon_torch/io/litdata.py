@@ -33,6 +33,7 @@ from zephon_torch.io._compression import CorruptError, TooLargeError, inflate, z
 from zephon_torch.io._index import check_listed_once, load_index, recorded_count, shard_path
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
+from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import TOKENS_FIELD, Projection, token_array
 from zephon_torch.io._rows import (
     CHANGED_NOTE,
@@ -71,7 +72,7 @@ class _Batch:
     nbytes: int
 
 
-class LitDataReader:
+class LitDataReader(PickledAsSettings):
     """Reads the chunks of one LitData dataset; thread-safe, and picklable without caches.
 
     Args:
@@ -91,6 +92,8 @@ class LitDataReader:
             PyTreeLoader or TokensLoader, or a leaf format not read.
     """
 
+    SETTINGS = ("dataset", "index_path", "projection", "max_open", "locate")  # what it pickles as
+
     def __init__(
         self,
         *,
@@ -105,9 +108,9 @@ class LitDataReader:
         self.projection = projection or Projection()
         self.max_open = max_open
         self.locate = locate
-        self._setup()
+        self._open_caches()
 
-    def _setup(self) -> None:
+    def _open_caches(self) -> None:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
         try:
             self._configure(index["config"])
@@ -174,14 +177,6 @@ class LitDataReader:
             kind = formats[first].partition(":")[0] if end > first else "json"
             if name in self.projection.token_columns and kind not in (*fmt.ARRAY_LEAVES, "json"):
                 raise ValueError(f"token column {name!r} has leaf format {kind!r}")
-
-    def __getstate__(self) -> dict[str, Any]:
-        keys = ("dataset", "index_path", "projection", "max_open", "locate")
-        return {key: self.__dict__[key] for key in keys}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._setup()
 
     @property
     def shard_paths(self) -> list[str]:

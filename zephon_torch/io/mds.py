@@ -34,6 +34,7 @@ from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, array_config, decoder
 from zephon_torch.io._mds_index import shard_entries
+from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import (
     CHANGED_NOTE,
@@ -91,7 +92,7 @@ class _Shard:
         object.__setattr__(self, "views", TypedViews(self.data))
 
 
-class MdsReader:
+class MdsReader(PickledAsSettings):
     """Reads the shards of one MDS dataset; thread-safe, and picklable without its caches.
 
     Args:
@@ -114,6 +115,16 @@ class MdsReader:
             no hash recorded that this machine can compute.
     """
 
+    SETTINGS = (
+        "dataset",
+        "index_path",
+        "projection",
+        "max_open",
+        "max_decompressed",
+        "locate",
+        "verify_hashes",
+    )  # what it pickles as
+
     def __init__(
         self,
         *,
@@ -132,29 +143,13 @@ class MdsReader:
         self.max_decompressed = max_decompressed
         self.locate = locate
         self.verify_hashes = verify_hashes
-        self._setup()
+        self._open_caches()
 
-    def _setup(self) -> None:
+    def _open_caches(self) -> None:
         self._hashes = ShardHashes(self.dataset) if self.verify_hashes else None
         self._infos = self._read_index()
         self._shards: LruCache[_Shard] = LruCache(self.max_open)
         self._inflated: LruCache[_Shard] = LruCache(self.max_decompressed)
-
-    def __getstate__(self) -> dict[str, Any]:
-        keys = (
-            "dataset",
-            "index_path",
-            "projection",
-            "max_open",
-            "max_decompressed",
-            "locate",
-            "verify_hashes",
-        )
-        return {key: self.__dict__[key] for key in keys}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._setup()
 
     def verifying(self, verify_hashes: bool) -> MdsReader:
         """A reader of the same dataset, with `verify_hashes` set and its caches empty."""

@@ -29,6 +29,7 @@ from zephon_torch.errors import DataError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_array
+from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import TOKENS_FIELD, Projection
 from zephon_torch.io._rows import (
     CHANGED_NOTE,
@@ -80,7 +81,7 @@ class _TokenFile:
         return len(self.tokens) if self.offsets is None else len(self.offsets) - 1
 
 
-class NpyReader:
+class NpyReader(PickledAsSettings):
     """Reads the `.npy` token shards of one dataset; thread-safe, picklable without its maps.
 
     Args:
@@ -90,6 +91,14 @@ class NpyReader:
         locate: turns a token file's and an offsets file's path into a local file; the
             default reads local paths as they are.
     """
+
+    SETTINGS = (
+        "dataset",
+        "projection",
+        "max_open",
+        "locate",
+        "offsets_files",
+    )  # what it pickles as
 
     def __init__(
         self,
@@ -108,14 +117,6 @@ class NpyReader:
 
     def _open_caches(self) -> None:
         self._files: LruCache[_TokenFile] = LruCache(self.max_open)
-
-    def __getstate__(self) -> dict[str, Any]:
-        keys = ("dataset", "projection", "max_open", "locate", "offsets_files")
-        return {key: self.__dict__[key] for key in keys}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._open_caches()
 
     def num_rows(self, path: str) -> int:
         """Returns the row count from the `.npy` headers."""

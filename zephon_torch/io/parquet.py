@@ -37,6 +37,7 @@ from zephon_torch.io._arrow import (
     row_columns,
 )
 from zephon_torch.io._cache import LruCache
+from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range, machine_fault
 
@@ -124,7 +125,7 @@ class _RowGroup:
     nbytes: int
 
 
-class ParquetReader:
+class ParquetReader(PickledAsSettings):
     """Reads the Parquet shards of one dataset; thread-safe, and picklable without its caches.
 
     Args:
@@ -136,6 +137,14 @@ class ParquetReader:
         projection: the columns to read (None reads all) and the token columns, which come back
             as 1-D numpy integer arrays.
     """
+
+    SETTINGS = (
+        "dataset",
+        "max_open",
+        "max_row_groups",
+        "max_row_group_bytes",
+        "projection",
+    )  # what it pickles as
 
     def __init__(
         self,
@@ -159,19 +168,6 @@ class ParquetReader:
             self.max_row_groups, max_weight=self.max_row_group_bytes, weigh=lambda g: g.nbytes
         )
         self._decodes = _DecodeLog()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "dataset": self.dataset,
-            "max_open": self.max_open,
-            "max_row_groups": self.max_row_groups,
-            "max_row_group_bytes": self.max_row_group_bytes,
-            "projection": self.projection,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._open_caches()
 
     def resized(self, max_row_group_bytes: int) -> ParquetReader:
         """A reader like this one with another bound on decoded row groups (caches empty)."""

@@ -20,6 +20,7 @@ import pyarrow as pa
 from zephon_torch.errors import DataError
 from zephon_torch.io._arrow import BadTokenRow, Columns, check_schema, row_columns, schema_columns
 from zephon_torch.io._cache import LruCache
+from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 
@@ -49,7 +50,7 @@ def _first_line(error: BaseException) -> str:
     return str(error).strip().split("\n", 1)[0]
 
 
-class VortexReader:
+class VortexReader(PickledAsSettings):
     """Reads the Vortex shards of one dataset; thread-safe, and picklable without its files.
 
     Args:
@@ -58,6 +59,8 @@ class VortexReader:
             back as read-only 1-D numpy integer arrays.
         max_open: how many files to keep open with their footers parsed.
     """
+
+    SETTINGS = ("dataset", "projection", "max_open")  # what it pickles as
 
     def __init__(
         self, *, dataset: str, projection: Projection | None = None, max_open: int = 64
@@ -69,13 +72,6 @@ class VortexReader:
 
     def _open_caches(self) -> None:
         self._files: LruCache[Any] = LruCache(self.max_open)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "projection": self.projection, "max_open": self.max_open}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._open_caches()
 
     def num_rows(self, path: str) -> int:
         """Returns the row count recorded in the file's footer; reads no data."""

@@ -194,7 +194,7 @@ def test_mds_views_outlive_eviction_from_the_readers_caches(
     dataset = Dataset.from_path("m", out)
     reader = dataset._reader  # type: ignore[attr-defined]
     reader.max_open = reader.max_decompressed = 1
-    reader._setup()
+    reader._open_caches()
     held = dataset.read_tokens(0, range(dataset.shards[0].num_rows), TOKENS)
     assert held is not None
     for shard in range(1, len(dataset.shards)):
@@ -244,7 +244,7 @@ def test_litdata_views_outlive_eviction(tmp_path: Path) -> None:
     dataset = Dataset.from_path("lit", out)
     reader = dataset._reader  # type: ignore[attr-defined]
     reader.max_open = 1
-    reader._setup()
+    reader._open_caches()
     held = dataset.read_tokens(0, range(dataset.shards[0].num_rows), TOKENS)
     assert held is not None
     for shard in range(1, len(dataset.shards)):
