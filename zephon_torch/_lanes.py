@@ -79,10 +79,12 @@ class LaneRuntime:
         self.cut_turn: list[Batch] = []
         try:
             self._build(pipeline, doc_chain)
-        except BaseException:
+        except BaseException as error:
             # held by the error's traceback, an open runner kept its processes' pipes and its
             # chain file (whose lock kept `sweep` off it) for as long as the error lived
             self.close()
+            if isinstance(error, DataError):  # a row read to calibrate
+                name_line(error, pipeline._datasets)
             raise
 
     def _build(self, pipeline: Pipeline, doc_chain: DocChain) -> None:
@@ -287,7 +289,7 @@ def deliver(
                 # ``stream`` ran on this one (no prefetch thread) and emptied its readers
                 _check_current(pipeline, iteration, error)
                 if isinstance(error, DataError):
-                    name_line(error, pipeline._source.datasets)
+                    name_line(error, pipeline._datasets)
                 raise
             # ended meanwhile, ``stream`` may still have made a batch: its state would be
             # recorded over the loaded one

@@ -110,12 +110,12 @@ def integer_setting(value: Any, name: str) -> int:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
 
 
-def positive_setting(value: Any, name: str) -> int:
+def positive_setting(value: Any, name: str, *, what: str = "a positive int") -> int:
     """``value`` as a plain int of at least 1 (see ``integer_setting``), else a
-    ``ConfigError`` naming the setting ``name``."""
+    ``ConfigError`` naming the setting ``name`` and saying it must be ``what``."""
     number = integer_setting(value, name)
     if number < 1:
-        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        raise ConfigError(f"{name} must be {what}, got {number}")
     return number
 
 

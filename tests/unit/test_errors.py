@@ -298,6 +298,10 @@ def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
             p.pack_flat(8).batch(bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="`max_length` must be an integer, got True"):
         p.pack_flat(True)
+    with pytest.raises(ConfigError, match=r"`max_length` must be a positive int, got 0$"):
+        p.pack_flat(np.int64(0))  # the number, not its numpy repr
+    with pytest.raises(ConfigError, match=r"`shard_size` must be a positive int or None, got 0"):
+        Dataset.from_dict("d", {"text": ["a"]}, shard_size=0)
     # numpy integers are settings too, kept as plain ints (a state must be plain JSON)
     built = p.pack_flat(np.int64(8)).shuffle(np.int32(4)).batch(np.int16(2))
     assert [

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import ConfigError, DataError
-from zephon_torch.io._rows import Rows
+from zephon_torch.io._rows import Rows, where_in_file
 
 TOKENS_FIELD = "input_ids"
 """The field that holds the token ids of formats whose rows have no names (LitData
@@ -173,13 +173,5 @@ class ProjectedReader:
         return result
 
     def line_of(self, path: str, row: int) -> str | None:
-        """The wrapped reader's place of the row in its file (`where_in_file`)."""
+        """The wrapped reader's place of the row in its file (see `_rows.where_in_file`)."""
         return where_in_file(self.reader, path, row)
-
-
-def where_in_file(reader: Any, path: str, row: int) -> str | None:
-    """Where row `row` of shard `path` lies in its file, as `reader` tells it for an error to
-    name ("line 37 of the file": JSONL, whose rows skip blank lines); None for readers whose
-    row numbers are all an error needs."""
-    line_of = getattr(reader, "line_of", None)
-    return None if line_of is None else line_of(path, row)

@@ -34,7 +34,7 @@ from zephon_torch.io._download import check_unchanged, fetch, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._pickled import PickledAsSettings
-from zephon_torch.io._projection import Projection, where_in_file
+from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import IoOptions, open_filesystem
 from zephon_torch.io._remote_rows import (
     SCHEMA_FORMATS,
@@ -44,7 +44,7 @@ from zephon_torch.io._remote_rows import (
     remember_layout,
     remembered_layout,
 )
-from zephon_torch.io._rows import Rows, TokenIds
+from zephon_torch.io._rows import Rows, TokenIds, where_in_file
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
 from zephon_torch.io.npy import offsets_path
@@ -231,8 +231,8 @@ class RemoteReader(PickledAsSettings):
     def line_of(self, path: str, row: int) -> str | None:
         """The local reader's place of the row in the cached copy (`where_in_file`); None
         where that copy cannot be had now."""
-        if not hasattr(self._open()[0], "line_of"):
-            return None
+        if path not in self.objects or not hasattr(self._open()[0], "line_of"):
+            return None  # a shard of another dataset's (a user's error may name any)
         try:
             return self._with_reader(path, lambda reader, local: where_in_file(reader, local, row))
         except (ZephonError, OSError):

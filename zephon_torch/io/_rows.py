@@ -91,3 +91,11 @@ def check_in_range(
         shard=shard,
         row=bad,
     )
+
+
+def where_in_file(reader: Any, path: str, row: int) -> str | None:
+    """Where row `row` of shard `path` lies in its file, as `reader` tells it for an error to
+    name ("line 37 of the file": JSONL, whose rows skip blank lines); None for readers whose
+    row numbers are all an error needs."""
+    line_of = getattr(reader, "line_of", None)
+    return None if line_of is None else line_of(path, row)

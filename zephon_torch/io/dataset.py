@@ -22,7 +22,7 @@ from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError, DataError, positive_setting
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
-from zephon_torch.io._projection import Projection, where_in_file
+from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import (
     IoOptions,
     Listing,
@@ -32,7 +32,7 @@ from zephon_torch.io._remote import (
     list_remote,
 )
 from zephon_torch.io._remote_reader import RemoteReader
-from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range
+from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range, where_in_file
 from zephon_torch.io._versions import per_open_index_dir, versioned_per_open
 from zephon_torch.io.formats import ShardReader, open_reader, token_reader
 from zephon_torch.io.jsonl import with_jsonl_cache
@@ -305,7 +305,7 @@ class Dataset:
         """
         _check_name(name)
         if shard_size is not None:
-            shard_size = positive_setting(shard_size, "`shard_size`")
+            shard_size = positive_setting(shard_size, "`shard_size`", what="a positive int or None")
         rows = rows_of(data)
         if not rows:
             raise DataError("has no rows: `data` is empty", dataset=name)
@@ -347,10 +347,10 @@ class Dataset:
             return None
         return reader.read_tokens(*self._checked_rows(shard, rows), field)
 
-    def line_of(self, path: str, row: int) -> str | None:
-        """Where row `row` of the shard at `path` lies in its file, for an error to name:
-        "line 37 of the file" for JSONL (rows count its non-blank lines from 0); None for the
-        other formats, whose row numbers say it."""
+    def _line_of(self, path: str, row: int) -> str | None:
+        """Where row `row` of the shard at `path` (as errors name it) lies in its file, for an
+        error to say: "line 37 of the file" for JSONL (rows count its non-blank lines from 0);
+        None for the other formats, whose row numbers say it."""
         return where_in_file(self._reader, path, row)
 
     def _checked_rows(self, shard: int, rows: Rows) -> tuple[str, npt.NDArray[np.int64]]:
@@ -545,13 +545,17 @@ def _without_empty_tables(name: str, format_: str, shards: list[Shard]) -> list[
 
 def name_line(error: DataError, datasets: Iterable[Dataset]) -> None:
     """Add to ``error``, where it names a row of a JSONL shard of one of ``datasets``, the
-    row's line in the file (see `Dataset.line_of`): a user who opens the file at "row 30"
-    would read the wrong line where blank lines come before it."""
+    row's line in the file (see `Dataset._line_of`): a user who opens the file at "row 30"
+    would read the wrong line where blank lines come before it. Never raises: the error
+    itself is what the user must get."""
     if error.row is None or error.shard is None:
         return
     for dataset in datasets:
         if dataset.name == error.dataset:
-            place = dataset.line_of(error.shard, error.row)
+            try:
+                place = dataset._line_of(error.shard, error.row)
+            except Exception:  # an error of its own (a user's DataError naming any shard)
+                return
             if place is not None:
                 error.add_place(place)
             return

@@ -25,8 +25,6 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._cache_folder import CacheFolderError
@@ -60,7 +58,6 @@ _PREVIEW_CHARS = 60
 _DECODER = json.JSONDecoder()
 _log = logging.getLogger(__name__)
 _RAW_DECODE = _DECODER.raw_decode
-_NEWLINE = ord("\n")
 _COUNT_PIECE = 1 << 22  # bytes read at a time to count lines
 
 
@@ -203,15 +200,21 @@ class JsonlReader:
         the file" (rows count non-blank lines from 0, so row 30 is line 31 only in a file
         without blank lines); None where that cannot be told (a row past the end, a file gone).
         Counts the newlines before the row: one scan, for errors only."""
+        newlines: int | None
         try:
             start = int(self._index(path)[0, row])
             compressed = self._compression_of(path) is not None
-            if compressed:  # a file of ours, never cut: counted in its map
-                before = np.frombuffer(self._buffer(path), dtype=np.uint8, count=start)
-                newlines = int(np.count_nonzero(before == _NEWLINE))
+            if compressed:  # a file of ours, never cut: counted in its map, piece by piece
+                buffer = self._buffer(path)
+                pieces = (
+                    buffer[a : min(a + _COUNT_PIECE, start)] for a in range(0, start, _COUNT_PIECE)
+                )
+                newlines = sum(piece.count(b"\n") for piece in pieces)
             else:  # read, not mapped: a file cut short meanwhile must not fault the process
                 newlines = _newlines_before(path, start)
         except (OSError, IndexError, ValueError, DataError, ConfigError):
+            return None
+        if newlines is None:
             return None
         return f"line {newlines + 1} of the file{' once decompressed' if compressed else ''}"
 
@@ -355,14 +358,15 @@ def _identity(stat: os.stat_result) -> tuple[int, int, int]:
     return stat.st_size, stat.st_ino, stat.st_mtime_ns
 
 
-def _newlines_before(path: str, end: int) -> int:
-    """The newlines among the first ``end`` bytes of the file at ``path``."""
+def _newlines_before(path: str, end: int) -> int | None:
+    """The newlines among the first ``end`` bytes of the file at ``path``; None where it has
+    fewer bytes (cut short since it was indexed)."""
     count = 0
     with open(path, "rb") as file:
         while end > 0:
             piece = file.read(min(end, _COUNT_PIECE))
             if not piece:
-                break
+                return None
             count += piece.count(b"\n")
             end -= len(piece)
     return count

@@ -111,12 +111,13 @@ def resolve_tokenizer(
             "the batches nor a resume (which re-reads open rows) could be reproduced; set "
             "`tokenizer.model.dropout = None` (or 0)"
         )
-    backend, first_ids = _private_copy(text, split_special)
-    bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token")
+    backend, prefix = _private_copy(text, split_special)
+    special = _special_tokens(backend, text)
+    bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token", special)
     # whether the tokenizer's own post-processing starts every sequence with BOS (Llama,
     # Mistral, Gemma): a `special_tokens` policy without BOS is then warned of
-    adds_bos = bos_id is not None and first_ids == [bos_id]
-    eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token")
+    adds_bos = bos_id is not None and prefix[:1] == [bos_id]
+    eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token", special)
     return ResolvedTokenizer(
         backend=backend,
         bos_id=bos_id,
@@ -133,7 +134,7 @@ _COPIES: LruCache[tuple[Tokenizer, list[int]]] = LruCache(8)
 
 def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]:
     """The backend the pipeline encodes with, made from the tokenizer's JSON ``text``, and the
-    first id its own post-processing gives a text (read before that is removed).
+    ids its own post-processing puts before a text (read before that is removed).
 
     A private copy: the user's object keeps its truncation and padding settings, ours has
     none; nor post-processing: the pipeline adds BOS/EOS itself, and a ByteLevel
@@ -148,17 +149,48 @@ def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]
         backend = Tokenizer.from_str(text)
         backend.no_truncation()
         backend.no_padding()
-        # what its post-processing puts first: of the empty text, which any model encodes
-        # (a vocabulary without an unknown token cannot encode "a")
-        try:
-            first_ids = backend.encode("").ids[:1]
-        except Exception:  # tokenizers raises bare Exceptions: then nothing is known
-            first_ids = []
+        prefix = _prefix_ids(backend)
         backend.post_processor = None
         backend.encode_special_tokens = split_special
-        return backend, first_ids
+        return backend, prefix
 
     return _COPIES.get_or_load((hashlib.sha256(text.encode()).digest(), split_special), make)
+
+
+def _prefix_ids(backend: Tokenizer) -> list[int]:
+    """The ids the post-processing puts before a text's own (``[bos]`` for Llama's; none for
+    one that only appends EOS, even where BOS and EOS are one token); none known where the
+    vocabulary cannot encode the probe (symbols without an unknown token)."""
+    try:
+        whole = backend.encode("a").ids
+        own = backend.encode("a", add_special_tokens=False).ids
+    except Exception:  # tokenizers raises bare Exceptions
+        return []
+    for start in range(len(whole) - len(own) + 1):
+        if whole[start : start + len(own)] == own:
+            return whole[:start]
+    return []
+
+
+def _special_tokens(backend: Tokenizer, text: str) -> set[str]:
+    """The tokens the tokenizer treats as special: those added to it, and those its own
+    post-processing inserts (a converted tokenizer may keep "<s>" in the model's vocabulary
+    and name it only there)."""
+    found = {token.content for token in backend.get_added_tokens_decoder().values()}
+    stack = [json.loads(text).get("post_processor")]
+    while stack:
+        processor = stack.pop()
+        if not isinstance(processor, dict):
+            continue
+        stack += processor.get("processors") or []  # a Sequence of processors
+        named = processor.get("special_tokens")  # TemplateProcessing: {token: {...}}
+        if isinstance(named, dict):
+            found.update(token for token in named if isinstance(token, str))
+        for key in ("cls", "sep"):  # BertProcessing, RobertaProcessing: [token, id]
+            pair = processor.get(key)
+            if isinstance(pair, list) and pair and isinstance(pair[0], str):
+                found.add(pair[0])
+    return found
 
 
 def _digest(text: str, *, split_special_tokens: bool = False) -> str:
@@ -207,10 +239,13 @@ def _from_hub(repo_id: str) -> Any:
 
     try:
         file = Path(hf_hub_download(repo_id, "tokenizer.json"))
-        # optional; offline and not cached counts as absent too
-        for optional in _NAMING_FILES:
+        # optional; offline and not cached counts as absent too. The map is read only where
+        # the config has no `added_tokens_decoder` (see `_with_config_tokens`)
+        with contextlib.suppress(EntryNotFoundError):
+            hf_hub_download(repo_id, _NAMING_FILES[0])
+        if "added_tokens_decoder" not in (_json_file(file.parent / _NAMING_FILES[0]) or {}):
             with contextlib.suppress(EntryNotFoundError):
-                hf_hub_download(repo_id, optional)
+                hf_hub_download(repo_id, _NAMING_FILES[1])
         return _with_config_tokens(_read_tokenizer(file), file.parent)
     except ConfigError:  # its files are there, and one is unreadable
         raise
@@ -237,18 +272,23 @@ def _from_hub(repo_id: str) -> Any:
 
 
 class _ConfiguredTokenizer:
-    """A backend plus the bos/eos names its saved folder declares."""
+    """A backend plus what its saved folder declares: BOS and EOS names, and whether text
+    spelling a special token stays text (transformers' ``split_special_tokens``)."""
 
-    def __init__(self, backend: Tokenizer, bos: str | None, eos: str | None) -> None:
+    def __init__(
+        self, backend: Tokenizer, bos: str | None, eos: str | None, split_special: bool
+    ) -> None:
         self.backend_tokenizer = backend
         self.bos_token = bos
         self.eos_token = eos
+        self.split_special_tokens = split_special
 
 
 def _with_config_tokens(backend: Tokenizer, directory: Path) -> Any:
-    """``backend`` with the BOS and EOS names a saved folder declares, as transformers reads
-    them: ``tokenizer_config.json``, and where that has no ``added_tokens_decoder`` (a folder
-    written before it), ``special_tokens_map.json`` over it."""
+    """``backend`` with what a saved folder declares, as transformers reads it: BOS and EOS
+    names from ``tokenizer_config.json``, and where that has no ``added_tokens_decoder`` (a
+    folder written before it), from ``special_tokens_map.json`` over it; and the config's
+    ``split_special_tokens``."""
     config = _json_file(directory / _NAMING_FILES[0])
     if config is None:
         config = {}
@@ -256,9 +296,10 @@ def _with_config_tokens(backend: Tokenizer, directory: Path) -> Any:
     if "added_tokens_decoder" not in config:
         mapping = _json_file(directory / _NAMING_FILES[1]) or {}
         names = {key: _token_name(mapping.get(key)) or name for key, name in names.items()}
-    if not any(names.values()):
+    split_special = config.get("split_special_tokens", backend.encode_special_tokens) is True
+    if not any(names.values()) and not split_special:
         return backend
-    return _ConfiguredTokenizer(backend, names["bos_token"], names["eos_token"])
+    return _ConfiguredTokenizer(backend, names["bos_token"], names["eos_token"], split_special)
 
 
 def _json_file(file: Path) -> dict[str, Any] | None:
@@ -282,7 +323,11 @@ def _token_name(value: Any) -> str | None:
 
 
 def _token_id(
-    backend: Tokenizer, name: str | None, candidates: tuple[str, ...], argument: str
+    backend: Tokenizer,
+    name: str | None,
+    candidates: tuple[str, ...],
+    argument: str,
+    special: set[str],
 ) -> int | None:
     if name is not None:
         if not isinstance(name, str):
@@ -291,12 +336,10 @@ def _token_id(
         if token_id is None:
             raise ConfigError(f"`{argument}` {name!r} is not in the tokenizer's vocabulary")
         return int(token_id)
-    # by name, only among the tokens added to the model (its special ones): a BPE trained
-    # without special tokens may have learned "</s>" as text, which no document should end with
-    added = {
-        token.content: token_id for token_id, token in backend.get_added_tokens_decoder().items()
-    }
+    # by name, only among its special tokens (`_special_tokens`): a BPE trained without
+    # special tokens may have learned "</s>" as text, which no document should end with
     for candidate in candidates:
-        if candidate in added:
-            return int(added[candidate])
+        token_id = backend.token_to_id(candidate)
+        if candidate in special and token_id is not None:
+            return int(token_id)
     return None

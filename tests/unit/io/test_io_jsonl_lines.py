@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,78 @@ def test_line_of_past_the_end_or_of_a_missing_file_tells_nothing(tmp_path: Path)
     path = tmp_path / "a.jsonl"
     path.write_bytes(encode_lines("\n\n" + json.dumps({"text": "x"}) + "\n", None))
     dataset = Dataset.from_path("jl", path)
-    assert dataset.line_of(str(path), 0) == "line 3 of the file"
-    assert dataset.line_of(str(path), 1) is None
+    assert dataset._line_of(str(path), 0) == "line 3 of the file"
+    assert dataset._line_of(str(path), 1) is None
+    path.write_bytes(b"\n")  # cut short since it was indexed: no line is named
+    assert dataset._line_of(str(path), 0) is None
     path.unlink()
-    assert dataset.line_of(str(path), 0) is None
+    assert dataset._line_of(str(path), 0) is None
+
+
+def test_the_line_is_read_from_the_copy_the_pipeline_reads(
+    tmp_path: Path, tokenizer: Tokenizer, write_jsonl: WriteJsonl
+) -> None:
+    """Told by the datasets as opened, not as `options(io_options=)` has them read, a remote
+    shard was downloaded again into the other cache just to name the line (review D2, 2)."""
+    lines = lines_with_blanks(json.dumps({"text": None}))
+    write_jsonl(tmp_path / "data" / "a.jsonl", text="\n".join(lines) + "\n")
+    url = memory_copy(tmp_path / "data")
+    opened, used = tmp_path / "opened-cache", tmp_path / "used-cache"
+    dataset = Dataset.from_path("jl", url, io_options={"cache": {"dir": str(opened)}})
+    shutil.rmtree(opened)  # the open counted the rows of a download there
+    source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop")
+    pipeline = (
+        Pipeline(source)
+        .options(canonical_replicas=1, io_options={"cache": {"dir": str(used)}})
+        .tokenize(tokenizer)
+        .pack_flat(32)
+        .batch(2)
+    )
+    with pytest.raises(DataError) as caught:
+        for _ in pipeline:
+            pass
+    assert lines[named_line(caught.value) - 1] == json.dumps({"text": None})
+    assert not opened.exists()
+
+
+def test_a_users_error_naming_a_shard_of_no_dataset_stays_as_it_is(
+    tmp_path: Path, tokenizer: Tokenizer, write_jsonl: WriteJsonl
+) -> None:
+    """A `map` may raise a DataError naming any shard: looking its line up in a remote
+    dataset's listing raised a KeyError instead of the user's error (review D2, 4)."""
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"text": f"doc {i}"} for i in range(20)])
+    url = memory_copy(tmp_path / "data")
+    dataset = Dataset.from_path("jl", url, io_options={"cache": {"dir": str(tmp_path / "c")}})
+
+    def complain(row: dict[str, Any]) -> dict[str, Any]:
+        raise DataError("not mine", dataset="jl", shard="memory://elsewhere/b.jsonl", row=3)
+
+    source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop")
+    pipeline = Pipeline(source).map(complain).tokenize(tokenizer).pack_flat(32).batch(2)
+    with pytest.raises(DataError, match="not mine") as caught:
+        for _ in pipeline:
+            pass
+    assert caught.value.shard == "memory://elsewhere/b.jsonl" and "of the file" not in str(
+        caught.value
+    )
+
+
+def test_a_row_read_to_calibrate_the_token_estimation_is_named_by_its_line(
+    tmp_path: Path, tokenizer: Tokenizer, write_jsonl: WriteJsonl
+) -> None:
+    """The estimation reads the first rows before any batch: its errors named no line."""
+    from zephon_torch.work import TokenEstimation
+
+    lines = ["", "", json.dumps({"text": None}), json.dumps({"text": "fine"})]
+    path = write_jsonl(tmp_path / "a.jsonl", text="\n".join(lines) + "\n")
+    other = write_jsonl(tmp_path / "b.jsonl", [{"text": "other"}] * 4)
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path("jl", path), Dataset.from_path("ok", other)],
+        {"jl": 1, "ok": 1},
+        token_estimation=TokenEstimation(calibration_documents=2),
+        shuffle=False,
+    )
+    pipeline = Pipeline(source).tokenize(tokenizer).pack_flat(32).batch(2)
+    with pytest.raises(DataError) as caught:
+        next(iter(pipeline))
+    assert caught.value.row == 0 and named_line(caught.value) == 3

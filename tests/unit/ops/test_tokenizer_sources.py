@@ -358,3 +358,68 @@ def test_a_path_given_as_tokenizer_is_read_as_the_first_argument_is(
     tokenizer.save(str(tmp_path / "tok.json"))
     for given in (str(tmp_path / "tok.json"), tmp_path / "tok.json"):
         assert keys(small_pipeline(tokenizer=given)) == keys(small_pipeline(tokenizer=tokenizer))
+
+
+def test_a_tokenizer_that_appends_its_bos_as_eos_is_not_taken_to_start_with_bos(
+    tokenizer: Tokenizer,
+) -> None:
+    """GPT-NeoX style: one token is BOS and EOS, and the post-processing appends it. Probed
+    on the empty text, it looked like a BOS put first, and the pipeline advised
+    `special_tokens='both'`, an extra token before every document (review D2, finding 1)."""
+    import warnings
+
+    from tokenizers.processors import TemplateProcessing
+
+    appends = Tokenizer.from_str(tokenizer.to_str())
+    end = appends.token_to_id("<|endoftext|>")
+    appends.post_processor = TemplateProcessing(
+        single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", end)]
+    )
+    resolved = resolve_tokenizer(
+        None, appends, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )
+    assert not resolved.adds_bos
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        small_pipeline(tokenizer=appends)
+    assert not [w for w in heard if "starts every sequence with BOS" in str(w.message)]
+
+
+def test_usual_names_the_post_processing_inserts_are_special_tokens(tokenizer: Tokenizer) -> None:
+    """A converted tokenizer may keep its "[CLS]"/"[SEP]" (or "<s>") in the model's vocabulary,
+    not among added tokens, and name them in its post-processing only."""
+    from tokenizers import models, pre_tokenizers
+    from tokenizers.processors import BertProcessing, Sequence, TemplateProcessing
+
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "<s>": 3, "hello": 4, "world": 5}
+    for processor, expected in (
+        (BertProcessing(("[SEP]", 2), ("[CLS]", 1)), (1, 2)),
+        (Sequence([TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])]), (3, None)),
+    ):
+        words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        words.pre_tokenizer = pre_tokenizers.Whitespace()
+        words.post_processor = processor
+        resolved = resolve_tokenizer(None, words, bos_token=None, eos_token=None)
+        assert (resolved.bos_id, resolved.eos_id) == expected
+        assert resolved.adds_bos
+
+
+def test_a_folder_saved_to_split_special_tokens_is_read_so(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """transformers saves `split_special_tokens` in tokenizer_config.json: the folder's path
+    gave other ids than the folder loaded by transformers (review D2, finding 7)."""
+    from transformers import AutoTokenizer
+
+    text = "a page that quotes <|endoftext|> in its text"
+    for setting in (True, False):
+        folder = tmp_path / f"split-{setting}"
+        PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(tokenizer.to_str()),
+            eos_token="<|endoftext|>",
+            split_special_tokens=setting,
+        ).save_pretrained(folder)
+        resolved = resolve_tokenizer(str(folder), None, bos_token=None, eos_token=None)
+        expected = AutoTokenizer.from_pretrained(str(folder))(text, add_special_tokens=False)
+        assert resolved.split_special_tokens is setting
+        assert resolved.backend.encode(text, add_special_tokens=False).ids == expected["input_ids"]
