@@ -160,8 +160,8 @@ def loader_stats(
 
 
 def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str, int]:
-    """Documents the length rules skipped, empty ones, and those the plain filters dropped
-    ("filtered"), summed over lane states."""
+    """Documents the length rules skipped, empty ones, and those the filters dropped, plain
+    and stateful ("filtered"), summed over lane states."""
     skipped = dict.fromkeys((*SKIP_REASONS, "filtered"), 0)
     for state in lane_states:
         pack = _pack_state(state)
@@ -172,6 +172,7 @@ def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str,
         for reader_state in pack.get("readers", []):
             plain = reader_state
             while isinstance(plain, dict) and "reader" in plain:  # beneath stateful filters
+                skipped["filtered"] += plain.get("rejected", 0)
                 plain = plain["reader"]
             if isinstance(plain, dict):
                 skipped["filtered"] += plain.get("filtered", 0)

@@ -98,8 +98,16 @@ def test_a_category_defined_in_a_function_arrives_as_a_user_warning() -> None:
 def test_the_idle_workers_warning_comes_from_the_main_process(
     tokenizer: Any, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """Given as the loader is made, at the user's line (it came from a worker, named as torch's
+    fetch code, once the workers started: review N, finding 3), and not again from them."""
+    import warnings
+
     pipeline = small_pipeline(tokenizer, lanes=4, datasets=two_sources(20, 10, shard_size=4))
-    loader = DataLoader(pipeline, num_workers=3, multiprocessing_context="fork")
-    with pytest.warns(UserWarning, match=r"4 lanes on this rank cannot be split evenly over 3"):
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        loader = DataLoader(pipeline, num_workers=3, multiprocessing_context="fork")
         next(iter(loader))
+    said = [w for w in heard if "cannot be split evenly" in str(w.message)]
+    assert [w.filename for w in said] == [__file__]
+    assert "4 lanes on this rank cannot be split evenly over 3" in str(said[0].message)
     assert "cannot be split evenly" not in capfd.readouterr().err

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
-from zephon_torch._state import state_dict_of
+from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.ops.document import Document, call_user
 from zephon_torch.ops.map import Where
@@ -102,7 +102,8 @@ class FilteredReader(BaseNode[Document]):
     """A lane's source reader with a stateful filter applied in order.
 
     State:
-        ``{"reader": reader state, "filter": the filter's state_dict()}``.
+        ``{"reader": reader state, "filter": the filter's state_dict(), "rejected": the
+        documents it rejected}`` (states saved before the count load with 0).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class FilteredReader(BaseNode[Document]):
         self.where = where  # dataset names and shard paths, for errors naming a row
         self.on_rejected: Callable[[], None] | None = None  # told of each rejection
         self._initial = plain_copy(op.state_dict(), op)
+        self.rejected = 0  # documents the filter rejected, from the stream's start
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start fresh or restore the reader's position and the filter's state."""
@@ -125,10 +127,12 @@ class FilteredReader(BaseNode[Document]):
         if initial_state is None:
             self.reader.reset(None)
             self.op.load_state_dict(copy.deepcopy(self._initial))
+            self.rejected = 0
         else:
             state = state_dict_of(initial_state, ("reader", "filter"), "stateful filter")
             self.reader.reset(state["reader"])
             self.op.load_state_dict(copy.deepcopy(state["filter"]))
+            self.rejected = state_int(state.get("rejected", 0), "stateful filter rejected")
 
     @property
     def layout(self) -> PointerLayout:
@@ -167,6 +171,7 @@ class FilteredReader(BaseNode[Document]):
         return {
             "reader": self.reader.get_state(),
             "filter": plain_copy(self.op.state_dict(), self.op),
+            "rejected": self.rejected,
         }
 
     def next(self) -> Document:
@@ -201,6 +206,7 @@ class FilteredReader(BaseNode[Document]):
             if self.on_rejected is not None:
                 self.on_rejected()
             rejected += 1
+            self.rejected += 1
             if rejected == 8 * rows and self.reader.exhaustion == "repeat":
                 warnings.warn(  # where nothing proves it rejects for ever: a word at least
                     f"dataset {self.layout.name!r}: the stateful filter {filter_name(self.op)!r} "

@@ -42,6 +42,19 @@ def workers_used(*, num_lanes: int, num_workers: int) -> int:
     return max(d for d in range(1, min(num_lanes, max(1, num_workers)) + 1) if num_lanes % d == 0)
 
 
+def idle_workers(*, num_lanes: int, num_workers: int) -> str | None:
+    """The warning that some of ``num_workers`` DataLoader workers get no lane (None: all get
+    lanes)."""
+    used = workers_used(num_lanes=num_lanes, num_workers=num_workers)
+    if used >= num_workers:
+        return None
+    return (
+        f"{num_lanes} lanes on this rank cannot be split evenly over {num_workers} "
+        f"DataLoader workers; using {used} of them (the rest stay idle). Pick a num_workers "
+        "that divides the lanes per rank."
+    )
+
+
 def lanes_for_worker(
     *, lanes: list[int], turns: dict[int, int], num_workers: int, worker_id: int
 ) -> list[int]:
@@ -149,14 +162,11 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     def _split_over_workers(self, num_workers: int, worker_id: int) -> list[int]:
         """The lanes this DataLoader worker emits (see the module docstring)."""
         rank_lanes = self.pipeline.lanes
-        used = workers_used(num_lanes=len(rank_lanes), num_workers=num_workers)
-        if used < num_workers and worker_id == 0:
-            # given as the worker's items begin, so zephon_torch's loader hears it too
-            self._idle_note = (
-                f"{len(rank_lanes)} lanes on this rank cannot be split evenly over "
-                f"{num_workers} DataLoader workers; using {used} of them (the rest "
-                "stay idle). Pick a num_workers that divides the lanes per rank."
-            )
+        note = idle_workers(num_lanes=len(rank_lanes), num_workers=num_workers)
+        if note is not None and worker_id == 0 and not self.with_meta:
+            # a torch loader's: given as the worker's items begin (zephon_torch's loader
+            # warns in the main process, at the user's line)
+            self._idle_note = note
         if self._loaded is not None and "worker_lanes" in self._loaded:
             # A worker's own state (StatefulDataLoader): same workers, same lanes.
             return list(self._loaded["worker_lanes"])

@@ -12,12 +12,14 @@ import copy
 import multiprocessing
 import pickle
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
+from zephon_torch._caller import user_stacklevel
 from zephon_torch._lanes import (
     calibrated,
     cut_at_empty_turn,
@@ -30,7 +32,7 @@ from zephon_torch._stats import RunCounters, loader_stats
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
-from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset
+from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset, idle_workers
 from zephon_torch.torch.distributed import distributed_ready, equal_ending
 
 if TYPE_CHECKING:
@@ -112,6 +114,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             multiprocessing_context=multiprocessing_context if num_workers else None,
             timeout=timeout if num_workers else 0,
         )
+        note = idle_workers(num_lanes=len(dataset.pipeline.lanes), num_workers=num_workers)
+        if note is not None:
+            warnings.warn(note, stacklevel=user_stacklevel())
         # from what the dataset delivered so far: a dataset iterated before continues
         given = data._delivered if isinstance(data, PipelineDataset) else {}
         self._delivered: dict[str, Any] = copy.deepcopy(given)

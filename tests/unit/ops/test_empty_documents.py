@@ -12,6 +12,7 @@ import pytest
 
 from zephon_torch import DataError, Pipeline
 from zephon_torch.io import Dataset
+from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource
 
 TEXTS = [f"the sea is blue, document {i}" if i % 3 else "" for i in range(60)]
@@ -152,3 +153,61 @@ def test_the_filtered_count_is_the_same_through_dataloader_workers(tokenizer: An
     loader = DataLoader(_filtered_pipeline(tokenizer, lanes=4), num_workers=2)
     items = list(loader)
     assert items and loader.stats()["skipped_documents"]["filtered"] == 42
+
+
+class _EveryThirdRejected(StatefulFilter):
+    """Rejects every third document it is asked about, counting in its state."""
+
+    def __init__(self, lane: int) -> None:
+        self.seen = 0
+
+    def keep(self, tokens: Any, source: str) -> bool:
+        self.seen += 1
+        return self.seen % 3 != 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
+
+
+def _stateful_filtered_pipeline(tokenizer: Any) -> Pipeline:
+    texts = [f"the sea is blue, document {i}" for i in range(60)]
+    data = Dataset.from_dict("d", {"text": texts}, shard_size=16)
+    source = StaticMixtureWorkSource([data], seed=3, exhaustion="stop")
+    pipeline = Pipeline(source).options(canonical_replicas=2).filter(_not_every_third)
+    pipeline = pipeline.tokenize(tokenizer).stateful_filter(_EveryThirdRejected)
+    return pipeline.pack_flat(32).batch(2)
+
+
+def test_documents_a_stateful_filter_rejects_count_as_filtered_at_every_step(
+    tokenizer: Any,
+) -> None:
+    """A deduplicating stateful filter's rejections were counted nowhere: `filtered` showed
+    the plain filters' drops alone (review N, finding 2)."""
+    full = _stateful_filtered_pipeline(tokenizer)
+    batches = list(full)
+    plain = 20  # 0, 3, ..., 57
+    delivered = sum(sum(b.documents_by_source().values()) for b in batches)
+    stateful = 60 - plain - delivered  # every third each lane's filter saw: about 13
+    assert 10 <= stateful <= 14
+    assert full.stats()["skipped_documents"]["filtered"] == plain + stateful
+    for step in range(len(batches) + 1):
+        head = _stateful_filtered_pipeline(tokenizer)
+        list(itertools.islice(head, step))
+        state = json.loads(json.dumps(head.state_dict()))
+        resumed = _stateful_filtered_pipeline(tokenizer)
+        resumed.load_state_dict(state)
+        assert [b.input_ids.tolist() for b in resumed] == [
+            b.input_ids.tolist() for b in batches[step:]
+        ]
+        assert resumed.stats()["skipped_documents"]["filtered"] == plain + stateful
+    # a state saved before the count loads, counting from 0
+    old = json.loads(json.dumps(full.state_dict()))
+    for lane in old["lanes"].values():
+        for reader in lane["pack"]["readers"]:
+            del reader["rejected"]
+    again = _stateful_filtered_pipeline(tokenizer)
+    again.load_state_dict(old)
+    assert list(again) == [] and again.stats()["skipped_documents"]["filtered"] == plain
