@@ -55,9 +55,16 @@ def calibrated(pipeline: Pipeline, chain: DocChain | None = None) -> None:
         return
     if chain is None:
         chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
-    pipeline._estimation = calibrate(
-        chain, source.layouts, estimation=source.token_estimation, field=token_stage(pipeline)[1]
-    )
+    try:
+        pipeline._estimation = calibrate(
+            chain,
+            source.layouts,
+            estimation=source.token_estimation,
+            field=token_stage(pipeline)[1],
+        )
+    except DataError as error:  # a row read to calibrate: named by its line too
+        name_line(error, pipeline._datasets)
+        raise
 
 
 class LaneRuntime:
@@ -79,12 +86,10 @@ class LaneRuntime:
         self.cut_turn: list[Batch] = []
         try:
             self._build(pipeline, doc_chain)
-        except BaseException as error:
+        except BaseException:
             # held by the error's traceback, an open runner kept its processes' pipes and its
             # chain file (whose lock kept `sweep` off it) for as long as the error lived
             self.close()
-            if isinstance(error, DataError):  # a row read to calibrate
-                name_line(error, pipeline._datasets)
             raise
 
     def _build(self, pipeline: Pipeline, doc_chain: DocChain) -> None:

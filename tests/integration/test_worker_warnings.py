@@ -111,3 +111,27 @@ def test_the_idle_workers_warning_comes_from_the_main_process(
     assert [w.filename for w in said] == [__file__]
     assert "4 lanes on this rank cannot be split evenly over 3" in str(said[0].message)
     assert "cannot be split evenly" not in capfd.readouterr().err
+
+
+def test_the_idle_workers_warning_counts_the_lanes_the_rank_holds_when_it_runs(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader made before the process group (torch.multiprocessing.spawn) counted all the
+    lanes: 4 lanes over 4 workers, no warning, where each of 2 ranks holds 2 (review D3, 1)."""
+    import warnings
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    pipeline = small_pipeline(tokenizer, lanes=4, datasets=two_sources(20, 10, shard_size=4))
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        loader = DataLoader(pipeline, num_workers=4, multiprocessing_context="fork")
+        monkeypatch.setenv("RANK", "1")  # as the process group, made after the loader
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        for _ in range(2):  # once per loader
+            next(iter(loader))
+    said = [str(w.message) for w in heard if "cannot be split evenly" in str(w.message)]
+    assert said == [
+        "2 lanes on this rank cannot be split evenly over 4 DataLoader workers; using 2 of "
+        "them (the rest stay idle). Pick a num_workers that divides the lanes per rank."
+    ]

@@ -183,9 +183,11 @@ def _special_tokens(backend: Tokenizer, text: str) -> set[str]:
         if not isinstance(processor, dict):
             continue
         stack += processor.get("processors") or []  # a Sequence of processors
-        named = processor.get("special_tokens")  # TemplateProcessing: {token: {...}}
+        named = processor.get("special_tokens")  # TemplateProcessing: {label: {"tokens"}}
         if isinstance(named, dict):
-            found.update(token for token in named if isinstance(token, str))
+            for entry in named.values():
+                tokens = entry.get("tokens") if isinstance(entry, dict) else None
+                found.update(t for t in tokens or [] if isinstance(t, str))
         for key in ("cls", "sep"):  # BertProcessing, RobertaProcessing: [token, id]
             pair = processor.get(key)
             if isinstance(pair, list) and pair and isinstance(pair[0], str):

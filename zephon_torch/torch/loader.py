@@ -114,9 +114,6 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             multiprocessing_context=multiprocessing_context if num_workers else None,
             timeout=timeout if num_workers else 0,
         )
-        note = idle_workers(num_lanes=len(dataset.pipeline.lanes), num_workers=num_workers)
-        if note is not None:
-            warnings.warn(note, stacklevel=user_stacklevel())
         # from what the dataset delivered so far: a dataset iterated before continues
         given = data._delivered if isinstance(data, PipelineDataset) else {}
         self._delivered: dict[str, Any] = copy.deepcopy(given)
@@ -125,6 +122,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         self._generation = 0  # counts iter() and load_state_dict(): older iterators are stale
         self.deliver_on_use = deliver_on_use
         self._pack_transport = True  # off only to measure torch's own transport
+        self._idle_warned = False  # the idle-workers warning is given once per loader
         # spent lanes pad on and the stream never ends: the caller cuts it (verify's
         # simulated ranks, which end together where no rank has data)
         self._pad_on = False
@@ -163,6 +161,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if self.restart:
             self._delivered = copy.deepcopy(self._start)
         calibrated(pipeline)  # once, here: workers start with the figures, and states hold them
+        # of the lanes this rank holds now (a process group made after the loader changes them)
+        note = idle_workers(num_lanes=len(pipeline.lanes), num_workers=self.num_workers)
+        if note is not None and not self._idle_warned:
+            self._idle_warned = True
+            warnings.warn(note, stacklevel=user_stacklevel())
         ranks = pipeline.topology[0] > 1 and distributed_ready()
         begun = self._in_step() if ranks else 0
         equalise = ranks and pipeline.exhaustion == "stop"

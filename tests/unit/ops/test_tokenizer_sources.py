@@ -392,9 +392,13 @@ def test_usual_names_the_post_processing_inserts_are_special_tokens(tokenizer: T
     from tokenizers.processors import BertProcessing, Sequence, TemplateProcessing
 
     vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "<s>": 3, "hello": 4, "world": 5}
+    labelled = TemplateProcessing(  # a template names its tokens by labels of its own
+        single="start $A", special_tokens=[{"id": "start", "ids": [3], "tokens": ["<s>"]}]
+    )
     for processor, expected in (
         (BertProcessing(("[SEP]", 2), ("[CLS]", 1)), (1, 2)),
         (Sequence([TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])]), (3, None)),
+        (labelled, (3, None)),
     ):
         words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
         words.pre_tokenizer = pre_tokenizers.Whitespace()
