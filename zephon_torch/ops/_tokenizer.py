@@ -104,7 +104,8 @@ def resolve_tokenizer(
             "Python are not supported: use the library's built-in ones, or change the text "
             "with a `map` before `tokenize`"
         ) from error
-    dropout = json.loads(text).get("model", {}).get("dropout")
+    config = json.loads(text)  # read once: a large vocabulary's JSON takes 0.1-0.3 s to parse
+    dropout = config.get("model", {}).get("dropout")
     if dropout:  # random merges: the same document would give other ids on every read
         raise ConfigError(
             f"the tokenizer's BPE dropout is {dropout}: it tokenizes at random, so neither "
@@ -112,7 +113,7 @@ def resolve_tokenizer(
             "`tokenizer.model.dropout = None` (or 0)"
         )
     backend, prefix = _private_copy(text, split_special)
-    special = _special_tokens(backend, text)
+    special = _special_tokens(backend, config)
     bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token", special)
     # whether the tokenizer's own post-processing starts every sequence with BOS (Llama,
     # Mistral, Gemma): a `special_tokens` policy without BOS is then warned of
@@ -122,7 +123,7 @@ def resolve_tokenizer(
         backend=backend,
         bos_id=bos_id,
         eos_id=eos_id,
-        digest=_digest(text, split_special_tokens=split_special),
+        digest=_digest(config, split_special_tokens=split_special),
         description=description,
         split_special_tokens=split_special,
         adds_bos=adds_bos,
@@ -172,12 +173,12 @@ def _prefix_ids(backend: Tokenizer) -> list[int]:
     return []
 
 
-def _special_tokens(backend: Tokenizer, text: str) -> set[str]:
+def _special_tokens(backend: Tokenizer, config: dict[str, Any]) -> set[str]:
     """The tokens the tokenizer treats as special: those added to it, and those its own
     post-processing inserts (a converted tokenizer may keep "<s>" in the model's vocabulary
     and name it only there)."""
     found = {token.content for token in backend.get_added_tokens_decoder().values()}
-    stack = [json.loads(text).get("post_processor")]
+    stack = [config.get("post_processor")]
     while stack:
         processor = stack.pop()
         if not isinstance(processor, dict):
@@ -195,10 +196,10 @@ def _special_tokens(backend: Tokenizer, text: str) -> set[str]:
     return found
 
 
-def _digest(text: str, *, split_special_tokens: bool = False) -> str:
-    """Hash of what decides the ids (post-processing, padding, truncation and decoding are
-    never used: the pipeline adds BOS/EOS itself, and those ids are fingerprinted apart)."""
-    config = json.loads(text)
+def _digest(config: dict[str, Any], *, split_special_tokens: bool = False) -> str:
+    """Hash of what in the tokenizer's JSON ``config`` decides the ids (post-processing,
+    padding, truncation and decoding are never used: the pipeline adds BOS/EOS itself, and
+    those ids are fingerprinted apart)."""
     relevant = {k: config.get(k) for k in ("added_tokens", "normalizer", "pre_tokenizer", "model")}
     if split_special_tokens:  # only when set, so the usual digests stay as they were
         relevant["split_special_tokens"] = True
