@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,58 @@ def test_spawned_workers_of_ranks_without_the_environment_read_their_rank_s_lane
         expected = [reference[4 * turn + lane] for turn in range(_ITEMS // 2) for lane in lanes]
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got == {"zephon": expected, "torch": expected}, rank
+
+
+def _lone_state_rank(rank: int, world_size: int, folder: str) -> None:
+    """Rank 0 takes the loader's state alone (inside `if rank == 0:`), then both ranks run
+    one training all-reduce on the default group."""
+    import datetime
+
+    import torch
+
+    from zephon_torch.errors import ZephonError
+    from zephon_torch.torch import DataLoader
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(name, None)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{folder}/group",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=_LONE_TIMEOUT_S),
+    )
+    tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+    loader = DataLoader(small_pipeline(tokenizer, lanes=2, exhaustion="repeat"))
+    next(iter(loader))
+    got: dict[str, Any] = {}
+    if rank == 0:
+        try:
+            loader.state_dict()
+        except ZephonError as error:
+            got["error"] = str(error)
+    else:  # a longer step: its all-reduce starts after rank 0's wait, within its own timeout
+        time.sleep(_LONE_TIMEOUT_S + 1)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    got["sum"] = total.item()
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(got))
+    dist.destroy_process_group()
+
+
+_LONE_TIMEOUT_S = 6
+
+
+def test_a_state_taken_on_one_rank_fails_clearly_and_leaves_the_training_collectives_alone(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """The gather ran on the default group: rank 0's call paired with rank 1's training
+    all-reduce (a wrong sum, or a hang until the timeout with torch's own message). On the
+    loader's own group it waits out the timeout, says why, and the all-reduce is untouched."""
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    mp.spawn(_lone_state_rank, args=(2, str(tmp_path)), nprocs=2, join=True)
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert first["sum"] == second["sum"] == 3.0
+    assert "error" not in second
+    assert "every rank calls state_dict() at the same step" in first["error"], first["error"]
+    assert "0:00:06" in first["error"]

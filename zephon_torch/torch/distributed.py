@@ -1,4 +1,5 @@
-"""Where this process sits: rank and world size, and the all-gather that makes states global.
+"""Where this process sits: rank and world size, and the loader's collectives: the all-gather
+that makes states global, and the all-reduce that ends a `stop` stream on every rank at once.
 
 Rank and world size come from ``torch.distributed`` when it is initialised, else from the
 ``RANK``/``WORLD_SIZE`` environment (as torchrun sets them), else from explicit options, else a
@@ -8,6 +9,7 @@ a malformed environment value: silently training on the wrong lanes is the failu
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from zephon_torch._state import check_ranks_in_step
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, ZephonError
 
 
 def _env_int(name: str) -> int | None:
@@ -75,7 +77,15 @@ def all_gather_lane_states(lanes: dict[str, Any], recipe: dict[str, Any]) -> dic
     if not distributed_ready() or dist.get_world_size() == 1:
         return dict(lanes)
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (recipe, lanes))
+    try:
+        dist.all_gather_object(gathered, (recipe, lanes), group=loader_group())
+    except RuntimeError as error:  # torch's DistBackendError, a timeout or a lost peer
+        raise ZephonError(
+            f"gathering the loader's state from the {len(gathered)} ranks failed. The state "
+            "is a collective: every rank calls state_dict() at the same step (a call inside "
+            "`if rank == 0:` waits for the other ranks until the process group's timeout, "
+            f"{_timeout(dist.group.WORLD)}, then fails here): {type(error).__name__}: {error}"
+        ) from error
     check_same_recipe([part[0] for part in gathered])
     merged: dict[str, Any] = {}
     for _, part in gathered:
@@ -85,6 +95,43 @@ def all_gather_lane_states(lanes: dict[str, Any], recipe: dict[str, Any]) -> dic
         merged, canonical_replicas=recipe["canonical_replicas"], world_size=len(gathered)
     )
     return merged
+
+
+_GROUPS: list[tuple[Any, Any]] = []  # (the default group, the loader group made for it)
+
+
+def loader_group() -> Any:
+    """A gloo group of every rank, for the loader's own collectives; made the first time it is
+    asked for under the current default group (then a collective: every rank asks at the same
+    point of the program, as every rank takes a state or iterates), kept after.
+
+    Not the default group: the loader's collectives carry CPU tensors and pickled states. On an
+    NCCL group a CPU all-reduce is refused, and `all_gather_object` moves each state through
+    the GPU `torch.cuda.current_device()` names, waiting there behind the training's queued
+    work. And on the default group a rank that skips a call (`state_dict()` inside
+    `if rank == 0:`) pairs with another rank's next training collective. Its timeout is the
+    default group's (`init_process_group(timeout=...)`).
+    """
+    world = dist.group.WORLD
+    for made_for, group in _GROUPS:
+        if made_for is world:
+            return group
+    group = dist.new_group(backend="gloo", timeout=_timeout(world))
+    _GROUPS[:] = [(world, group)]  # the group of a destroyed default group goes with it
+    return group
+
+
+def _timeout(group: Any) -> datetime.timedelta:
+    """`group`'s timeout: its CPU backend's, else its CUDA backend's (torch tells it only
+    there), else torch's default."""
+    for device in ("cpu", "cuda"):
+        try:
+            timeout = group._get_backend(torch.device(device)).options._timeout
+        except Exception:  # no such backend, or another torch: the default
+            continue
+        if isinstance(timeout, datetime.timedelta):
+            return timeout
+    return dist.default_pg_timeout
 
 
 def check_same_recipe(recipes: list[dict[str, Any]]) -> None:
@@ -141,7 +188,7 @@ def equal_ending(
     while True:
         turn = [next(items) for _ in range(lanes_per_turn)]
         flag = torch.tensor([int(any(tokens(item) > 0 for item in turn))])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=loader_group())
         if int(flag.item()) == 0:
             return
         yield from turn
