@@ -8,7 +8,12 @@ The global batch is fixed by the recipe: one micro-batch from each of the L cano
 A rank owns L/W lanes, so it runs L/W accumulation micro-steps per optimizer step: with fewer
 GPUs each one accumulates more. The loss is normalised by the *global* number of target tokens
 in the step and gradients are summed over ranks, so the update is the same for every W (up to
-floating-point summation order), and the data is the same bit for bit.
+floating-point summation order), and the data is the same bit for bit. (DDP and FSDP average
+gradients over ranks instead of summing them: there, multiply that loss by W.)
+
+On GPUs each rank uses the GPU of its LOCAL_RANK under NCCL; the loader's own collectives run
+on a gloo group it makes. The counts and hashes are read from the batches before they move to
+the GPU, so the loop never waits for the GPU to learn them.
 """
 
 from __future__ import annotations
@@ -39,20 +44,19 @@ class TinyLM(torch.nn.Module):
 
 def accumulate(
     model: torch.nn.Module, micro: list[dict[str, torch.Tensor]], tokens: torch.Tensor
-) -> tuple[torch.Tensor, list[str]]:
-    """Backward over each micro-batch, the loss normalised by the step's global token count;
-    returns the summed loss and one data hash per micro-batch."""
-    step_loss = torch.zeros((), dtype=torch.float64)
-    hashes = []
+) -> torch.Tensor:
+    """Backward over each micro-batch, the loss normalised by the step's global token count
+    (`tokens`, on the model's device); returns the summed loss there."""
+    step_loss = torch.zeros((), dtype=torch.float64, device=tokens.device)
     for m in micro:
         logits = model(m["input_ids"])
+        # labels are shifted already: labels[t] is the token after input_ids[t]
         loss_sum = torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), m["labels"].flatten(), ignore_index=-100, reduction="sum"
         )
-        (loss_sum / tokens.item()).backward()
-        step_loss += loss_sum.detach().double().cpu()
-        hashes.append(hashlib.sha256(m["input_ids"].cpu().numpy().tobytes()).hexdigest())
-    return step_loss, hashes
+        (loss_sum / tokens).backward()
+        step_loss += loss_sum.detach().double()
+    return step_loss
 
 
 def save(
@@ -80,6 +84,19 @@ def load(
     return int(checkpoint["step"])
 
 
+def start_process() -> tuple[bool, torch.device]:
+    """Whether this is a torchrun job (its process group started), and this rank's device:
+    the GPU of its LOCAL_RANK under NCCL, else the CPU under gloo."""
+    distributed = "WORLD_SIZE" in os.environ
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)  # this rank's GPU, for NCCL and all_gather_object
+    if distributed:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return distributed, device
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
@@ -90,11 +107,8 @@ def main() -> None:
     parser.add_argument("--resume", default=None, help="a checkpoint to continue from")
     args = parser.parse_args()
 
-    distributed = "WORLD_SIZE" in os.environ
-    if distributed:
-        dist.init_process_group("gloo")
+    distributed, device = start_process()
     world = dist.get_world_size() if distributed else 1
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     pipeline = demo_pipeline(canonical_replicas=args.lanes, max_length=256, microbatch_size=4)
     loader = DataLoader(pipeline, pin_memory=device.type == "cuda")
@@ -107,11 +121,14 @@ def main() -> None:
     stream = iter(loader)
     log = []
     for step in range(start, args.steps):
-        micro = [to_device(next(stream), device) for _ in range(accumulation)]
-        tokens = torch.tensor(sum(int(m["num_valid_tokens"]) for m in micro), dtype=torch.float64)
+        on_host = [next(stream) for _ in range(accumulation)]
+        count = sum(int(m["num_valid_tokens"]) for m in on_host)
+        mine = [hashlib.sha256(m["input_ids"].numpy().tobytes()).hexdigest() for m in on_host]
+        micro = [to_device(m, device) for m in on_host]
+        tokens = torch.tensor(count, dtype=torch.float64, device=device)
         if distributed:
             dist.all_reduce(tokens)  # the global target-token count of this step
-        step_loss, mine = accumulate(model, micro, tokens)
+        step_loss = accumulate(model, micro, tokens)
         if distributed:
             for p in model.parameters():
                 if p.grad is not None:

@@ -22,7 +22,7 @@ from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.ops.pack import MixPack, PackedRow, RowBlock
 from zephon_torch.ops.packers import WrapPacker
 from zephon_torch.ops.pretokenized import IdCheck, Owner
-from zephon_torch.ops.training import training_tensors
+from zephon_torch.ops.training import HOST_FIELDS, training_tensors
 
 T = TypeVar("T")
 Rows = tuple[list[list[int]], list[list[int]], list[list[bool]]]  # lengths, sources, starts
@@ -205,12 +205,15 @@ class Batch:
 
     def to(self, device: torch.device | str, **options: bool) -> dict[str, torch.Tensor]:
         """``to_training(**options)`` on ``device``: pinned and copied without blocking to an
-        accelerator."""
+        accelerator, but for ``max_seqlen``, left on the host (see ``HOST_FIELDS``)."""
         target = torch.device(device)
         out = self.to_training(**options)
         if target.type == "cpu":
             return out
-        return {k: v.pin_memory().to(target, non_blocking=True) for k, v in out.items()}
+        return {
+            k: v if k in HOST_FIELDS else v.pin_memory().to(target, non_blocking=True)
+            for k, v in out.items()
+        }
 
     def to_training(
         self, *, mask_document_boundaries: bool = False, attention_mask: bool = False

@@ -13,6 +13,9 @@ import numpy.typing as npt
 import torch
 
 IGNORE_INDEX = -100
+# Fields left on the host when the others move to a device: attention kernels take
+# `max_seqlen` as an int, and `int()` of a GPU tensor waits for the GPU (in every layer).
+HOST_FIELDS = frozenset({"max_seqlen"})
 
 
 def training_tensors(
@@ -43,7 +46,11 @@ def training_tensors(
         row's padding); ``document_ids`` (segment index within its row, ``-1`` on padding);
         ``source_ids`` (source index per token, ``-1`` on padding); ``cu_seqlens`` (int32 over
         the flattened ``[B*S]`` tokens, each row's padding as its own segment);
-        ``max_seqlen``; ``num_valid_tokens``; and ``attention_mask`` when asked.
+        ``max_seqlen`` (0-d, the longest segment; kept on the host when the rest moves to a
+        device, see ``HOST_FIELDS``); ``num_valid_tokens`` (0-d, the labels that are not
+        ``-100``); and ``attention_mask`` when asked. ``labels`` are shifted already
+        (``labels[t]`` is the token after ``input_ids[t]``): Hugging Face models shift
+        ``labels=`` again, so give them these as ``shift_labels=`` too.
     """
     rows, width = input_ids.shape
     # Segments of the whole batch, flat: each row's pieces, then its padding (if any) as one

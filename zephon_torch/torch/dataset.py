@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from zephon_torch._lanes import calibrated
 from zephon_torch._state import VERSION_NOTE, state_step, version_mismatch
 from zephon_torch.errors import StateMismatchError, ZephonError
+from zephon_torch.ops.training import HOST_FIELDS
 from zephon_torch.torch._transport import pack
 from zephon_torch.torch._warnings import WARNINGS_KEY, heard_warnings
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
@@ -317,8 +318,14 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
 
 def to_device(item: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
     """Move a training dict's tensors to ``device``, non-blocking (pin the memory first, e.g.
-    with ``pin_memory=True`` in the DataLoader, for a truly asynchronous copy)."""
+    with ``pin_memory=True`` in the DataLoader, for a truly asynchronous copy).
+
+    ``max_seqlen`` stays where it is (on the CPU): attention kernels take it as an ``int``, and
+    ``int()`` of a GPU tensor waits for the GPU, in every layer that reads it.
+    """
     return {
-        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        k: v.to(device, non_blocking=True)
+        if isinstance(v, torch.Tensor) and k not in HOST_FIELDS
+        else v
         for k, v in item.items()
     }

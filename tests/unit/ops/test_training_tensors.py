@@ -137,3 +137,45 @@ def test_row_sources_name_each_segments_dataset(tokenizer: Any) -> None:
     names = batch.row_sources()
     assert [len(r) for r in names] == [len(r) for r in batch.lengths]
     assert {n for r in names for n in r} <= {"long", "short"}
+
+
+def test_to_device_moves_every_field_but_max_seqlen(tokenizer: Any) -> None:
+    """max_seqlen went to the device too, where each attention layer's int() of it waits for
+    the GPU; the others must move (the meta device stands in for a GPU)."""
+    from zephon_torch.torch import to_device
+
+    item = next(iter(small_pipeline(tokenizer))).to_training(attention_mask=True)
+    moved = to_device(item, "meta")
+    assert moved.keys() == item.keys()
+    assert moved["max_seqlen"].device.type == "cpu"
+    assert int(moved["max_seqlen"]) == int(item["max_seqlen"]) > 0
+    assert all(v.device.type == "meta" for k, v in moved.items() if k != "max_seqlen")
+
+
+def test_the_labels_give_a_hugging_face_model_its_loss_as_shift_labels(tokenizer: Any) -> None:
+    """The README's advice: labels are shifted already, so a Hugging Face causal LM takes them
+    as `shift_labels=` (with `labels=`, which it needs to compute a loss at all); as `labels=`
+    alone it shifts them again and scores the token after next."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    item = next(iter(small_pipeline(tokenizer))).to_training()
+    vocab = int(item["input_ids"].max()) + 1
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    ids, labels = item["input_ids"], item["labels"]
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels, shift_labels=labels)
+        shifted_again = model(input_ids=ids, labels=labels).loss
+    expected = torch.nn.functional.cross_entropy(
+        out.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX
+    )
+    assert torch.allclose(out.loss, expected)
+    assert not torch.allclose(shifted_again, expected)
