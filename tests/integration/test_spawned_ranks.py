@@ -117,3 +117,67 @@ def test_a_state_taken_on_one_rank_fails_clearly_and_leaves_the_training_collect
     assert "error" not in second
     assert "every rank calls state_dict() at the same step" in first["error"], first["error"]
     assert "0:00:06" in first["error"]
+
+
+def _data_parallel_rank(process: int, processes: int, folder: str) -> None:
+    """Four processes as 2 data-parallel ranks x 2 tensor-parallel peers (processes 2r and
+    2r + 1 are data-parallel rank r)."""
+    from zephon_torch.errors import ConfigError
+    from zephon_torch.torch import DataLoader
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(name, None)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/group", rank=process, world_size=processes
+    )
+    tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+
+    def pipeline(**options: int) -> Any:
+        built = small_pipeline(tokenizer, lanes=4, exhaustion="repeat", datasets=two_sources())
+        return built.options(**options)
+
+    got: dict[str, Any] = {}
+    try:  # every process takes itself for data-parallel rank 0: rank 1's lanes have no one
+        next(iter(DataLoader(pipeline(world_size=2, rank=0))))
+    except ConfigError as error:
+        got["misconfigured"] = str(error)
+    loader = DataLoader(pipeline(world_size=2, rank=process // 2))
+    stream = iter(loader)
+    got["batches"] = [_digest(next(stream)) for _ in range(_ITEMS // 2)]
+    got["state"] = loader.state_dict()
+    dist.barrier()
+    if process == 0:  # a loader of its own (evaluation on rank 0): no collective
+        alone = DataLoader(pipeline(world_size=1))
+        got["alone"] = [_digest(item) for _, item in zip(range(_ITEMS), alone)]
+        got["alone_lanes"] = sorted(alone.state_dict()["lanes"])
+    dist.barrier()
+    Path(folder, f"rank{process}.json").write_text(json.dumps(got))
+    dist.destroy_process_group()
+
+
+def test_replicas_of_a_data_parallel_rank_get_its_batches_and_one_state(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """Under tensor parallelism every process took itself for a data-parallel rank of its
+    own: peers that must see one batch got different ones, and `world_size=2` on 4 processes
+    was refused, as was a `world_size=1` loader on one rank."""
+    from zephon_torch import Pipeline
+
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    mp.spawn(_data_parallel_rank, args=(4, str(tmp_path)), nprocs=4, join=True)
+    one = small_pipeline(tokenizer, lanes=4, exhaustion="repeat", datasets=two_sources())
+    reference = [_digest(b.to_training()) for _, b in zip(range(2 * _ITEMS), one)]
+    got = [json.loads((tmp_path / f"rank{p}.json").read_text()) for p in range(4)]
+    for process, part in enumerate(got):
+        assert "no process holds data-parallel rank(s) [1] of 2" in part["misconfigured"]
+        lanes = (0, 1) if process < 2 else (2, 3)
+        expected = [reference[4 * turn + lane] for turn in range(_ITEMS // 4) for lane in lanes]
+        assert part["batches"] == expected, process
+        assert part["state"] == got[0]["state"]
+    assert got[0]["alone"] == reference[:_ITEMS]
+    assert got[0]["alone_lanes"] == ["0", "1", "2", "3"]
+    resumed = small_pipeline(tokenizer, lanes=4, exhaustion="repeat", datasets=two_sources())
+    assert isinstance(resumed, Pipeline)
+    resumed.load_state_dict(got[0]["state"])
+    after = [_digest(b.to_training()) for _, b in zip(range(4), resumed)]
+    assert after == reference[_ITEMS // 2 * 2 : _ITEMS // 2 * 2 + 4]

@@ -274,7 +274,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         lanes = copy.deepcopy(self.resume_lanes(delivered))
         if get_worker_info() is None and distributed_ready():
             recipe = {**base["fingerprint"], "token estimation": base.get("estimation")}
-            lanes = all_gather_lane_states(lanes, recipe)
+            lanes = all_gather_lane_states(lanes, recipe, self.pipeline.topology)
         base["lanes"] = lanes
         # a worker left idle (StatefulDataLoader) holds no lanes
         base["step"] = state_step(lanes)

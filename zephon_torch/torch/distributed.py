@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from zephon_torch._state import check_ranks_in_step
-from zephon_torch.errors import ConfigError, ZephonError
+from zephon_torch.errors import ConfigError, StateMismatchError, ZephonError
 
 
 def _env_int(name: str) -> int | None:
@@ -41,7 +41,13 @@ def distributed_ready() -> bool:
 
 
 def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, int]:
-    """``(world_size, rank)`` from the process group, the environment, or the options given."""
+    """``(world_size, rank)`` from the process group, the environment, or the options given.
+
+    Options that differ from the process group's (or the environment's) world name a
+    data-parallel world inside it, as under tensor, pipeline or context parallelism: their
+    `world_size` must divide its size, and `rank` (the data-parallel rank) be given, but for a
+    `world_size` of 1 (a loader of this process alone, rank 0 evaluating, say).
+    """
     if distributed_ready():
         found, source = (dist.get_world_size(), dist.get_rank()), "torch.distributed"
     else:
@@ -56,29 +62,96 @@ def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, 
         found, source = (env[0], env[1]), "the RANK/WORLD_SIZE environment"
         if found[1] >= found[0]:
             raise ConfigError(f"RANK={found[1]} must be below WORLD_SIZE={found[0]}")
+    if world_size is not None and world_size != found[0]:
+        return _data_parallel(world_size, rank, found[0], source)
     for name, given, live in (("world_size", world_size, found[0]), ("rank", rank, found[1])):
         if given is not None and given != live:
             raise ConfigError(f"`{name}` option is {given}, but {source} says {live}")
     return found
 
 
-def all_gather_lane_states(lanes: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
+def _data_parallel(world_size: int, rank: int | None, live: int, source: str) -> tuple[int, int]:
+    """A data-parallel world of `world_size` inside the `live` processes (see
+    `resolve_topology`), checked."""
+    if world_size < 1 or live % world_size or (rank is None and world_size != 1):
+        raise ConfigError(
+            f"`world_size` option is {world_size}, but {source} says {live}: a data-parallel "
+            "world inside it (tensor, pipeline or context parallelism) must divide it, and "
+            "`rank` give this process's data-parallel rank"
+        )
+    rank = 0 if rank is None else rank
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"`rank` option is {rank}, not below `world_size` {world_size}")
+    return world_size, rank
+
+
+def collective(topology: tuple[int, int]) -> bool:
+    """Whether a loader of this (data-parallel) `topology` takes part in collectives: there
+    is a process group of several processes, and the topology is not this process's alone."""
+    return topology[0] > 1 and distributed_ready() and dist.get_world_size() > 1
+
+
+def check_data_parallel(topology: tuple[int, int]) -> None:
+    """Gathers every process's `(world_size, rank)` and checks them (see `_check_topologies`):
+    a collective, at a loader's iteration, so a wrong rank fails at step 0, on every rank."""
+    if not collective(topology):
+        return
+    gathered: list[Any] = [None] * dist.get_world_size()
+    group = loader_group()
+    try:
+        dist.all_gather_object(gathered, topology, group=group)
+    except RuntimeError as error:
+        raise ZephonError(
+            f"the loader's check of the {len(gathered)} ranks' topology failed (every rank "
+            f"iterates its loader; the timeout is {_timeout(dist.group.WORLD)}): "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    _check_topologies(gathered)
+
+
+def _check_topologies(topologies: list[tuple[int, int]]) -> None:
+    """``ConfigError`` unless the processes' `(world_size, rank)` (by process rank) name one
+    world, each of its ranks held by some process: where they differ from the processes'
+    (a data-parallel world), the processes of one rank are its replicas (tensor, pipeline or
+    context parallel peers) and get the same batches."""
+    sizes = sorted({size for size, _ in topologies})
+    if len(sizes) > 1:
+        shown = ", ".join(f"process {i}: {size}" for i, (size, _) in enumerate(topologies))
+        raise ConfigError(f"the processes give different `world_size` options ({shown})")
+    held = {rank for _, rank in topologies}
+    missing = [rank for rank in range(sizes[0]) if rank not in held]
+    if missing:
+        shown = ", ".join(f"process {i}: {rank}" for i, (_, rank) in enumerate(topologies))
+        raise ConfigError(
+            f"no process holds data-parallel rank(s) {missing} of {sizes[0]}: their lanes "
+            f"would be trained on by none ({shown}); give each process its data-parallel "
+            "rank as `rank`"
+        )
+
+
+def all_gather_lane_states(
+    lanes: dict[str, Any], recipe: dict[str, Any], topology: tuple[int, int]
+) -> dict[str, Any]:
     """Every rank's lane states merged, on every rank (a collective: call it on all ranks).
 
     ``recipe`` (the fingerprint and token estimation) is gathered too: ranks whose recipes
     differ (another seed, mixture or packing on one of them) give other global batches than
-    one process would, and their lanes would make one state of two recipes.
+    one process would, and their lanes would make one state of two recipes. ``topology``:
+    this process's data-parallel `(world_size, rank)`; processes of one rank (replicas) must
+    hold the same states, and a world of 1 gathers nothing.
 
     Raises:
-        ConfigError: on every rank, naming the settings and the ranks that differ from rank 0.
+        ConfigError: on every rank, naming the settings and the ranks that differ from rank 0,
+            or the processes' topologies that name no one world (see `_check_topologies`).
         StateMismatchError: on every rank, when the ranks' lanes are at different turns
-            (ranks that loaded states of different steps).
+            (ranks that loaded states of different steps), or replicas' lanes differ.
     """
-    if not distributed_ready() or dist.get_world_size() == 1:
+    if not collective(topology):
         return dict(lanes)
     gathered: list[Any] = [None] * dist.get_world_size()
+    group = loader_group()
     try:
-        dist.all_gather_object(gathered, (recipe, lanes), group=loader_group())
+        dist.all_gather_object(gathered, (recipe, topology, lanes), group=group)
     except RuntimeError as error:  # torch's DistBackendError, a timeout or a lost peer
         raise ZephonError(
             f"gathering the loader's state from the {len(gathered)} ranks failed. The state "
@@ -87,14 +160,34 @@ def all_gather_lane_states(lanes: dict[str, Any], recipe: dict[str, Any]) -> dic
             f"{_timeout(dist.group.WORLD)}, then fails here): {type(error).__name__}: {error}"
         ) from error
     check_same_recipe([part[0] for part in gathered])
-    merged: dict[str, Any] = {}
-    for _, part in gathered:
-        merged.update(part)
-    merged = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+    _check_topologies([part[1] for part in gathered])
+    merged = _merge_replicas([part[2] for part in gathered])
     check_ranks_in_step(
-        merged, canonical_replicas=recipe["canonical_replicas"], world_size=len(gathered)
+        merged, canonical_replicas=recipe["canonical_replicas"], world_size=topology[0]
     )
     return merged
+
+
+def _merge_replicas(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The processes' lane states (by process rank) as one, in lane order; a lane several
+    processes hold (replicas of one data-parallel rank) must be at one state on all."""
+    merged: dict[str, Any] = {}
+    holder: dict[str, int] = {}
+    for process, part in enumerate(parts):
+        for lane, state in part.items():
+            if lane in merged and not _equal(merged[lane], state):
+                raise StateMismatchError(
+                    {
+                        f"lane {lane}": (
+                            f"process {holder[lane]}'s state differs from process {process}'s: "
+                            "replicas of one data-parallel rank gave different batches",
+                            "one state on every process holding the lane",
+                        )
+                    }
+                )
+            merged.setdefault(lane, state)
+            holder.setdefault(lane, process)
+    return dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
 
 
 _GROUPS: list[tuple[Any, Any]] = []  # (the default group, the loader group made for it)
@@ -116,7 +209,15 @@ def loader_group() -> Any:
     for made_for, group in _GROUPS:
         if made_for is world:
             return group
-    group = dist.new_group(backend="gloo", timeout=_timeout(world))
+    try:
+        group = dist.new_group(backend="gloo", timeout=_timeout(world))
+    except RuntimeError as error:
+        raise ZephonError(
+            f"setting up the loader's gloo group of the {dist.get_world_size()} processes "
+            "failed (every process sets it up at its loader's first iteration or state; gloo "
+            "finds its network interface from the host name, or GLOO_SOCKET_IFNAME): "
+            f"{type(error).__name__}: {error}"
+        ) from error
     _GROUPS[:] = [(world, group)]  # the group of a destroyed default group goes with it
     return group
 
@@ -183,12 +284,20 @@ def equal_ending(
     stopped mid-step, and so did every rank). The rest of that turn comes first, with no
     all-reduce: a turn begun held data, as the one-process stream would have cut it else.
     """
+    group = loader_group()
     for _ in range(lanes_per_turn - begun if begun else 0):
         yield next(items)
     while True:
         turn = [next(items) for _ in range(lanes_per_turn)]
         flag = torch.tensor([int(any(tokens(item) > 0 for item in turn))])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=loader_group())
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        except RuntimeError as error:
+            raise ZephonError(
+                "the loader's all-reduce that ends the stream on every rank at one step "
+                "failed (every rank iterates its loader in step; a rank stopped, or lost): "
+                f"{type(error).__name__}: {error}"
+            ) from error
         if int(flag.item()) == 0:
             return
         yield from turn

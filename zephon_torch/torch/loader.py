@@ -33,7 +33,7 @@ from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
 from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset, idle_workers
-from zephon_torch.torch.distributed import distributed_ready, equal_ending
+from zephon_torch.torch.distributed import check_data_parallel, collective, equal_ending
 
 if TYPE_CHECKING:
     from zephon_torch.pipeline import Pipeline
@@ -166,7 +166,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if note is not None and not self._idle_warned:
             self._idle_warned = True
             warnings.warn(note, stacklevel=user_stacklevel())
-        ranks = pipeline.topology[0] > 1 and distributed_ready()
+        ranks = collective(pipeline.topology)
+        check_data_parallel(pipeline.topology)  # every rank's, at step 0 (the group made here)
         begun = self._in_step() if ranks else 0
         equalise = ranks and pipeline.exhaustion == "stop"
         # never cut under "repeat" (see Pipeline.__iter__): a rank dealt no document pads

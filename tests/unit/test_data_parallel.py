@@ -1,0 +1,63 @@
+"""A data-parallel world inside a larger one (tensor, pipeline or context parallelism): the
+`world_size`/`rank` options name it, checked against the processes' world; replicas of one
+data-parallel rank must agree. (The collectives themselves: tests/integration/
+test_spawned_ranks.py.)"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tests.helpers import small_pipeline
+from zephon_torch import ConfigError, StateMismatchError
+from zephon_torch.torch.distributed import _check_topologies, _merge_replicas, resolve_topology
+
+
+@pytest.fixture
+def four_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+
+
+@pytest.mark.usefixtures("four_processes")
+def test_a_world_dividing_the_processes_one_is_theirs_data_parallel_one(tokenizer: Any) -> None:
+    assert resolve_topology(world_size=2, rank=1) == (2, 1)
+    assert resolve_topology(world_size=1, rank=None) == (1, 0)
+    assert resolve_topology(world_size=None, rank=None) == (4, 3)
+    pipeline = small_pipeline(tokenizer).options(canonical_replicas=4)
+    assert pipeline.options(world_size=2, rank=1).lanes == [2, 3]
+    assert pipeline.options(world_size=1).lanes == [0, 1, 2, 3]
+
+
+@pytest.mark.usefixtures("four_processes")
+@pytest.mark.parametrize(
+    ("world_size", "rank", "says"),
+    [
+        (3, 0, "must divide it"),
+        (8, 0, "must divide it"),
+        (2, None, "`rank` give this process's data-parallel rank"),
+        (2, 2, "`rank` option is 2, not below `world_size` 2"),
+        (4, 1, "`rank` option is 1, but the RANK/WORLD_SIZE environment says 3"),
+    ],
+)
+def test_other_worlds_and_ranks_are_refused(world_size: int, rank: int | None, says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        resolve_topology(world_size=world_size, rank=rank)
+
+
+def test_every_data_parallel_rank_must_be_held_by_a_process() -> None:
+    _check_topologies([(2, 0), (2, 0), (2, 1), (2, 1)])
+    with pytest.raises(ConfigError, match=r"no process holds data-parallel rank\(s\) \[1\] of 2"):
+        _check_topologies([(2, 0), (2, 0), (2, 0), (2, 0)])
+    with pytest.raises(ConfigError, match="different `world_size` options"):
+        _check_topologies([(2, 0), (4, 1), (2, 1), (4, 3)])
+
+
+def test_replicas_must_hold_one_state_per_lane() -> None:
+    a, b = {"turn": 3}, {"turn": 5}
+    parts = [{"0": a, "1": b}, {"0": a, "1": b}, {"2": b}, {"2": b}]
+    assert _merge_replicas(parts) == {"0": a, "1": b, "2": b}
+    with pytest.raises(StateMismatchError, match="process 0's state differs from process 1's"):
+        _merge_replicas([{"0": a}, {"0": b}])
