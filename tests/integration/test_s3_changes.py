@@ -8,6 +8,7 @@ own HEAD and its range GETs by a proxy that runs it before it forwards the first
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -197,3 +198,43 @@ def test_a_footer_read_from_a_rewrite_after_the_listing_is_not_remembered_for_th
     again = open_it()
     assert [shard.num_rows for shard in again.shards] == [1000, 1000]
     assert len(again.read_rows(1, list(range(1000)))) == 1000
+
+
+def test_an_object_rewritten_larger_after_the_listing_is_not_downloaded_whole(
+    s3_server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole new object was copied into the cache (past its reservation and `max_bytes`:
+    4.9x in a review's run) before its size was compared with the listing's; on a disk too
+    small for it that was a `CacheDiskFullError` instead of this DataError."""
+    import shutil
+
+    import s3fs
+
+    endpoint, _ = s3_server
+    written: list[int] = []
+    real_get_file = s3fs.S3FileSystem._get_file
+
+    async def get_file(self: Any, path: str, target: str, **options: Any) -> Any:
+        try:
+            return await real_get_file(self, path, target, **options)
+        finally:
+            written.append(os.path.getsize(target))
+
+    # before the file system is made: it binds its sync methods to these as it is made
+    monkeypatch.setattr(s3fs.S3FileSystem, "_get_file", get_file)
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "part-0.jsonl").write_text("".join(f'{{"text": "doc {i}"}}\n' for i in range(50)))
+    upload(endpoint, local, "bucket", "grown")
+    listed = (local / "part-0.jsonl").stat().st_size
+    options = _options(tmp_path)
+    remote = Dataset.from_path(
+        "d", "s3://bucket/grown/", storage_options=_storage(endpoint), io_options=options
+    )
+    shutil.rmtree(options["cache"]["dir"])  # the open's copy (it counted the rows) goes
+    grown = b'{"text": "a much longer document"}\n' * 250_000  # 9 MB
+    client(endpoint).put_object(Bucket="bucket", Key="grown/part-0.jsonl", Body=grown)
+    with pytest.raises(DataError, match="changed since it was listed") as caught:
+        remote.read_rows(0, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("d", "s3://bucket/grown/part-0.jsonl")
+    assert len(written) == 2 and max(written) <= listed + (1 << 20), written  # 64 KiB pieces

@@ -58,10 +58,12 @@ def fetch(
             os.unlink(target)
         name = f"downloading {os.path.basename(fs_path)}"
         with Progress(item.size if show else 0, name) as bar:
-            if show and bar.active:
-                fs.get_file(fs_path, target, callback=_BarCallback(bar))
-            else:
-                fs.get_file(fs_path, target)
+            capped = _Capped(item.size, bar if show and bar.active else None)
+            try:
+                fs.get_file(fs_path, target, callback=capped)
+            except _PastListedSize:
+                check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)  # else retried
+                raise OSError(f"more than the {item.size} bytes listed came") from None
         got = os.path.getsize(target)
         if got != item.size:
             check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)  # else retried
@@ -254,12 +256,24 @@ def _same(item: CachedObject, info: Mapping[str, Any]) -> bool:
     return now.size == item.size and not (listed and now.version and now.version != listed)
 
 
-class _BarCallback(fsspec.callbacks.Callback):  # type: ignore[misc]
-    """Feeds fsspec's transfer progress to a terminal bar."""
+class _PastListedSize(Exception):
+    """A download brought more bytes than its object was listed with."""
 
-    def __init__(self, bar: Progress) -> None:
+
+class _Capped(fsspec.callbacks.Callback):  # type: ignore[misc]
+    """Stops a download as soon as more bytes came than the object's listed `size` (an object
+    rewritten larger since its listing is not copied whole into the cache, past its
+    reservation and `max_bytes`: `fetch` names the change); feeds a terminal `bar`, if any,
+    the transfer's progress. Where a file system reports no progress, the size is checked
+    after the download only."""
+
+    def __init__(self, size: int, bar: Progress | None) -> None:
         super().__init__()
+        self.listed = size
         self.bar = bar
 
     def call(self, *args: Any, **kwargs: Any) -> None:
-        self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
+        if self.value > self.listed:
+            raise _PastListedSize
+        if self.bar is not None:
+            self.bar.set(int(self.value), total=None if self.size is None else int(self.size))
