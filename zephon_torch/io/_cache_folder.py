@@ -265,7 +265,9 @@ def mark_used(path: str) -> bool:
 
 
 def delete_unpinned(path: str) -> bool:
-    """Deletes `path` unless some process holds a lock on it (is reading it)."""
+    """Deletes `path` unless some process holds a lock on it (is reading it). The file locked
+    must be the one `path` names when it is unlinked: one placed under the name between the
+    open and the lock (a new download, pinned) is left, and False returned."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -276,6 +278,8 @@ def delete_unpinned(path: str) -> bool:
         os.close(fd)
         return False
     try:
+        if os.stat(path).st_ino != os.fstat(fd).st_ino:
+            return False  # the file locked is gone; the name holds another
         os.unlink(path)
     except FileNotFoundError:
         pass

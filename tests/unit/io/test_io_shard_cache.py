@@ -658,3 +658,33 @@ def test_a_cache_folder_that_cannot_be_made_is_a_config_error_naming_it(tmp_path
     (tmp_path / "afile").write_text("")
     with pytest.raises(ConfigError, match=r"shard cache folder .*afile/cache.* Not a directory"):
         ShardCache(str(tmp_path / "afile" / "cache"), max_bytes=1000)
+
+
+def test_an_evicter_never_deletes_a_newer_file_placed_under_the_name_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the evicter's open and its lock, the old file went (a discard) and a new
+    download was placed under the name, pinned: the evicter locked the old file's inode, which
+    no one holds, and unlinked the path, the new, pinned file."""
+    from zephon_torch.io import _cache_folder
+
+    path = tmp_path / "shard"
+    path.write_bytes(b"old")
+    newer = tmp_path / "newer"
+    newer.write_bytes(b"new download")
+    pinned: list[int] = []
+    real_flock = fcntl.flock
+
+    def replaced_before_the_lock(fd: int, operation: int) -> None:
+        if not pinned:
+            os.replace(newer, path)  # the discard and the new download's placing, at once
+            pinned.append(os.open(path, os.O_RDONLY))
+            real_flock(pinned[0], fcntl.LOCK_SH)  # the new file's reader's pin
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(_cache_folder.fcntl, "flock", replaced_before_the_lock)
+    try:
+        assert _cache_folder.delete_unpinned(str(path)) is False
+        assert path.read_bytes() == b"new download"
+    finally:
+        os.close(pinned[0])
