@@ -46,7 +46,13 @@ from zephon_torch.io._remote_rows import (
 )
 from zephon_torch.io._rows import Rows, TokenIds, where_in_file
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
-from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
+from zephon_torch.io.formats import (
+    COMPRESSION_ENDINGS,
+    LOCATING_FORMATS,
+    ShardReader,
+    open_reader,
+    token_reader,
+)
 from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import window_blocks
 
@@ -56,6 +62,7 @@ T = TypeVar("T")
 
 _MAPPED_SHARE = 8  # shards kept open by a local reader take at most max_bytes / this
 _MIN_OPEN, _MAX_OPEN = 2, 16
+_INFLATION = 8  # a compressed JSONL shard's decompressed size, in its sizes, as the open guesses
 
 
 class RemoteReader(PickledAsSettings):
@@ -410,6 +417,23 @@ class RemoteReader(PickledAsSettings):
                     raise missing_shard(missing[0], dataset=self.dataset)
                 self._opened = reader, shards
             return self._opened
+
+    def opening_threads(self, most: int) -> int:
+        """How many shards the open counts at once: `most`, or fewer for JSONL, whose count
+        downloads each shard whole and decompresses a compressed one into the cache (taken
+        as `_INFLATION` times its size), so that what the counts hold at once fits in the
+        cache: more threads, each holding a shard while it waits for room for the next,
+        would go past `max_bytes` together and stall, then fall back to memory."""
+        if self.format != "jsonl":
+            return most
+        need = max(
+            (
+                item.size * (1 + _INFLATION if url.endswith(COMPRESSION_ENDINGS) else 1)
+                for url, (_, item) in self.objects.items()
+            ),
+            default=0,
+        )
+        return max(1, min(most, self.options.cache.max_bytes // max(need, 1)))
 
     def _max_open(self) -> int:
         """How many shards the local reader keeps open or mapped between reads. The cache may

@@ -272,7 +272,7 @@ class Dataset:
             index_data=listing.index_data,
             fs=listing.fs,
         )
-        shards = _shards(reader, reader.shard_urls, remote=True)
+        shards = _shards(reader, reader.shard_urls)
         shards = _without_empty_tables(name, listing.format, shards)
         # an hf:// listing's root names the commit it was read at: hf://datasets/org/name@sha
         revision = url.rsplit("@", 1)[-1] if url.startswith("hf://") else None
@@ -497,7 +497,7 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def _shards(reader: ShardReader, files: list[str], *, remote: bool = False) -> list[Shard]:
+def _shards(reader: ShardReader, files: list[str]) -> list[Shard]:
     """Each file as a shard, with its row count (and window blocks, for the readers that
     split shards)."""
     if isinstance(reader, (ParquetReader, RemoteReader)):
@@ -513,8 +513,8 @@ def _shards(reader: ShardReader, files: list[str], *, remote: bool = False) -> l
     if len(files) == 1:
         layouts = [layout(files[0])]
     else:
-        if remote:
-            workers = min(_MAX_REMOTE_OPENING_THREADS, len(files))
+        if isinstance(reader, RemoteReader):
+            workers = min(reader.opening_threads(_MAX_REMOTE_OPENING_THREADS), len(files))
         else:
             workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
