@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -116,17 +116,24 @@ def _check_topologies(topologies: list[tuple[int, int]]) -> None:
     context parallel peers) and get the same batches."""
     sizes = sorted({size for size, _ in topologies})
     if len(sizes) > 1:
-        shown = ", ".join(f"process {i}: {size}" for i, (size, _) in enumerate(topologies))
+        shown = _listed(f"process {i}: {size}" for i, (size, _) in enumerate(topologies))
         raise ConfigError(f"the processes give different `world_size` options ({shown})")
     held = {rank for _, rank in topologies}
     missing = [rank for rank in range(sizes[0]) if rank not in held]
     if missing:
-        shown = ", ".join(f"process {i}: {rank}" for i, (_, rank) in enumerate(topologies))
+        shown = _listed(f"process {i}: {rank}" for i, (_, rank) in enumerate(topologies))
         raise ConfigError(
             f"no process holds data-parallel rank(s) {missing} of {sizes[0]}: their lanes "
             f"would be trained on by none ({shown}); give each process its data-parallel "
             "rank as `rank`"
         )
+
+
+def _listed(items: Iterable[str]) -> str:
+    """The first `_SHOWN` items, comma-separated, and how many more."""
+    shown = list(items)
+    more = f" (and {len(shown) - _SHOWN} more)" if len(shown) > _SHOWN else ""
+    return ", ".join(shown[:_SHOWN]) + more
 
 
 def all_gather_lane_states(
