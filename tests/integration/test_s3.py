@@ -657,3 +657,33 @@ def test_the_first_open_of_compressed_jsonl_counts_within_a_small_cache(
     ] == []
     assert remote.num_rows == 1200
     assert _cache_bytes(tmp_path / "cache") <= 12 * largest
+
+
+def test_shards_held_open_are_sized_to_the_disk_where_it_is_smaller_than_max_bytes(
+    s3_server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader kept up to 16 shards open by the default 64 GiB `max_bytes`: on a small disk
+    those shards, evicted but held open, filled it, and a run with nothing else in use failed
+    with CacheDiskFullError (a review's 2 MiB tmpfs, at shard 13)."""
+    import shutil
+
+    from zephon_torch.io import _remote_reader
+
+    endpoint, _ = s3_server
+    _write_corpus(tmp_path / "local", "jsonl", shards=4)
+    upload(endpoint, tmp_path / "local", "bucket", "open")
+    largest = max(p.stat().st_size for p in (tmp_path / "local").iterdir())
+    cache = {"dir": str(tmp_path / "cache" / "not" / "made"), "max_bytes": 64 << 30}
+    remote = Dataset.from_path(
+        "d", "s3://bucket/open/", storage_options=_storage(endpoint), io_options={"cache": cache}
+    )
+    reader = remote._reader
+    assert _remote_reader._disk_size(str(tmp_path / "no" / "such")) == (
+        shutil.disk_usage(tmp_path).total
+    )
+    monkeypatch.setattr(_remote_reader, "_disk_size", lambda folder: 64 << 30)
+    assert reader._max_open() == 16
+    monkeypatch.setattr(_remote_reader, "_disk_size", lambda folder: 8 * 5 * largest)
+    assert reader._max_open() == 5
+    monkeypatch.setattr(_remote_reader, "_disk_size", lambda folder: largest)
+    assert reader._max_open() == 2

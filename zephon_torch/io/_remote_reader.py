@@ -438,9 +438,12 @@ class RemoteReader(PickledAsSettings):
     def _max_open(self) -> int:
         """How many shards the local reader keeps open or mapped between reads. The cache may
         evict such a shard, but its disk space is freed only when the reader lets it go, so
-        they are sized to an eighth of `max_bytes` (between 2 and 16 shards)."""
+        they are sized to an eighth of `max_bytes`, or of the disk where that is smaller (the
+        default 64 GiB on a small disk: 16 evicted shards held open filled it), between 2
+        and 16 shards."""
         largest = max((item.size for _, item in self.objects.values()), default=0)
-        fitting = self.options.cache.max_bytes // _MAPPED_SHARE // max(largest, 1)
+        room = min(self.options.cache.max_bytes, _disk_size(self.options.cache.directory))
+        fitting = room // _MAPPED_SHARE // max(largest, 1)
         return max(_MIN_OPEN, min(_MAX_OPEN, fitting))
 
     @contextlib.contextmanager
@@ -629,6 +632,19 @@ class _Failed(NamedTuple):
     at: float
     began: float
     error: StorageError
+
+
+def _disk_size(folder: str) -> int:
+    """The size of the disk `folder` (or its nearest existing parent) is on; unbounded where
+    that cannot be told."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return sys.maxsize
+    return found.f_blocks * found.f_frsize
 
 
 def local_processes() -> int:
