@@ -260,12 +260,23 @@ class _PastListedSize(Exception):
     """A download brought more bytes than its object was listed with."""
 
 
-class _Capped(fsspec.callbacks.Callback):  # type: ignore[misc]
+class _Capped(fsspec.callbacks.NoOpCallback):  # type: ignore[misc]
     """Stops a download as soon as more bytes came than the object's listed `size` (an object
     rewritten larger since its listing is not copied whole into the cache, past its
     reservation and `max_bytes`: `fetch` names the change); feeds a terminal `bar`, if any,
     the transfer's progress. Where a file system reports no progress, the size is checked
-    after the download only."""
+    after the download only.
+
+    A `NoOpCallback` by class: huggingface_hub's file system keeps its own download (one
+    stream, or Xet's parallel one) only for those (and tqdm's), and copies any other callback's
+    download in 4 MiB range requests, one after another (an object listed at a commit cannot
+    change: there the size check after it is enough). A restarted transfer (gcsfs retries
+    within one call) sets the size again, which starts the count again.
+    """
+
+    def set_size(self, size: int | None) -> None:
+        self.value = 0
+        super().set_size(size)
 
     def __init__(self, size: int, bar: Progress | None) -> None:
         super().__init__()

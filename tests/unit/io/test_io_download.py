@@ -142,3 +142,17 @@ def test_a_failed_read_whose_change_check_fails_too_raises_the_read_s_error(
             retry=RetryPolicy(attempts=1),
             what="reading",
         )
+
+
+def test_the_download_cap_stops_past_the_listed_size_and_counts_a_restarted_transfer_anew() -> None:
+    """gcsfs restarts a transfer cut mid-stream within one call, on the same callback, from
+    its first byte: counted on, its bytes passed the listed size and a good download stopped."""
+    from zephon_torch.io._download import _Capped, _PastListedSize
+
+    capped = _Capped(100, None)
+    capped.set_size(100)
+    capped.relative_update(60)
+    capped.set_size(100)  # the transfer starts again
+    capped.relative_update(100)
+    with pytest.raises(_PastListedSize):
+        capped.relative_update(1)
