@@ -74,10 +74,15 @@ def save(
 
 
 def load(
-    path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader
+    path: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    device: torch.device,
 ) -> int:
-    """Restore a checkpoint saved on any rank count dividing L; returns its step."""
-    checkpoint = torch.load(path, weights_only=False)
+    """Restore a checkpoint saved on any rank count dividing L onto this rank's `device`;
+    returns its step."""
+    checkpoint = torch.load(path, map_location=device, weights_only=False)
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     loader.load_state_dict(checkpoint["data"])
@@ -117,7 +122,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = TinyLM(vocab=8192).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    start = load(args.resume, model, optimizer, loader) if args.resume else 0
+    start = load(args.resume, model, optimizer, loader, device) if args.resume else 0
     stream = iter(loader)
     log = []
     for step in range(start, args.steps):

@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 try:
     import lightning as L
 except ImportError as error:
@@ -26,7 +28,7 @@ except ImportError as error:
 from zephon_torch import Pipeline
 from zephon_torch.elastic import rank_turns
 from zephon_torch.errors import ConfigError
-from zephon_torch.torch import DataLoader
+from zephon_torch.torch import DataLoader, to_device
 
 
 class PipelineDataModule(L.LightningDataModule):
@@ -115,6 +117,16 @@ class PipelineDataModule(L.LightningDataModule):
         if self._loader is not None and isinstance(batch, dict) and "zephon" in batch:
             self._loader.mark_delivered(batch)
         return batch
+
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        """A training dict's tensors to `device` as `zephon_torch.torch.to_device` moves them
+        (``max_seqlen`` stays on the host: kernels take it as an int); anything else as
+        Lightning moves it."""
+        if isinstance(batch, dict) and "input_ids" in batch:
+            return to_device(batch, device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def state_dict(self) -> dict[str, Any]:
         """The data position for the checkpoint (a collective under torch.distributed). On

@@ -127,9 +127,12 @@ class Pipeline:
             canonical_replicas: L, the number of lanes; the largest GPU count you plan to use
                 (default 1, which runs on one rank only).
             world_size: W, the number of ranks; must divide L. Default: from
-                ``torch.distributed`` when initialised, else ``WORLD_SIZE``, else 1. Given, it
-                must agree with those where they are set (a ConfigError otherwise).
-            rank: this rank, in ``[0, W)``; default as for ``world_size``.
+                ``torch.distributed`` when initialised, else ``WORLD_SIZE``, else 1. Given
+                where those are set, and other than theirs, it is a data-parallel world inside
+                them (tensor, pipeline or context parallel replicas share a rank): it must
+                divide theirs, with ``rank`` given too; 1 makes a loader of this process alone.
+            rank: this rank, in ``[0, W)``; default as for ``world_size``. Given with the
+                process group's own ``world_size``, it must be the process group's rank.
             prefetch: micro-batches computed ahead on a background thread (0: as the consumer
                 asks). ``"auto"`` (the default): none for pre-tokenized data (packing stored
                 ids holds the GIL, so the thread could not overlap it, and handing micro-batches

@@ -444,3 +444,14 @@ def _tiny_pipeline() -> Any:
 
     dataset = Dataset.from_dict("ids", {"ids": [[1, 2, 3]] * 4})
     return Pipeline(StaticMixtureWorkSource([dataset])).pretokenized("ids").pack_flat(4).batch(1)
+
+
+def test_the_data_module_moves_batches_as_to_device_does(tokenizer: Any) -> None:
+    """Lightning's own transfer moved max_seqlen to the accelerator too, where each attention
+    layer's int() of it waits for the GPU (the meta device stands in for one)."""
+    data = PipelineDataModule(small_pipeline(tokenizer, lanes=2, exhaustion="repeat"))
+    item = next(iter(data.train_dataloader()))
+    moved = data.transfer_batch_to_device(item, torch.device("meta"), 0)
+    assert moved["max_seqlen"].device.type == "cpu"
+    assert moved["input_ids"].device.type == "meta" and moved["labels"].device.type == "meta"
+    assert data.transfer_batch_to_device([item["input_ids"]], torch.device("meta"), 0)[0].is_meta

@@ -181,3 +181,52 @@ def test_replicas_of_a_data_parallel_rank_get_its_batches_and_one_state(
     resumed.load_state_dict(got[0]["state"])
     after = [_digest(b.to_training()) for _, b in zip(range(4), resumed)]
     assert after == reference[_ITEMS // 2 * 2 : _ITEMS // 2 * 2 + 4]
+
+
+def _lone_loader_rank(rank: int, world_size: int, folder: str) -> None:
+    """Rank 0 alone iterates a loader of the whole world, then one of its own."""
+    import datetime
+
+    from zephon_torch.errors import ZephonError
+    from zephon_torch.torch import DataLoader
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(name, None)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{folder}/group",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=_LONE_TIMEOUT_S),
+    )
+    tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+    got: dict[str, Any] = {}
+    if rank == 0:
+        for attempt in ("first", "again"):
+            start = time.monotonic()
+            try:
+                next(iter(DataLoader(small_pipeline(tokenizer, lanes=2, exhaustion="repeat"))))
+            except ZephonError as error:
+                got[attempt] = [str(error), time.monotonic() - start]
+        alone = small_pipeline(tokenizer, lanes=2, exhaustion="repeat").options(world_size=1)
+        got["alone"] = _digest(next(iter(DataLoader(alone))))
+    else:
+        time.sleep(_LONE_TIMEOUT_S + 1)
+    dist.barrier()
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(got))
+    dist.destroy_process_group()
+
+
+def test_a_loader_iterated_on_one_rank_says_to_make_it_its_own(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """Its group's set-up timed out with a message about gloo's network interface, and a second
+    try made another group, out of step with every other process's next one for good."""
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    mp.spawn(_lone_loader_rank, args=(2, str(tmp_path)), nprocs=2, join=True)
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    first, again = got["first"], got["again"]
+    assert "on rank 0 alone: give such a loader `options(world_size=1)`" in first[0], first[0]
+    assert again[0] == first[0] and again[1] < 1.0  # the failure, at once, not another group
+    one = small_pipeline(tokenizer, lanes=2, exhaustion="repeat")
+    assert got["alone"] == _digest(next(iter(one)).to_training())

@@ -51,6 +51,8 @@ def test_every_data_parallel_rank_must_be_held_by_a_process() -> None:
     _check_topologies([(2, 0), (2, 0), (2, 1), (2, 1)])
     with pytest.raises(ConfigError, match=r"no process holds data-parallel rank\(s\) \[1\] of 2"):
         _check_topologies([(2, 0), (2, 0), (2, 0), (2, 0)])
+    with pytest.raises(ConfigError, match=r"rank\(s\) \[0, 1\] are not held by 2 processes each"):
+        _check_topologies([(2, 0), (2, 0), (2, 0), (2, 1)])  # process 2 took process 0's rank
     with pytest.raises(ConfigError, match="different `world_size` options"):
         _check_topologies([(2, 0), (4, 1), (2, 1), (4, 3)])
 

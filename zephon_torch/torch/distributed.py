@@ -9,6 +9,7 @@ a malformed environment value: silently training on the wrong lanes is the failu
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import os
@@ -118,15 +119,20 @@ def _check_topologies(topologies: list[tuple[int, int]]) -> None:
     if len(sizes) > 1:
         shown = _listed(f"process {i}: {size}" for i, (size, _) in enumerate(topologies))
         raise ConfigError(f"the processes give different `world_size` options ({shown})")
-    held = {rank for _, rank in topologies}
+    held = collections.Counter(rank for _, rank in topologies)
     missing = [rank for rank in range(sizes[0]) if rank not in held]
-    if missing:
+    replicas = len(topologies) // sizes[0]
+    uneven = sorted(rank for rank, count in held.items() if count != replicas)
+    if missing or uneven:
         shown = _listed(f"process {i}: {rank}" for i, (_, rank) in enumerate(topologies))
-        raise ConfigError(
+        what = (
             f"no process holds data-parallel rank(s) {missing} of {sizes[0]}: their lanes "
-            f"would be trained on by none ({shown}); give each process its data-parallel "
-            "rank as `rank`"
+            "would be trained on by none"
+            if missing
+            else f"data-parallel rank(s) {uneven} are not held by {replicas} processes each, "
+            "as every rank's replicas are: a process with another's rank trains on its data"
         )
+        raise ConfigError(f"{what} ({shown}); give each process its data-parallel rank as `rank`")
 
 
 def _listed(items: Iterable[str]) -> str:
@@ -215,16 +221,23 @@ def loader_group() -> Any:
     world = dist.group.WORLD
     for made_for, group in _GROUPS:
         if made_for is world:
+            if isinstance(group, ZephonError):  # torch's count of groups is out of step now:
+                raise group  # a group made again would pair with others' next ones
             return group
     try:
         group = dist.new_group(backend="gloo", timeout=_timeout(world))
     except RuntimeError as error:
-        raise ZephonError(
+        failed = ZephonError(
             f"setting up the loader's gloo group of the {dist.get_world_size()} processes "
-            "failed (every process sets it up at its loader's first iteration or state; gloo "
-            "finds its network interface from the host name, or GLOO_SOCKET_IFNAME): "
-            f"{type(error).__name__}: {error}"
-        ) from error
+            "failed. Every process sets it up at its loader's first iteration or state: a "
+            "process that did not get there (a loader iterated, or a state taken, on rank 0 "
+            "alone: give such a loader `options(world_size=1)`) leaves the others waiting "
+            "until the timeout; else gloo could not connect (it finds its network interface "
+            f"from the host name, or GLOO_SOCKET_IFNAME): {type(error).__name__}: {error}"
+        )
+        failed.__cause__ = error
+        _GROUPS[:] = [(world, failed)]
+        raise failed from error
     _GROUPS[:] = [(world, group)]  # the group of a destroyed default group goes with it
     return group
 
