@@ -63,3 +63,14 @@ def test_replicas_must_hold_one_state_per_lane() -> None:
     assert _merge_replicas(parts) == {"0": a, "1": b, "2": b}
     with pytest.raises(StateMismatchError, match="process 0's state differs from process 1's"):
         _merge_replicas([{"0": a}, {"0": b}])
+
+
+def test_processes_making_different_loader_calls_at_once_are_named() -> None:
+    """One rank's iteration paired with another's state: a bare ValueError on one and a
+    TypeError on the other, from unpacking each other's parts."""
+    from zephon_torch.errors import ZephonError
+    from zephon_torch.torch.distributed import _check_same_call
+
+    _check_same_call([("iterating", (2, 0)), ("iterating", (2, 1))], "iterating")
+    with pytest.raises(ZephonError, match="process 0: iterating, process 1: state_dict"):
+        _check_same_call([("iterating", (2, 0)), ("state_dict", {}, (2, 1), {})], "iterating")

@@ -100,14 +100,15 @@ def check_data_parallel(topology: tuple[int, int]) -> None:
     gathered: list[Any] = [None] * dist.get_world_size()
     group = loader_group()
     try:
-        dist.all_gather_object(gathered, topology, group=group)
+        dist.all_gather_object(gathered, ("iterating", topology), group=group)
     except RuntimeError as error:
         raise ZephonError(
             f"the loader's check of the {len(gathered)} ranks' topology failed (every rank "
             f"iterates its loader; the timeout is {_timeout(dist.group.WORLD)}): "
             f"{type(error).__name__}: {error}"
         ) from error
-    _check_topologies(gathered)
+    _check_same_call(gathered, "iterating")
+    _check_topologies([part[1] for part in gathered])
 
 
 def _check_topologies(topologies: list[tuple[int, int]]) -> None:
@@ -133,6 +134,19 @@ def _check_topologies(topologies: list[tuple[int, int]]) -> None:
             "as every rank's replicas are: a process with another's rank trains on its data"
         )
         raise ConfigError(f"{what} ({shown}); give each process its data-parallel rank as `rank`")
+
+
+def _check_same_call(gathered: list[Any], mine: str) -> None:
+    """``ZephonError`` unless every process's gathered part (by process rank) came from the
+    same loader call as this one's, ``mine``: ranks that iterate and take states in different
+    orders pair one's topology with another's state."""
+    calls = [part[0] if isinstance(part, tuple) and part else None for part in gathered]
+    if any(call != mine for call in calls):
+        shown = _listed(f"process {i}: {call}" for i, call in enumerate(calls))
+        raise ZephonError(
+            f"the processes made different loader calls at once ({shown}): every process "
+            "iterates its loader and takes its state at the same points, in the same order"
+        )
 
 
 def _listed(items: Iterable[str]) -> str:
@@ -164,7 +178,7 @@ def all_gather_lane_states(
     gathered: list[Any] = [None] * dist.get_world_size()
     group = loader_group()
     try:
-        dist.all_gather_object(gathered, (recipe, topology, lanes), group=group)
+        dist.all_gather_object(gathered, ("state_dict", recipe, topology, lanes), group=group)
     except RuntimeError as error:  # torch's DistBackendError, a timeout or a lost peer
         raise ZephonError(
             f"gathering the loader's state from the {len(gathered)} ranks failed. The state "
@@ -172,9 +186,10 @@ def all_gather_lane_states(
             "`if rank == 0:` waits for the other ranks until the process group's timeout, "
             f"{_timeout(dist.group.WORLD)}, then fails here): {type(error).__name__}: {error}"
         ) from error
-    check_same_recipe([part[0] for part in gathered])
-    _check_topologies([part[1] for part in gathered])
-    merged = _merge_replicas([part[2] for part in gathered])
+    _check_same_call(gathered, "state_dict")
+    check_same_recipe([part[1] for part in gathered])
+    _check_topologies([part[2] for part in gathered])
+    merged = _merge_replicas([part[3] for part in gathered])
     check_ranks_in_step(
         merged, canonical_replicas=recipe["canonical_replicas"], world_size=topology[0]
     )
