@@ -25,12 +25,21 @@ def _digest(item: dict[str, Any]) -> str:
     return hashlib.sha256(item["input_ids"].numpy().tobytes()).hexdigest()[:16]
 
 
-def _rank(rank: int, world_size: int, folder: str) -> None:
+def _join(rank: int, world_size: int, folder: str, timeout_s: float | None = None) -> None:
+    """Joins the process group through a file in `folder`, with no RANK/WORLD_SIZE in the
+    environment (as under `torch.multiprocessing.spawn`)."""
+    import datetime
+
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(name, None)
+    timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
     dist.init_process_group(
-        "gloo", init_method=f"file://{folder}/group", rank=rank, world_size=world_size
+        "gloo", init_method=f"file://{folder}/group", rank=rank, world_size=world_size, **timeout
     )
+
+
+def _rank(rank: int, world_size: int, folder: str) -> None:
+    _join(rank, world_size, folder)
     from zephon_torch.torch import DataLoader
 
     tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
@@ -67,22 +76,12 @@ def test_spawned_workers_of_ranks_without_the_environment_read_their_rank_s_lane
 def _lone_state_rank(rank: int, world_size: int, folder: str) -> None:
     """Rank 0 takes the loader's state alone (inside `if rank == 0:`), then both ranks run
     one training all-reduce on the default group."""
-    import datetime
-
     import torch
 
     from zephon_torch.errors import ZephonError
     from zephon_torch.torch import DataLoader
 
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        os.environ.pop(name, None)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{folder}/group",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=_LONE_TIMEOUT_S),
-    )
+    _join(rank, world_size, folder, _LONE_TIMEOUT_S)
     tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
     loader = DataLoader(small_pipeline(tokenizer, lanes=2, exhaustion="repeat"))
     next(iter(loader))
@@ -125,11 +124,7 @@ def _data_parallel_rank(process: int, processes: int, folder: str) -> None:
     from zephon_torch.errors import ConfigError
     from zephon_torch.torch import DataLoader
 
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        os.environ.pop(name, None)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{folder}/group", rank=process, world_size=processes
-    )
+    _join(process, processes, folder)
     tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
 
     def pipeline(**options: int) -> Any:
@@ -185,20 +180,10 @@ def test_replicas_of_a_data_parallel_rank_get_its_batches_and_one_state(
 
 def _lone_loader_rank(rank: int, world_size: int, folder: str) -> None:
     """Rank 0 alone iterates a loader of the whole world, then one of its own."""
-    import datetime
-
     from zephon_torch.errors import ZephonError
     from zephon_torch.torch import DataLoader
 
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        os.environ.pop(name, None)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{folder}/group",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=_LONE_TIMEOUT_S),
-    )
+    _join(rank, world_size, folder, _LONE_TIMEOUT_S)
     tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
     got: dict[str, Any] = {}
     if rank == 0:
