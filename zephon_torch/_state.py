@@ -191,6 +191,8 @@ def state_step(lanes: dict[str, Any]) -> int:
 
 def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Combine the per-rank states of one step (each holding its own lanes) into a global one.
+    States of replicas (processes of one data-parallel rank) may all be given: they hold the
+    same lanes, which must be at the same states.
 
     Raises ``StateMismatchError`` when the states come from different recipes or steps, and
     ``ConfigError`` for no state at all.
@@ -216,8 +218,10 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     # the run's step is then the last rank's
     merged["step"] = max((s.get("step", 0) for s in states), default=0)
     total = first["fingerprint"].get("canonical_replicas")
-    if len(states) > 1 and isinstance(total, int) and len(lanes) == total:
-        check_ranks_in_step(merged["lanes"], canonical_replicas=total, world_size=len(states))
+    # replicas of one data-parallel rank (tensor-parallel peers) hold one set of lanes
+    ranks = len({tuple(sorted(state["lanes"])) for state in states})
+    if ranks > 1 and isinstance(total, int) and len(lanes) == total:
+        check_ranks_in_step(merged["lanes"], canonical_replicas=total, world_size=ranks)
     return merged
 
 

@@ -243,6 +243,9 @@ def test_a_state_saved_mid_step_resumes_on_the_world_size_it_was_saved_on(tokeni
         assert [key(b) for b in _take(pipeline, 3)] == straight[rank][:3]  # a step and a half
         states.append(pipeline.state_dict())
     state = json.loads(json.dumps(merge_states(states)))
+    # each rank's state twice, as its tensor-parallel peers hold it: counted as four ranks,
+    # whose lanes' turns differ mid-step, they were refused
+    assert json.loads(json.dumps(merge_states(states + states))) == state
     for rank in (0, 1):
         resumed = ranked(rank)
         resumed.load_state_dict(state)
