@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import os
 import re
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -252,6 +253,19 @@ class CacheFolder:
             fd = lock_file(path, wait=False)
             if fd is not None:
                 release_file(path, fd)
+
+
+def disk_size(folder: str) -> int:
+    """The size of the disk `folder` (or its nearest existing parent) is on; unbounded where
+    that cannot be told."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return sys.maxsize
+    return found.f_blocks * found.f_frsize
 
 
 def mark_used(path: str) -> bool:

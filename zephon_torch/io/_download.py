@@ -274,14 +274,14 @@ class _Capped(fsspec.callbacks.NoOpCallback):  # type: ignore[misc]
     within one call) sets the size again, which starts the count again.
     """
 
-    def set_size(self, size: int | None) -> None:
-        self.value = 0
-        super().set_size(size)
-
     def __init__(self, size: int, bar: Progress | None) -> None:
         super().__init__()
         self.listed = size
         self.bar = bar
+
+    def set_size(self, size: int | None) -> None:
+        self.value = 0
+        super().set_size(size)
 
     def call(self, *args: Any, **kwargs: Any) -> None:
         if self.value > self.listed:

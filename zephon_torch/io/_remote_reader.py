@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 from zephon_torch.errors import ConfigError, DataError, StorageError, ZephonError
 from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._background import Background
+from zephon_torch.io._cache_folder import disk_size
 from zephon_torch.io._download import check_unchanged, fetch, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
@@ -442,7 +443,7 @@ class RemoteReader(PickledAsSettings):
         default 64 GiB on a small disk: 16 evicted shards held open filled it), between 2
         and 16 shards."""
         largest = max((item.size for _, item in self.objects.values()), default=0)
-        room = min(self.options.cache.max_bytes, _disk_size(self.options.cache.directory))
+        room = min(self.options.cache.max_bytes, disk_size(self.options.cache.directory))
         fitting = room // _MAPPED_SHARE // max(largest, 1)
         return max(_MIN_OPEN, min(_MAX_OPEN, fitting))
 
@@ -632,19 +633,6 @@ class _Failed(NamedTuple):
     at: float
     began: float
     error: StorageError
-
-
-def _disk_size(folder: str) -> int:
-    """The size of the disk `folder` (or its nearest existing parent) is on; unbounded where
-    that cannot be told."""
-    path = os.path.abspath(folder)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    try:
-        found = os.statvfs(path)
-    except OSError:
-        return sys.maxsize
-    return found.f_blocks * found.f_frsize
 
 
 def local_processes() -> int:

@@ -97,18 +97,29 @@ def check_data_parallel(topology: tuple[int, int]) -> None:
     a collective, at a loader's iteration, so a wrong rank fails at step 0, on every rank."""
     if not collective(topology):
         return
+    gathered = _gathered(
+        "iterating",
+        topology,
+        failing="the loader's check of the {ranks} ranks' topology failed (every rank "
+        "iterates its loader; the timeout is {timeout})",
+    )
+    _check_topologies([part[0] for part in gathered])
+
+
+def _gathered(call: str, *payload: Any, failing: str) -> list[tuple[Any, ...]]:
+    """Every process's `payload` (by process rank) from the loader's `call`, gathered on the
+    loader's group; a `ZephonError` saying `failing` (its `{ranks}` and `{timeout}` filled
+    in) where the gather fails, and one naming the calls where processes made different
+    ones (see `_check_same_call`)."""
     gathered: list[Any] = [None] * dist.get_world_size()
     group = loader_group()
     try:
-        dist.all_gather_object(gathered, ("iterating", topology), group=group)
-    except RuntimeError as error:
-        raise ZephonError(
-            f"the loader's check of the {len(gathered)} ranks' topology failed (every rank "
-            f"iterates its loader; the timeout is {_timeout(dist.group.WORLD)}): "
-            f"{type(error).__name__}: {error}"
-        ) from error
-    _check_same_call(gathered, "iterating")
-    _check_topologies([part[1] for part in gathered])
+        dist.all_gather_object(gathered, (call, *payload), group=group)
+    except RuntimeError as error:  # torch's DistBackendError, a timeout or a lost peer
+        said = failing.format(ranks=len(gathered), timeout=_timeout(dist.group.WORLD))
+        raise ZephonError(f"{said}: {type(error).__name__}: {error}") from error
+    _check_same_call(gathered, call)
+    return [part[1:] for part in gathered]
 
 
 def _check_topologies(topologies: list[tuple[int, int]]) -> None:
@@ -175,21 +186,19 @@ def all_gather_lane_states(
     """
     if not collective(topology):
         return dict(lanes)
-    gathered: list[Any] = [None] * dist.get_world_size()
-    group = loader_group()
-    try:
-        dist.all_gather_object(gathered, ("state_dict", recipe, topology, lanes), group=group)
-    except RuntimeError as error:  # torch's DistBackendError, a timeout or a lost peer
-        raise ZephonError(
-            f"gathering the loader's state from the {len(gathered)} ranks failed. The state "
-            "is a collective: every rank calls state_dict() at the same step (a call inside "
-            "`if rank == 0:` waits for the other ranks until the process group's timeout, "
-            f"{_timeout(dist.group.WORLD)}, then fails here): {type(error).__name__}: {error}"
-        ) from error
-    _check_same_call(gathered, "state_dict")
-    check_same_recipe([part[1] for part in gathered])
-    _check_topologies([part[2] for part in gathered])
-    merged = _merge_replicas([part[3] for part in gathered])
+    gathered = _gathered(
+        "state_dict",
+        recipe,
+        topology,
+        lanes,
+        failing="gathering the loader's state from the {ranks} ranks failed. The state is a "
+        "collective: every rank calls state_dict() at the same step (a call inside "
+        "`if rank == 0:` waits for the other ranks until the process group's timeout, "
+        "{timeout}, then fails here)",
+    )
+    check_same_recipe([part[0] for part in gathered])
+    _check_topologies([part[1] for part in gathered])
+    merged = _merge_replicas([part[2] for part in gathered])
     check_ranks_in_step(
         merged, canonical_replicas=recipe["canonical_replicas"], world_size=topology[0]
     )
@@ -250,7 +259,6 @@ def loader_group() -> Any:
             "until the timeout; else gloo could not connect (it finds its network interface "
             f"from the host name, or GLOO_SOCKET_IFNAME): {type(error).__name__}: {error}"
         )
-        failed.__cause__ = error
         _GROUPS[:] = [(world, failed)]
         raise failed from error
     _GROUPS[:] = [(world, group)]  # the group of a destroyed default group goes with it
