@@ -1,4 +1,8 @@
-"""Real DataLoader workers (spawn) and StatefulDataLoader: same batches, exact resume."""
+"""Real DataLoader workers and StatefulDataLoader: same batches, exact resume.
+
+Workers are forked (torch's default on Linux; a spawned worker imports torch anew, about 30
+times slower to start here) except where spawning is what a test shows: pickled pipelines,
+errors and the data of a spawned worker."""
 
 from __future__ import annotations
 
@@ -54,7 +58,7 @@ def test_worker_counts_give_the_batches_of_a_single_process(
     loader = DataLoader(
         build(tokenizer, exhaustion="repeat"),
         num_workers=num_workers,
-        multiprocessing_context="spawn",
+        multiprocessing_context="fork",
     )
     assert take(loader, 40) == reference
 
@@ -82,7 +86,7 @@ def test_lanes_ending_at_different_turns_give_one_process_stream_with_workers(
     """Padding and all: a worker whose lanes are spent must not let torch reorder the rest."""
     reference = take(DataLoader(uneven_lanes()))
     assert len(reference) == 52  # 13 turns of 4 lanes: lanes 1-3 pad most of them
-    loader = DataLoader(uneven_lanes(), num_workers=num_workers, multiprocessing_context="spawn")
+    loader = DataLoader(uneven_lanes(), num_workers=num_workers, multiprocessing_context="fork")
     assert take(loader) == reference
 
 
@@ -91,10 +95,10 @@ def test_a_resume_in_the_padded_tail_continues_exactly_with_any_workers(
     cut: int, load_workers: int
 ) -> None:
     reference = take(DataLoader(uneven_lanes()))
-    first = DataLoader(uneven_lanes(), num_workers=2, multiprocessing_context="spawn")
+    first = DataLoader(uneven_lanes(), num_workers=2, multiprocessing_context="fork")
     assert take(first, cut) == reference[:cut]
     state = json.loads(json.dumps(first.state_dict()))
-    context = "spawn" if load_workers else None
+    context = "fork" if load_workers else None
     second = DataLoader(uneven_lanes(), num_workers=load_workers, multiprocessing_context=context)
     second.load_state_dict(state)
     assert take(second) == reference[cut:]
@@ -108,14 +112,14 @@ def test_resume_with_another_worker_count_continues_exactly(
     first = DataLoader(
         build(tokenizer, exhaustion="repeat"),
         num_workers=save_workers,
-        multiprocessing_context="spawn",
+        multiprocessing_context="fork",
     )
     assert take(first, 13) == reference[:13]  # 13: mid-turn on purpose (4 lanes)
     state = json.loads(json.dumps(first.state_dict()))
     second = DataLoader(
         build(tokenizer, exhaustion="repeat"),
         num_workers=load_workers,
-        multiprocessing_context="spawn",
+        multiprocessing_context="fork",
     )
     second.load_state_dict(state)
     assert take(second, 17) == reference[13:]
@@ -124,7 +128,7 @@ def test_resume_with_another_worker_count_continues_exactly(
 def test_a_loader_iterated_again_continues_from_what_it_delivered(tokenizer: Any) -> None:
     reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 20)
     loader = DataLoader(
-        build(tokenizer, exhaustion="repeat"), num_workers=2, multiprocessing_context="spawn"
+        build(tokenizer, exhaustion="repeat"), num_workers=2, multiprocessing_context="fork"
     )
     assert take(loader, 7) + take(loader, 13) == reference
 
@@ -195,14 +199,14 @@ def test_a_loader_over_a_dataset_iterated_before_continues_from_it(
     reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 12)
     dataset = build(tokenizer, exhaustion="repeat").to_torch()
     head = [fingerprint(item) for _, item in zip(range(5), dataset)]
-    loader = DataLoader(dataset, num_workers=num_workers, multiprocessing_context="spawn")
+    loader = DataLoader(dataset, num_workers=num_workers, multiprocessing_context="fork")
     assert head + take(loader, 7) == reference
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_stateful_dataloader_restores_mid_epoch_exactly(tokenizer: Any, num_workers: int) -> None:
     def loader() -> StatefulDataLoader:
-        ctx = "spawn" if num_workers else None
+        ctx = "fork" if num_workers else None
         return StatefulDataLoader(
             build(tokenizer, exhaustion="repeat").to_torch(),
             batch_size=None,
@@ -239,7 +243,7 @@ def test_each_pass_of_persistent_workers_repeats_the_data_from_the_start(
         batch_size=None,
         num_workers=2,
         persistent_workers=True,
-        multiprocessing_context="spawn",
+        multiprocessing_context="fork",
     )
     assert [take(loader, n) for n in (6, 10, 3)] == [reference[:6], reference, reference[:3]]
 
@@ -257,7 +261,7 @@ def test_persistent_and_fresh_workers_of_a_stateful_loader_give_the_same_passes_
             batch_size=None,
             num_workers=2,
             persistent_workers=persistent,
-            multiprocessing_context="spawn",
+            multiprocessing_context="fork",
         )
 
     reference = take(DataLoader(build(tokenizer, exhaustion="repeat")), 12)
@@ -306,7 +310,7 @@ def test_a_data_error_in_a_worker_reaches_the_loop_as_a_data_error(
     source = StaticMixtureWorkSource([Dataset.from_path("web", shard)], shuffle=False)
     pipeline = Pipeline(source).options(canonical_replicas=2).tokenize(tokenizer=tokenizer)
     loader = DataLoader(
-        pipeline.pack_flat(16).batch(1), num_workers=2, multiprocessing_context="spawn"
+        pipeline.pack_flat(16).batch(1), num_workers=2, multiprocessing_context="fork"
     )
     with pytest.raises(DataError) as caught:
         list(loader)
@@ -395,7 +399,7 @@ def test_lanes_several_turns_apart_resume_alike_in_one_process_and_with_workers(
     state = json.loads(json.dumps(merge_states(ranks)))
     streams = []
     for workers in (0, 2, 4):
-        context = "spawn" if workers else None
+        context = "fork" if workers else None
         loader = DataLoader(uneven_lanes(), num_workers=workers, multiprocessing_context=context)
         loader.load_state_dict(state)
         streams.append(take(loader))
@@ -405,7 +409,7 @@ def test_lanes_several_turns_apart_resume_alike_in_one_process_and_with_workers(
 def test_a_loader_sharing_its_dataset_with_another_keeps_its_own_transport() -> None:
     reference = take(DataLoader(uneven_lanes()))
     dataset = uneven_lanes().to_torch()
-    with_workers = DataLoader(dataset, num_workers=2, multiprocessing_context="spawn")
+    with_workers = DataLoader(dataset, num_workers=2, multiprocessing_context="fork")
     DataLoader(dataset)  # a second loader over the same dataset, without workers
     assert take(with_workers) == reference
 
@@ -419,7 +423,7 @@ def test_repeat_with_an_empty_lane_keeps_one_process_order_with_workers() -> Non
         return pipeline.pack_flat(8, "wrap").batch(1)
 
     reference = take(DataLoader(build()), 24)
-    assert take(DataLoader(build(), num_workers=4, multiprocessing_context="spawn"), 24) == (
+    assert take(DataLoader(build(), num_workers=4, multiprocessing_context="fork"), 24) == (
         reference
     )
 

@@ -101,7 +101,7 @@ def test_an_iterator_made_before_another_iter_is_stale(tokenizer: Any, workers: 
     """Both iterators ran and marked their batches as delivered (without workers, until the
     newer one took its first batch): the state then named neither stream's position."""
     reference = take(DataLoader(build(tokenizer)), 10)
-    options = {"multiprocessing_context": "spawn"} if workers else {}
+    options = {"multiprocessing_context": "fork"} if workers else {}
     loader = DataLoader(build(tokenizer), num_workers=workers, **options)
     first = iter(loader)
     got = [fingerprint(next(first)) for _ in range(3)]
@@ -124,7 +124,7 @@ def test_stateful_dataloader_with_an_idle_worker_saves_and_resumes(tokenizer: An
             build(tokenizer).to_torch(),
             batch_size=None,
             num_workers=3,
-            multiprocessing_context="spawn",
+            multiprocessing_context="fork",
         )
 
     reference = take(DataLoader(build(tokenizer)), 10)
@@ -160,7 +160,7 @@ def test_iterating_a_spent_loader_again_warns_once(
     tokenizer: Any, workers: int, rows: tuple[int, int], capfd: pytest.CaptureFixture[str]
 ) -> None:
     pipeline = build(tokenizer, exhaustion="stop", datasets=two_sources(*rows, shard_size=3))
-    loader = DataLoader(pipeline, num_workers=workers, multiprocessing_context="spawn")
+    loader = DataLoader(pipeline, num_workers=workers, multiprocessing_context="fork")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", "dataset 'short' ran out")  # (of the mixture)

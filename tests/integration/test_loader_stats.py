@@ -38,7 +38,7 @@ def test_loader_stats_count_what_the_loop_received_as_the_pipeline_counts_it(
     expected = reference.stats()
     assert expected["skipped_documents"]["too_long"] and expected["skipped_documents"]["too_short"]
     loader = DataLoader(
-        skipping(tokenizer), num_workers=num_workers, multiprocessing_context="spawn"
+        skipping(tokenizer), num_workers=num_workers, multiprocessing_context="fork"
     )
     items = []
     for item in loader:
@@ -59,9 +59,9 @@ def test_loader_stats_count_what_the_loop_received_as_the_pipeline_counts_it(
 def test_loader_stats_of_a_resumed_run_count_skips_from_the_run_s_start(tokenizer: Any) -> None:
     reference = skipping(tokenizer)
     list(reference)
-    first = DataLoader(skipping(tokenizer), num_workers=2, multiprocessing_context="spawn")
+    first = DataLoader(skipping(tokenizer), num_workers=2, multiprocessing_context="fork")
     received = take(first, 7)
-    resumed = DataLoader(skipping(tokenizer), num_workers=2, multiprocessing_context="spawn")
+    resumed = DataLoader(skipping(tokenizer), num_workers=2, multiprocessing_context="fork")
     resumed.load_state_dict(first.state_dict())
     rest = take(resumed)
     stats = resumed.stats()

@@ -139,7 +139,7 @@ def test_ranks_iterating_again_mid_step_go_on_as_one_process(
     steps of 2 micro-batches per rank) refused to go on: its lanes were a turn apart, which
     on every rank alike is where the ranks stopped in step."""
     steps = "0" if exhaustion == "stop" else "10"
-    common = ("--steps", steps, "--exhaustion", exhaustion)
+    common = ("--steps", steps, "--exhaustion", exhaustion, "--rows", "8,6")
     one = torchrun(1, tmp_path / "one", tokenizer_path, *common)
     again = ("--again-every", "7", "--workers", workers)
     assert torchrun(2, tmp_path / "again", tokenizer_path, *common, *again) == one
