@@ -20,18 +20,18 @@ from zephon_torch.work import StaticMixtureWorkSource
 from zephon_torch.work.mixture import choose_source
 
 
-def test_the_demo_recipe_meets_its_token_shares_per_global_batch_and_over_200_batches() -> None:
+def test_the_demo_recipe_meets_its_token_shares_per_global_batch_and_over_80_batches() -> None:
     tokenizer, _ = demo_tokenizer()
     pipeline = demo_pipeline(tokenizer)  # L=8 lanes, 8 x 2048 per micro-batch, 50:50 by tokens
     lanes = len(pipeline.lanes)
     micro: list[Batch] = []
     for batch in pipeline:
         micro.append(batch)
-        if len(micro) == 200 * lanes:
+        if len(micro) == 80 * lanes:
             break
     length, docs_in = document_lengths(micro)
     totals = {"code": 0, "prose": 0}
-    for step in range(200):
+    for step in range(80):
         global_batch = micro[step * lanes : (step + 1) * lanes]
         code = sum(b.tokens_by_source()["code"] for b in global_batch)
         total = sum(b.num_tokens for b in global_batch)
@@ -432,7 +432,7 @@ def test_a_source_of_a_small_share_waits_until_it_is_due(weight: float, due: int
     batches = _small_and_big(weight, lanes)
     small = total = 0
     first = None
-    for step in range(200):
+    for step in range(80):
         for _ in range(lanes):
             counts = next(batches).tokens_by_source()
             small += counts.get("small", 0)
