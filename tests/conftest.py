@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import random
 
+# One torch thread per process, set before torch is imported: two test workers (and their
+# DataLoader workers and torchrun ranks) share the machine's cores, and OpenMP threads that
+# spin waiting for a busy core slowed a small model's steps some thirtyfold.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 from tokenizers import Tokenizer
 
