@@ -134,7 +134,7 @@ class CacheFolder:
             for path, _, _ in sorted(self.entries(), key=lambda entry: entry[2]):
                 if self.free_bytes() >= size:
                     break
-                delete_unpinned(path)
+                self._evict(path)
 
     def free_bytes(self) -> int:
         """The bytes free to this process on the folder's disk."""
@@ -174,9 +174,23 @@ class CacheFolder:
         for path, entry_size, _ in entries:
             if used + size <= max_bytes:
                 break
-            if delete_unpinned(path):
+            if self._evict(path):
                 used -= entry_size
         return used + size <= max_bytes
+
+    def _evict(self, path: str) -> bool:
+        """Under the folder lock: deletes the cached file `path` unless it is pinned or its
+        name's lock is held (by a process placing, replacing or dropping the file under that
+        name, which is left to it: a file placed between the check and the unlink would be
+        deleted pinned); True when it is gone."""
+        lock = self.name_lock(os.path.basename(path))
+        fd = lock_file(lock, wait=False)
+        if fd is None:
+            return False
+        try:
+            return delete_unpinned(path)
+        finally:
+            release_file(lock, fd)
 
     def entries(self) -> list[tuple[str, int, float]]:
         """The cached files: (path, size, last use). Other files in the folder (a user's,
@@ -279,9 +293,9 @@ def mark_used(path: str) -> bool:
 
 
 def delete_unpinned(path: str) -> bool:
-    """Deletes `path` unless some process holds a lock on it (is reading it). The file locked
-    must be the one `path` names when it is unlinked: one placed under the name between the
-    open and the lock (a new download, pinned) is left, and False returned."""
+    """Deletes `path` unless some process holds a lock on it (is reading it). Callers hold
+    its name's lock, so no file is placed there meanwhile; should the name hold another file
+    than the one locked all the same, it is left, and False returned."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

@@ -688,3 +688,24 @@ def test_an_evicter_never_deletes_a_newer_file_placed_under_the_name_it_opened(
         assert path.read_bytes() == b"new download"
     finally:
         os.close(pinned[0])
+
+
+def test_an_evicter_leaves_a_file_whose_name_another_process_holds_locked(tmp_path: Path) -> None:
+    """A process holding a name's lock may be placing a new download under it: the evicter
+    leaves that name's file (its inode check and its unlink are not one step), and evicts it
+    once the lock is let go."""
+    cache = ShardCache(str(tmp_path), max_bytes=200)
+    old, newer = _item("old.jsonl", 100), _item("newer.jsonl", 100)
+    cache.ensure(old, _writer(b"o" * 100), pin=False)
+    time.sleep(0.01)
+    cache.ensure(newer, _writer(b"n" * 100), pin=False)
+    lock = cache._folder.name_lock(old.name)
+    fd = lock_file(lock, wait=True)  # another process's download of `old`, under way
+    assert fd is not None
+    try:
+        cache.ensure(_item("third.jsonl", 100), _writer(b"t" * 100), pin=False)
+        assert {n.split("-", 1)[1] for n in _cached(tmp_path)} == {"old.jsonl", "third.jsonl"}
+    finally:
+        release_file(lock, fd)
+    cache._folder.evict_to_free(1 << 62)  # the disk's free space never reaches this
+    assert _cached(tmp_path) == {}
