@@ -17,7 +17,9 @@ import hashlib
 import os
 import re
 import sys
+import time
 import uuid
+import warnings
 from collections.abc import Iterator
 
 from zephon_torch.errors import ConfigError
@@ -33,6 +35,11 @@ _FOLDER_LOCK = ".lock"
 # The basename kept in a cached file's name: with the digest, the temporary file's and the
 # reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
 _MAX_BASE = 100
+# Waiting for a name's lock: polled, from the first interval doubling to the last, and warned
+# of each STALL_S seconds the holder writes nothing (a live holder writes, or waits for room in
+# a cache full of shards in use, up to `ShardCache`'s full_timeout: the warning names both)
+_FIRST_POLL_S, _LAST_POLL_S = 0.002, 0.05
+STALL_S = 60.0
 
 
 _DIGEST = 24  # hex digits of a cached file's name (`cached_name`)
@@ -153,12 +160,53 @@ class CacheFolder:
         """Holds `name`'s lock: only its holder downloads or makes the file `name`, and its
         temporary file and reservation exist only while it holds the lock (see `sweep`)."""
         path = self.name_lock(name)
-        fd = lock_file(path, wait=True)
-        assert fd is not None
+        fd = lock_file(path, wait=False)
+        if fd is None:
+            fd = self._wait_for_lock(name, path)
         try:
             yield
         finally:
             release_file(path, fd)
+
+    def _wait_for_lock(self, name: str, path: str) -> int:
+        """Waits for `name`'s lock, held by another process or thread that is downloading or
+        making the file, and returns it. A warning says so each `STALL_S` seconds the
+        holder's temporary file does not grow: a holder stopped (SIGSTOP, `docker pause`)
+        holds the lock for as long as it is stopped, and the wait would be silent."""
+        delay, seen, still_since = _FIRST_POLL_S, self._partial(name), time.monotonic()
+        warned = still_since
+        while True:
+            time.sleep(delay)
+            delay = min(2 * delay, _LAST_POLL_S)
+            fd = lock_file(path, wait=False)
+            if fd is not None:
+                return fd
+            now, partial = time.monotonic(), self._partial(name)
+            if partial != seen:
+                seen, still_since = partial, now
+            elif now - still_since >= STALL_S and now - warned >= STALL_S:
+                warned = now
+                warnings.warn(
+                    f"waiting {now - still_since:.0f} s for the cached copy {name!r} in the shard "
+                    f"cache {self.directory!r}: another process holds its download and has "
+                    "written nothing in that time. It may be stopped (SIGSTOP, `docker pause`) "
+                    "or waiting for room in the cache; the wait goes on while it holds the file",
+                    stacklevel=2,
+                )
+
+    def _partial(self, name: str) -> list[tuple[str, int, int]]:
+        """The temporary files being written for `name`: (name, size, modification time)."""
+        found = []
+        with (
+            contextlib.suppress(FileNotFoundError),
+            os.scandir(os.path.join(self.directory, _TMP)) as listing,
+        ):
+            for entry in listing:
+                if entry.name.startswith(f"{name}."):
+                    with contextlib.suppress(FileNotFoundError):
+                        stat = entry.stat(follow_symlinks=False)
+                        found.append((entry.name, stat.st_size, stat.st_mtime_ns))
+        return sorted(found)
 
     def temp(self, name: str) -> str:
         """A fresh temporary path for the file `name` (written under `name`'s lock)."""

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -709,3 +710,43 @@ def test_an_evicter_leaves_a_file_whose_name_another_process_holds_locked(tmp_pa
         release_file(lock, fd)
     cache._folder.evict_to_free(1 << 62)  # the disk's free space never reaches this
     assert _cached(tmp_path) == {}
+
+
+@pytest.mark.parametrize("holder_writes", [False, True])
+def test_a_wait_for_a_download_that_writes_nothing_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holder_writes: bool
+) -> None:
+    """A process holding a shard's download while stopped (SIGSTOP, `docker pause`) kept
+    every other process waiting for that shard in silence. A holder writing its temporary
+    file is waited for without a word."""
+    from zephon_torch.io import _cache_folder
+
+    monkeypatch.setattr(_cache_folder, "STALL_S", 0.3)
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    item = _item("a.jsonl", 100)
+    lock = cache._folder.name_lock(item.name)
+    fd = lock_file(lock, wait=True)  # the other process's download of the shard
+    assert fd is not None
+    partial = Path(cache._folder.temp(item.name))
+    partial.write_bytes(b"p")
+
+    def holder() -> None:
+        for _ in range(15):
+            time.sleep(0.1)
+            if holder_writes:
+                with partial.open("ab") as out:
+                    out.write(b"p")
+        partial.unlink()
+        release_file(lock, fd)  # it died before placing the file: the waiter downloads it
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert Path(cache.ensure(item, _writer(b"x" * 100), pin=False)).read_bytes() == b"x" * 100
+    thread.join()
+    notes = [str(w.message) for w in caught if "written nothing" in str(w.message)]
+    if holder_writes:
+        assert notes == []
+    else:
+        assert notes and item.name in notes[0] and "SIGSTOP" in notes[0]
