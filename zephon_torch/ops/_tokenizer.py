@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from zephon_torch.io._cache import LruCache
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
 # where a saved folder or hub repository names its BOS and EOS
+_PROBES = 8  # vocabulary entries tried where "a" does not encode (see `_prefix_ids`)
 _NAMING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
 _PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")  # as the backend reads the variable
@@ -160,17 +162,33 @@ def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]
 
 def _prefix_ids(backend: Tokenizer) -> list[int]:
     """The ids the post-processing puts before a text's own (``[bos]`` for Llama's; none for
-    one that only appends EOS, even where BOS and EOS are one token); none known where the
-    vocabulary cannot encode the probe (symbols without an unknown token)."""
-    try:
-        whole = backend.encode("a").ids
-        own = backend.encode("a", add_special_tokens=False).ids
-    except Exception:  # tokenizers raises bare Exceptions
+    one that only appends EOS, even where BOS and EOS are one token). Probed with "a", or
+    where the vocabulary cannot encode it (symbols without an unknown token) with the text of
+    one of its first entries; none known where no probe encodes."""
+    for probe in _probes(backend):
+        try:
+            whole = backend.encode(probe).ids
+            own = backend.encode(probe, add_special_tokens=False).ids
+        except Exception:  # tokenizers raises bare Exceptions
+            continue
+        if not own:
+            continue
+        for start in range(len(whole) - len(own) + 1):
+            if whole[start : start + len(own)] == own:
+                return whole[:start]
         return []
-    for start in range(len(whole) - len(own) + 1):
-        if whole[start : start + len(own)] == own:
-            return whole[:start]
     return []
+
+
+def _probes(backend: Tokenizer) -> Iterator[str]:
+    """ "a", then the texts of the vocabulary's first few entries that are not added tokens."""
+    yield "a"
+    added = set(backend.get_added_tokens_decoder())
+    entries = sorted(i for i in backend.get_vocab(with_added_tokens=False).values())
+    for token_id in [i for i in entries if i not in added][:_PROBES]:
+        text = backend.decode([token_id])
+        if text.strip():
+            yield text
 
 
 def _special_tokens(backend: Tokenizer, config: dict[str, Any]) -> set[str]:

@@ -352,6 +352,20 @@ def test_a_vocabulary_that_cannot_encode_a_letter_a_still_resolves() -> None:
     assert resolved.backend.encode("GATTACA").ids == [2, 0, 3, 3, 0, 1, 0]
 
 
+def test_a_bos_added_by_a_vocabulary_that_cannot_encode_a_letter_a_is_known() -> None:
+    """Its probe, "a", did not encode, and no BOS was known: a policy leaving BOS out of
+    every document was not warned of. The vocabulary's own entries are probed then."""
+    from tokenizers import models, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
+
+    dna = Tokenizer(models.WordLevel({"<s>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "<eos>": 5}))
+    dna.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    dna.add_special_tokens(["<s>", "<eos>"])
+    dna.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    resolved = resolve_tokenizer(None, dna, bos_token="<s>", eos_token="<eos>")
+    assert resolved.adds_bos and resolved.bos_id == 0
+
+
 def test_a_path_given_as_tokenizer_is_read_as_the_first_argument_is(
     tmp_path: Path, tokenizer: Tokenizer
 ) -> None:
