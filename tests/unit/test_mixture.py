@@ -23,15 +23,15 @@ from zephon_torch.work.mixture import choose_source
 def test_the_demo_recipe_meets_its_token_shares_per_global_batch_and_over_80_batches() -> None:
     tokenizer, _ = demo_tokenizer()
     pipeline = demo_pipeline(tokenizer)  # L=8 lanes, 8 x 2048 per micro-batch, 50:50 by tokens
-    lanes = len(pipeline.lanes)
+    lanes, steps = len(pipeline.lanes), 80
     micro: list[Batch] = []
     for batch in pipeline:
         micro.append(batch)
-        if len(micro) == 80 * lanes:
+        if len(micro) == steps * lanes:
             break
     length, docs_in = document_lengths(micro)
     totals = {"code": 0, "prose": 0}
-    for step in range(80):
+    for step in range(steps):
         global_batch = micro[step * lanes : (step + 1) * lanes]
         code = sum(b.tokens_by_source()["code"] for b in global_batch)
         total = sum(b.num_tokens for b in global_batch)

@@ -23,8 +23,8 @@ from zephon_torch.io._cache import LruCache
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
-# where a saved folder or hub repository names its BOS and EOS
 _PROBES = 8  # vocabulary entries tried where "a" does not encode (see `_prefix_ids`)
+# where a saved folder or hub repository names its BOS and EOS
 _NAMING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
 _PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")  # as the backend reads the variable
@@ -181,10 +181,11 @@ def _prefix_ids(backend: Tokenizer) -> list[int]:
 
 
 def _probes(backend: Tokenizer) -> Iterator[str]:
-    """ "a", then the texts of the vocabulary's first few entries that are not added tokens."""
+    """The texts to probe with: "a", then those of the vocabulary's first `_PROBES` entries
+    that are not added tokens."""
     yield "a"
     added = set(backend.get_added_tokens_decoder())
-    entries = sorted(i for i in backend.get_vocab(with_added_tokens=False).values())
+    entries = sorted(backend.get_vocab(with_added_tokens=False).values())
     for token_id in [i for i in entries if i not in added][:_PROBES]:
         text = backend.decode([token_id])
         if text.strip():
