@@ -432,7 +432,7 @@ def test_a_source_of_a_small_share_waits_until_it_is_due(weight: float, due: int
     batches = _small_and_big(weight, lanes)
     small = total = 0
     first = None
-    for step in range(80):
+    for step in range(200):
         for _ in range(lanes):
             counts = next(batches).tokens_by_source()
             small += counts.get("small", 0)
