@@ -1,37 +1,31 @@
 """Remote shards read through the node-local cache by the format's ordinary local reader.
 
 Reading a shard downloads it whole into the cache (see `_shard_cache`), so rows read at local
-speed. JSONL, Parquet and Vortex readers are handed the cached file; MDS, LitData and `.npy`
-readers, whose shards come with an index or an offsets file, reach every file through a
-`locate` hook that downloads it (see `_locate`). Rows are counted from as little as can be:
-MDS and LitData from `index.json`, Parquet footers and `.npy` headers by range reads; JSONL
-(and Vortex) need the whole file once, after which the count is remembered (see
-`_remote_rows`). The reader pickles as its settings and object
-table; a worker rebuilds the file system, the cache handle and the local reader on first use.
-Every remote call is retried under the `RetryPolicy`, then fails with a StorageError naming the
-URL; an object changed or gone since its listing is a DataError naming the shard (see
-`_download.read_listed`).
+speed; the downloads, and prefetches of the shards read next, are `_shard_downloads`'s. JSONL,
+Parquet and Vortex readers are handed the cached file; MDS, LitData and `.npy` readers, whose
+shards come with an index or an offsets file, reach every file through a `locate` hook that
+downloads it (see `_locate`). Rows are counted from as little as can be: MDS and LitData from
+`index.json`, Parquet footers and `.npy` headers by range reads; JSONL (and Vortex) need the
+whole file once, after which the count is remembered (see `_remote_rows`). The reader pickles
+as its settings and object table; a worker rebuilds the file system, the cache handle and the
+local reader on first use. Every remote call is retried under the `RetryPolicy`, then fails
+with a StorageError naming the URL; an object changed or gone since its listing is a DataError
+naming the shard (see `_download.read_listed`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import logging
 import os
-import sys
 import threading
-import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from zephon_torch.errors import ConfigError, DataError, StorageError, ZephonError
 from zephon_torch.io._arrow import check_columns
-from zephon_torch.io._background import Background
 from zephon_torch.io._cache_folder import disk_size
-from zephon_torch.io._download import check_unchanged, fetch, read_listed
+from zephon_torch.io._download import check_unchanged, read_listed
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._pickled import PickledAsSettings
@@ -47,6 +41,7 @@ from zephon_torch.io._remote_rows import (
 )
 from zephon_torch.io._rows import Rows, TokenIds, where_in_file
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
+from zephon_torch.io._shard_downloads import ShardDownloads
 from zephon_torch.io.formats import (
     COMPRESSION_ENDINGS,
     LOCATING_FORMATS,
@@ -56,8 +51,6 @@ from zephon_torch.io.formats import (
 )
 from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import window_blocks
-
-_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -89,7 +82,6 @@ class RemoteReader(PickledAsSettings):
     """
 
     _fs: Any
-    _index_data: bytes | None
     SETTINGS = (  # what it pickles as
         "dataset",
         "format",
@@ -128,34 +120,34 @@ class RemoteReader(PickledAsSettings):
         self.index = index
         self._open_caches()
         self._fs = fs  # the listing's, reused in this process only
-        self._index_data = index_data
+        self.downloads.index_data = index_data
 
     def _open_caches(self) -> None:
         self._fs = None
-        self._index_data = None
         self._cache: ShardCache | None = None
         self._opened: tuple[ShardReader, list[str]] | None = None
-        self._budget_warned = False
-        self._window_warned = False
-        self._fresh_threads()
+        self._fresh_locks()
+        self.downloads = ShardDownloads(
+            dataset=self.dataset,
+            objects=self.objects,
+            options=self.options,
+            files_of=self._files_of,
+            filesystem=self._filesystem,
+            shard_cache=self._shard_cache,
+            index=self.index,
+        )
         _LIVE.add(self)
 
-    def _fresh_threads(self) -> None:
-        self._lock = threading.Lock()
+    def _fresh_locks(self) -> None:
+        self._lock = threading.Lock()  # makes the file system and the cache handle
         self._opening = threading.Lock()  # builds the local reader; may download the index
-        self._pool: Background | None = None
-        self._queued: set[str] = set()
-        # per object, how its last prefetch failed or stopped (see `_downloader`)
-        self._failed: dict[str, _Failed] = {}
-        # set by a download that failed (not stopped), cleared by one that succeeds in the
-        # foreground: meanwhile no prefetch is queued, and those running stop retrying
-        self._store_failed = threading.Event()
 
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker): fresh locks, as a parent thread may have
         held one at the fork; no download threads (they stayed in the parent); a new file
         system, as its event loop stayed there too."""
-        self._fresh_threads()
+        self._fresh_locks()
+        self.downloads.after_fork()
         self._fs = None
         if self._cache is not None:
             self._cache.after_fork()
@@ -271,11 +263,11 @@ class RemoteReader(PickledAsSettings):
     def _read_once(self, path: str, call: Callable[[ShardReader, str], T]) -> T:
         reader = self._open()[0]
         if self.format in LOCATING_FORMATS:
-            self._mark_used(path)
+            self.downloads.mark_used(path)
             return call(reader, path)
         fs_path, item = self.objects[path]
         cache = self._shard_cache()
-        with cache.open(item, self._downloader(fs_path, item)) as local:
+        with cache.open(item, self.downloads.downloader(fs_path, item)) as local:
             try:
                 return call(reader, local)
             except DataError as error:
@@ -289,100 +281,6 @@ class RemoteReader(PickledAsSettings):
             except StorageError as error:
                 url = path if error.url is None else error.url.replace(local, path)
                 raise StorageError(error.detail.replace(local, path), url=url) from error
-
-    def prefetch(self, urls: Iterable[str], *, share: int = 1) -> None:
-        """Downloads upcoming shards (and their `.npy` offsets files) in the background, as far
-        ahead as the cache's `prefetch_bytes` reaches; returns at once.
-
-        `urls` are the shards in the order they will be read, the one being read first. The
-        walk adds up the sizes of those after it, cached or not, and stops before the sum
-        passes the budget (but always takes the next one), so at most `prefetch_bytes` of data,
-        or one shard, lies ready ahead of the reader however often it asks;
-        objects already queued are skipped, and those already cached are marked as just used
-        (else a shard fetched ahead looks older to the LRU than those other processes read
-        since, and is evicted before its turn). It consumes `urls` lazily. `share`: how
-        many datasets prefetch into this cache at once; each gets that part of the budget, so
-        together they stay within it. Errors are not raised here; the read that needs the
-        shard retries and raises them. Nothing is fetched ahead after a download from the store
-        failed, until a read's download succeeds (see `_downloader`).
-        """
-        cache_options = self.options.cache
-        budget = cache_options.prefetch_bytes
-        if budget == 0 or self._store_failed.is_set():
-            return
-        processes = local_processes()
-        if budget is None:  # a quarter of the cache for all the node's processes together
-            budget = cache_options.max_bytes // 4 // processes
-        elif budget > cache_options.max_bytes // 2 // processes:
-            budget = self._shared_budget(budget, processes)
-        budget //= max(1, share)
-        cache = self._shard_cache()
-        ahead = 0
-        with self._lock:
-            for number, shard in enumerate(urls):
-                # the shard being read is not ahead, and the next one is always fetched (a
-                # small budget, many processes to a node, would else fetch nothing)
-                if number > 0:
-                    ahead += sum(self.objects[url][1].size for url in self._files_of(shard))
-                    if number > 1 and ahead > budget:
-                        return
-                self._fetch_ahead(shard, cache)
-
-    def check_window(self, shards: list[str], *, share: int = 1) -> None:
-        """See `Dataset.check_window`."""
-        if self._window_warned:
-            return
-        size = sum(self.objects[url][1].size for shard in shards for url in self._files_of(shard))
-        max_bytes = self.options.cache.max_bytes
-        room = max_bytes // max(1, share)
-        if size > room:
-            self._window_warned = True
-            part = f"its part ({room} bytes) of " if share > 1 else ""
-            shared = f", shared by {share} remote datasets" if share > 1 else ""
-            warnings.warn(
-                f"dataset {self.dataset!r}: the {len(shards)} shards of a shuffle window "
-                f"({size} bytes, read at once) do not fit in {part}the shard cache (max_bytes "
-                f"{max_bytes}{shared}), so they are downloaded again and again as their rows "
-                f"are read; raise `max_bytes` or lower `shuffle_window_shards`",
-                stacklevel=2,
-            )
-
-    def _shared_budget(self, budget: int, processes: int) -> int:
-        """The part of half the cache each of the node's `processes` may prefetch, where
-        `budget` each would pass it (warned of once per dataset and process): more evicts
-        prefetched shards before they are read, which are then downloaded again."""
-        shared = self.options.cache.max_bytes // 2 // processes
-        if not self._budget_warned:
-            self._budget_warned = True
-            warnings.warn(
-                f"dataset {self.dataset!r}: cache `prefetch_bytes` {budget} per process, for "
-                f"{processes} processes on this node, passes half of `max_bytes` "
-                f"({self.options.cache.max_bytes}); each prefetches {shared} bytes ahead",
-                stacklevel=3,
-            )
-        return shared
-
-    def _mark_used(self, shard: str) -> None:
-        """Marks the cached files of a shard read through a reader that keeps it open as just
-        used (once per read call, a window of rows): the reader goes back to the cache only
-        when it opens the shard, so a shard read all the time would else look the oldest to
-        the LRU, be evicted first and downloaded again by the node's other processes."""
-        cache = self._shard_cache()
-        for url in self._files_of(shard):
-            cache.touch(self.objects[url][1])  # not cached (yet, or any more): nothing to mark
-
-    def _fetch_ahead(self, shard: str, cache: ShardCache) -> None:
-        """Under the lock: queue the download of the shard's uncached files."""
-        cache_options = self.options.cache
-        for url in self._files_of(shard):
-            fs_path, item = self.objects[url]
-            # cached: marked as just used, so that the LRU does not evict it first
-            if url in self._queued or cache.touch(item):
-                continue
-            if self._pool is None:
-                self._pool = Background(cache_options.prefetch_threads, "zephon-prefetch")
-            self._queued.add(url)
-            self._pool.submit(self._prefetch_one, url, fs_path, item)
 
     def cache_counters(self) -> dict[str, int]:
         """This process's cache hits, misses and bytes downloaded for this dataset."""
@@ -458,7 +356,7 @@ class RemoteReader(PickledAsSettings):
         fs_path, item = self.objects[url]
         cache = self._shard_cache()
         try:
-            with cache.open(item, self._downloader(fs_path, item)) as local:
+            with cache.open(item, self.downloads.downloader(fs_path, item)) as local:
                 try:
                     yield local
                 except (DataError, OSError) as error:
@@ -514,93 +412,6 @@ class RemoteReader(PickledAsSettings):
         rows = npy_rows(path, self.objects, fs=fs, policy=retry, dataset=self.dataset)
         return self._open()[0].num_rows(path) if rows is None else rows
 
-    def _prefetch_one(self, url: str, fs_path: str, item: CachedObject) -> None:
-        # Errors are not raised here: the read that needs the object downloads it and raises
-        # them, or this one where it waited on this download (see `_downloader`).
-        try:
-            if self._store_failed.is_set():  # queued before a download failed
-                return
-            download = self._downloader(fs_path, item, foreground=False)
-            self._shard_cache().ensure(item, download, pin=False)
-        except Exception:  # raised again by the read that needs the object
-            pass
-        finally:
-            with self._lock:
-                self._queued.discard(url)
-
-    def _downloader(self, fs_path: str, item: CachedObject, *, foreground: bool = True) -> Any:
-        """The download of one object, retried; a foreground one shows a byte bar on a
-        terminal (prefetches stay quiet: several run at once in the background).
-
-        A download that fails (past its retries, or for good) stops the prefetches: those
-        queued are dropped, and those running stop before their next retry, rather than each
-        retrying a dead store for the policy's whole `timeout` (and holding its object's
-        lock) after the run has its error; prefetching resumes once a foreground download
-        succeeds.
-
-        A foreground download that waited on a prefetch of its object (for the object's lock)
-        raises at once the `StorageError` of that prefetch if it failed: retrying as long
-        again would double the policy's `timeout` against a dead store. If it was stopped,
-        the read retries for what was left of the prefetch's `timeout` only (one attempt at
-        least): one budget per object, whichever download spends it."""
-        asked = time.monotonic() if foreground else None
-        stop = None if foreground else self._store_failed
-
-        def download(target: str) -> None:
-            retry = self.options.retry
-            if asked is not None:
-                with self._lock:
-                    failed = self._failed.pop(item.url, None)
-                if failed is not None and failed.at >= asked:
-                    if failed.error.reason != "stopped":
-                        error = failed.error
-                        raise StorageError(error.detail, url=error.url) from error
-                    left = failed.began + retry.timeout - time.monotonic()
-                    retry = dataclasses.replace(retry, timeout=max(0.0, left))
-            given = self._index_data if item.url == self.index else None
-            if given is not None and len(given) == item.size:  # read when listing: no GET
-                with open(target, "wb") as handle:
-                    handle.write(given)
-                return
-            began = time.monotonic()
-            try:
-                fetch(
-                    self._filesystem(),
-                    fs_path,
-                    item,
-                    target,
-                    dataset=self.dataset,
-                    retry=retry,
-                    show=foreground,
-                    stop=stop,
-                )
-            except StorageError as error:
-                with self._lock:
-                    if stop is not None:  # a prefetch: told while it still holds the object's
-                        # lock, which a waiting read takes the moment it is let go
-                        self._failed[item.url] = _Failed(time.monotonic(), began, error)
-                    if error.reason != "stopped":
-                        self._stop_prefetching(error)
-                raise
-            if foreground and self._store_failed.is_set():
-                self._store_failed.clear()
-                _log.info("dataset %r: a download succeeded; prefetching resumes", self.dataset)
-
-        return download
-
-    def _stop_prefetching(self, error: StorageError) -> None:
-        """Under the lock: no prefetch queued or retried until a foreground download succeeds."""
-        if not self._store_failed.is_set():
-            _log.info(
-                "dataset %r: prefetching stops until a read's download succeeds, after: %s",
-                self.dataset,
-                error,
-            )
-        self._store_failed.set()
-        if self._pool is not None:
-            for url, *_ in self._pool.clear():
-                self._queued.discard(url)
-
     def _filesystem(self) -> Any:
         with self._lock:
             if self._fs is None:  # a pickled copy's, made as at the open (`list_remote`)
@@ -625,26 +436,6 @@ class _LostCopy(DataError):
             f"{error})",
             dataset=dataset,
         )
-
-
-class _Failed(NamedTuple):
-    """A prefetch that ended in a StorageError: when, when its download began, the error."""
-
-    at: float
-    began: float
-    error: StorageError
-
-
-def local_processes() -> int:
-    """How many processes of this node share its shard cache, as far as this one can tell: the
-    node's ranks (``LOCAL_WORLD_SIZE``, as torchrun sets it) times this DataLoader's workers."""
-    try:
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    loading = sys.modules.get("torch.utils.data")  # loaded already in a DataLoader worker
-    info = loading.get_worker_info() if loading is not None else None
-    return ranks * (info.num_workers if info is not None else 1)
 
 
 _LIVE: weakref.WeakSet[RemoteReader] = weakref.WeakSet()

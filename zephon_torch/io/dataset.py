@@ -436,7 +436,8 @@ class Dataset:
             DataError: for a shard number out of range (remote datasets).
         """
         if isinstance(self._reader, RemoteReader):
-            self._reader.prefetch((self._shard(shard).path for shard in shards), share=share)
+            downloads = self._reader.downloads
+            downloads.prefetch((self._shard(shard).path for shard in shards), share=share)
 
     def check_window(self, shards: Iterable[int], *, share: int = 1) -> None:
         """Warns once when a shuffle window's `shards` (read all at once) do not fit in this
@@ -446,7 +447,7 @@ class Dataset:
         local and in-memory datasets."""
         if isinstance(self._reader, RemoteReader):
             paths = [self._shard(shard).path for shard in shards]
-            self._reader.check_window(paths, share=share)
+            self._reader.downloads.check_window(paths, share=share)
 
     def fingerprint(self) -> dict[str, Any]:
         """Returns a JSON-able summary that changes when the shard list or a row count does.

@@ -100,7 +100,7 @@ def test_a_copy_deleted_while_another_read_holds_it_is_downloaded_again(
     held = [reader.objects[url] for url in reader.objects]
     with contextlib.ExitStack() as stack:
         for fs_path, item in held:  # every file held, as reads under way would
-            stack.enter_context(cache.open(item, reader._downloader(fs_path, item)))
+            stack.enter_context(cache.open(item, reader.downloads.downloader(fs_path, item)))
         assert _clean(tmp_path / "cache") >= len(held)  # with decompressed copies
         assert _everything(fresh) == expected
     assert cache._pins.held == {}

@@ -444,15 +444,15 @@ def test_a_stopped_prefetch_is_told_from_a_failed_one_by_its_error_not_the_break
     first = threading.Thread(target=read, args=(1,), name="read 1")
     first.start()  # waits on the prefetch's lock
     time.sleep(0.1)
-    with reader._lock:  # as a prefetch walk holds it
-        reader._stop_prefetching(StorageError("another download failed", url="u"))
+    with reader.downloads._lock:  # as a prefetch walk holds it
+        reader.downloads._stop_prefetching(StorageError("another download failed", url="u"))
         time.sleep(0.2)  # the prefetch stopped, and waits for the lock
         blip.clear()
         in_flight.set()
         second.join(10)  # its download succeeded: prefetching resumes
     first.join(10)
     assert got == {2: 200, 1: 100}
-    assert not reader._store_failed.is_set()
+    assert not reader.downloads._store_failed.is_set()
     dataset.prefetch([3])
     assert "3.parquet" in _cached_shards(tmp_path / "cache", 3)
 
@@ -475,8 +475,10 @@ def test_a_failed_download_ends_the_running_prefetches_waiting_to_retry(
     while len(tried) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert sorted(tried) == ["part-0.parquet", "part-1.parquet"]
-    with dataset._reader._lock:
-        dataset._reader._stop_prefetching(StorageError("another download failed", url="u"))
+    with dataset._reader.downloads._lock:
+        dataset._reader.downloads._stop_prefetching(
+            StorageError("another download failed", url="u")
+        )
     while _prefetch_threads() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not _prefetch_threads()  # well before their 60 s wait
