@@ -74,3 +74,26 @@ def test_processes_making_different_loader_calls_at_once_are_named() -> None:
     _check_same_call([("iterating", (2, 0)), ("iterating", (2, 1))], "iterating")
     with pytest.raises(ZephonError, match="process 0: iterating, process 1: state_dict"):
         _check_same_call([("iterating", (2, 0)), ("state_dict", {}, (2, 1), {})], "iterating")
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"world_size": 2}, "`world_size` option is 2, but no `rank` is given"),
+        ({"rank": 1}, "`rank` option is 1, but no `world_size` is given"),
+    ],
+)
+def test_one_of_world_size_and_rank_without_a_process_group_or_environment_is_refused(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, options: dict[str, int], says: str
+) -> None:
+    """Without a process group or RANK/WORLD_SIZE, `world_size=2` alone read as rank 0: every
+    process of a job launched without RANK (mp.spawn, a SLURM script) read lanes 0-1, and
+    lanes 2-3 went unread, without a word."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    pipeline = small_pipeline(tokenizer).options(canonical_replicas=4)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        pipeline.options(**options).lanes  # noqa: B018
+    assert pipeline.options(world_size=2, rank=1).lanes == [2, 3]
+    assert pipeline.options(world_size=1).lanes == [0, 1, 2, 3]
+    assert pipeline.options(rank=0).lanes == [0, 1, 2, 3]

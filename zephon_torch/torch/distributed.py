@@ -59,7 +59,7 @@ def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, 
                 f"RANK={os.environ.get('RANK')!r}; set both or neither"
             )
         if env[0] is None or env[1] is None:
-            return (1 if world_size is None else world_size, 0 if rank is None else rank)
+            return _from_options(world_size, rank)
         found, source = (env[0], env[1]), "the RANK/WORLD_SIZE environment"
         if found[1] >= found[0]:
             raise ConfigError(f"RANK={found[1]} must be below WORLD_SIZE={found[0]}")
@@ -69,6 +69,26 @@ def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, 
         if given is not None and given != live:
             raise ConfigError(f"`{name}` option is {given}, but {source} says {live}")
     return found
+
+
+def _from_options(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    """The topology of the options alone, where no process group or environment tells one:
+    both given, or neither (this process alone). One without the other is refused: every
+    process of a job launched without RANK (``mp.spawn``, a SLURM script) would else read
+    rank 0's lanes, and the rest of the data none."""
+    if world_size is not None and world_size > 1 and rank is None:
+        raise ConfigError(
+            f"`world_size` option is {world_size}, but no `rank` is given, and neither "
+            "torch.distributed nor the RANK/WORLD_SIZE environment tells this process's: give "
+            "`rank` too (each process would else read rank 0's lanes)"
+        )
+    if world_size is None and rank:
+        raise ConfigError(
+            f"`rank` option is {rank}, but no `world_size` is given, and neither "
+            "torch.distributed nor the RANK/WORLD_SIZE environment tells one: give "
+            "`world_size` too"
+        )
+    return (1 if world_size is None else world_size, 0 if rank is None else rank)
 
 
 def _data_parallel(world_size: int, rank: int | None, live: int, source: str) -> tuple[int, int]:
