@@ -37,6 +37,13 @@ class Options:
             if value is not None:  # plain ints: the fingerprint and state are JSON
                 object.__setattr__(self, name, integer_setting(value, f"`{name}`"))
         # a rank alone is checked against the world the environment gives, when resolved
+        rank = self.rank
+        if self.world_size is None and rank is not None and rank >= self.canonical_replicas > 0:
+            raise ConfigError(
+                f"`rank` option is {rank} without `world_size`: a rank lies below the world "
+                f"size, which divides `canonical_replicas` ({self.canonical_replicas}); give "
+                "`world_size` too, and `canonical_replicas` as the largest world size planned"
+            )
         world = self.world_size
         if world is None:
             world = 1 if self.rank is None else self.canonical_replicas

@@ -166,6 +166,22 @@ def id_check(self: Pipeline) -> IdCheck | None:
     )
 
 
+def check_pad_id(self: Pipeline, pad_token_id: int | None) -> None:
+    """Warn where a `pad_token_id` given with a tokenizer lies past its vocabulary: every
+    padding position holds it, so the model's embedding needs a row for it (one padded past
+    the tokenizer's may have; else the model fails at its first padded batch, on an index)."""
+    if pad_token_id is None or self._tokenize is None:
+        return
+    size = resolve(self).backend.get_vocab_size(with_added_tokens=True)
+    if pad_token_id >= size:
+        warnings.warn(
+            f"`pad_token_id` {pad_token_id} lies past the tokenizer's vocabulary ({size} ids): "
+            "every padding position holds it, so the model's embedding needs a row for it; "
+            "leave it unset to pad with EOS",
+            stacklevel=user_stacklevel(),
+        )
+
+
 def plain_documents(self: Pipeline) -> bool:
     """Whether documents carry only tokens: no chat loss masks and no payload fields."""
     assert self._pack is not None

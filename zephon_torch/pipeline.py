@@ -27,7 +27,7 @@ from zephon_torch._specs import (
 )
 from zephon_torch._state import STATE_VERSION, check_state, state_step
 from zephon_torch._stats import RunCounters, pipeline_stats
-from zephon_torch._token_stage import pad_id, prefetch_depth, resolve
+from zephon_torch._token_stage import check_pad_id, pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import check_in_step, lanes_for_rank
 from zephon_torch.errors import ConfigError, positive_setting
 from zephon_torch.ops._runner import RunnerKind
@@ -362,6 +362,7 @@ class Pipeline:
             long_documents=long_documents,
             min_document_length=min_document_length,
         )
+        check_pad_id(self, pad_token_id)
         return self._with(_pack=spec)
 
     def stateful_filter(

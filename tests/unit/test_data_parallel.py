@@ -97,3 +97,5 @@ def test_one_of_world_size_and_rank_without_a_process_group_or_environment_is_re
     assert pipeline.options(world_size=2, rank=1).lanes == [2, 3]
     assert pipeline.options(world_size=1).lanes == [0, 1, 2, 3]
     assert pipeline.options(rank=0).lanes == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match=r"`rank` option is 4 without `world_size`"):
+        pipeline.options(rank=4)  # past any world of 4 lanes: refused at once

@@ -185,9 +185,16 @@ class JsonlReader:
                 ) from error
             if type(value) is not dict:
                 kind = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+                many = type(value) is list and any(type(item) is dict for item in value)
+                hint = (
+                    "; the file looks like one JSON array of objects, not JSON Lines (one "
+                    "object per line): convert it, or leave it out of the dataset"
+                    if many
+                    else ""
+                )
                 raise DataError(
                     f"expected a JSON object per line, got a JSON {kind} "
-                    f"in the line at byte {start}",
+                    f"in the line at byte {start}{hint}",
                     dataset=self.dataset,
                     shard=path,
                     row=row,

@@ -110,6 +110,7 @@ class _OpenFile:
     offsets: npt.NDArray[np.int64]  # first row of each row group, then the row count
     group_bytes: tuple[int, ...]
     blocks: tuple[int, ...]  # see `window_blocks`
+    size: int  # the file's size when opened
 
     @property
     def num_rows(self) -> int:
@@ -229,6 +230,7 @@ class ParquetReader(PickledAsSettings):
         # A corrupt footer fails in pyarrow (ArrowException, OSError) or, a name that is not
         # UTF-8, as a UnicodeDecodeError (a ValueError) when the schema or a column is read.
         try:
+            size = os.stat(path).st_size
             # pages written with checksums are verified (none written: nothing to verify)
             file = pq.ParquetFile(path, page_checksum_verification=True)
             self._check_columns(path, file.schema_arrow)
@@ -252,6 +254,7 @@ class ParquetReader(PickledAsSettings):
             offsets=offsets,
             group_bytes=group_bytes,
             blocks=window_blocks(group_sizes(metadata)),
+            size=size,
         )
 
     def _group_bytes(self, group: pq.RowGroupMetaData, fields: set[str]) -> int:
@@ -297,13 +300,32 @@ class ParquetReader(PickledAsSettings):
             ) from None
         except (pa.ArrowException, OSError, ValueError) as error:
             raise DataError(
-                f"cannot decode row group {group}: {error}", dataset=self.dataset, shard=path
+                f"cannot decode row group {group}: {error}{_changed(path, opened.size)}",
+                dataset=self.dataset,
+                shard=path,
             ) from error
         return _RowGroup(
             names=names,
             columns=values,
             nbytes=column_bytes(values, opened.group_bytes[group]),
         )
+
+
+def _changed(path: str, size: int) -> str:
+    """What a failed decode adds where the file is not the size it was when opened (cut short,
+    or rewritten, since): its rows are not those the dataset was opened with."""
+    try:
+        now: int | None = os.stat(path).st_size
+    except OSError:
+        now = None
+    if now == size:
+        return ""
+    what = "gone" if now is None else f"{now} bytes"
+    return (
+        f"; the shard file is {what} now, {size} when the dataset was opened: it changed "
+        "since (a shard must not change while it is read; replace one by renaming a new file "
+        "over it, and open the dataset again)"
+    )
 
 
 class _DecodeLog:

@@ -250,7 +250,23 @@ def _load(tokenizer_id: str) -> tuple[Any, str]:
             raise ConfigError(f"tokenizer directory {str(path)!r} has no tokenizer.json")
         backend = _read_tokenizer(file)
         return _with_config_tokens(backend, path), str(path)
+    if _is_path(tokenizer_id):
+        raise ConfigError(
+            f"cannot load tokenizer {tokenizer_id!r}: no such file or directory (and a hub id "
+            "reads 'org/name')"
+        )
     return _from_hub(tokenizer_id), tokenizer_id
+
+
+def _is_path(tokenizer_id: str) -> bool:
+    """Whether ``tokenizer_id`` can only be a path, not a hub id (``name`` or ``org/name``):
+    absolute, relative to ``.``, ``..`` or ``~``, deeper than ``org/name``, or a ``.json``."""
+    return (
+        os.path.isabs(tokenizer_id)
+        or tokenizer_id.startswith(("./", "../", "~", ".\\"))
+        or tokenizer_id.count("/") > 1
+        or tokenizer_id.endswith(".json")
+    )
 
 
 def _from_hub(repo_id: str) -> Any:

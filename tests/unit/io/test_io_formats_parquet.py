@@ -193,6 +193,26 @@ def test_a_truncated_parquet_file_raises_a_data_error_naming_dataset_and_shard(
     assert (caught.value.dataset, caught.value.shard) == ("broken", str(path))
 
 
+def test_a_shard_cut_short_after_the_open_says_it_changed_since(tmp_path: Path) -> None:
+    """A shard truncated under an open dataset failed its next decode with pyarrow's "File too
+    short" alone; the error now says the file changed since the open (a fresh-user trial)."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(), path, row_group_size=32)
+    dataset = Dataset.from_path("cut", path)
+    assert dataset.read_rows(0, [0])[0]["id"] == 0
+    size = path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.truncate(size // 2)
+    with pytest.raises(DataError, match=r"cannot decode row group 6") as caught:
+        dataset.read_rows(0, [COUNT - 1])
+    said = f"the shard file is {size // 2} bytes now, {size} when the dataset was opened"
+    assert said in str(caught.value)
+    assert (caught.value.dataset, caught.value.shard) == ("cut", str(path))
+    path.unlink()
+    with pytest.raises(DataError, match=r"the shard file is gone now") as caught:
+        dataset.read_rows(0, [COUNT - 33])
+
+
 @pytest.mark.parametrize("occurrence", [0, 1])
 def test_a_footer_name_that_is_not_utf8_is_a_data_error_naming_dataset_and_shard(
     tmp_path: Path, occurrence: int

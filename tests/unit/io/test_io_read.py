@@ -214,6 +214,19 @@ def test_a_line_that_is_not_an_object_is_a_data_error(
     assert caught.value.row == 1
 
 
+def test_a_file_of_one_json_array_of_objects_is_told_to_be_no_json_lines(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """A one-line JSON array export got only "expected a JSON object per line" (a
+    fresh-user trial); a line of a plain array keeps that message alone."""
+    path = write_jsonl(tmp_path / "a.json", text='[{"text": "a"}, {"text": "b"}]\n')
+    with pytest.raises(DataError, match=r"looks like one JSON array of objects, not JSON Lines"):
+        Dataset.from_path("d", path).read_rows(0, [0])
+    path = write_jsonl(tmp_path / "b.jsonl", text="[1, 2]\n")
+    with pytest.raises(DataError, match=r"got a JSON array in the line at byte 0$"):
+        Dataset.from_path("d", path).read_rows(0, [0])
+
+
 def test_lines_with_whitespace_crlf_and_a_bom_parse_like_json_loads(
     tmp_path: Path, write_jsonl: Any
 ) -> None:

@@ -285,3 +285,21 @@ def test_a_tokenizer_with_a_python_component_is_a_config_error(tokenizer: Any) -
     source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a b"]})])
     with pytest.raises(ConfigError, match=r"cannot be serialized.*built-in ones"):
         Pipeline(source).tokenize(tokenizer=custom)
+
+
+def test_a_pad_id_past_the_tokenizers_vocabulary_is_warned_of(tokenizer: Tokenizer) -> None:
+    """`pack_flat(pad_token_id=10**6)` filled padding with an id the model's embedding lacks,
+    without a word (a fresh-user trial): it is warned of where it is set; ids in the
+    vocabulary, and the default (EOS), are not."""
+    dataset = Dataset.from_dict("d", {"text": ["some text"]})
+    tokenized = Pipeline(StaticMixtureWorkSource([dataset])).tokenize(tokenizer=tokenizer)
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    with pytest.warns(UserWarning, match=rf"`pad_token_id` {size} lies past .* \({size} ids\)"):
+        tokenized.pack_flat(16, "best_fit", pad_token_id=size)
+    with pytest.warns(UserWarning, match="lies past the tokenizer's vocabulary"):
+        tokenized.pack_sequences(16, pad_token_id=10**6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batch = next(iter(tokenized.pack_flat(16, "best_fit", pad_token_id=size - 1).batch(1)))
+        tokenized.pack_flat(16, "best_fit").batch(1)
+    assert batch.input_ids[0, -1] == size - 1

@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from tests.helpers import keys, small_pipeline
+from zephon_torch.errors import ConfigError
 from zephon_torch.ops._tokenizer import resolve_tokenizer
 
 
@@ -82,6 +84,19 @@ def test_a_hub_id_is_served_from_the_local_cache_offline(
     )
     missing = resolve_in_subprocess("nobody/nothing", tmp_path / "hub")
     assert "ConfigError: cannot load tokenizer 'nobody/nothing'" in missing
+
+
+@pytest.mark.parametrize("given", ["/no/such/tok", "./tok", "a/b/c", "tok.json"])
+def test_a_path_that_is_not_there_is_said_to_be_missing_not_a_bad_hub_id(
+    tmp_path: Path, given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing tokenizer path was sent to the hub, whose HFValidationError ("Repo id must be
+    in the form 'repo_name'") was all the user saw (a fresh-user trial)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"no such file or directory \(and a hub id reads") as e:
+        resolve_tokenizer(given, None, bos_token=None, eos_token=None)
+    assert f"cannot load tokenizer {given!r}" in str(e.value)
+    assert "HFValidationError" not in str(e.value)
 
 
 def test_every_form_of_the_same_tokenizer_gives_the_same_batches(
