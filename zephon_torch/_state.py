@@ -50,7 +50,12 @@ def check_state(
         mismatches["order of datasets"] = (order, live_order)
     missing = [lane for lane in needed_lanes if str(lane) not in state.get("lanes", {})]
     if missing:
-        mismatches["lanes"] = (sorted(int(k) for k in state.get("lanes", {})), f"needs {missing}")
+        mismatches["lanes"] = (
+            sorted(int(k) for k in state.get("lanes", {})),
+            f"needs {missing}: the state holds the lanes of some ranks only; take "
+            "state_dict() on every rank (it gathers every lane), or merge_states the states of "
+            "every rank",
+        )
     if mismatches:
         raise StateMismatchError(mismatches, note=VERSION_NOTE if "version" in mismatches else "")
 

@@ -518,7 +518,11 @@ def test_a_state_without_this_rank_s_lanes_is_refused_by_the_loader(tokenizer: A
         next(batches)
     own_lanes_only = rank_zero.state_dict()  # not merged with rank 1's
     loader = DataLoader(build(tokenizer, exhaustion="repeat", world_size=2, rank=1))
-    with pytest.raises(StateMismatchError, match=r"lanes: saved \[0, 1\], live 'needs \[2, 3\]'"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"lanes: saved \[0, 1\], live 'needs \[2, 3\]: the state holds the lanes of some "
+        r"ranks only; take state_dict\(\) on every rank \(it gathers every lane\), or merge_",
+    ):
         loader.load_state_dict(own_lanes_only)
 
 
