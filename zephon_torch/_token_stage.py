@@ -8,10 +8,12 @@ the tokenizer is resolved once per pipeline object.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from zephon_torch._caller import user_stacklevel
 from zephon_torch._specs import check_below_vocab
+from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
 from zephon_torch.ops._tokenizer import ResolvedTokenizer, resolve_tokenizer
 from zephon_torch.ops.chat import TokenizeChatOp, chatml, chatml_warning
@@ -164,6 +166,22 @@ def id_check(self: Pipeline) -> IdCheck | None:
         shard_paths(self),
         vocab_size=vocab_size,
     )
+
+
+def check_kept(self: Pipeline, fields: Iterable[str], what: str) -> None:
+    """``ConfigError`` where a dataset opened with ``columns=`` leaves out a field the
+    pipeline reads (``what``): every row would fail on it, named as that row's fault. Not
+    checked after a ``map``, which may write the field."""
+    if self._user_ops:
+        return
+    for dataset in self._source.datasets:
+        kept = dataset.columns
+        left_out = [field for field in fields if kept is not None and field not in kept]
+        if left_out:
+            raise ConfigError(
+                f"dataset {dataset.name!r} was opened with columns={list(kept or ())}, which "
+                f"leaves out {left_out[0]!r}, the field {what} reads: add it to `columns`"
+            )
 
 
 def check_pad_id(self: Pipeline, pad_token_id: int | None) -> None:

@@ -27,7 +27,7 @@ from zephon_torch._specs import (
 )
 from zephon_torch._state import STATE_VERSION, check_state, state_step
 from zephon_torch._stats import RunCounters, pipeline_stats
-from zephon_torch._token_stage import check_pad_id, pad_id, prefetch_depth, resolve
+from zephon_torch._token_stage import check_kept, check_pad_id, pad_id, prefetch_depth, resolve
 from zephon_torch.elastic import check_in_step, lanes_for_rank
 from zephon_torch.errors import ConfigError, positive_setting
 from zephon_torch.ops._runner import RunnerKind
@@ -254,6 +254,7 @@ class Pipeline:
             chat_template=chat_template,
             template_name=template_name,
         )
+        check_kept(self, [field], "`tokenize_chat`" if chat_template else "`tokenize`")
         new = self._with(_tokenize=spec, _resolved={})
         resolve(new)  # fail at build time on a bad tokenizer or special-token policy
         return new
@@ -320,6 +321,7 @@ class Pipeline:
             runner=runner,
             vocab_size=vocab_size,
         )
+        check_kept(self, [field], "`pretokenized`")
         return self._with(_pretokenized=spec)
 
     def pack_flat(
@@ -438,6 +440,7 @@ class Pipeline:
             raise ConfigError(
                 f"`payload_fields` must be a list of row field names, got {payload_fields!r}"
             )
+        check_kept(self, payload_fields, "`payload_fields`")
         new._pack = replace(new._pack, payload_fields=tuple(payload_fields), whole=True)
         return new
 

@@ -119,6 +119,12 @@ class Dataset:
         """The total number of rows over all shards."""
         return self._num_rows
 
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """The columns its rows keep (`from_path(columns=...)`); None: every column."""
+        projection = getattr(self._reader, "projection", None)
+        return None if projection is None else projection.columns
+
     @classmethod
     def from_path(
         cls,
