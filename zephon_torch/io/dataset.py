@@ -101,9 +101,10 @@ class Dataset:
             raise ConfigError(f"`shards` must not be empty for dataset {name!r}")
         for shard in shards:
             if shard.num_rows <= 0:
-                blank = ", or of blank lines only" if format == "jsonl" else ""
+                # a JSONL file is empty (or blank); any other format's may be complete
+                empty = " (an empty file, or of blank lines only)" if format == "jsonl" else ""
                 raise DataError(
-                    f"has no rows (an empty file{blank}); remove it or narrow the path",
+                    f"has no rows{empty}; remove it or narrow the path",
                     dataset=name,
                     shard=shard.path,
                 )
@@ -534,12 +535,13 @@ def _shards(reader: ShardReader, files: list[str]) -> list[Shard]:
 
 
 def _without_empty_tables(name: str, format_: str, shards: list[Shard]) -> list[Shard]:
-    """``shards`` less the Parquet and Vortex files without rows, with a warning naming them:
-    complete files of an empty partition (Spark, Dask and ``ParquetWriter`` write them), not
-    damage, as an empty JSONL file may be. Where every file is empty, the dataset's
-    "has no rows" error names the first."""
+    """``shards`` less the Parquet, Vortex and ``.npy`` files without rows, with a warning
+    naming them: complete files of an empty partition (Spark, Dask and ``ParquetWriter`` write
+    them; a tokenizing worker that got no document, a ``.npy`` of offsets ``[0]``), not damage,
+    as an empty JSONL file may be. Where every file is empty, the dataset's "has no rows" error
+    names the first."""
     empty = [shard.path for shard in shards if shard.num_rows <= 0]
-    if format_ not in ("parquet", "vortex") or not empty or len(empty) == len(shards):
+    if format_ not in ("parquet", "vortex", "npy") or not empty or len(empty) == len(shards):
         return shards
     named = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
     warnings.warn(

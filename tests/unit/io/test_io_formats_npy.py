@@ -117,16 +117,23 @@ def test_an_offsets_file_without_its_token_file_is_named_as_such(tmp_path: Path)
     ].tolist() == [4, 10]
 
 
-def test_a_token_file_of_no_documents_is_refused_as_having_no_rows(tmp_path: Path) -> None:
-    """Offsets [0] over no token: a file of no rows, as other formats say (it read as offsets
-    that do not rise, and asked whether the file had changed)."""
+def test_a_token_file_of_no_documents_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    """Offsets [0] over no token: a complete file of no rows (a tokenizing worker that got no
+    document writes one), left out with a warning as an empty Parquet partition is; it failed
+    the whole dataset as "an empty file" (a fresh-user trial). Alone, it has no rows."""
     np.save(tmp_path / "a.npy", np.arange(10, dtype=np.int32))
     np.save(tmp_path / "a.offsets.npy", np.array([0, 4, 10]))
     np.save(tmp_path / "b.npy", np.zeros(0, dtype=np.int32))
     np.save(tmp_path / "b.offsets.npy", np.array([0]))
-    with pytest.raises(DataError, match=r"has no rows") as caught:
-        Dataset.from_path("n", tmp_path)
+    np.save(tmp_path / "c.npy", np.zeros((0, 5), dtype=np.int32))
+    with pytest.warns(UserWarning, match=r"2 of its 3 npy files hold no rows and are left out"):
+        dataset = Dataset.from_path("n", tmp_path)
+    assert [shard.path for shard in dataset.shards] == [str(tmp_path / "a.npy")]
+    assert dataset.read_rows(0, [1])[0]["input_ids"].tolist() == list(range(4, 10))
+    with pytest.raises(DataError, match=r"has no rows; remove it") as caught:
+        Dataset.from_path("n", tmp_path / "b.npy")
     assert caught.value.shard == str(tmp_path / "b.npy")
+    assert "empty file" not in str(caught.value)
 
 
 def test_threads_and_pickling_read_the_same_rows(npy_dir: Path) -> None:
