@@ -183,7 +183,7 @@ def _index(
     if dataset.remote and dataset.format in SCHEMA_FORMATS:  # counts kept with the columns
         _require_remembered(path, dataset, cache)
         print(
-            f"remembered the row counts of {len(dataset.shards):,} shards "
+            f"remembered the row counts of {_shards_of(dataset)} "
             f"({dataset.num_rows:,} rows) in {seconds:.2f} s; index cache {cache}: later opens "
             "read only the listing",
             file=out,
@@ -192,7 +192,7 @@ def _index(
     if dataset.format != _INDEXED:
         print(
             f"format {dataset.format!r} needs no index: row counts come from its footers, "
-            f"headers or index.json ({len(dataset.shards):,} shards, {dataset.num_rows:,} rows)",
+            f"headers or index.json ({_shards_of(dataset)}, {dataset.num_rows:,} rows)",
             file=out,
         )
         return
@@ -201,7 +201,7 @@ def _index(
         _require_remembered(path, dataset, cache)
     reused = "" if before is None else f" ({before:,} were cached already)"
     print(
-        f"indexed {len(dataset.shards):,} shards{reused}: {dataset.num_rows:,} rows in "
+        f"indexed {_shards_of(dataset)}{reused}: {dataset.num_rows:,} rows in "
         f"{seconds:.2f} s; index cache {cache}",
         file=out,
     )
@@ -249,6 +249,12 @@ def _writable(folder: str) -> bool:
             return True
     except OSError:
         return False
+
+
+def _shards_of(dataset: Dataset) -> str:
+    """ "1 shard", "12 shards"."""
+    count = len(dataset.shards)
+    return f"{count:,} shard{'' if count == 1 else 's'}"
 
 
 def _cached_shards(path: str, format_: str | None, cache: str) -> int | None:

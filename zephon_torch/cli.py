@@ -237,7 +237,8 @@ def _add_verify(commands: Any) -> None:
         "verify",
         help="check identical global batches across configurations",
         epilog="exit codes: 0 IDENTICAL; 1 DIVERGES (a configuration gave other batches or "
-        "failed while running); 2 an error of the recipe or the arguments (before any run), or "
+        "failed while running); 2 an error of the recipe, of its data (a DataError in the first, "
+        "reference run) or of the arguments (before any comparison), or "
         "a --plot picture that could not be written (after the verdict); 3 INCOMPLETE (no "
         "divergence, but a configuration FAILED TO RUN for a reason of setup, such as a "
         "function spawned workers cannot pickle, or of the machine: an OSError, MemoryError; "

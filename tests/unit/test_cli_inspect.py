@@ -155,7 +155,9 @@ def test_index_says_a_format_without_line_indexes_needs_none(
 ) -> None:
     path = write_parquet(tmp_path / "tokens.parquet")
     assert main(["index", str(path)]) == 0
-    assert "format 'parquet' needs no index" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "format 'parquet' needs no index" in out
+    assert "(1 shard, " in out  # not "1 shards"
 
 
 def test_index_of_remote_parquet_remembers_its_row_counts_for_later_opens(
