@@ -35,6 +35,8 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
         return value
     tokens = np.asarray(value)
     if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+        if isinstance(value, (list, tuple)) and None in value:  # a null id (Parquet, JSON)
+            raise TypeError(f"its id at position {value.index(None)} is null (None)")
         shape, dtype = tokens.shape, tokens.dtype
         raise TypeError(f"got {type(value).__name__} of shape {shape} and dtype {dtype}")
     if isinstance(value, (list, tuple)):

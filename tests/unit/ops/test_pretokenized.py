@@ -69,6 +69,10 @@ def test_lists_of_ints_are_accepted_and_bad_ids_are_refused_by_row() -> None:
     floats = Dataset.from_dict("d", {"ids": [np.array([1.0, 2.0], dtype=np.float32)]})
     with pytest.raises(DataError, match=r"got ndarray of shape \(2,\) and dtype float32"):
         list(recipe_one(floats).pretokenized("ids").pack_flat(8).batch(1))
+    # a null id (a Parquet list read without token_columns): said, not "dtype object"
+    nulls = Dataset.from_dict("d", {"ids": [[1, 2], [3, None, 5]]})
+    with pytest.raises(DataError, match=r"row 1: .*its id at position 1 is null \(None\)"):
+        list(recipe_one(nulls).pretokenized("ids").pack_flat(8).batch(1))
 
 
 def test_a_boolean_among_the_ids_of_a_json_list_is_refused_by_row(tmp_path: Any) -> None:
