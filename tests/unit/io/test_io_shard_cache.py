@@ -504,7 +504,10 @@ def test_the_lock_file_of_a_process_killed_waiting_for_space_is_swept(tmp_path: 
         time.sleep(0.2)  # waiting in _reserve, holding b's lock
         child.kill()
         child.join(10)
-    assert len(os.listdir(directory / _LOCKS)) == 1
+    # b's lock, held while it waited; and a's too where it was killed inside an eviction's
+    # probe of a (an evicter takes the name's lock, see `_evict`)
+    left = sorted(name.split("-", 1)[1] for name in os.listdir(directory / _LOCKS))
+    assert left in (["b.bin.lock"], ["a.bin.lock", "b.bin.lock"])
     cache.ensure(_item("c.bin", 10), _writer(b"c" * 10), pin=False)  # a reservation sweeps
     assert os.listdir(directory / _LOCKS) == []
 
