@@ -252,7 +252,7 @@ def _writable(folder: str) -> bool:
 
 
 def _shards_of(dataset: Dataset) -> str:
-    """ "1 shard", "12 shards"."""
+    """How many shards `dataset` has, in words: "1 shard", "12 shards"."""
     count = len(dataset.shards)
     return f"{count:,} shard{'' if count == 1 else 's'}"
 
