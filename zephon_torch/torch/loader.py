@@ -63,7 +63,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             loader that shows the same batches at each run.
 
     ``state_dict()`` is a collective under ``torch.distributed``: call it on every rank, between
-    global steps (a state saved mid-step continues only on its own world size). With
+    global steps (a state saved mid-step continues only on its own world size, and on one
+    process). With
     ``exhaustion="stop"`` on several ranks, every rank ends on the same step: a rank whose lanes
     are spent yields all-padding micro-batches (``num_valid_tokens == 0``) until no rank has
     data, agreed by one small all-reduce per step. Persistent workers are refused: they would
