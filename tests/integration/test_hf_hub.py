@@ -92,6 +92,27 @@ def test_plain_data_files_of_a_split_are_read_from_the_offline_cache(tmp_path: P
     ]
 
 
+def test_offline_a_split_not_there_names_the_splits_there_and_no_hub_advice(
+    tmp_path: Path,
+) -> None:
+    """It named neither 'train' nor 'test', and passed on huggingface_hub's advice to pass
+    `local_files_only=False`, no setting of ours (a fresh-user trial)."""
+    cache = tmp_path / "hub"
+    snapshot = _snapshot(cache, "org/plain", "main", "a" * 40)
+    _parquet(snapshot / "data" / "train-00000-of-00001.parquet", "train", 3)
+    _parquet(snapshot / "data" / "test-00000-of-00001.parquet", "test", 4)
+    (snapshot / "README.md").write_text("# card")
+    done = _run_offline(cache, "hf://org/plain/validation", tmp_path)
+    assert done.returncode != 0
+    assert "main: no files of split 'validation'; its files' names read as splits " in (done.stderr)
+    assert "['test', 'train']" in done.stderr
+    assert "refs/convert/parquet: not in the hub cache (LocalEntryNotFoundError)" in done.stderr
+    assert "local_files_only" not in done.stderr
+    missing = _run_offline(cache, "hf://org/nothere/train", tmp_path)
+    assert "main: not in the hub cache" in missing.stderr
+    assert "local_files_only" not in missing.stderr
+
+
 def test_the_auto_converted_parquet_layout_is_read_from_the_offline_cache(tmp_path: Path) -> None:
     cache = tmp_path / "hub"
     main = _snapshot(cache, "org/conv", "main", "b" * 40)

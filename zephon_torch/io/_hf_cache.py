@@ -105,6 +105,8 @@ def _not_held(url: str, repo: str, revision: str | None, converted: bool, error:
             f"{url!r}: the hub cache holds no revision {revision!r} of {repo}: "
             f"{_cached_revisions(repo)}{SLASH_NOTE}"
         ) from error
+    if absent:  # the hub's own text would advise `local_files_only=False`, no setting here
+        return f"{revision or 'main'}: not in the hub cache ({type(error).__name__})"
     return f"{revision or 'main'}: {type(error).__name__}: {error}"
 
 

@@ -128,6 +128,10 @@ def find_split(
     why = f"no files of split {split!r}"
     if not configs and config is not None and not any(f.startswith(f"{config}/") for f in files):
         why = f"no config folder {config!r}"
+    elif not found and not configs:
+        named = _named_splits(files, config)
+        if named:
+            why += f"; its files' names read as splits {named}"
     if not found and configs:
         chosen = _card_config(configs, config)
         if chosen.get("data_files") is not None:
@@ -183,6 +187,26 @@ def _by_name(files: Sequence[str], folder: str | None, split: str) -> list[str]:
         if split in folders or f"partial-{split}" in folders or pattern.match(name):
             chosen.append(file)
     return sorted(chosen)
+
+
+def _named_splits(files: Sequence[str], folder: str | None) -> list[str]:
+    """The split names the data files under `folder` read as (`_by_name`'s rules, inverted):
+    a name's part before `-` or `_` and a digit, or before its ending; for an error to list."""
+    endings = "|".join(re.escape(ending) for ending in sorted(EXTENSIONS, key=len, reverse=True))
+    pattern = re.compile(rf"^(.+?)(?:[-_][0-9].*|(?i:{endings}))$")
+    prefix = [] if folder is None else folder.split("/")
+    names = set()
+    for file in files:
+        parts = file.split("/")
+        if parts[: len(prefix)] != prefix or detect_format(file) is None:
+            continue
+        parts = parts[len(prefix) :]
+        if any(p.startswith((".", "_")) for p in parts):
+            continue
+        matched = pattern.match(parts[-1])
+        if matched:
+            names.add(matched.group(1))
+    return sorted(names)
 
 
 def card_configs(card: str | None, *, where: str) -> list[dict[str, Any]]:

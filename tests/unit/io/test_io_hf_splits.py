@@ -82,6 +82,26 @@ def test_a_split_the_card_does_not_have_is_named_with_the_splits_it_has() -> Non
     )
 
 
+def test_a_split_of_no_files_is_named_with_the_splits_the_file_names_read_as() -> None:
+    """Without a card, "no files of split 'test'" named none of the splits there (a fresh-user
+    trial); a config folder's files are listed for that config alone."""
+    files = [
+        "data/train-00000-of-00002.jsonl",
+        "data/train-00001-of-00002.jsonl",
+        "data/validation-00000-of-00001.jsonl",
+        "README.md",
+        "en/test_0.parquet",
+    ]
+    found, why = find_split(files, None, "test2", ())
+    assert found == []
+    named = "['test', 'train', 'validation']"
+    assert why == f"no files of split 'test2'; its files' names read as splits {named}"
+    assert find_split(files, "en", "train", ())[1] == (
+        "no files of split 'train'; its files' names read as splits ['test']"
+    )
+    assert find_split(files, None, "train", ())[1] == "no files of split 'train'"  # found
+
+
 @pytest.mark.parametrize(
     ("header", "named"),
     [
