@@ -11,6 +11,7 @@ every label whose target token is not trainable.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -133,6 +134,7 @@ class TokenizeChatOp:
         self.template, self.template_name = resolve_template(chat_template, template_name)
         self.dataset_names = dataset_names
         self.shard_paths = shard_paths
+        self._untrained_warned = False
 
     def __call__(self, docs: list[Document]) -> list[Document]:
         segments = [self._segments(doc) for doc in docs]
@@ -150,7 +152,25 @@ class TokenizeChatOp:
             doc.tokens = np.asarray(encoding.ids, dtype=np.int32)
             doc.trainable = _token_flags(doc_segments, encoding.offsets)
             doc.data = None
+            if not self._untrained_warned and len(doc.tokens) and not doc.trainable.any():
+                self._warn_untrained(doc)
         return docs
+
+    def _warn_untrained(self, doc: Document) -> None:
+        """Warn, once per process, of a conversation the template marks no token of
+        trainable: it trains on nothing (every label -100), which a template whose flags miss
+        the assistant's turns does to every conversation, without an error."""
+        self._untrained_warned = True
+        where = document_error(
+            doc, "", dataset_names=self.dataset_names, shard_paths=self.shard_paths
+        )
+        warnings.warn(
+            f"dataset {where.dataset!r}, shard {where.shard!r}, row {where.row}: chat template "
+            f"{self.template_name!r} marks no token of this conversation trainable, so it is "
+            "trained on nothing (every label -100); check which segments the template flags "
+            "(warned once)",
+            stacklevel=2,
+        )
 
     def _segments(self, doc: Document) -> list[tuple[str, bool]]:
         data = doc.data if doc.data is not None else {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from typing import Any
 
 import pytest
@@ -285,3 +286,36 @@ def test_chatml_over_a_tokenizer_that_splits_special_tokens_warns_once_at_the_us
         assert len(said) == int(split), [str(w.message) for w in heard]
         if said:
             assert said[0].filename == __file__
+
+
+def test_a_template_that_marks_nothing_trainable_is_warned_of_once(tokenizer: Any) -> None:
+    """A template whose flags missed the assistant's turns trained on nothing, every label
+    -100, without a word (a fresh-user trial)."""
+    dataset = Dataset.from_dict("sft", {"messages": conversations(6, seed=3)}, shard_size=2)
+
+    def first_batches(template: Any) -> list[Any]:
+        pipeline = Pipeline(StaticMixtureWorkSource([dataset], seed=1)).tokenize_chat(
+            tokenizer=tokenizer, chat_template=template, template_name="t"
+        )
+        return list(pipeline.pack_flat(64, "best_fit").batch(1))
+
+    def untrained(messages: list[dict[str, str]]) -> list[tuple[str, bool]]:
+        return [(f"{m['role']}: {m['content']}\n", False) for m in messages]
+
+    with pytest.warns(
+        UserWarning,
+        match=r"dataset 'sft', shard .* row \d+: chat template 't' "
+        r"marks no token of this conversation trainable",
+    ) as caught:
+        batches = first_batches(untrained)
+    assert all(int(b.to_training()["num_valid_tokens"]) == 0 for b in batches)
+    assert sum("marks no token" in str(w.message) for w in caught) == 1  # once
+
+    def trained(messages: list[dict[str, str]]) -> list[tuple[str, bool]]:
+        return [
+            (text, m["role"] == "assistant") for (text, _), m in zip(untrained(messages), messages)
+        ]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert any(int(b.to_training()["num_valid_tokens"]) for b in first_batches(trained))
