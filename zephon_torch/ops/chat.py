@@ -161,11 +161,9 @@ class TokenizeChatOp:
         trainable: it trains on nothing (every label -100), which a template whose flags miss
         the assistant's turns does to every conversation, without an error."""
         self._untrained_warned = True
-        where = document_error(
-            doc, "", dataset_names=self.dataset_names, shard_paths=self.shard_paths
-        )
+        dataset, shard = self.dataset_names[doc.source], self.shard_paths[doc.source][doc.shard]
         warnings.warn(
-            f"dataset {where.dataset!r}, shard {where.shard!r}, row {where.row}: chat template "
+            f"dataset {dataset!r}, shard {shard!r}, row {doc.row}: chat template "
             f"{self.template_name!r} marks no token of this conversation trainable, so it is "
             "trained on nothing (every label -100); check which segments the template flags "
             "(warned once)",
