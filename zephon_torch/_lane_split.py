@@ -99,6 +99,20 @@ def ranks_out_of_step(
     return by_rank if len(compared) > 1 else None
 
 
+MID_STEP = "this state was saved mid-step"
+"""How the warning of a state loaded mid-step (``step_remainder``) begins."""
+
+
+def step_remainder(lanes: list[dict[str, Any] | None]) -> int:
+    """The micro-batches one rank (its ``lanes``' states, in its lane order) delivers before
+    its lanes stand at one turn again, where they stand a turn apart (stopped mid-step); else
+    0: at a step's end, or lanes further apart (ranks that ended at different turns, merged)."""
+    turns = rank_turns(lanes)
+    if not turns or max(turns) - min(turns) != 1:
+        return 0
+    return turns.count(min(turns))
+
+
 def rank_turns(lanes: list[dict[str, Any] | None]) -> list[int] | None:
     """The turns of one rank's ``lanes`` (lane states, None for one not begun), or None where
     every lane is spent. A spent lane pads in step with its rank's lanes that have data, so

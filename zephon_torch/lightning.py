@@ -26,6 +26,7 @@ except ImportError as error:
     ) from error
 
 from zephon_torch import Pipeline
+from zephon_torch._lane_split import MID_STEP
 from zephon_torch.elastic import rank_turns
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch import DataLoader, to_device
@@ -103,7 +104,7 @@ class PipelineDataModule(L.LightningDataModule):
             deliver_on_use=True,
         )
         if self._pending is not None:
-            self._loader.load_state_dict(self._pending)
+            _load(self._loader, self._pending)
             aligned = self._restored and _at_step_end(self.pipeline, self._pending)
             if aligned and self.trainer is not None:
                 _align_accumulation(self.trainer)
@@ -144,7 +145,7 @@ class PipelineDataModule(L.LightningDataModule):
         if state is None:
             return
         if self._loader is not None:
-            self._loader.load_state_dict(state)
+            _load(self._loader, state)
         else:
             self._pending = state
             self._restored = True
@@ -174,6 +175,14 @@ class _Loader(DataLoader):
                     stacklevel=2,
                 )
             trainer.should_stop = True
+
+
+def _load(loader: DataLoader, state: dict[str, Any]) -> None:
+    """Load without the loader's warning of a state saved mid-step: Lightning restores its
+    own count of the step's micro-batches with it (and ``state_dict`` warned at the save)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", MID_STEP)
+        loader.load_state_dict(state)
 
 
 def _rank_turns(pipeline: Pipeline, state: dict[str, Any]) -> set[int]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
+from zephon_torch._lane_split import MID_STEP, step_remainder
 from zephon_torch._lanes import LaneRuntime, deliver, stop_iteration
 from zephon_torch._recipe import recipe_fingerprint
 from zephon_torch._specs import (
@@ -545,8 +547,13 @@ class Pipeline:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from any world size dividing L); raises on any mismatch.
-        An iterator made before the load raises RuntimeError on its next call."""
+        """Continue from ``state`` (from any world size dividing L); raises on any mismatch,
+        warns of a state saved mid-step. An iterator made before the load raises RuntimeError
+        on its next call."""
+        self._load_state(state)
+        self._warn_mid_step(state["lanes"])
+
+    def _load_state(self, state: dict[str, Any]) -> None:
         check_state(state, self.fingerprint(), self.lanes)
         self._check_in_step(state["lanes"])
         self._end_live()
@@ -560,6 +567,20 @@ class Pipeline:
         if world_size > 1 and not set(map(int, lanes)) <= set(self.lanes):
             check_in_step(
                 lanes, canonical_replicas=self._options.canonical_replicas, world_size=world_size
+            )
+
+    def _warn_mid_step(self, lanes: dict[str, Any]) -> None:
+        """Warn of a state (its ``lanes``) that leaves this rank's lanes at different turns:
+        the micro-batches it gives first finish a step, which a loop counting whole steps
+        from it does not expect."""
+        left = step_remainder([lanes.get(str(lane)) for lane in self.lanes])
+        if left:
+            warnings.warn(
+                f"{MID_STEP}: the first {left} of this rank's micro-batches "
+                "from it finish the step it was saved in, so a loop counting "
+                f"{len(self.lanes)} micro-batches a step from here is off by {left}; save "
+                "states at step ends",
+                stacklevel=3,
             )
 
     # -- running -------------------------------------------------------------------------------

@@ -68,8 +68,49 @@ def test_a_state_saved_mid_turn_resumes_with_the_next_lane(tokenizer: Any) -> No
     state = pipeline.state_dict()
     assert [state["lanes"][str(lane)]["turn"] for lane in range(4)] == [2, 2, 1, 1]
     resumed = build()
-    resumed.load_state_dict(state)
+    with pytest.warns(UserWarning, match="mid-step: the first 2 of this rank's micro-batches"):
+        resumed.load_state_dict(state)
     assert [key(b) for b in resumed] == reference[6:]
+
+
+def test_a_state_loaded_mid_step_is_warned_of_once_and_one_at_a_step_end_is_not(
+    tokenizer: Any,
+) -> None:
+    """A loop that counts whole steps from a loaded state is off by the part of a step the
+    state was saved in; on one process such a state loads without a word."""
+    from zephon_torch.torch import DataLoader
+
+    pipeline = small_pipeline(tokenizer, lanes=4)
+    mid = json.loads(json.dumps(pipeline.state_dict()))  # at the start: no warning below
+    stream = iter(pipeline)
+    states = []
+    for _ in range(8):
+        next(stream)
+        states.append(json.loads(json.dumps(pipeline.state_dict())))
+    for count, state in enumerate(states, start=1):
+        left = (4 - count % 4) % 4
+        for load in (
+            lambda s: small_pipeline(tokenizer, lanes=4).load_state_dict(s),
+            lambda s: small_pipeline(tokenizer, lanes=4).to_torch().load_state_dict(s),
+        ):
+            with warnings.catch_warnings(record=True) as heard:
+                warnings.simplefilter("always")
+                load(state)
+            said = [str(w.message) for w in heard if "mid-step" in str(w.message)]
+            assert len(said) == (1 if left else 0), (count, said)
+            if left:
+                assert f"the first {left} of this rank's micro-batches" in said[0]
+    small_pipeline(tokenizer, lanes=4).load_state_dict(mid)
+    # the loader warns at its load, not again in its workers, whose lanes load apart
+    loader = DataLoader(small_pipeline(tokenizer, lanes=4), num_workers=2)
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        loader.load_state_dict(states[4])  # turns [2, 1, 1, 1]
+        items = iter(loader)
+        next(items)
+        del items
+    said = [str(w.message) for w in heard if "mid-step" in str(w.message)]
+    assert len(said) == 1 and "the first 3 of" in said[0], said
 
 
 def test_iterating_again_continues_where_the_last_iteration_stopped(tokenizer: Any) -> None:

@@ -117,7 +117,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self._idle_note: str | None = None  # a worker's warning that some workers are idle
         if any(s is not None for s in pipeline._lane_states.values()):
             # the pipeline was iterated or loaded: continue from there
-            self.load_state_dict(pipeline.state_dict())
+            self._load(pipeline.state_dict())
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled for a spawned DataLoader worker: the rank's lanes are resolved here, in the
@@ -205,7 +205,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                 state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
                 if self._loaded is not None and self._loaded.get("estimation") is not None:
                     state["estimation"] = self._loaded["estimation"]
-                pipeline.load_state_dict(state)
+                pipeline._load_state(state)  # warned of mid-step in the main process
             by_documents = pipeline._source.mixing == "documents"  # for the loader's stats
             try:
                 for batch in pipeline:
@@ -281,7 +281,13 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         return base
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state of any world size dividing L; checked against the recipe."""
+        """Continue from a state of any world size dividing L; checked against the recipe,
+        warned of where saved mid-step."""
+        self._load(state)
+        if "worker_lanes" not in state and get_worker_info() is None:
+            self.pipeline._warn_mid_step(state["lanes"])
+
+    def _load(self, state: dict[str, Any]) -> None:
         from zephon_torch._state import check_shape, check_state
 
         check_shape(state)
