@@ -101,7 +101,8 @@ def main() -> None:
     resumed.load_state_dict(json.loads(saved))
     again = [
         b.to_training()["input_ids"].tolist()
-        for b, _ in zip(resumed, seen[args.save_at * per_step :])
+        # the expected list first: zip stops on it before it pulls a micro-batch too many
+        for _, b in zip(seen[args.save_at * per_step :], resumed)
     ]
     exact = again == seen[args.save_at * per_step :]
     print(f"state saved at step {args.save_at} ({len(saved)} bytes); resumed exactly: {exact}")
