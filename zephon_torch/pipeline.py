@@ -570,9 +570,9 @@ class Pipeline:
             )
 
     def _warn_mid_step(self, lanes: dict[str, Any]) -> None:
-        """Warn of a state (its ``lanes``) that leaves this rank's lanes at different turns:
-        the micro-batches it gives first finish a step, which a loop counting whole steps
-        from it does not expect."""
+        """Warn of a state (its ``lanes``) that leaves this rank's lanes a turn apart
+        (``step_remainder``): the micro-batches it gives first finish a step, which a loop
+        counting whole steps from it does not expect."""
         left = step_remainder([lanes.get(str(lane)) for lane in self.lanes])
         if left:
             warnings.warn(
