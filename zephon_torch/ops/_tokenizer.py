@@ -23,7 +23,7 @@ from zephon_torch.io._cache import LruCache
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
-_PROBES = 8  # vocabulary entries tried where "a" does not encode (see `_prefix_ids`)
+_PROBES = 8  # vocabulary entries tried where "a" does not encode (see `_added_ids`)
 # where a saved folder or hub repository names its BOS and EOS
 _NAMING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
@@ -114,13 +114,13 @@ def resolve_tokenizer(
             "the batches nor a resume (which re-reads open rows) could be reproduced; set "
             "`tokenizer.model.dropout = None` (or 0)"
         )
-    backend, prefix = _private_copy(text, split_special)
+    backend, (prefix, suffix) = _private_copy(text, split_special)
     special = _special_tokens(backend, config)
-    bos_id = _token_id(backend, bos_name, _BOS_CANDIDATES, "bos_token", special)
+    bos_id = _token_id(backend, bos_name, prefix, _BOS_CANDIDATES, "bos_token", special)
     # whether the tokenizer's own post-processing starts every sequence with BOS (Llama,
     # Mistral, Gemma): a `special_tokens` policy without BOS is then warned of
     adds_bos = bos_id is not None and prefix[:1] == [bos_id]
-    eos_id = _token_id(backend, eos_name, _EOS_CANDIDATES, "eos_token", special)
+    eos_id = _token_id(backend, eos_name, suffix, _EOS_CANDIDATES, "eos_token", special)
     return ResolvedTokenizer(
         backend=backend,
         bos_id=bos_id,
@@ -132,12 +132,13 @@ def resolve_tokenizer(
     )
 
 
-_COPIES: LruCache[tuple[Tokenizer, list[int]]] = LruCache(8)
+_Added = tuple[list[int], list[int]]  # the ids post-processing puts before and after a text
+_COPIES: LruCache[tuple[Tokenizer, _Added]] = LruCache(8)
 
 
-def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]:
+def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, _Added]:
     """The backend the pipeline encodes with, made from the tokenizer's JSON ``text``, and the
-    ids its own post-processing puts before a text (read before that is removed).
+    ids its own post-processing puts before and after a text (read before that is removed).
 
     A private copy: the user's object keeps its truncation and padding settings, ours has
     none; nor post-processing: the pipeline adds BOS/EOS itself, and a ByteLevel
@@ -148,23 +149,23 @@ def _private_copy(text: str, split_special: bool) -> tuple[Tokenizer, list[int]]
     Encoding leaves a copy as it was, so sharing it changes nothing.
     """
 
-    def make() -> tuple[Tokenizer, list[int]]:
+    def make() -> tuple[Tokenizer, _Added]:
         backend = Tokenizer.from_str(text)
         backend.no_truncation()
         backend.no_padding()
-        prefix = _prefix_ids(backend)
+        added = _added_ids(backend)
         backend.post_processor = None
         backend.encode_special_tokens = split_special
-        return backend, prefix
+        return backend, added
 
     return _COPIES.get_or_load((hashlib.sha256(text.encode()).digest(), split_special), make)
 
 
-def _prefix_ids(backend: Tokenizer) -> list[int]:
+def _added_ids(backend: Tokenizer) -> _Added:
     """The ids the post-processing puts before a text's own (``[bos]`` for Llama's; none for
-    one that only appends EOS, even where BOS and EOS are one token). Probed with "a", or
-    where the vocabulary cannot encode it (symbols without an unknown token) with the text of
-    one of its first entries; none known where no probe encodes."""
+    one that only appends EOS, even where BOS and EOS are one token), and after them. Probed
+    with "a", or where the vocabulary cannot encode it (symbols without an unknown token) with
+    the text of one of its first entries; none known where no probe encodes."""
     for probe in _probes(backend):
         try:
             whole = backend.encode(probe).ids
@@ -175,9 +176,9 @@ def _prefix_ids(backend: Tokenizer) -> list[int]:
             continue
         for start in range(len(whole) - len(own) + 1):
             if whole[start : start + len(own)] == own:
-                return whole[:start]
-        return []
-    return []
+                return whole[:start], whole[start + len(own) :]
+        return [], []
+    return [], []
 
 
 def _probes(backend: Tokenizer) -> Iterator[str]:
@@ -363,10 +364,15 @@ def _token_name(value: Any) -> str | None:
 def _token_id(
     backend: Tokenizer,
     name: str | None,
+    inserted: list[int],
     candidates: tuple[str, ...],
     argument: str,
     special: set[str],
 ) -> int | None:
+    """The id of the token named ``name``; else the one special token the tokenizer's own
+    post-processing ``inserted`` there (before a text for BOS, after it for EOS), whatever its
+    name ("[BOS]", "<|bos|>"); else the first of the usual ``candidates`` among its special
+    tokens."""
     if name is not None:
         if not isinstance(name, str):
             raise ConfigError(f"`{argument}` must be a token's text (a str), got {name!r}")
@@ -374,6 +380,8 @@ def _token_id(
         if token_id is None:
             raise ConfigError(f"`{argument}` {name!r} is not in the tokenizer's vocabulary")
         return int(token_id)
+    if len(inserted) == 1 and backend.id_to_token(inserted[0]) in special:
+        return inserted[0]
     # by name, only among its special tokens (`_special_tokens`): a BPE trained without
     # special tokens may have learned "</s>" as text, which no document should end with
     for candidate in candidates:

@@ -213,17 +213,20 @@ def test_chat_flags_ignore_a_post_processors_trimmed_offsets(tokenizer: Tokenize
     assert labels[at - 1] == spaces, "the answer's last token is not a target"
 
 
+@pytest.mark.parametrize("name", ["<s>", "[BOS]", "<|bos|>"])
 def test_a_tokenizer_that_adds_bos_itself_warns_when_the_policy_leaves_it_out(
-    tokenizer: Any,
+    tokenizer: Any, name: str
 ) -> None:
     """Llama, Mistral and Gemma tokenizers start every sequence with BOS; the pipeline adds
-    special tokens by its own policy, whose default ("eos") dropped BOS without a word."""
+    special tokens by its own policy, whose default ("eos") dropped BOS without a word. A BOS
+    of a name outside the usual ones ("[BOS]") was not known at all, nor warned of: the token
+    the post-processing puts first is it."""
     from tokenizers.processors import TemplateProcessing
 
     starts = Tokenizer.from_str(tokenizer.to_str())
-    starts.add_special_tokens(["<s>"])
-    bos = starts.token_to_id("<s>")
-    starts.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    starts.add_special_tokens([name])
+    bos = starts.token_to_id(name)
+    starts.post_processor = TemplateProcessing(single=f"{name} $A", special_tokens=[(name, bos)])
     source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["Hello world."] * 4})])
 
     def first_row(**tokenize: Any) -> list[int]:

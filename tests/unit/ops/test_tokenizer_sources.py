@@ -414,6 +414,34 @@ def test_a_tokenizer_that_appends_its_bos_as_eos_is_not_taken_to_start_with_bos(
     assert not [w for w in heard if "starts every sequence with BOS" in str(w.message)]
 
 
+def test_the_tokens_the_post_processing_inserts_are_bos_and_eos_whatever_their_names() -> None:
+    """Only the usual names ("<s>", "</s>", ...) were looked for: a tokenizer whose own
+    post-processing wraps every text in "[BOS]" ... "<|eos|>" had neither known, so its BOS
+    was dropped without the promised warning, and `special_tokens="eos"` was refused. A name
+    the user gives still wins; a template inserting two tokens names no single one."""
+    from tokenizers import models, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
+
+    vocab = {"[UNK]": 0, "[BOS]": 1, "<|eos|>": 2, "<s>": 3, "hello": 4, "[SYS]": 5}
+
+    def wrapped(single: str) -> Tokenizer:
+        words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        words.pre_tokenizer = pre_tokenizers.Whitespace()
+        words.add_special_tokens(["[BOS]", "<|eos|>", "<s>", "[SYS]"])
+        words.post_processor = TemplateProcessing(
+            single=single, special_tokens=[(t, vocab[t]) for t in ("[BOS]", "<|eos|>", "[SYS]")]
+        )
+        return words
+
+    resolved = resolve_tokenizer(None, wrapped("[BOS] $A <|eos|>"), bos_token=None, eos_token=None)
+    assert (resolved.bos_id, resolved.eos_id, resolved.adds_bos) == (1, 2, True)
+    # before the usual "<s>", which this tokenizer has too but does not put first
+    named = resolve_tokenizer(None, wrapped("[BOS] $A"), bos_token="<s>", eos_token=None)
+    assert (named.bos_id, named.eos_id, named.adds_bos) == (3, None, False)
+    two = resolve_tokenizer(None, wrapped("[BOS] [SYS] $A"), bos_token=None, eos_token=None)
+    assert (two.bos_id, two.adds_bos) == (3, False)  # the usual "<s>", as before
+
+
 def test_usual_names_the_post_processing_inserts_are_special_tokens(tokenizer: Tokenizer) -> None:
     """A converted tokenizer may keep its "[CLS]"/"[SEP]" (or "<s>") in the model's vocabulary,
     not among added tokens, and name them in its post-processing only."""
