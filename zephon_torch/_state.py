@@ -48,7 +48,24 @@ def check_state(
         live_order = list(fingerprint.get("mixture") or {})
     if "mixture" not in mismatches and order is not None and list(order) != live_order:
         mismatches["order of datasets"] = (order, live_order)
-    missing = [lane for lane in needed_lanes if str(lane) not in state.get("lanes", {})]
+    lanes = state["lanes"]
+    replicas = fingerprint.get("canonical_replicas")
+    if isinstance(replicas, int) and "canonical_replicas" not in mismatches:
+        extra = sorted(int(lane) for lane in lanes if int(lane) >= replicas)
+        if extra:
+            mismatches["lane numbers"] = (
+                extra,
+                f"lane numbers below canonical_replicas={replicas}",
+            )
+    spread = _turns_apart(lanes)
+    if spread:
+        mismatches["lane turns"] = (
+            spread,
+            "lanes with data left at most one turn apart: every rank saves after the same "
+            "micro-batches, and only a rank whose lanes are all spent falls behind; were the "
+            "states of different steps merged by hand, or a turn edited?",
+        )
+    missing = [lane for lane in needed_lanes if str(lane) not in lanes]
     if missing:
         mismatches["lanes"] = (
             sorted(int(k) for k in state.get("lanes", {})),
@@ -58,6 +75,21 @@ def check_state(
         )
     if mismatches:
         raise StateMismatchError(mismatches, note=VERSION_NOTE if "version" in mismatches else "")
+
+
+def _turns_apart(lanes: dict[str, Any]) -> dict[str, int] | None:
+    """The turns of ``lanes`` (lane states by number) that have data left, where they stand
+    more than one turn apart; None where they do not. A saved state's lanes with data are a
+    turn apart at most (a step begun); a spent lane may lag (its rank's stream ended turns
+    before another's), and one not begun (None) is not compared."""
+    turns = {
+        lane: int(lane_state["turn"])
+        for lane, lane_state in lanes.items()
+        if lane_state is not None and not lane_state["done"]
+    }
+    if not turns or max(turns.values()) - min(turns.values()) <= 1:
+        return None
+    return dict(sorted(turns.items(), key=lambda item: int(item[0])))
 
 
 def version_mismatch(state: dict[str, Any]) -> dict[str, tuple[object, object]]:
@@ -142,6 +174,9 @@ def check_shape(state: Any) -> None:
                 state_dict_of(lane_state["pack"], (), f"lane {lane} pack")
             except StateMismatchError as error:
                 problems.update(error.mismatches)
+    step = state.get("step", 0)  # derived from the lanes, and read by `merge_states`
+    if type(step) is not int or step < 0:
+        problems["step"] = (step, "absent, or an int (the lowest turn of the lanes)")
     if not _figures(state.get("estimation")):
         problems["estimation"] = (
             state.get("estimation"),

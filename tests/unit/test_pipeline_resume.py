@@ -366,6 +366,53 @@ def test_a_state_saved_mid_step_is_refused_by_a_pipeline_of_several_ranks(tokeni
             assert list(pipeline) == []
 
 
+def test_a_state_no_run_saves_is_refused_naming_what_is_wrong(tokenizer: Any) -> None:
+    """Edited or hand-merged states loaded without a word: lanes with data turns apart (states
+    of different steps, or an edited turn) skipped a lane's turns on one rank, and on two were
+    refused as "saved mid-step"; a reader position past its rows or passes skipped documents
+    or ended the lane; a lane number past L and a `step` of text were taken (fresh-user
+    trial)."""
+    from zephon_torch.errors import StateMismatchError
+
+    def at_step(steps: int, world_size: int = 1, rank: int = 0) -> dict[str, Any]:
+        pipeline = small_pipeline(tokenizer, lanes=4, world_size=world_size, rank=rank)
+        _take(pipeline, steps * 4 // world_size)
+        return json.loads(json.dumps(pipeline.state_dict()))
+
+    state = at_step(2)
+    edited = copy.deepcopy(state)
+    edited["lanes"]["0"]["turn"] = 5
+    by_hand = at_step(1, world_size=2, rank=0)  # rank 0 of step 1, rank 1 of step 3
+    by_hand["lanes"].update(at_step(3, world_size=2, rank=1)["lanes"])
+    turns_apart = r"lane turns: saved \{'0': (5|1), '1': (2|1), '2': (2|3), '3': (2|3)\}"
+    for bad in (edited, by_hand):
+        for world_size, rank in ((1, 0), (2, 0), (2, 1)):
+            pipeline = small_pipeline(tokenizer, lanes=4, world_size=world_size, rank=rank)
+            with pytest.raises(StateMismatchError, match=turns_apart):
+                pipeline.load_state_dict(copy.deepcopy(bad))
+
+    def refused(edit: Any, match: str) -> None:
+        bad = copy.deepcopy(state)
+        edit(bad)
+        pipeline = small_pipeline(tokenizer, lanes=4)
+        with pytest.raises(StateMismatchError, match=match):
+            pipeline.load_state_dict(bad)
+            next(iter(pipeline))  # the readers check their positions as they start
+
+    readers = lambda bad: bad["lanes"]["1"]["pack"]["readers"][0]  # noqa: E731
+    where = r"lane 1 dataset 'long' position: saved \{'pass': %s, 'pos': %s\}"
+    refused(lambda bad: readers(bad).update({"pass": 1}), where % (1, 1))
+    refused(lambda bad: readers(bad).update({"pos": 16}), where % (0, 16))
+    refused(lambda bad: bad["lanes"].update({"7": bad["lanes"]["0"]}), r"lane numbers: saved \[7\]")
+    refused(lambda bad: bad.update({"step": "2"}), "step: saved '2'")
+    # each field's last valid value loads: the position at the end of this lane's pass
+    last = copy.deepcopy(state)
+    readers(last).update({"pos": 15})
+    pipeline = small_pipeline(tokenizer, lanes=4)
+    pipeline.load_state_dict(last)
+    assert next(iter(pipeline)).lane == 0
+
+
 def test_a_document_changed_since_the_state_was_saved_is_a_data_error_naming_it(
     tmp_path: Any,
 ) -> None:

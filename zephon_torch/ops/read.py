@@ -20,7 +20,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_dict_of, state_int
-from zephon_torch.errors import DataError
+from zephon_torch.errors import DataError, StateMismatchError
 from zephon_torch.ops._runner import Chunk, Runner
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import Document
@@ -110,10 +110,29 @@ class DocumentReader(BaseNode[Document]):
         else:
             state = state_dict_of(initial_state, ("pass", "pos"), "reader")
             start = (state_int(state["pass"], "reader pass"), state_int(state["pos"], "reader pos"))
+            self._check_start(start)
             # absent from states saved before it was counted
             self.filtered = state_int(state.get("filtered", 0), "reader filtered")
         self._next = start
         self._cursor = self._normalise(start)
+
+    def _check_start(self, start: tuple[int, int]) -> None:
+        """Refuse a saved position past this lane's stream: past its rows (at most their
+        count, where a pass ends), or, for a finite stream, in a pass past its last. Such a
+        position (an edited state) skipped documents, or ended the lane, without a word."""
+        pass_index, pos = start
+        finite = self.exhaustion != "repeat"
+        if pos > self._lane_rows or (finite and pass_index >= self.passes):
+            last = self.passes - 1
+            passes = (f" in pass 0 to {last}" if last else " in pass 0") if finite else ""
+            raise StateMismatchError(
+                {
+                    f"dataset {self.layout.name!r} position": (
+                        {"pass": pass_index, "pos": pos},
+                        f"a pos of 0 to {self._lane_rows} (this lane's rows){passes}",
+                    )
+                }
+            )
 
     @property
     def lane_rows(self) -> int:
