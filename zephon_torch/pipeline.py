@@ -186,7 +186,8 @@ class Pipeline:
         return self._with(_user_ops=(*self._user_ops, MapOp(fn, name=name)))
 
     def filter(self, fn: Callable[[Row], bool], *, name: str | None = None) -> Pipeline:
-        """Keep documents whose row satisfies ``fn``; evaluated before tokenizing."""
+        """Keep documents whose row satisfies ``fn`` (by the truth value of its result; None
+        or a callable is refused, naming the row); evaluated before tokenizing."""
         self._check_before_tokenize("filter")
         return self._with(_user_ops=(*self._user_ops, FilterOp(fn, name=name)))
 

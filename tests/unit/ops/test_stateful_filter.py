@@ -585,6 +585,44 @@ def test_errors_of_a_user_filter_s_decision_name_the_row() -> None:
         next(iter(plain))
 
 
+class Forgets(Stateless):
+    """Returns nothing (a missed `return`) from its first call on."""
+
+    name = "forgets"
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        return None  # type: ignore[return-value]
+
+
+def test_a_filter_that_returns_no_decision_is_refused_naming_the_row() -> None:
+    """A filter that returned None (a missed `return`) dropped every document, and one that
+    returned a function (a predicate not called) kept every one, without a word (fresh-user
+    trials); other results still count by their truth value, as Python's `filter` reads
+    them."""
+    import numpy as np
+
+    from zephon_torch import DataError, Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    def first_ids(fn: Any, name: str) -> list[int]:
+        dataset = Dataset.from_dict("t", {"ids": [[1, 2], [3, 4], [5, 6]]})
+        pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False))
+        pipeline = pipeline.filter(fn, name=name).pretokenized("ids").pack_flat(2).batch(1)
+        return [int(batch.input_ids[0, 0]) for batch in pipeline]
+
+    for fn, got in ((lambda row: None, "None"), (lambda row: _not_five, "a callable")):
+        with pytest.raises(DataError, match=rf"dataset 't', .* row 0: filter 'f' returned {got}"):
+            first_ids(fn, "f")
+    assert first_ids(lambda row: np.int64(row["ids"][0] - 3), "int") == [1, 5]
+    assert first_ids(lambda row: np.bool_(row["ids"][0] > 1), "numpy") == [3, 5]
+    assert first_ids(lambda row: "" if row["ids"][0] == 5 else "x", "text") == [1, 3]
+
+    pipeline = _repeating(6).stateful_filter(lambda lane: Forgets()).batch(1)
+    with pytest.raises(DataError, match=r"row \d+: stateful filter 'forgets' returned None"):
+        next(iter(pipeline))
+
+
 class Phase(StatefulFilter):
     """Keeps a document whose first id is ``first`` only at step 0 of a cycle of ``cycle``
     decisions: its state comes back to the same value every ``cycle`` documents."""
