@@ -459,14 +459,16 @@ class Dataset:
     def fingerprint(self) -> dict[str, Any]:
         """Returns a JSON-able summary that changes when the shard list or a row count does.
 
-        `rows_digest` is the first 16 hex digits of a sha256 over each shard's file name
-        (basename) and row count, in order: a changed dataset is noticed without reading data,
-        while moving the files to another folder or machine keeps the fingerprint. Where
+        `rows_digest` is the first 16 hex digits of a sha256 over each shard's path below
+        the deepest folder holding every shard (its file name where they lie in one folder)
+        and row count, in order: a changed dataset is noticed without reading data, while
+        moving the files to another folder or machine keeps the fingerprint. Where
         shards are split into window blocks (see `Shard.blocks`), which set the order,
         `blocks_digest` covers them likewise. An `hf://` dataset adds the hub commit it was
         read at (`revision`): pin it with `hf://org/name@REVISION/...` to resume on it.
         """
-        listing = [[os.path.basename(shard.path), shard.num_rows] for shard in self.shards]
+        names = _below_common_folder([shard.path for shard in self.shards])
+        listing = [[name, shard.num_rows] for name, shard in zip(names, self.shards)]
         out = {
             "name": self.name,
             "format": self.format,
@@ -499,6 +501,17 @@ class Dataset:
 def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"`name` must be a non-empty str, got {name!r}")
+
+
+def _below_common_folder(paths: list[str]) -> list[str]:
+    """Each of ``paths`` (files or URLs) below the deepest folder that holds them all: file
+    names where they share one folder, as the fingerprint read before it told
+    `lang=fr/part-0.jsonl` from `lang=it/part-0.jsonl` (the same file name)."""
+    parts = [path.replace(os.sep, "/").split("/") for path in paths]
+    depth, deepest = 0, min((len(p) - 1 for p in parts), default=0)
+    while depth < deepest and len({p[depth] for p in parts}) == 1:
+        depth += 1
+    return ["/".join(p[depth:]) for p in parts]
 
 
 def _digest(value: object) -> str:

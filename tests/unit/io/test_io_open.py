@@ -317,6 +317,31 @@ def test_fingerprint_is_json_data_that_follows_row_counts_and_names(
     assert prints["a"]["rows_digest"] != prints["d"]["rows_digest"]
 
 
+def test_fingerprint_tells_apart_shards_of_one_name_in_other_folders(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """Only file names were digested: `lang=fr/part-0.jsonl` replaced by `lang=it/part-0.jsonl`
+    of as many rows kept the fingerprint, and a state of the one resumed on the other without
+    a word (fresh-user trial). Paths below the folder holding every shard are digested now;
+    in one folder, file names, as before, and a moved tree keeps its fingerprint."""
+    for root, folders in (("one", ("lang=fr", "lang=de")), ("two", ("lang=it", "lang=de"))):
+        for folder in folders:
+            write_jsonl(tmp_path / root / folder / "part-0.jsonl", [{"x": 0}] * 3)
+    write_jsonl(tmp_path / "moved" / "deeper" / "lang=fr" / "part-0.jsonl", [{"x": 0}] * 3)
+    write_jsonl(tmp_path / "moved" / "deeper" / "lang=de" / "part-0.jsonl", [{"x": 0}] * 3)
+    write_jsonl(tmp_path / "flat" / "part-0.jsonl", [{"x": 0}] * 3)
+    prints = {
+        key: Dataset.from_path("d", tmp_path / key).fingerprint()
+        for key in ("one", "two", "moved", "flat")
+    }
+    assert prints["one"]["rows_digest"] != prints["two"]["rows_digest"]
+    assert prints["one"] == prints["moved"]
+    single = Dataset.from_path("d", tmp_path / "one" / "lang=fr").fingerprint()
+    assert single == prints["flat"]  # one folder: its file names, as before
+    # the digest of a flat folder is what earlier releases wrote: their states still load
+    assert prints["flat"]["rows_digest"] == "dd25b656e0ac9c08"
+
+
 def test_repr_is_short(tmp_path: Path, write_jsonl: Any) -> None:
     write_jsonl(tmp_path / "0.jsonl", [{"x": 0}] * 3)
     write_jsonl(tmp_path / "1.jsonl", [{"x": 0}] * 4)
