@@ -120,6 +120,11 @@ class PackSpec:
             value = getattr(self, name)
             if value is not None or name != "max_sequences_per_bin":
                 object.__setattr__(self, name, integer_setting(value, f"`{name}`"))
+        if self.max_length == 1:  # below 1 is refused with the packer's other settings
+            raise ConfigError(
+                "`max_length` must be at least 2: in rows of one token no token follows "
+                "another, so every label would be -100 and the model would learn nothing"
+            )
         if self.num_bins < 1:  # the wrap packer has no bins, but a setting is still checked
             raise ConfigError(f"`num_bins` must be positive, got {self.num_bins}")
         make_packer(self.algorithm, self.max_length, self.num_bins, self.max_sequences_per_bin)

@@ -281,6 +281,10 @@ def test_invalid_operator_arguments_name_the_argument(tokenizer: Any) -> None:
     p = Pipeline(source).tokenize(tokenizer=tokenizer)
     with pytest.raises(ConfigError, match="`max_length` must be a positive int, got 0"):
         p.pack_flat(0)
+    # rows of one token: every label -100, a run that learns nothing (fresh-user trial)
+    for pack in (p.pack_flat, p.pack_sequences):
+        with pytest.raises(ConfigError, match=r"`max_length` must be at least 2: .* label"):
+            pack(1)
     with pytest.raises(ConfigError, match="`algorithm` must be one of"):
         p.pack_flat(8, "zigzag")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="`microbatch_size` must be a positive int, got 0"):
