@@ -199,12 +199,14 @@ def _index(
     _require_written(path, format_, cache, dataset)
     if dataset.remote:
         _require_remembered(path, dataset, cache)
-    reused = "" if before is None else f" ({before:,} were cached already)"
-    print(
-        f"indexed {_shards_of(dataset)}{reused}: {dataset.num_rows:,} rows in "
-        f"{seconds:.2f} s; index cache {cache}",
-        file=out,
-    )
+    count = len(dataset.shards)
+    if before == count:
+        done = f"{_shards_of(dataset)} were indexed already (no scan)"
+    elif before:
+        done = f"indexed {count - before:,} of {_shards_of(dataset)} ({before:,} were already)"
+    else:
+        done = f"indexed {_shards_of(dataset)}"
+    print(f"{done}: {dataset.num_rows:,} rows in {seconds:.2f} s; index cache {cache}", file=out)
 
 
 def _require_written(path: str, format_: str | None, cache: str, dataset: Dataset) -> None:

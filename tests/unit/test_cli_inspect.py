@@ -124,15 +124,20 @@ def test_index_caches_every_shard_so_the_next_open_scans_nothing(
     monkeypatch.setattr(_line_index, "scan_lines", counter)
     assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 0
     out = capsys.readouterr().out
-    assert "indexed 3 shards (0 were cached already): 12 rows" in out
+    assert "indexed 3 shards: 12 rows" in out
     assert counter.calls == 3
     assert len(list(cache.glob("*.npy"))) == 3
     reopened = Dataset.from_path("c", folder, index_cache_dir=str(cache))
     assert counter.calls == 3
     assert reopened.num_rows == 12
     assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 0
-    assert "(3 were cached already)" in capsys.readouterr().out
+    # it said "indexed 3 shards (3 were cached already)", having indexed none (trial)
+    assert "3 shards were indexed already (no scan): 12 rows" in capsys.readouterr().out
     assert counter.calls == 3
+    next(folder.glob("*.jsonl")).write_text('{"text": "changed"}\n')
+    assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 0
+    assert "indexed 1 of 3 shards (2 were already): 9 rows" in capsys.readouterr().out
+    assert counter.calls == 4
 
 
 def test_index_uses_the_default_cache_that_from_path_reads(
