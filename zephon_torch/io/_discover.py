@@ -14,6 +14,7 @@ import fnmatch
 import glob
 import itertools
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -216,6 +217,26 @@ def _detect(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:
     return detect_files(text, where, files)
 
 
+_SHARD_NAMES = {
+    "MDS": re.compile(r"\.mds(\.[a-z0-9]+)?$"),  # shard.00000.mds, shard.00000.mds.zstd
+    "LitData": re.compile(r"^chunk-\d+-\d+(\.[a-z0-9]+)?\.bin$"),  # chunk-0-0(.zstd).bin
+}
+
+
+def _unindexed_shards(files: list[str]) -> str:
+    """A hint where ``files`` look like the shards of an MDS or LitData dataset whose
+    ``index.json`` is missing (its writer had not finished, or it was not copied)."""
+    for kind, pattern in _SHARD_NAMES.items():
+        shards = [f for f in files if pattern.search(os.path.basename(f))]
+        if shards:
+            return (
+                f"they look like {kind} shards ({os.path.basename(shards[0])!r}) without the "
+                "index.json an MDS or LitData dataset is read through: its writer writes it "
+                "when it finishes; copy it with the shards, or write the dataset again"
+            )
+    return ""
+
+
 def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str]]:
     """Decides the one format of `files` (found at `text`, a "file", "directory" or "glob")
     from their name endings, dropping files whose ending means no format.
@@ -239,9 +260,10 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
                 f"cannot tell the format of {text!r} from its name: known endings are "
                 f"{ENDINGS}; pass `format=`"
             )
+        advice = _unindexed_shards(files) or "pass `format=` to read them all as one format"
         raise ConfigError(
             f"no files found at {text!r}: none of its {len(files)} files ends in a known "
-            f"extension ({ENDINGS}); pass `format=` to read them all as one format"
+            f"extension ({ENDINGS}); {advice}"
         )
     if len(by_format) > 1:
         listed = "; ".join(

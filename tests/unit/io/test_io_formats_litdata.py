@@ -54,6 +54,23 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.parametrize("name", ["arrays", "arrays-chunk-zstd", "tokens"])
+def test_chunks_without_their_index_json_are_named_as_such(
+    written: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """Chunks copied without the index.json litdata.optimize writes were "no known
+    extension; pass `format=`"."""
+    import shutil
+
+    copy = tmp_path / "chunks"
+    shutil.copytree(written[name], copy)
+    (copy / "index.json").unlink()
+    with pytest.raises(
+        ConfigError, match=r"look like LitData shards \('chunk-0-0\.(zstd\.)?bin'\)"
+    ):
+        Dataset.from_path("l", copy)
+
+
 def all_rows(dataset: Dataset) -> list[dict[str, Any]]:
     return [
         plain(row)

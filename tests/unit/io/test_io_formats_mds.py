@@ -71,6 +71,18 @@ def test_format_mds_on_anything_but_an_index_folder_is_refused(tmp_path: Path) -
         Dataset.from_path("m", tmp_path / "a.jsonl", format="mds")
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_shards_without_their_index_json_are_named_as_such(
+    tmp_path: Path, compression: str | None
+) -> None:
+    """MDSWriter's shards without the index.json it writes last (a writer killed, a copy of
+    the shards only) were "no known extension; pass `format=`", which leads nowhere."""
+    out = write_mds(tmp_path / "d", ROWS[:20], COLUMNS, compression=compression)
+    (out / "index.json").unlink()
+    with pytest.raises(ConfigError, match=r"look like MDS shards \('shard\.00000\.mds.*index"):
+        Dataset.from_path("m", out)
+
+
 def test_row_counts_come_from_the_index_without_reading_a_shard(
     mds_dir: Path, tmp_path: Path
 ) -> None:
