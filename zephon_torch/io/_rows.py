@@ -20,6 +20,10 @@ TokenIds: TypeAlias = npt.NDArray[np.integer[Any]]
 CHANGED_NOTE = " (did the file change after the dataset was opened?)"
 """Appended by readers whose own row count disagrees with the one the dataset recorded."""
 
+CUT_NOTE = " (written or copied wrongly, or changed after the dataset was opened)"
+"""Appended where a shard's bytes disagree with its index.json: so since it was written, or
+since the open."""
+
 
 # errors of the machine, not of a file's bytes: out of descriptors or memory, a failing disk,
 # a file the process may not read

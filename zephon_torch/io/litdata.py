@@ -36,7 +36,7 @@ from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import TOKENS_FIELD, Projection, token_array
 from zephon_torch.io._rows import (
-    CHANGED_NOTE,
+    CUT_NOTE,
     Rows,
     TokenIds,
     as_row_array,
@@ -342,7 +342,7 @@ class LitDataReader(PickledAsSettings):
             if machine_fault(error):
                 raise
             raise self._error(
-                f"the chunk is truncated or corrupt: {error}{CHANGED_NOTE}", path
+                f"the chunk is truncated or corrupt: {error}{CUT_NOTE}", path
             ) from None
         return _Chunk(data, layout, footer, batch_ends, threading.Lock())
 

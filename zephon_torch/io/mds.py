@@ -37,7 +37,7 @@ from zephon_torch.io._mds_index import shard_entries
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import (
-    CHANGED_NOTE,
+    CUT_NOTE,
     Rows,
     TokenIds,
     as_row_array,
@@ -357,7 +357,7 @@ class MdsReader(PickledAsSettings):
             except TooLargeError:
                 raise DataError(
                     f"the shard decompresses to more than the {info.raw_bytes} bytes "
-                    f"index.json records: the shard is corrupt{CHANGED_NOTE}",
+                    f"index.json records: the shard is corrupt{CUT_NOTE}",
                     dataset=self.dataset,
                     shard=path,
                 ) from None
@@ -370,7 +370,7 @@ class MdsReader(PickledAsSettings):
         if len(data) != info.raw_bytes:
             raise DataError(
                 f"the shard is truncated or corrupt: {len(data)} bytes where index.json "
-                f"records {info.raw_bytes}{CHANGED_NOTE}",
+                f"records {info.raw_bytes}{CUT_NOTE}",
                 dataset=self.dataset,
                 shard=path,
             )
@@ -379,7 +379,7 @@ class MdsReader(PickledAsSettings):
         if count != info.samples or len(data) < header:
             raise DataError(
                 f"the shard header says {count} samples where index.json records "
-                f"{info.samples}: the shard is corrupt{CHANGED_NOTE}",
+                f"{info.samples}: the shard is corrupt{CUT_NOTE}",
                 dataset=self.dataset,
                 shard=path,
             )

@@ -207,6 +207,10 @@ def test_a_truncated_shard_raises_a_data_error_naming_dataset_and_shard(
         dataset.read_rows(1, [0])
     assert (caught.value.dataset, caught.value.shard) == ("broken", str(victim))
     assert len(dataset.read_rows(0, [0])) == 1
+    if compression is None:  # cut before the open: not only "changed after the open?"
+        reopened = Dataset.from_path("broken", out)
+        with pytest.raises(DataError, match=r"truncated .* \(written or copied wrongly, or"):
+            reopened.read_rows(1, [0])
 
 
 @pytest.mark.parametrize("compression", ["gz", "bz2", "br", "snappy", "zstd:7"])
