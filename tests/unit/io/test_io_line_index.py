@@ -28,6 +28,23 @@ def test_blank_and_whitespace_only_lines_are_not_rows() -> None:
     assert _lines(buffer) == [b'{"a":1}', b'{"a":2}']
 
 
+def test_a_first_line_of_a_byte_order_mark_only_is_blank(tmp_path: Path) -> None:
+    """An editor's empty first line after a BOM was row 0, "malformed JSON" (trial); a BOM
+    before the first row's JSON stays with that row, which parses."""
+    from zephon_torch.io import Dataset
+
+    bom = b"\xef\xbb\xbf"
+    assert _lines(bom + b'\n{"a":1}\n') == [b'{"a":1}']
+    assert _lines(bom + b' \r\n{"a":1}') == [b'{"a":1}']
+    assert _lines(bom) == []
+    assert _lines(bom + b'{"a":1}\n') == [bom + b'{"a":1}']
+    assert _lines(b' \xef\xbb\xbf\n{"a":1}') == [b" \xef\xbb\xbf", b'{"a":1}']  # not first
+    for text in (bom + b'\n{"text": "a"}\n', bom + b'{"text": "a"}\n'):
+        (tmp_path / "bom.jsonl").write_bytes(text)
+        dataset = Dataset.from_path("d", tmp_path / "bom.jsonl", index_cache_dir=str(tmp_path))
+        assert dataset.read_rows(0, range(dataset.num_rows)) == [{"text": "a"}]
+
+
 def test_a_last_line_without_a_newline_is_a_row() -> None:
     assert _lines(b'{"a":1}\n{"a":2}') == [b'{"a":1}', b'{"a":2}']
 
