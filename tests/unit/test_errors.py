@@ -62,6 +62,32 @@ def test_a_non_string_field_is_refused(tokenizer: Any) -> None:
         list(pipeline_over(Dataset.from_dict("nums", {"text": [1, 2]}), tokenizer))
 
 
+def test_a_binary_parquet_column_of_text_reads_as_its_utf8_and_bad_bytes_name_the_row(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Spark and other writers may store text as Parquet `binary` (no UTF-8 annotation): it
+    was refused as "must be a string, got bytes" (fresh-user trial)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"document {i} of the binary column" for i in range(9)]
+    for kind, values in (("string", texts), ("binary", [t.encode() for t in texts])):
+        pq.write_table(
+            pa.table({"text": pa.array(values, type=getattr(pa, kind)())}),
+            tmp_path / f"{kind}.parquet",
+        )
+    batches = {}
+    for kind in ("string", "binary"):
+        dataset = Dataset.from_path("d", tmp_path / f"{kind}.parquet")  # one name: one order
+        batches[kind] = [b.input_ids.tolist() for b in pipeline_over(dataset, tokenizer)]
+    assert batches["binary"] == batches["string"] and batches["string"]
+    bad = [t.encode() for t in texts]
+    bad[4] = b"caf\xe9"  # Latin-1, not UTF-8
+    pq.write_table(pa.table({"text": pa.array(bad, type=pa.binary())}), tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"row 4: field 'text' holds bytes that are not UTF-8"):
+        list(pipeline_over(Dataset.from_path("bad", tmp_path / "bad.parquet"), tokenizer))
+
+
 def test_a_lone_surrogate_in_a_json_line_names_the_row(tmp_path: Path, tokenizer: Any) -> None:
     shard = tmp_path / "a.jsonl"
     lines = [json.dumps({"text": f"document {i}"}) for i in range(5)]

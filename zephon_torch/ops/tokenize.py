@@ -112,7 +112,12 @@ class TokenizeOp:
         value = data.get(self.field)
         if isinstance(value, str):
             return value
-        if self.field not in data:
+        if isinstance(value, bytes):  # a Parquet `binary` column of text, as Spark may write it
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError as error:
+                message = f"field {self.field!r} holds bytes that are not UTF-8 text: {error}"
+        elif self.field not in data:
             message = f"field {self.field!r} is missing; the row has fields {sorted(data)}"
         else:
             message = f"field {self.field!r} must be a string, got {type(value).__name__}"
