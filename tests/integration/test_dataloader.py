@@ -322,7 +322,7 @@ def test_a_data_error_in_a_worker_reaches_the_loop_as_a_data_error(
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_map_s_exception_reaches_the_loop_as_the_cause_with_its_frames(context: str) -> None:
-    from tests.unit.test_errors import refusing_pipeline
+    from tests.unit.test_runner_errors import refusing_pipeline
 
     loader = DataLoader(refusing_pipeline("inline"), num_workers=2, multiprocessing_context=context)
     with pytest.raises(DataError, match=r"row 1: map .* raised RowRefused") as caught:

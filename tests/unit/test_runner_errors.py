@@ -1,0 +1,249 @@
+"""Errors of the worker processes of `runner="processes"`: a user's exception, a process
+that dies, a script without a main guard, a full temporary folder, a killed run's chain file;
+each reaches the caller named, with what to check."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zephon_torch import ConfigError, DataError, Pipeline
+from zephon_torch.errors import WorkerTraceback
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def test_a_data_error_in_a_worker_process_reaches_the_caller_intact(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    shard = tmp_path / "p.jsonl"
+    shard.write_text(json.dumps({"text": "fine"}) + "\n" + "not json\n")
+    source = StaticMixtureWorkSource([Dataset.from_path("web", shard)], seed=0)
+    pipeline = (
+        Pipeline(source)
+        .tokenize(tokenizer=tokenizer, runner="processes", parallelism=1)
+        .pack_flat(8)
+        .batch(1)
+    )
+    with pytest.raises(DataError) as info:
+        list(pipeline)
+    assert (info.value.dataset, info.value.row) == ("web", 1)
+
+
+class RowRefused(ValueError):
+    """A user's exception type, importable by spawned workers."""
+
+
+def refuse_row_five(row: dict[str, Any]) -> dict[str, Any]:
+    if row["n"] == 5:
+        raise RowRefused(f"row {row['n']} is refused")
+    return row
+
+
+def exit_at_row_five(row: dict[str, Any]) -> dict[str, Any]:
+    if row["n"] == 5:
+        os._exit(3)  # the process dies, as one killed for memory does
+    return row
+
+
+def test_a_process_of_the_processes_runner_that_dies_is_named_with_what_to_check() -> None:
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
+    recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False)).map(exit_at_row_five)
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
+    with pytest.raises(BrokenProcessPool, match=r"runner='processes' ended abruptly: .*killed"):
+        list(pipeline.batch(1))
+
+
+_UNGUARDED = """
+import functools
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def tag(row, big):
+    return row
+
+
+data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+recipe = recipe.map(functools.partial(tag, big=b"x" * 300_000), name="tag")
+pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8).batch(1)
+print(sum(1 for _ in pipeline))
+"""
+
+
+def test_a_script_without_a_main_guard_fails_with_the_advice_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    """Each spawned process imports the script again and fails starting its own pool. The
+    chain (a map holding 300 kB here; a tokenizer is as large) went to it through a pipe the
+    parent held open itself, so the parent waited for ever to write the rest."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    assert "BrokenProcessPool" in done.stderr
+    assert 'under `if __name__ == "__main__":`' in done.stderr
+
+
+_FULL_TEMP = """
+import functools, os, resource, signal, sys, tempfile
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def tag(row, big):
+    return row
+
+
+if __name__ == "__main__":
+    tempfile.tempdir = sys.argv[1]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, as when full
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, resource.RLIM_INFINITY))
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+    recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+    recipe = recipe.map(functools.partial(tag, big=b"x" * 300_000), name="tag")
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
+    for attempt in range(2):
+        try:
+            list(pipeline.batch(1))
+        except Exception as error:
+            print(type(error).__name__, error)
+"""
+
+
+def test_a_full_temporary_folder_is_named_and_left_as_it_was(tmp_path: Path) -> None:
+    """The processes runner's chain file, cut short, was left behind at every iteration,
+    and a bare OSError named neither the file nor the runner."""
+    script, temp = tmp_path / "full.py", tmp_path / "temp"
+    script.write_text(_FULL_TEMP)
+    temp.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script), str(temp)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    for line in lines:
+        assert line.startswith("ConfigError runner='processes' cannot write its chain")
+        assert str(temp) in line and "TMPDIR" in line
+    assert list(temp.iterdir()) == []
+
+
+_HELD_RUN = """
+import sys, tempfile, time
+
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+if __name__ == "__main__":
+    tempfile.tempdir = sys.argv[1]
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+    recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False))
+    pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
+    batches = iter(pipeline.batch(1))
+    next(batches)
+    print("running", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_chain_file_left_by_a_killed_process_is_removed_by_the_next_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed by SIGKILL (the out-of-memory killer) left its chain file (maps,
+    filters, tokenizer: megabytes) in the temporary folder for ever, one per crash. The next
+    runner removes it; a live runner's file stays."""
+    import signal
+    import tempfile
+
+    from zephon_torch.ops._chain_file import release, write_chain
+
+    script, temp = tmp_path / "held.py", tmp_path / "temp"
+    script.write_text(_HELD_RUN)
+    temp.mkdir()
+    run = subprocess.Popen(
+        [sys.executable, str(script), str(temp)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert run.stdout is not None and run.stdout.readline() == "running\n"
+        assert len(list(temp.glob("zephon-chain-*.pickle"))) == 1
+        workers = _children(run.pid)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+    assert len(list(temp.glob("zephon-chain-*.pickle"))) == 1  # left behind
+    # its worker processes end too: orphaned, they waited for a task for ever
+    deadline = time.monotonic() + 20
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert workers and not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    path, lock = write_chain(b"chain")
+    assert list(temp.iterdir()) == [Path(path)]  # the killed process's file is gone
+    other, other_lock = write_chain(b"chain")
+    assert sorted(temp.iterdir()) == sorted([Path(path), Path(other)])  # a live one stays
+    release(path, lock)
+    release(other, other_lock)
+    assert list(temp.iterdir()) == []
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == parent:
+                    found.append(int(entry))
+    return found
+
+
+def refusing_pipeline(runner: str) -> Pipeline:
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).map(refuse_row_five)
+    return recipe.pretokenized("ids", runner=runner, parallelism=1).pack_flat(8).batch(1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("runner", ["inline", "processes"])
+def test_a_map_s_exception_is_the_cause_in_any_runner(runner: str) -> None:
+    """The README's promise: the user's exception is the DataError's cause, its own type, also
+    from a worker process; its frames come along as text (a WorkerTraceback below it)."""
+    with pytest.raises(
+        DataError, match=r"row 1: map .*refuse_row_five.* raised RowRefused"
+    ) as caught:
+        list(refusing_pipeline(runner))
+    cause = caught.value.__cause__
+    assert type(cause).__name__ == "RowRefused" and str(cause) == "row 5 is refused"
+    if runner == "processes":
+        frames = cause.__cause__
+        assert isinstance(frames, WorkerTraceback)
+        assert 'in refuse_row_five\n    raise RowRefused(f"row' in str(frames)
+
+
+def test_runner_processes_inside_a_dataloader_worker_is_a_config_error() -> None:
+    from zephon_torch.torch import DataLoader
+
+    loader = DataLoader(refusing_pipeline("processes"), num_workers=1)
+    with pytest.raises(ConfigError, match="runner='processes' cannot start its processes here"):
+        list(loader)
