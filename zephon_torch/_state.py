@@ -62,8 +62,9 @@ def check_state(
         mismatches["lane turns"] = (
             spread,
             "lanes with data left at most one turn apart: every rank saves after the same "
-            "micro-batches, and only a rank whose lanes are all spent falls behind; were the "
-            "states of different steps merged by hand, or a turn edited?",
+            "micro-batches, and only a rank whose lanes are all spent falls behind (a lane "
+            "not begun, null, is at turn 0); were the states of different steps merged by "
+            "hand, a turn edited, or a lane set to null?",
         )
     missing = [lane for lane in needed_lanes if str(lane) not in lanes]
     if missing:
@@ -81,11 +82,12 @@ def _turns_apart(lanes: dict[str, Any]) -> dict[str, int] | None:
     """The turns of ``lanes`` (lane states by number) that have data left, where they stand
     more than one turn apart; None where they do not. A saved state's lanes with data are a
     turn apart at most (a step begun); a spent lane may lag (its rank's stream ended turns
-    before another's), and one not begun (None) is not compared."""
+    before another's). A lane not begun (None) is at turn 0: every lane gives a micro-batch
+    each turn, so none is left unbegun past the first."""
     turns = {
-        lane: int(lane_state["turn"])
+        lane: 0 if lane_state is None else int(lane_state["turn"])
         for lane, lane_state in lanes.items()
-        if lane_state is not None and not lane_state["done"]
+        if lane_state is None or not lane_state["done"]
     }
     if not turns or max(turns.values()) - min(turns.values()) <= 1:
         return None
@@ -177,6 +179,15 @@ def check_shape(state: Any) -> None:
     step = state.get("step", 0)  # derived from the lanes, and read by `merge_states`
     if type(step) is not int or step < 0:
         problems["step"] = (step, "absent, or an int (the lowest turn of the lanes)")
+    elif isinstance(lanes, dict) and not problems:
+        # a rank's lowest turn; merged, the furthest rank's: between its lanes' turns
+        turns = [0 if s is None else s["turn"] for s in lanes.values()] or [0]
+        if not min(turns) <= step <= max(turns):
+            problems["step"] = (
+                step,
+                f"a turn of its lanes, {min(turns)} to {max(turns)}: lanes set to null, or "
+                "turns edited, since it was saved?",
+            )
     if not _figures(state.get("estimation")):
         problems["estimation"] = (
             state.get("estimation"),

@@ -405,6 +405,11 @@ def test_a_state_no_run_saves_is_refused_naming_what_is_wrong(tokenizer: Any) ->
     refused(lambda bad: readers(bad).update({"pos": 16}), where % (0, 16))
     refused(lambda bad: bad["lanes"].update({"7": bad["lanes"]["0"]}), r"lane numbers: saved \[7\]")
     refused(lambda bad: bad.update({"step": "2"}), "step: saved '2'")
+    # lanes set to null start again from the beginning (trial C): one, among lanes at turn 2,
+    # is turns apart; all, under a step of 2, are a state of no lane at that step
+    refused(lambda bad: bad["lanes"].update({"0": None}), r"lane turns: saved \{'0': 0, '1': 2")
+    nulls = {str(lane): None for lane in range(4)}
+    refused(lambda bad: bad["lanes"].update(nulls), r"step: saved 2, live 'a turn of its lanes")
     # each field's last valid value loads: the position at the end of this lane's pass
     last = copy.deepcopy(state)
     readers(last).update({"pos": 15})

@@ -203,6 +203,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
             if states:
                 state = pipeline.state_dict()
                 state["lanes"] = {str(lane): states.get(str(lane)) for lane in pipeline.lanes}
+                state["step"] = state_step(state["lanes"])
                 if self._loaded is not None and self._loaded.get("estimation") is not None:
                     state["estimation"] = self._loaded["estimation"]
                 pipeline._load_state(state)  # warned of mid-step in the main process
@@ -254,6 +255,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                 str(lane): state["lanes"].get(str(lane)) for lane in self._worker_lanes
             }
             state["worker_lanes"] = list(self._worker_lanes)
+            state["step"] = state_step(state["lanes"])
         return state
 
     def resume_lanes(self, delivered: dict[str, Any]) -> dict[str, Any]:
