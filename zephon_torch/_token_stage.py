@@ -117,6 +117,16 @@ def _doubts(op: TokenizeOp | TokenizeChatOp) -> list[str]:
     if isinstance(op, TokenizeChatOp):
         doubt = chatml_warning(tokenizer) if op.template is chatml else None
         return [] if doubt is None else [doubt]
+    if len(tokenizer.before) > 1 and op.prefix != list(tokenizer.before):
+        names = [tokenizer.backend.id_to_token(i) for i in tokenizer.before]
+        added = [tokenizer.backend.id_to_token(i) for i in op.prefix]
+        return [
+            f"the tokenizer's own post-processing starts every text with {names}; the "
+            "pipeline puts only BOS and EOS around a document, by its `special_tokens` "
+            f"policy ({op.special_tokens!r}: {added or 'nothing'} before it): where the model "
+            "was trained with the rest, put them into the text with a `map` (or use "
+            "`tokenize_chat` with the model's template)"
+        ]
     if tokenizer.adds_bos and not op.prefix:
         return [
             "the tokenizer starts every sequence with BOS itself, and "

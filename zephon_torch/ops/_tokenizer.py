@@ -56,6 +56,7 @@ class ResolvedTokenizer:
     description: str
     split_special_tokens: bool = False  # text spelling a special token stays text
     adds_bos: bool = False  # its own post-processing starts every sequence with BOS
+    before: tuple[int, ...] = ()  # the ids its own post-processing puts before every text
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled (the processes runner): a pickled ``Tokenizer`` forgets the setting."""
@@ -129,6 +130,7 @@ def resolve_tokenizer(
         description=description,
         split_special_tokens=split_special,
         adds_bos=adds_bos,
+        before=tuple(prefix),
     )
 
 

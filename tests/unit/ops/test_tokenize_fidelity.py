@@ -246,6 +246,30 @@ def test_a_tokenizer_that_adds_bos_itself_warns_when_the_policy_leaves_it_out(
         Pipeline(source).tokenize(tokenizer, parallelism=1)  # no BOS of its own: no warning
 
 
+def test_a_tokenizer_that_puts_several_tokens_first_is_warned_of_under_every_policy(
+    tokenizer: Any,
+) -> None:
+    """A template of `<s> [INST] $A </s>`: the advice to pass `special_tokens='both'` (BOS and
+    EOS, "as the model will see it") left `[INST]` out without a word (fresh-user trial C)."""
+    from tokenizers.processors import TemplateProcessing
+
+    wrapped = Tokenizer.from_str(tokenizer.to_str())
+    wrapped.add_special_tokens(["<s>", "[INST]", "</s>"])
+    ids = [(name, wrapped.token_to_id(name)) for name in ("<s>", "[INST]", "</s>")]
+    wrapped.post_processor = TemplateProcessing(single="<s> [INST] $A </s>", special_tokens=ids)
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["Hello world."] * 4})])
+    for policy, before in (("eos", "nothing"), ("both", "['<s>']"), ("none", "nothing")):
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
+            Pipeline(source).tokenize(wrapped, parallelism=1, special_tokens=policy)
+        said = [str(w.message) for w in heard]
+        assert len(said) == 1, said
+        assert said[0].startswith(
+            "the tokenizer's own post-processing starts every text with ['<s>', '[INST]']; "
+        )
+        assert f"({policy!r}: {before} before it)" in said[0]
+
+
 def test_chat_gives_no_special_tokens_advice_to_a_tokenizer_that_adds_bos(
     tokenizer: Any,
 ) -> None:
