@@ -146,7 +146,8 @@ def _inspect(dataset: Dataset, path: str, rows: int, out: TextIO) -> None:
             f"blocks of row groups (up to {size} MiB each), which shuffle windows count as shards",
             file=out,
         )
-    print(f"fields (types from the first {len(sample)} rows):", file=out)
+    first = "row" if len(sample) == 1 else f"{len(sample)} rows"
+    print(f"fields (types from the first {first}):", file=out)
     for name, kinds in field_types(sample).items():
         print(f"  {name}: {kinds}", file=out)
     print("rows per shard:", file=out)
@@ -201,12 +202,13 @@ def _index(
         _require_remembered(path, dataset, cache)
     count = len(dataset.shards)
     if before == count:
-        done = f"{_shards_of(dataset)} were indexed already (no scan)"
+        done = f"{_shards_of(dataset)} {'was' if count == 1 else 'were'} indexed already (no scan)"
     elif before:
         done = f"indexed {count - before:,} of {_shards_of(dataset)} ({before:,} were already)"
     else:
         done = f"indexed {_shards_of(dataset)}"
-    print(f"{done}: {dataset.num_rows:,} rows in {seconds:.2f} s; index cache {cache}", file=out)
+    rows = f"{dataset.num_rows:,} row{'' if dataset.num_rows == 1 else 's'}"
+    print(f"{done}: {rows} in {seconds:.2f} s; index cache {cache}", file=out)
 
 
 def _require_written(path: str, format_: str | None, cache: str, dataset: Dataset) -> None:

@@ -115,6 +115,18 @@ class _CountingScan:
         return scan_lines(buffer)
 
 
+def test_one_row_and_one_shard_are_said_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "types from the first 1 rows" and "1 shard were indexed already" (trial C)."""
+    folder = write_jsonl_shards(tmp_path / "one", shards=1, rows=1)
+    cache = tmp_path / "idx"
+    assert main(["inspect", str(folder), "--index-cache-dir", str(cache)]) == 0
+    assert "fields (types from the first row):" in capsys.readouterr().out
+    assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 0
+    assert "1 shard was indexed already (no scan): 1 row in" in capsys.readouterr().out
+
+
 def test_index_caches_every_shard_so_the_next_open_scans_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
