@@ -35,7 +35,7 @@ from zephon_torch.ops.packers import make_packer
 from zephon_torch.ops.prefetch import Prefetcher
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.ops.shuffle import ShuffleNode
-from zephon_torch.ops.stateful import FilteredReader
+from zephon_torch.ops.stateful import FilteredReader, made_filter
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -106,13 +106,16 @@ class LaneRuntime:
         if not pipeline._endless:  # all the rank's lanes, cut here (a worker's are not)
             states = skip_spent_turns(states)
         padding, checker = pad_id(pipeline), id_check(pipeline)  # the same for every lane
+        made: set[int] = set()  # the stateful filters made: a new one for each reader
         for lane in pipeline.lanes:
             readers: list[DocumentReader | FilteredReader] = list(
                 self._readers(pipeline, lane, chunk_docs)
             )
-            for factory, _ in pipeline._stateful:
+            for factory, filter_name in pipeline._stateful:
                 readers = [
-                    FilteredReader(reader, factory(lane), name, where)
+                    FilteredReader(
+                        reader, made_filter(factory, lane, filter_name, made), name, where
+                    )
                     for reader, name in zip(readers, source.names)
                 ]
             mixpack = _mixpack(pipeline, readers, where[1])

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_dict_of, state_int
-from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.ops.document import Document, call_user, document_error
 from zephon_torch.ops.filter import decision, refusal
 from zephon_torch.ops.map import Where
@@ -54,7 +54,45 @@ class StatefulFilter(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()``; ``state`` is a copy of the filter's own (so keeping it
-        and updating it in place is safe)."""
+        and updating it in place is safe). Called as every iteration starts: with the loaded
+        state, else the one the filter had when made."""
+
+
+def made_filter(
+    factory: Callable[[int], StatefulFilter], lane: int, name: str, made: set[int]
+) -> StatefulFilter:
+    """``factory(lane)``, a new filter for one lane and dataset; ``made`` holds the ids of
+    those made before for the other lanes and datasets.
+
+    Raises:
+        ConfigError: naming the filter and lane, for an exception of the factory, a result
+            that is no StatefulFilter, or one it made before (an instance shared by lanes
+            decides on their documents together, so the batches change with the world size).
+    """
+    try:
+        op = factory(lane)
+    except ZephonError:
+        raise
+    except Exception as error:
+        raise ConfigError(
+            f"stateful filter {name!r}: its factory raised {type(error).__name__} for lane "
+            f"{lane}: {error}"
+        ) from error
+    if not isinstance(op, StatefulFilter):
+        got = type(op).__name__
+        raise ConfigError(
+            f"stateful filter {name!r}: its factory must return a StatefulFilter, got {got} "
+            f"for lane {lane}"
+        )
+    if id(op) in made:
+        raise ConfigError(
+            f"stateful filter {name!r}: its factory returned an instance it had returned "
+            f"before (for lane {lane}); it must make a new one on every call, one per lane and "
+            "dataset: a shared one decides on several lanes' documents together, so the "
+            "batches would change with the world size"
+        )
+    made.add(id(op))
+    return op
 
 
 def filter_name(op: StatefulFilter) -> str:
@@ -127,13 +165,28 @@ class FilteredReader(BaseNode[Document]):
         # state, or the block start a shuffle hands out with its block's later batches
         if initial_state is None:
             self.reader.reset(None)
-            self.op.load_state_dict(copy.deepcopy(self._initial))
+            self._load(copy.deepcopy(self._initial))
             self.rejected = 0
         else:
             state = state_dict_of(initial_state, ("reader", "filter"), "stateful filter")
             self.reader.reset(state["reader"])
-            self.op.load_state_dict(copy.deepcopy(state["filter"]))
+            self._load(copy.deepcopy(state["filter"]))
             self.rejected = state_int(state.get("rejected", 0), "stateful filter rejected")
+
+    def _load(self, state: dict[str, Any]) -> None:
+        """The filter's ``load_state_dict(state)``; its errors name the filter, lane and
+        dataset (it is called as every iteration starts, with the state the filter was made
+        with where no state was loaded)."""
+        try:
+            self.op.load_state_dict(state)
+        except ZephonError:
+            raise
+        except Exception as error:
+            raise ConfigError(
+                f"stateful filter {filter_name(self.op)!r} of lane {self.lane}, dataset "
+                f"{self.source_name!r}: its load_state_dict raised {type(error).__name__}: "
+                f"{error}"
+            ) from error
 
     @property
     def layout(self) -> PointerLayout:

@@ -758,3 +758,56 @@ def test_a_source_that_gives_a_lane_nothing_for_ever_is_refused_not_read_on(case
     with warnings.catch_warnings(), pytest.raises(DataError, match=said):
         warnings.simplefilter("ignore")  # the eight-pass warning comes first
         list(itertools.islice(pipeline, 2))  # lane 1's first micro-batch never came
+
+
+class Counting(StatefulFilter):
+    """Keeps every other document it sees, by a count in its state."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.seen += 1
+        return self.seen % 2 == 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = state["count"]  # a bug: the key it saves is "seen"
+
+
+def test_a_factory_s_shared_instance_and_its_errors_are_named_with_filter_and_lane() -> None:
+    """One instance for every lane was taken, and its decisions then changed with the world
+    size; a factory's exception, and one from `load_state_dict` (called as every iteration
+    starts, even with no state loaded), came out bare (fresh-user trial C)."""
+    from zephon_torch import ConfigError, Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    dataset = Dataset.from_dict("d", {"ids": [[i + 1] * 3 for i in range(16)]})
+    recipe = (
+        Pipeline(StaticMixtureWorkSource([dataset]))
+        .options(canonical_replicas=2)
+        .pretokenized("ids")
+    )
+    shared = Recorder()
+    pipeline = recipe.stateful_filter(lambda lane: shared).pack_flat(3).batch(1)
+    with pytest.raises(ConfigError, match=r"'recorder': its factory returned an instance it had"):
+        next(iter(pipeline))
+
+    def fails_for_lane_one(lane: int) -> StatefulFilter:
+        if lane == 1:
+            raise RuntimeError("cannot build for this lane")
+        return Recorder()
+
+    pipeline = recipe.stateful_filter(fails_for_lane_one).pack_flat(3).batch(1)
+    with pytest.raises(ConfigError, match=r"factory raised RuntimeError for lane 1: cannot build"):
+        next(iter(pipeline))
+    pipeline = recipe.stateful_filter(lambda lane: Counting()).pack_flat(3).batch(1)
+    with pytest.raises(
+        ConfigError, match=r"'counting' of lane 0, dataset 'd': its load_state_dict raised KeyError"
+    ):
+        next(iter(pipeline))
