@@ -161,6 +161,22 @@ def _load(target: str) -> LineIndex | None:
     return index
 
 
+_UNWRITABLE: set[str] = set()  # index folders already warned of, once per process each
+
+
+def _cannot_cache(directory: str, error: OSError) -> None:
+    """Log that the index cannot be cached in `directory`, once per folder: a dataset of
+    thousands of shards said it once per shard."""
+    if directory not in _UNWRITABLE:
+        _UNWRITABLE.add(directory)
+        _log.warning(
+            "cannot cache the JSONL line index in %r: %s (said once; each shard is scanned "
+            "at each open)",
+            directory,
+            error,
+        )
+
+
 def _save(index: LineIndex, target: str) -> None:
     directory = os.path.dirname(target)
     try:
@@ -172,7 +188,7 @@ def _save(index: LineIndex, target: str) -> None:
         # removed this one before the lock (see `lock_file`)
         lock = lock_file(temporary, wait=True)
     except OSError as error:
-        _log.warning("cannot cache the JSONL line index in %r: %s", directory, error)
+        _cannot_cache(directory, error)
         return
     assert lock is not None
     try:
@@ -184,7 +200,7 @@ def _save(index: LineIndex, target: str) -> None:
             os.unlink(temporary)
         if not isinstance(error, OSError):
             raise
-        _log.warning("cannot cache the JSONL line index in %r: %s", directory, error)
+        _cannot_cache(directory, error)
         return
     finally:
         close_tracked(lock)

@@ -243,6 +243,22 @@ def test_an_unwritable_cache_still_gives_the_index(tmp_path: Path, write_jsonl: 
     assert dataset.read_rows(0, [2]) == [{"a": 2}]
 
 
+def test_an_unwritable_cache_is_logged_once_not_once_per_shard(
+    tmp_path: Path, write_jsonl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`index --index-cache-dir` at a folder it cannot write said so once per shard before its
+    own error (trial C): thousands of lines for a large dataset."""
+    for i in range(4):
+        write_jsonl(tmp_path / "data" / f"{i}.jsonl", [{"a": i}])
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the cache folder should be")
+    with caplog.at_level("WARNING", logger=_line_index.__name__):
+        dataset = Dataset.from_path("d", tmp_path / "data", index_cache_dir=str(blocker / "ix"))
+    assert dataset.num_rows == 4
+    said = [r.getMessage() for r in caplog.records if "cannot cache" in r.getMessage()]
+    assert len(said) == 1 and "(said once; each shard is scanned at each open)" in said[0]
+
+
 def test_no_temporary_files_are_left_in_the_cache(tmp_path: Path, write_jsonl: Any) -> None:
     for i in range(3):
         write_jsonl(tmp_path / "data" / f"{i}.jsonl", [{"a": i}])
