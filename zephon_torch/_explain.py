@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zephon_torch._token_stage import doc_ops, prefetch_depth, token_stage
 from zephon_torch.errors import ConfigError, integer_setting
@@ -30,9 +30,18 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
             f"  dataset {dataset.name!r}: {weight:.1%} target, {dataset.format}, "
             f"{len(dataset.shards)} shards, {dataset.num_rows:,} rows"
         )
-    chain = ["fetch", *(str(op.fingerprint()["kind"]) for op in doc_ops(pipeline))]
+    chain = ["fetch", *(_step(op.fingerprint()) for op in doc_ops(pipeline))]
     lines.append(f"  per document (in order): {' -> '.join(chain)}")
-    serial = [f"mix+pack({pack.algorithm}, max_length={pack.max_length})"]
+    packing = [pack.algorithm, f"max_length={pack.max_length}"]
+    if pack.algorithm != "wrap":
+        packing.append(f"num_bins={pack.num_bins}")
+    if pack.max_sequences_per_bin is not None:
+        packing.append(f"max_sequences_per_bin={pack.max_sequences_per_bin}")
+    if pack.long_documents != "split" and not pack.whole:
+        packing.append(f"long_documents={pack.long_documents!r}")
+    if pack.min_document_length:
+        packing.append(f"min_document_length={pack.min_document_length}")
+    serial = [f"mix+pack({', '.join(packing)})"]
     serial += [f"stateful_filter({name})" for _, name in pipeline._stateful]
     if pipeline._shuffle_window:
         serial.append(f"shuffle(window={pipeline._shuffle_window})")
@@ -60,6 +69,16 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
         else f"  prefetch: none (micro-batches are made as the consumer asks){why}"
     )
     return "\n".join(lines)
+
+
+_UNSHOWN = ("kind", "tokenizer", "prefix", "suffix", "encoding")  # digests, ids: not for reading
+
+
+def _step(fingerprint: dict[str, Any]) -> str:
+    """A per-document step by its kind and its settings (``tokenize(field='text',
+    special_tokens='eos')``, ``map(name='clean')``)."""
+    settings = [f"{key}={value!r}" for key, value in fingerprint.items() if key not in _UNSHOWN]
+    return f"{fingerprint['kind']}({', '.join(settings)})"
 
 
 def _span(lanes: list[int]) -> str:

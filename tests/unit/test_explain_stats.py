@@ -16,7 +16,9 @@ def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> 
     )
     recipe, knobs = text.split("performance knobs")
     assert "canonical_replicas L=8" in recipe and "dataset 'long': 60.0% target" in recipe
-    assert "fetch -> tokenize" in recipe and "mix+pack(best_fit, max_length=64)" in recipe
+    assert "fetch -> tokenize(field='text', special_tokens='eos')" in recipe
+    # every packing setting in the fingerprint (num_bins was left out: trial C)
+    assert "mix+pack(best_fit, max_length=64, num_bins=8)" in recipe
     assert "rank 3 of 4: lanes 6..7" in knobs and "DataLoader workers: 2 of 2 used" in knobs
     assert "runner: threads x 2" in knobs
 
