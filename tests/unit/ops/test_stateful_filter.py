@@ -760,23 +760,13 @@ def test_a_source_that_gives_a_lane_nothing_for_ever_is_refused_not_read_on(case
         list(itertools.islice(pipeline, 2))  # lane 1's first micro-batch never came
 
 
-class Counting(StatefulFilter):
-    """Keeps every other document it sees, by a count in its state."""
+class MisreadsItsState(EveryOther):
+    """EveryOther whose ``load_state_dict`` reads a key its state does not hold."""
 
-    name = "counting"
-
-    def __init__(self) -> None:
-        self.seen = 0
-
-    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
-        self.seen += 1
-        return self.seen % 2 == 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"seen": self.seen}
+    name = "misreads"
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.seen = state["count"]  # a bug: the key it saves is "seen"
+        self.count = state["seen"]
 
 
 def test_a_factory_s_shared_instance_and_its_errors_are_named_with_filter_and_lane() -> None:
@@ -806,8 +796,8 @@ def test_a_factory_s_shared_instance_and_its_errors_are_named_with_filter_and_la
     pipeline = recipe.stateful_filter(fails_for_lane_one).pack_flat(3).batch(1)
     with pytest.raises(ConfigError, match=r"factory raised RuntimeError for lane 1: cannot build"):
         next(iter(pipeline))
-    pipeline = recipe.stateful_filter(lambda lane: Counting()).pack_flat(3).batch(1)
+    pipeline = recipe.stateful_filter(lambda lane: MisreadsItsState()).pack_flat(3).batch(1)
     with pytest.raises(
-        ConfigError, match=r"'counting' of lane 0, dataset 'd': its load_state_dict raised KeyError"
+        ConfigError, match=r"'misreads' of lane 0, dataset 'd': its load_state_dict raised KeyError"
     ):
         next(iter(pipeline))
