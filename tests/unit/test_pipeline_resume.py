@@ -403,6 +403,11 @@ def test_a_state_no_run_saves_is_refused_naming_what_is_wrong(tokenizer: Any) ->
     where = r"lane 1 dataset 'long' position: saved \{'pass': %s, 'pos': %s\}"
     refused(lambda bad: readers(bad).update({"pass": 1}), where % (1, 1))
     refused(lambda bad: readers(bad).update({"pos": 16}), where % (0, 16))
+    # a carried piece's document past the stream: an IndexError, in a mismatch of "lane 1"
+    carry = lambda bad: bad["lanes"]["1"]["pack"]["carry"][0][0]  # noqa: E731
+    assert carry(state)[:3] == [0, 0, 0]  # [source, pass, pos, start, end]
+    piece = r"lane 1 dataset 'long' document: saved \{'pass': 0, 'pos': 15\}"
+    refused(lambda bad: carry(bad).__setitem__(2, 15), piece)
     refused(lambda bad: bad["lanes"].update({"7": bad["lanes"]["0"]}), r"lane numbers: saved \[7\]")
     refused(lambda bad: bad.update({"step": "2"}), "step: saved '2'")
     # lanes set to null start again from the beginning (trial C): one, among lanes at turn 2,

@@ -483,7 +483,11 @@ class MixPack(BaseNode[PackedRow]):
         )
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
-        return self.readers[source].fetch(pass_index, pos)
+        """The document a saved piece points at (its source is checked with the state's
+        shape; its position here: one past the stream failed with an IndexError)."""
+        reader = self.readers[source]
+        reader.check_position(pass_index, pos, document=True)
+        return reader.fetch(pass_index, pos)
 
 
 def _weakly(method: Callable[..., None], *first: Any) -> Callable[..., None]:

@@ -110,26 +110,28 @@ class DocumentReader(BaseNode[Document]):
         else:
             state = state_dict_of(initial_state, ("pass", "pos"), "reader")
             start = (state_int(state["pass"], "reader pass"), state_int(state["pos"], "reader pos"))
-            self._check_start(start)
+            self.check_position(*start)
             # absent from states saved before it was counted
             self.filtered = state_int(state.get("filtered", 0), "reader filtered")
         self._next = start
         self._cursor = self._normalise(start)
 
-    def _check_start(self, start: tuple[int, int]) -> None:
+    def check_position(self, pass_index: int, pos: int, *, document: bool = False) -> None:
         """Refuse a saved position past this lane's stream: past its rows (at most their
-        count, where a pass ends), or, for a finite stream, in a pass past its last. Such a
-        position (an edited state) skipped documents, or ended the lane, without a word."""
-        pass_index, pos = start
+        count, where a pass ends; below it for a ``document``'s), or, for a finite stream, in
+        a pass past its last. Such a position (an edited state) skipped documents, or ended
+        the lane, without a word; a packer's piece there failed with an IndexError."""
         finite = self.exhaustion != "repeat"
-        if pos > self._lane_rows or (finite and pass_index >= self.passes):
+        end = self._lane_rows - 1 if document else self._lane_rows
+        if not 0 <= pos <= end or pass_index < 0 or (finite and pass_index >= self.passes):
             last = self.passes - 1
             passes = (f" in pass 0 to {last}" if last else " in pass 0") if finite else ""
+            what = "document" if document else "position"
             raise StateMismatchError(
                 {
-                    f"dataset {self.layout.name!r} position": (
+                    f"dataset {self.layout.name!r} {what}": (
                         {"pass": pass_index, "pos": pos},
-                        f"a pos of 0 to {self._lane_rows} (this lane's rows){passes}",
+                        f"a pos of 0 to {end} (this lane has {self._lane_rows} rows){passes}",
                     )
                 }
             )

@@ -212,6 +212,10 @@ class FilteredReader(BaseNode[Document]):
         """This lane's documents not yet read, and all of them (see ``DocumentReader``)."""
         return self.reader.unread()
 
+    def check_position(self, pass_index: int, pos: int, *, document: bool = False) -> None:
+        """Refuse a saved position past the stream (see ``DocumentReader``)."""
+        self.reader.check_position(pass_index, pos, document=document)
+
     @property
     def same_each_pass(self) -> bool:
         """Whether every pass hands this lane the same documents (see ``DocumentReader``)."""
