@@ -75,7 +75,24 @@ def check_state(
             "every rank",
         )
     if mismatches:
-        raise StateMismatchError(mismatches, note=VERSION_NOTE if "version" in mismatches else "")
+        notes = [VERSION_NOTE] if "version" in mismatches else []
+        notes += [_digest_note(key, *mismatches[key]) for key in mismatches]
+        raise StateMismatchError(mismatches, note="\n".join(note for note in notes if note))
+
+
+def _digest_note(key: str, saved: object, live: object) -> str:
+    """What a dataset's fingerprint that differs in its `rows_digest` alone means (the digest
+    names no file: the mismatch showed two hex strings)."""
+    if not (key.startswith("dataset.") and isinstance(saved, dict) and isinstance(live, dict)):
+        return ""
+    differ = {k for k in set(saved) | set(live) if saved.get(k) != live.get(k)}
+    if differ != {"rows_digest"}:
+        return ""
+    return (
+        f"{key}: as many shards and rows, in other files: a shard's path below the dataset's "
+        "folder (a file or folder renamed, or another put in its place), or the rows per "
+        "shard, changed since the state was saved"
+    )
 
 
 def _turns_apart(lanes: dict[str, Any]) -> dict[str, int] | None:

@@ -340,6 +340,18 @@ def test_fingerprint_tells_apart_shards_of_one_name_in_other_folders(
     assert single == prints["flat"]  # one folder: its file names, as before
     # the digest of a flat folder is what earlier releases wrote: their states still load
     assert prints["flat"]["rows_digest"] == "dd25b656e0ac9c08"
+    # a resume says what the differing digest means (it showed two hex strings: trial C)
+    from zephon_torch import Pipeline, StateMismatchError
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    def pipeline(root: str) -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("d", tmp_path / root)])
+        return Pipeline(source).pretokenized("x").pack_flat(4).batch(1)
+
+    state = pipeline("one").state_dict()
+    with pytest.raises(StateMismatchError, match=r"dataset\.d: as many shards and rows, in other"):
+        pipeline("two").load_state_dict(state)
+    pipeline("moved").load_state_dict(state)
 
 
 def test_repr_is_short(tmp_path: Path, write_jsonl: Any) -> None:
