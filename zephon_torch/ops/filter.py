@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zephon_torch.errors import ConfigError
-from zephon_torch.ops.document import Document, document_error
+from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.ops.document import Document
 from zephon_torch.ops.map import Row, UserOp, function_name
 
 
@@ -28,45 +28,35 @@ class FilterOp(UserOp):
             raise ConfigError(f"`filter` needs a callable, got {fn!r}")
         self.fn = fn
         self.name = function_name(fn, name)
+        self._what = f"filter {self.name!r}"  # made once: `_keep` runs per document
 
     def __call__(self, docs: list[Document]) -> list[Document]:
-        kept = []
-        for doc in docs:
-            if doc.data is None:
-                continue
-            keep = self.apply(self._keep, doc)
-            if keep is True:
-                kept.append(doc)
-            elif keep is not False:  # None, or a callable: refused, naming the row
-                self._refuse(doc, keep)
-        return kept
+        return [doc for doc in docs if doc.data is not None and self.apply(self._keep, doc)]
 
-    def _keep(self, row: Row) -> Any:
-        return decision(self.fn(row))  # within `apply`: no truth value names its row
-
-    def _refuse(self, doc: Document, result: Any) -> None:
-        message = f"filter {self.name!r} {refusal(result)}"
-        if self.where is None:
-            raise ConfigError(message)
-        names, paths = self.where
-        raise document_error(doc, message, dataset_names=names, shard_paths=paths)
+    def _keep(self, row: Row) -> bool:
+        # within `apply`: a result with no truth value, or refused, names its row
+        return decision(self.fn(row), self._what)
 
     def fingerprint(self) -> dict[str, Any]:
         """The predicate's name: changing it changes the data."""
         return {"kind": "filter", "name": self.name}
 
 
-def decision(result: Any) -> Any:
-    """A filter's ``result`` as True or False (its truth value), but None or a callable as it
-    is: a missed `return`, or a predicate returned uncalled, would drop or keep every
-    document without a word (see ``refusal``)."""
-    return result if result is None or callable(result) else bool(result)
+def decision(result: Any, what: str) -> bool:
+    """The filter ``what``'s ``result`` as True or False (its truth value).
 
-
-def refusal(result: Any) -> str:
-    """Why a filter's ``result`` that is no decision (``decision``) is refused."""
+    Raises:
+        DataError: for None or a callable (a missed `return`, or a predicate returned
+            uncalled), which would drop or keep every document without a word; raised inside
+            ``call_user``, it gains the row's place.
+    """
     if result is None:
         got, hint = "None", "did it miss a `return`?"
-    else:
+    elif callable(result):
         got, hint = f"a callable ({result!r})", "was a function returned, not called?"
-    return f"returned {got}: it must return whether to keep the document (True or False); {hint}"
+    else:
+        return bool(result)
+    raise DataError(
+        f"{what} returned {got}: it must return whether to keep the document (True or "
+        f"False); {hint}"
+    )

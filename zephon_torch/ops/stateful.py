@@ -23,8 +23,8 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import ConfigError, DataError, ZephonError
-from zephon_torch.ops.document import Document, call_user, document_error
-from zephon_torch.ops.filter import decision, refusal
+from zephon_torch.ops.document import Document, call_user
+from zephon_torch.ops.filter import decision
 from zephon_torch.ops.map import Where
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.work.pointers import PointerLayout
@@ -285,18 +285,14 @@ class FilteredReader(BaseNode[Document]):
         """The filter's decision on ``doc``; its errors become a DataError naming the row."""
         names, paths = self.where
         what = f"stateful filter {filter_name(self.op)!r}"
-        kept = call_user(
-            lambda tokens: decision(self.op.keep(tokens, self.source_name)),
+        return call_user(
+            lambda tokens: decision(self.op.keep(tokens, self.source_name), what),
             doc.tokens,
             doc,
             what,
             dataset_names=names,
             shard_paths=paths,
         )
-        if not isinstance(kept, bool):
-            message = f"{what} {refusal(kept)}"
-            raise document_error(doc, message, dataset_names=names, shard_paths=paths)
-        return kept
 
     def _stack(self) -> tuple[list[FilteredReader], DocumentReader]:
         """This filtered reader and those beneath it, top first, and the reader at the bottom."""
