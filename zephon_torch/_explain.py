@@ -47,6 +47,12 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
         serial.append(f"shuffle(window={pipeline._shuffle_window})")
     serial.append(f"batch({pipeline._microbatch_size})")
     lines.append(f"  per lane (serial): {' -> '.join(serial)}")
+    lines.append(
+        "  bad rows: skipped and counted (stats()['skipped_documents']['malformed']; not in "
+        "the fingerprint)"
+        if options.bad_rows == "skip"
+        else "  bad rows: raise (a DataError naming the row ends the run)"
+    )
     lines.append("performance knobs (never change data)")
     lines.append(f"  rank {rank} of {world_size}: lanes {_span(lanes)} ({len(lanes)} per turn)")
     num_workers = integer_setting(num_workers, "`num_workers`")

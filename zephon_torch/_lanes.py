@@ -47,6 +47,12 @@ if TYPE_CHECKING:
     from zephon_torch.work import StaticMixtureWorkSource
 
 
+def doc_chain(pipeline: Pipeline) -> DocChain:
+    """Fetch and the pipeline's per-document operators, skipping bad rows where asked."""
+    skip = pipeline._options.bad_rows == "skip"
+    return DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline), skip_bad_rows=skip)
+
+
 def calibrated(pipeline: Pipeline, chain: DocChain | None = None) -> None:
     """Calibrate ``pipeline``'s token estimation, where its mixture has one and it has no
     figures yet (from a first run or a loaded state), with ``chain`` (default: its own)."""
@@ -54,7 +60,7 @@ def calibrated(pipeline: Pipeline, chain: DocChain | None = None) -> None:
     if pipeline._estimation is not None or source.token_estimation is None:
         return
     if chain is None:
-        chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
+        chain = doc_chain(pipeline)
     try:
         pipeline._estimation = calibrate(
             chain,
@@ -72,12 +78,13 @@ class LaneRuntime:
 
     def __init__(self, pipeline: Pipeline) -> None:
         _, token_field, parallelism, runner = token_stage(pipeline)
-        doc_chain = DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline))
-        self.chain: DocChain | TokenChain = doc_chain
+        chain = doc_chain(pipeline)
+        self.chain: DocChain | TokenChain = chain
         if columnar(pipeline):
             assert pipeline._pretokenized is not None
             eos = pipeline._pretokenized.eos_token_id
-            self.chain = TokenChain(pipeline._datasets, token_field, eos)
+            skip = chain.skip_bad_rows
+            self.chain = TokenChain(pipeline._datasets, token_field, eos, skip_bad_rows=skip)
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
         self.nodes: list[BatchNode] = []
         self.readers: list[DocumentReader] = []
@@ -85,7 +92,7 @@ class LaneRuntime:
         # undelivered, but their states (each lane spent) are the lanes' final ones
         self.cut_turn: list[Batch] = []
         try:
-            self._build(pipeline, doc_chain)
+            self._build(pipeline, chain)
         except BaseException:
             # held by the error's traceback, an open runner kept its processes' pipes and its
             # chain file (whose lock kept `sweep` off it) for as long as the error lived

@@ -19,6 +19,10 @@ from zephon_torch.ops._runner import RUNNERS, RunnerKind
 from zephon_torch.ops.packers import Algorithm, LongDocuments, make_packer
 from zephon_torch.ops.tokenize import SpecialTokens
 
+# what a row whose reading or processing raises a DataError naming it does to the run
+BadRows = Literal["raise", "skip"]
+BAD_ROWS = ("raise", "skip")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Options:
@@ -30,6 +34,7 @@ class Options:
     stats_every: int = 0
     stats: bool = True
     on_stats: Callable[[dict[str, Any]], None] | None = None
+    bad_rows: BadRows = "raise"
 
     def __post_init__(self) -> None:
         for name in ("canonical_replicas", "world_size", "rank", "read_ahead", "stats_every"):
@@ -80,6 +85,8 @@ class Options:
             object.__setattr__(self, "prefetch", prefetch)
         if self.read_ahead < 1:
             raise ConfigError(f"`read_ahead` must be an int >= 1, got {self.read_ahead!r}")
+        if self.bad_rows not in BAD_ROWS:
+            raise ConfigError(f"`bad_rows` must be one of {BAD_ROWS}, got {self.bad_rows!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

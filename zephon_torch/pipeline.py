@@ -21,6 +21,7 @@ from zephon_torch._lane_split import MID_STEP, step_remainder
 from zephon_torch._lanes import LaneRuntime, deliver, stop_iteration
 from zephon_torch._recipe import recipe_fingerprint
 from zephon_torch._specs import (
+    BadRows,
     Options,
     PackSpec,
     PretokenizedSpec,
@@ -121,6 +122,7 @@ class Pipeline:
         on_stats: Callable[[dict[str, Any]], None] | None = None,
         stats: bool | None = None,
         io_options: Mapping[str, Any] | None = None,
+        bad_rows: BadRows | None = None,
     ) -> Pipeline:
         """Lanes, topology and performance settings (``canonical_replicas`` is data-affecting;
         the rest are not).
@@ -152,6 +154,16 @@ class Pipeline:
                 the keys given replace the dataset's own (and earlier calls'), the rest are
                 kept. Local datasets take only ``parquet`` and ``mds`` (and compressed JSONL
                 ``cache``).
+            bad_rows: ``"raise"`` (the default): a row whose reading, ``map``, ``filter``,
+                chat template or tokenizing raises a ``DataError`` naming it (malformed JSON, a
+                missing or mistyped field, text that is not UTF-8, an exception of your
+                function on it) ends the run with that error. ``"skip"``: the row gives no
+                tokens and is counted in ``stats()["skipped_documents"]["malformed"]``, with a
+                warning naming the first one per dataset; the same rows are skipped at every
+                world size, worker count and resume. Errors naming no row (a corrupt or
+                unreadable shard, storage errors) and stored ids outside the vocabulary still
+                raise. Not data-affecting: a run stopped by a bad row resumes from its last
+                state with ``"skip"``.
         """
         given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,
@@ -162,6 +174,7 @@ class Pipeline:
             "stats_every": stats_every,
             "on_stats": on_stats,
             "stats": stats,
+            "bad_rows": bad_rows,
         }
         changes = {k: v for k, v in given.items() if v is not None}
         if stats_every == 0:  # the hook off: ``on_stats`` goes with it

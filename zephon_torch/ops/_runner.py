@@ -26,12 +26,19 @@ from typing import Literal
 
 from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.io import Dataset
+from zephon_torch.io.dataset import name_line
 from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops._daemon_pool import DaemonPool
 from zephon_torch.ops.columns import TokenChain, TokenChunk
-from zephon_torch.ops.document import DocOp, Document, OperatorClock
+from zephon_torch.ops.document import (
+    DocOp,
+    Document,
+    OperatorClock,
+    bad_document,
+    skipping_bad,
+)
 from zephon_torch.ops.fetch import FetchOp
-from zephon_torch.work.pointers import PointerSpan
+from zephon_torch.work.pointers import Pointer, PointerSpan
 
 _PARENT_POLL_S = 1.0  # how soon a worker whose parent was killed ends
 
@@ -41,11 +48,17 @@ Chunk = list[Document] | TokenChunk  # a chain's documents for one span, in stre
 
 
 class DocChain(OperatorClock):
-    """Fetch then every per-document operator, as one picklable function of a chunk."""
+    """Fetch then every per-document operator, as one picklable function of a chunk.
 
-    def __init__(self, fetch: FetchOp, ops: Sequence[DocOp]) -> None:
+    With ``skip_bad_rows`` (``bad_rows="skip"``), a row whose fetch or operators raise a
+    ``DataError`` naming it comes out as a ``Document`` with that ``error`` and no tokens, in
+    its place in the stream (``skipping_bad``); the rest of its chunk as without it.
+    """
+
+    def __init__(self, fetch: FetchOp, ops: Sequence[DocOp], *, skip_bad_rows: bool = False):
         self.fetch = fetch
         self.ops = tuple(ops)
+        self.skip_bad_rows = skip_bad_rows
         super().__init__(["fetch"] + [str(op.fingerprint()["kind"]) for op in self.ops])
 
     @property
@@ -54,15 +67,54 @@ class DocChain(OperatorClock):
         return self.fetch.datasets
 
     def __call__(self, source: int, span: PointerSpan) -> list[Document]:
-        start = time.perf_counter()
-        docs = self.fetch.fetch(source, span.pointers())
-        marks = [(len(docs), time.perf_counter() - start)]
-        for op in self.ops:
+        pointers = span.pointers()
+        try:
             start = time.perf_counter()
-            docs = op(docs)
-            marks.append((len(docs), time.perf_counter() - start))
+            docs = self.fetch.fetch(source, pointers)
+            marks = [(len(docs), time.perf_counter() - start)]
+            for op in self.ops:
+                start = time.perf_counter()
+                docs = op(docs)
+                marks.append((len(docs), time.perf_counter() - start))
+        except DataError as error:
+            if not self.skip_bad_rows or error.row is None:
+                raise
+            return self.run(source, pointers, self.ops)  # untimed: a rare chunk
         self.record(marks)
         return docs
+
+    def run(self, source: int, pointers: list[Pointer], ops: Sequence[DocOp]) -> list[Document]:
+        """The documents at ``pointers`` through ``ops`` (bad rows skipped where asked)."""
+
+        def step(some: list[Pointer]) -> list[Document]:
+            return self.apply(ops, self.fetch.fetch(source, some), skip=False)
+
+        def bad(pointer: Pointer, error: DataError) -> Document:
+            name_line(error, self.datasets)
+            return bad_document(source, pointer, error)
+
+        if not self.skip_bad_rows:
+            return step(pointers)
+        return skipping_bad(step, pointers, bad)
+
+    def apply(
+        self, ops: Sequence[DocOp], docs: list[Document], *, skip: bool | None = None
+    ) -> list[Document]:
+        """``docs`` through ``ops``; a document that raises a ``DataError`` naming its row
+        gives itself with that ``error`` where bad rows are skipped."""
+
+        def step(some: list[Document]) -> list[Document]:
+            for op in ops:
+                some = op(some)
+            return some
+
+        def bad(doc: Document, error: DataError) -> Document:
+            name_line(error, self.datasets)
+            return bad_document(doc.source, doc, error)
+
+        if not (self.skip_bad_rows if skip is None else skip):
+            return step(docs)
+        return skipping_bad(step, docs, bad)
 
 
 Chain = DocChain | TokenChain

@@ -20,7 +20,8 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
-from zephon_torch.ops.document import Document, OperatorClock
+from zephon_torch.io.dataset import name_line
+from zephon_torch.ops.document import NO_TOKENS, Document, OperatorClock, skipping_bad
 from zephon_torch.ops.fetch import read_span, read_token_span
 from zephon_torch.ops.pretokenized import field_error, token_ids, with_eos
 from zephon_torch.work.pointers import PointerSpan
@@ -37,6 +38,8 @@ class TokenChunk:
     tokens: list[npt.NDArray[Any]]
     shards: list[int]
     rows: list[int]
+    # by index, why a row gave no document (``bad_rows="skip"``); its tokens are empty
+    bad: dict[int, str] = field(default_factory=dict)
     sizes: list[int] = field(init=False)  # each document's token count
     ends: list[int] = field(init=False)  # ends[i]: the tokens of documents 0..i-1 (from 0)
     smallest: int = field(init=False)  # the fewest tokens of a document (0 when empty)
@@ -62,6 +65,7 @@ class TokenChunk:
             self.rows[i],
             None,
             self.tokens[i],
+            error=self.bad.get(i) if self.bad else None,
         )
 
 
@@ -75,30 +79,72 @@ class TokenChain(OperatorClock):
         datasets: the work source's datasets, by source index.
         field: the row field holding token ids.
         eos_token_id: appended to every non-empty document when set.
+        skip_bad_rows: a row whose reading or token field raises a ``DataError`` naming it
+            gives no tokens, its error kept in the chunk's ``bad`` (``bad_rows="skip"``).
     """
 
-    def __init__(self, datasets: tuple[Dataset, ...], field: str, eos_token_id: int | None) -> None:
+    def __init__(
+        self,
+        datasets: tuple[Dataset, ...],
+        field: str,
+        eos_token_id: int | None,
+        *,
+        skip_bad_rows: bool = False,
+    ) -> None:
         self.datasets = datasets
         self.field = field
         self.eos_token_id = eos_token_id
+        self.skip_bad_rows = skip_bad_rows
         super().__init__(["fetch", "pretokenized"])
 
     def __call__(self, source: int, span: PointerSpan) -> TokenChunk:
+        shards = span.shards.tolist()
+        rows = span.rows.tolist()
+        try:
+            tokens = self._ids(source, span, shards, rows, timed=True)
+        except DataError as error:
+            if not self.skip_bad_rows or error.row is None:
+                raise
+            return self._skipping_bad(source, span, shards, rows)
+        return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)
+
+    def _ids(
+        self, source: int, span: PointerSpan, shards: list[int], rows: list[int], *, timed: bool
+    ) -> list[npt.NDArray[Any]]:
+        """Each document's ids (``shards`` and ``rows``: the span's, as lists)."""
         start = time.perf_counter()
         dataset, field = self.datasets[source], self.field
-        count = len(span)
         # stored ids come as views, nothing to check; else rows are read and checked
         stored = read_token_span(dataset, span.shards, span.rows, field)
         read = read_span(dataset, span.shards, span.rows) if stored is None else []
         fetched = time.perf_counter()
-        shards = span.shards.tolist()
-        rows = span.rows.tolist()
         tokens = self._tokens(source, read, shards, rows) if stored is None else stored
         if self.eos_token_id is not None:
             eos = self.eos_token_id
             tokens = [with_eos(ids, eos) if len(ids) else ids for ids in tokens]
-        self.record([(count, fetched - start), (count, time.perf_counter() - fetched)])
-        return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)
+        if timed:
+            count = len(span)
+            self.record([(count, fetched - start), (count, time.perf_counter() - fetched)])
+        return tokens
+
+    def _skipping_bad(
+        self, source: int, span: PointerSpan, shards: list[int], rows: list[int]
+    ) -> TokenChunk:
+        """The chunk of ``span`` with its bad rows found (``skipping_bad``) and emptied."""
+
+        def step(indices: list[int]) -> list[npt.NDArray[Any] | str]:
+            a, b = indices[0], indices[-1] + 1
+            part = PointerSpan(span.pass_index, span.pos + a, span.shards[a:b], span.rows[a:b])
+            return list(self._ids(source, part, shards[a:b], rows[a:b], timed=False))
+
+        def why(_: int, error: DataError) -> str:
+            name_line(error, self.datasets)
+            return str(error)
+
+        got = skipping_bad(step, list(range(len(span))), why)
+        bad = {i: ids for i, ids in enumerate(got) if isinstance(ids, str)}
+        tokens = [NO_TOKENS if isinstance(ids, str) else ids for ids in got]
+        return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows, bad)
 
     def _tokens(
         self, source: int, read: list[dict[str, Any]], shards: list[int], rows: list[int]

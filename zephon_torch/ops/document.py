@@ -20,6 +20,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError, ZephonError
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 Tokens = npt.NDArray[np.integer[Any]]  # int32 from tokenizers; stored type when pre-tokenized
 
@@ -32,6 +33,8 @@ class Document:
     to find it again; ``shard`` and ``row`` locate it in storage for error messages.
     ``trainable`` (chat data) marks, per token, whether it is a loss target; None: all are.
     ``payload`` holds row fields kept whole for ``pack_sequences`` (image bytes, arrays).
+    ``error`` (``bad_rows="skip"``): why the row gave no document, which then has no data and
+    no tokens; the packer counts it as malformed.
     """
 
     source: int
@@ -43,6 +46,7 @@ class Document:
     tokens: Tokens | None = None
     trainable: npt.NDArray[np.bool_] | None = None
     payload: dict[str, Any] | None = None
+    error: str | None = None
 
 
 class DocOp(Protocol):
@@ -53,6 +57,36 @@ class DocOp(Protocol):
     def fingerprint(self) -> dict[str, Any]:
         """Its data-affecting parameters, JSON-able."""
         ...
+
+
+def skipping_bad(
+    step: Callable[[list[T]], list[R]], items: list[T], bad: Callable[[T, DataError], R]
+) -> list[R]:
+    """``step(items)``, where each item whose own processing raises a ``DataError`` naming a
+    row gives ``bad(item, error)`` instead (``bad_rows="skip"``): a failing list is halved
+    until the error is one item's, so k bad rows among n cost about k·log2(n) more calls of
+    ``step``, and none when there is none. An error naming no row (a shard's) is raised."""
+    try:
+        return step(items)
+    except DataError as error:
+        if error.row is None:
+            raise
+        if len(items) == 1:
+            return [bad(items[0], error)]
+    half = len(items) // 2
+    return skipping_bad(step, items[:half], bad) + skipping_bad(step, items[half:], bad)
+
+
+NO_TOKENS: Tokens = np.empty(0, dtype=np.int32)
+NO_TOKENS.flags.writeable = False
+
+
+def bad_document(source: int, at: Any, error: DataError) -> Document:
+    """The document at ``at`` (a ``Pointer`` or ``Document``: its pass, position, shard and
+    row) of ``source``, skipped for ``error``: no data, no tokens."""
+    return Document(
+        source, at.pass_index, at.pos, at.shard, at.row, None, NO_TOKENS, error=str(error)
+    )
 
 
 def document_error(

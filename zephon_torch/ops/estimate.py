@@ -35,9 +35,7 @@ def calibrate(
     for source, layout in enumerate(track(layouts, "calibrating token estimation")):
         count = min(estimation.calibration_documents, layout.num_rows)
         pointers = layout.pointers(pass_index=0, lane=0, num_lanes=1, start=0, count=count)
-        docs = chain.fetch.fetch(source, pointers)
-        for op in chain.ops[:-1]:
-            docs = op(docs)
+        docs = [d for d in chain.run(source, pointers, chain.ops[:-1]) if d.error is None]
         owned = [
             (t, d) for d in docs if d.data is not None and isinstance(t := d.data.get(field), str)
         ]
@@ -69,7 +67,7 @@ def calibrate(
                     )
                 tokens += counted
         else:
-            docs = chain.ops[-1](docs)
+            docs = [d for d in chain.apply(chain.ops[-1:], docs) if d.error is None]
             tokens = float(sum(len(d.tokens) for d in docs if d.tokens is not None))
         # plain floats: a pinned figure or a measure's count may be a numpy number, which
         # the state (plain JSON) cannot hold

@@ -91,8 +91,10 @@ class RowBlock:
 # A source that runs out while the others have more than this part of the lane's documents
 # (over all sources and passes) to come is warned of: the shares no longer hold from there
 _LATE_SHARE = 0.05
-# why documents are skipped: the length rules, and documents of no token
-SKIP_REASONS = ("too_long", "too_short", "empty")
+# why documents are skipped: the length rules, documents of no token, and rows that raised a
+# DataError under bad_rows="skip"
+SKIP_REASONS = ("too_long", "too_short", "empty", "malformed")
+_warned_bad: set[str] = set()  # datasets whose first skipped bad row this process warned of
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -111,7 +113,7 @@ class MixPack(BaseNode[PackedRow]):
     State:
         ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
         "active": [bool...], "carry": [[piece] or []...], "skipped": {"too_long": int,
-        "too_short": int, "empty": int}, "packer": packer state}``.
+        "too_short": int, "empty": int, "malformed": int}, "packer": packer state}``.
 
     Resume guarantee: exact; only documents in the packer's open rows are re-read.
     """
@@ -145,7 +147,10 @@ class MixPack(BaseNode[PackedRow]):
         # per source, its documents in a row that gave no tokens: empty, cut by the length
         # rules, or dropped by the plain filters (pure, as the rules are; the readers tell)
         self._barren_runs = [
-            BarrenRun("gave no token (empty, dropped by the filters or cut by the length rules)")
+            BarrenRun(
+                "gave no token (empty, malformed, dropped by the filters or cut by the length "
+                "rules)"
+            )
             for _ in readers
         ]
         self._filtered = [False] * len(readers)  # whether the filters dropped any of a source
@@ -296,7 +301,8 @@ class MixPack(BaseNode[PackedRow]):
                 )
                 taken += more
             else:  # counted as skipped, or as giving no tokens
-                self._admit(source, chunk.sizes[i], chunk.shards[i], chunk.rows[i])
+                bad = chunk.bad.get(i) if chunk.bad else None
+                self._admit(source, chunk.sizes[i], chunk.shards[i], chunk.rows[i], bad)
                 i += 1
         reader.advance(i)
         self.tokens[source] += taken
@@ -376,7 +382,7 @@ class MixPack(BaseNode[PackedRow]):
                     continue
                 assert doc.tokens is not None
                 size = len(doc.tokens)
-                if not self._admit(source, size, doc.shard, doc.row):
+                if not self._admit(source, size, doc.shard, doc.row, doc.error):
                     continue
                 piece = Piece(doc, 0, size)
             piece = self._cut(source, piece, max_tokens)
@@ -420,11 +426,24 @@ class MixPack(BaseNode[PackedRow]):
                 stacklevel=2,
             )
 
-    def _admit(self, source: int, size: int, shard: int, row: int) -> bool:
+    def _admit(
+        self, source: int, size: int, shard: int, row: int, error: str | None = None
+    ) -> bool:
         """Count a new document of ``source`` of ``size`` tokens under the length rules (a
-        dropped one, or an empty one, as skipped; a kept one as delivered); True when it
-        gives tokens."""
-        if not size:  # no token, not even a special one (see `with_eos`)
+        dropped one, an empty one, or one skipped for ``error`` as malformed, as skipped; a
+        kept one as delivered); True when it gives tokens."""
+        if error is not None:
+            self.skipped["malformed"] += 1
+            name = self.readers[source].layout.name
+            if name not in _warned_bad:  # one word per dataset: stats() counts them all
+                _warned_bad.add(name)
+                warnings.warn(
+                    f"dataset {name!r}: skipping a row that raised an error (bad_rows='skip'; "
+                    "counted in stats()['skipped_documents']['malformed'], no further warning "
+                    f"for this dataset): {error}",
+                    stacklevel=2,
+                )
+        elif not size:  # no token, not even a special one (see `with_eos`)
             self.skipped["empty"] += 1
         elif self.drop_longer_than is not None and size > self.drop_longer_than:
             self.skipped["too_long"] += 1

@@ -257,6 +257,8 @@ class FilteredReader(BaseNode[Document]):
         while True:
             doc: Document = next(self.reader)
             assert doc.tokens is not None
+            if doc.error is not None:  # a bad row skipped: the packer counts it
+                return doc
             if doc.tokens.dtype != np.int32:  # pre-tokenized ids come in their stored type
                 doc.tokens = self._as_int32(doc)
             if self._keep(doc):

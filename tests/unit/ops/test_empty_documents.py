@@ -38,7 +38,7 @@ def test_empty_texts_give_no_token_and_are_counted(tokenizer: Any, special: str)
     # no document of the special tokens alone (a cut document's pieces may be short)
     assert sum(b.documents_by_source()["holey"] for b in batches) == len(encoded)
     assert len(lengths) >= len(encoded)
-    skipped = {"too_long": 0, "too_short": 0, "empty": 20, "filtered": 0}
+    skipped = {"too_long": 0, "too_short": 0, "empty": 20, "malformed": 0, "filtered": 0}
     assert pipeline.stats()["skipped_documents"] == skipped
 
 

@@ -456,7 +456,7 @@ def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_cou
     ):
         batches = list(pipeline)
     assert sum(b.num_tokens for b in batches) == 4 * 4 * 5
-    skipped = {"too_long": 0, "too_short": 16, "empty": 0, "filtered": 0}
+    skipped = {"too_long": 0, "too_short": 16, "empty": 0, "malformed": 0, "filtered": 0}
     assert pipeline.stats()["skipped_documents"] == skipped
 
 

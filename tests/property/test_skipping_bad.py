@@ -1,0 +1,43 @@
+"""``skipping_bad``: the result of a step over a list where the items that raise a row's
+``DataError`` are replaced, found by halving at a bounded cost."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from zephon_torch.errors import DataError
+from zephon_torch.ops.document import skipping_bad
+
+
+@given(
+    items=st.lists(st.integers(0, 1000), min_size=1, max_size=200),
+    bad=st.sets(st.integers(0, 1000)),
+)
+def test_bad_items_replaced_in_place_at_bounded_cost(items: list[int], bad: set[int]) -> None:
+    calls = 0
+
+    def step(some: list[int]) -> list[int]:
+        nonlocal calls
+        calls += 1
+        for item in some:
+            if item in bad:
+                raise DataError("bad", dataset="d", shard="s", row=item)
+        return [2 * item for item in some]
+
+    got = skipping_bad(step, items, lambda item, error: -1 - item if error.row == item else 0)
+    assert got == [-1 - i if i in bad else 2 * i for i in items]
+    found = sum(i in bad for i in items)
+    # each bad item costs at most two calls per halving level, and the first call is made
+    assert calls <= 1 + 2 * found * max(1, math.ceil(math.log2(len(items))))
+
+
+def test_an_error_naming_no_row_is_raised() -> None:
+    def step(some: list[int]) -> list[int]:
+        raise DataError("a shard is corrupt", dataset="d", shard="s")
+
+    with pytest.raises(DataError, match="corrupt"):
+        skipping_bad(step, [1, 2, 3], lambda item, error: item)
