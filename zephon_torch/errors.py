@@ -135,6 +135,8 @@ class DataError(ZephonError, ValueError):
     re-raises a DataLoader worker's error as ``type(error)(message)`` (the worker's traceback
     as text), keeps its type: the fields are then read back from the traceback's last line,
     which this class wrote (``zephon_torch.torch.DataLoader`` passes them as they are).
+    ``shard_wide``: the shard is at fault (changed or cut short since it was opened), though
+    ``row`` names where it showed; ``bad_rows="skip"`` never skips such an error.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class DataError(ZephonError, ValueError):
         dataset: str | None = None,
         shard: str | None = None,
         row: int | None = None,
+        shard_wide: bool = False,
     ) -> None:
         given = dataset is not None or shard is not None or row is not None
         if not given:
@@ -151,6 +154,7 @@ class DataError(ZephonError, ValueError):
         self.dataset = dataset
         self.shard = shard
         self.row = row
+        self.shard_wide = shard_wide
         self.detail = message
         if not given and dataset is not None:  # read back: the message says where already
             super().__init__(message)

@@ -160,10 +160,10 @@ class Pipeline:
                 function on it) ends the run with that error. ``"skip"``: the row gives no
                 tokens and is counted in ``stats()["skipped_documents"]["malformed"]``, with a
                 warning naming the first one per dataset; the same rows are skipped at every
-                world size, worker count and resume. Errors naming no row (a corrupt or
-                unreadable shard, storage errors) and stored ids outside the vocabulary still
-                raise. Not data-affecting: a run stopped by a bad row resumes from its last
-                state with ``"skip"``.
+                world size, worker count and resume. Errors that are no row's own (a corrupt,
+                unreadable or changed shard, storage errors) and stored ids outside the
+                vocabulary still raise. Not data-affecting: a run stopped by a bad row resumes
+                from its last state with ``"skip"``.
         """
         given: dict[str, Any] = {
             "canonical_replicas": canonical_replicas,

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.conftest import prose_documents
@@ -16,6 +17,8 @@ from tests.helpers import assert_resumes_at_every_step, keys
 from zephon_torch import Pipeline
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset
+from zephon_torch.io._rows import check_in_range
+from zephon_torch.ops.document import skipping_bad
 from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -234,6 +237,31 @@ def test_an_error_naming_no_row_still_raises(tmp_path: Path, tokenizer: Any) -> 
     with pytest.raises(DataError) as raised:
         list(text_pipeline(folder, tokenizer, "skip"))
     assert raised.value.row is None and "part-1.jsonl.gz" in str(raised.value)
+
+
+def test_a_shard_changed_after_opening_still_raises(tmp_path: Path, tokenizer: Any) -> None:
+    """Rows a changed shard no longer holds are its fault, not theirs: skipping them would drop
+    the rest of the shard."""
+    folder = text_corpus(tmp_path, clean=True)
+    pipeline = text_pipeline(folder, tokenizer, "skip", lanes=1)
+    shard = folder / "part-2.jsonl"
+    text = shard.read_text()
+    shard.write_text(text[: len(text) // 2])
+    with pytest.raises(DataError, match="rewritten") as raised:
+        list(pipeline)
+    assert "part-2.jsonl" in str(raised.value)
+
+
+def test_a_row_past_a_changed_shard_is_the_shards_fault() -> None:
+    with pytest.raises(DataError) as raised:
+        check_in_range(np.array([1, 5]), 3, dataset="d", shard="s", note="")
+    assert raised.value.row == 5 and raised.value.shard_wide
+    with pytest.raises(DataError, match="out of range"):
+        skipping_bad(
+            lambda rows: check_in_range(np.array(rows), 3, dataset="d", shard="s", note=""),
+            [1, 5],
+            lambda row, error: None,
+        )
 
 
 def test_bad_rows_setting_is_checked() -> None:

@@ -94,6 +94,7 @@ def check_in_range(
         dataset=dataset,
         shard=shard,
         row=bad,
+        shard_wide=True,
     )
 
 

@@ -172,6 +172,7 @@ class JsonlReader:
                     dataset=self.dataset,
                     shard=path,
                     row=row,
+                    shard_wide=True,
                 )
             try:
                 value = _parse(line, start)

@@ -35,6 +35,7 @@ from zephon_torch.ops.document import (
     Document,
     OperatorClock,
     bad_document,
+    row_fault,
     skipping_bad,
 )
 from zephon_torch.ops.fetch import FetchOp
@@ -77,7 +78,7 @@ class DocChain(OperatorClock):
                 docs = op(docs)
                 marks.append((len(docs), time.perf_counter() - start))
         except DataError as error:
-            if not self.skip_bad_rows or error.row is None:
+            if not (self.skip_bad_rows and row_fault(error)):
                 raise
             return self.run(source, pointers, self.ops)  # untimed: a rare chunk
         self.record(marks)

@@ -21,7 +21,13 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
 from zephon_torch.io.dataset import name_line
-from zephon_torch.ops.document import NO_TOKENS, Document, OperatorClock, skipping_bad
+from zephon_torch.ops.document import (
+    NO_TOKENS,
+    Document,
+    OperatorClock,
+    row_fault,
+    skipping_bad,
+)
 from zephon_torch.ops.fetch import read_span, read_token_span
 from zephon_torch.ops.pretokenized import field_error, token_ids, with_eos
 from zephon_torch.work.pointers import PointerSpan
@@ -103,7 +109,7 @@ class TokenChain(OperatorClock):
         try:
             tokens = self._ids(source, span, shards, rows, timed=True)
         except DataError as error:
-            if not self.skip_bad_rows or error.row is None:
+            if not (self.skip_bad_rows and row_fault(error)):
                 raise
             return self._skipping_bad(source, span, shards, rows)
         return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)

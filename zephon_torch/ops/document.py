@@ -59,17 +59,24 @@ class DocOp(Protocol):
         ...
 
 
+def row_fault(error: DataError) -> bool:
+    """Whether ``error`` is its row's own fault: it names a row, and not one a changed or cut
+    shard no longer holds (``shard_wide``)."""
+    return error.row is not None and not error.shard_wide
+
+
 def skipping_bad(
     step: Callable[[list[T]], list[R]], items: list[T], bad: Callable[[T, DataError], R]
 ) -> list[R]:
     """``step(items)``, where each item whose own processing raises a ``DataError`` naming a
     row gives ``bad(item, error)`` instead (``bad_rows="skip"``): a failing list is halved
     until the error is one item's, so k bad rows among n cost about k·log2(n) more calls of
-    ``step``, and none when there is none. An error naming no row (a shard's) is raised."""
+    ``step``, and none when there is none. An error that is no row's (``row_fault``) is
+    raised."""
     try:
         return step(items)
     except DataError as error:
-        if error.row is None:
+        if not row_fault(error):
             raise
         if len(items) == 1:
             return [bad(items[0], error)]
