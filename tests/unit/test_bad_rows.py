@@ -20,6 +20,7 @@ from zephon_torch.io import Dataset
 from zephon_torch.io._rows import check_in_range
 from zephon_torch.ops.document import skipping_bad
 from zephon_torch.ops.stateful import StatefulFilter
+from zephon_torch.torch import DataLoader
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 TEXTS = prose_documents(90, seed=3, max_words=120)
@@ -312,3 +313,20 @@ def test_explain_shows_the_policy(tmp_path: Path, tokenizer: Any) -> None:
     folder = text_corpus(tmp_path, clean=True)
     assert "bad rows: raise" in text_pipeline(folder, tokenizer, "raise").explain()
     assert "bad rows: skipped and counted" in text_pipeline(folder, tokenizer, "skip").explain()
+
+
+def test_dataloader_workers_skip_the_same_rows(tmp_path: Path, tokenizer: Any) -> None:
+    folder = text_corpus(tmp_path, clean=False)
+    clean = text_corpus(tmp_path, clean=True)
+
+    def ids(loader: Any) -> list[bytes]:
+        return [item["input_ids"].numpy().tobytes() for item in loader]
+
+    reference = ids(DataLoader(text_pipeline(clean, tokenizer, "raise", lanes=4)))
+    loader = DataLoader(
+        text_pipeline(folder, tokenizer, "skip", lanes=4),
+        num_workers=2,
+        multiprocessing_context="fork",
+    )
+    assert ids(loader) == reference
+    assert loader.stats()["skipped_documents"]["malformed"] == len(BAD_TEXT)
