@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -173,11 +174,30 @@ def _column_list(text: str) -> list[str]:
 _BROKEN_PIPE_EXIT = 141  # as a process ended by SIGPIPE shows in the shell (128 + 13)
 
 
+def _warning_line(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: Any = None
+) -> str:
+    """A warning as the command's own line: the library's warnings point at their caller,
+    which from the command line is the launcher (``<frozen runpy>``), not a line of the
+    user's."""
+    return f"zephon-torch: {category.__name__}: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zephon-torch`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
     _check_arguments(parser, args)
+    shown = warnings.formatwarning  # how warnings print; recorded ones (tests) are untouched
+    warnings.formatwarning = _warning_line
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = shown
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The chosen command, its errors reported as the command's (demo, verify)."""
     try:
         if args.command in ("demo", "verify"):  # inspect and index guard their own
             from zephon_torch._inspect import failed

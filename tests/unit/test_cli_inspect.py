@@ -354,3 +354,25 @@ def test_the_command_line_runs_as_a_module() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "{demo,verify,inspect,index}" in done.stdout
+
+
+def test_warnings_are_the_command_s_own_lines(tmp_path: Path) -> None:
+    """Run as a module, a library warning named `<frozen runpy>` as its place."""
+    folder = tmp_path / "twins"
+    folder.mkdir()
+    (folder / "part.jsonl").write_text('{"text": "a"}\n')
+    with open(folder / "part.jsonl", "rb") as plain, open(folder / "part.jsonl.gz", "wb") as out:
+        import gzip
+
+        out.write(gzip.compress(plain.read()))
+    done = subprocess.run(
+        [sys.executable, "-m", "zephon_torch", "inspect", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("zephon-torch: UserWarning: "), done.stderr
+    assert "differ only by a compression ending" in done.stderr
+    assert "runpy" not in done.stderr and "warn(" not in done.stderr
