@@ -114,6 +114,7 @@ class LaneRuntime:
             states = skip_spent_turns(states)
         padding, checker = pad_id(pipeline), id_check(pipeline)  # the same for every lane
         made: set[int] = set()  # the stateful filters made: a new one for each reader
+        warned: set[str] = set()  # datasets whose skipped bad rows were warned of
         for lane in pipeline.lanes:
             readers: list[DocumentReader | FilteredReader] = list(
                 self._readers(pipeline, lane, chunk_docs)
@@ -125,7 +126,7 @@ class LaneRuntime:
                     )
                     for reader, name in zip(readers, source.names)
                 ]
-            mixpack = _mixpack(pipeline, readers, where[1])
+            mixpack = _mixpack(pipeline, readers, where[1], warned)
             rows: BaseNode[PackedRow] = mixpack
             if pipeline._shuffle_window is not None:
                 rows = ShuffleNode(
@@ -333,9 +334,13 @@ def deliver(
 
 
 def _mixpack(
-    pipeline: Pipeline, readers: list[DocumentReader | FilteredReader], paths: list[list[str]]
+    pipeline: Pipeline,
+    readers: list[DocumentReader | FilteredReader],
+    paths: list[list[str]],
+    warned: set[str],
 ) -> MixPack:
-    """A lane's mixer and packer over its ``readers`` (one per source)."""
+    """A lane's mixer and packer over its ``readers`` (one per source); ``warned``: the
+    datasets whose skipped bad rows the iteration's lanes have warned of (shared)."""
     source, pack = pipeline._source, pipeline._pack
     assert pack is not None
     packer = make_packer(pack.algorithm, pack.max_length, pack.num_bins, pack.max_sequences_per_bin)
@@ -352,6 +357,7 @@ def _mixpack(
             if pack.whole
             else None
         ),
+        warned_bad=warned,
     )
 
 

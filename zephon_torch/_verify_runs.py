@@ -215,15 +215,13 @@ def standard_batches(
     """The standard loader's global batches (see ``standard_run``): as many as its documents
     give, ``steps`` at most. For a recipe whose source repeats (``exhaustion="repeat"``) it
     reads further passes, each in another order (``DistributedSampler.set_epoch``)."""
-    from zephon_torch._token_stage import doc_ops
-    from zephon_torch.ops.fetch import FetchOp
+    from zephon_torch._lanes import doc_chain
     from zephon_torch.work.pointers import Pointer
 
     pipeline = build()
     source, pack = pipeline._source, pipeline._pack
     assert pack is not None and pipeline._microbatch_size is not None
-    ops = doc_ops(pipeline)
-    fetch = FetchOp(source.datasets)
+    chain = doc_chain(pipeline)  # the recipe's own per-document work, bad rows as it says
     index = [
         (d, s, r)
         for d, ds in enumerate(source.datasets)
@@ -250,9 +248,7 @@ def standard_batches(
             before = len(stream)
             for i in sampler:
                 dataset, shard, row = index[i]
-                docs = fetch.fetch(dataset, [Pointer(0, 0, shard, row)])
-                for op in ops:
-                    docs = op(docs)
+                docs = chain.run(dataset, [Pointer(0, 0, shard, row)], chain.ops)
                 stream.extend(
                     int(t) for d in docs for t in (d.tokens if d.tokens is not None else [])
                 )

@@ -184,7 +184,7 @@ class DataError(ZephonError, ValueError):
         kind = type(self)
         if str(self) == self.detail:
             return _with_cause(self, (_rebuild_data_error, (self.detail, None, None, None, kind)))
-        where = (self.detail, self.dataset, self.shard, self.row, kind)
+        where = (self.detail, self.dataset, self.shard, self.row, kind, self.shard_wide)
         return _with_cause(self, (_rebuild_data_error, where))
 
 
@@ -254,8 +254,11 @@ def _rebuild_data_error(
     shard: str | None,
     row: int | None,
     kind: type[DataError] = DataError,
+    shard_wide: bool = False,
 ) -> DataError:
-    return kind(message, dataset=dataset, shard=shard, row=row)
+    error = kind(message, dataset=dataset, shard=shard, row=row)
+    error.shard_wide = shard_wide  # set after: a subclass's own __init__ need not take it
+    return error
 
 
 def _where_in_traceback(text: str, name: str) -> tuple[str | None, str | None, int | None]:

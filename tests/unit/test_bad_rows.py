@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import prose_documents
@@ -21,6 +23,7 @@ from zephon_torch.io._rows import check_in_range
 from zephon_torch.ops.document import skipping_bad
 from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.torch import DataLoader
+from zephon_torch.verify import standard_run
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 TEXTS = prose_documents(90, seed=3, max_words=120)
@@ -140,15 +143,17 @@ def test_raise_is_the_default_and_names_the_row(tmp_path: Path, tokenizer: Any) 
     assert raised.value.dataset == "bad" and one_of(raised.value, BAD_TEXT)
 
 
-def test_one_warning_per_dataset_names_the_first_bad_row(tmp_path: Path, tokenizer: Any) -> None:
+def test_one_warning_per_dataset_and_iteration_names_the_first_bad_row(
+    tmp_path: Path, tokenizer: Any
+) -> None:
     folder = text_corpus(tmp_path, clean=False)
-    pipeline = text_pipeline(folder, tokenizer, "skip", name="warned-once")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        list(pipeline)
+        list(text_pipeline(folder, tokenizer, "skip", name="warned"))  # two lanes
+        list(text_pipeline(folder, tokenizer, "skip", name="warned"))  # another pipeline
     words = [str(w.message) for w in caught if "bad_rows='skip'" in str(w.message)]
-    assert len(words) == 1, words
-    assert "dataset 'warned-once'" in words[0] and "row " in words[0]
+    assert len(words) == 2, words
+    assert "the first: dataset 'warned', shard" in words[0] and "row " in words[0]
     assert "(line " in words[0]  # a JSONL row's line in the file, as raised errors give it
 
 
@@ -330,3 +335,72 @@ def test_dataloader_workers_skip_the_same_rows(tmp_path: Path, tokenizer: Any) -
     )
     assert ids(loader) == reference
     assert loader.stats()["skipped_documents"]["malformed"] == len(BAD_TEXT)
+
+
+def test_verify_s_standard_baseline_skips_the_same_rows(tmp_path: Path, tokenizer: Any) -> None:
+    """It ran the operators itself, so a recipe that skips bad rows failed there alone."""
+    folder, clean = text_corpus(tmp_path, clean=False), text_corpus(tmp_path, clean=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = standard_run(lambda: text_pipeline(folder, tokenizer, "skip"), 1, 20)
+    assert got == standard_run(lambda: text_pipeline(clean, tokenizer, "raise"), 1, 20)
+    assert len(got) == 20
+
+
+def test_a_source_of_bad_rows_alone_is_reported_with_them(tmp_path: Path, tokenizer: Any) -> None:
+    folder = tmp_path / "all-bad"
+    folder.mkdir()
+    (folder / "part.jsonl").write_text('{"text": 1}\n' * 12)
+
+    def build(exhaustion: str) -> Pipeline:
+        source = StaticMixtureWorkSource(
+            [Dataset.from_path("d", folder)],
+            seed=1,
+            exhaustion=exhaustion,  # type: ignore[arg-type]
+        )
+        return (
+            Pipeline(source)
+            .options(bad_rows="skip")
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(64, "wrap")
+            .batch(2)
+        )
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(build("stop")) == []
+    said = " ".join(str(w.message) for w in caught)
+    assert "gave a lane no token" in said and "skipped as malformed" in said
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataError, match="empty or skipped as malformed"):
+            list(build("repeat"))
+
+
+def test_a_null_id_skips_its_parquet_row_alone(tmp_path: Path) -> None:
+    """The row group decoded with it reads: only the row that holds the null is skipped."""
+    kind = pa.list_(pa.int32())
+    ids = [list(range(i % 5, i % 5 + 3 + i % 11)) for i in range(60)]
+    bad, clean = list(ids), list(ids)
+    bad[13], clean[13] = [4, None, 6], []
+    for name, column in (("pq-bad", bad), ("pq-clean", clean)):
+        (tmp_path / name).mkdir()
+        table = pa.table({"ids": pa.array(column, kind)})
+        pq.write_table(table, tmp_path / name / "part.parquet", row_group_size=10)
+
+    def build(name: str, bad_rows: str) -> Pipeline:
+        dataset = Dataset.from_path("d", tmp_path / name, token_columns=["ids"])
+        source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop")
+        return (
+            Pipeline(source)
+            .options(canonical_replicas=2, bad_rows=bad_rows)  # type: ignore[arg-type]
+            .pretokenized("ids")
+            .pack_flat(16, "wrap")
+            .batch(2)
+        )
+
+    skipping = build("pq-bad", "skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert keys(skipping) == keys(build("pq-clean", "raise"))
+    assert skipped(skipping)["malformed"] == 1

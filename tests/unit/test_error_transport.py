@@ -168,3 +168,11 @@ def test_a_hash_mismatch_pickles_back_as_one() -> None:
 def test_a_storage_error_on_a_key_with_a_space_reads_its_url_back() -> None:
     got = _reraised(StorageError("read failed", url="s3://b/my shard.jsonl"))
     assert got.url == "s3://b/my shard.jsonl"
+
+
+def test_a_shard_s_fault_stays_one_through_pickling() -> None:
+    """``shard_wide`` decides what ``bad_rows="skip"`` may skip: it must survive the trip."""
+    error = DataError("row 9 is out of range", dataset="d", shard="s", row=9, shard_wide=True)
+    back = pickle.loads(pickle.dumps(error))
+    assert (back.row, back.shard_wide, str(back)) == (9, True, str(error))
+    assert not pickle.loads(pickle.dumps(DataError("x", dataset="d", row=1))).shard_wide

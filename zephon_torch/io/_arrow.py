@@ -28,6 +28,9 @@ class TokenColumn:
         values: every row's ids, concatenated.
         offsets: where each row starts in `values`, then the total; int64.
         valid: False where a row is null (read back as None); None when no row is.
+        name: the column's, for errors.
+        null_id_rows: the rows holding a null id: reading one raises `BadTokenRow` (the
+            other rows of the table read as they are).
     """
 
     def __init__(
@@ -35,10 +38,15 @@ class TokenColumn:
         values: npt.NDArray[np.integer[Any]],
         offsets: npt.NDArray[np.int64],
         valid: npt.NDArray[np.bool_] | None,
+        *,
+        name: str = "",
+        null_id_rows: frozenset[int] = frozenset(),
     ) -> None:
         self.values = values
         self.offsets = offsets
         self.valid = valid
+        self.name = name
+        self.null_id_rows = null_id_rows
         self.nbytes = int(values.nbytes + offsets.nbytes)
 
     def __len__(self) -> int:
@@ -47,6 +55,8 @@ class TokenColumn:
     def __getitem__(self, row: int) -> npt.NDArray[np.integer[Any]] | None:
         if self.valid is not None and not self.valid[row]:
             return None
+        if self.null_id_rows and row in self.null_id_rows:
+            raise BadTokenRow(f"token column {self.name!r} holds a null token id in row", row)
         return self.values[self.offsets[row] : self.offsets[row + 1]]
 
 
@@ -114,11 +124,13 @@ class BadTokenRow(ValueError):
         self.row = row
 
 
-def token_column(column: pa.Array | pa.ChunkedArray) -> TokenColumn:
-    """Converts a list-of-integers column to a `TokenColumn`.
+def token_column(column: pa.Array | pa.ChunkedArray, name: str = "") -> TokenColumn:
+    """Converts a list-of-integers column (``name``) to a `TokenColumn`. Its rows that hold a
+    null id are noted, not refused: each is an error where it is read, so one bad row does
+    not make its whole row group or batch unreadable.
 
     Raises:
-        ValueError: when the column is not a list of integers or holds a null id.
+        ValueError: when the column is not a list of integers.
     """
     if not is_integer_list(column.type):
         raise ValueError(f"holds {column.type}, not lists of integer token ids")
@@ -127,19 +139,20 @@ def token_column(column: pa.Array | pa.ChunkedArray) -> TokenColumn:
     lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(array) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    null_id_rows: frozenset[int] = frozenset()
     if flat.null_count:
-        first = pc.index(flat.is_null(), True).as_py()
-        row = int(np.searchsorted(offsets, first, side="right")) - 1
-        raise BadTokenRow(f"holds {flat.null_count} null token ids, the first in row", row)
-    if pa.types.is_null(flat.type):  # empty lists alone (any id would have been a null)
-        values = np.zeros(0, dtype=np.int32)
+        nulls = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
+        null_id_rows = frozenset((np.searchsorted(offsets, nulls, side="right") - 1).tolist())
+    if pa.types.is_null(flat.type):  # empty lists, or null ids, alone
+        values = np.zeros(len(flat), dtype=np.int32)
     else:
-        values = flat.to_numpy(zero_copy_only=False)
+        filled = pc.fill_null(flat, 0) if flat.null_count else flat  # nulls' rows are refused
+        values = filled.to_numpy(zero_copy_only=False)
     values.flags.writeable = False
     valid = None
     if array.null_count:
         valid = array.is_valid().to_numpy(zero_copy_only=False)
-    return TokenColumn(values, offsets, valid)
+    return TokenColumn(values, offsets, valid, name=name, null_id_rows=null_id_rows)
 
 
 def row_columns(
@@ -148,17 +161,15 @@ def row_columns(
     """Returns a table's column names and its columns, each indexable by row.
 
     Raises:
-        ValueError: naming the column, when a token column is malformed (`BadTokenRow`,
-            naming the row of the table too, where a row holds the fault).
+        ValueError: naming the column, when a token column is not lists of integers (a row
+            holding a null id raises `BadTokenRow` where it is read).
     """
     names = tuple(table.column_names)
     columns: list[list[Any] | TokenColumn] = []
     for name, column in zip(names, table.columns, strict=True):
         if name in token_columns:
             try:
-                columns.append(token_column(column))
-            except BadTokenRow as error:
-                raise BadTokenRow(f"token column {name!r} {error}", error.row) from None
+                columns.append(token_column(column, name))
             except ValueError as error:
                 raise ValueError(f"token column {name!r} {error}") from None
         else:

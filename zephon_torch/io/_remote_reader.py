@@ -274,7 +274,11 @@ class RemoteReader(PickledAsSettings):
                 if cache.lost(item):
                     raise _LostCopy(local, error, self.dataset) from error
                 raise DataError(
-                    error.detail, dataset=self.dataset, shard=path, row=error.row
+                    error.detail,
+                    dataset=self.dataset,
+                    shard=path,
+                    row=error.row,
+                    shard_wide=error.shard_wide,
                 ) from error
             except ConfigError as error:  # the cache too small to decompress it: name the URL
                 raise ConfigError(str(error).replace(local, path)) from error

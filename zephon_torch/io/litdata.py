@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from zephon_torch.errors import DataError
 from zephon_torch.io import _litdata_format as fmt
-from zephon_torch.io._arrow import TokenColumn, column_bytes, row_columns
+from zephon_torch.io._arrow import BadTokenRow, TokenColumn, column_bytes, row_columns
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._compression import CorruptError, TooLargeError, inflate, zstandard_module
 from zephon_torch.io._index import check_listed_once, load_index, recorded_count, shard_path
@@ -205,6 +205,8 @@ class LitDataReader(PickledAsSettings):
                     result.append(self._footer_row(path, chunk, row))
                 else:
                     result.append(self._body_row(path, chunk, row))
+            except BadTokenRow as error:  # the item's own fault, named as such
+                raise self._error(f"{error} {row}", path, row) from None
             except _CORRUPT as error:
                 raise self._error(f"item does not decode: {error!r}", path, row) from None
         return result

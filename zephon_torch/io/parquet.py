@@ -200,7 +200,7 @@ class ParquetReader(PickledAsSettings):
 
         Raises:
             DataError: for a row past the end of the shard, a row group that does not decode,
-                or a token column holding null ids.
+                or a row whose token column holds a null id.
         """
         opened = self._file(path)
         positions = as_row_array(rows)
@@ -216,11 +216,17 @@ class ParquetReader(PickledAsSettings):
                 values = decoded[group] = self._groups.get_or_load(
                     (path, group), partial(self._decode, path, opened, group)
                 )
-            if len(values.names) == 1:  # one column (token ids, typically): no zip
-                result.append({values.names[0]: values.columns[0][row]})
-            else:
-                names, columns = values.names, values.columns
-                result.append(dict(zip(names, [column[row] for column in columns], strict=True)))
+            try:
+                if len(values.names) == 1:  # one column (token ids, typically): no zip
+                    result.append({values.names[0]: values.columns[0][row]})
+                else:
+                    names, columns = values.names, values.columns
+                    result.append(dict(zip(names, [c[row] for c in columns], strict=True)))
+            except BadTokenRow as error:
+                at = int(opened.offsets[group]) + row
+                raise DataError(
+                    f"row group {group}: {error} {at}", dataset=self.dataset, shard=path, row=at
+                ) from None
         return result
 
     def _file(self, path: str) -> _OpenFile:
@@ -293,11 +299,6 @@ class ParquetReader(PickledAsSettings):
                 # "meta.src" beside a struct "meta", both came back
                 table = table.select(columns)
             names, values = row_columns(table, self.projection.token_columns)
-        except BadTokenRow as error:
-            row = int(opened.offsets[group]) + error.row
-            raise DataError(
-                f"row group {group}: {error} {row}", dataset=self.dataset, shard=path, row=row
-            ) from None
         except (pa.ArrowException, OSError, ValueError) as error:
             raise DataError(
                 f"cannot decode row group {group}: {error}{_changed(path, opened.size)}",

@@ -107,9 +107,6 @@ class VortexReader(PickledAsSettings):
             indices = vortex.array(pa.array(wanted.astype(np.uint64)))
             table = file.to_arrow(projection=columns, indices=indices).read_all()
             names, values = row_columns(table, self.projection.token_columns)
-        except BadTokenRow as error:
-            row = int(wanted[error.row])
-            raise DataError(f"{error} {row}", dataset=self.dataset, shard=path, row=row) from None
         except BaseException as error:
             if not _unreadable(error):
                 raise
@@ -124,10 +121,14 @@ class VortexReader(PickledAsSettings):
                 dataset=self.dataset,
                 shard=path,
             )
-        return [
-            dict(zip(names, [column[row] for column in values], strict=True))
-            for row in order.tolist()
-        ]
+        try:
+            return [
+                dict(zip(names, [column[row] for column in values], strict=True))
+                for row in order.tolist()
+            ]
+        except BadTokenRow as error:
+            row = int(wanted[error.row])
+            raise DataError(f"{error} {row}", dataset=self.dataset, shard=path, row=row) from None
 
     def _file(self, path: str) -> Any:
         return self._files.get_or_load(path, partial(self._open, path))

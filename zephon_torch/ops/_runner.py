@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Literal
+from typing import Any, Literal
 
 from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.io import Dataset
@@ -35,7 +35,6 @@ from zephon_torch.ops.document import (
     Document,
     OperatorClock,
     bad_document,
-    row_fault,
     skipping_bad,
 )
 from zephon_torch.ops.fetch import FetchOp
@@ -68,54 +67,52 @@ class DocChain(OperatorClock):
         return self.fetch.datasets
 
     def __call__(self, source: int, span: PointerSpan) -> list[Document]:
-        pointers = span.pointers()
-        try:
+        return self.run(source, span.pointers(), self.ops, timed=True)
+
+    def run(
+        self, source: int, pointers: list[Pointer], ops: Sequence[DocOp], *, timed: bool = False
+    ) -> list[Document]:
+        """The documents at ``pointers`` of ``source`` through ``ops`` (bad rows skipped where
+        asked); ``timed``: each part that ran is added to the operators' clock."""
+
+        def step(some: list[Pointer]) -> list[Document]:
             start = time.perf_counter()
-            docs = self.fetch.fetch(source, pointers)
+            docs = self.fetch.fetch(source, some)
             marks = [(len(docs), time.perf_counter() - start)]
-            for op in self.ops:
+            for op in ops:
                 start = time.perf_counter()
                 docs = op(docs)
                 marks.append((len(docs), time.perf_counter() - start))
-        except DataError as error:
-            if not (self.skip_bad_rows and row_fault(error)):
-                raise
-            return self.run(source, pointers, self.ops)  # untimed: a rare chunk
-        self.record(marks)
-        return docs
+            if timed:
+                self.record(marks)
+            return docs
 
-    def run(self, source: int, pointers: list[Pointer], ops: Sequence[DocOp]) -> list[Document]:
-        """The documents at ``pointers`` through ``ops`` (bad rows skipped where asked)."""
+        return self._guarded(source, step, pointers)
 
-        def step(some: list[Pointer]) -> list[Document]:
-            return self.apply(ops, self.fetch.fetch(source, some), skip=False)
-
-        def bad(pointer: Pointer, error: DataError) -> Document:
-            name_line(error, self.datasets)
-            return bad_document(source, pointer, error)
-
-        if not self.skip_bad_rows:
-            return step(pointers)
-        return skipping_bad(step, pointers, bad)
-
-    def apply(
-        self, ops: Sequence[DocOp], docs: list[Document], *, skip: bool | None = None
-    ) -> list[Document]:
-        """``docs`` through ``ops``; a document that raises a ``DataError`` naming its row
-        gives itself with that ``error`` where bad rows are skipped."""
+    def apply(self, source: int, ops: Sequence[DocOp], docs: list[Document]) -> list[Document]:
+        """``docs`` of ``source`` through ``ops`` (bad rows skipped where asked)."""
 
         def step(some: list[Document]) -> list[Document]:
             for op in ops:
                 some = op(some)
             return some
 
-        def bad(doc: Document, error: DataError) -> Document:
-            name_line(error, self.datasets)
-            return bad_document(doc.source, doc, error)
+        return self._guarded(source, step, docs)
 
-        if not (self.skip_bad_rows if skip is None else skip):
-            return step(docs)
-        return skipping_bad(step, docs, bad)
+    def _guarded(
+        self, source: int, step: Callable[[list[Any]], list[Document]], items: list[Any]
+    ) -> list[Document]:
+        """``step(items)``; where bad rows are skipped, an item (a ``Pointer`` or a
+        ``Document``) whose row raises its own ``DataError`` gives a document with that
+        ``error`` and no tokens instead (``skipping_bad``)."""
+        if not self.skip_bad_rows:
+            return step(items)
+
+        def bad(at: Any, error: DataError) -> Document:
+            name_line(error, self.datasets)
+            return bad_document(source, at, error)
+
+        return skipping_bad(step, items, bad)
 
 
 Chain = DocChain | TokenChain

@@ -25,7 +25,6 @@ from zephon_torch.ops.document import (
     NO_TOKENS,
     Document,
     OperatorClock,
-    row_fault,
     skipping_bad,
 )
 from zephon_torch.ops.fetch import read_span, read_token_span
@@ -106,18 +105,29 @@ class TokenChain(OperatorClock):
     def __call__(self, source: int, span: PointerSpan) -> TokenChunk:
         shards = span.shards.tolist()
         rows = span.rows.tolist()
-        try:
-            tokens = self._ids(source, span, shards, rows, timed=True)
-        except DataError as error:
-            if not (self.skip_bad_rows and row_fault(error)):
-                raise
-            return self._skipping_bad(source, span, shards, rows)
-        return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)
+        if not self.skip_bad_rows:
+            tokens = self._ids(source, span, shards, rows)
+            return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows)
+
+        def step(indices: list[int]) -> list[npt.NDArray[Any] | str]:
+            a, b = indices[0], indices[-1] + 1
+            part = PointerSpan(span.pass_index, span.pos + a, span.shards[a:b], span.rows[a:b])
+            return list(self._ids(source, part, shards[a:b], rows[a:b]))
+
+        def why(_: int, error: DataError) -> str:
+            name_line(error, self.datasets)
+            return str(error)
+
+        # a row that raises its own DataError gives no tokens, its error kept in `bad`
+        got = skipping_bad(step, list(range(len(span))), why)
+        bad = {i: ids for i, ids in enumerate(got) if isinstance(ids, str)}
+        tokens = [NO_TOKENS if isinstance(ids, str) else ids for ids in got]
+        return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows, bad)
 
     def _ids(
-        self, source: int, span: PointerSpan, shards: list[int], rows: list[int], *, timed: bool
+        self, source: int, span: PointerSpan, shards: list[int], rows: list[int]
     ) -> list[npt.NDArray[Any]]:
-        """Each document's ids (``shards`` and ``rows``: the span's, as lists)."""
+        """Each document's ids (``shards`` and ``rows``: the span's, as lists), timed."""
         start = time.perf_counter()
         dataset, field = self.datasets[source], self.field
         # stored ids come as views, nothing to check; else rows are read and checked
@@ -128,29 +138,9 @@ class TokenChain(OperatorClock):
         if self.eos_token_id is not None:
             eos = self.eos_token_id
             tokens = [with_eos(ids, eos) if len(ids) else ids for ids in tokens]
-        if timed:
-            count = len(span)
-            self.record([(count, fetched - start), (count, time.perf_counter() - fetched)])
+        count = len(span)
+        self.record([(count, fetched - start), (count, time.perf_counter() - fetched)])
         return tokens
-
-    def _skipping_bad(
-        self, source: int, span: PointerSpan, shards: list[int], rows: list[int]
-    ) -> TokenChunk:
-        """The chunk of ``span`` with its bad rows found (``skipping_bad``) and emptied."""
-
-        def step(indices: list[int]) -> list[npt.NDArray[Any] | str]:
-            a, b = indices[0], indices[-1] + 1
-            part = PointerSpan(span.pass_index, span.pos + a, span.shards[a:b], span.rows[a:b])
-            return list(self._ids(source, part, shards[a:b], rows[a:b], timed=False))
-
-        def why(_: int, error: DataError) -> str:
-            name_line(error, self.datasets)
-            return str(error)
-
-        got = skipping_bad(step, list(range(len(span))), why)
-        bad = {i: ids for i, ids in enumerate(got) if isinstance(ids, str)}
-        tokens = [NO_TOKENS if isinstance(ids, str) else ids for ids in got]
-        return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows, bad)
 
     def _tokens(
         self, source: int, read: list[dict[str, Any]], shards: list[int], rows: list[int]

@@ -67,7 +67,7 @@ def calibrate(
                     )
                 tokens += counted
         else:
-            docs = [d for d in chain.apply(chain.ops[-1:], docs) if d.error is None]
+            docs = [d for d in chain.apply(source, chain.ops[-1:], docs) if d.error is None]
             tokens = float(sum(len(d.tokens) for d in docs if d.tokens is not None))
         # plain floats: a pinned figure or a measure's count may be a numpy number, which
         # the state (plain JSON) cannot hold

@@ -94,7 +94,6 @@ _LATE_SHARE = 0.05
 # why documents are skipped: the length rules, documents of no token, and rows that raised a
 # DataError under bad_rows="skip"
 SKIP_REASONS = ("too_long", "too_short", "empty", "malformed")
-_warned_bad: set[str] = set()  # datasets whose first skipped bad row this process warned of
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -109,6 +108,8 @@ class MixPack(BaseNode[PackedRow]):
         drop_shorter_than: skip (and count) documents with fewer tokens than this.
         shard_paths: per source, shard index to path, for error messages.
         long_rule: how errors name ``drop_longer_than`` where the user did not set it.
+        warned_bad: the datasets whose skipped bad rows were warned of, shared by the lanes
+            of an iteration (one warning per dataset); default: this packer's own.
 
     State:
         ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
@@ -129,8 +130,10 @@ class MixPack(BaseNode[PackedRow]):
         drop_shorter_than: int = 0,
         shard_paths: list[list[str]] | None = None,
         long_rule: str | None = None,
+        warned_bad: set[str] | None = None,
     ) -> None:
         super().__init__()
+        self.warned_bad = set() if warned_bad is None else warned_bad
         self.readers = list(readers)
         self.long_rule = long_rule
         self.shard_paths = shard_paths
@@ -409,8 +412,9 @@ class MixPack(BaseNode[PackedRow]):
         if self.tokens[source] == 0 and reader.lane_rows > 0:
             warnings.warn(
                 f"dataset {reader.layout.name!r} gave a lane no token: every document of it "
-                "that the lane read was empty or dropped (by filters, min_document_length or "
-                "long_documents='drop'), and with exhaustion='stop' its pass is over",
+                f"that the lane read was {self._empty_words()} or dropped (by filters, "
+                "min_document_length or long_documents='drop'), and with exhaustion='stop' "
+                "its pass is over",
                 stacklevel=2,
             )
             return
@@ -435,12 +439,12 @@ class MixPack(BaseNode[PackedRow]):
         if error is not None:
             self.skipped["malformed"] += 1
             name = self.readers[source].layout.name
-            if name not in _warned_bad:  # one word per dataset: stats() counts them all
-                _warned_bad.add(name)
+            if name not in self.warned_bad:  # one word per dataset: stats() counts them all
+                self.warned_bad.add(name)
                 warnings.warn(
-                    f"dataset {name!r}: skipping a row that raised an error (bad_rows='skip'; "
-                    "counted in stats()['skipped_documents']['malformed'], no further warning "
-                    f"for this dataset): {error}",
+                    "bad_rows='skip': skipping rows that raise an error, counted in "
+                    "stats()['skipped_documents']['malformed'] (one warning per dataset and "
+                    f"iteration); the first: {error}",
                     stacklevel=2,
                 )
         elif not size:  # no token, not even a special one (see `with_eos`)
@@ -484,6 +488,13 @@ class MixPack(BaseNode[PackedRow]):
             self._never_gives(source)
         self._check_dry(source)
 
+    def _empty_words(self) -> str:
+        """Why documents gave no token, for an error's words: empty, and, where this lane
+        skipped any, malformed."""
+        if self.skipped["malformed"]:
+            return "empty or skipped as malformed (bad_rows='skip')"
+        return "empty"
+
     def _never_gives(self, source: int) -> None:
         """The ``DataError`` of a source proved to give no token for ever."""
         reader = self.readers[source]
@@ -494,7 +505,9 @@ class MixPack(BaseNode[PackedRow]):
         if self.drop_longer_than is not None:
             long = f"long_documents='drop' above {self.drop_longer_than} tokens"
             rules.append(self.long_rule or long)
-        why = "empty" + (f" or dropped by {' or '.join(rules)}" if rules else "")
+        why = " or ".join(
+            [self._empty_words(), *([f"dropped by {' or '.join(rules)}"] if rules else [])]
+        )
         raise DataError(
             f"every document of {whole} is {why}: with exhaustion='repeat' it would be read "
             "forever without giving a token",

@@ -87,19 +87,27 @@ def test_a_null_token_list_is_none_and_a_null_token_id_is_a_data_error(tmp_path:
     ]
     pq.write_table(pa.table({"ids": pa.array([[1, None]], kind)}), tmp_path / "m.parquet")
     dataset = Dataset.from_path("p", tmp_path / "m.parquet", token_columns=["ids"])
-    with pytest.raises(DataError, match=r"token column 'ids' holds 1 null token ids"):
+    with pytest.raises(DataError, match=r"token column 'ids' holds a null token id in row 0"):
         dataset.read_rows(0, [0])
-    # the row is named: the first with a null id, counted in the shard (row group 1 here)
+    # the row is named, counted in the shard (row group 1 here); the rest of its group reads
     ids = [[1, 2]] * 5 + [[3], None, [4, None, 5], [None]]
     pq.write_table(pa.table({"ids": pa.array(ids, kind)}), tmp_path / "r.parquet", row_group_size=4)
     dataset = Dataset.from_path("p", tmp_path / "r.parquet", token_columns=["ids"])
     assert [row["ids"].tolist() for row in dataset.read_rows(0, [0, 3])] == [[1, 2], [1, 2]]
+    assert [
+        None if r["ids"] is None else r["ids"].tolist() for r in dataset.read_rows(0, [4, 5, 6])
+    ] == [
+        [1, 2],
+        [3],
+        None,
+    ]
     with pytest.raises(
-        DataError,
-        match=r"row group 1: token column 'ids' holds 1 null token ids, the first in row 7",
+        DataError, match=r"row group 1: token column 'ids' holds a null token id in row 7"
     ) as caught:
-        dataset.read_rows(0, [4])
+        dataset.read_rows(0, [4, 7])
     assert (caught.value.row, caught.value.shard) == (7, str(tmp_path / "r.parquet"))
+    with pytest.raises(DataError, match=r"row group 2: .* null token id in row 8"):
+        dataset.read_rows(0, [8])
 
 
 def test_a_shard_of_empty_token_lists_written_without_a_type_reads_as_empty_documents(
@@ -115,7 +123,7 @@ def test_a_shard_of_empty_token_lists_written_without_a_type_reads_as_empty_docu
     rows = [dataset.read_rows(shard, [0, 1]) for shard in (0, 1)]
     assert [[row["ids"].tolist() for row in shard] for shard in rows] == [[[], []], [[5, 6], [7]]]
     pq.write_table(pa.table({"ids": [[None]]}), tmp_path / "c.parquet")  # list<null>, an id
-    with pytest.raises(DataError, match=r"token column 'ids' holds 1 null token ids"):
+    with pytest.raises(DataError, match=r"token column 'ids' holds a null token id in row 0"):
         Dataset.from_path("p", tmp_path / "c.parquet", token_columns=["ids"]).read_rows(0, [0])
 
 
