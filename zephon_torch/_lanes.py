@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zephon_torch._stats import RunCounters
@@ -24,7 +25,7 @@ from zephon_torch._token_stage import (
     token_stage,
 )
 from zephon_torch.errors import DataError
-from zephon_torch.io.dataset import name_line
+from zephon_torch.io.dataset import Dataset, name_line
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
 from zephon_torch.ops.columns import TokenChain
@@ -358,7 +359,16 @@ def _mixpack(
             else None
         ),
         warned_bad=warned,
+        line_of=partial(_line_of, pipeline._datasets, paths),
     )
+
+
+def _line_of(
+    datasets: Sequence[Dataset], paths: list[list[str]], source: int, shard: int, row: int
+) -> str | None:
+    """Where a row lies in its file, for a message ("line 37 of the file"; None: no more to
+    say than its row number)."""
+    return datasets[source]._line_of(paths[source][shard], row)
 
 
 def stop_iteration(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:

@@ -12,6 +12,7 @@ than the work (and its wake-ups fight the packer for the GIL).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import multiprocessing
 import os
 import pickle
@@ -22,11 +23,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+from operator import attrgetter
 from typing import Any, Literal
 
 from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.io import Dataset
-from zephon_torch.io.dataset import name_line
 from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops._daemon_pool import DaemonPool
 from zephon_torch.ops.columns import TokenChain, TokenChunk
@@ -73,46 +75,49 @@ class DocChain(OperatorClock):
         self, source: int, pointers: list[Pointer], ops: Sequence[DocOp], *, timed: bool = False
     ) -> list[Document]:
         """The documents at ``pointers`` of ``source`` through ``ops`` (bad rows skipped where
-        asked); ``timed``: each part that ran is added to the operators' clock."""
-
-        def step(some: list[Pointer]) -> list[Document]:
+        asked); ``timed``: each stage's time goes to the operators' clock."""
+        start = time.perf_counter()
+        docs = self._stage(source, partial(self.fetch.fetch, source), pointers)
+        marks = [(len(docs), time.perf_counter() - start)]
+        for op in ops:
             start = time.perf_counter()
-            docs = self.fetch.fetch(source, some)
-            marks = [(len(docs), time.perf_counter() - start)]
-            for op in ops:
-                start = time.perf_counter()
-                docs = op(docs)
-                marks.append((len(docs), time.perf_counter() - start))
-            if timed:
-                self.record(marks)
-            return docs
-
-        return self._guarded(source, step, pointers)
+            docs = self._stage(source, op, docs)
+            marks.append((len(docs), time.perf_counter() - start))
+        if timed:
+            self.record(marks)
+        return docs
 
     def apply(self, source: int, ops: Sequence[DocOp], docs: list[Document]) -> list[Document]:
         """``docs`` of ``source`` through ``ops`` (bad rows skipped where asked)."""
+        for op in ops:
+            docs = self._stage(source, op, docs)
+        return docs
 
-        def step(some: list[Document]) -> list[Document]:
-            for op in ops:
-                some = op(some)
-            return some
-
-        return self._guarded(source, step, docs)
-
-    def _guarded(
+    def _stage(
         self, source: int, step: Callable[[list[Any]], list[Document]], items: list[Any]
     ) -> list[Document]:
-        """``step(items)``; where bad rows are skipped, an item (a ``Pointer`` or a
-        ``Document``) whose row raises its own ``DataError`` gives a document with that
-        ``error`` and no tokens instead (``skipping_bad``)."""
+        """One stage, ``step(items)`` (``Pointer``s to fetch, or ``Document``s). Where bad rows
+        are skipped, an item whose row raises its own ``DataError`` gives a document with that
+        ``error`` and no tokens (``skipping_bad``), and documents skipped by an earlier stage
+        pass by in their places: each stage isolates its own bad rows, so the good documents
+        go on together (a bad row found in reading leaves the tokenizer's batch whole)."""
         if not self.skip_bad_rows:
             return step(items)
+        skipped = [d for d in items if isinstance(d, Document) and d.error is not None]
+        if skipped:
+            items = [d for d in items if d.error is None]
+        shards = self.datasets[source].shards
 
-        def bad(at: Any, error: DataError) -> Document:
-            name_line(error, self.datasets)
-            return bad_document(source, at, error)
+        def named(some: list[Any], error: DataError) -> int | None:
+            for at, item in enumerate(some):
+                if item.row == error.row and shards[item.shard].path == error.shard:
+                    return at
+            return None
 
-        return skipping_bad(step, items, bad)
+        done = skipping_bad(step, items, partial(bad_document, source), named)
+        if not skipped:
+            return done
+        return list(heapq.merge(skipped, done, key=attrgetter("pos")))  # in stream order
 
 
 Chain = DocChain | TokenChain

@@ -20,7 +20,6 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
-from zephon_torch.io.dataset import name_line
 from zephon_torch.ops.document import (
     NO_TOKENS,
     Document,
@@ -114,12 +113,15 @@ class TokenChain(OperatorClock):
             part = PointerSpan(span.pass_index, span.pos + a, span.shards[a:b], span.rows[a:b])
             return list(self._ids(source, part, shards[a:b], rows[a:b]))
 
-        def why(_: int, error: DataError) -> str:
-            name_line(error, self.datasets)
-            return str(error)
+        def named(indices: list[int], error: DataError) -> int | None:
+            stored = self.datasets[source].shards
+            for at, i in enumerate(indices):
+                if rows[i] == error.row and stored[shards[i]].path == error.shard:
+                    return at
+            return None
 
         # a row that raises its own DataError gives no tokens, its error kept in `bad`
-        got = skipping_bad(step, list(range(len(span))), why)
+        got = skipping_bad(step, list(range(len(span))), lambda _, error: str(error), named)
         bad = {i: ids for i, ids in enumerate(got) if isinstance(ids, str)}
         tokens = [NO_TOKENS if isinstance(ids, str) else ids for ids in got]
         return TokenChunk(source, span.pass_index, span.pos, tokens, shards, rows, bad)

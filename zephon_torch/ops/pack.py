@@ -110,6 +110,8 @@ class MixPack(BaseNode[PackedRow]):
         long_rule: how errors name ``drop_longer_than`` where the user did not set it.
         warned_bad: the datasets whose skipped bad rows were warned of, shared by the lanes
             of an iteration (one warning per dataset); default: this packer's own.
+        line_of: ``(source, shard, row)`` to where the row lies in its file ("line 37 of the
+            file"), for the warning of a skipped row (a scan of the file: once per warning).
 
     State:
         ``{"readers": [reader state...], "delivered": [[tokens, documents]...],
@@ -131,9 +133,11 @@ class MixPack(BaseNode[PackedRow]):
         shard_paths: list[list[str]] | None = None,
         long_rule: str | None = None,
         warned_bad: set[str] | None = None,
+        line_of: Callable[[int, int, int], str | None] | None = None,
     ) -> None:
         super().__init__()
         self.warned_bad = set() if warned_bad is None else warned_bad
+        self.line_of = line_of
         self.readers = list(readers)
         self.long_rule = long_rule
         self.shard_paths = shard_paths
@@ -441,6 +445,9 @@ class MixPack(BaseNode[PackedRow]):
             name = self.readers[source].layout.name
             if name not in self.warned_bad:  # one word per dataset: stats() counts them all
                 self.warned_bad.add(name)
+                place = None if self.line_of is None else self.line_of(source, shard, row)
+                if place is not None:
+                    error = f"{error} ({place})"
                 warnings.warn(
                     "bad_rows='skip': skipping rows that raise an error, counted in "
                     "stats()['skipped_documents']['malformed'] (one warning per dataset and "
