@@ -404,3 +404,60 @@ def test_a_null_id_skips_its_parquet_row_alone(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         assert keys(skipping) == keys(build("pq-clean", "raise"))
     assert skipped(skipping)["malformed"] == 1
+
+
+def suffixed(row: dict[str, Any]) -> dict[str, Any]:
+    """Not idempotent: a second run on its own output would add the suffix twice."""
+    boom(row)
+    return {"text": row["text"] + " zzqx" if row["text"] else ""}
+
+
+def suffixed_in_place(row: dict[str, Any]) -> dict[str, Any]:
+    boom(row)
+    row["text"] += " zzqx" if row["text"] else ""
+    return row
+
+
+@pytest.mark.parametrize("fn", [suffixed, suffixed_in_place])
+def test_a_retried_operator_sees_each_row_as_read(tmp_path: Path, tokenizer: Any, fn: Any) -> None:
+    """A stage is tried again once its bad row is set apart: the rows it had mapped before
+    the error were mapped twice (the documents it had changed were handed back to it)."""
+
+    def build(folder: Path, bad_rows: str) -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("d", folder)], seed=1)
+        return (
+            Pipeline(source)
+            .options(bad_rows=bad_rows)  # type: ignore[arg-type]
+            .map(fn)
+            .tokenize(tokenizer=tokenizer, runner="inline")
+            .pack_flat(64, "wrap")
+            .batch(2)
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = keys(build(text_corpus(tmp_path, clean=False), "skip"))
+    assert got == keys(build(text_corpus(tmp_path, clean=True), "raise"))
+
+
+def test_ids_read_after_a_map_are_skipped_row_by_row(tmp_path: Path) -> None:
+    """The per-document path of pre-tokenized data (a map before it): a try that failed had
+    cleared the rows before the bad one, whose ids then read as missing."""
+
+    def build(folder: Path, bad_rows: str) -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("d", folder)], seed=1)
+        return (
+            Pipeline(source)
+            .options(canonical_replicas=2, bad_rows=bad_rows)  # type: ignore[arg-type]
+            .map(dict, name="copy")
+            .pretokenized("ids")
+            .pack_flat(32, "wrap")
+            .batch(2)
+        )
+
+    skipping = build(ids_corpus(tmp_path, clean=False), "skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = keys(skipping)
+    assert got == keys(build(ids_corpus(tmp_path, clean=True), "raise"))
+    assert skipped(skipping)["malformed"] == len(BAD_IDS)

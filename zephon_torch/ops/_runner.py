@@ -12,6 +12,7 @@ than the work (and its wake-ups fight the packer for the GIL).
 from __future__ import annotations
 
 import contextlib
+import copy
 import heapq
 import multiprocessing
 import os
@@ -114,10 +115,29 @@ class DocChain(OperatorClock):
                     return at
             return None
 
+        if items and isinstance(items[0], Document):  # an operator: each try on fresh copies
+            step = partial(_on_copies, step)
         done = skipping_bad(step, items, partial(bad_document, source), named)
         if not skipped:
             return done
         return list(heapq.merge(skipped, done, key=attrgetter("pos")))  # in stream order
+
+
+def _on_copies(
+    step: Callable[[list[Document]], list[Document]], docs: list[Document]
+) -> list[Document]:
+    """``step`` over copies of ``docs`` (and of their rows' top level), which it may change:
+    an operator sets its results on the documents it is given (``data``, ``tokens``), and a
+    ``map`` may change its row in place, so a try that fails part way leaves ``docs`` as they
+    were for the next (a map run twice on a row, or ids read from a row already cleared,
+    otherwise)."""
+    fresh = []
+    for doc in docs:
+        copied = copy.copy(doc)
+        if isinstance(doc.data, dict):
+            copied.data = dict(doc.data)
+        fresh.append(copied)
+    return step(fresh)
 
 
 Chain = DocChain | TokenChain
