@@ -461,3 +461,21 @@ def test_ids_read_after_a_map_are_skipped_row_by_row(tmp_path: Path) -> None:
         got = keys(skipping)
     assert got == keys(build(ids_corpus(tmp_path, clean=True), "raise"))
     assert skipped(skipping)["malformed"] == len(BAD_IDS)
+
+
+def test_a_row_whose_line_cannot_be_told_is_warned_of_without_it(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line is looked up on the packer's thread for the warning alone: a file that cannot
+    be looked at then (a remote copy gone from the cache, say) must not end the run."""
+    folder = text_corpus(tmp_path, clean=False)
+
+    def unreachable(self: Dataset, path: str, row: int) -> str | None:
+        raise OSError("the copy is gone")
+
+    monkeypatch.setattr(Dataset, "_line_of", unreachable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(text_pipeline(folder, tokenizer, "skip", name="no-line"))
+    words = [str(w.message) for w in caught if "bad_rows='skip'" in str(w.message)]
+    assert len(words) == 1 and "dataset 'no-line'" in words[0] and "(line " not in words[0]
