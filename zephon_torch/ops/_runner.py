@@ -38,6 +38,7 @@ from zephon_torch.ops.document import (
     Document,
     OperatorClock,
     bad_document,
+    index_named,
     skipping_bad,
 )
 from zephon_torch.ops.fetch import FetchOp
@@ -78,7 +79,7 @@ class DocChain(OperatorClock):
         """The documents at ``pointers`` of ``source`` through ``ops`` (bad rows skipped where
         asked); ``timed``: each stage's time goes to the operators' clock."""
         start = time.perf_counter()
-        docs = self._stage(source, partial(self.fetch.fetch, source), pointers)
+        docs = self._isolating(source, partial(self.fetch.fetch, source), pointers)
         marks = [(len(docs), time.perf_counter() - start)]
         for op in ops:
             start = time.perf_counter()
@@ -94,33 +95,35 @@ class DocChain(OperatorClock):
             docs = self._stage(source, op, docs)
         return docs
 
-    def _stage(
-        self, source: int, step: Callable[[list[Any]], list[Document]], items: list[Any]
-    ) -> list[Document]:
-        """One stage, ``step(items)`` (``Pointer``s to fetch, or ``Document``s). Where bad rows
-        are skipped, an item whose row raises its own ``DataError`` gives a document with that
-        ``error`` and no tokens (``skipping_bad``), and documents skipped by an earlier stage
-        pass by in their places: each stage isolates its own bad rows, so the good documents
-        go on together (a bad row found in reading leaves the tokenizer's batch whole)."""
+    def _stage(self, source: int, op: DocOp, docs: list[Document]) -> list[Document]:
+        """``op(docs)``. Where bad rows are skipped, documents skipped by an earlier stage pass
+        it by in their places, and it sets its own bad rows apart (``_isolating``), each try
+        on copies: each stage isolates its own, so the good documents go on together (a bad
+        row found in reading leaves the tokenizer's batch whole)."""
         if not self.skip_bad_rows:
-            return step(items)
-        skipped = [d for d in items if isinstance(d, Document) and d.error is not None]
+            return op(docs)
+        skipped = [d for d in docs if d.error is not None]
         if skipped:
-            items = [d for d in items if d.error is None]
-        shards = self.datasets[source].shards
-
-        def named(some: list[Any], error: DataError) -> int | None:
-            for at, item in enumerate(some):
-                if item.row == error.row and shards[item.shard].path == error.shard:
-                    return at
-            return None
-
-        if items and isinstance(items[0], Document):  # an operator: each try on fresh copies
-            step = partial(_on_copies, step)
-        done = skipping_bad(step, items, partial(bad_document, source), named)
+            docs = [d for d in docs if d.error is None]
+        done = self._isolating(source, partial(_on_copies, op), docs)
         if not skipped:
             return done
         return list(heapq.merge(skipped, done, key=attrgetter("pos")))  # in stream order
+
+    def _isolating(
+        self, source: int, step: Callable[[list[Any]], list[Document]], items: list[Any]
+    ) -> list[Document]:
+        """``step(items)`` (``Pointer``s or ``Document``s); where bad rows are skipped, an item
+        whose row raises its own ``DataError`` gives a document with that ``error`` and no
+        tokens instead (``skipping_bad``)."""
+        if not self.skip_bad_rows:
+            return step(items)
+        shards = self.datasets[source].shards
+
+        def named(some: list[Any], error: DataError) -> int | None:
+            return index_named(error, ((item.shard, item.row) for item in some), shards)
+
+        return skipping_bad(step, items, partial(bad_document, source), named)
 
 
 def _on_copies(

@@ -24,6 +24,7 @@ from zephon_torch.ops.document import (
     NO_TOKENS,
     Document,
     OperatorClock,
+    index_named,
     skipping_bad,
 )
 from zephon_torch.ops.fetch import read_span, read_token_span
@@ -69,8 +70,12 @@ class TokenChunk:
             self.rows[i],
             None,
             self.tokens[i],
-            error=self.bad.get(i) if self.bad else None,
+            error=self.error_of(i),
         )
+
+    def error_of(self, i: int) -> str | None:
+        """Why the i-th row gave no document (``bad_rows="skip"``); None for a document."""
+        return self.bad.get(i) if self.bad else None
 
 
 class TokenChain(OperatorClock):
@@ -114,11 +119,8 @@ class TokenChain(OperatorClock):
             return list(self._ids(source, part, shards[a:b], rows[a:b]))
 
         def named(indices: list[int], error: DataError) -> int | None:
-            stored = self.datasets[source].shards
-            for at, i in enumerate(indices):
-                if rows[i] == error.row and stored[shards[i]].path == error.shard:
-                    return at
-            return None
+            places = ((shards[i], rows[i]) for i in indices)
+            return index_named(error, places, self.datasets[source].shards)
 
         # a row that raises its own DataError gives no tokens, its error kept in `bad`
         got = skipping_bad(step, list(range(len(span))), lambda _, error: str(error), named)

@@ -11,7 +11,7 @@ import copy
 import itertools
 import pickle
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -91,6 +91,18 @@ def skipping_bad(
     cuts = [len(items) // 2] if at is None else [at, at + 1]
     parts = [items[a:b] for a, b in itertools.pairwise([0, *cuts, len(items)])]
     return [out for part in parts for out in skipping_bad(step, part, bad, named)]
+
+
+def index_named(
+    error: DataError, places: Iterable[tuple[int, int]], shards: Sequence[Any]
+) -> int | None:
+    """The index among ``places`` (shard index, row) of the row ``error`` names, its shard
+    told by path (``shards``: the dataset's); None where none is (``skipping_bad``'s
+    ``named``)."""
+    for at, (shard, row) in enumerate(places):
+        if row == error.row and shards[shard].path == error.shard:
+            return at
+    return None
 
 
 NO_TOKENS: Tokens = np.empty(0, dtype=np.int32)

@@ -308,8 +308,8 @@ class MixPack(BaseNode[PackedRow]):
                 )
                 taken += more
             else:  # counted as skipped, or as giving no tokens
-                bad = chunk.bad.get(i) if chunk.bad else None
-                self._admit(source, chunk.sizes[i], chunk.shards[i], chunk.rows[i], bad)
+                error = chunk.error_of(i)
+                self._admit(source, chunk.sizes[i], chunk.shards[i], chunk.rows[i], error)
                 i += 1
         reader.advance(i)
         self.tokens[source] += taken
@@ -442,18 +442,7 @@ class MixPack(BaseNode[PackedRow]):
         kept one as delivered); True when it gives tokens."""
         if error is not None:
             self.skipped["malformed"] += 1
-            name = self.readers[source].layout.name
-            if name not in self.warned_bad:  # one word per dataset: stats() counts them all
-                self.warned_bad.add(name)
-                place = None if self.line_of is None else self.line_of(source, shard, row)
-                if place is not None:
-                    error = f"{error} ({place})"
-                warnings.warn(
-                    "bad_rows='skip': skipping rows that raise an error, counted in "
-                    "stats()['skipped_documents']['malformed'] (one warning per dataset and "
-                    f"iteration); the first: {error}",
-                    stacklevel=2,
-                )
+            self._warn_bad(source, shard, row, error)
         elif not size:  # no token, not even a special one (see `with_eos`)
             self.skipped["empty"] += 1
         elif self.drop_longer_than is not None and size > self.drop_longer_than:
@@ -494,6 +483,21 @@ class MixPack(BaseNode[PackedRow]):
         if self._barren_runs[source].extend(self.readers[source], shard, row):
             self._never_gives(source)
         self._check_dry(source)
+
+    def _warn_bad(self, source: int, shard: int, row: int, error: str) -> None:
+        """Warn of the first row of ``source``'s dataset skipped for ``error`` (one word per
+        dataset and iteration: ``stats()`` counts them all), with its line in its file."""
+        name = self.readers[source].layout.name
+        if name in self.warned_bad:
+            return
+        self.warned_bad.add(name)
+        place = None if self.line_of is None else self.line_of(source, shard, row)
+        warnings.warn(
+            "bad_rows='skip': skipping rows that raise an error, counted in "
+            "stats()['skipped_documents']['malformed'] (one warning per dataset and "
+            f"iteration); the first: {error}{'' if place is None else f' ({place})'}",
+            stacklevel=3,
+        )
 
     def _empty_words(self) -> str:
         """Why documents gave no token, for an error's words: empty, and, where this lane
