@@ -136,8 +136,11 @@ class DataError(ZephonError, ValueError):
     as text), keeps its type: the fields are then read back from the traceback's last line,
     which this class wrote (``zephon_torch.torch.DataLoader`` passes them as they are).
     ``shard_wide``: the shard is at fault (changed or cut short since it was opened), though
-    ``row`` names where it showed; ``bad_rows="skip"`` never skips such an error.
+    ``row`` names where it showed; ``bad_rows="skip"`` never skips such an error, nor one of a
+    subclass whose ``rows_fault`` is False (a user's function that is wrong on every row).
     """
+
+    rows_fault = True  # whether a row can be at fault; False: the error never is a row's
 
     def __init__(
         self,

@@ -270,6 +270,77 @@ def test_a_row_past_a_changed_shard_is_the_shards_fault() -> None:
         )
 
 
+def keeps_nothing_said(row: dict[str, Any]) -> bool:
+    """A filter with a missed `return` on its long rows: None for them."""
+    if len(row["text"]) < 300:
+        return True
+    return None  # type: ignore[return-value]
+
+
+def test_a_filter_that_decides_nothing_still_raises(tmp_path: Path, tokenizer: Any) -> None:
+    """A filter returning None is wrong on every row it meets, not the row's fault: skipping
+    would have dropped (and counted as malformed) every long row, with one warning."""
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path("d", text_corpus(tmp_path, clean=True))], seed=1, exhaustion="stop"
+    )
+    pipeline = (
+        Pipeline(source)
+        .options(bad_rows="skip")
+        .filter(keeps_nothing_said)
+        .tokenize(tokenizer=tokenizer)
+        .pack_flat(64, "wrap")
+        .batch(2)
+    )
+    with pytest.raises(DataError, match=r"row \d+: filter .*keeps_nothing_said.* returned None"):
+        list(pipeline)
+
+
+def test_a_measure_refusing_a_row_skips_it_in_calibration(tmp_path: Path, tokenizer: Any) -> None:
+    """A custom `measure` that refuses a row the run will skip (text that is not valid Unicode)
+    does not end the run at calibration under skip; the figures come from the other rows. It
+    still raises under the default."""
+    lines = [BAD_TEXT[51] if i == 51 else json.dumps({"text": t}) for i, t in enumerate(TEXTS)]
+    folder = _write(tmp_path / "surrogate", lines)
+    seen: list[str] = []
+
+    def measure(text: str) -> int:
+        seen.append(text)
+        return len(text.encode("utf-8")) // 4
+
+    def run(bad_rows: str) -> Pipeline:
+        source = StaticMixtureWorkSource(
+            [Dataset.from_path("d", folder)],
+            seed=1,
+            token_estimation=TokenEstimation(calibration_documents=60, measure=measure),
+            exhaustion="stop",
+        )
+        pipeline = (
+            Pipeline(source)
+            .options(canonical_replicas=2, bad_rows=bad_rows)  # type: ignore[arg-type]
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(64, "wrap")
+            .batch(2)
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            list(pipeline)
+        return pipeline
+
+    with pytest.raises(DataError, match=r"row 21: TokenEstimation `measure` raised Unicode"):
+        run("raise")
+    seen.clear()
+    pipeline = run("skip")
+    assert skipped(pipeline)["malformed"] == 1  # the run skips it too
+    figures = pipeline.state_dict()["estimation"]["d"]
+    # the 60 rows calibration reads (in the pass's order), the refused one among them
+    assert len(seen) == 60 and sum(t.startswith("\ud800") for t in seen) == 1
+    texts = [t for t in seen if not t.startswith("\ud800")]
+    measured = sum(len(t.encode("utf-8")) // 4 for t in texts)
+    assert figures["tokens_per_document"] == pytest.approx(measured / len(texts))
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    assert figures["tokens_per_byte"] == pytest.approx(measured / nbytes)
+
+
 def test_bad_rows_setting_is_checked() -> None:
     source = StaticMixtureWorkSource(
         [Dataset.from_dict("d", {"text": ["a"]})], seed=1, exhaustion="stop"

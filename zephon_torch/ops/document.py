@@ -62,8 +62,8 @@ class DocOp(Protocol):
 
 def row_fault(error: DataError) -> bool:
     """Whether ``error`` is its row's own fault: it names a row, and not one a changed or cut
-    shard no longer holds (``shard_wide``)."""
-    return error.row is not None and not error.shard_wide
+    shard no longer holds (``shard_wide``), and its kind can be a row's (``rows_fault``)."""
+    return error.row is not None and not error.shard_wide and error.rows_fault
 
 
 def skipping_bad(

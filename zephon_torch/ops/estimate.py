@@ -11,9 +11,9 @@ import numbers
 from typing import Any
 
 from zephon_torch._progress import track
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.ops._runner import DocChain
-from zephon_torch.ops.document import call_user
+from zephon_torch.ops.document import call_user, row_fault
 from zephon_torch.work.mixture import TokenEstimation
 from zephon_torch.work.pointers import PointerLayout
 
@@ -40,6 +40,7 @@ def calibrate(
             (t, d) for d in docs if d.data is not None and isinstance(t := d.data.get(field), str)
         ]
         texts = [text for text, _ in owned]
+        skipped = 0  # documents whose `measure` raised a row's error, under bad_rows="skip"
         # surrogatepass: a text that is not valid Unicode is named by the tokenizer (DataError)
         text_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
         if texts and layout.name in pinned:
@@ -50,14 +51,21 @@ def calibrate(
             names = [dataset.name for dataset in datasets]
             paths = [[shard.path for shard in dataset.shards] for dataset in datasets]
             for text, doc in owned:
-                counted = call_user(
-                    estimation.measure,
-                    text,
-                    doc,
-                    "TokenEstimation `measure`",
-                    dataset_names=names,
-                    shard_paths=paths,
-                )
+                try:
+                    counted = call_user(
+                        estimation.measure,
+                        text,
+                        doc,
+                        "TokenEstimation `measure`",
+                        dataset_names=names,
+                        shard_paths=paths,
+                    )
+                except DataError as error:  # a row the run will skip: not counted here either
+                    if not (chain.skip_bad_rows and row_fault(error)):
+                        raise
+                    skipped += 1
+                    text_bytes -= len(text.encode("utf-8", "surrogatepass"))
+                    continue
                 number = isinstance(counted, numbers.Real) and not isinstance(counted, bool)
                 if not (number and math.isfinite(counted) and counted >= 0):
                     raise ConfigError(
@@ -71,7 +79,7 @@ def calibrate(
             tokens = float(sum(len(d.tokens) for d in docs if d.tokens is not None))
         # plain floats: a pinned figure or a measure's count may be a numpy number, which
         # the state (plain JSON) cannot hold
-        figures = {"tokens_per_document": float(tokens) / max(1, len(docs))}
+        figures = {"tokens_per_document": float(tokens) / max(1, len(docs) - skipped)}
         if text_bytes:
             figures["tokens_per_byte"] = float(tokens) / text_bytes
         out[layout.name] = figures

@@ -42,11 +42,18 @@ class FilterOp(UserOp):
         return {"kind": "filter", "name": self.name}
 
 
+class NoDecision(DataError):
+    """A filter returned no decision: None or a callable. The function is at fault, not the
+    row it was given, so ``bad_rows="skip"`` never skips it (it would skip every row)."""
+
+    rows_fault = False
+
+
 def decision(result: Any, what: str) -> bool:
     """The filter ``what``'s ``result`` as True or False (its truth value).
 
     Raises:
-        DataError: for None or a callable (a missed `return`, or a predicate returned
+        NoDecision: for None or a callable (a missed `return`, or a predicate returned
             uncalled), which would drop or keep every document without a word; raised inside
             ``call_user``, it gains the row's place.
     """
@@ -56,7 +63,7 @@ def decision(result: Any, what: str) -> bool:
         got, hint = f"a callable ({result!r})", "was a function returned, not called?"
     else:
         return bool(result)
-    raise DataError(
+    raise NoDecision(
         f"{what} returned {got}: it must return whether to keep the document (True or "
         f"False); {hint}"
     )
