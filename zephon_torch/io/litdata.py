@@ -51,6 +51,12 @@ _ITEM_FIELD = "item"
 _CORRUPT = (ValueError, KeyError, IndexError, struct.error, OSError, pa.ArrowException)
 
 
+class _SharedDamage(ValueError):
+    """Damage to a part of a chunk that several items share: a compressed frame, a record
+    batch of the Arrow footer, a footer shorter than `index.json` says. The shard is at fault
+    wherever it showed, so ``bad_rows="skip"`` does not skip its rows one by one."""
+
+
 @dataclass(frozen=True)
 class _Chunk:
     data: memoryview
@@ -207,6 +213,14 @@ class LitDataReader(PickledAsSettings):
                     result.append(self._body_row(path, chunk, row))
             except BadTokenRow as error:  # the item's own fault, named as such
                 raise self._error(f"{error} {row}", path, row) from None
+            except _SharedDamage as error:
+                raise DataError(
+                    f"the chunk is corrupt where this item lies: {error}",
+                    dataset=self.dataset,
+                    shard=path,
+                    row=row,
+                    shard_wide=True,
+                ) from None
             except _CORRUPT as error:
                 raise self._error(f"item does not decode: {error!r}", path, row) from None
         return result
@@ -258,10 +272,14 @@ class LitDataReader(PickledAsSettings):
 
     def _batch(self, chunk: _Chunk, number: int) -> _Batch:
         assert chunk.footer is not None
-        with chunk.lock:
-            batch = chunk.footer.get_batch(number)
-        # read without checks: damaged offsets would crash the process (SystemError, SIGSEGV)
-        batch.validate(full=True)
+        try:
+            with chunk.lock:
+                batch = chunk.footer.get_batch(number)
+            # read without checks: damaged offsets would crash the process (SystemError,
+            # SIGSEGV)
+            batch.validate(full=True)
+        except _CORRUPT as error:
+            raise _SharedDamage(f"record batch {number} of its Arrow footer: {error!r}") from None
         # an optional field that no item of the chunk has is not in its footer: null there
         stored, rows = batch.schema.names, len(batch)
         arrays = [batch.column(name) if name in stored else pa.nulls(rows) for name in self._names]
@@ -305,16 +323,20 @@ class LitDataReader(PickledAsSettings):
         frames = chunk.layout.frames
         frame = next((f for f in frames if f.first <= row < f.first + f.count), None)
         if frame is None:
-            raise ValueError(f"no compressed frame holds item {row}")
+            raise _SharedDamage(f"no compressed frame holds item {row}")
         body = self._frames.get_or_load((path, frame.first), partial(self._inflate, chunk, frame))
         base = offsets[frame.first]
         return body[offsets[row] - base : offsets[row + 1] - base]
 
     def _inflate(self, chunk: _Chunk, frame: fmt.Frame) -> memoryview:
         packed = chunk.data[frame.start : frame.start + frame.length]
-        data = _inflated(packed, frame.inflated)
+        what = f"the compressed frame of items {frame.first}..{frame.first + frame.count - 1}"
+        try:
+            data = _inflated(packed, frame.inflated)
+        except ValueError as error:
+            raise _SharedDamage(f"{what}: {error}") from None
         if len(data) != frame.inflated:
-            raise ValueError(f"a frame inflates to {len(data)} bytes, not {frame.inflated}")
+            raise _SharedDamage(f"{what} inflates to {len(data)} bytes, not {frame.inflated}")
         return data
 
     def _load(self, path: str) -> _Chunk:
@@ -362,8 +384,14 @@ def _batch_of(chunk: _Chunk, row: int) -> tuple[int, int]:
         with chunk.lock:
             while ends[-1] <= row:
                 if len(ends) == footer.num_record_batches:
-                    raise ValueError(f"the Arrow footer holds {ends[-1]} rows, not row {row}")
-                ends.append(ends[-1] + footer.get_batch(len(ends)).num_rows)
+                    raise _SharedDamage(f"the Arrow footer holds {ends[-1]} rows, not row {row}")
+                try:
+                    ends.append(ends[-1] + footer.get_batch(len(ends)).num_rows)
+                except _CORRUPT as error:
+                    number = len(ends)
+                    raise _SharedDamage(
+                        f"record batch {number} of its Arrow footer: {error!r}"
+                    ) from None
     number = bisect.bisect_right(ends, row)
     return number, row - (ends[number - 1] if number else 0)
 

@@ -21,8 +21,10 @@ from tests.unit.io.test_io_formats_writers import (
     tokens_loader,
     write_litdata,
 )
+from zephon_torch import Pipeline
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
 
 ROWS = sample_rows(150)
 TEXT_ROWS = [{"text": row["text"], "id": row["id"]} for row in ROWS]
@@ -409,9 +411,10 @@ def test_damaged_offsets_in_an_arrow_footer_are_a_data_error_naming_the_row(
     # row 1 ends before it starts
     data[at + 8 : at + 12] = (-100).to_bytes(4, "little", signed=True)
     chunk.write_bytes(bytes(data))
-    with pytest.raises(DataError, match="item does not decode") as caught:
+    with pytest.raises(DataError, match=r"row 1: the chunk is corrupt .*record batch 0") as caught:
         Dataset.from_path("l", out).read_rows(0, [1])
     assert (caught.value.dataset, caught.value.shard) == ("l", str(chunk))
+    assert caught.value.shard_wide  # the batch is shared: bad_rows="skip" does not skip it
 
 
 def test_a_damaged_later_record_batch_of_an_arrow_footer_is_a_data_error_naming_the_row(
@@ -426,9 +429,44 @@ def test_a_damaged_later_record_batch_of_an_arrow_footer_is_a_data_error_naming_
     chunk.write_bytes(bytes(data))
     dataset = Dataset.from_path("l", out)
     assert dataset.read_rows(0, [0, 255]) == [{"text": "text 0"}, {"text": "text 255"}]
-    with pytest.raises(DataError, match="row 256: item does not decode: OSError") as caught:
+    with pytest.raises(DataError, match=r"row 256: .* record batch 1 .*: OSError") as caught:
         dataset.read_rows(0, list(range(600)))
     assert (caught.value.dataset, caught.value.shard) == ("l", str(chunk))
+    # 256 rows share the batch: under bad_rows="skip" they were each skipped as malformed
+    assert caught.value.shard_wide
+
+
+def test_a_damaged_compressed_frame_is_the_chunks_fault(tmp_path: Path) -> None:
+    """A framed-zstd chunk whose third frame (items 16..23) does not inflate: the rows read
+    there raise naming the first asked for, as the shard's fault (``shard_wide``), so
+    ``bad_rows="skip"`` ends the run rather than skip the frame's eight rows one by one; the
+    other frames read."""
+    from zephon_torch.io import _litdata_format as fmt
+
+    items = [{"ids": np.arange(i, i + 5, dtype=np.int32)} for i in range(64)]
+    out = write_litdata(
+        tmp_path / "framed",
+        items,
+        chunk_bytes=1 << 20,
+        compression="zstd",
+        compression_batch_size=8,
+    )
+    index = json.loads((out / "index.json").read_text())
+    chunk = out / index["chunks"][0]["filename"]
+    data = bytearray(chunk.read_bytes())
+    frames = fmt.parse_layout(memoryview(bytes(data)), 64).frames
+    assert [(f.first, f.count) for f in frames[:3]] == [(0, 8), (8, 8), (16, 8)]
+    data[frames[2].start : frames[2].start + 4] = bytes(4)  # its zstd magic gone
+    chunk.write_bytes(bytes(data))
+    dataset = Dataset.from_path("l", out)
+    assert [r["ids"][0] for r in dataset.read_rows(0, [15, 24, 0])] == [15, 24, 0]
+    with pytest.raises(DataError, match=r"row 17: .* frame of items 16\.\.23: zstd") as caught:
+        dataset.read_rows(0, [17, 16])
+    assert caught.value.shard == str(chunk) and caught.value.shard_wide
+    source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop")
+    pipeline = Pipeline(source).options(bad_rows="skip").pretokenized("ids").pack_flat(8)
+    with pytest.raises(DataError, match=r"frame of items 16\.\.23"):
+        list(pipeline.batch(2))
 
 
 def test_rows_of_an_arrow_footer_with_record_batches_of_unequal_sizes_read_back(
