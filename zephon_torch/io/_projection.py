@@ -90,13 +90,27 @@ def token_array(value: Any) -> npt.NDArray[np.integer[Any]]:
     else:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"expected a list of token ids, got {type(value).__name__}")
+        # int64, or uint64 where an id needs it (kept: cast, 2**64 - 1 would read as -1)
         array = np.asarray(value) if value else np.empty(0, dtype=np.int64)
+        if array.dtype.kind in "fO":
+            array = wide_ids(value, array)
         if array.dtype.kind in "iu":
             check_no_bool(value)
-            array = array.astype(np.int64, copy=False)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise ValueError(f"expected a flat list of integer token ids, got {_describe(array)}")
     return array
+
+
+def wide_ids(ids: list[Any] | tuple[Any, ...], array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``ids`` as uint64 where numpy read them as floats or objects (``array``) only because
+    some lie past int64 (``[3, 2**64 - 1]``), so that the id check names the id as written;
+    ValueError naming an id that fits neither; ``array`` for anything else."""
+    if not ids or not all(type(v) is int for v in ids):
+        return array
+    if min(ids) >= 0 and max(ids) < 1 << 64:
+        return np.array(ids, dtype=np.uint64)
+    wide = next(v for v in ids if not -(1 << 63) <= v < 1 << 63)
+    raise ValueError(f"its id {wide} does not fit in int64")
 
 
 def check_no_bool(ids: list[Any] | tuple[Any, ...]) -> None:

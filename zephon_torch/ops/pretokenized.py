@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._projection import check_no_bool
+from zephon_torch.io._projection import check_no_bool, wide_ids
 from zephon_torch.ops.document import Document, document_error
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -34,6 +34,8 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
     if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "iu":
         return value
     tokens = np.asarray(value)
+    if tokens.dtype.kind in "fO" and isinstance(value, (list, tuple)):
+        tokens = wide_ids(value, tokens)
     if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
         if isinstance(value, (list, tuple)) and None in value:  # a null id (Parquet, JSON)
             raise TypeError(f"its id at position {value.index(None)} is null (None)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -603,3 +604,20 @@ def test_a_finished_or_left_iteration_keeps_no_chunk_of_documents() -> None:
     assert pipeline._runtime is not None
     assert [len(reader._chunk) for reader in pipeline._runtime.readers] == [0]
     assert pipeline.stats()["tokens"] > 0
+
+
+@pytest.mark.parametrize("token_columns", [None, ["ids"]])
+def test_a_jsonl_id_past_int64_is_named_as_written(tmp_path: Path, token_columns: Any) -> None:
+    """With `token_columns`, JSONL ids were made int64: 2**64 - 1 was refused as id -1."""
+    (tmp_path / "a.jsonl").write_text('{"ids": [1]}\n{"ids": [3, 18446744073709551615]}\n')
+    dataset = Dataset.from_path("u", tmp_path, token_columns=token_columns)
+    pipeline = recipe_one(dataset).pretokenized("ids").pack_flat(2).batch(1)
+    with pytest.raises(DataError, match=r"row 1: field 'ids' holds token id 18446744073709551615;"):
+        list(pipeline)
+    (tmp_path / "a.jsonl").write_text('{"ids": [1]}\n{"ids": [-1, 18446744073709551616]}\n')
+    dataset = Dataset.from_path("u", tmp_path, token_columns=token_columns)
+    pipeline = recipe_one(dataset).pretokenized("ids").pack_flat(2).batch(1)
+    with pytest.raises(
+        DataError, match=r"row 1: .*its id 18446744073709551616 does not fit in int64"
+    ):
+        list(pipeline)
