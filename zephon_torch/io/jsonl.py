@@ -175,7 +175,7 @@ class JsonlReader:
                     shard_wide=True,
                 )
             try:
-                value = _parse(line, start)
+                value = _parse(line)
             except (ValueError, RecursionError) as error:  # also UnicodeDecodeError; too deep
                 raise DataError(
                     f"malformed JSON in the line at byte {start}: {error} "
@@ -416,13 +416,14 @@ def _read_spans(fd: int, starts: list[int], ends: list[int]) -> list[bytes | Non
     return [line if len(line) == b - a else None for line, (a, b) in zip(lines, spans)]
 
 
-def _parse(line: bytes, start: int) -> Any:
+def _parse(line: bytes) -> Any:
     """Parses one UTF-8 line like `json.loads`, only about 3x faster on the usual tidy line.
 
     `json.loads` spends most of a short line's time detecting the encoding and checking for
     surrounding whitespace. A line that `raw_decode` consumes whole is parsed already; any
-    other (leading or trailing whitespace, a BOM on the first line, an error) takes the full
-    decoder, which also gives the error message `json.loads` would. Invalid UTF-8 raises
+    other (leading or trailing whitespace, a BOM, an error) takes the full decoder, which also
+    gives the error message `json.loads` would. A BOM starts the first line of a file some
+    editors write, and any line of files joined by `cat`: it is left out. Invalid UTF-8 raises
     UnicodeDecodeError (json.loads would let lone surrogates through).
     """
     text = line.decode("utf-8")
@@ -432,9 +433,7 @@ def _parse(line: bytes, start: int) -> Any:
         stop = -1
     if stop == len(text):
         return value
-    if start == 0 and text.startswith("\ufeff"):
-        text = text[1:]
-    return _DECODER.decode(text)
+    return _DECODER.decode(text[1:] if text.startswith("\ufeff") else text)
 
 
 def _preview(line: bytes) -> str:

@@ -45,6 +45,18 @@ def test_a_first_line_of_a_byte_order_mark_only_is_blank(tmp_path: Path) -> None
         assert dataset.read_rows(0, range(dataset.num_rows)) == [{"text": "a"}]
 
 
+def test_files_with_byte_order_marks_joined_by_cat_read_every_row(tmp_path: Path) -> None:
+    """`cat a.jsonl b.jsonl` of files an editor started with a BOM leaves one before a row
+    inside the file: that row was refused as "malformed JSON ... Expecting value" (a review),
+    and skipped under bad_rows="skip"."""
+    bom = b"\xef\xbb\xbf"
+    one = bom + b'{"text": "a"}\n' + bom + b'{"text": "b"}\r\n'
+    for name, data in (("plain.jsonl", one), ("cut.jsonl", one.rstrip())):
+        (tmp_path / name).write_bytes(data)
+        dataset = Dataset.from_path("d", tmp_path / name, index_cache_dir=str(tmp_path))
+        assert dataset.read_rows(0, range(dataset.num_rows)) == [{"text": "a"}, {"text": "b"}]
+
+
 def test_a_last_line_without_a_newline_is_a_row() -> None:
     assert _lines(b'{"a":1}\n{"a":2}') == [b'{"a":1}', b'{"a":2}']
 
