@@ -179,17 +179,48 @@ def row_columns(
 
 def _python_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
     """``column`` as Python values; nanosecond times that Python's datetime cannot hold (it
-    counts microseconds; pyarrow refuses to cut them without pandas) as numpy's exact
-    ``datetime64``/``timedelta64`` (a time of day: since midnight), nulls as None."""
+    counts microseconds; pyarrow refuses to cut them without pandas), also inside lists and
+    structs, as numpy's exact ``datetime64``/``timedelta64`` (a time of day: since midnight),
+    nulls as None."""
     try:
         return column.to_pylist()  # type: ignore[no-any-return]
     except ValueError:
-        kind = column.type
-        if not (pa.types.is_temporal(kind) and getattr(kind, "unit", None) == "ns"):
+        if not _holds_ns_time(column.type):
             raise
-    ticks = column.cast(pa.int64()).to_pylist()
-    scalar = np.datetime64 if pa.types.is_timestamp(kind) else np.timedelta64
-    return [None if tick is None else scalar(tick, "ns") for tick in ticks]
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    return [value for chunk in chunks for value in _exact_values(chunk)]
+
+
+def _holds_ns_time(kind: pa.DataType) -> bool:
+    if pa.types.is_temporal(kind):
+        return getattr(kind, "unit", None) == "ns"
+    return any(_holds_ns_time(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _exact_values(array: pa.Array) -> list[Any]:
+    """``_python_values`` of one array, through its lists and structs (a map, union or
+    dictionary of nanosecond times still raises pyarrow's ValueError)."""
+    kind = array.type
+    if not _holds_ns_time(kind):
+        return array.to_pylist()  # type: ignore[no-any-return]
+    valid = array.is_valid().to_pylist()
+    if pa.types.is_temporal(kind):
+        scalar = np.datetime64 if pa.types.is_timestamp(kind) else np.timedelta64
+        ticks = array.cast(pa.int64()).to_pylist()
+        return [None if tick is None else scalar(tick, "ns") for tick in ticks]
+    if pa.types.is_struct(kind):
+        names = [kind.field(i).name for i in range(kind.num_fields)]
+        fields = [_exact_values(field) for field in array.flatten()]
+        return [dict(zip(names, values)) if ok else None for ok, *values in zip(valid, *fields)]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        values = _exact_values(array.flatten())  # the values of the valid rows, in order
+        out: list[Any] = []
+        at = 0
+        for ok, length in zip(valid, pc.list_value_length(array).to_pylist()):
+            out.append(values[at : at + length] if ok else None)
+            at += length if ok else 0
+        return out
+    return array.to_pylist()  # type: ignore[no-any-return]
 
 
 def column_bytes(columns: Sequence[list[Any] | TokenColumn], fallback: int) -> int:

@@ -190,6 +190,33 @@ def test_nanosecond_times_read_exactly_as_numpy_values(tmp_path: Path) -> None:
     assert rows[1] == {"text": "b", "at": None, "took": None, "when": None}
 
 
+def test_nanosecond_times_inside_lists_and_structs_read_exactly(tmp_path: Path) -> None:
+    """Only a top-level column of them was read: one in a list or struct made every row of
+    its row group unreadable, naming none (a review)."""
+    ns = pa.timestamp("ns")
+    table = pa.table(
+        {
+            "text": ["a", "b", "c"],
+            "times": pa.array([[0, 2001], None, []], pa.list_(ns)),
+            "meta": pa.array(
+                [{"n": 1, "took": 7}, None, {"n": 3, "took": None}],
+                pa.struct([("n", pa.int32()), ("took", pa.duration("ns"))]),
+            ),
+            "seen": pa.array([[{"at": 9}], [None], None], pa.large_list(pa.struct([("at", ns)]))),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    rows = Dataset.from_path("d", tmp_path / "a.parquet").read_rows(0, [0, 1, 2])
+    assert rows[0] == {
+        "text": "a",
+        "times": [np.datetime64(0, "ns"), np.datetime64(2001, "ns")],
+        "meta": {"n": 1, "took": np.timedelta64(7, "ns")},
+        "seen": [{"at": np.datetime64(9, "ns")}],
+    }
+    assert rows[1] == {"text": "b", "times": None, "meta": None, "seen": [None]}
+    assert rows[2] == {"text": "c", "times": [], "meta": {"n": 3, "took": None}, "seen": None}
+
+
 def test_a_truncated_parquet_file_raises_a_data_error_naming_dataset_and_shard(
     tmp_path: Path,
 ) -> None:
