@@ -20,9 +20,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from zephon_torch.errors import StorageError, ZephonError
+from zephon_torch.errors import DataError, StorageError, ZephonError
 from zephon_torch.io import Dataset, parquet
 from zephon_torch.io._remote_rows import SCHEMA_FORMATS
+from zephon_torch.io.dataset import name_line
 
 ERROR_EXIT = 2
 _MAX_CHARS = 200
@@ -132,7 +133,11 @@ def _dataset_name(path: str) -> str:
 
 
 def _inspect(dataset: Dataset, path: str, rows: int, out: TextIO) -> None:
-    sample = dataset.read_rows(0, list(range(min(max(rows, 1), dataset.shards[0].num_rows))))
+    try:
+        sample = dataset.read_rows(0, list(range(min(max(rows, 1), dataset.shards[0].num_rows))))
+    except DataError as error:
+        name_line(error, [dataset])  # its line in a JSONL file, as a run's error says it
+        raise
     print(f"path:    {path}", file=out)
     print(f"format:  {dataset.format}", file=out)
     print(f"shards:  {len(dataset.shards):,}", file=out)

@@ -242,6 +242,18 @@ def test_a_file_not_of_the_given_format_gives_exit_code_2(
     assert "error: dataset 'tokens.parquet'" in capsys.readouterr().err
 
 
+def test_a_malformed_row_is_named_by_its_line_as_a_run_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run's error said "(line 4 of the file)", inspect's only "row 2" (a fresh-user trial):
+    blank lines come before it."""
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": \n')
+    assert main(["inspect", str(path)]) == 2
+    assert "row 2: malformed JSON" in (err := capsys.readouterr().err)
+    assert err.rstrip().endswith("(line 4 of the file)")
+
+
 def test_storage_options_reach_the_url_s_file_system(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

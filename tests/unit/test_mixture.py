@@ -170,6 +170,8 @@ def test_a_pick_never_leaves_a_source_a_piece_above_its_target(
         # accepted before, normalised to 0.0: a ZeroDivisionError once the others ran out
         ({"a": 1e300, "b": 1e-30}, "weights of ['b'] are too small beside the others' sum"),
         ({"a": 2, "b": 5e-324}, "weights of ['b'] are too small"),
+        # a list of weights: its numbers were read as names ("unknown datasets [0.5]")
+        ([0.5, 0.5], "`mixture` must map dataset names to weights, as {'a': ..., 'b': ...}"),
     ],
 )
 def test_a_bad_mixture_is_refused_naming_the_dataset(

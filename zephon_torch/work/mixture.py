@@ -217,6 +217,11 @@ def _whole(value: Any) -> bool:
 def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[float, ...]:
     if mixture is None:
         return tuple(1.0 / len(names) for _ in names)
+    if not isinstance(mixture, Mapping):  # a list of weights read as names: "unknown [0.5]"
+        example = ", ".join(f"{name!r}: ..." for name in names[:2])
+        raise ConfigError(
+            f"`mixture` must map dataset names to weights, as {{{example}}}; got {mixture!r}"
+        )
     unknown = sorted(set(mixture) - set(names))
     if unknown:
         raise ConfigError(f"`mixture` names unknown datasets {unknown}; datasets are {names}")
