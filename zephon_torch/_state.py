@@ -11,12 +11,26 @@ from zephon_torch.errors import ConfigError, StateMismatchError
 
 # 2: the mixer looks a row ahead (`choose_source`); see `version_mismatch` for version 1
 STATE_VERSION = 2
-VERSION_NOTE = (
-    "The state was saved by a zephon_torch release whose mixer picks its sources otherwise: "
-    "resumed here, it would go on with other data than the run that saved it. Resume with "
-    "the release that saved it."
-)
 _MODULE_ENTRY = "zephon"  # the key PipelineDataModule keeps its state under in a checkpoint
+
+
+def version_note(saved: object) -> str:
+    """Why a state of version ``saved`` (not this release's) is refused, as far as known."""
+    if saved == 1:
+        return (
+            "The state was saved by a zephon_torch release whose mixer picks its sources "
+            "otherwise: resumed here, it would go on with other data than the run that saved "
+            "it. Resume with the release that saved it."
+        )
+    if type(saved) is int and saved > STATE_VERSION:
+        return (
+            f"The state was saved by a later zephon_torch release (state version {saved}; "
+            f"this one writes {STATE_VERSION}): resume with that release."
+        )
+    return (
+        f"No zephon_torch release writes state version {saved!r}: was the state edited, or "
+        "saved by another library?"
+    )
 
 
 def check_state(
@@ -75,7 +89,7 @@ def check_state(
             "every rank",
         )
     if mismatches:
-        notes = [VERSION_NOTE] if "version" in mismatches else []
+        notes = [version_note(state["version"])] if "version" in mismatches else []
         notes += [_digest_note(key, *mismatches[key]) for key in mismatches]
         raise StateMismatchError(mismatches, note="\n".join(note for note in notes if note))
 

@@ -191,6 +191,13 @@ def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
         DataLoader(small_pipeline(tokenizer)).load_state_dict(state)
     # the note travels with the error (from a DataLoader worker, say)
     assert pickle.loads(pickle.dumps(refused.value)).note == refused.value.note
+    # a later release's, or none's (the note had said the mixer of an earlier one differed)
+    for saved, note in ((3, "saved by a later zephon_torch release (state version 3"),
+                        ("2", "No zephon_torch release writes state version '2'")):  # fmt: skip
+        for target in (small_pipeline(tokenizer), DataLoader(small_pipeline(tokenizer))):
+            with pytest.raises(StateMismatchError, match=re.escape(note)) as refused:
+                target.load_state_dict({**state, "version": saved})
+            assert "mixer" not in str(refused.value)
 
 
 def _equal_mix(tokenizer: Any) -> Pipeline:

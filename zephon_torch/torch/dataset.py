@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon_torch._lanes import calibrated
-from zephon_torch._state import VERSION_NOTE, state_step, version_mismatch
+from zephon_torch._state import state_step, version_mismatch, version_note
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.ops.training import HOST_FIELDS
 from zephon_torch.torch._transport import pack
@@ -295,7 +295,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         check_shape(state)
         mismatch = version_mismatch(state)
         if mismatch:
-            raise StateMismatchError(mismatch, note=VERSION_NOTE)
+            raise StateMismatchError(mismatch, note=version_note(state["version"]))
 
         # a worker's own state (StatefulDataLoader) holds its lanes; any other, this rank's
         if "worker_lanes" in state and get_worker_info() is None:
