@@ -309,4 +309,14 @@ def _parse_framed(data: memoryview, items: int) -> Layout:
     ]
     if not parsed or any(frame.start + frame.length > len(data) for frame in parsed):
         raise ValueError("a compressed frame runs past the end of the chunk")
+    # the frames hold the items in turn, each its items' bytes: damage to this shared table
+    # would otherwise cut items short or long, each read as its own row's fault
+    firsts = [0]
+    for frame in parsed:
+        firsts.append(firsts[-1] + frame.count)
+    tiled = firsts[:-1] == [f.first for f in parsed] and firsts[-1] == count
+    if not tiled or np.any(np.diff(offsets) < 0):
+        raise ValueError("the item offsets or frame table are corrupt")
+    if any(offsets[f.first + f.count] - offsets[f.first] != f.inflated for f in parsed):
+        raise ValueError("the item offsets do not match the sizes of their compressed frames")
     return Layout(offsets=offsets, frames=tuple(parsed), footer=None)

@@ -215,7 +215,7 @@ class LitDataReader(PickledAsSettings):
                 raise self._error(f"{error} {row}", path, row) from None
             except _SharedDamage as error:
                 raise DataError(
-                    f"the chunk is corrupt where this item lies: {error}",
+                    f"cannot read the part of the chunk this item lies in: {error}",
                     dataset=self.dataset,
                     shard=path,
                     row=row,
@@ -272,19 +272,22 @@ class LitDataReader(PickledAsSettings):
 
     def _batch(self, chunk: _Chunk, number: int) -> _Batch:
         assert chunk.footer is not None
+        # any failure is the whole batch's (a row's own, a null id, shows as the row is read)
         try:
             with chunk.lock:
                 batch = chunk.footer.get_batch(number)
             # read without checks: damaged offsets would crash the process (SystemError,
             # SIGSEGV)
             batch.validate(full=True)
+            # an optional field that no item of the chunk has is not in its footer: null there
+            stored, rows = batch.schema.names, len(batch)
+            arrays = [
+                batch.column(name) if name in stored else pa.nulls(rows) for name in self._names
+            ]
+            batch = pa.RecordBatch.from_arrays(arrays, names=list(self._names))
+            names, columns = row_columns(batch, self.projection.token_columns)
         except _CORRUPT as error:
             raise _SharedDamage(f"record batch {number} of its Arrow footer: {error!r}") from None
-        # an optional field that no item of the chunk has is not in its footer: null there
-        stored, rows = batch.schema.names, len(batch)
-        arrays = [batch.column(name) if name in stored else pa.nulls(rows) for name in self._names]
-        batch = pa.RecordBatch.from_arrays(arrays, names=list(self._names))
-        names, columns = row_columns(batch, self.projection.token_columns)
         return _Batch(names, columns, column_bytes(columns, batch.nbytes))
 
     def _body_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:

@@ -411,7 +411,9 @@ def test_damaged_offsets_in_an_arrow_footer_are_a_data_error_naming_the_row(
     # row 1 ends before it starts
     data[at + 8 : at + 12] = (-100).to_bytes(4, "little", signed=True)
     chunk.write_bytes(bytes(data))
-    with pytest.raises(DataError, match=r"row 1: the chunk is corrupt .*record batch 0") as caught:
+    with pytest.raises(
+        DataError, match=r"row 1: cannot read the part of the chunk .*record batch 0"
+    ) as caught:
         Dataset.from_path("l", out).read_rows(0, [1])
     assert (caught.value.dataset, caught.value.shard) == ("l", str(chunk))
     assert caught.value.shard_wide  # the batch is shared: bad_rows="skip" does not skip it
@@ -467,6 +469,62 @@ def test_a_damaged_compressed_frame_is_the_chunks_fault(tmp_path: Path) -> None:
     pipeline = Pipeline(source).options(bad_rows="skip").pretokenized("ids").pack_flat(8)
     with pytest.raises(DataError, match=r"frame of items 16\.\.23"):
         list(pipeline.batch(2))
+
+
+def rewrite_footer(out: Path, chunk: Path, data: bytearray, start: int, table: Any) -> None:
+    """Put `table` in place of the Arrow footer at `start` of `chunk` (bytes `data`), one
+    record batch per batch of `table`, and record the chunk's new size in index.json."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        for batch in table.to_batches():
+            writer.write_batch(batch)
+    ipc = sink.getvalue().to_pybytes()
+    chunk.write_bytes(bytes(data[:start]) + ipc + len(ipc).to_bytes(4, "little") + data[-8:])
+    index = json.loads((out / "index.json").read_text())
+    index["chunks"][0]["chunk_bytes"] = chunk.stat().st_size
+    (out / "index.json").write_text(json.dumps(index))
+
+
+def test_a_footer_batch_that_does_not_convert_is_the_chunks_fault(tmp_path: Path) -> None:
+    """A record batch whose column pyarrow cannot give as Python values (a map of nanosecond
+    times): each of its rows was refused as its own fault, so bad_rows="skip" skipped them
+    one by one, decoding the batch again for each (a review)."""
+    import pyarrow as pa
+
+    out, chunk, data, (start, _) = footer_chunk(tmp_path, 4)
+    times = pa.array([[("k", 1001)]] * 4, pa.map_(pa.string(), pa.timestamp("ns")))
+    rewrite_footer(out, chunk, data, start, pa.table({"text": times}))
+    dataset = Dataset.from_path("l", out)
+    with pytest.raises(DataError, match=r"row 2: .*record batch 0 .*Nanosecond") as caught:
+        dataset.read_rows(0, [2])
+    assert caught.value.shard_wide
+
+
+def test_damaged_item_offsets_of_a_framed_chunk_are_the_chunks_fault(tmp_path: Path) -> None:
+    """The offsets table is shared by every item: damaged, items came out cut short or long,
+    each refused (or under skip, skipped) as its own row's fault (a review). Checked against
+    the frames' sizes: damage to an offset inside a frame that keeps them rising still reads
+    as two items' other bytes."""
+    from zephon_torch.io import _litdata_format as fmt
+
+    items = [{"ids": np.arange(i, i + 5, dtype=np.int32)} for i in range(32)]
+    out = write_litdata(
+        tmp_path / "framed", items, chunk_bytes=1 << 20, compression="zstd",
+        compression_batch_size=8,
+    )  # fmt: skip
+    chunk = next(out.glob("*.bin"))
+    data = bytearray(chunk.read_bytes())
+    offsets_at = fmt._FRAMED_PREFIX.size
+    assert len(fmt.parse_layout(memoryview(bytes(data)), 32).frames) == 4
+    item = offsets_at + 4 * 8  # item 8's start: where the second frame starts
+    value = int.from_bytes(data[item : item + 4], "little")
+    data[item : item + 4] = (value + 3).to_bytes(4, "little")
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"truncated or corrupt: the item offsets") as caught:
+        Dataset.from_path("l", out).read_rows(0, [0])
+    assert caught.value.row is None
 
 
 def test_rows_of_an_arrow_footer_with_record_batches_of_unequal_sizes_read_back(
