@@ -340,6 +340,12 @@ def test_a_measure_refusing_a_row_skips_it_in_calibration(tmp_path: Path, tokeni
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     assert figures["tokens_per_byte"] == pytest.approx(measured / nbytes)
 
+    def measure(text: str) -> int:  # noqa: F811 (a measure wrong on every row)
+        return int(text)
+
+    with pytest.raises(DataError, match=r"`measure` raised ValueError"):
+        run("skip")  # its own fault, on a row the run reads: not hidden (a review)
+
 
 def test_bad_rows_setting_is_checked() -> None:
     source = StaticMixtureWorkSource(

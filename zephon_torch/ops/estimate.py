@@ -60,8 +60,12 @@ def calibrate(
                         dataset_names=names,
                         shard_paths=paths,
                     )
-                except DataError as error:  # a row the run will skip: not counted here either
+                except DataError as error:
+                    # a row the run will skip (its tokenizer refuses it too) is not counted
+                    # here either; any other error is the measure's own
                     if not (chain.skip_bad_rows and row_fault(error)):
+                        raise
+                    if chain.apply(source, chain.ops[-1:], [doc])[0].error is None:
                         raise
                     skipped += 1
                     text_bytes -= len(text.encode("utf-8", "surrogatepass"))
