@@ -10,6 +10,7 @@ keys after decoding.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,13 +105,18 @@ def token_array(value: Any) -> npt.NDArray[np.integer[Any]]:
 def wide_ids(ids: list[Any] | tuple[Any, ...], array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """``ids`` as uint64 where numpy read them as floats or objects (``array``) only because
     some lie past int64 (``[3, 2**64 - 1]``), so that the id check names the id as written;
-    ValueError naming an id that fits neither; ``array`` for anything else."""
-    if not ids or not all(type(v) is int for v in ids):
+    ValueError naming an id that no 64-bit type holds with the others; ``array`` for anything
+    else (not all integers)."""
+    integral = (
+        isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in ids
+    )
+    if not ids or not all(integral):
         return array
-    if min(ids) >= 0 and max(ids) < 1 << 64:
-        return np.array(ids, dtype=np.uint64)
-    wide = next(v for v in ids if not -(1 << 63) <= v < 1 << 63)
-    raise ValueError(f"its id {wide} does not fit in int64")
+    values = [int(v) for v in ids]
+    if min(values) >= 0 and max(values) < 1 << 64:
+        return np.array(values, dtype=np.uint64)
+    bad = next(v for v in values if not 0 <= v < 1 << 63)  # a negative one, or one past 64 bits
+    raise ValueError(f"its id {bad} is no token id: ids must lie in [0, 2**31)")
 
 
 def check_no_bool(ids: list[Any] | tuple[Any, ...]) -> None:
