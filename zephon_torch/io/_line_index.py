@@ -32,7 +32,7 @@ from zephon_torch.io._mapped import map_array
 
 LineIndex = npt.NDArray[np.int64]
 
-_INDEX_VERSION = 2
+_INDEX_VERSION = 3
 _UNUSED_S = 7 * 24 * 3600  # an index of another version of its file unused this long goes
 _WRITING = ".writing-"  # an index being written, locked by its writer (see `_sweep`)
 _UNLOCKED = ".tmp-"  # temporaries of versions before the lock: no write takes _UNLOCKED_S
@@ -43,6 +43,8 @@ _CARRIAGE_RETURN = 13
 _WHITESPACE = np.zeros(256, dtype=bool)
 _WHITESPACE[[9, 10, 11, 12, 13, 32]] = True
 _BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors start a file with
+_MAY_BE_BLANK = _WHITESPACE.copy()
+_MAY_BE_BLANK[_BOM[0]] = True
 
 _log = logging.getLogger(__name__)
 
@@ -72,18 +74,24 @@ def scan_lines(buffer: Any) -> LineIndex:
     ends = ends - (data[ends - 1] == _CARRIAGE_RETURN)
     nonempty = ends > starts
     starts, ends = starts[nonempty], ends[nonempty]
-    # A byte-order mark and nothing else on the first line (an editor's empty first line)
-    if starts.size and bytes(data[:3]) == _BOM and bool(_WHITESPACE[data[3 : ends[0]]].all()):
-        starts, ends = starts[1:], ends[1:]
-    # A line that starts with whitespace may be all whitespace; those are rare, check each.
-    suspects = np.flatnonzero(_WHITESPACE[data[starts]])
+    # A line that starts with whitespace, or a byte-order mark (an editor's empty first line;
+    # one inside the file where `cat` joined such files), may be blank; those are rare, check
+    # each.
+    suspects = np.flatnonzero(_MAY_BE_BLANK[data[starts]])
     if suspects.size:
-        blank = [i for i in suspects.tolist() if bool(_WHITESPACE[data[starts[i] : ends[i]]].all())]
+        blank = [i for i in suspects.tolist() if _blank(data, int(starts[i]), int(ends[i]))]
         if blank:
             keep = np.ones(starts.size, dtype=bool)
             keep[blank] = False
             starts, ends = starts[keep], ends[keep]
     return np.stack((starts, ends)).astype(np.int64, copy=False)
+
+
+def _blank(data: npt.NDArray[np.uint8], start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` is whitespace alone, after a byte-order mark if any."""
+    if bytes(data[start : start + 3]) == _BOM:
+        start += 3
+    return bool(_WHITESPACE[data[start:end]].all())
 
 
 def default_cache_dir() -> str:
