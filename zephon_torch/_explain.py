@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zephon_torch._token_stage import doc_ops, prefetch_depth, token_stage
+from zephon_torch._token_stage import doc_ops, prefetch_depth, read_datasets, token_stage
 from zephon_torch.errors import ConfigError, integer_setting
 from zephon_torch.torch.dataset import workers_used
 
@@ -63,6 +63,12 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
         lines.append(
             f"  DataLoader workers: {used} of {num_workers} used, {len(lanes) // used} lanes each"
         )
+    for given, read in zip(pipeline._datasets, read_datasets(pipeline)):
+        if read is not given:  # narrowed by the pipeline (`Dataset.reading`)
+            lines.append(
+                f"  dataset {read.name!r} reads columns {list(read.columns or ())} only (no "
+                "map or filter reads others)"
+            )
     where = "inline (the packer's thread)" if runner == "inline" else f"{runner} x {parallelism}"
     lines.append(f"  runner: {where}; read-ahead {options.read_ahead} chunks per reader")
     depth = prefetch_depth(pipeline)

@@ -21,6 +21,7 @@ from zephon_torch._token_stage import (
     id_check,
     pad_id,
     plain_documents,
+    read_datasets,
     shard_paths,
     token_stage,
 )
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 def doc_chain(pipeline: Pipeline) -> DocChain:
     """Fetch and the pipeline's per-document operators, skipping bad rows where asked."""
     skip = pipeline._options.bad_rows == "skip"
-    return DocChain(FetchOp(pipeline._datasets), doc_ops(pipeline), skip_bad_rows=skip)
+    return DocChain(FetchOp(read_datasets(pipeline)), doc_ops(pipeline), skip_bad_rows=skip)
 
 
 def calibrated(pipeline: Pipeline, chain: DocChain | None = None) -> None:
@@ -70,7 +71,7 @@ def calibrated(pipeline: Pipeline, chain: DocChain | None = None) -> None:
             field=token_stage(pipeline)[1],
         )
     except DataError as error:  # a row read to calibrate: named by its line too
-        name_line(error, pipeline._datasets)
+        name_line(error, read_datasets(pipeline))
         raise
 
 
@@ -85,7 +86,7 @@ class LaneRuntime:
             assert pipeline._pretokenized is not None
             eos = pipeline._pretokenized.eos_token_id
             skip = chain.skip_bad_rows
-            self.chain = TokenChain(pipeline._datasets, token_field, eos, skip_bad_rows=skip)
+            self.chain = TokenChain(read_datasets(pipeline), token_field, eos, skip_bad_rows=skip)
         self.runner = Runner(self.chain, parallelism=parallelism, kind=runner)
         self.nodes: list[BatchNode] = []
         self.readers: list[DocumentReader] = []
@@ -306,7 +307,7 @@ def deliver(
                 # ``stream`` ran on this one (no prefetch thread) and emptied its readers
                 _check_current(pipeline, iteration, error)
                 if isinstance(error, DataError):
-                    name_line(error, pipeline._datasets)
+                    name_line(error, read_datasets(pipeline))
                 raise
             # ended meanwhile, ``stream`` may still have made a batch: its state would be
             # recorded over the loaded one
@@ -359,7 +360,7 @@ def _mixpack(
             else None
         ),
         warned_bad=warned,
-        line_of=partial(_line_of, pipeline._datasets, paths),
+        line_of=partial(_line_of, read_datasets(pipeline), paths),
     )
 
 

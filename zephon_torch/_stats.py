@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zephon_torch._state import state_step
+from zephon_torch._token_stage import read_datasets
 from zephon_torch.ops.batch import Batch
 from zephon_torch.ops.pack import SKIP_REASONS
 
@@ -181,7 +182,7 @@ def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str,
 
 def _cache_report(pipeline: Pipeline) -> dict[str, Any] | None:
     """Shard-cache use of the remote datasets, summed (None when no dataset is remote)."""
-    counters = [c for d in pipeline._datasets if (c := d.cache_counters()) is not None]
+    counters = [c for d in read_datasets(pipeline) if (c := d.cache_counters()) is not None]
     if not counters:
         return None
     total = {k: sum(c[k] for c in counters) for k in ("hits", "misses", "bytes_downloaded")}

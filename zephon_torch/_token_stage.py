@@ -23,6 +23,7 @@ from zephon_torch.ops.pretokenized import IdCheck, TokenFieldOp
 from zephon_torch.ops.tokenize import TokenizeOp
 
 if TYPE_CHECKING:
+    from zephon_torch.io import Dataset
     from zephon_torch.pipeline import Pipeline
 
 
@@ -40,6 +41,41 @@ def doc_ops(self: Pipeline) -> list[DocOp]:
         )
     ops.append(token_stage(self)[0])
     return ops
+
+
+Fields = tuple[tuple[str, ...], str | None]  # fields read, and the one of token ids
+ReadDatasets = tuple[tuple["Dataset", ...], Fields, tuple["Dataset", ...]]  # from, for, read
+
+
+def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
+    """The datasets as the lanes read them: where the recipe reads known fields only (no
+    `map` or `filter`, which may read any), each decodes only those (`Dataset.reading`: the
+    same rows). Made once per pipeline object and datasets, so that the stats count the cache
+    use of the readers that read."""
+    fields = fields_read(self)
+    if fields is None:
+        return self._datasets
+    held = self._read_datasets
+    if held is not None and held[0] is self._datasets and held[1] == fields:
+        return held[2]
+    names, token_field = fields
+    read = tuple(dataset.reading(names, token_field) for dataset in self._datasets)
+    self._read_datasets = (self._datasets, fields, read)
+    return read
+
+
+def fields_read(self: Pipeline) -> Fields | None:
+    """The row fields the recipe reads, and which of them holds token ids; None where a
+    `map` or `filter` may read any, or no token stage is set yet."""
+    if self._user_ops:
+        return None
+    payload = self._pack.payload_fields if self._pack is not None else ()
+    if self._pretokenized is not None:
+        field = self._pretokenized.field
+        return tuple(dict.fromkeys((field, *payload))), field
+    if self._tokenize is not None:
+        return tuple(dict.fromkeys((self._tokenize.field, *payload))), None
+    return None
 
 
 def shard_paths(self: Pipeline) -> list[list[str]]:

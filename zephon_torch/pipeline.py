@@ -47,6 +47,7 @@ from zephon_torch.torch.distributed import resolve_topology
 from zephon_torch.work.mixture import StaticMixtureWorkSource
 
 if TYPE_CHECKING:
+    from zephon_torch._token_stage import ReadDatasets
     from zephon_torch.torch.dataset import PipelineDataset
 
 _DEFAULT_BINS = 8  # open rows of the bin packers
@@ -75,6 +76,8 @@ class Pipeline:
         self._source = source
         self._options = Options()
         self._datasets = source.datasets  # as read: with `options(io_options=)` applied
+        # those datasets reading only the fields read (`read_datasets`), and what for
+        self._read_datasets: ReadDatasets | None = None
         self._user_ops: tuple[MapOp | FilterOp, ...] = ()
         self._tokenize: TokenizeSpec | None = None
         self._pretokenized: PretokenizedSpec | None = None

@@ -3,7 +3,9 @@ the settings alone and makes the reader's open files and caches again on first u
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
+
+R = TypeVar("R", bound="PickledAsSettings")
 
 
 class PickledAsSettings:
@@ -21,3 +23,12 @@ class PickledAsSettings:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._open_caches()
+
+    def with_settings(self: R, **changes: Any) -> R:
+        """A reader of the same data with ``changes`` to its settings, its caches empty."""
+        unknown = set(changes) - set(self.SETTINGS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no settings {sorted(unknown)}")
+        clone = type(self).__new__(type(self))
+        clone.__setstate__({**self.__getstate__(), **changes})
+        return clone

@@ -22,6 +22,7 @@ from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError, DataError, positive_setting
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
+from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import (
     IoOptions,
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 _MAX_OPENING_THREADS = 8
+_NARROWED = ("parquet", "vortex", "mds", "litdata")  # formats that skip unread columns
+_TOKEN_LISTS = ("parquet", "vortex")  # whose token columns save a Python int an id
 _MAX_REMOTE_OPENING_THREADS = 16
 
 
@@ -418,6 +421,32 @@ class Dataset:
         return self._reading_with(
             self._reader.with_options(self._reader.options.merged(io_options))
         )
+
+    def reading(self, fields: Sequence[str], token_field: str | None = None) -> Dataset:
+        """This dataset reading only ``fields``, ``token_field`` (one of them) as a token
+        column: the same rows in the same order, less decoded. Where the format skips unread
+        columns (Parquet, Vortex, MDS, LitData; local or remote) and `from_path` was given no
+        `columns=`; a token column where Parquet and Vortex lists give one numpy array a row
+        rather than a Python int an id (`token_columns=`). Otherwise the dataset itself.
+
+        The pipeline calls it for recipes whose every field read is known (no `map` or
+        `filter`). A shard without one of ``fields``, or whose ``token_field`` is no list of
+        integers, is then a `DataError` naming the shard and its columns when opened, not one
+        for each of its rows.
+        """
+        reader = self._reader
+        projection = getattr(reader, "projection", None)
+        if self.format not in _NARROWED or not isinstance(projection, Projection):
+            return self
+        assert isinstance(reader, PickledAsSettings)
+        columns = projection.columns or tuple(dict.fromkeys(fields))
+        tokens = projection.token_columns
+        if token_field in columns and token_field not in tokens and self.format in _TOKEN_LISTS:
+            tokens = (*tokens, token_field)
+        wanted = Projection(columns=columns, token_columns=tokens)
+        if wanted == projection:
+            return self
+        return self._reading_with(reader.with_settings(projection=wanted))
 
     def _reading_with(self, reader: ShardReader) -> Dataset:
         """This dataset read through another reader."""
