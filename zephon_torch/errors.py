@@ -77,7 +77,11 @@ def _rebuild_with_cause(reduced: tuple[Any, ...], blob: bytes | None, text: str)
 
 
 class ConfigError(ZephonError, ValueError):
-    """A setting is invalid: the message names the argument, the rule and the value."""
+    """A setting is invalid: the message names the argument, the rule and the value (a URL's
+    credentials blanked, see `without_secrets`)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(without_secrets(a) if isinstance(a, str) else a for a in args))
 
 
 class StateMismatchError(ZephonError, ValueError):
@@ -201,9 +205,14 @@ _SECRET_QUERY = re.compile(
 )
 
 
+# a URL's password: scheme://user:password@host
+_URL_PASSWORD = re.compile(r"(://[^/\s:@'\"]*:)[^/\s@'\"]+@")
+
+
 def without_secrets(text: str) -> str:
-    """``text`` with every credential a URL query carries replaced by ``***``."""
-    return _SECRET_QUERY.sub(r"\1***", text)
+    """``text`` with every credential a URL carries (in its query, or a password before its
+    host) replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", _SECRET_QUERY.sub(r"\1***", text))
 
 
 def secret_free(error: BaseException) -> BaseException | None:
@@ -230,7 +239,8 @@ class StorageError(ZephonError, OSError):
             url = found[-1] if found else None
         self.url = url
         self.detail = message
-        super().__init__(message if url is None or read_back else f"{url}: {message}")
+        shown = message if url is None or read_back else f"{without_secrets(url)}: {message}"
+        super().__init__(shown)
 
     def __reduce__(self) -> tuple[Any, ...]:
         url = None if str(self) == self.detail else self.url  # None: no URL, or read back
@@ -244,8 +254,8 @@ class StorageError(ZephonError, OSError):
 def _located(message: str, dataset: str | None, shard: str | None, row: int | None) -> str:
     """``message`` after where it was found, as far as known."""
     where = [] if dataset is None else [f"dataset {dataset!r}"]
-    if shard is not None:
-        where.append(f"shard {shard!r}")
+    if shard is not None:  # a signed URL's credentials blanked
+        where.append(f"shard {without_secrets(shard)!r}")
     if row is not None:
         where.append(f"row {row}")
     return f"{', '.join(where)}: {message}" if where else message

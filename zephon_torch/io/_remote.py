@@ -278,8 +278,12 @@ def list_remote(
         check_format(format_)
     name = url_namer(fs, url)
 
+    # an http(s) URL's "?" starts its query (a signed URL's credentials), not a glob
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    globbing = GLOB_CHARS - {"?"} if {"http", "https"} & set(protocols) else GLOB_CHARS
+
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
-        if GLOB_CHARS.intersection(root):
+        if globbing.intersection(root):
             return "glob", fs.glob(root, detail=True)
         # a file lists as itself: no separate isdir/isfile
         found = find_detailed(fs, root, folder=url.endswith("/"))

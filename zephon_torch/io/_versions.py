@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from zephon_torch.errors import without_secrets
 from zephon_torch.io._shard_cache import CachedObject
 
 PER_OPEN = "per-open@"  # starts a version given by an open (see `versioned_per_open`)
@@ -65,8 +66,8 @@ def versioned_per_open(
     warnings.warn(
         f"dataset {dataset!r}: the storage lists {len(bare)} object(s) without a version "
         f"(ETag or modification time) or modified within the last {SETTLE_S:g} s, e.g. "
-        f"{bare[0]!r}; a changed object of the same size could not be told from a cached "
-        "copy, so this open downloads them again",
+        f"{without_secrets(bare[0])!r}; a changed object of the same size could not be told "
+        "from a cached copy, so this open downloads them again",
         stacklevel=4,
     )
     stamp = f"{PER_OPEN}{time.time_ns()}:"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zephon_torch._progress import track
-from zephon_torch.errors import ConfigError, DataError, positive_setting
+from zephon_torch.errors import ConfigError, DataError, positive_setting, without_secrets
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._pickled import PickledAsSettings
@@ -586,6 +586,7 @@ def _without_empty_tables(name: str, format_: str, shards: list[Shard]) -> list[
     if format_ not in ("parquet", "vortex", "npy") or not empty or len(empty) == len(shards):
         return shards
     named = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+    named = without_secrets(named)  # signed URLs
     warnings.warn(
         f"dataset {name!r}: {len(empty)} of its {len(shards)} {format_} files hold no rows and "
         f"are left out: {named}",

@@ -120,8 +120,11 @@ def token_reader(reader: ShardReader) -> TokenReader | None:
 
 
 def detect_format(path: str) -> str | None:
-    """Returns the format a file name's extension means, or None when it means none."""
+    """Returns the format a file name's extension means, or None when it means none (an
+    http(s) URL's by its path: a signed URL's query follows it)."""
     lower = path.lower()
+    if lower.startswith(("http://", "https://")):
+        lower = lower.split("?", 1)[0]
     matches = [ending for ending in EXTENSIONS if lower.endswith(ending)]
     return EXTENSIONS[max(matches, key=len)] if matches else None
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, without_secrets
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
 from zephon_torch.ops.document import Document, call_user, document_error, encode_texts, owned
 from zephon_torch.ops.map import function_name
@@ -163,7 +163,7 @@ class TokenizeChatOp:
         self._untrained_warned = True
         dataset, shard = self.dataset_names[doc.source], self.shard_paths[doc.source][doc.shard]
         warnings.warn(
-            f"dataset {dataset!r}, shard {shard!r}, row {doc.row}: chat template "
+            f"dataset {dataset!r}, shard {without_secrets(shard)!r}, row {doc.row}: chat template "
             f"{self.template_name!r} marks no token of this conversation trainable, so it is "
             "trained on nothing (every label -100); check which segments the template flags "
             "(warned once)",

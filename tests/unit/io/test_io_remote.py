@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import os
@@ -9,7 +10,9 @@ import pickle
 import shutil
 import sys
 import time
+import traceback
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ import pytest
 from tests.helpers import keys
 from tests.loopback import serve_in_thread
 from zephon_torch import Pipeline
-from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io import Dataset
 from zephon_torch.io._remote import IoOptions
 from zephon_torch.work import StaticMixtureWorkSource
@@ -366,6 +369,47 @@ def test_http_urls_of_a_file_and_of_a_folder_page_open_and_read(
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
     with pytest.raises(DataError, match="changed since it was listed"):
         later.read_rows(0, [0])
+
+
+class _Failing(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with 500 (a store having a bad minute); HEAD as a file of 14 bytes."""
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "14")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_error(500)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_signed_http_url_is_no_glob_and_never_shows_its_credentials(
+    tmp_path: Path, http_folder: tuple[Path, str]
+) -> None:
+    """A server error at the open of a signed URL was a ConfigError, "no files found", not
+    retried (its "?" was taken for a glob), and errors printed the URL's credentials where the
+    URL stood first (a review). A password before the host is blanked too."""
+    folder, base = http_folder
+    (folder / "a.jsonl").write_text('{"text": "x"}\n')
+    query = "?X-Amz-Credential=AKIAKEYID&X-Amz-Signature=SECRETSIG"
+    with warnings.catch_warnings(record=True) as caught:  # the server gives no version
+        warnings.simplefilter("always")
+        signed = Dataset.from_path("h", f"{base}/a.jsonl{query}", io_options=_options(tmp_path))
+    assert caught and all("SECRETSIG" not in str(w.message) for w in caught)
+    assert signed.read_rows(0, [0]) == [{"text": "x"}]
+    retry = {"attempts": 2, "initial_delay": 0.01}
+    with serve_in_thread(_Failing) as failing:
+        for url in (f"{failing}/a.jsonl{query}", failing.replace("//", "//al:SECRETPW@") + "/a"):
+            with pytest.raises(StorageError, match=r"failed after 2 attempt") as raised:
+                Dataset.from_path("h", url, format="jsonl", io_options={"retry": retry})
+            text = "".join(traceback.format_exception(raised.value))
+            assert all(secret not in text for secret in ("AKIAKEYID", "SECRETSIG", "SECRETPW"))
+    error = DataError("bad", dataset="h", shard=f"{base}/a.jsonl{query}", row=0)
+    assert "SECRETSIG" not in str(error) and error.shard == f"{base}/a.jsonl{query}"
+    assert "SECRETPW" not in str(ConfigError("no files at 'https://al:SECRETPW@host/a'"))
 
 
 def test_npy_tokens_open_and_read_from_a_server_that_ignores_ranges(
