@@ -65,14 +65,17 @@ def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
 
 
 def fields_read(self: Pipeline) -> Fields | None:
-    """The row fields the recipe reads, and which of them holds token ids; None where a
-    `map` or `filter` may read any, or no token stage is set yet."""
-    if self._user_ops:
+    """The row fields the recipe reads, and which of them holds token ids (None where a
+    payload keeps it too, as read); None where a `map` or `filter` may read any, or no token
+    stage is set yet, or under `bad_rows="skip"`: a shard lacking a field read (or holding
+    no list of ids in it) fails at its open, as no row's fault, where each of its rows is
+    skipped when read whole."""
+    if self._user_ops or self._options.bad_rows == "skip":
         return None
     payload = self._pack.payload_fields if self._pack is not None else ()
     if self._pretokenized is not None:
         field = self._pretokenized.field
-        return tuple(dict.fromkeys((field, *payload))), field
+        return tuple(dict.fromkeys((field, *payload))), None if field in payload else field
     if self._tokenize is not None:
         return tuple(dict.fromkeys((self._tokenize.field, *payload))), None
     return None

@@ -81,7 +81,7 @@ class ConfigError(ZephonError, ValueError):
     credentials blanked, see `without_secrets`)."""
 
     def __init__(self, *args: object) -> None:
-        super().__init__(*(without_secrets(a) if isinstance(a, str) else a for a in args))
+        super().__init__(*(_urls_without_secrets(a) if isinstance(a, str) else a for a in args))
 
 
 class StateMismatchError(ZephonError, ValueError):
@@ -205,14 +205,22 @@ _SECRET_QUERY = re.compile(
 )
 
 
-# a URL's password: scheme://user:password@host
-_URL_PASSWORD = re.compile(r"(://[^/\s:@'\"]*:)[^/\s@'\"]+@")
+# a URL's password: scheme://user:password@host (up to the host's last "@", which an
+# unencoded "@" in the password comes before)
+_URL_PASSWORD = re.compile(r"(://[^/?#\s@:]*:)[^/?#\s]*@")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s]*")
 
 
 def without_secrets(text: str) -> str:
     """``text`` with every credential a URL carries (in its query, or a password before its
     host) replaced by ``***``."""
     return _URL_PASSWORD.sub(r"\1***@", _SECRET_QUERY.sub(r"\1***", text))
+
+
+def _urls_without_secrets(text: str) -> str:
+    """``text`` with the URLs in it blanked by `without_secrets` (the rest, such as a repr
+    holding ``token=None``, as it is)."""
+    return _URL_IN_TEXT.sub(lambda url: without_secrets(url.group()), text)
 
 
 def secret_free(error: BaseException) -> BaseException | None:

@@ -147,3 +147,29 @@ def test_columns_given_by_hand_are_kept_and_a_missing_field_names_the_shard(
     pipeline = _pipeline(both).tokenize(tokenizer=tokenizer).pack_flat(4).batch(1)
     with pytest.raises(DataError, match=r"b\.parquet'.*has no column 'text'; its columns are"):
         list(pipeline)
+
+
+def test_under_skip_and_for_a_payload_of_ids_rows_are_read_whole(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Narrowed, a shard lacking the field read failed at its open, as no row's fault, so
+    `bad_rows="skip"` no longer skipped its rows: such recipes read rows whole. A payload of
+    the token field kept the ids as a read-only array where they had been a list (a
+    review)."""
+    pq.write_table(pa.table({"text": ["a b", "c d"], "id": [1, 2]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"body": ["e f"], "id": [3]}), tmp_path / "b.parquet")
+    both = Dataset.from_path("d", tmp_path)
+    skipping = _pipeline(both).options(bad_rows="skip").tokenize(tokenizer=tokenizer)
+    pipeline = skipping.pack_flat(4).batch(1)
+    assert read_datasets(pipeline) == (both,)
+    with pytest.warns(UserWarning, match=r"b\.parquet', row 0: field 'text' is missing"):
+        list(pipeline)
+    assert pipeline.stats()["skipped_documents"]["malformed"] == 1
+    ids = pa.array([[1, 2], [3, 4, 5]], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"ids": ids, "x": [0, 1]}), tmp_path / "ids.parquet")
+    tokens = _pipeline(Dataset.from_path("i", tmp_path / "ids.parquet")).pretokenized("ids")
+    packed = tokens.pack_sequences(8, payload_fields=["ids"]).batch(1)
+    (read,) = read_datasets(packed)
+    assert read.columns == ("ids",) and read._reader.projection.token_columns == ()
+    payloads = [p for batch in packed for row in batch.payloads or [] for p in row]
+    assert sorted(p["ids"] for p in payloads) == [[1, 2], [3, 4, 5]]

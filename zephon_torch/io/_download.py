@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import fsspec.callbacks
 
 from zephon_torch._progress import Progress
-from zephon_torch.errors import DataError, StorageError, ZephonError, secret_free
+from zephon_torch.errors import DataError, StorageError, ZephonError, secret_free, without_secrets
 from zephon_torch.io._remote import find_detailed, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full, quietly
 from zephon_torch.io._rows import CHANGED_NOTE
@@ -153,12 +153,12 @@ def read_listed(
                 f"{subject} is missing since it was listed{CHANGED_NOTE}",
                 dataset=dataset,
                 shard=shard,
-            ) from error
+            ) from secret_free(error)
         _raise_if_changed(fs, fs_path, item, dataset=dataset, retry=retry, shard=shard)
         raise StorageError(
             f"{what} failed, and not in a way worth retrying: {type(error).__name__}: {error}",
             url=item.url,
-        ) from error
+        ) from secret_free(error)
 
 
 def _raise_if_changed(
@@ -225,7 +225,9 @@ def check_unchanged(
 
 def _subject(item: CachedObject, shard: str) -> str:
     """How a message on the object `item` names it, in an error naming `shard`."""
-    return "the object" if shard == item.url else f"its file {os.path.basename(item.url)!r}"
+    if shard == item.url:
+        return "the object"
+    return f"its file {without_secrets(os.path.basename(item.url))!r}"
 
 
 def _names_file_in(error: OSError, folder: str) -> bool:
