@@ -65,9 +65,12 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
         )
     for given, read in zip(pipeline._datasets, read_datasets(pipeline)):
         if read is not given:  # narrowed by the pipeline (`Dataset.reading`)
+            what = [f"columns {list(read.columns or ())} only"] if given.columns is None else []
+            added = [name for name in read.token_columns if name not in given.token_columns]
+            what += [f"{name!r} as token ids" for name in added]
             lines.append(
-                f"  dataset {read.name!r} reads columns {list(read.columns or ())} only (no "
-                "map or filter reads others)"
+                f"  dataset {read.name!r} reads {' and '.join(what)} (no map or filter reads "
+                "the rows)"
             )
     where = "inline (the packer's thread)" if runner == "inline" else f"{runner} x {parallelism}"
     lines.append(f"  runner: {where}; read-ahead {options.read_ahead} chunks per reader")

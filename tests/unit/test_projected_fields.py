@@ -98,7 +98,7 @@ def test_a_recipe_without_map_or_filter_reads_only_its_fields(
 
     read = recipe(_pipeline(dataset)).batch(2)
     assert [d.columns for d in read_datasets(read)] == [("text", "id")]
-    assert "dataset 'd' reads columns ['text', 'id'] only" in read.explain()
+    assert "dataset 'd' reads columns ['text', 'id'] only (no map" in read.explain()
     narrowed = Dataset.from_path("d", tmp_path / "a.parquet", columns=["text", "id"])
     got = _batches(read)
     assert got == _batches(recipe(_pipeline(narrowed)).batch(2)) and got
@@ -122,6 +122,10 @@ def test_a_pretokenized_list_column_is_read_as_a_token_column(tmp_path: Path) ->
     recipe = _pipeline(plain).pretokenized("ids").pack_flat(4).batch(2)
     (read,) = read_datasets(recipe)
     assert (read.columns, plain.columns) == (("ids",), None)
+    assert "reads columns ['ids'] only and 'ids' as token ids" in recipe.explain()
+    named = Dataset.from_path("d", tmp_path / "a.parquet", columns=["ids", "seen"])
+    told = _pipeline(named).pretokenized("ids").pack_flat(4).batch(2).explain()
+    assert "dataset 'd' reads 'ids' as token ids (no map" in told  # its columns as given
     assert isinstance(read.read_rows(0, [1])[0]["ids"], np.ndarray)
     by_hand = Dataset.from_path("d", tmp_path / "a.parquet", columns=["ids"], token_columns=["ids"])
     expected = _batches(_pipeline(by_hand).pretokenized("ids").pack_flat(4).batch(2))

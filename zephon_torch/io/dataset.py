@@ -129,6 +129,12 @@ class Dataset:
         projection = getattr(self._reader, "projection", None)
         return None if projection is None else projection.columns
 
+    @property
+    def token_columns(self) -> tuple[str, ...]:
+        """The columns read as token ids (`from_path(token_columns=...)`)."""
+        projection = getattr(self._reader, "projection", None)
+        return () if projection is None else projection.token_columns
+
     @classmethod
     def from_path(
         cls,

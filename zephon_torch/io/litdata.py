@@ -214,11 +214,10 @@ class LitDataReader(PickledAsSettings):
             except BadTokenRow as error:  # the item's own fault, named as such
                 raise self._error(f"{error} {row}", path, row) from None
             except _SharedDamage as error:
-                raise DataError(
+                raise self._error(
                     f"cannot read the part of the chunk this item lies in: {error}",
-                    dataset=self.dataset,
-                    shard=path,
-                    row=row,
+                    path,
+                    row,
                     shard_wide=True,
                 ) from None
             except _CORRUPT as error:
@@ -373,8 +372,10 @@ class LitDataReader(PickledAsSettings):
             ) from None
         return _Chunk(data, layout, footer, batch_ends, threading.Lock())
 
-    def _error(self, message: str, shard: str, row: int | None = None) -> DataError:
-        return DataError(message, dataset=self.dataset, shard=shard, row=row)
+    def _error(
+        self, message: str, shard: str, row: int | None = None, *, shard_wide: bool = False
+    ) -> DataError:
+        return DataError(message, dataset=self.dataset, shard=shard, row=row, shard_wide=shard_wide)
 
 
 def _batch_of(chunk: _Chunk, row: int) -> tuple[int, int]:
