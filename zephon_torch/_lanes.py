@@ -367,13 +367,9 @@ def _mixpack(
 def _line_of(
     datasets: Sequence[Dataset], paths: list[list[str]], source: int, shard: int, row: int
 ) -> str | None:
-    """Where a row lies in its file, for a message ("line 37 of the file"; None: no more to
-    say than its row number, or the file cannot be looked at now). Never raises: the message
-    is what matters."""
-    try:
-        return datasets[source]._line_of(paths[source][shard], row)
-    except Exception:  # a remote copy that cannot be opened now, say
-        return None
+    """``Dataset.line_of`` of a row told by source and shard index (``MixPack``'s
+    ``line_of``)."""
+    return datasets[source].line_of(paths[source][shard], row)
 
 
 def stop_iteration(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:

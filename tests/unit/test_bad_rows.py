@@ -547,10 +547,10 @@ def test_a_row_whose_line_cannot_be_told_is_warned_of_without_it(
     be looked at then (a remote copy gone from the cache, say) must not end the run."""
     folder = text_corpus(tmp_path, clean=False)
 
-    def unreachable(self: Dataset, path: str, row: int) -> str | None:
+    def unreachable(reader: Any, path: str, row: int) -> str | None:
         raise OSError("the copy is gone")
 
-    monkeypatch.setattr(Dataset, "_line_of", unreachable)
+    monkeypatch.setattr("zephon_torch.io.dataset.where_in_file", unreachable)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         list(text_pipeline(folder, tokenizer, "skip", name="no-line"))

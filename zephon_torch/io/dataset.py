@@ -363,11 +363,16 @@ class Dataset:
             return None
         return reader.read_tokens(*self._checked_rows(shard, rows), field)
 
-    def _line_of(self, path: str, row: int) -> str | None:
-        """Where row `row` of the shard at `path` (as errors name it) lies in its file, for an
-        error to say: "line 37 of the file" for JSONL (rows count its non-blank lines from 0);
-        None for the other formats, whose row numbers say it."""
-        return where_in_file(self._reader, path, row)
+    def line_of(self, path: str, row: int) -> str | None:
+        """Where row `row` of the shard at `path` (as errors name it) lies in its file, for a
+        message to say: "line 37 of the file" for JSONL (rows count its non-blank lines from
+        0); None for the other formats, whose row numbers say it, and where the file cannot
+        be looked at now (a remote copy that cannot be opened, a shard of no dataset's). Never
+        raises: the message it adds to is what the user must get."""
+        try:
+            return where_in_file(self._reader, path, row)
+        except Exception:
+            return None
 
     def _checked_rows(self, shard: int, rows: Rows) -> tuple[str, npt.NDArray[np.int64]]:
         """The shard's path and `rows` as an array, each checked to lie in the shard."""
@@ -603,17 +608,13 @@ def _without_empty_tables(name: str, format_: str, shards: list[Shard]) -> list[
 
 def name_line(error: DataError, datasets: Iterable[Dataset]) -> None:
     """Add to ``error``, where it names a row of a JSONL shard of one of ``datasets``, the
-    row's line in the file (see `Dataset._line_of`): a user who opens the file at "row 30"
-    would read the wrong line where blank lines come before it. Never raises: the error
-    itself is what the user must get."""
+    row's line in the file (see `Dataset.line_of`): a user who opens the file at "row 30"
+    would read the wrong line where blank lines come before it. Never raises."""
     if error.row is None or error.shard is None:
         return
     for dataset in datasets:
         if dataset.name == error.dataset:
-            try:
-                place = dataset._line_of(error.shard, error.row)
-            except Exception:  # an error of its own (a user's DataError naming any shard)
-                return
+            place = dataset.line_of(error.shard, error.row)
             if place is not None:
                 error.add_place(place)
             return

@@ -114,12 +114,12 @@ def test_line_of_past_the_end_or_of_a_missing_file_tells_nothing(tmp_path: Path)
     path = tmp_path / "a.jsonl"
     path.write_bytes(encode_lines("\n\n" + json.dumps({"text": "x"}) + "\n", None))
     dataset = Dataset.from_path("jl", path)
-    assert dataset._line_of(str(path), 0) == "line 3 of the file"
-    assert dataset._line_of(str(path), 1) is None
+    assert dataset.line_of(str(path), 0) == "line 3 of the file"
+    assert dataset.line_of(str(path), 1) is None
     path.write_bytes(b"\n")  # cut short since it was indexed: no line is named
-    assert dataset._line_of(str(path), 0) is None
+    assert dataset.line_of(str(path), 0) is None
     path.unlink()
-    assert dataset._line_of(str(path), 0) is None
+    assert dataset.line_of(str(path), 0) is None
 
 
 def test_the_line_is_read_from_the_copy_the_pipeline_reads(
