@@ -26,6 +26,7 @@ from zephon_torch.io._remote import find_detailed, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full, quietly
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io._stall import Pace, get_file
 from zephon_torch.io._versions import identity, listed_version
 
 T = TypeVar("T")
@@ -58,9 +59,10 @@ def fetch(
             os.unlink(target)
         name = f"downloading {os.path.basename(fs_path)}"
         with Progress(item.size if show else 0, name) as bar:
-            capped = _Capped(item.size, bar if show and bar.active else None)
+            pace = Pace(retry.min_rate, retry.rate_window)
+            capped = _Capped(item.size, bar if show and bar.active else None, pace)
             try:
-                fs.get_file(fs_path, target, callback=capped)
+                get_file(fs, fs_path, target, capped, pace)
             except _PastListedSize:
                 check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)  # else retried
                 raise OSError(f"more than the {item.size} bytes listed came") from None
@@ -276,17 +278,20 @@ class _Capped(fsspec.callbacks.NoOpCallback):  # type: ignore[misc]
     within one call) sets the size again, which starts the count again.
     """
 
-    def __init__(self, size: int, bar: Progress | None) -> None:
+    def __init__(self, size: int, bar: Progress | None, pace: Pace) -> None:
         super().__init__()
         self.listed = size
         self.bar = bar
+        self.pace = pace
 
     def set_size(self, size: int | None) -> None:
         self.value = 0
+        self.pace.restart()
         super().set_size(size)
 
     def call(self, *args: Any, **kwargs: Any) -> None:
         if self.value > self.listed:
             raise _PastListedSize
+        self.pace.check(int(self.value))
         if self.bar is not None:
             self.bar.set(int(self.value), total=None if self.size is None else int(self.size))

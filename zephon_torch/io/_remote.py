@@ -148,7 +148,8 @@ class IoOptions:
 
     Args:
         cache: the shard cache (`{"dir", "max_bytes", "prefetch_bytes", "prefetch_threads"}`).
-        retry: the retry policy (`{"attempts", "initial_delay", "max_delay", "timeout"}`).
+        retry: the retry policy (`{"attempts", "initial_delay", "max_delay", "timeout",
+            "min_rate", "rate_window"}`).
         parquet: Parquet reading (`{"row_group_cache_bytes"}`), for local datasets too.
         mds: MDS reading (`{"verify_hashes"}`), for local datasets too.
     """

@@ -4,9 +4,9 @@ Object stores fail transiently (throttling, dropped connections, a restarting en
 such failure must not end a training run, and a dead endpoint must not hang it either. So every
 remote call gets a bounded number of attempts, none started after a time limit, and then
 raises one `StorageError` naming the URL and the last cause. An attempt runs in the client's
-code and is not cut short: its own timeouts and retries bound it (see `RetryPolicy`). Errors
-that cannot heal by waiting (a missing object, a denied permission, a bad setting) are raised
-at once.
+code and is not cut short (its own timeouts and retries bound it, see `RetryPolicy`), save a
+shard's download that falls under a rate floor (see `_stall`). Errors that cannot heal by
+waiting (a missing object, a denied permission, a bad setting) are raised at once.
 """
 
 from __future__ import annotations
@@ -98,26 +98,36 @@ class RetryPolicy:
             by default); 412 s for one shard with every default, measured. Bound it with the
             client's settings, for s3fs `storage_options={"config_kwargs": {"connect_timeout":
             1, "read_timeout": 10, "retries": {"max_attempts": 1}}}` (24 s measured with
-            `read_timeout` 2).
+            `read_timeout` 2). Downloads are the exception: see `min_rate`.
+        min_rate: bytes a second a shard's download must average over each `rate_window`,
+            else the attempt is cut short as stalled and retried (0: never). On s3://, gs://,
+            az:// and http(s):// this ends a download receiving nothing too, whatever the
+            client's timeouts; elsewhere it is checked as bytes arrive.
+        rate_window: the seconds over which `min_rate` is averaged; more than 0.
     """
 
     attempts: int = 6
     initial_delay: float = 0.5
     max_delay: float = 8.0
     timeout: float = 120.0
+    min_rate: float = 16384.0
+    rate_window: float = 30.0
 
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
             raise ConfigError(f"retry `attempts` must be an int, got {self.attempts!r}")
         if self.attempts < 1:
             raise ConfigError(f"retry `attempts` must be at least 1, got {self.attempts}")
-        for field in ("initial_delay", "max_delay", "timeout"):
+        for field in ("initial_delay", "max_delay", "timeout", "min_rate", "rate_window"):
             value = getattr(self, field)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            unit = "bytes/s" if field == "min_rate" else "seconds"
             if not number or not math.isfinite(value) or value < 0:
                 raise ConfigError(
-                    f"retry `{field}` must be a finite number of seconds >= 0, got {value!r}"
+                    f"retry `{field}` must be a finite number of {unit} >= 0, got {value!r}"
                 )
+        if self.rate_window == 0:
+            raise ConfigError("retry `rate_window` must be more than 0 seconds, got 0")
 
 
 # Clients that found no usable credentials: a setting to fix, not a failure to wait out. Looked

@@ -187,7 +187,8 @@ class Dataset:
                 `client_kwargs={"endpoint_url": ...}`, ...).
             io_options: `{"cache": {"dir", "max_bytes", "prefetch_bytes",
                 "prefetch_threads"}, "retry": {"attempts", "initial_delay", "max_delay",
-                "timeout"}, "parquet": {"row_group_cache_bytes"}, "mds": {"verify_hashes"}}`
+                "timeout", "min_rate", "rate_window"}, "parquet": {"row_group_cache_bytes"},
+                "mds": {"verify_hashes"}}`
                 (see `CacheOptions`, `RetryPolicy`, `ParquetOptions`, `MdsOptions`); unknown
                 keys are refused. Remote URLs use `cache` and `retry`; `parquet` and `mds`
                 apply to local datasets too, and `cache` to local compressed JSONL

@@ -1,19 +1,28 @@
-"""What a failed read of a listed object is taken for (`read_listed`)."""
+"""What a failed read of a listed object is taken for (`read_listed`), and downloads that
+stall (`_stall`)."""
 
 from __future__ import annotations
 
+import email.utils
 import errno
+import http.server
 import shutil
+import threading
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import pytest
 
-from zephon_torch.errors import DataError, StorageError
+from tests.loopback import serve_in_thread
+from zephon_torch.errors import ConfigError, DataError, StorageError
+from zephon_torch.io import Dataset
 from zephon_torch.io._download import read_listed
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io._stall import Pace, Stalled
 from zephon_torch.io._versions import identity
 
 
@@ -149,10 +158,93 @@ def test_the_download_cap_stops_past_the_listed_size_and_counts_a_restarted_tran
     its first byte: counted on, its bytes passed the listed size and a good download stopped."""
     from zephon_torch.io._download import _Capped, _PastListedSize
 
-    capped = _Capped(100, None)
+    capped = _Capped(100, None, Pace(0, 30))
     capped.set_size(100)
     capped.relative_update(60)
     capped.set_size(100)  # the transfer starts again
     capped.relative_update(100)
     with pytest.raises(_PastListedSize):
         capped.relative_update(1)
+
+
+_BODY = b'{"text": "a row"}\n' * 8000  # 144,000 bytes
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """Serves `_BODY` at `/a.jsonl`: HEAD at once, GET `trickle` bytes every 10 ms (none at
+    all where `trickle` is 0), until the client leaves or `done` is set."""
+
+    trickle = 0
+    done = threading.Event()
+
+    def _head(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(_BODY)))
+        self.send_header("Content-Type", "application/octet-stream")  # not a page of links
+        self.send_header("Last-Modified", email.utils.formatdate(time.time() - 60, usegmt=True))
+        self.end_headers()
+
+    def do_HEAD(self) -> None:
+        self._head()
+
+    def do_GET(self) -> None:
+        self._head()
+        sent = 0
+        try:
+            while not self.done.wait(0.01) and sent < len(_BODY):
+                if self.trickle:
+                    self.wfile.write(_BODY[sent : sent + self.trickle])
+                    self.wfile.flush()
+                    sent += self.trickle
+        except OSError:  # the client gave up: what a cut-short download does
+            pass
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("trickle", [0, 20])
+def test_a_download_that_stalls_or_trickles_is_cut_short_then_a_storage_error(
+    tmp_path: Path, trickle: int
+) -> None:
+    """A server that sends nothing after its headers held a download for the client's own
+    timeouts (aiohttp's: 5 minutes), and one that trickles bytes held it for ever, since
+    no socket timeout fires while bytes come (a review). A download now has to average
+    `min_rate` over each `rate_window`, else the attempt is retried, then a StorageError."""
+    retry = {"attempts": 2, "initial_delay": 0.01, "min_rate": 10_000, "rate_window": 0.5}
+    options = {"cache": {"dir": str(tmp_path / "cache")}, "retry": retry}
+    handler = type("Handler", (_Slow,), {"trickle": trickle, "done": threading.Event()})
+    with serve_in_thread(handler) as base:
+        started = time.monotonic()
+        try:
+            with pytest.raises(StorageError, match=r"after 2 attempt.*stalled: \d+ bytes") as e:
+                Dataset.from_path("slow", f"{base}/a.jsonl", io_options=options)
+        finally:
+            handler.done.set()
+    assert time.monotonic() - started < 10
+    assert e.value.url == f"{base}/a.jsonl"
+    assert "Stalled" in "".join(traceback.format_exception(e.value))
+    # the same server sending at speed, under the same floor, serves the rows
+    handler = type("Handler", (_Slow,), {"trickle": 16_000, "done": threading.Event()})
+    with serve_in_thread(handler) as base:
+        dataset = Dataset.from_path("fast", f"{base}/a.jsonl", io_options=options)
+        assert dataset.num_rows == 8000
+        assert dataset.read_rows(0, [7999]) == [{"text": "a row"}]
+
+
+def test_the_rate_floor_counts_each_window_anew_and_a_restarted_transfer_from_zero() -> None:
+    pace = Pace(100, 0.05)
+    pace.check(0)  # within the first window: nothing to judge
+    time.sleep(0.06)
+    pace.check(10)  # 10 bytes in a window that needed 5
+    time.sleep(0.06)
+    with pytest.raises(Stalled, match="2 bytes came"):
+        pace.check(12)
+    pace.restart()  # from byte 0 again: not a negative count, nor a stall
+    time.sleep(0.06)
+    pace.check(6)
+    never = Pace(0, 0.05)
+    time.sleep(0.06)
+    never.check(0)  # a `min_rate` of 0: never a stall
+    with pytest.raises(ConfigError, match="`rate_window` must be more than 0"):
+        RetryPolicy(rate_window=0)
