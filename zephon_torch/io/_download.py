@@ -59,10 +59,10 @@ def fetch(
             os.unlink(target)
         name = f"downloading {os.path.basename(fs_path)}"
         with Progress(item.size if show else 0, name) as bar:
-            pace = Pace(retry.min_rate, retry.rate_window)
+            pace = Pace(retry.min_rate, retry.rate_window, item.size)
             capped = _Capped(item.size, bar if show and bar.active else None, pace)
             try:
-                get_file(fs, fs_path, target, capped, pace)
+                get_file(fs, fs_path, target, capped, pace, item.size)
             except _PastListedSize:
                 check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)  # else retried
                 raise OSError(f"more than the {item.size} bytes listed came") from None
@@ -285,8 +285,8 @@ class _Capped(fsspec.callbacks.NoOpCallback):  # type: ignore[misc]
         self.pace = pace
 
     def set_size(self, size: int | None) -> None:
+        self.pace.restart()  # first: a judgement between the two sees no negative count
         self.value = 0
-        self.pace.restart()
         super().set_size(size)
 
     def call(self, *args: Any, **kwargs: Any) -> None:

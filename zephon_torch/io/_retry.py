@@ -99,11 +99,12 @@ class RetryPolicy:
             client's settings, for s3fs `storage_options={"config_kwargs": {"connect_timeout":
             1, "read_timeout": 10, "retries": {"max_attempts": 1}}}` (24 s measured with
             `read_timeout` 2). Downloads are the exception: see `min_rate`.
-        min_rate: bytes a second a shard's download must average over each `rate_window`,
-            else the attempt is cut short as stalled and retried (0: never). On s3://, gs://,
-            az:// and http(s):// this ends a download receiving nothing too, whatever the
-            client's timeouts; elsewhere it is checked as bytes arrive.
-        rate_window: the seconds over which `min_rate` is averaged; more than 0.
+        min_rate: bytes a second a shard's download must bring, else the attempt is cut
+            short as stalled and retried (0: never). Judged as the client reports bytes, over
+            at least `rate_window`; on s3://, gs://, az:// and http(s):// also by a deadline of
+            `rate_window + size / min_rate`, which ends a download bringing nothing (see
+            `_stall`). Not on hf://, whose client reports no bytes.
+        rate_window: the fewest seconds `min_rate` is judged over; more than 0.
     """
 
     attempts: int = 6

@@ -1,18 +1,23 @@
 """Downloads that stall are cut short, so a store that stops sending cannot hold a run.
 
-A download must receive `min_rate` bytes a second, averaged over each `rate_window` seconds;
-one that does not (a stalled endpoint or load balancer, a server trickling a byte now and
-then, which no socket timeout ends) is a `Stalled` attempt, retried like any transient error.
-On an async file system (s3fs, gcsfs, adlfs, http) the calling thread watches the transfer and
-cancels it, so a stall with no bytes at all ends too, releasing the connection; elsewhere the
-rate is checked as bytes arrive, and a transfer sending nothing is left to the client's own
-timeouts.
+A shard's download must bring `min_rate` bytes a second: judged each time the client reports
+bytes, over the time since the last judgement (at least `rate_window`), which ends a server
+trickling bytes (no socket timeout fires while bytes come); and, on an async file system whose
+transfer runs on fsspec's event loop, by a deadline of `rate_window + size / min_rate` from the
+attempt's start, at which the calling thread cancels it (closing its connection and file),
+which ends a transfer that brings nothing. Clients report bytes late where they download in
+parallel parts (s3fs over 50 MiB, gcsfs, adlfs: one report a batch of parts), so between
+reports only the deadline is safe to judge by, except where a client reports each read:
+fsspec's http and s3fs's one-stream downloads, which must bring `min_rate` every
+`rate_window`. huggingface_hub's file system runs its own download, which reports nothing: no
+floor there. A `Stalled` attempt is retried like any transient error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 import time
 from typing import Any
@@ -23,18 +28,24 @@ _WATCH_S = 0.5  # how often the calling thread looks at an async transfer
 
 
 class Stalled(TimeoutError):
-    """A download received less than its `min_rate` over a `rate_window` (transient)."""
+    """A download brought less than its `min_rate` (transient)."""
 
 
 class Pace:
-    """The rate floor of one download attempt: `check(received)`, called with the bytes
-    received so far, raises `Stalled` once a window closes having brought fewer than
-    `min_rate * rate_window` of them (never where `min_rate` is 0); `restart()` starts the
-    count again (a client restarting the transfer from byte 0)."""
+    """The rate floor of one download attempt of `size` bytes.
 
-    def __init__(self, min_rate: float, rate_window: float) -> None:
+    `check(received)`, called with the bytes received so far, raises `Stalled` where the time
+    since the last judgement is at least `rate_window` and brought fewer than `min_rate` a
+    second; `overdue()` says whether the attempt has run past its deadline. Never either where
+    `min_rate` is 0. `restart()` starts the count again (a client restarting the transfer from
+    byte 0).
+    """
+
+    def __init__(self, min_rate: float, rate_window: float, size: int) -> None:
         self.min_rate = min_rate
         self.window = rate_window
+        self.began = time.monotonic()
+        self.deadline = self.began + rate_window + (size / min_rate if min_rate else 0.0)
         self._lock = threading.Lock()
         self.restart()
 
@@ -52,30 +63,62 @@ class Pace:
             return
         with self._lock:
             now = time.monotonic()
-            if now - self._since < self.window:
+            spent = now - self._since
+            if spent < self.window:
                 return
             got = received - self._mark
-            if got < self.min_rate * self.window:
+            if got < self.min_rate * spent:
                 raise Stalled(
-                    f"download stalled: {got} bytes came in the last {now - self._since:.1f} s, "
-                    f"under the retry policy's `min_rate` of {self.min_rate:g} bytes/s (set "
-                    f"io_options={{'retry': {{'min_rate': 0}}}} to wait on a slow link)"
+                    f"download stalled: {got} bytes came in the last {spent:.1f} s, {self._under}"
                 )
             self._since, self._mark = now, received
 
+    def overdue(self) -> bool:
+        return self.on and time.monotonic() > self.deadline
 
-def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> None:
-    """`fs.get_file(fs_path, target, callback=callback)`, cut short as `Stalled` where it
-    falls under `pace` (whose `check` `callback` calls with its progress as bytes arrive).
+    def raise_overdue(self, received: int) -> None:
+        raise Stalled(
+            f"download stalled: {received} bytes came in {time.monotonic() - self.began:.1f} s, "
+            f"past the {self.deadline - self.began:.1f} s its size allows, {self._under}"
+        )
 
-    On an async file system the transfer runs on its event loop while this thread checks it
-    every half second, and cancels it on a stall: its connection and file are let go before
-    this returns (or within a further half second), so a retry can write `target` again.
+    @property
+    def _under(self) -> str:
+        return (
+            f"under the retry policy's `min_rate` of {self.min_rate:g} bytes/s (set "
+            "io_options={'retry': {'min_rate': 0}} to wait on a slow link)"
+        )
+
+
+def reports_each_read(fs: Any, size: int) -> bool:
+    """Whether `fs` reports a download's bytes as each read brings them (fsspec's http; s3fs's
+    one-stream downloads: objects up to its block size, or `max_concurrency` 1), rather than
+    once per part of a parallel download (s3fs's larger objects, gcsfs, adlfs)."""
+    kind = type(fs).__name__
+    if kind == "HTTPFileSystem":
+        return True
+    if kind == "S3FileSystem":
+        block = getattr(fs, "default_block_size", None)
+        parts = getattr(fs, "max_concurrency", None)
+        return isinstance(block, int) and (size <= block or parts == 1)
+    return False
+
+
+def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace, size: int) -> None:
+    """`fs.get_file(fs_path, target, callback=callback)` of an object of `size` bytes, cut
+    short as `Stalled` where it falls under `pace` (whose `check` `callback` calls with its
+    progress as bytes arrive).
+
+    On an async file system the transfer runs on its event loop while this thread looks at it
+    every half second, and cancels it once past `pace`'s deadline, or under its rate where the
+    file system reports each read: its connection and file are let go before this returns (or
+    within a further half second), so a retry can write `target` again.
     """
     loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
     if loop is None or not pace.on or not loop.is_running():
         fs.get_file(fs_path, target, callback=callback)
         return
+    judge_rate = reports_each_read(fs, size)
     ended = threading.Event()
 
     async def transfer() -> None:
@@ -85,13 +128,21 @@ def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> N
             ended.set()
 
     future = asyncio.run_coroutine_threadsafe(transfer(), loop)
-    while not concurrent.futures.wait([future], timeout=_WATCH_S).done:
-        try:
-            pace.check(int(callback.value))
-        except Stalled:
-            future.cancel()
-            ended.wait(_WATCH_S)
-            raise
+    try:
+        while not concurrent.futures.wait([future], timeout=_WATCH_S).done:
+            received = int(callback.value)
+            if judge_rate:
+                pace.check(received)
+            if pace.overdue():
+                pace.raise_overdue(received)
+    except BaseException:  # a stall, or Ctrl-C: the transfer must not go on alone
+        future.cancel()
+        ended.wait(_WATCH_S)
+        if not judge_rate:
+            # s3fs's parallel parts hold their pooled connections past a cancel until they
+            # are collected, and the retry would wait on the pool for them
+            gc.collect()
+        raise
     error = future.exception()
     if isinstance(error, asyncio.TimeoutError) and not isinstance(error, Stalled):
         raise FSTimeoutError from error  # as fsspec's own `sync` raises it

@@ -158,7 +158,7 @@ def test_the_download_cap_stops_past_the_listed_size_and_counts_a_restarted_tran
     its first byte: counted on, its bytes passed the listed size and a good download stopped."""
     from zephon_torch.io._download import _Capped, _PastListedSize
 
-    capped = _Capped(100, None, Pace(0, 30))
+    capped = _Capped(100, None, Pace(0, 30, 100))
     capped.set_size(100)
     capped.relative_update(60)
     capped.set_size(100)  # the transfer starts again
@@ -232,19 +232,26 @@ def test_a_download_that_stalls_or_trickles_is_cut_short_then_a_storage_error(
         assert dataset.read_rows(0, [7999]) == [{"text": "a row"}]
 
 
-def test_the_rate_floor_counts_each_window_anew_and_a_restarted_transfer_from_zero() -> None:
-    pace = Pace(100, 0.05)
+def test_the_rate_floor_is_judged_over_each_window_and_by_a_deadline_of_the_size() -> None:
+    pace = Pace(100, 0.05, 10)  # 100 bytes/s; a deadline of 0.05 + 10 / 100 s
     pace.check(0)  # within the first window: nothing to judge
     time.sleep(0.06)
-    pace.check(10)  # 10 bytes in a window that needed 5
+    pace.check(10)  # 10 bytes where 6 were due
     time.sleep(0.06)
-    with pytest.raises(Stalled, match="2 bytes came"):
+    with pytest.raises(Stalled, match="2 bytes came in the last"):
         pace.check(12)
     pace.restart()  # from byte 0 again: not a negative count, nor a stall
     time.sleep(0.06)
-    pace.check(6)
-    never = Pace(0, 0.05)
+    pace.check(20)
+    timed = Pace(100, 0.05, 10)
+    assert not timed.overdue()
+    time.sleep(0.2)
+    assert timed.overdue()
+    with pytest.raises(Stalled, match=r"20 bytes came in 0\.\d s, past the 0\.\d s its size"):
+        timed.raise_overdue(20)
+    never = Pace(0, 0.05, 10)
     time.sleep(0.06)
     never.check(0)  # a `min_rate` of 0: never a stall
+    assert not never.overdue()
     with pytest.raises(ConfigError, match="`rate_window` must be more than 0"):
         RetryPolicy(rate_window=0)

@@ -1,0 +1,100 @@
+"""Shard downloads from S3 (moto on loopback) that stall are cut short, and healthy ones that
+s3fs reports in parts are not: the retry policy's `min_rate` and `rate_window`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hooked_proxy import hooked_proxy
+from zephon_torch._moto import moto_server, upload
+from zephon_torch.errors import StorageError
+from zephon_torch.io import Dataset
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+_ROWS = 3000
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
+    """A bucket holding two JSONL shards of about 1.2 MB each; yields the endpoint, the server
+    process and the local folder."""
+    local = tmp_path / "local"
+    local.mkdir()
+    for shard in range(2):
+        rows = [{"text": f"shard {shard} row {i} " + "x" * 380} for i in range(_ROWS)]
+        (local / f"part-{shard}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with moto_server() as (endpoint, server):
+        upload(endpoint, local, "bucket", "d")
+        yield endpoint, server, local
+
+
+def _open(
+    endpoint: str, tmp_path: Path, retry: dict[str, Any], cache: str = "cache", **storage: Any
+) -> Dataset:
+    options = {
+        "key": "x",
+        "secret": "x",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "skip_instance_cache": True,
+        **storage,
+    }
+    io_options = {"cache": {"dir": str(tmp_path / cache), "prefetch_bytes": 0}, "retry": retry}
+    return Dataset.from_path(
+        "d",
+        "s3://bucket/d",
+        storage_options=options,
+        io_options=io_options,
+        index_cache_dir=str(tmp_path / "index"),
+    )
+
+
+def test_a_healthy_download_that_s3fs_reports_in_parts_is_not_taken_for_a_stall(
+    corpus: tuple[str, Any, Path], tmp_path: Path
+) -> None:
+    """s3fs downloads an object larger than its block size in parallel parts and reports the
+    bytes once per batch of parts: a download whose parts each took longer than `rate_window`
+    had been cut short as bringing nothing, so a healthy large shard on a slow link failed
+    (a review). Here each part's answer waits 1.5 s, three times the window."""
+    endpoint, _, _ = corpus
+
+    def slow_parts(method: str, path: str, headers: dict[str, str]) -> None:
+        if method == "GET" and "Range" in headers:
+            time.sleep(1.5)
+
+    retry = {"attempts": 1, "min_rate": 1000, "rate_window": 0.5}
+    with hooked_proxy(endpoint, slow_parts) as proxy:
+        # JSONL shards are downloaded whole to be counted at the open: that is the read here
+        dataset = _open(proxy, tmp_path, retry, default_block_size=1 << 19)
+    assert [shard.num_rows for shard in dataset.shards] == [_ROWS, _ROWS]
+    assert dataset.read_rows(1, [_ROWS - 1])[0]["text"].startswith(f"shard 1 row {_ROWS - 1} ")
+
+
+def test_a_stopped_server_ends_a_one_stream_download_after_the_rate_window(
+    corpus: tuple[str, Any, Path], tmp_path: Path
+) -> None:
+    """s3fs's own timeouts and retries held a download from a stopped server for 420 s with
+    every default (design.md); its one-stream downloads report each read, so one bringing
+    nothing for a `rate_window` is cut short."""
+    endpoint, server, local = corpus
+    retry = {"attempts": 2, "initial_delay": 0.01, "timeout": 5, "rate_window": 1}
+    _open(endpoint, tmp_path, retry)  # counts the rows, which later opens remember
+    dataset = _open(endpoint, tmp_path, retry, cache="other")  # another node: nothing cached
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageError, match=r"after 2 attempt.*Stalled: download stalled"):
+            dataset.read_rows(1, [0])
+        assert time.monotonic() - started < 10
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert local.joinpath("part-1.jsonl").stat().st_size > 1 << 20
