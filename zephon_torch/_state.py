@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 from zephon_torch.elastic import ranks_out_of_step
-from zephon_torch.errors import ConfigError, StateMismatchError
+from zephon_torch.errors import ConfigError, StateMismatchError, finite_number
 
 # 2: the mixer looks a row ahead (`choose_source`); see `version_mismatch` for version 1
 STATE_VERSION = 2
@@ -259,8 +258,7 @@ def _figures(estimation: Any) -> bool:
     return isinstance(estimation, dict) and all(
         isinstance(figures, dict)
         and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for v in figures.values()
+            isinstance(v, (int, float)) and finite_number(v) is not None for v in figures.values()
         )
         for figures in estimation.values()
     )

@@ -4,6 +4,8 @@ ConfigError naming it."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import pickle
 import re
@@ -121,6 +123,18 @@ def positive_setting(value: Any, name: str, *, what: str = "a positive int") -> 
     if number < 1:
         raise ConfigError(f"{name} must be {what}, got {number}")
     return number
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float where it is a real number (not a bool, not a string), else
+    None: an int past the largest float too, which `math.isfinite` raises OverflowError on."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def flag_setting(value: Any, name: str) -> bool:

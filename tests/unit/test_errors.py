@@ -483,6 +483,18 @@ def _source(**kwargs: Any) -> StaticMixtureWorkSource:
             ),
             "retry `initial_delay` must be a finite number of seconds >= 0, got nan",
         ),
+        (  # an int past the largest float: an OverflowError from math.isfinite
+            lambda tok: Pipeline(_source()).options(io_options={"retry": {"min_rate": 10**400}}),
+            "retry `min_rate` must be a finite number of bytes/s >= 0, got 1000",
+        ),
+        (
+            lambda tok: TokenEstimation(tokens_per_byte={"a": 10**400}),
+            "`tokens_per_byte` of 'a' must be a positive number, got 1000",
+        ),
+        (
+            lambda tok: Pipeline(_source()).options(io_options={"retry": {"rate_window": "5"}}),
+            "retry `rate_window` must be a finite number of seconds >= 0, got '5'",
+        ),
     ],
 )
 def test_a_setting_of_the_wrong_kind_is_refused_at_build_naming_it(

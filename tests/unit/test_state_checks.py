@@ -38,6 +38,8 @@ EDITS: dict[str, tuple[Edit, str]] = {
     "pack None": (lambda s: _lane(s).update(pack=None), "lane 0 pack"),
     "int lane key": (lambda s: s["lanes"].update({0: s["lanes"].pop("0")}), "lane 0"),
     "estimation NaN": (lambda s: s.update(estimation={"long": {"x": float("nan")}}), "estimation"),
+    # an int past the largest float: math.isfinite raised OverflowError, not the state's error
+    "estimation huge": (lambda s: s.update(estimation={"long": {"x": 10**400}}), "estimation"),
     "pack {}": (lambda s: _lane(s).update(pack={}), "lane 0 pack"),
     "readers one short": (lambda s: _pack(s)["readers"].pop(), "lane 0 pack.readers"),
     "reader pos -1": (lambda s: _pack(s)["readers"][0].update(pos=-1), "lane 0 reader pos"),

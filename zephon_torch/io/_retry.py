@@ -15,7 +15,6 @@ import contextvars
 import errno
 import functools
 import logging
-import math
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from zephon_torch.errors import (
     ConfigError,
     StorageError,
     ZephonError,
+    finite_number,
     secret_free,
     without_secrets,
 )
@@ -121,9 +121,9 @@ class RetryPolicy:
             raise ConfigError(f"retry `attempts` must be at least 1, got {self.attempts}")
         for field in ("initial_delay", "max_delay", "timeout", "min_rate", "rate_window"):
             value = getattr(self, field)
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
             unit = "bytes/s" if field == "min_rate" else "seconds"
-            if not number or not math.isfinite(value) or value < 0:
+            number = finite_number(value)
+            if number is None or number < 0:
                 raise ConfigError(
                     f"retry `{field}` must be a finite number of {unit} >= 0, got {value!r}"
                 )

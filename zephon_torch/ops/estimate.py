@@ -7,11 +7,10 @@ which documents form a batch. They are frozen into the state so a resume sizes c
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 from zephon_torch._progress import track
-from zephon_torch.errors import ConfigError, DataError
+from zephon_torch.errors import ConfigError, DataError, finite_number
 from zephon_torch.ops._runner import DocChain
 from zephon_torch.ops.document import call_user, row_fault
 from zephon_torch.work.mixture import TokenEstimation
@@ -70,8 +69,8 @@ def calibrate(
                     skipped += 1
                     text_bytes -= len(text.encode("utf-8", "surrogatepass"))
                     continue
-                number = isinstance(counted, numbers.Real) and not isinstance(counted, bool)
-                if not (number and math.isfinite(counted) and counted >= 0):
+                number = finite_number(counted)
+                if number is None or number < 0:
                     raise ConfigError(
                         f"TokenEstimation `measure` gave {counted!r} tokens for a document of "
                         f"dataset {layout.name!r}; it must count a text's tokens (a number "

@@ -11,13 +11,12 @@ to one row per lane.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from zephon_torch.errors import ConfigError, integer_setting
+from zephon_torch.errors import ConfigError, finite_number, integer_setting
 from zephon_torch.io import Dataset
 from zephon_torch.work.pointers import PointerLayout
 
@@ -57,8 +56,8 @@ class TokenEstimation:
         count = integer_setting(self.calibration_documents, "`calibration_documents`")
         object.__setattr__(self, "calibration_documents", count)
         for name, value in (pinned or {}).items():
-            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            if not (number and math.isfinite(value) and value > 0):
+            number = finite_number(value)
+            if number is None or number <= 0:
                 raise ConfigError(
                     f"`tokens_per_byte` of {name!r} must be a positive number, got {value!r}"
                 )
@@ -229,12 +228,8 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
     if missing:
         raise ConfigError(f"`mixture` has no weight for datasets {missing}; give every dataset one")
     for name, weight in mixture.items():
-        real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
-        try:
-            value = float(weight) if real else math.nan  # not "0.7", not True
-        except OverflowError:  # an int past the largest float
-            value = math.inf
-        if not math.isfinite(value) or value <= 0:
+        value = finite_number(weight)  # not "0.7", not True, not an int past the largest float
+        if value is None or value <= 0:
             raise ConfigError(
                 f"`mixture` weight of {name!r} must be a positive finite number, got {weight!r}"
             )
