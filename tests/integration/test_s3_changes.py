@@ -3,7 +3,7 @@ they are read by range: at the open (Parquet footers, `.npy` headers) and in a r
 Each is a DataError naming the dataset and shard, never a bare client error.
 
 A writer's change between an open's listing and its row counts is staged by running it inside
-`versioned_per_open`, which `Dataset._from_remote` calls between the two; one between s3fs's
+`versioned_per_open`, which `_opening._open_remote` calls between the two; one between s3fs's
 own HEAD and its range GETs by a proxy that runs it before it forwards the first range GET."""
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import pytest
 from tests.hooked_proxy import hooked_proxy
 from zephon_torch._moto import client, moto_server, upload
 from zephon_torch.errors import DataError
-from zephon_torch.io import Dataset
-from zephon_torch.io import dataset as dataset_module
+from zephon_torch.io import Dataset, _opening
 
 pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
@@ -80,13 +79,13 @@ def _npy(folder: Path) -> Path:
 
 def _after_listing(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
     """Runs `change` between the next open's listing and its row counts."""
-    real = dataset_module.versioned_per_open
+    real = _opening.versioned_per_open
 
     def hooked(objects: Any, name: str) -> Any:
         change()
         return real(objects, name)
 
-    monkeypatch.setattr(dataset_module, "versioned_per_open", hooked)
+    monkeypatch.setattr(_opening, "versioned_per_open", hooked)
 
 
 @pytest.mark.parametrize(

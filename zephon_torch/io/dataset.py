@@ -1,9 +1,8 @@
 """`Dataset`: a named, ordered list of shards with known row counts, read row by row on demand.
 
-Opening a dataset reads metadata only: Parquet footers, and JSONL line indexes that are built
-by one scan per file version and then cached on disk, so a second open of unchanged files costs
-a few stat calls per shard. Everything downstream (pointer streams, state fingerprints) needs
-only the shard list; rows are read later, by `(shard, row)`, from many threads at once.
+Opening a dataset reads metadata only (see `_opening`). Everything downstream (pointer
+streams, state fingerprints) needs only the shard list; rows are read later, by
+`(shard, row)`, from many threads at once.
 """
 
 from __future__ import annotations
@@ -12,30 +11,19 @@ import hashlib
 import json
 import operator
 import os
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zephon_torch._progress import track
-from zephon_torch.errors import ConfigError, DataError, positive_setting, without_secrets
-from zephon_torch.io._discover import detect_files, find_files
+from zephon_torch.errors import ConfigError, DataError, positive_setting
 from zephon_torch.io._line_index import default_cache_dir
+from zephon_torch.io._opening import open_path
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import (
-    IoOptions,
-    Listing,
-    MdsOptions,
-    ParquetOptions,
-    is_remote,
-    list_remote,
-)
+from zephon_torch.io._remote import IoOptions, MdsOptions, ParquetOptions
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range, where_in_file
-from zephon_torch.io._versions import per_open_index_dir, versioned_per_open
-from zephon_torch.io.formats import ShardReader, open_reader, token_reader
+from zephon_torch.io.formats import ShardReader, token_reader
 from zephon_torch.io.jsonl import with_jsonl_cache
 from zephon_torch.io.mds import MdsReader
 from zephon_torch.io.memory import MemoryReader, rows_of
@@ -45,10 +33,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-_MAX_OPENING_THREADS = 8
 _NARROWED = ("parquet", "vortex", "mds", "litdata")  # formats that skip unread columns
 _TOKEN_LISTS = ("parquet", "vortex")  # whose token columns save a Python int an id
-_MAX_REMOTE_OPENING_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -220,81 +206,18 @@ class Dataset:
                 f"path), got a {type(path).__name__}: for several files, pass their folder or "
                 "a glob that names them (such as 'data/train-*.jsonl')"
             )
-        text = os.fspath(path)
-        storage = storage_options or {}
-        if is_remote(text):
-            return cls._from_remote(name, text, format, projection, cache_dir, storage, options)
-        revision: str | None = None
-        if text.startswith("hf://"):
-            from zephon_torch.io._hf import list_hf
-            from zephon_torch.io._hf_cache import resolve_hf
-
-            online = list_hf(text, format_=format, storage_options=storage, retry=options.retry)
-            if online is not None:  # read from the hub shard by shard, like any remote URL
-                root, listing = online
-                return cls._from_remote(
-                    name, root, format, projection, cache_dir, storage, options, listing=listing
-                )
-            where, local_files, revision = resolve_hf(text)
-            if format is None:
-                detected, found = detect_files(text, where, local_files)
-            else:
-                detected, found = format, local_files
-        else:
-            skipped = (cache_dir, options.cache.directory)  # the index and shard caches
-            detected, found = find_files(text, format_=format, exclude=skipped)
-        reader, files = open_reader(
-            detected,
-            found,
-            dataset=name,
-            index_cache_dir=cache_dir,
-            projection=projection,
-            row_group_cache_bytes=options.parquet.row_group_cache_bytes,
-            cache=options.cache,
-            verify_hashes=options.mds.verify_hashes,
+        opened = open_path(
+            name, os.fspath(path), format, projection, cache_dir, storage_options or {}, options
         )
-        shards = _without_empty_tables(name, detected, _shards(reader, files))
-        return cls(name=name, format=detected, shards=shards, reader=reader, revision=revision)
-
-    @classmethod
-    def _from_remote(
-        cls,
-        name: str,
-        url: str,
-        format_: str | None,
-        projection: Projection,
-        index_cache_dir: str,
-        storage_options: Mapping[str, Any],
-        options: IoOptions,
-        *,
-        listing: Listing | None = None,
-    ) -> Dataset:
-        if listing is None:
-            listing = list_remote(
-                url, format_=format_, storage_options=storage_options, retry=options.retry
-            )
-        objects = versioned_per_open(listing.objects, name)
-        if objects is not listing.objects:  # counted at this open only: kept nowhere after it
-            index_cache_dir = per_open_index_dir()
-        reader = RemoteReader(
-            dataset=name,
-            format_=listing.format,
-            url=url,
-            objects=objects,
-            storage_options=storage_options,
-            options=options,
-            index_cache_dir=index_cache_dir,
-            projection=projection,
-            index=listing.index,
-            index_data=listing.index_data,
-            fs=listing.fs,
-        )
-        shards = _shards(reader, reader.shard_urls)
-        shards = _without_empty_tables(name, listing.format, shards)
-        # an hf:// listing's root names the commit it was read at: hf://datasets/org/name@sha
-        revision = url.rsplit("@", 1)[-1] if url.startswith("hf://") else None
+        shards = [
+            Shard(path=file, num_rows=rows, blocks=blocks) for file, rows, blocks in opened.files
+        ]
         return cls(
-            name=name, format=listing.format, shards=shards, reader=reader, revision=revision
+            name=name,
+            format=opened.format,
+            shards=shards,
+            reader=opened.reader,
+            revision=opened.revision,
         )
 
     @classmethod
@@ -557,54 +480,6 @@ def _below_common_folder(paths: list[str]) -> list[str]:
 
 def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-def _shards(reader: ShardReader, files: list[str]) -> list[Shard]:
-    """Each file as a shard, with its row count (and window blocks, for the readers that
-    split shards)."""
-    if isinstance(reader, (ParquetReader, RemoteReader)):
-        layout = reader.shard_layout
-    else:
-
-        def layout(path: str) -> tuple[int, tuple[int, ...]]:
-            return reader.num_rows(path), ()
-
-    # Footers and index scans of many shards overlap well: both wait on I/O or run numpy,
-    # zlib or zstd code that releases the GIL. Remote ones mostly wait on the network, so
-    # they use more threads than there are cores.
-    if len(files) == 1:
-        layouts = [layout(files[0])]
-    else:
-        if isinstance(reader, RemoteReader):
-            workers = min(reader.opening_threads(_MAX_REMOTE_OPENING_THREADS), len(files))
-        else:
-            workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
-            # a bar on a terminal: the first open of many JSONL shards scans them all
-            layouts = list(track(pool.map(layout, files), "opening shards", total=len(files)))
-    return [
-        Shard(path=file, num_rows=rows, blocks=blocks)
-        for file, (rows, blocks) in zip(files, layouts, strict=True)
-    ]
-
-
-def _without_empty_tables(name: str, format_: str, shards: list[Shard]) -> list[Shard]:
-    """``shards`` less the Parquet, Vortex and ``.npy`` files without rows, with a warning
-    naming them: complete files of an empty partition (Spark, Dask and ``ParquetWriter`` write
-    them; a tokenizing worker that got no document, a ``.npy`` of offsets ``[0]``), not damage,
-    as an empty JSONL file may be. Where every file is empty, the dataset's "has no rows" error
-    names the first."""
-    empty = [shard.path for shard in shards if shard.num_rows <= 0]
-    if format_ not in ("parquet", "vortex", "npy") or not empty or len(empty) == len(shards):
-        return shards
-    named = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
-    named = without_secrets(named)  # signed URLs
-    warnings.warn(
-        f"dataset {name!r}: {len(empty)} of its {len(shards)} {format_} files hold no rows and "
-        f"are left out: {named}",
-        stacklevel=3,
-    )
-    return [shard for shard in shards if shard.num_rows > 0]
 
 
 def name_line(error: DataError, datasets: Iterable[Dataset]) -> None:
