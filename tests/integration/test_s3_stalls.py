@@ -79,22 +79,42 @@ def test_a_healthy_download_that_s3fs_reports_in_parts_is_not_taken_for_a_stall(
     assert dataset.read_rows(1, [_ROWS - 1])[0]["text"].startswith(f"shard 1 row {_ROWS - 1} ")
 
 
-def test_a_stopped_server_ends_a_one_stream_download_after_the_rate_window(
+def test_a_download_waiting_for_a_pooled_connection_is_not_taken_for_a_stall(
+    corpus: tuple[str, Any, Path], tmp_path: Path
+) -> None:
+    """A download whose request waited for one of the client's pooled connections, held by
+    another download, was judged over the wait and cut as bringing nothing (a review). Here
+    the pool holds one connection, the open counts both shards at once, and each GET's
+    answer waits 1.5 s, three times the window."""
+    endpoint, _, _ = corpus
+
+    def slow_gets(method: str, path: str, headers: dict[str, str]) -> None:
+        if method == "GET" and path.split("?", maxsplit=1)[0].endswith(".jsonl"):
+            time.sleep(1.5)
+
+    retry = {"attempts": 1, "min_rate": 1000, "rate_window": 0.5}
+    with hooked_proxy(endpoint, slow_gets) as proxy:
+        dataset = _open(proxy, tmp_path, retry, config_kwargs={"max_pool_connections": 1})
+    assert [shard.num_rows for shard in dataset.shards] == [_ROWS, _ROWS]
+
+
+def test_a_stopped_server_ends_a_download_at_its_deadline(
     corpus: tuple[str, Any, Path], tmp_path: Path
 ) -> None:
     """s3fs's own timeouts and retries held a download from a stopped server for 420 s with
-    every default (design.md); its one-stream downloads report each read, so one bringing
-    nothing for a `rate_window` is cut short."""
+    every default (design.md); it is now cut at `rate_window + size / min_rate`."""
     endpoint, server, local = corpus
+    size = local.joinpath("part-1.jsonl").stat().st_size
+    assert size > 1 << 20
     retry = {"attempts": 2, "initial_delay": 0.01, "timeout": 5, "rate_window": 1}
     _open(endpoint, tmp_path, {"min_rate": 0})  # counts the rows, which later opens remember
+    retry["min_rate"] = size  # a deadline of 2 s
     dataset = _open(endpoint, tmp_path, retry, cache="other")  # another node: nothing cached
     os.kill(server.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        with pytest.raises(StorageError, match=r"after 2 attempt.*Stalled: download stalled"):
+        with pytest.raises(StorageError, match=r"after 2 attempt.*past the 2\.0 s its size"):
             dataset.read_rows(1, [0])
         assert time.monotonic() - started < 10
     finally:
         os.kill(server.pid, signal.SIGCONT)
-    assert local.joinpath("part-1.jsonl").stat().st_size > 1 << 20

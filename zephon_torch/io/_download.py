@@ -285,8 +285,8 @@ class _Capped(fsspec.callbacks.NoOpCallback):  # type: ignore[misc]
         self.pace = pace
 
     def set_size(self, size: int | None) -> None:
-        self.pace.restart()  # first: a judgement between the two sees no negative count
-        self.value = 0
+        self.pace.begin()  # a restart is told by the count going back (adlfs sets the size
+        self.value = 0  # before each part's count: a restart then would judge nothing)
         super().set_size(size)
 
     def call(self, *args: Any, **kwargs: Any) -> None:

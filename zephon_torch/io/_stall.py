@@ -1,17 +1,18 @@
 """Downloads that stall are cut short, so a store that stops sending cannot hold a run.
 
-A shard's download must bring `min_rate` bytes a second: judged each time the client reports
-bytes, over the time since the last judgement (at least `rate_window`), which ends a server
-trickling bytes (no socket timeout fires while bytes come); and, on an async file system whose
-transfer runs on fsspec's event loop, by a deadline of `rate_window + size / min_rate` from the
-attempt's start, at which the calling thread cancels it (closing its connection and file),
-which ends a transfer that brings nothing. Clients report bytes late where they download in
-parallel parts (s3fs over 50 MiB, gcsfs, adlfs: one report a batch of parts), so between
-reports only the deadline is safe to judge by, except where a client reports each read:
-fsspec's http and s3fs's one-stream downloads, which must bring `min_rate` every
-`rate_window`. huggingface_hub's file system runs its own download, which reports nothing: no
-floor there. A `Stalled` attempt is retried like any transient error.
-"""
+A shard's download must bring `min_rate` bytes a second: judged, once the client has an
+answer, each time it reports bytes, over the time since the last judgement (at least
+`rate_window`), which ends a server trickling bytes (no socket timeout fires while bytes
+come); and, on an async file system whose transfer runs on fsspec's event loop, by a deadline
+of `rate_window + size / min_rate` from the attempt's start, at which the calling thread
+cancels it (closing its connection and file), which ends a transfer that brings nothing.
+Clients report bytes late where they download in parallel parts (s3fs over 50 MiB, gcsfs over
+100 MiB, adlfs: one report a part or batch of parts), so between reports only the deadline is
+safe to judge by, except where a client reports each read: fsspec's http and s3fs's
+one-stream downloads, which must bring `min_rate` every `rate_window` once answered (a request
+waiting for a pooled connection brings nothing and is no stall). huggingface_hub's file
+system runs its own download, which reports nothing: no floor there. A `Stalled` attempt is
+retried like any transient error."""
 
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ class Pace:
 
     `check(received)`, called with the bytes received so far, raises `Stalled` where the time
     since the last judgement is at least `rate_window` and brought fewer than `min_rate` a
-    second; `overdue()` says whether the attempt has run past its deadline. Never either where
-    `min_rate` is 0. `restart()` starts the count again (a client restarting the transfer from
-    byte 0).
+    second. It judges nothing before `begin()` (the client has an answer: it reports the
+    size) or the first bytes: a request waiting for a pooled connection, or for a store that
+    never answers, is left to the deadline. A count that goes back (a client restarting the
+    transfer from byte 0) starts the window again. `overdue()` says whether the attempt has
+    run past its deadline. Neither where `min_rate` is 0.
     """
 
     def __init__(self, min_rate: float, rate_window: float, size: int) -> None:
@@ -47,22 +50,28 @@ class Pace:
         self.began = time.monotonic()
         self.deadline = self.began + rate_window + (size / min_rate if min_rate else 0.0)
         self._lock = threading.Lock()
-        self.restart()
+        self._since: float | None = None  # when the window began; None before an answer
+        self._mark = 0
 
     @property
     def on(self) -> bool:
         return self.min_rate > 0
 
-    def restart(self) -> None:
+    def begin(self) -> None:
+        """The client has an answer: from now on the window is judged."""
         with self._lock:
-            self._since = time.monotonic()
-            self._mark = 0
+            if self._since is None:
+                self._since, self._mark = time.monotonic(), 0
 
     def check(self, received: int) -> None:
         if not self.on:
             return
         with self._lock:
             now = time.monotonic()
+            if self._since is None or received < self._mark:
+                if self._since is not None or received > 0:  # a restart, or the first bytes
+                    self._since, self._mark = now, received
+                return
             spent = now - self._since
             if spent < self.window:
                 return

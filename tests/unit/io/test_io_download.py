@@ -221,7 +221,7 @@ def test_a_download_that_stalls_or_trickles_is_cut_short_then_a_storage_error(
                 Dataset.from_path("slow", f"{base}/a.jsonl", io_options=options)
         finally:
             handler.done.set()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20  # a loaded machine is slow to start answers
     assert e.value.url == f"{base}/a.jsonl"
     assert "Stalled" in "".join(traceback.format_exception(e.value))
     # the same server sending at speed, under the same floor, serves the rows (a longer
@@ -235,16 +235,29 @@ def test_a_download_that_stalls_or_trickles_is_cut_short_then_a_storage_error(
 
 
 def test_the_rate_floor_is_judged_over_each_window_and_by_a_deadline_of_the_size() -> None:
+    """Not before the client has an answer: a request waiting for one of the pool's
+    connections, held by another download's parts, had been cut as a stall (a review). A
+    client that sets the size before each part's count (adlfs) is judged all the same."""
     pace = Pace(100, 0.05, 10)  # 100 bytes/s; a deadline of 0.05 + 10 / 100 s
+    time.sleep(0.06)
+    pace.check(0)  # no answer yet: left to the deadline
+    pace.begin()  # the answer came: from now on
     pace.check(0)  # within the first window: nothing to judge
     time.sleep(0.06)
     pace.check(10)  # 10 bytes where 6 were due
+    pace.begin()  # the size again (adlfs, each part): no new window
     time.sleep(0.06)
     with pytest.raises(Stalled, match="2 bytes came in the last"):
         pace.check(12)
-    pace.restart()  # from byte 0 again: not a negative count, nor a stall
+    pace.check(0)  # from byte 0 again (a restart): not a negative count, nor a stall
     time.sleep(0.06)
     pace.check(20)
+    late = Pace(100, 0.05, 10)
+    time.sleep(0.06)
+    late.check(5)  # the first bytes, with no size reported: the window starts
+    time.sleep(0.06)
+    with pytest.raises(Stalled, match="1 bytes came"):
+        late.check(6)
     timed = Pace(100, 0.05, 10)
     assert not timed.overdue()
     time.sleep(0.2)
