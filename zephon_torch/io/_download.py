@@ -62,7 +62,7 @@ def fetch(
             pace = Pace(retry.min_rate, retry.rate_window, item.size)
             capped = _Capped(item.size, bar if show and bar.active else None, pace)
             try:
-                get_file(fs, fs_path, target, capped, pace, item.size)
+                get_file(fs, fs_path, target, capped, pace)
             except _PastListedSize:
                 check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)  # else retried
                 raise OSError(f"more than the {item.size} bytes listed came") from None
@@ -275,7 +275,8 @@ class _Capped(fsspec.callbacks.NoOpCallback):  # type: ignore[misc]
     stream, or Xet's parallel one) only for those (and tqdm's), and copies any other callback's
     download in 4 MiB range requests, one after another (an object listed at a commit cannot
     change: there the size check after it is enough). A restarted transfer (gcsfs retries
-    within one call) sets the size again, which starts the count again.
+    within one call) sets the size again, which starts the count again (and `pace`'s window,
+    as its count goes back).
     """
 
     def __init__(self, size: int, bar: Progress | None, pace: Pace) -> None:

@@ -47,6 +47,7 @@ class Pace:
     def __init__(self, min_rate: float, rate_window: float, size: int) -> None:
         self.min_rate = min_rate
         self.window = rate_window
+        self.size = size
         self.began = time.monotonic()
         self.deadline = self.began + rate_window + (size / min_rate if min_rate else 0.0)
         self._lock = threading.Lock()
@@ -113,9 +114,9 @@ def reports_each_read(fs: Any, size: int) -> bool:
     return False
 
 
-def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace, size: int) -> None:
-    """`fs.get_file(fs_path, target, callback=callback)` of an object of `size` bytes, cut
-    short as `Stalled` where it falls under `pace` (whose `check` `callback` calls with its
+def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> None:
+    """`fs.get_file(fs_path, target, callback=callback)` of an object of `pace.size` bytes,
+    cut short as `Stalled` where it falls under `pace` (whose `check` `callback` calls with its
     progress as bytes arrive).
 
     On an async file system the transfer runs on its event loop while this thread looks at it
@@ -127,7 +128,7 @@ def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace, size
     if loop is None or not pace.on or not loop.is_running():
         fs.get_file(fs_path, target, callback=callback)
         return
-    judge_rate = reports_each_read(fs, size)
+    judge_rate = reports_each_read(fs, pace.size)
     ended = threading.Event()
 
     async def transfer() -> None:
