@@ -168,6 +168,9 @@ def test_the_download_cap_stops_past_the_listed_size_and_counts_a_restarted_tran
 
 
 _BODY = b'{"text": "a row"}\n' * 8000  # 144,000 bytes
+# a fixed version, a minute old: one computed per answer had moved on by a second between
+# the listing and the download on a loaded machine, a change that is a DataError
+_MODIFIED = email.utils.formatdate(time.time() - 60, usegmt=True)
 
 
 class _Slow(http.server.BaseHTTPRequestHandler):
@@ -181,7 +184,7 @@ class _Slow(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Length", str(len(_BODY)))
         self.send_header("Content-Type", "application/octet-stream")  # not a page of links
-        self.send_header("Last-Modified", email.utils.formatdate(time.time() - 60, usegmt=True))
+        self.send_header("Last-Modified", _MODIFIED)
         self.end_headers()
 
     def do_HEAD(self) -> None:
