@@ -357,6 +357,28 @@ def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, _private_cache: Pa
     assert done.stdout.strip() == "141"
 
 
+def test_reading_data_inspect_and_index_do_not_import_torch(tmp_path: Path) -> None:
+    """`import zephon_torch` brought in torch (2-5 s of a start on this machine) for every
+    `zephon-torch inspect`, `index` and a script that only reads rows; the package's
+    torch-bound names are now imported on first use, and still there."""
+    folder = write_jsonl_shards(tmp_path / "corpus", shards=1, rows=3)
+    script = (
+        "import sys, zephon_torch\n"
+        "from zephon_torch.cli import main\n"
+        "from zephon_torch.io import Dataset\n"
+        "rows = Dataset.from_path('d', sys.argv[1]).read_rows(0, [2])\n"
+        "codes = [main(['inspect', sys.argv[1]]), main(['index', sys.argv[1]])]\n"
+        "print(codes, rows[0]['id'], 'torch' in sys.modules)\n"
+        "print(zephon_torch.Pipeline.__module__, 'Batch' in dir(zephon_torch), "
+        "'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["[0, 0] 2 False", "zephon_torch.pipeline True True"]
+
+
 def test_the_command_line_runs_as_a_module() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "zephon_torch", "--help"],
