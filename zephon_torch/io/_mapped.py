@@ -40,7 +40,7 @@ class NpyHeader(NamedTuple):
     fortran_order: bool
 
 
-_MAX_HEADER_BYTES = 10_000  # numpy's own limit (`max_header_size`)
+MAX_HEADER_BYTES = 10_000  # numpy's own limit (`max_header_size`)
 # One entry of a `.npy` header's dict, with its comma: a key, then a plain dtype string, a bool
 # or a tuple of ints (Python 2 wrote longs, `3L`). A structured dtype's list is not taken.
 _HEADER_ENTRY = re.compile(
@@ -73,7 +73,7 @@ def read_header(handle: IO[bytes]) -> NpyHeader:
     size = struct.Struct("<H" if version == (1, 0) else "<I")
     length = handle.read(size.size)
     wanted = size.unpack(length)[0] if len(length) == size.size else -1
-    if not 0 <= wanted <= _MAX_HEADER_BYTES:
+    if not 0 <= wanted <= MAX_HEADER_BYTES:
         raise ValueError("the header's length is cut short or over 10,000 bytes")
     data = handle.read(wanted)
     if len(data) != wanted:

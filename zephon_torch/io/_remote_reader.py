@@ -42,6 +42,7 @@ from zephon_torch.io._remote_rows import (
 from zephon_torch.io._rows import Rows, TokenIds, where_in_file
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io._shard_downloads import ShardDownloads
+from zephon_torch.io._stall import cat_range
 from zephon_torch.io.formats import (
     COMPRESSION_ENDINGS,
     LOCATING_FORMATS,
@@ -392,8 +393,7 @@ class RemoteReader(PickledAsSettings):
         def tail(length: int) -> bytes:
             def attempt() -> bytes:
                 start = max(0, item.size - length)
-                data: bytes = fs.cat_file(fs_path, start=start, end=item.size)
-                return data
+                return cat_range(fs, fs_path, start, item.size, retry)
 
             retry = self.options.retry
             what = "reading the footer"

@@ -12,6 +12,7 @@ is found as listed after its reads (see `RemoteReader._parquet_layout`).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -25,16 +26,18 @@ from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import DataError
 from zephon_torch.io._arrow import Columns, schema_columns
 from zephon_torch.io._download import read_listed
-from zephon_torch.io._mapped import read_header
+from zephon_torch.io._mapped import MAX_HEADER_BYTES, read_header
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io._stall import cat_range
 from zephon_torch.io.npy import offsets_path, unused_offsets
 from zephon_torch.io.parquet import ESTIMATE_VERSION, group_sizes
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
 _FOOTER_GUESS = 64 << 10  # bytes read from a Parquet file's end to find its footer
 _PARQUET_MIN_BYTES = 12  # the magic bytes at both ends and the footer length
-_HEADER_BLOCK = 4096  # bytes fetched for a `.npy` header; longer headers fetch more
+# the most bytes a `.npy` header takes: magic, version, length, then its text
+_HEADER_BYTES = 12 + MAX_HEADER_BYTES
 
 Objects = Mapping[str, tuple[str, CachedObject]]  # URL -> (file-system path, listing entry)
 
@@ -127,12 +130,12 @@ def _npy_header(
     fs_path, item = objects[url]
 
     def header() -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
-        with fs.open(fs_path, "rb", block_size=_HEADER_BLOCK) as handle:
-            try:
-                found = read_header(handle)
-            except ValueError:
-                return None
-            return (found.shape, found.dtype, handle.tell()) if found.dtype.kind in "iu" else None
+        handle = io.BytesIO(cat_range(fs, fs_path, 0, min(item.size, _HEADER_BYTES), policy))
+        try:
+            found = read_header(handle)
+        except ValueError:
+            return None
+        return (found.shape, found.dtype, handle.tell()) if found.dtype.kind in "iu" else None
 
     what = "reading the header"
     found = read_listed(
@@ -173,7 +176,7 @@ def _npy_value(
 
     def value() -> int:
         end = position + dtype.itemsize
-        data = fs.cat_file(fs_path, start=position, end=end)
+        data = cat_range(fs, fs_path, position, end, policy)
         if len(data) == item.size >= end:  # a server that ignores ranges sends it whole
             data = data[position:end]
         if len(data) != dtype.itemsize:

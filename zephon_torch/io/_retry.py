@@ -5,8 +5,9 @@ such failure must not end a training run, and a dead endpoint must not hang it e
 remote call gets a bounded number of attempts, none started after a time limit, and then
 raises one `StorageError` naming the URL and the last cause. An attempt runs in the client's
 code and is not cut short (its own timeouts and retries bound it, see `RetryPolicy`), save a
-shard's download that falls under a rate floor (see `_stall`). Errors that cannot heal by
-waiting (a missing object, a denied permission, a bad setting) are raised at once.
+shard's download or a range read that falls under a rate floor (see `_stall`). Errors that
+cannot heal by waiting (a missing object, a denied permission, a bad setting) are raised at
+once.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class RetryPolicy:
             short as stalled and retried (0: never). Judged as the client reports bytes, over
             at least `rate_window`; on s3://, gs://, az:// and http(s):// also by a deadline of
             `rate_window + size / min_rate`, which ends a download bringing nothing (see
-            `_stall`). Not on hf://, whose client reports no bytes.
+            `_stall`). Not on hf://, whose client reports no bytes. The same deadline ends
+            opening's range reads (Parquet footers, `.npy` headers and values).
         rate_window: the fewest seconds `min_rate` is judged over; more than 0.
     """
 

@@ -11,7 +11,8 @@ Clients report bytes late where they download in parallel parts (s3fs over 50 Mi
 safe to judge by, except where a client reports each read: fsspec's http and s3fs's
 one-stream downloads, which must bring `min_rate` every `rate_window` once answered (a request
 waiting for a pooled connection brings nothing and is no stall). huggingface_hub's file
-system runs its own download, which reports nothing: no floor there. A `Stalled` attempt is
+system runs its own download, which reports nothing: no floor there. The range reads of
+opening (`cat_range`: footers, headers) end by the same deadline. A `Stalled` attempt is
 retried like any transient error."""
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import concurrent.futures
 import gc
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fsspec.exceptions import FSTimeoutError
+
+from zephon_torch.io._retry import RetryPolicy
 
 _WATCH_S = 0.5  # how often the calling thread looks at an async transfer
 
@@ -44,8 +48,9 @@ class Pace:
     run past its deadline. Neither where `min_rate` is 0.
     """
 
-    def __init__(self, min_rate: float, rate_window: float, size: int) -> None:
+    def __init__(self, min_rate: float, rate_window: float, size: int, what: str = "download"):
         self.min_rate = min_rate
+        self.what = what
         self.window = rate_window
         self.size = size
         self.began = time.monotonic()
@@ -79,16 +84,19 @@ class Pace:
             got = received - self._mark
             if got < self.min_rate * spent:
                 raise Stalled(
-                    f"download stalled: {got} bytes came in the last {spent:.1f} s, {self._under}"
+                    f"{self.what} stalled: {got} bytes came in the last {spent:.1f} s, "
+                    f"{self._under}"
                 )
             self._since, self._mark = now, received
 
     def overdue(self) -> bool:
         return self.on and time.monotonic() > self.deadline
 
-    def raise_overdue(self, received: int) -> None:
+    def raise_overdue(self, received: int | None) -> None:
+        """Raises `Stalled`; `received`: the bytes so far, None where the client does not say."""
+        got = "not done" if received is None else f"{received} bytes came"
         raise Stalled(
-            f"download stalled: {received} bytes came in {time.monotonic() - self.began:.1f} s, "
+            f"{self.what} stalled: {got} in {time.monotonic() - self.began:.1f} s, "
             f"past the {self.deadline - self.began:.1f} s its size allows, {self._under}"
         )
 
@@ -124,27 +132,62 @@ def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> N
     file system reports each read: its connection and file are let go before this returns (or
     within a further half second), so a retry can write `target` again.
     """
-    loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
-    if loop is None or not pace.on or not loop.is_running():
+    loop = _running_loop(fs)
+    if loop is None or not pace.on:
         fs.get_file(fs_path, target, callback=callback)
         return
-    judge_rate = reports_each_read(fs, pace.size)
+    transfer = fs._get_file(fs_path, target, callback=callback)
+    _watched(loop, transfer, pace, lambda: int(callback.value), reports_each_read(fs, pace.size))
+
+
+def cat_range(fs: Any, fs_path: str, start: int, end: int, retry: RetryPolicy) -> bytes:
+    """`fs.cat_file(fs_path, start=start, end=end)` (a footer, a header's value), cut short as
+    `Stalled` on an async file system once past the deadline `retry`'s floor gives its
+    `end - start` bytes: a store that answered and then sent nothing held the read for the
+    client's own timeouts (aiohttp's: 5 minutes), and one that trickled, for ever."""
+    pace = Pace(retry.min_rate, retry.rate_window, max(0, end - start), what="read")
+    loop = _running_loop(fs)
+    if loop is None or not pace.on:
+        data: bytes = fs.cat_file(fs_path, start=start, end=end)
+        return data
+    read = fs._cat_file(fs_path, start=start, end=end)
+    data = _watched(loop, read, pace, None)
+    return data
+
+
+def _running_loop(fs: Any) -> asyncio.AbstractEventLoop | None:
+    """The event loop that runs `fs`'s transfers, where it is async and its loop runs."""
+    loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
+    return loop if loop is not None and loop.is_running() else None
+
+
+def _watched(
+    loop: asyncio.AbstractEventLoop,
+    work: Any,
+    pace: Pace,
+    received: Callable[[], int] | None,
+    judge_rate: bool = False,
+) -> Any:
+    """The result of coroutine `work`, run on `loop` while this thread looks at it every half
+    second: `Stalled` once past `pace`'s deadline, or under its rate where `judge_rate`
+    (`received()`: the bytes so far, where the client reports them); the work is cancelled
+    then, or on any other error."""
     ended = threading.Event()
 
-    async def transfer() -> None:
+    async def run() -> Any:
         try:
-            await fs._get_file(fs_path, target, callback=callback)
+            return await work
         finally:
             ended.set()
 
-    future = asyncio.run_coroutine_threadsafe(transfer(), loop)
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
     try:
         while not concurrent.futures.wait([future], timeout=_WATCH_S).done:
-            received = int(callback.value)
-            if judge_rate:
-                pace.check(received)
+            got = None if received is None else received()
+            if judge_rate and got is not None:
+                pace.check(got)
             if pace.overdue():
-                pace.raise_overdue(received)
+                pace.raise_overdue(got)
     except BaseException:  # a stall, or Ctrl-C: the transfer must not go on alone
         future.cancel()
         ended.wait(_WATCH_S)
@@ -158,3 +201,4 @@ def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> N
         raise FSTimeoutError from error  # as fsspec's own `sync` raises it
     if error is not None:
         raise error
+    return future.result()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import email.utils
 import errno
 import http.server
+import io
 import shutil
 import threading
 import time
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.loopback import serve_in_thread
@@ -174,15 +178,16 @@ _MODIFIED = email.utils.formatdate(time.time() - 60, usegmt=True)
 
 
 class _Slow(http.server.BaseHTTPRequestHandler):
-    """Serves `_BODY` at `/a.jsonl`: HEAD at once, GET `trickle` bytes every 10 ms (none at
-    all where `trickle` is 0), until the client leaves or `done` is set."""
+    """Serves `body` (`_BODY`) at any path: HEAD at once, GET `trickle` bytes every 10 ms (none
+    at all where `trickle` is 0), until the client leaves or `done` is set."""
 
+    body = _BODY
     trickle = 0
     done = threading.Event()
 
     def _head(self) -> None:
         self.send_response(200)
-        self.send_header("Content-Length", str(len(_BODY)))
+        self.send_header("Content-Length", str(len(self.body)))
         self.send_header("Content-Type", "application/octet-stream")  # not a page of links
         self.send_header("Last-Modified", _MODIFIED)
         self.end_headers()
@@ -194,9 +199,9 @@ class _Slow(http.server.BaseHTTPRequestHandler):
         self._head()
         sent = 0
         try:
-            while not self.done.wait(0.01) and sent < len(_BODY):
+            while not self.done.wait(0.01) and sent < len(self.body):
                 if self.trickle:
-                    self.wfile.write(_BODY[sent : sent + self.trickle])
+                    self.wfile.write(self.body[sent : sent + self.trickle])
                     self.wfile.flush()
                     sent += self.trickle
         except OSError:  # the client gave up: what a cut-short download does
@@ -235,6 +240,43 @@ def test_a_download_that_stalls_or_trickles_is_cut_short_then_a_storage_error(
         dataset = Dataset.from_path("fast", f"{base}/a.jsonl", io_options=options)
         assert dataset.num_rows == 8000
         assert dataset.read_rows(0, [7999]) == [{"text": "a row"}]
+
+
+def _npy_tokens() -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.arange(4000, dtype=np.int32).reshape(2, 2000))
+    return buffer.getvalue()
+
+
+def _parquet() -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(2000)]}), buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name, body", [("a.npy", _npy_tokens), ("a.parquet", _parquet)])
+def test_a_footer_or_header_read_that_stalls_is_cut_short_then_a_storage_error(
+    tmp_path: Path, name: str, body: Any
+) -> None:
+    """A Parquet footer and a `.npy` header are range reads, not downloads: a server that
+    answered and then sent nothing held the open for the client's own timeouts (aiohttp's: 5
+    minutes), one that trickled, for ever. They now end by the deadline the floor gives their
+    bytes; the same server at speed opens them."""
+    retry = {"attempts": 2, "initial_delay": 0.01, "min_rate": 1_000_000, "rate_window": 0.5}
+    options = {"cache": {"dir": str(tmp_path / "cache")}, "retry": retry}
+    handler = type("Handler", (_Slow,), {"body": body(), "done": threading.Event()})
+    with serve_in_thread(handler) as base:
+        started = time.monotonic()
+        try:
+            with pytest.raises(StorageError, match=r"after 2 attempt.*read stalled: not done"):
+                Dataset.from_path("slow", f"{base}/{name}", io_options=options)
+        finally:
+            handler.done.set()
+    assert time.monotonic() - started < 20
+    fast = {"body": handler.body, "trickle": 1 << 20, "done": threading.Event()}
+    with serve_in_thread(type("Handler", (_Slow,), fast)) as base:
+        dataset = Dataset.from_path("fast", f"{base}/{name}", io_options=options)
+        assert dataset.num_rows == 2 if name == "a.npy" else 2000
 
 
 def test_the_rate_floor_is_judged_over_each_window_and_by_a_deadline_of_the_size() -> None:
