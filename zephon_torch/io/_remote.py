@@ -13,6 +13,7 @@ import os
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any
 
 from zephon_torch.errors import (
@@ -26,8 +27,9 @@ from zephon_torch.errors import (
 )
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
 from zephon_torch.io._index import index_kind, parse_json
-from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied
+from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied, quietly
 from zephon_torch.io._shard_cache import CachedObject
+from zephon_torch.io._stall import cat_range
 from zephon_torch.io._versions import identity
 from zephon_torch.io.formats import INDEX_FILE, INDEXED_FORMATS, check_format, check_indexed
 
@@ -322,7 +324,7 @@ def list_remote(
     paths = sorted(infos)
     if format_ is None:
         nested = [path for path in paths if posixpath.basename(path) == INDEX_FILE]
-        indexes = [path for path in nested if _index_kind(fs, name, path, retry) is not None]
+        indexes = [p for p in nested if _index_kind(fs, name, p, retry, infos[p]) is not None]
         if indexes:
             raise ConfigError(
                 f"{url!r} holds {len(indexes)} MDS/LitData datasets in subfolders, e.g. "
@@ -403,7 +405,7 @@ def _indexed(
         return None
     directory = posixpath.dirname(root) if named_index else root.rstrip("/")
     index = f"{directory}/{INDEX_FILE}"
-    data = _read_index(fs, name, index, retry) if index in found else None
+    data = _read_index(fs, name, index, retry, found[index]) if index in found else None
     kind = None if data is None else _kind_of(data, name(index))
     if check_indexed(kind, format_, url, data is not None) is None:
         return None
@@ -442,16 +444,28 @@ def _missing(fs: Any, url: str, root: str) -> str:
     return "the path does not exist"
 
 
-def _index_kind(fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy) -> str | None:
-    """Reads a remote `index.json` and returns "mds", "litdata" or None, as `index_format`."""
-    return _kind_of(_read_index(fs, name, path, retry), name(path))
+def _index_kind(
+    fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy, info: Mapping[str, Any]
+) -> str | None:
+    """Reads a remote `index.json` (listed with `info`) and returns "mds", "litdata" or None,
+    as `index_format`."""
+    return _kind_of(_read_index(fs, name, path, retry, info), name(path))
 
 
-def _read_index(fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy) -> bytes:
-    where = name(path)
-    data: bytes = call_with_retry(
-        lambda: fs.cat_file(path), url=where, policy=retry, what="reading"
-    )
+def _read_index(
+    fs: Any, name: Callable[[str], str], path: str, retry: RetryPolicy, info: Mapping[str, Any]
+) -> bytes:
+    """The whole `index.json` at `path`, cut short by `retry`'s rate floor where its size is
+    known: from its listing (`info`), else asked (http(s)://), else not cut."""
+    size = info.get("size")
+    if size is None:
+        try:
+            size = quietly(lambda: fs.info(path)).get("size")
+        except Exception:  # no size to be had: the read, retried, says what is wrong
+            size = None
+    size = size if isinstance(size, int) and not isinstance(size, bool) else None
+    read = partial(cat_range, fs, path, None, None, retry, size=size)
+    data: bytes = call_with_retry(read, url=name(path), policy=retry, what="reading")
     return data
 
 

@@ -105,7 +105,7 @@ class RetryPolicy:
             at least `rate_window`; on s3://, gs://, az:// and http(s):// also by a deadline of
             `rate_window + size / min_rate`, which ends a download bringing nothing (see
             `_stall`). Not on hf://, whose client reports no bytes. The same deadline ends
-            opening's range reads (Parquet footers, `.npy` headers and values).
+            opening's reads (Parquet footers, `.npy` headers and values, `index.json`).
         rate_window: the fewest seconds `min_rate` is judged over; more than 0.
     """
 

@@ -140,14 +140,25 @@ def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> N
     _watched(loop, transfer, pace, lambda: int(callback.value), reports_each_read(fs, pace.size))
 
 
-def cat_range(fs: Any, fs_path: str, start: int, end: int, retry: RetryPolicy) -> bytes:
-    """`fs.cat_file(fs_path, start=start, end=end)` (a footer, a header's value), cut short as
-    `Stalled` on an async file system once past the deadline `retry`'s floor gives its
-    `end - start` bytes: a store that answered and then sent nothing held the read for the
-    client's own timeouts (aiohttp's: 5 minutes), and one that trickled, for ever."""
-    pace = Pace(retry.min_rate, retry.rate_window, max(0, end - start), what="read")
+def cat_range(
+    fs: Any,
+    fs_path: str,
+    start: int | None,
+    end: int | None,
+    retry: RetryPolicy,
+    *,
+    size: int | None = None,
+) -> bytes:
+    """`fs.cat_file(fs_path, start=start, end=end)` (a footer, a header's value, an index),
+    cut short as `Stalled` on an async file system once past the deadline `retry`'s floor
+    gives its `end - start` bytes (`size` where they do not say: a whole object's listed
+    size; neither known: not cut). A store that answered and then sent nothing held the read
+    for the client's own timeouts (aiohttp's: 5 minutes), and one that trickled, for ever."""
+    if size is None and start is not None and end is not None:
+        size = max(0, end - start)
+    pace = Pace(retry.min_rate, retry.rate_window, size or 0, what="read")
     loop = _running_loop(fs)
-    if loop is None or not pace.on:
+    if loop is None or not pace.on or size is None:
         data: bytes = fs.cat_file(fs_path, start=start, end=end)
         return data
     read = fs._cat_file(fs_path, start=start, end=end)

@@ -7,6 +7,7 @@ import email.utils
 import errno
 import http.server
 import io
+import json
 import shutil
 import threading
 import time
@@ -277,6 +278,24 @@ def test_a_footer_or_header_read_that_stalls_is_cut_short_then_a_storage_error(
     with serve_in_thread(type("Handler", (_Slow,), fast)) as base:
         dataset = Dataset.from_path("fast", f"{base}/{name}", io_options=options)
         assert dataset.num_rows == 2 if name == "a.npy" else 2000
+
+
+def test_an_index_read_that_stalls_is_cut_short_then_a_storage_error(tmp_path: Path) -> None:
+    """An MDS or LitData `index.json` is read whole at the open: a server that answered and
+    then sent nothing held it for the client's own timeouts. Its listed size now gives it a
+    deadline as a footer's bytes do."""
+    retry = {"attempts": 2, "initial_delay": 0.01, "min_rate": 1_000_000, "rate_window": 0.5}
+    options = {"cache": {"dir": str(tmp_path / "cache")}, "retry": retry}
+    index = json.dumps({"version": 2, "shards": []}).encode()
+    handler = type("Handler", (_Slow,), {"body": index, "done": threading.Event()})
+    with serve_in_thread(handler) as base:
+        started = time.monotonic()
+        try:
+            with pytest.raises(StorageError, match=r"after 2 attempt.*read stalled: not done"):
+                Dataset.from_path("slow", f"{base}/index.json", io_options=options)
+        finally:
+            handler.done.set()
+    assert time.monotonic() - started < 20
 
 
 def test_the_rate_floor_is_judged_over_each_window_and_by_a_deadline_of_the_size() -> None:
