@@ -1,8 +1,10 @@
 """zephon_torch: online tokenizing and packing data loader with elastic determinism."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+from typing import TYPE_CHECKING
+from typing import Any as _Any
 
+from zephon_torch import _origin  # noqa: F401  (the importing process's pid, recorded now)
 from zephon_torch.errors import ConfigError, DataError, StateMismatchError, StorageError
 
 if TYPE_CHECKING:
@@ -28,16 +30,24 @@ _LAZY = {
     "Pipeline": "zephon_torch.pipeline",
     "merge_states": "zephon_torch._state",
 }
+_SUBMODULES = ("elastic", "io", "lightning", "ops", "pipeline", "torch", "verify", "work")
 
+if not TYPE_CHECKING:  # to a type checker, a name the package lacks stays an error
 
-def __getattr__(name: str) -> Any:
-    """`Batch`, `Pipeline` and `merge_states`, imported when first asked for."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+    def __getattr__(name: str) -> _Any:
+        """`Batch`, `Pipeline` and `merge_states`, and the submodules (`zephon_torch.torch`,
+        `zephon_torch.elastic`, ...), imported when first asked for."""
+        if name in _LAZY:
+            value = getattr(_importlib.import_module(_LAZY[name]), name)
+        else:
+            try:
+                value = _importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as error:
+                if error.name != f"{__name__}.{name}":
+                    raise  # the submodule is there; something it imports is not
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'zephon_torch' has no attribute {name!r}")
 
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    def __dir__() -> list[str]:
+        return sorted({*__all__, "__version__", *_SUBMODULES})

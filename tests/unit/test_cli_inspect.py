@@ -379,6 +379,48 @@ def test_reading_data_inspect_and_index_do_not_import_torch(tmp_path: Path) -> N
     assert done.stdout.splitlines()[-2:] == ["[0, 0] 2 False", "zephon_torch.pipeline True True"]
 
 
+def test_after_a_bare_import_the_documented_submodules_are_attributes() -> None:
+    """The README writes `zephon_torch.torch.DataLoader`, `zephon_torch.elastic...` and
+    `zephon_torch.ops.stateful...` after `import zephon_torch`: with the torch-bound names
+    imported on first use they were no attributes until something touched `Pipeline` (a
+    review). A name the package lacks is still an AttributeError."""
+    script = (
+        "import zephon_torch\n"
+        "print(zephon_torch.torch.DataLoader.__name__, "
+        "zephon_torch.elastic.ElasticDistributedSampler.__name__, "
+        "zephon_torch.ops.stateful.StatefulFilter.__name__, hasattr(zephon_torch, 'nope'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "DataLoader", "ElasticDistributedSampler", "StatefulFilter", "False"
+    ]  # fmt: skip
+
+
+def test_a_child_forked_before_the_tokenizer_code_is_imported_knows_it_is_one() -> None:
+    """`fork_safe_backend` tells a forked child by the pid that imported the package; once the
+    package stopped importing the tokenizer code, a child that reached it first recorded its
+    own pid and left TOKENIZERS_PARALLELISM=true on (a review)."""
+    script = (
+        "import os, zephon_torch\n"
+        "os.environ['TOKENIZERS_PARALLELISM'] = 'true'\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    from zephon_torch.ops._tokenizer import fork_safe_backend\n"
+        "    fork_safe_backend()\n"
+        "    print(os.environ['TOKENIZERS_PARALLELISM'], flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["false"]
+
+
 def test_the_command_line_runs_as_a_module() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "zephon_torch", "--help"],

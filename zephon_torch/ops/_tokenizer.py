@@ -18,6 +18,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from zephon_torch._origin import IMPORTED_IN
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._cache import LruCache
 
@@ -28,7 +29,6 @@ _PROBES = 8  # vocabulary entries tried where "a" does not encode (see `_added_i
 _NAMING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
 _PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")  # as the backend reads the variable
-_IMPORTED_IN = os.getpid()  # another pid later: a forked copy of the importing process
 
 
 def fork_safe_backend() -> None:
@@ -41,7 +41,7 @@ def fork_safe_backend() -> None:
     asks for it: then this turns it off. The pipeline's own threads still tokenize in parallel.
     """
     value = os.environ.get(_PARALLELISM)
-    if os.getpid() != _IMPORTED_IN and value is not None and value.lower() not in _PARALLELISM_OFF:
+    if os.getpid() != IMPORTED_IN and value is not None and value.lower() not in _PARALLELISM_OFF:
         os.environ[_PARALLELISM] = "false"
 
 
