@@ -464,7 +464,7 @@ def _read_index(
         except Exception:  # no size to be had: the read, retried, says what is wrong
             size = None
     size = size if isinstance(size, int) and not isinstance(size, bool) else None
-    read = partial(cat_range, fs, path, None, None, retry, size=size)
+    read = partial(cat_range, fs, path, None, None, retry, listed=size)
     data: bytes = call_with_retry(read, url=name(path), policy=retry, what="reading")
     return data
 

@@ -393,7 +393,7 @@ class RemoteReader(PickledAsSettings):
         def tail(length: int) -> bytes:
             def attempt() -> bytes:
                 start = max(0, item.size - length)
-                return cat_range(fs, fs_path, start, item.size, retry)
+                return cat_range(fs, fs_path, start, item.size, retry, listed=item.size)
 
             retry = self.options.retry
             what = "reading the footer"

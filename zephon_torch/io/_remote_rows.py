@@ -130,7 +130,8 @@ def _npy_header(
     fs_path, item = objects[url]
 
     def header() -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
-        handle = io.BytesIO(cat_range(fs, fs_path, 0, min(item.size, _HEADER_BYTES), policy))
+        head = cat_range(fs, fs_path, 0, min(item.size, _HEADER_BYTES), policy, listed=item.size)
+        handle = io.BytesIO(head)
         try:
             found = read_header(handle)
         except ValueError:
@@ -176,7 +177,7 @@ def _npy_value(
 
     def value() -> int:
         end = position + dtype.itemsize
-        data = cat_range(fs, fs_path, position, end, policy)
+        data = cat_range(fs, fs_path, position, end, policy, listed=item.size)
         if len(data) == item.size >= end:  # a server that ignores ranges sends it whole
             data = data[position:end]
         if len(data) != dtype.itemsize:

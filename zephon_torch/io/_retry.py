@@ -106,7 +106,10 @@ class RetryPolicy:
             `rate_window + size / min_rate`, which ends a download bringing nothing (see
             `_stall`). Not on hf://, whose client reports no bytes. The same deadline ends
             opening's reads (Parquet footers, `.npy` headers and values, `index.json`).
-        rate_window: the fewest seconds `min_rate` is judged over; more than 0.
+        rate_window: the fewest seconds `min_rate` is judged over; more than 0. A deadline
+            also allows this long for the first byte (a pooled connection waited for
+            included), all a small read gets beyond its bytes' time: keep it above the
+            store's slowest answer.
     """
 
     attempts: int = 6

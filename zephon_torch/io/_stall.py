@@ -137,7 +137,10 @@ def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> N
         fs.get_file(fs_path, target, callback=callback)
         return
     transfer = fs._get_file(fs_path, target, callback=callback)
-    _watched(loop, transfer, pace, lambda: int(callback.value), reports_each_read(fs, pace.size))
+    judge_rate = reports_each_read(fs, pace.size)
+    # s3fs's parallel parts hold their pooled connections past a cancel until they are
+    # collected, and the retry would wait on the pool for them
+    _watched(loop, transfer, pace, lambda: int(callback.value), judge_rate, collect=not judge_rate)
 
 
 def cat_range(
@@ -147,22 +150,40 @@ def cat_range(
     end: int | None,
     retry: RetryPolicy,
     *,
-    size: int | None = None,
+    listed: int | None = None,
 ) -> bytes:
-    """`fs.cat_file(fs_path, start=start, end=end)` (a footer, a header's value, an index),
-    cut short as `Stalled` on an async file system once past the deadline `retry`'s floor
-    gives its `end - start` bytes (`size` where they do not say: a whole object's listed
-    size; neither known: not cut). A store that answered and then sent nothing held the read
-    for the client's own timeouts (aiohttp's: 5 minutes), and one that trickled, for ever."""
-    if size is None and start is not None and end is not None:
-        size = max(0, end - start)
+    """`fs.cat_file(fs_path, start=start, end=end)` (a footer, a header's value, an index:
+    the whole object where `start` and `end` are None), cut short as `Stalled` on an async
+    file system once past the deadline `retry`'s floor gives its bytes. A store that answered
+    and then sent nothing held the read for the client's own timeouts (aiohttp's: 5
+    minutes), and one that trickled, for ever.
+
+    `listed`: the object's listed size (None: not known). The bytes of the deadline are the
+    range's, but the object's on http(s)://, whose server may ignore a range and send the
+    object whole, except from byte 0, where only the range's bytes are read from such an
+    answer; the whole object's where no range is given, and no deadline where its size is
+    not known.
+    """
+    if start is not None and end is not None and end <= start:
+        return b""  # Azure refuses an empty range; nothing to read
+    http = type(fs).__name__ == "HTTPFileSystem"
+    if start is None or end is None:
+        size = listed
+    elif http and start > 0 and listed is not None:
+        size = max(end - start, listed)
+    else:
+        size = end - start
     pace = Pace(retry.min_rate, retry.rate_window, size or 0, what="read")
     loop = _running_loop(fs)
     if loop is None or not pace.on or size is None:
         data: bytes = fs.cat_file(fs_path, start=start, end=end)
         return data
-    read = fs._cat_file(fs_path, start=start, end=end)
-    data = _watched(loop, read, pace, None)
+    if http and start == 0 and end is not None and listed is not None:
+        # fsspec's http file reads only the range's bytes of an answer that ignores it
+        with fs.open(fs_path, "rb", block_size=end, size=listed) as handle:
+            data = _watched(loop, handle.async_fetch_range(0, end), pace, None)
+        return data
+    data = _watched(loop, fs._cat_file(fs_path, start=start, end=end), pace, None)
     return data
 
 
@@ -178,11 +199,13 @@ def _watched(
     pace: Pace,
     received: Callable[[], int] | None,
     judge_rate: bool = False,
+    *,
+    collect: bool = False,
 ) -> Any:
     """The result of coroutine `work`, run on `loop` while this thread looks at it every half
     second: `Stalled` once past `pace`'s deadline, or under its rate where `judge_rate`
     (`received()`: the bytes so far, where the client reports them); the work is cancelled
-    then, or on any other error."""
+    then, or on any other error, and garbage collected where `collect`."""
     ended = threading.Event()
 
     async def run() -> Any:
@@ -202,9 +225,7 @@ def _watched(
     except BaseException:  # a stall, or Ctrl-C: the transfer must not go on alone
         future.cancel()
         ended.wait(_WATCH_S)
-        if not judge_rate:
-            # s3fs's parallel parts hold their pooled connections past a cancel until they
-            # are collected, and the retry would wait on the pool for them
+        if collect:
             gc.collect()
         raise
     error = future.exception()
