@@ -175,14 +175,21 @@ def cat_range(
         size = end - start
     pace = Pace(retry.min_rate, retry.rate_window, size or 0, what="read")
     loop = _running_loop(fs)
-    if loop is None or not pace.on or size is None:
-        data: bytes = fs.cat_file(fs_path, start=start, end=end)
-        return data
+    cut = loop is not None and pace.on and size is not None
+    data: bytes
     if http and start == 0 and end is not None and listed is not None:
         # fsspec's http file reads only the range's bytes of an answer that ignores it
         with fs.open(fs_path, "rb", block_size=end, size=listed) as handle:
+            if not cut:
+                data = handle.read(end)
+                return data
+            assert loop is not None
             data = _watched(loop, handle.async_fetch_range(0, end), pace, None)
         return data
+    if not cut:
+        data = fs.cat_file(fs_path, start=start, end=end)
+        return data
+    assert loop is not None
     data = _watched(loop, fs._cat_file(fs_path, start=start, end=end), pace, None)
     return data
 
