@@ -116,7 +116,7 @@ class LaneRuntime:
             states = skip_spent_turns(states)
         padding, checker = pad_id(pipeline), id_check(pipeline)  # the same for every lane
         made: set[int] = set()  # the stateful filters made: a new one for each reader
-        warned: set[str] = set()  # datasets whose skipped bad rows were warned of
+        warned: set[tuple[str, str]] = set()  # warnings given, by dataset (see MixPack)
         for lane in pipeline.lanes:
             readers: list[DocumentReader | FilteredReader] = list(
                 self._readers(pipeline, lane, chunk_docs)
@@ -339,10 +339,10 @@ def _mixpack(
     pipeline: Pipeline,
     readers: list[DocumentReader | FilteredReader],
     paths: list[list[str]],
-    warned: set[str],
+    warned: set[tuple[str, str]],
 ) -> MixPack:
     """A lane's mixer and packer over its ``readers`` (one per source); ``warned``: the
-    datasets whose skipped bad rows the iteration's lanes have warned of (shared)."""
+    warnings the iteration's lanes have given, by dataset (shared)."""
     source, pack = pipeline._source, pipeline._pack
     assert pack is not None
     packer = make_packer(pack.algorithm, pack.max_length, pack.num_bins, pack.max_sequences_per_bin)
@@ -359,7 +359,7 @@ def _mixpack(
             if pack.whole
             else None
         ),
-        warned_bad=warned,
+        warned=warned,
         line_of=partial(_line_of, read_datasets(pipeline), paths),
     )
 

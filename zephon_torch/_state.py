@@ -83,9 +83,10 @@ def check_state(
     if missing:
         mismatches["lanes"] = (
             sorted(int(k) for k in state.get("lanes", {})),
-            f"needs {missing}: the state holds the lanes of some ranks only; take "
-            "state_dict() on every rank (it gathers every lane), or merge_states the states of "
-            "every rank",
+            f"needs {missing}: the state holds the lanes of some ranks only (a Pipeline's "
+            "state_dict() holds its own rank's); merge every rank's state with merge_states, "
+            "or save zephon_torch.torch.DataLoader's state_dict(), which gathers every rank's "
+            "lanes",
         )
     if mismatches:
         notes = [version_note(state["version"])] if "version" in mismatches else []

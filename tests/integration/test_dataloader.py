@@ -520,8 +520,9 @@ def test_a_state_without_this_rank_s_lanes_is_refused_by_the_loader(tokenizer: A
     loader = DataLoader(build(tokenizer, exhaustion="repeat", world_size=2, rank=1))
     with pytest.raises(
         StateMismatchError,
-        match=r"lanes: saved \[0, 1\], live 'needs \[2, 3\]: the state holds the lanes of some "
-        r"ranks only; take state_dict\(\) on every rank \(it gathers every lane\), or merge_",
+        match=r"lanes: saved \[0, 1\], live .needs \[2, 3\]: the state holds the lanes of some "
+        r"ranks only \(a Pipeline's state_dict\(\) holds its own rank's\); merge every rank's "
+        r"state with merge_states, or save zephon_torch.torch.DataLoader's state_dict\(\)",
     ):
         loader.load_state_dict(own_lanes_only)
 

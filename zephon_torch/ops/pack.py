@@ -108,8 +108,9 @@ class MixPack(BaseNode[PackedRow]):
         drop_shorter_than: skip (and count) documents with fewer tokens than this.
         shard_paths: per source, shard index to path, for error messages.
         long_rule: how errors name ``drop_longer_than`` where the user did not set it.
-        warned_bad: the datasets whose skipped bad rows were warned of, shared by the lanes
-            of an iteration (one warning per dataset); default: this packer's own.
+        warned: the warnings given (skipped bad rows, a source spent), each by its dataset,
+            shared by the lanes of an iteration, so that each is given once whatever the
+            warnings filter; default: this packer's own.
         line_of: ``(source, shard, row)`` to where the row lies in its file ("line 37 of the
             file"), for the warning of a skipped row (a scan of the file: once per warning).
 
@@ -132,11 +133,11 @@ class MixPack(BaseNode[PackedRow]):
         drop_shorter_than: int = 0,
         shard_paths: list[list[str]] | None = None,
         long_rule: str | None = None,
-        warned_bad: set[str] | None = None,
+        warned: set[tuple[str, str]] | None = None,
         line_of: Callable[[int, int, int], str | None] | None = None,
     ) -> None:
         super().__init__()
-        self.warned_bad = set() if warned_bad is None else warned_bad
+        self.warned = set() if warned is None else warned
         self.line_of = line_of
         self.readers = list(readers)
         self.long_rule = long_rule
@@ -410,10 +411,14 @@ class MixPack(BaseNode[PackedRow]):
         """Mark ``source``'s stream spent (``exhaustion="stop"``), with a warning where the lane
         read documents of it and none gave a token: a finite run would otherwise end without
         the source, and without a word (its skips count in a state that no batch carries).
-        The text names no lane, so a run warns once however many lanes it holds."""
+        Each warning names no lane and is given once an iteration (the lanes share
+        ``warned``), whatever the warnings filter: with "always" it came once a lane."""
         self.active[source] = False
         reader = self.readers[source]
         if self.tokens[source] == 0 and reader.lane_rows > 0:
+            if ("no token", reader.layout.name) in self.warned:
+                return
+            self.warned.add(("no token", reader.layout.name))
             warnings.warn(
                 f"dataset {reader.layout.name!r} gave a lane no token: every document of it "
                 f"that the lane read was {self._empty_words()} or dropped (by filters, "
@@ -424,7 +429,8 @@ class MixPack(BaseNode[PackedRow]):
             return
         left = sum(r.unread()[0] for r, on in zip(self.readers, self.active, strict=True) if on)
         total = sum(r.unread()[1] for r in self.readers)
-        if left > _LATE_SHARE * total:  # the text names no lane: a run warns once
+        if left > _LATE_SHARE * total and ("ran out", reader.layout.name) not in self.warned:
+            self.warned.add(("ran out", reader.layout.name))
             warnings.warn(
                 f"dataset {reader.layout.name!r} ran out (exhaustion='stop': its passes are "
                 f"read) with more than {_LATE_SHARE:.0%} of a lane's documents, of other "
@@ -488,9 +494,9 @@ class MixPack(BaseNode[PackedRow]):
         """Warn of the first row of ``source``'s dataset skipped for ``error`` (one word per
         dataset and iteration: ``stats()`` counts them all), with its line in its file."""
         name = self.readers[source].layout.name
-        if name in self.warned_bad:
+        if ("bad rows", name) in self.warned:
             return
-        self.warned_bad.add(name)
+        self.warned.add(("bad rows", name))
         place = None if self.line_of is None else self.line_of(source, shard, row)
         warnings.warn(
             "bad_rows='skip': skipping rows that raise an error, counted in "
