@@ -117,17 +117,21 @@ def test_ranks_that_loaded_states_of_different_steps_are_named_when_the_state_is
     assert not (tmp_path / "r2" / "state.json").exists()
 
 
-def test_ranks_running_different_recipes_are_named_when_the_state_is_gathered(
+def test_ranks_running_different_recipes_are_named_at_the_first_iteration(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:
     """Each rank stamped the gathered lanes with its own fingerprint: a state of two recipes
-    was saved without a word, and its resume failed as if the data had changed."""
+    was saved without a word, and its resume failed as if the data had changed. Then the
+    ranks were named when the state was gathered, after training on mixed data until the
+    first checkpoint (a fresh-user trial); now at the loader's first iteration, step 0."""
     failed = torchrun(
         2, tmp_path / "r2", tokenizer_path, "--steps", "4", "--save-at", "2",
         "--last-rank-algorithm", "best_fit", fails=True,
     )  # fmt: skip
     assert "the ranks run different recipes" in failed["stderr"]
     assert "on rank 0" in failed["stderr"] and "'best_fit'" in failed["stderr"]
+    assert "in check_data_parallel" in failed["stderr"]  # at iter(), before any batch
+    assert "in all_gather_lane_states" not in failed["stderr"]
     assert not (tmp_path / "r2" / "state.json").exists()
 
 

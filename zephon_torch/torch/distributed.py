@@ -112,18 +112,23 @@ def collective(topology: tuple[int, int]) -> bool:
     return topology[0] > 1 and distributed_ready() and dist.get_world_size() > 1
 
 
-def check_data_parallel(topology: tuple[int, int]) -> None:
-    """Gathers every process's `(world_size, rank)` and checks them (see `_check_topologies`):
-    a collective, at a loader's iteration, so a wrong rank fails at step 0, on every rank."""
+def check_data_parallel(topology: tuple[int, int], recipe: dict[str, Any]) -> None:
+    """Gathers every process's `(world_size, rank)` and `recipe` (see
+    `all_gather_lane_states`) and checks them (see `_check_topologies` and
+    `check_same_recipe`): a collective, at a loader's iteration, so a wrong rank or ranks
+    running different recipes fail at step 0, on every rank, not at the first state taken
+    after training on mixed data."""
     if not collective(topology):
         return
     gathered = _gathered(
         "iterating",
         topology,
+        recipe,
         failing="the loader's check of the {ranks} ranks' topology failed (every rank "
         "iterates its loader; the timeout is {timeout})",
     )
     _check_topologies([part[0] for part in gathered])
+    check_same_recipe([part[1] for part in gathered])
 
 
 def _gathered(call: str, *payload: Any, failing: str) -> list[tuple[Any, ...]]:

@@ -32,7 +32,13 @@ from zephon_torch._stats import RunCounters, loader_stats
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
-from zephon_torch.torch.dataset import ERROR_KEY, META_KEY, PipelineDataset, idle_workers
+from zephon_torch.torch.dataset import (
+    ERROR_KEY,
+    META_KEY,
+    PipelineDataset,
+    idle_workers,
+    pipeline_recipe,
+)
 from zephon_torch.torch.distributed import check_data_parallel, collective, equal_ending
 
 if TYPE_CHECKING:
@@ -168,7 +174,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             self._idle_warned = True
             warnings.warn(note, stacklevel=user_stacklevel())
         ranks = collective(pipeline.topology)
-        check_data_parallel(pipeline.topology)  # every rank's, at step 0 (the group made here)
+        # every rank's topology and recipe, at step 0 (the group made here)
+        check_data_parallel(pipeline.topology, pipeline_recipe(pipeline))
         begun = self._in_step() if ranks else 0
         equalise = ranks and pipeline.exhaustion == "stop"
         # never cut under "repeat" (see Pipeline.__iter__): a rank dealt no document pads
