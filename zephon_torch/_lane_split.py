@@ -48,9 +48,17 @@ def check_topology(
         raise ConfigError(f"{rank_name} must be in [0, {world_size}), got {rank}")
 
 
-def lanes_for_rank(*, canonical_replicas: int, world_size: int, rank: int) -> list[int]:
-    """The lanes rank ``rank`` of ``world_size`` owns, in emission order."""
-    check_topology(canonical_replicas=canonical_replicas, world_size=world_size, rank=rank)
+def lanes_for_rank(
+    *, canonical_replicas: int, world_size: int, rank: int, world_name: str = "`world_size`"
+) -> list[int]:
+    """The lanes rank ``rank`` of ``world_size`` owns, in emission order (``world_name``:
+    where the world size came from, for errors)."""
+    check_topology(
+        canonical_replicas=canonical_replicas,
+        world_size=world_size,
+        rank=rank,
+        world_name=world_name,
+    )
     per_rank = canonical_replicas // world_size
     return list(range(rank * per_rank, (rank + 1) * per_rank))
 
@@ -68,13 +76,21 @@ def check_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size:
     by_rank = ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=world_size)
     if by_rank is not None:
         turns = {turn for row in by_rank if row is not None for turn in row}
+        fits = [
+            size
+            for size in range(1, canonical_replicas + 1)
+            if canonical_replicas % size == 0
+            and ranks_out_of_step(lanes, canonical_replicas=canonical_replicas, world_size=size)
+            is None
+        ]
         raise StateMismatchError(
             {
                 "lanes": (
                     f"saved mid-step: lanes at turns {sorted(turns)}, which would put the "
                     f"{world_size} ranks at different turns; resume on the world size it "
-                    "was saved on, or save at the end of a step (every canonical_replicas "
-                    "/ world_size micro-batches per rank)",
+                    f"was saved on (the world sizes it is in step on: {fits}), or save at "
+                    "the end of a step (every canonical_replicas / world_size micro-batches "
+                    "per rank)",
                     "each rank's lanes at the turns of every other rank's",
                 )
             }

@@ -43,7 +43,7 @@ from zephon_torch.ops.packers import Algorithm, LongDocuments
 from zephon_torch.ops.prefetch import Prefetcher
 from zephon_torch.ops.stateful import StatefulFilter, filter_name
 from zephon_torch.ops.tokenize import SpecialTokens
-from zephon_torch.torch.distributed import resolve_topology
+from zephon_torch.torch.distributed import resolve_topology, world_size_name
 from zephon_torch.work.mixture import StaticMixtureWorkSource
 
 if TYPE_CHECKING:
@@ -518,7 +518,10 @@ class Pipeline:
             return list(self._lane_subset)
         world_size, rank = self.topology
         return lanes_for_rank(
-            canonical_replicas=self._options.canonical_replicas, world_size=world_size, rank=rank
+            canonical_replicas=self._options.canonical_replicas,
+            world_size=world_size,
+            rank=rank,
+            world_name=world_size_name(self._options.world_size),
         )
 
     def with_lanes(

@@ -31,6 +31,19 @@ def test_a_world_dividing_the_processes_one_is_theirs_data_parallel_one(tokenize
     assert pipeline.options(world_size=1).lanes == [0, 1, 2, 3]
 
 
+def test_a_world_from_the_environment_that_does_not_divide_the_lanes_says_so(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Named as the `world_size` option, which the user had not set (a fresh-user trial)."""
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "1")
+    pipeline = small_pipeline(tokenizer).options(canonical_replicas=8)
+    with pytest.raises(ConfigError, match=r"^the environment's WORLD_SIZE 3 does not divide"):
+        pipeline.lanes  # noqa: B018
+    with pytest.raises(ConfigError, match=r"^`world_size` 6 does not divide"):
+        pipeline.options(world_size=6, rank=0).lanes  # noqa: B018
+
+
 @pytest.mark.usefixtures("four_processes")
 @pytest.mark.parametrize(
     ("world_size", "rank", "says"),

@@ -71,6 +71,18 @@ def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, 
     return found
 
 
+def world_size_name(world_size: int | None) -> str:
+    """How an error names the world size `resolve_topology` gives for the `world_size`
+    option given: by where it came from."""
+    if world_size is not None:
+        return "`world_size`"
+    if distributed_ready():
+        return "the process group's world size"
+    if _env_int("WORLD_SIZE") is not None:
+        return "the environment's WORLD_SIZE"
+    return "`world_size`"
+
+
 def _from_options(world_size: int | None, rank: int | None) -> tuple[int, int]:
     """The topology of the options alone, where no process group or environment tells one:
     both given, or neither (this process alone). One without the other is refused: every
