@@ -56,14 +56,15 @@ class TokenizeOp:
             if tokenizer.bos_id is None:
                 raise ConfigError(
                     f"`special_tokens={special_tokens!r}` needs a BOS token, and the tokenizer "
-                    "has none known; pass `bos_token=`"
+                    f"has none known{_its_special(tokenizer)}; pass `bos_token=`"
                 )
             self.prefix = [tokenizer.bos_id]
         if special_tokens in ("eos", "both"):
             if tokenizer.eos_id is None:
                 raise ConfigError(
                     f"`special_tokens={special_tokens!r}` needs an EOS token, and the tokenizer "
-                    "has none known; pass `eos_token=` naming one of its tokens, or "
+                    f"has none known{_its_special(tokenizer)}; pass `eos_token=` naming one of "
+                    "its tokens, or "
                     "`special_tokens='none'` for no token between documents (a tokenizer "
                     "without special tokens has none to name: add one when training it)"
                 )
@@ -135,3 +136,16 @@ class TokenizeOp:
             "prefix": self.prefix,
             "suffix": self.suffix,
         }
+
+
+def _its_special(tokenizer: ResolvedTokenizer) -> str:
+    """The tokenizer's special tokens, for an error that asks the user to name one."""
+    try:
+        added = tokenizer.backend.get_added_tokens_decoder().values()
+    except AttributeError:  # a backend without added tokens to list
+        return ""
+    names = sorted(token.content for token in added if token.special)
+    if not names:
+        return " (it has no special tokens)"
+    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+    return f" (its special tokens: {names[:8]}{more})"

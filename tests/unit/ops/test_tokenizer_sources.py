@@ -345,7 +345,14 @@ def test_usual_names_are_taken_as_special_tokens_only_among_the_added_ones() -> 
     assert bare.token_to_id("</s>") is not None and bare.token_to_id("<s>") is not None
     resolved = resolve_tokenizer(None, bare, bos_token=None, eos_token=None)
     assert (resolved.bos_id, resolved.eos_id) == (None, None)
-    with pytest.raises(ConfigError, match="needs an EOS token"):
+    with pytest.raises(ConfigError, match=r"needs an EOS token.*\(it has no special tokens\)"):
+        TokenizeOp(
+            resolved, field="text", special_tokens="eos", dataset_names=["d"], shard_paths=[["s"]]
+        )
+    # one of another name is listed, to be named (a fresh-user trial: "[END]")
+    bare.add_special_tokens(["[END]"])
+    resolved = resolve_tokenizer(None, bare, bos_token=None, eos_token=None)
+    with pytest.raises(ConfigError, match=r"has none known \(its special tokens: \['\[END\]'\]\)"):
         TokenizeOp(
             resolved, field="text", special_tokens="eos", dataset_names=["d"], shard_paths=[["s"]]
         )
