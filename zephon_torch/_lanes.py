@@ -71,8 +71,18 @@ def calibrated(pipeline: Pipeline, chain: DocChain | None = None) -> None:
             field=token_stage(pipeline)[1],
         )
     except DataError as error:  # a row read to calibrate: named by its line too
-        name_line(error, read_datasets(pipeline))
+        explain_row_error(error, pipeline)
         raise
+
+
+def explain_row_error(error: DataError, pipeline: Pipeline) -> None:
+    """Add to a ``DataError`` leaving an iteration its row's line in a JSONL file
+    (`name_line`) and, where a row is at fault and bad rows are raised, that they can be
+    skipped."""
+    name_line(error, read_datasets(pipeline))
+    row_at_fault = error.rows_fault and not error.shard_wide and error.row is not None
+    if row_at_fault and pipeline._options.bad_rows != "skip":
+        error.add_place("options(bad_rows='skip') skips such rows and counts them")
 
 
 class LaneRuntime:
@@ -307,7 +317,7 @@ def deliver(
                 # ``stream`` ran on this one (no prefetch thread) and emptied its readers
                 _check_current(pipeline, iteration, error)
                 if isinstance(error, DataError):
-                    name_line(error, read_datasets(pipeline))
+                    explain_row_error(error, pipeline)
                 raise
             # ended meanwhile, ``stream`` may still have made a batch: its state would be
             # recorded over the loaded one

@@ -141,6 +141,9 @@ def test_raise_is_the_default_and_names_the_row(tmp_path: Path, tokenizer: Any) 
     with pytest.raises(DataError) as raised:
         list(pipeline)
     assert raised.value.dataset == "bad" and one_of(raised.value, BAD_TEXT)
+    # what to do, said once (a fresh-user trial: the errors named the place, not the option)
+    hint = "(options(bad_rows='skip') skips such rows and counts them)"
+    assert str(raised.value).endswith(hint) and str(raised.value).count(hint) == 1
 
 
 def test_one_warning_per_dataset_and_iteration_names_the_first_bad_row(
@@ -256,6 +259,7 @@ def test_a_shard_changed_after_opening_still_raises(tmp_path: Path, tokenizer: A
     with pytest.raises(DataError, match="rewritten") as raised:
         list(pipeline)
     assert "part-2.jsonl" in str(raised.value)
+    assert "bad_rows" not in str(raised.value)  # no row's fault: no advice to skip rows
 
 
 def test_a_row_past_a_changed_shard_is_the_shards_fault() -> None:

@@ -291,8 +291,9 @@ def test_a_data_error_a_user_function_raises_names_the_document(kind: str, runne
         list(pipeline.pack_flat(8).batch(1))
     error = caught.value
     assert (error.dataset, error.shard, error.row) == ("d", "memory://d/1", 1)
-    assert str(error) == "dataset 'd', shard 'memory://d/1', row 1: text is not English"
-    assert error.detail == "text is not English"
+    hint = " (options(bad_rows='skip') skips such rows and counts them)"
+    assert str(error) == "dataset 'd', shard 'memory://d/1', row 1: text is not English" + hint
+    assert error.detail == "text is not English" + hint
 
 
 _LEAVE_A_SLOW_MAP = """
