@@ -372,11 +372,17 @@ def test_reading_data_inspect_and_index_do_not_import_torch(tmp_path: Path) -> N
         "print(zephon_torch.Pipeline.__module__, 'Batch' in dir(zephon_torch), "
         "'torch' in sys.modules)\n"
     )
+    printed = _python(script, str(folder))
+    assert printed.splitlines()[-2:] == ["[0, 0] 2 False", "zephon_torch.pipeline True True"]
+
+
+def _python(script: str, *args: str) -> str:
+    """What `script` printed, run in a fresh interpreter with `args`; it must succeed."""
     done = subprocess.run(
-        [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, check=False
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-2:] == ["[0, 0] 2 False", "zephon_torch.pipeline True True"]
+    return done.stdout
 
 
 def test_after_a_bare_import_the_documented_submodules_are_attributes() -> None:
@@ -390,11 +396,7 @@ def test_after_a_bare_import_the_documented_submodules_are_attributes() -> None:
         "zephon_torch.elastic.ElasticDistributedSampler.__name__, "
         "zephon_torch.ops.stateful.StatefulFilter.__name__, hasattr(zephon_torch, 'nope'))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [
+    assert _python(script).split() == [
         "DataLoader", "ElasticDistributedSampler", "StatefulFilter", "False"
     ]  # fmt: skip
 
@@ -414,11 +416,7 @@ def test_a_child_forked_before_the_tokenizer_code_is_imported_knows_it_is_one() 
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["false"]
+    assert _python(script).split() == ["false"]
 
 
 def test_the_command_line_runs_as_a_module() -> None:
