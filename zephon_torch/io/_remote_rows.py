@@ -25,7 +25,7 @@ import numpy as np
 from zephon_torch._atomic import write_text_atomically
 from zephon_torch.errors import DataError
 from zephon_torch.io._arrow import Columns, schema_columns
-from zephon_torch.io._download import read_listed
+from zephon_torch.io._download import check_unchanged, read_listed
 from zephon_torch.io._mapped import MAX_HEADER_BYTES, read_header
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
@@ -130,7 +130,10 @@ def _npy_header(
     fs_path, item = objects[url]
 
     def header() -> tuple[tuple[int, ...], np.dtype[Any], int] | None:
-        head = cat_range(fs, fs_path, 0, min(item.size, _HEADER_BYTES), policy, listed=item.size)
+        wanted = min(item.size, _HEADER_BYTES)
+        head = cat_range(fs, fs_path, 0, wanted, policy, listed=item.size)
+        if len(head) < wanted:  # shorter than listed: a DataError naming `shard` if changed
+            check_unchanged(fs, fs_path, item, dataset=dataset, retry=policy, shard=shard)
         handle = io.BytesIO(head)
         try:
             found = read_header(handle)
