@@ -30,7 +30,8 @@ _LAZY = {
     "Pipeline": "zephon_torch.pipeline",
     "merge_states": "zephon_torch._state",
 }
-_SUBMODULES = ("elastic", "io", "lightning", "ops", "pipeline", "torch", "verify", "work")
+# listed by dir(); `lightning` is left out: its extra may not be installed
+_SUBMODULES = ("elastic", "io", "ops", "pipeline", "torch", "verify", "work")
 
 if not TYPE_CHECKING:  # to a type checker, a name the package lacks stays an error
 
@@ -42,10 +43,15 @@ if not TYPE_CHECKING:  # to a type checker, a name the package lacks stays an er
         else:
             try:
                 value = _importlib.import_module(f"{__name__}.{name}")
-            except ModuleNotFoundError as error:
-                if error.name != f"{__name__}.{name}":
-                    raise  # the submodule is there; something it imports is not
-                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+            except ImportError as error:
+                # an AttributeError either way, as hasattr() and introspection expect; where
+                # the submodule is there and something it needs is not (Lightning's extra),
+                # saying what
+                missing = error.name != f"{__name__}.{name}"
+                said = f" (importing it failed: {error})" if missing else ""
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}{said}") from (
+                    error if missing else None
+                )
         globals()[name] = value
         return value
 

@@ -399,6 +399,19 @@ def test_after_a_bare_import_the_documented_submodules_are_attributes() -> None:
     assert _python(script).split() == [
         "DataLoader", "ElasticDistributedSampler", "StatefulFilter", "False"
     ]  # fmt: skip
+    # a submodule whose extra is not installed is no attribute (hasattr is False) and says why
+    without = (
+        "import sys\n"
+        "sys.modules['lightning'] = None  # as if the extra were not installed\n"
+        "import zephon_torch\n"
+        "print(hasattr(zephon_torch, 'lightning'))\n"
+        "try:\n"
+        "    zephon_torch.lightning\n"
+        "except AttributeError as error:\n"
+        "    print(error)\n"
+    )
+    printed = _python(without).splitlines()
+    assert printed[0] == "False" and "pip install 'zephon-torch[lightning]'" in printed[1]
 
 
 def test_a_child_forked_before_the_tokenizer_code_is_imported_knows_it_is_one() -> None:
