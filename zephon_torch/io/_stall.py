@@ -174,23 +174,20 @@ def cat_range(
     else:
         size = end - start
     pace = Pace(retry.min_rate, retry.rate_window, size or 0, what="read")
-    loop = _running_loop(fs)
-    cut = loop is not None and pace.on and size is not None
+    loop = _running_loop(fs) if pace.on and size is not None else None  # None: never cut
     data: bytes
     if http and start == 0 and end is not None and listed is not None:
         # fsspec's http file reads only the range's bytes of an answer that ignores it
         with fs.open(fs_path, "rb", block_size=end, size=listed) as handle:
-            if not cut:
+            if loop is None:
                 data = handle.read(end)
-                return data
-            assert loop is not None
-            data = _watched(loop, handle.async_fetch_range(0, end), pace, None)
+            else:
+                data = _watched(loop, handle.async_fetch_range(0, end), pace, None)
         return data
-    if not cut:
+    if loop is None:
         data = fs.cat_file(fs_path, start=start, end=end)
-        return data
-    assert loop is not None
-    data = _watched(loop, fs._cat_file(fs_path, start=start, end=end), pace, None)
+    else:
+        data = _watched(loop, fs._cat_file(fs_path, start=start, end=end), pace, None)
     return data
 
 

@@ -416,9 +416,8 @@ class MixPack(BaseNode[PackedRow]):
         self.active[source] = False
         reader = self.readers[source]
         if self.tokens[source] == 0 and reader.lane_rows > 0:
-            if ("no token", reader.layout.name) in self.warned:
+            if not self._first_warning("no token", source):
                 return
-            self.warned.add(("no token", reader.layout.name))
             warnings.warn(
                 f"dataset {reader.layout.name!r} gave a lane no token: every document of it "
                 f"that the lane read was {self._empty_words()} or dropped (by filters, "
@@ -429,8 +428,7 @@ class MixPack(BaseNode[PackedRow]):
             return
         left = sum(r.unread()[0] for r, on in zip(self.readers, self.active, strict=True) if on)
         total = sum(r.unread()[1] for r in self.readers)
-        if left > _LATE_SHARE * total and ("ran out", reader.layout.name) not in self.warned:
-            self.warned.add(("ran out", reader.layout.name))
+        if left > _LATE_SHARE * total and self._first_warning("ran out", source):
             warnings.warn(
                 f"dataset {reader.layout.name!r} ran out (exhaustion='stop': its passes are "
                 f"read) with more than {_LATE_SHARE:.0%} of a lane's documents, of other "
@@ -493,10 +491,8 @@ class MixPack(BaseNode[PackedRow]):
     def _warn_bad(self, source: int, shard: int, row: int, error: str) -> None:
         """Warn of the first row of ``source``'s dataset skipped for ``error`` (one word per
         dataset and iteration: ``stats()`` counts them all), with its line in its file."""
-        name = self.readers[source].layout.name
-        if ("bad rows", name) in self.warned:
+        if not self._first_warning("bad rows", source):
             return
-        self.warned.add(("bad rows", name))
         place = None if self.line_of is None else self.line_of(source, shard, row)
         warnings.warn(
             "bad_rows='skip': skipping rows that raise an error, counted in "
@@ -504,6 +500,15 @@ class MixPack(BaseNode[PackedRow]):
             f"iteration); the first: {error}{'' if place is None else f' ({place})'}",
             stacklevel=3,
         )
+
+    def _first_warning(self, kind: str, source: int) -> bool:
+        """Whether the warning ``kind`` of ``source``'s dataset is still to be given this
+        iteration (the lanes share ``warned``); it counts as given from now on."""
+        key = (kind, self.readers[source].layout.name)
+        if key in self.warned:
+            return False
+        self.warned.add(key)
+        return True
 
     def _empty_words(self) -> str:
         """Why documents gave no token, for an error's words: empty, and, where this lane

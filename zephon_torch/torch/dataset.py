@@ -30,15 +30,10 @@ if TYPE_CHECKING:
     from zephon_torch.pipeline import Pipeline
 
 
-def recipe_of(state: dict[str, Any]) -> dict[str, Any]:
-    """What ranks must agree on, from a pipeline's `state`: its fingerprint and its token
-    estimation (which the lanes' mixing decisions rest on)."""
-    return {**state["fingerprint"], "token estimation": state.get("estimation")}
-
-
-def pipeline_recipe(pipeline: Pipeline) -> dict[str, Any]:
-    """`recipe_of` a pipeline, without copying its lanes' states."""
-    return {**pipeline.fingerprint(), "token estimation": pipeline._estimation}
+def recipe_of(fingerprint: dict[str, Any], estimation: Any) -> dict[str, Any]:
+    """What ranks must agree on: a pipeline's fingerprint and its token estimation (which the
+    lanes' mixing decisions rest on)."""
+    return {**fingerprint, "token estimation": estimation}
 
 
 META_KEY = "zephon"
@@ -287,7 +282,8 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # not delivered since the load come from it)
         lanes = copy.deepcopy(self.resume_lanes(delivered))
         if get_worker_info() is None and distributed_ready():
-            lanes = all_gather_lane_states(lanes, recipe_of(base), self.pipeline.topology)
+            recipe = recipe_of(base["fingerprint"], base.get("estimation"))
+            lanes = all_gather_lane_states(lanes, recipe, self.pipeline.topology)
         base["lanes"] = lanes
         # a worker left idle (StatefulDataLoader) holds no lanes
         base["step"] = state_step(lanes)

@@ -37,7 +37,7 @@ from zephon_torch.torch.dataset import (
     META_KEY,
     PipelineDataset,
     idle_workers,
-    pipeline_recipe,
+    recipe_of,
 )
 from zephon_torch.torch.distributed import check_data_parallel, collective, equal_ending
 
@@ -175,7 +175,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             warnings.warn(note, stacklevel=user_stacklevel())
         ranks = collective(pipeline.topology)
         # every rank's topology and recipe, at step 0 (the group made here)
-        check_data_parallel(pipeline.topology, pipeline_recipe(pipeline))
+        recipe = recipe_of(pipeline.fingerprint(), pipeline._estimation)
+        check_data_parallel(pipeline.topology, recipe)
         begun = self._in_step() if ranks else 0
         equalise = ranks and pipeline.exhaustion == "stop"
         # never cut under "repeat" (see Pipeline.__iter__): a rank dealt no document pads
