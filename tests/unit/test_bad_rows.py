@@ -560,3 +560,77 @@ def test_a_row_whose_line_cannot_be_told_is_warned_of_without_it(
         list(text_pipeline(folder, tokenizer, "skip", name="no-line"))
     words = [str(w.message) for w in caught if "bad_rows='skip'" in str(w.message)]
     assert len(words) == 1 and "dataset 'no-line'" in words[0] and "(line " not in words[0]
+
+
+def in_order(folder: Path, exhaustion: str = "stop") -> StaticMixtureWorkSource:
+    """One dataset read in stored order (no shuffle), so a lane meets its rows as written."""
+    return StaticMixtureWorkSource(
+        [Dataset.from_path("d", folder)],
+        seed=1,
+        shuffle=False,
+        exhaustion=exhaustion,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("exhaustion", ["stop", "repeat"])
+@pytest.mark.parametrize("stage", ["tokenize", "pretokenized"])
+def test_a_field_in_no_row_ends_the_run_at_its_hundredth_skip(
+    tmp_path: Path, tokenizer: Any, stage: str, exhaustion: str
+) -> None:
+    # a misspelt field: every row is bad; under "stop" the run gave 0 batches and warnings,
+    # under "repeat" an error only once a whole pass proved the dataset barren
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for shard in range(3):  # 3 x 80 rows: a whole pass of one lane is 240 bad rows
+        rows = [json.dumps({"text": t, "ids": [1, 2, 3]}) for t in TEXTS[:80]]
+        (folder / f"part-{shard}.jsonl").write_text("\n".join(rows) + "\n")
+    pipeline = Pipeline(in_order(folder, exhaustion)).options(bad_rows="skip")
+    if stage == "tokenize":
+        pipeline = pipeline.tokenize(tokenizer=tokenizer, field="txt")
+    else:
+        pipeline = pipeline.pretokenized("input_ids")
+    pipeline = pipeline.pack_flat(32, "wrap").batch(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataError) as caught:
+            list(pipeline)
+    said = str(caught.value)
+    assert caught.value.dataset == "d" and caught.value.row is None
+    assert "a lane skipped 100 rows of it as malformed before any gave a document" in said
+    field = "txt" if stage == "tokenize" else "input_ids"
+    # the first skipped row's own error, with the fields the row has
+    assert f"part-0.jsonl', row 0: field '{field}' is missing" in said
+    assert "['ids', 'text']" in said and "misspelt field name" in said
+
+
+def test_ninety_nine_bad_rows_before_the_first_document_are_skipped(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    bad = 99
+    lines = ['{"body": "x"}'] * bad + [json.dumps({"text": t}) for t in TEXTS[: 90 - bad + 30]]
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    pipeline = (
+        Pipeline(in_order(folder))
+        .options(bad_rows="skip")
+        .tokenize(tokenizer=tokenizer)
+        .pack_flat(64, "wrap")
+        .batch(2)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert list(pipeline)
+    assert skipped(pipeline)["malformed"] == bad
+    # one more bad row first, and the run ends
+    (folder / "part-0.jsonl").write_text("\n".join(['{"body": "x"}', *lines]) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataError, match="skipped 100 rows of it as malformed"):
+            list(
+                Pipeline(in_order(folder))
+                .options(bad_rows="skip")
+                .tokenize(tokenizer=tokenizer)
+                .pack_flat(64, "wrap")
+                .batch(2)
+            )

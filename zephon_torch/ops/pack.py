@@ -94,6 +94,9 @@ _LATE_SHARE = 0.05
 # why documents are skipped: the length rules, documents of no token, and rows that raised a
 # DataError under bad_rows="skip"
 SKIP_REASONS = ("too_long", "too_short", "empty", "malformed")
+# rows of a source a lane may skip as malformed before its first document; one more is an error
+# (with a tenth of rows bad at random, 100 in a row come once in 10**100 starts)
+BAD_START_ROWS = 100
 
 
 class MixPack(BaseNode[PackedRow]):
@@ -162,6 +165,8 @@ class MixPack(BaseNode[PackedRow]):
             for _ in readers
         ]
         self._filtered = [False] * len(readers)  # whether the filters dropped any of a source
+        # per source, the rows skipped as malformed while none gave a document, and the first
+        self._bad_start: list[tuple[int, str]] = [(0, "")] * len(readers)
         for source, reader in enumerate(readers):
             plain: Any = reader
             while not isinstance(plain, DocumentReader):  # beneath the stateful filters
@@ -182,6 +187,7 @@ class MixPack(BaseNode[PackedRow]):
         for run in self._barren_runs:
             run.clear()
         self._refusals = [None] * len(self.readers)
+        self._bad_start = [(0, "")] * len(self.readers)
         if initial_state is None:
             for reader in self.readers:
                 reader.reset(None)
@@ -447,6 +453,8 @@ class MixPack(BaseNode[PackedRow]):
         if error is not None:
             self.skipped["malformed"] += 1
             self._warn_bad(source, shard, row, error)
+            if not self.documents[source]:
+                self._check_bad_start(source, error)
         elif not size:  # no token, not even a special one (see `with_eos`)
             self.skipped["empty"] += 1
         elif self.drop_longer_than is not None and size > self.drop_longer_than:
@@ -499,6 +507,26 @@ class MixPack(BaseNode[PackedRow]):
             "stats()['skipped_documents']['malformed'] (one warning per dataset and "
             f"iteration); the first: {error}{'' if place is None else f' ({place})'}",
             stacklevel=3,
+        )
+
+    def _check_bad_start(self, source: int, error: str) -> None:
+        """Refuse ``source`` once the lane skipped ``BAD_START_ROWS`` of its rows as malformed
+        and none gave a document: ``bad_rows="skip"`` is for a dataset's few bad rows, and a
+        dataset without a good one (a misspelt field, the wrong column) would otherwise be read
+        through, a whole pass, for warnings and no batch. Counted from the iteration's start or
+        resume."""
+        count, first = self._bad_start[source]
+        count, first = count + 1, first or error
+        self._bad_start[source] = (count, first)
+        if count < BAD_START_ROWS:
+            return
+        raise DataError(
+            f"bad_rows='skip': a lane skipped {count} rows of it as malformed before any gave "
+            "a document, and skipping is for a dataset's few bad rows, not for one without "
+            f"good ones. The first: {first}. A field missing from "
+            "every row is a misspelt field name (the `field` of tokenize, tokenize_chat or "
+            "pretokenized)",
+            dataset=self.readers[source].layout.name,
         )
 
     def _first_warning(self, kind: str, source: int) -> bool:
