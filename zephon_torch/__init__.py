@@ -5,7 +5,13 @@ from typing import TYPE_CHECKING
 from typing import Any as _Any
 
 from zephon_torch import _origin  # noqa: F401  (the importing process's pid, recorded now)
-from zephon_torch.errors import ConfigError, DataError, StateMismatchError, StorageError
+from zephon_torch.errors import (
+    ConfigError,
+    DataError,
+    StateMismatchError,
+    StorageError,
+    ZephonWarning,
+)
 
 if TYPE_CHECKING:
     from zephon_torch._state import merge_states
@@ -19,6 +25,7 @@ __all__ = [
     "Pipeline",
     "StateMismatchError",
     "StorageError",
+    "ZephonWarning",
     "merge_states",
 ]
 __version__ = "0.1.0"

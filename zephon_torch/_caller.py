@@ -4,17 +4,70 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import warnings
+from types import FrameType
+from typing import Any
+
+from zephon_torch.errors import ZephonWarning
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# frames that are nobody's line of code: a background thread's start, a DataLoader worker's loop
+_NO_USER = (threading.__file__, os.sep + os.path.join("torch", "utils", "data") + os.sep)
+Site = tuple[str, int, dict[str, Any]]  # a user's line: file, line number, module globals
+_thread_site = threading.local()  # .site: the line a background thread warns from
 
 
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a ``warnings.warn`` in the calling function name the first
-    frame outside zephon_torch (a ``Dataset.from_path`` line of the user's), however deep in
-    the library the warning is made; the outermost frame where all are the library's."""
-    frame = sys._getframe(1)  # the function that warns: stacklevel 1
-    level = 1
+def _outside(frame: FrameType) -> tuple[FrameType, int]:
+    """The first frame from ``frame`` outward that is not zephon_torch's (the outermost where
+    all are), and how many frames out it is."""
+    out = 0
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
-        level += 1
-    return level
+        out += 1
+    return frame, out
+
+
+def _is_users(frame: FrameType) -> bool:
+    filename = frame.f_code.co_filename
+    return not filename.startswith(_PACKAGE) and not any(part in filename for part in _NO_USER)
+
+
+def user_site() -> Site | None:
+    """The calling thread's user line (see ``warn``), for a background thread it starts to warn
+    from (``adopt_site``); None where none is the user's."""
+    frame, _ = _outside(sys._getframe(1))
+    if not _is_users(frame):
+        return getattr(_thread_site, "site", None)
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals
+
+
+def adopt_site(site: Site | None) -> None:
+    """Have this (background) thread's warnings point at ``site``: the line of the user's that
+    started its work (``for batch in pipeline``)."""
+    _thread_site.site = site
+
+
+def warn(message: str) -> None:
+    """Give ``message`` as a ``ZephonWarning`` from the first frame outside zephon_torch (the
+    user's ``for batch in loader`` or ``Dataset.from_path`` line), however deep in the library
+    it is made; on a background thread, from the line that started its work. Where no line is
+    the user's (a DataLoader worker's loop), from the library's line that warned."""
+    frame, out = _outside(sys._getframe(1))  # the function that warns: stacklevel 2
+    if _is_users(frame):
+        warnings.warn(message, ZephonWarning, stacklevel=2 + out)
+        return
+    site = getattr(_thread_site, "site", None)
+    if site is None:
+        warnings.warn(message, ZephonWarning, stacklevel=2)
+        return
+    filename, lineno, module_globals = site
+    warnings.warn_explicit(
+        message,
+        ZephonWarning,
+        filename,
+        lineno,
+        module=module_globals.get("__name__"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+        module_globals=module_globals,
+    )

@@ -9,11 +9,11 @@ data ends the stream (after a mid-turn resume, the started turn is completed fir
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from zephon_torch._caller import warn
 from zephon_torch._stats import RunCounters
 from zephon_torch._token_stage import (
     columnar,
@@ -262,11 +262,10 @@ def warn_if_fewer_rows_than_lanes(source: StaticMixtureWorkSource, num_lanes: in
                 if source.exhaustion == "repeat"
                 else f"its documents reach only {rows} lanes' batches"
             )
-            warnings.warn(
+            warn(
                 f"dataset {name!r} has {rows} documents, fewer than the {num_lanes} lanes "
                 f"(canonical_replicas): lanes {rows} to {num_lanes - 1} never read it, so "
                 f"{effect}. Split it into more documents or use fewer lanes.",
-                stacklevel=2,
             )
 
 
@@ -276,12 +275,11 @@ def warn_if_spent(resumed: bool, delivered: int) -> None:
     after a partial pass. A loop over epochs would otherwise see one epoch and then silence.
     Checked at the end, on what came: a lane's last state before its end can read not done."""
     if resumed and not delivered:
-        warnings.warn(
+        warn(
             "this iteration gave no data: every lane of this pipeline is spent "
             "(exhaustion='stop'), and iterating again continues from there. Start a fresh "
             "pipeline (or load an earlier state) for another pass, or use exhaustion='repeat' "
             "and stop on a step budget",
-            stacklevel=3,
         )
 
 

@@ -7,11 +7,10 @@ the tokenizer is resolved once per pipeline object.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from zephon_torch._caller import user_stacklevel
+from zephon_torch._caller import warn
 from zephon_torch._specs import check_below_vocab
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._runner import RunnerKind
@@ -146,7 +145,7 @@ def resolve(self: Pipeline) -> ResolvedTokenizer:
         )
         op = tokenize_op(self)  # validates the special-token policy against the tokenizer
         for warning in _doubts(op):
-            warnings.warn(warning, stacklevel=user_stacklevel())
+            warn(warning)
     return self._resolved["tokenizer"]
 
 
@@ -241,11 +240,10 @@ def check_pad_id(self: Pipeline, pad_token_id: int | None) -> None:
         return
     size = resolve(self).backend.get_vocab_size(with_added_tokens=True)
     if pad_token_id >= size:
-        warnings.warn(
+        warn(
             f"`pad_token_id` {pad_token_id} lies past the tokenizer's vocabulary ({size} ids): "
             "every padding position holds it, so the model's embedding needs a row for it; "
             "leave it unset to pad with EOS",
-            stacklevel=user_stacklevel(),
         )
 
 

@@ -40,6 +40,13 @@ class ZephonError(Exception):
         return _with_cause(self, super().__reduce__())
 
 
+class ZephonWarning(UserWarning):
+    """Every warning zephon_torch gives (a source that ran out mid-run, skipped rows, a cache
+    too small for its shuffle window): ``warnings.filterwarnings("error",
+    category=ZephonWarning)`` makes them errors, ``"ignore"`` silences them alone. Each points at
+    the user's line that led to it, where one is on the stack."""
+
+
 class WorkerTraceback(Exception):
     """The traceback of an error's cause, as text, after the error crossed a process boundary
     (its frames cannot cross); chained as ``__cause__``, so a printed traceback shows it."""

@@ -26,6 +26,7 @@ except ImportError as error:
     ) from error
 
 from zephon_torch import Pipeline
+from zephon_torch._caller import warn
 from zephon_torch._lane_split import MID_STEP
 from zephon_torch.elastic import rank_turns
 from zephon_torch.errors import ConfigError
@@ -169,10 +170,9 @@ class _Loader(DataLoader):
         trainer = self._module.trainer
         if not given and trainer is not None:
             if not trainer.should_stop:
-                warnings.warn(
+                warn(
                     f"the training data is spent at global step {trainer.global_step} "
                     "(exhaustion='stop'): the fit stops here",
-                    stacklevel=2,
                 )
             trainer.should_stop = True
 
@@ -223,10 +223,9 @@ def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any]) -> None:
         return
     turns = _rank_turns(pipeline, state)
     if len(turns) > 1:
-        warnings.warn(
+        warn(
             f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "
             f"it resumes on {world_size} ranks or on one only. Checkpoint at step ends "
             f"(accumulate_grad_batches={len(pipeline.lanes)}, canonical_replicas / world "
             "size) to resume on any world size",
-            stacklevel=3,
         )

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
+from zephon_torch._caller import warn
 from zephon_torch._lane_split import MID_STEP, step_remainder
 from zephon_torch._lanes import LaneRuntime, deliver, stop_iteration
 from zephon_torch._recipe import recipe_fingerprint
@@ -597,12 +597,11 @@ class Pipeline:
         counting whole steps from it does not expect."""
         left = step_remainder([lanes.get(str(lane)) for lane in self.lanes])
         if left:
-            warnings.warn(
+            warn(
                 f"{MID_STEP}: the first {left} of this rank's micro-batches "
                 "from it finish the step it was saved in, so a loop counting "
                 f"{len(self.lanes)} micro-batches a step from here is off by {left}; save "
                 "states at step ends",
-                stacklevel=3,
             )
 
     # -- running -------------------------------------------------------------------------------

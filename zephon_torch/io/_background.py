@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from zephon_torch._caller import Site, adopt_site, user_site
+
 _log = logging.getLogger(__name__)
 
 
@@ -30,13 +32,14 @@ class Background:
         self.threads = max(1, threads)
         self.name = name
         self._lock = threading.Lock()
-        self._jobs: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        # each job, with the user's line its warnings point at (its submitter's)
+        self._jobs: deque[tuple[Callable[..., Any], tuple[Any, ...], Site | None]] = deque()
         self._running = 0
 
     def submit(self, job: Callable[..., Any], *args: Any) -> None:
         """Queue ``job(*args)``; returns at once."""
         with self._lock:
-            self._jobs.append((job, args))
+            self._jobs.append((job, args, user_site()))
             if self._running < self.threads:
                 self._running += 1
                 threading.Thread(target=self._work, name=self.name, daemon=True).start()
@@ -44,7 +47,7 @@ class Background:
     def clear(self) -> list[tuple[Any, ...]]:
         """Drops the jobs not started yet (those running go on); returns their arguments."""
         with self._lock:
-            dropped = [args for _, args in self._jobs]
+            dropped = [args for _, args, _ in self._jobs]
             self._jobs.clear()
         return dropped
 
@@ -54,7 +57,8 @@ class Background:
                 if not self._jobs:
                     self._running -= 1
                     return
-                job, args = self._jobs.popleft()
+                job, args, site = self._jobs.popleft()
+            adopt_site(site)
             try:
                 job(*args)
             except Exception:  # a job's own bug: the thread goes on with the others

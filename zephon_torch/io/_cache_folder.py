@@ -19,9 +19,9 @@ import re
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._locks import flock, lock_file, release_file
 
@@ -186,12 +186,11 @@ class CacheFolder:
                 seen, still_since = partial, now
             elif now - still_since >= STALL_S and now - warned >= STALL_S:
                 warned = now
-                warnings.warn(
+                warn(
                     f"waiting {now - still_since:.0f} s for the cached copy {name!r} in the shard "
                     f"cache {self.directory!r}: another process holds its download and has "
                     "written nothing in that time. It may be stopped (SIGSTOP, `docker pause`) "
                     "or waiting for room in the cache; the wait goes on while it holds the file",
-                    stacklevel=2,
                 )
 
     def _partial(self, name: str) -> list[tuple[str, int, int]]:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 
-from zephon_torch._caller import user_stacklevel
+from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
 from zephon_torch.io.formats import COMPRESSION_ENDINGS, ENDINGS, INDEX_FILE
 
@@ -65,11 +64,10 @@ def once_each(text: str, files: list[str]) -> list[str]:
         shown = ", ".join(twins[:_SHOWN]) + (
             f" and {len(twins) - _SHOWN} more" if len(twins) > _SHOWN else ""
         )
-        warnings.warn(
+        warn(
             f"{text!r}: {len(twins)} file(s) are other names (links) of files it reads, and are "
             f"not read again: {shown}. To read a source more often, give it a larger mixture "
             "weight (or `passes=`)",
-            stacklevel=user_stacklevel(),
         )
     return kept
 
@@ -118,11 +116,10 @@ def _warn_left_out(text: str, left_out: list[str]) -> None:
         if packed
         else ""
     )
-    warnings.warn(
+    warn(
         f"{text!r}: {len(dropped)} file(s) whose names end in no format it reads are left "
         f"out: {_some(dropped)} (it reads {ENDINGS}){advice}. If they are data, give them a "
         "known ending, or pass `format=` with a glob that names them alone",
-        stacklevel=user_stacklevel(),
     )
 
 
@@ -141,12 +138,11 @@ def _warn_json_beside(text: str, found: list[str]) -> None:
     json_files = [file for file in found if _ending(file) == ".json"]
     if not json_files or len(json_files) == len(found):
         return
-    warnings.warn(
+    warn(
         f"{text!r}: {len(json_files)} .json file(s) are read as JSON Lines beside its "
         f".jsonl files: {_some(json_files)}; if they hold metadata, not data, each line of them is "
         "a row. Pass a glob that names the data files alone (such as "
         f"'{os.path.join(text, '**', '*.jsonl*')}') to leave them out",
-        stacklevel=user_stacklevel(),
     )
 
 
@@ -172,9 +168,8 @@ def _warn_twins(text: str, found: list[str]) -> None:
         return
     plain, packed = twins[0]
     more = f" (and {len(twins) - 1} more such pairs)" if len(twins) > 1 else ""
-    warnings.warn(
+    warn(
         f"{text!r}: {os.path.basename(plain)!r} and {os.path.basename(packed)!r}{more} differ "
         "only by a compression ending: if they hold the same data, every row of them is read "
         "twice; both are read. Remove one, or pass a glob that picks one of each pair",
-        stacklevel=user_stacklevel(),
     )

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import re
 import reprlib
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
 from zephon_torch.io.formats import EXTENSIONS, detect_format
 
@@ -371,11 +371,10 @@ def _glob(pattern: str) -> re.Pattern[str]:
 def warn_if_partial(url: str, files: Sequence[str], split: str) -> None:
     """Warn when the split's files are the hub's partial conversion (a prefix of the split)."""
     if any(f"partial-{split}" in file.split("/") for file in files):
-        warnings.warn(
+        warn(
             f"{url!r} reads the hub's auto-converted Parquet `partial-{split}`: only the first "
             "part of a large split (the hub converts a prefix). Its uploaded files were not "
             "matched to the split; a dataset card listing them under `configs:` fixes that.",
-            stacklevel=3,
         )
 
 

@@ -10,12 +10,12 @@ listed once; their counts are read by range reads or remembered (see `_remote_ro
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_torch._caller import warn
 from zephon_torch._progress import track
 from zephon_torch.errors import without_secrets
 from zephon_torch.io._discover import detect_files, find_files
@@ -173,9 +173,8 @@ def _without_empty_tables(name: str, format_: str, files: list[File]) -> list[Fi
         return files
     named = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
     named = without_secrets(named)  # signed URLs
-    warnings.warn(
+    warn(
         f"dataset {name!r}: {len(empty)} of its {len(files)} {format_} files hold no rows and "
         f"are left out: {named}",
-        stacklevel=4,
     )
     return [file for file in files if file[1] > 0]

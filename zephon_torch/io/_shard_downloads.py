@@ -16,10 +16,10 @@ import os
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import StorageError
 from zephon_torch.io._background import Background
 from zephon_torch.io._download import fetch
@@ -128,12 +128,11 @@ class ShardDownloads:
             self._window_warned = True
             part = f"its part ({room} bytes) of " if share > 1 else ""
             shared = f", shared by {share} remote datasets" if share > 1 else ""
-            warnings.warn(
+            warn(
                 f"dataset {self.dataset!r}: the {len(shards)} shards of a shuffle window "
                 f"({size} bytes, read at once) do not fit in {part}the shard cache (max_bytes "
                 f"{max_bytes}{shared}), so they are downloaded again and again as their rows "
                 f"are read; raise `max_bytes` or lower `shuffle_window_shards`",
-                stacklevel=2,
             )
 
     def _shared_budget(self, budget: int, processes: int) -> int:
@@ -143,11 +142,10 @@ class ShardDownloads:
         shared = self.options.cache.max_bytes // 2 // processes
         if not self._budget_warned:
             self._budget_warned = True
-            warnings.warn(
+            warn(
                 f"dataset {self.dataset!r}: cache `prefetch_bytes` {budget} per process, for "
                 f"{processes} processes on this node, passes half of `max_bytes` "
                 f"({self.options.cache.max_bytes}); each prefetches {shared} bytes ahead",
-                stacklevel=3,
             )
         return shared
 

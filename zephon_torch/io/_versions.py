@@ -20,11 +20,11 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import without_secrets
 from zephon_torch.io._shard_cache import CachedObject
 
@@ -63,12 +63,11 @@ def versioned_per_open(
     bare = [item.url for (_, item), kept in zip(objects, settled, strict=True) if not kept]
     if not bare:
         return objects
-    warnings.warn(
+    warn(
         f"dataset {dataset!r}: the storage lists {len(bare)} object(s) without a version "
         f"(ETag or modification time) or modified within the last {SETTLE_S:g} s, e.g. "
         f"{without_secrets(bare[0])!r}; a changed object of the same size could not be told "
         "from a cached copy, so this open downloads them again",
-        stacklevel=4,
     )
     stamp = f"{PER_OPEN}{time.time_ns()}:"
     return [

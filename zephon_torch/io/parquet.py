@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -28,6 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import DataError
 from zephon_torch.io._arrow import (
     BadTokenRow,
@@ -281,14 +281,13 @@ class ParquetReader(PickledAsSettings):
 
     def _decode(self, path: str, opened: _OpenFile, group: int) -> _RowGroup:
         if self._decodes.again_soon((path, group)):
-            warnings.warn(
+            warn(
                 f"dataset {self.dataset!r}: Parquet row groups are decoded again soon after "
                 f"being dropped from the row-group cache ({self.max_row_group_bytes >> 20} MiB, "
                 f"{self.max_row_groups:,} groups): the row groups of a shuffle window do not fit "
                 "it, so most rows cost a row-group decode. Lower shuffle_window_shards, write "
                 "smaller row groups, or raise io_options={'parquet': {'row_group_cache_bytes': "
                 "...}}.",
-                stacklevel=2,
             )
         columns = None if self.projection.columns is None else list(self.projection.columns)
         try:

@@ -17,8 +17,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
+from zephon_torch._caller import Site, adopt_site, user_site
+
 T = TypeVar("T")
-_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+# a call, and the user's line its warnings point at (that of the thread that submitted it)
+_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any], Site | None]
 
 
 class DaemonPool(Executor):
@@ -46,7 +49,7 @@ class DaemonPool(Executor):
         if self._closed:
             raise RuntimeError("cannot schedule new calls after shutdown")
         future: Future[T] = Future()
-        self._jobs.put((future, fn, args, kwargs))
+        self._jobs.put((future, fn, args, kwargs, user_site()))
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -91,9 +94,12 @@ def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
         del job  # the idle thread holds no chunk
 
 
-def _run(future: Future[Any], fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+def _run(
+    future: Future[Any], fn: Callable[..., Any], args: Any, kwargs: Any, site: Site | None
+) -> None:
     if not future.set_running_or_notify_cancel():
         return
+    adopt_site(site)
     try:
         result = fn(*args, **kwargs)
     except BaseException as error:  # a SystemExit too: its future must settle

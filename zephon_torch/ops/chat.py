@@ -11,12 +11,12 @@ every label whose target token is not trainable.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError, without_secrets
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
 from zephon_torch.ops.document import Document, call_user, document_error, encode_texts, owned
@@ -162,12 +162,11 @@ class TokenizeChatOp:
         the assistant's turns does to every conversation, without an error."""
         self._untrained_warned = True
         dataset, shard = self.dataset_names[doc.source], self.shard_paths[doc.source][doc.shard]
-        warnings.warn(
+        warn(
             f"dataset {dataset!r}, shard {without_secrets(shard)!r}, row {doc.row}: chat template "
             f"{self.template_name!r} marks no token of this conversation trainable, so it is "
             "trained on nothing (every label -100); check which segments the template flags "
             "(warned once)",
-            stacklevel=2,
         )
 
     def _segments(self, doc: Document) -> list[tuple[str, bool]]:

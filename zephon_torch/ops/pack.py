@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import DataError
 from zephon_torch.ops._pack_state import checked_pack_state
 from zephon_torch.ops.columns import TokenChunk
@@ -424,24 +424,22 @@ class MixPack(BaseNode[PackedRow]):
         if self.tokens[source] == 0 and reader.lane_rows > 0:
             if not self._first_warning("no token", source):
                 return
-            warnings.warn(
+            warn(
                 f"dataset {reader.layout.name!r} gave a lane no token: every document of it "
                 f"that the lane read was {self._empty_words()} or dropped (by filters, "
                 "min_document_length or long_documents='drop'), and with exhaustion='stop' "
                 "its pass is over",
-                stacklevel=2,
             )
             return
         left = sum(r.unread()[0] for r, on in zip(self.readers, self.active, strict=True) if on)
         total = sum(r.unread()[1] for r in self.readers)
         if left > _LATE_SHARE * total and self._first_warning("ran out", source):
-            warnings.warn(
+            warn(
                 f"dataset {reader.layout.name!r} ran out (exhaustion='stop': its passes are "
                 f"read) with more than {_LATE_SHARE:.0%} of a lane's documents, of other "
                 "datasets, to come: the rest of the run is theirs alone, and the delivered "
                 "shares leave their targets; give it more `passes`, or use "
                 "exhaustion='repeat' with a step budget to keep the shares",
-                stacklevel=2,
             )
 
     def _admit(
@@ -502,11 +500,10 @@ class MixPack(BaseNode[PackedRow]):
         if not self._first_warning("bad rows", source):
             return
         place = None if self.line_of is None else self.line_of(source, shard, row)
-        warnings.warn(
+        warn(
             "bad_rows='skip': skipping rows that raise an error, counted in "
             "stats()['skipped_documents']['malformed'] (one warning per dataset and "
             f"iteration); the first: {error}{'' if place is None else f' ({place})'}",
-            stacklevel=3,
         )
 
     def _check_bad_start(self, source: int, error: str) -> None:

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from zephon_torch._caller import Site, adopt_site, user_site
+
 T = TypeVar("T")
 
 _END = object()
@@ -38,11 +40,12 @@ class Prefetcher(Generic[T]):
         self._closing = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(
-            target=self._run, args=(make,), daemon=True, name="zephon-prefetch"
+            target=self._run, args=(make, user_site()), daemon=True, name="zephon-prefetch"
         )
         self._thread.start()
 
-    def _run(self, make: Callable[[], Iterator[T]]) -> None:
+    def _run(self, make: Callable[[], Iterator[T]], site: Site | None) -> None:
+        adopt_site(site)  # its warnings point at the line that iterates
         try:
             for item in make():
                 if not self._put(item):

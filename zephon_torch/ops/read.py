@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -19,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
+from zephon_torch._caller import warn
 from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import DataError, StateMismatchError
 from zephon_torch.ops._runner import Chunk, Runner
@@ -411,9 +411,8 @@ class BarrenRun:
         if reader.exhaustion != "repeat" or self.length <= 2 * lane_rows:
             return False
         if self.length - added <= 8 * lane_rows < self.length:
-            warnings.warn(
+            warn(
                 f"dataset {reader.layout.name!r}: {self.length} documents in a row {self.what}",
-                stacklevel=3,
             )
         if reader.same_each_pass:
             return True

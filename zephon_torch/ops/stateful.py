@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -21,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
+from zephon_torch._caller import warn
 from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.ops.document import Document, call_user
@@ -268,10 +268,9 @@ class FilteredReader(BaseNode[Document]):
             rejected += 1
             self.rejected += 1
             if rejected == 8 * rows and self.reader.exhaustion == "repeat":
-                warnings.warn(  # where nothing proves it rejects for ever: a word at least
+                warn(  # where nothing proves it rejects for ever: a word at least
                     f"dataset {self.layout.name!r}: the stateful filter {filter_name(self.op)!r} "
                     f"rejected {rejected} documents in a row (eight passes of this lane)",
-                    stacklevel=2,
                 )
             looking = watch and rejected >= rows and looks.due(doc.pass_index, doc.pos, apart)
             if looking and looks.seen_before(_states(filters)):

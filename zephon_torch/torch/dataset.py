@@ -10,13 +10,13 @@ single-process order exactly. ``a`` is the largest divisor of the rank's lane co
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from zephon_torch._caller import warn
 from zephon_torch._lanes import calibrated
 from zephon_torch._state import state_step, version_mismatch, version_note
 from zephon_torch.errors import StateMismatchError, ZephonError
@@ -204,7 +204,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # and gives the warnings its workers heard there, once (see `_warnings`)
         with heard_warnings(quiet) as heard:
             if self._idle_note is not None:
-                warnings.warn(self._idle_note, stacklevel=2)
+                warn(self._idle_note)
                 self._idle_note = None
             pipeline = pipeline.with_lanes(mine, endless=self.endless, quiet=quiet)
             if states:

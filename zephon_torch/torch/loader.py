@@ -12,14 +12,13 @@ import copy
 import multiprocessing
 import pickle
 import time
-import warnings
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from zephon_torch._caller import user_stacklevel
+from zephon_torch._caller import warn
 from zephon_torch._lanes import (
     calibrated,
     cut_at_empty_turn,
@@ -172,7 +171,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         note = idle_workers(num_lanes=len(pipeline.lanes), num_workers=self.num_workers)
         if note is not None and not self._idle_warned:
             self._idle_warned = True
-            warnings.warn(note, stacklevel=user_stacklevel())
+            warn(note)
         ranks = collective(pipeline.topology)
         # every rank's topology and recipe, at step 0 (the group made here)
         recipe = recipe_of(pipeline.fingerprint(), pipeline._estimation)

@@ -1,0 +1,65 @@
+"""Every warning is a ``ZephonWarning`` given from the user's line: the one that iterates, also
+where the library warns on its prefetch thread or a tokenizing thread."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zephon_torch
+from tests.conftest import prose_documents
+from zephon_torch import Pipeline, ZephonWarning
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def _pipeline(folder: Path, tokenizer: Any, prefetch: int, runner: str) -> Pipeline:
+    lines = [json.dumps({"text": t}) for t in prose_documents(40, seed=5)]
+    lines[7] = '{"body": "no text"}'  # skipped, with a warning
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    source = StaticMixtureWorkSource([Dataset.from_path("d", folder)], seed=1, exhaustion="stop")
+    return (
+        Pipeline(source)
+        .options(bad_rows="skip", prefetch=prefetch)
+        .tokenize(tokenizer=tokenizer, runner=runner)  # type: ignore[arg-type]
+        .pack_flat(64, "wrap")
+        .batch(2)
+    )
+
+
+@pytest.mark.parametrize(("prefetch", "runner"), [(0, "inline"), (2, "inline"), (2, "threads")])
+def test_a_warning_in_iteration_points_at_the_loop(
+    tmp_path: Path, tokenizer: Any, prefetch: int, runner: str
+) -> None:
+    pipeline = _pipeline(tmp_path / "d", tokenizer, prefetch, runner)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = _line() + 1
+        batches = list(pipeline)
+    assert batches
+    said = [w for w in caught if "skipping rows that raise an error" in str(w.message)]
+    assert len(said) == 1
+    assert said[0].category is ZephonWarning and issubclass(ZephonWarning, UserWarning)
+    assert (said[0].filename, said[0].lineno) == (__file__, line)
+
+
+def test_zephon_warnings_alone_can_be_made_errors(tmp_path: Path, tokenizer: Any) -> None:
+    pipeline = _pipeline(tmp_path / "d", tokenizer, 2, "threads")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.filterwarnings("error", category=ZephonWarning)
+        with pytest.raises(ZephonWarning, match="skipping rows"):
+            list(pipeline)
+    assert "ZephonWarning" in zephon_torch.__all__
+
+
+def _line() -> int:
+    """The caller's line number."""
+    import sys
+
+    return sys._getframe(1).f_lineno
