@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import keys
 from tests.integration.test_s3 import _plain_rows, _write_corpus, _write_format, dies_naming
-from tests.object_stores import Store, azure_store, gcs_store
+from tests.object_stores import AZURE_ACCOUNT, AZURE_KEY, Store, azure_store, gcs_store
 from tests.unit.io.test_io_formats_writers import plain
 from zephon_torch import Pipeline
 from zephon_torch.io import Dataset
@@ -125,14 +125,37 @@ def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
     store: Store, tmp_path: Path
 ) -> None:
     """gcsfs retries a refused connection itself for minutes (236 s here with one attempt of
-    ours), the Azure SDK for 86 s (not settable through adlfs), before the retry policy sees
-    the error: a download receiving nothing over a `rate_window` is now cut short."""
+    ours), the Azure SDK did for 86 s, before the retry policy sees the error: a download
+    receiving nothing over a `rate_window` is now cut short."""
     _write_corpus(tmp_path / "local", "parquet", shards=3)
     store.upload(tmp_path / "local", "bucket", "dying")
     retry = {"attempts": 1, "initial_delay": 0.1, "timeout": 5, "rate_window": 5}
     remote = _open(store, "bucket", "dying", tmp_path, retry=retry)
     url = f"{store.scheme}://bucket/dying/part-001.parquet"
     dies_naming(remote, store.process, url, bound=20)
+
+
+def test_a_dead_azure_endpoint_fails_a_listing_after_the_retry_policy_s_attempts() -> None:
+    """The Azure SDK retried a refused connection 3 times itself, 15 s and more apart, and
+    adlfs passes no setting of it on: opening a dataset on a wrong or dead endpoint took 162 s,
+    one attempt of the retry policy's. Those retries are now the policy's alone."""
+    from zephon_torch import StorageError
+    from zephon_torch._moto import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}/{AZURE_ACCOUNT}"  # nothing listens there
+    connection = (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURE_ACCOUNT};AccountKey={AZURE_KEY};"
+        f"BlobEndpoint={endpoint};"
+    )
+    with pytest.raises(StorageError, match=r"listing failed after 3 attempt\(s\)") as caught:
+        Dataset.from_path(
+            "d",
+            "az://c/data",
+            storage_options={"connection_string": connection, "skip_instance_cache": True},
+            io_options={"retry": {"attempts": 3, "initial_delay": 0.1}},
+        )
+    assert caught.value.url == "az://c/data"
+    assert "Cannot connect to host 127.0.0.1" in str(caught.value)
 
 
 def test_a_missing_bucket_is_named_as_such_and_a_missing_path_as_such(store: Store) -> None:

@@ -18,14 +18,12 @@ from typing import Any
 
 from zephon_torch.errors import (
     ConfigError,
-    StorageError,
     ZephonError,
     integer_setting,
     positive_setting,
-    secret_free,
-    without_secrets,
 )
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
+from zephon_torch.io._filesystems import open_filesystem
 from zephon_torch.io._index import index_kind, parse_json
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied, quietly
 from zephon_torch.io._shard_cache import CachedObject
@@ -217,46 +215,6 @@ class Listing:
     index: str | None = None
     index_data: bytes | None = field(default=None, repr=False)
     fs: Any = field(default=None, repr=False)
-
-
-GCS_REQUEST_TIMEOUT_S = 60.0
-
-
-def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
-    """``url``'s fsspec file system and path, made with ``storage_options`` plus a limit the
-    client lacks: gcsfs waits for an answer with no time limit by default, so a store that
-    takes the connection and never answers held the run for ever; gs:// gets
-    ``requests_timeout`` (seconds per request, not per download) unless it is given.
-
-    Raises:
-        ImportError: the URL's back end is not installed, saying what to install.
-        ConfigError: a malformed URL, an unknown storage option, credentials missing a field
-            (gcsfs: KeyError 'refresh_token').
-        StorageError: a file system that connects when made (ftp, sftp, hdfs; gcsfs checking
-            a token) cannot connect.
-    """
-    import fsspec
-
-    options = dict(storage_options)
-    if url.split("://", 1)[0] in ("gs", "gcs"):
-        options.setdefault("requests_timeout", GCS_REQUEST_TIMEOUT_S)
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **options)
-    except ImportError as error:
-        raise ImportError(
-            f"reading {url!r} needs its fsspec back end: {error}; for s3://, gs:// and az:// "
-            "install 'zephon-torch[cloud]'"
-        ) from error
-    except (TypeError, ValueError, LookupError) as error:
-        raise ConfigError(
-            f"cannot open {url!r} (check its storage_options): {type(error).__name__}: "
-            f"{without_secrets(str(error))}"
-        ) from secret_free(error)
-    except OSError as error:  # StorageError blanks the credentials its text may quote
-        raise StorageError(
-            f"cannot connect: {type(error).__name__}: {error}", url=url
-        ) from secret_free(error)
-    return fs, root
 
 
 def list_remote(

@@ -1,0 +1,68 @@
+"""fsspec file systems as zephon_torch opens them: the user's storage options, plus the limits
+a client lacks where its defaults would hold a run for minutes or for ever."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from zephon_torch.errors import ConfigError, StorageError, secret_free, without_secrets
+
+GCS_REQUEST_TIMEOUT_S = 60.0
+_AZURE_SCHEMES = ("az", "abfs", "abfss")
+
+
+def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
+    """``url``'s fsspec file system and path, made with ``storage_options`` plus limits the
+    clients lack:
+
+    - gcsfs waits for an answer with no time limit by default, so a store that takes the
+      connection and never answers held the run for ever; gs:// gets ``requests_timeout``
+      (seconds per request, not per download) unless it is given.
+    - The Azure SDK retries a request that could not be sent (a refused, unreachable or timed
+      out connection) 3 times after 15 s and more each, and adlfs passes no setting of it on:
+      a wrong or dead endpoint took 162 s to a ``StorageError``. az:// leaves those retries to
+      the ``RetryPolicy`` (about 16 s with its defaults); the SDK still retries a request
+      sent (a broken answer, a 5xx) as it does.
+
+    Raises:
+        ImportError: the URL's back end is not installed, saying what to install.
+        ConfigError: a malformed URL, an unknown storage option, credentials missing a field
+            (gcsfs: KeyError 'refresh_token').
+        StorageError: a file system that connects when made (ftp, sftp, hdfs; gcsfs checking
+            a token) cannot connect.
+    """
+    import fsspec
+
+    options = dict(storage_options)
+    if url.split("://", 1)[0] in ("gs", "gcs"):
+        options.setdefault("requests_timeout", GCS_REQUEST_TIMEOUT_S)
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except ImportError as error:
+        raise ImportError(
+            f"reading {url!r} needs its fsspec back end: {error}; for s3://, gs:// and az:// "
+            "install 'zephon-torch[cloud]'"
+        ) from error
+    except (TypeError, ValueError, LookupError) as error:
+        raise ConfigError(
+            f"cannot open {url!r} (check its storage_options): {type(error).__name__}: "
+            f"{without_secrets(str(error))}"
+        ) from secret_free(error)
+    except OSError as error:  # StorageError blanks the credentials its text may quote
+        raise StorageError(
+            f"cannot connect: {type(error).__name__}: {error}", url=url
+        ) from secret_free(error)
+    if url.split("://", 1)[0] in _AZURE_SCHEMES:
+        _no_connect_retries(fs)
+    return fs, root
+
+
+def _no_connect_retries(fs: Any) -> None:
+    """Set the Azure client's retries of requests never sent to 0 (see `open_filesystem`). Its
+    retry policy is one object shared by every container and blob client it makes, read at
+    each request; a client without one (another SDK version) is left as it is."""
+    client = getattr(fs, "service_client", None)
+    policy = getattr(getattr(client, "_config", None), "retry_policy", None)
+    if policy is not None and hasattr(policy, "connect_retries"):
+        policy.connect_retries = 0
