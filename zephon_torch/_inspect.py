@@ -41,6 +41,10 @@ def run_inspect(
     index_cache_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,
     columns: list[str] | None = None,
+    validate: bool = False,
+    text_field: str | None = None,
+    token_field: str | None = None,
+    show_errors: int = 10,
     out: TextIO | None = None,
 ) -> int:
     """Prints a dataset's format, shards, rows, field types and first rows; returns the exit code.
@@ -54,19 +58,28 @@ def run_inspect(
         storage_options: passed to the fsspec file system of a URL.
         columns: the fields to read (default all): leaves out one that is not read, such as
             an MDS `pkl` column.
+        validate: then read every row, checking `text_field` or `token_field` in each
+            (see `zephon_torch._validate`), and print each bad row (up to `show_errors`).
         out: where to print (default stdout); errors go to stderr.
 
     Returns:
-        0, or `ERROR_EXIT` for a bad path, format or file.
+        0, `ERROR_EXIT` for a bad path, format or file, or (`validate`)
+        `VALIDATION_FAILED_EXIT` where a row or shard is bad.
     """
     stream = out or sys.stdout
-    return _guarded(
-        "inspect",
-        lambda: _inspect(
-            _open(path, format_, index_cache_dir, storage_options, columns), path, rows, stream
-        ),
-        stream,
-    )
+
+    def body() -> int:
+        dataset = _open(path, format_, index_cache_dir, storage_options, columns)
+        _inspect(dataset, path, rows, stream)
+        if not validate:
+            return 0
+        from zephon_torch._validate import validate as read_all
+
+        return read_all(
+            dataset, text_field=text_field, token_field=token_field, shown=show_errors, out=stream
+        )
+
+    return _guarded("inspect", body, stream)
 
 
 def run_index(
@@ -94,12 +107,11 @@ def run_index(
     )
 
 
-def _guarded(command: str, body: Callable[[], None], out: TextIO) -> int:
+def _guarded(command: str, body: Callable[[], int | None], out: TextIO) -> int:
     try:
-        body()
+        return body() or 0
     except (ZephonError, ImportError) as error:
         return failed(command, error, out)
-    return 0
 
 
 def failed(command: str, error: BaseException, out: TextIO) -> int:

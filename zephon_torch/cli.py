@@ -110,6 +110,10 @@ def _inspect(args: argparse.Namespace) -> int:
         index_cache_dir=args.index_cache_dir,
         storage_options=args.storage_options,
         columns=args.columns,
+        validate=args.validate,
+        text_field=args.text_field,
+        token_field=args.token_field,
+        show_errors=args.show_errors,
     )
 
 
@@ -352,6 +356,31 @@ def _add_dataset_commands(commands: Any) -> None:
         )
         if name == "inspect":
             command.add_argument("--rows", type=_positive_int, default=3, help="rows to preview")
+            command.add_argument(
+                "--validate",
+                action="store_true",
+                help="then read every row of every shard and report each bad one (exit code 1 "
+                "where any is bad), as a job would meet them",
+            )
+            checked = command.add_mutually_exclusive_group()
+            checked.add_argument(
+                "--text-field",
+                default=None,
+                help="with --validate: check that each row holds this field as text, as "
+                "tokenize(field=...) takes it",
+            )
+            checked.add_argument(
+                "--token-field",
+                default=None,
+                help="with --validate: check that each row holds this field as token ids, as "
+                "pretokenized(field) takes them (and print the ids' range)",
+            )
+            command.add_argument(
+                "--show-errors",
+                type=_non_negative_int,
+                default=10,
+                help="with --validate: bad rows printed in full (default 10)",
+            )
         command.set_defaults(run=run)
 
 
@@ -359,6 +388,17 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     """Refuse (``parser.error``) what the parser alone lets through."""
     if args.command == "verify" and not os.path.isfile(args.recipe):
         parser.error(f"verify: no recipe file {args.recipe!r}")
+    if args.command == "inspect" and not args.validate:
+        given = [
+            option
+            for option, value in (
+                ("--text-field", args.text_field),
+                ("--token-field", args.token_field),
+            )
+            if value is not None
+        ]
+        if given:
+            parser.error(f"inspect: {', '.join(given)} applies with --validate")
     if getattr(args, "train", False) and not args.plot:
         parser.error("verify --train draws loss curves: it needs --plot")
     if getattr(args, "plot", None):

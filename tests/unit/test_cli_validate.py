@@ -1,0 +1,121 @@
+"""`zephon-torch inspect PATH --validate`: every row of every shard read, each bad row and each
+shard unreadable past an error reported as a job would name it, and the exit code says so."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon_torch._validate import CHUNK_ROWS, VALIDATION_FAILED_EXIT, validate
+from zephon_torch.cli import main
+from zephon_torch.io import Dataset
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+
+
+def _jsonl(folder: Path, shards: list[list[str]]) -> Path:
+    folder.mkdir()
+    for number, lines in enumerate(shards):
+        (folder / f"part-{number}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def _good(i: int) -> str:
+    return json.dumps({"text": f"row {i}", "ids": [1, 2, i]})
+
+
+def test_each_bad_row_is_named_with_its_line_and_the_rest_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = [_good(i) for i in range(40)]
+    first[4] = '{"text": "abc"'  # malformed JSON
+    first[9] = '{"body": 1}'  # no text
+    first[12] = '{"text": 5}'  # no string
+    first[20] = json.dumps({"text": ""})  # empty: no error, counted
+    first.insert(15, "")  # a blank line: rows and lines part ways after it
+    first[31] = '{"text": "late"'  # row 30, line 32
+    second = [_good(i) for i in range(CHUNK_ROWS + 5)]  # more than a chunk
+    second[CHUNK_ROWS + 2] = '{"text": null}'
+    folder = _jsonl(tmp_path / "d", [first, second])
+    code = main(["inspect", str(folder), "--validate", "--text-field", "text", "--rows", "1"])
+    out = capsys.readouterr().out
+    assert code == VALIDATION_FAILED_EXIT == 1
+    report = out[out.index("validate:") :]
+    rows = 40 + CHUNK_ROWS + 5
+    assert report.startswith(f"validate: 5 bad rows: read {rows:,} rows of 2 shards in ")
+    assert "1 row is empty (they give no tokens)" in report
+    said = [line.strip() for line in report.splitlines()[2:]]
+    part = [str(folder / f"part-{n}.jsonl") for n in range(2)]
+    assert said[0].startswith(f"dataset 'd', shard '{part[0]}', row 4: malformed JSON")
+    assert said[1] == (
+        f"dataset 'd', shard '{part[0]}', row 9: field 'text' is missing; the row has fields "
+        "['body'] (line 10 of the file)"
+    )
+    assert said[2].endswith("row 12: field 'text' must be a string, got int (line 13 of the file)")
+    assert said[3].startswith(f"dataset 'd', shard '{part[0]}', row 30: malformed JSON")
+    assert said[3].endswith("(line 32 of the file)")
+    assert said[4].startswith(f"dataset 'd', shard '{part[1]}', row {CHUNK_ROWS + 2}: field")
+    assert len(said) == 5
+
+
+def test_a_clean_dataset_exits_0_and_only_the_first_errors_are_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _jsonl(tmp_path / "clean", [[_good(i) for i in range(10)]])
+    assert main(["inspect", str(folder), "--validate", "--token-field", "ids"]) == 0
+    out = capsys.readouterr().out
+    assert "validate: no bad row: read 10 rows of 1 shard in " in out
+    assert "field 'ids' checked in each" in out and "token ids from 0 to 9 " in out
+    bad = _jsonl(tmp_path / "bad", [[json.dumps({"ids": "1 2"})] * 5])
+    assert main(["inspect", str(bad), "--validate", "--token-field", "ids", "--show-errors", "2"])
+    out = capsys.readouterr().out
+    assert out.count("must hold a 1-D list of integer token ids") == 2
+    assert "... and 3 more (--show-errors sets how many are printed)" in out
+
+
+def test_stored_token_arrays_and_a_null_parquet_id(tmp_path: Path) -> None:
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "part-0.npy", np.array([5, 6, 7, 300, 9], dtype=np.int32))
+    np.save(folder / "part-0.offsets.npy", np.array([0, 2, 2, 5], dtype=np.int64))
+    out = io.StringIO()
+    assert validate(Dataset.from_path("n", folder), token_field="input_ids", out=out) == 0
+    assert "read 3 rows" in out.getvalue() and "1 row is empty" in out.getvalue()
+    assert "token ids from 5 to 300 " in out.getvalue()
+    path = tmp_path / "t.parquet"
+    ids = pa.array([[1, 2], [3, None], [4]], type=pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": ids}), path)
+    out = io.StringIO()
+    code = validate(Dataset.from_path("p", path), token_field="input_ids", out=out)
+    assert code == VALIDATION_FAILED_EXIT
+    assert "validate: 1 bad row: read 3 rows of 1 shard" in out.getvalue()
+    assert "row 1: field 'input_ids' must hold a 1-D list of integer token ids" in out.getvalue()
+    assert "token ids from 1 to 4 " in out.getvalue()
+
+
+def test_a_shard_damaged_after_opening_is_reported_and_the_next_one_read(tmp_path: Path) -> None:
+    folder = _jsonl(tmp_path / "d", [[_good(i) for i in range(30)] for _ in range(3)])
+    dataset = Dataset.from_path("d", folder)
+    damaged = folder / "part-1.jsonl"
+    damaged.write_bytes(damaged.read_bytes()[:100])  # cut short since it was opened
+    out = io.StringIO()
+    assert validate(dataset, text_field="text", out=out) == VALIDATION_FAILED_EXIT
+    report = out.getvalue()
+    assert report.startswith("validate: 1 shard unreadable past an error: read 60 rows of 3")
+    assert f"shard '{damaged}'" in report
+
+
+def test_field_checks_need_validate(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["inspect", "x", "--token-field", "ids"])
+    assert caught.value.code == 2
+    assert "--token-field applies with --validate" in capsys.readouterr().err
