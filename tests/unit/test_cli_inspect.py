@@ -460,6 +460,6 @@ def test_warnings_are_the_command_s_own_lines(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stderr.startswith("zephon-torch: UserWarning: "), done.stderr
+    assert done.stderr.startswith("zephon-torch: ZephonWarning: "), done.stderr
     assert "differ only by a compression ending" in done.stderr
     assert "runpy" not in done.stderr and "warn(" not in done.stderr
