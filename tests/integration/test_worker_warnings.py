@@ -135,3 +135,48 @@ def test_the_idle_workers_warning_counts_the_lanes_the_rank_holds_when_it_runs(
         "2 lanes on this rank cannot be split evenly over 4 DataLoader workers; using 2 of "
         "them (the rest stay idle). Pick a num_workers that divides the lanes per rank."
     ]
+
+
+class _ImportsWhenCollected:
+    """Garbage whose finalizer adds a module, as another thread's import would meanwhile, and
+    leaves such garbage for the next collection (``left`` times)."""
+
+    left = 0
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+    def __del__(self) -> None:
+        import sys
+        import types
+
+        sys.modules[f"_zephon_test_{id(self)}"] = types.ModuleType("added")
+        if _ImportsWhenCollected.left > 0:
+            _ImportsWhenCollected.left -= 1
+            _ImportsWhenCollected()
+
+
+def test_a_worker_s_warning_is_sent_while_modules_are_imported_meanwhile() -> None:
+    """A worker listed `sys.modules` item by item to name a warning's module: a collection
+    during that listing could run a finalizer that imports (another thread could too), and
+    the worker died of "dictionary changed size during iteration" (a CI run)."""
+    import gc
+    import sys
+
+    with heard_warnings(True) as heard:
+        assert heard is not None
+        warnings.warn("odd", OddRow, stacklevel=1)
+        threshold = gc.get_threshold()
+        gc.collect()
+        try:
+            _ImportsWhenCollected.left = 10_000
+            _ImportsWhenCollected()  # garbage, for the next collection
+            gc.set_threshold(1)  # a collection at each allocation
+            taken = heard.take()
+        finally:
+            gc.set_threshold(*threshold)
+            _ImportsWhenCollected.left = 0
+            gc.collect()
+            for name in [n for n in sys.modules if n.startswith("_zephon_test_")]:
+                del sys.modules[name]
+    assert [(text, module) for _, text, _, _, module in taken] == [("odd", __name__)]

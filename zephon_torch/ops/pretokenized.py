@@ -61,6 +61,14 @@ def with_eos(tokens: npt.NDArray[np.integer[Any]], eos_token_id: int) -> npt.NDA
     return out
 
 
+class IdOutOfRange(DataError):
+    """A stored token id outside ``[0, vocab_size)`` (or ``2**31``): the sign of a vocabulary
+    other than the data's, not of a bad row, so ``bad_rows="skip"`` never skips it (it would
+    skip document after document) and its message does not offer it."""
+
+    rows_fault = False
+
+
 def field_error(field: str, data: dict[str, Any], error: Exception) -> str:
     """What is wrong with ``data[field]`` as token ids."""
     if field not in data:
@@ -179,9 +187,10 @@ class IdCheck:
             if bad < end and owner is not None:
                 value = int(part[bad - end + len(part)])
                 source, shard, row = owner
-                raise DataError(
+                raise IdOutOfRange(
                     f"field {self.field!r} holds token id {value}; ids must lie in "
-                    f"[0, {self.bound})",
+                    f"[0, {self.bound}) (a tokenizer or vocab_size other than the data's? "
+                    "bad_rows='skip' does not skip ids out of range)",
                     dataset=self.dataset_names[source],
                     shard=self.shard_paths[source][shard],
                     row=row,

@@ -99,8 +99,11 @@ def _sendable(category: type[Warning]) -> type[Warning]:
 
 def _module(message: warnings.WarningMessage) -> str | None:
     """The name of the module the warning was made from, for filters by module (None: the
-    main process derives one from the file name, as Python does)."""
-    for name, module in list(sys.modules.items()):
+    main process derives one from the file name, as Python does). Looked up in a copy of
+    ``sys.modules``: listing its items allocates, a garbage collection then may run a
+    finalizer, and another thread may import meanwhile ("dictionary changed size during
+    iteration" ended a worker in a CI run); its copy allocates nothing per item."""
+    for name, module in sys.modules.copy().items():
         if getattr(module, "__file__", None) == message.filename:
             return name
     return None

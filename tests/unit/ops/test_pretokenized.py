@@ -192,8 +192,14 @@ def test_an_id_past_vocab_size_is_refused_naming_its_document(dtype: Any, how: s
         rf"shard 'memory://d/1', row 2: field 'ids' holds token id {vocab}; ids must lie in "
         rf"\[0, {vocab} \(vocab_size\)\)"
     )
-    with pytest.raises(DataError, match=where):
+    with pytest.raises(DataError, match=where) as caught:
         list(packed)
+    # a wrong vocabulary, not a bad row: skipping is neither done nor offered (a trial
+    # followed the offer, and the relaunched job failed the same way)
+    assert not caught.value.rows_fault
+    assert str(caught.value).endswith("bad_rows='skip' does not skip ids out of range)")
+    with pytest.raises(DataError, match=where):
+        list(checked.options(bad_rows="skip").pack_flat(4).batch(2))
     wide = pipeline.pretokenized("ids", vocab_size=vocab + 1).pack_flat(4).batch(2)
     assert sum(b.num_tokens for b in wide) == 8 * 5 + 2  # the largest id fits
     # the recipe is the same: vocab_size changes no data, so it is not in the state
