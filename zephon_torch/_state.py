@@ -86,7 +86,7 @@ def check_state(
             f"needs {missing}: the state holds the lanes of some ranks only (a Pipeline's "
             "state_dict() holds its own rank's); merge every rank's state with merge_states, "
             "or save zephon_torch.torch.DataLoader's state_dict(), which gathers every rank's "
-            "lanes",
+            "lanes where a torch.distributed process group is initialised",
         )
     if mismatches:
         notes = [version_note(state["version"])] if "version" in mismatches else []

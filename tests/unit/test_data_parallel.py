@@ -112,3 +112,41 @@ def test_one_of_world_size_and_rank_without_a_process_group_or_environment_is_re
     assert pipeline.options(rank=0).lanes == [0, 1, 2, 3]
     with pytest.raises(ConfigError, match=r"`rank` option is 4 without `world_size`"):
         pipeline.options(rank=4)  # past any world of 4 lanes: refused at once
+
+
+@pytest.mark.usefixtures("four_processes")
+def test_a_loader_s_state_without_a_process_group_to_gather_over_says_it_is_one_rank_s(
+    tokenizer: Any,
+) -> None:
+    """Ranks told by torchrun's environment alone: the loader ran its rank's lanes, and its
+    state_dict() held them only, without a word; saved from rank 0, as checkpoints are, the
+    run could not resume (a fresh-user trial)."""
+    import warnings
+
+    from zephon_torch import ZephonWarning, merge_states
+    from zephon_torch.torch import DataLoader
+
+    pipeline = small_pipeline(tokenizer).options(canonical_replicas=8)
+    loader = DataLoader(pipeline)
+    iterator = iter(loader)
+    next(iterator)
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        states = [loader.state_dict(), loader.state_dict()]  # warned once a loader
+    said = [w for w in heard if w.category is ZephonWarning]
+    assert [str(w.message) for w in said] == [
+        "state_dict() holds rank 3's lanes only (2 of 8): the world size is 4 but no "
+        "torch.distributed process group is initialised to gather the other ranks' over. "
+        "Initialise one (torch.distributed.init_process_group) before iterating, or save "
+        "every rank's state and merge them with zephon_torch.merge_states"
+    ]
+    assert sorted(states[0]["lanes"]) == ["6", "7"]
+    single = DataLoader(small_pipeline(tokenizer).options(canonical_replicas=8, world_size=1))
+    with pytest.raises(StateMismatchError, match="where a torch.distributed process group is"):
+        single.load_state_dict(states[0])
+    with pytest.raises(StateMismatchError, match=r"needs \[0, 1, 2, 3, 4, 5\]"):
+        single.load_state_dict(merge_states([states[0]]))  # one rank's cannot be made whole
+    next(iter(single))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ZephonWarning)
+        assert len(single.state_dict()["lanes"]) == 8  # one rank: all lanes, no warning

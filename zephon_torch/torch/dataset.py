@@ -122,6 +122,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self._arrived: tuple[Any, ...] | None = None
         self._worker_passes = 0
         self._idle_note: str | None = None  # a worker's warning that some workers are idle
+        self._warned_rank_state = False  # that a state holds one rank's lanes (no gather)
         if any(s is not None for s in pipeline._lane_states.values()):
             # the pipeline was iterated or loaded: continue from there
             self._load(pipeline.state_dict())
@@ -284,10 +285,29 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         if get_worker_info() is None and distributed_ready():
             recipe = recipe_of(base["fingerprint"], base.get("estimation"))
             lanes = all_gather_lane_states(lanes, recipe, self.pipeline.topology)
+        elif get_worker_info() is None and self.pipeline.topology[0] > 1:
+            self._warn_rank_state(len(lanes))
         base["lanes"] = lanes
         # a worker left idle (StatefulDataLoader) holds no lanes
         base["step"] = state_step(lanes)
         return base
+
+    def _warn_rank_state(self, held: int) -> None:
+        """Warn, once, that a state of a rank of several, with no process group to gather
+        over, holds that rank's lanes only: saved from rank 0 alone, as a checkpoint is, the
+        run could not resume."""
+        if self._warned_rank_state:
+            return
+        self._warned_rank_state = True
+        world_size, rank = self.pipeline.topology
+        warn(
+            f"state_dict() holds rank {rank}'s lanes only ({held} of "
+            f"{self.pipeline._options.canonical_replicas}): the world size is {world_size} "
+            "but no torch.distributed process group is initialised to gather the other "
+            "ranks' over. Initialise one (torch.distributed.init_process_group) before "
+            "iterating, or save every rank's state and merge them with "
+            "zephon_torch.merge_states"
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state of any world size dividing L; checked against the recipe,
