@@ -142,7 +142,7 @@ def test_a_loader_s_state_without_a_process_group_to_gather_over_says_it_is_one_
     ]
     assert sorted(states[0]["lanes"]) == ["6", "7"]
     single = DataLoader(small_pipeline(tokenizer).options(canonical_replicas=8, world_size=1))
-    with pytest.raises(StateMismatchError, match="where a torch.distributed process group is"):
+    with pytest.raises(StateMismatchError, match=r"where a torch\.distributed process group is"):
         single.load_state_dict(states[0])
     with pytest.raises(StateMismatchError, match=r"needs \[0, 1, 2, 3, 4, 5\]"):
         single.load_state_dict(merge_states([states[0]]))  # one rank's cannot be made whole

@@ -6,10 +6,10 @@ process, each copy printed by the worker: four on a rank of four workers, 256 in
 and none that the main process's filters, ``pytest.warns`` or a logging capture could see.
 ``zephon_torch.torch.DataLoader`` records every warning in its workers (each once: the same
 text from the same line is sent once), sends it with the worker's next item, and gives it in
-the main process, as from the worker's line and module, where the main process's filters decide
-and Python shows a repeat once. A worker that ends without another item (an exception, a
-shutdown) prints what it still holds; one killed outright (a signal, a crash in native code)
-loses it with the rest of its output.
+the main process, where its filters decide and Python shows a repeat once: as from the user's
+line that iterates the loader, or, where none is on the stack, the worker's line and module. A
+worker that ends without another item (an exception, a shutdown) prints what it still holds;
+one killed outright (a signal, a crash in native code) loses it with the rest of its output.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
+
+from zephon_torch._caller import user_site
 
 WARNINGS_KEY = "zephon_warnings"
 """An item's warnings heard in its worker since the previous item: ``Heard`` tuples."""
@@ -82,10 +84,19 @@ def heard_warnings(active: bool) -> Iterator[WorkerWarnings | None]:
 
 
 def give(heard: list[Heard]) -> None:
-    """Issue warnings heard in a worker, as from the place and module the worker warned
-    from: the main process's filters decide, and its registry shows a repeat once."""
-    for category, text, filename, lineno, module in heard:
-        registry = _GIVEN.setdefault(filename, {})
+    """Issue warnings heard in a worker in the main process, whose filters decide: as from the
+    user's line that iterates the loader (see `zephon_torch._caller`), where one is on the
+    stack, whose module's registry shows a repeat once; else as from the place and module the
+    worker warned from."""
+    site = user_site()
+    for category, text, worker_file, worker_line, worker_module in heard:
+        if site is not None:
+            filename, lineno, module_globals = site
+            module = module_globals.get("__name__")
+            registry = module_globals.setdefault("__warningregistry__", {})
+        else:
+            filename, lineno, module = worker_file, worker_line, worker_module
+            registry = _GIVEN.setdefault(filename, {})
         warnings.warn_explicit(text, category, filename, lineno, module=module, registry=registry)
 
 
