@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_torch._state import state_step
 from zephon_torch._token_stage import read_datasets
+from zephon_torch.ops._pack_skips import SKIP_REASONS
 from zephon_torch.ops.batch import Batch
-from zephon_torch.ops.pack import SKIP_REASONS
 
 if TYPE_CHECKING:
     from zephon_torch.pipeline import Pipeline

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.property.test_packers import build as build_mixpack
-from zephon_torch.ops.pack import MixPack, RowBlock
+from zephon_torch.ops._wrap_blocks import RowBlock
+from zephon_torch.ops.pack import MixPack
 from zephon_torch.ops.packers import Piece
 from zephon_torch.ops.read import DocumentReader
 

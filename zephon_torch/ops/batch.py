@@ -19,7 +19,8 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_flag, state_int
 from zephon_torch.errors import StateMismatchError, ZephonError
-from zephon_torch.ops.pack import MixPack, PackedRow, RowBlock
+from zephon_torch.ops._wrap_blocks import RowBlock
+from zephon_torch.ops.pack import MixPack, PackedRow
 from zephon_torch.ops.packers import WrapPacker
 from zephon_torch.ops.pretokenized import IdCheck, Owner
 from zephon_torch.ops.training import HOST_FIELDS, training_tensors

@@ -8,15 +8,12 @@ end. Every decision thus moves the counts by at most one row, and every lane (so
 batch) stays within about one row per lane of its targets. The counts, the readers' positions,
 the carries and the packer's open rows (all as pointers) are the whole state.
 
-``wrap`` rows of plain documents are also built a micro-batch at a time (``wrap_rows``), with
-the same decisions; while one source alone is active there is nothing to choose, so its piece
-may run on across row ends.
+``wrap`` rows of plain documents are also built a micro-batch at a time (``wrap_rows``, in
+``_wrap_blocks``); documents that give no tokens are counted and checked in ``_pack_skips``.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,18 +25,19 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch._caller import warn
 from zephon_torch.errors import DataError
+from zephon_torch.ops._pack_skips import SKIP_REASONS, SkipAccounting
 from zephon_torch.ops._pack_state import checked_pack_state
+from zephon_torch.ops._wrap_blocks import WrapBlocks
 from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.document import Document, Tokens
 from zephon_torch.ops.packers import (
     ChangedDocument,
     Packer,
     Piece,
-    WrapPacker,
     pieces_from_state,
 )
 from zephon_torch.ops.pretokenized import Owner
-from zephon_torch.ops.read import BarrenRun, DocumentReader, gave_up_error
+from zephon_torch.ops.read import BarrenRun, DocumentReader
 
 if TYPE_CHECKING:
     from zephon_torch.ops.stateful import FilteredReader
@@ -73,33 +71,12 @@ class PackedRow:
         return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
 
 
-@dataclass(slots=True)
-class RowBlock:
-    """Consecutive ``wrap`` rows as segments laid end to end, the rows one after another (only
-    the last row may be short): each segment's token view, length, source, whether it begins
-    its document, and its document (source, shard, row). Cut into rows only when read (see
-    ``ops.batch.RowLayout``)."""
-
-    parts: list[npt.NDArray[Any]]
-    sizes: list[int]
-    sources: list[int]
-    starts: list[bool]
-    owners: list[Owner | None]
-    tokens: int
-
-
 # A source that runs out while the others have more than this part of the lane's documents
 # (over all sources and passes) to come is warned of: the shares no longer hold from there
 _LATE_SHARE = 0.05
-# why documents are skipped: the length rules, documents of no token, and rows that raised a
-# DataError under bad_rows="skip"
-SKIP_REASONS = ("too_long", "too_short", "empty", "malformed")
-# rows of a source a lane may skip as malformed before its first document; one more is an error
-# (with a tenth of rows bad at random, 100 in a row come once in 10**100 starts)
-BAD_START_ROWS = 100
 
 
-class MixPack(BaseNode[PackedRow]):
+class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
     """Mix the lane's sources by target share and pack documents into rows.
 
     Args:
@@ -238,144 +215,6 @@ class MixPack(BaseNode[PackedRow]):
             raise StopIteration
         return _to_row(pieces)
 
-    def wrap_rows(self, num_rows: int) -> RowBlock:
-        """The next ``num_rows`` rows of the ``wrap`` packer in one block (fewer, the last one
-        short, where the sources run out): the rows ``next()`` would give, for documents
-        without chat masks or payloads, with no object per row.
-
-        While a single source is active, its piece runs on across row ends, as the following
-        rows would choose that source anyway: a long document costs one pull per block, not
-        one per row, and the counts, carries and readers end the block exactly as row by row.
-        From a columnar reader, that source's documents are then taken straight from its
-        chunks (``_run``).
-        """
-        assert isinstance(self.packer, WrapPacker)
-        width = self.packer.max_length
-        total = num_rows * width
-        parts: list[npt.NDArray[Any]] = []
-        owners: list[Owner | None] = []
-        sizes: list[int] = []
-        sources: list[int] = []
-        starts: list[bool] = []
-        filled = 0
-        active = self.active
-        while filled < total:
-            if active.count(True) == 1:
-                source = active.index(True)
-                if self._columnar:
-                    taken = self._run(source, total - filled, parts, owners, sizes, starts)
-                    sources.extend([source] * (len(sizes) - len(sources)))
-                    filled += taken
-                    continue
-                piece = self._pull(total - filled)
-            else:
-                piece = self._pull(width - filled % width)
-            if piece is None:
-                break
-            filled += _add(piece, parts, owners, sizes, starts)
-            sources.append(piece.doc.source)
-        return RowBlock(parts, sizes, sources, starts, owners, filled)
-
-    def _run(
-        self,
-        source: int,
-        want: int,
-        parts: list[npt.NDArray[Any]],
-        owners: list[Owner | None],
-        sizes: list[int],
-        starts: list[bool],
-    ) -> int:
-        """Up to ``want`` tokens of ``source``, the only active source: its carry, then the
-        documents of its reader's current chunk, as ``_pull(want)`` would give them one by one
-        (same rules, counts and carry), without an object per document. Returns the tokens
-        taken; the source is marked inactive when its stream is spent."""
-        taken = 0
-        carried = self.carry[source]
-        if carried is not None:  # the rest of a cut document
-            taken = _add(self._cut(source, carried, want), parts, owners, sizes, starts)
-            if taken == want:
-                self.tokens[source] += taken
-                return taken
-        reader = self.readers[source]
-        assert isinstance(reader, DocumentReader)
-        got = reader.columns()
-        if got is None:
-            self.tokens[source] += taken
-            self._spent(source)
-            return taken
-        chunk, i = got
-        refused = self._refused(source, chunk)
-        count = len(chunk)
-        while i < count and taken < want:
-            at = bisect.bisect_left(refused, i)
-            stop = refused[at] if at < len(refused) else count  # the next refused document
-            if stop > i:  # kept documents i..stop-1: taken by a search, not one by one
-                more, i = self._take(
-                    source, chunk, i, stop, want - taken, parts, owners, sizes, starts
-                )
-                taken += more
-            else:  # counted as skipped, or as giving no tokens
-                error = chunk.error_of(i)
-                self._admit(source, chunk.sizes[i], chunk.shards[i], chunk.rows[i], error)
-                i += 1
-        reader.advance(i)
-        self.tokens[source] += taken
-        return taken
-
-    def _refused(self, source: int, chunk: TokenChunk) -> list[int]:
-        """The documents of ``chunk`` (by index, ascending) that ``_admit`` would not take: cut
-        by the length rules, or empty. Found once per chunk: none, by the chunk's extremes,
-        in the usual case."""
-        held = self._refusals[source]
-        if held is not None and held[0] is chunk:
-            return held[1]
-        low, high = max(1, self.drop_shorter_than), self.drop_longer_than
-        if chunk.smallest >= low and (high is None or chunk.largest <= high):
-            refused: list[int] = []
-        else:
-            refused = [
-                k for k, n in enumerate(chunk.sizes) if n < low or (high is not None and n > high)
-            ]
-        self._refusals[source] = (chunk, refused)
-        return refused
-
-    def _take(
-        self,
-        source: int,
-        chunk: TokenChunk,
-        first: int,
-        stop: int,
-        room: int,
-        parts: list[npt.NDArray[Any]],
-        owners: list[Owner | None],
-        sizes: list[int],
-        starts: list[bool],
-    ) -> tuple[int, int]:
-        """``chunk``'s documents from ``first`` up to ``stop`` (all kept by ``_admit``), as
-        ``_admit`` and the block would take them one by one, found by a search in the running
-        token sums: the whole documents that fit in ``room`` tokens, then the next one cut to
-        fill it (its rest becoming the carry). Counts the documents; returns the tokens taken
-        and the index of the next document."""
-        ends = chunk.ends
-        last = bisect.bisect_right(ends, ends[first] + room, first, stop + 1) - 1
-        whole = last - first  # documents first..last-1 fit whole
-        taken = ends[last] - ends[first]
-        if whole:
-            parts += chunk.tokens[first:last]
-            sizes += chunk.sizes[first:last]
-            starts += [True] * whole
-            owners += zip(
-                itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
-            )
-        if taken < room and last < stop:  # cut: the rest waits as the carry
-            whole_doc = Piece(chunk[last], 0, chunk.sizes[last])
-            taken += _add(self._cut(source, whole_doc, room - taken), parts, owners, sizes, starts)
-            last += 1
-        if last > first:
-            self.documents[source] += last - first
-            self._barren_runs[source].clear()
-        return taken, last
-
     def _pull(self, max_tokens: int) -> Piece | None:
         by_tokens = self.mixing == "tokens"
         counts = self.tokens if by_tokens else self.documents
@@ -442,125 +281,6 @@ class MixPack(BaseNode[PackedRow]):
                 "exhaustion='repeat' with a step budget to keep the shares",
             )
 
-    def _admit(
-        self, source: int, size: int, shard: int, row: int, error: str | None = None
-    ) -> bool:
-        """Count a new document of ``source`` of ``size`` tokens under the length rules (a
-        dropped one, an empty one, or one skipped for ``error`` as malformed, as skipped; a
-        kept one as delivered); True when it gives tokens."""
-        if error is not None:
-            self.skipped["malformed"] += 1
-            self._warn_bad(source, shard, row, error)
-            if not self.documents[source]:
-                self._check_bad_start(source, error)
-        elif not size:  # no token, not even a special one (see `with_eos`)
-            self.skipped["empty"] += 1
-        elif self.drop_longer_than is not None and size > self.drop_longer_than:
-            self.skipped["too_long"] += 1
-        elif size < self.drop_shorter_than:
-            self.skipped["too_short"] += 1
-        else:
-            self.documents[source] += 1
-            self._barren_runs[source].clear()
-            return True
-        self._barren(source, shard, row)
-        return False
-
-    def _dropped(self, source: int, shards: Any, rows: Any) -> None:
-        """Count documents of ``source`` the plain filters dropped, stored at ``(shards,
-        rows)``, with those that gave no token: a source whose documents the filters and the
-        length rules share out between them gives nothing, and neither alone proves it."""
-        self._filtered[source] = True
-        self._barren(source, shards, rows)
-
-    def _rejected(self, source: int) -> None:
-        """Count a document of ``source`` a stateful filter rejected: it ends the run's
-        proof (no pure fact of the row), not its dry spell."""
-        self._barren_runs[source].restart()
-        self._check_dry(source, 1)
-
-    def _check_dry(self, source: int, added: int = 0) -> None:
-        """Refuse ``source`` once it went ``GIVE_UP_PASSES`` lane passes without a token."""
-        run, reader = self._barren_runs[source], self.readers[source]
-        if run.given_up(reader, added):
-            raise gave_up_error(reader, run.dry)
-
-    def _barren(self, source: int, shard: Any, row: Any) -> None:
-        """Count documents of ``source`` that gave no tokens (empty, dropped by length or by
-        the filters), stored at ``(shard, row)`` (one, or arrays): a source that would be read
-        for ever without a token under ``exhaustion="repeat"`` is refused once its run proves
-        it (``BarrenRun``), or once it went ``GIVE_UP_PASSES`` lane passes without one."""
-        if self._barren_runs[source].extend(self.readers[source], shard, row):
-            self._never_gives(source)
-        self._check_dry(source)
-
-    def _warn_bad(self, source: int, shard: int, row: int, error: str) -> None:
-        """Warn of the first row of ``source``'s dataset skipped for ``error`` (one word per
-        dataset and iteration: ``stats()`` counts them all), with its line in its file."""
-        if not self._first_warning("bad rows", source):
-            return
-        place = None if self.line_of is None else self.line_of(source, shard, row)
-        warn(
-            "bad_rows='skip': skipping rows that raise an error, counted in "
-            "stats()['skipped_documents']['malformed'] (one warning per dataset and "
-            f"iteration); the first: {error}{'' if place is None else f' ({place})'}",
-        )
-
-    def _check_bad_start(self, source: int, error: str) -> None:
-        """Refuse ``source`` once the lane skipped ``BAD_START_ROWS`` of its rows as malformed
-        and none gave a document: ``bad_rows="skip"`` is for a dataset's few bad rows, and a
-        dataset without a good one (a misspelt field, the wrong column) would otherwise be read
-        through, a whole pass, for warnings and no batch. Counted from the iteration's start or
-        resume."""
-        count, first = self._bad_start[source]
-        count, first = count + 1, first or error
-        self._bad_start[source] = (count, first)
-        if count < BAD_START_ROWS:
-            return
-        raise DataError(
-            f"bad_rows='skip': a lane skipped {count} rows of it as malformed before any gave "
-            "a document, and skipping is for a dataset's few bad rows, not for one without "
-            f"good ones. The first: {first}. A field missing from "
-            "every row is a misspelt field name (the `field` of tokenize, tokenize_chat or "
-            "pretokenized)",
-            dataset=self.readers[source].layout.name,
-        )
-
-    def _first_warning(self, kind: str, source: int) -> bool:
-        """Whether the warning ``kind`` of ``source``'s dataset is still to be given this
-        iteration (the lanes share ``warned``); it counts as given from now on."""
-        key = (kind, self.readers[source].layout.name)
-        if key in self.warned:
-            return False
-        self.warned.add(key)
-        return True
-
-    def _empty_words(self) -> str:
-        """Why documents gave no token, for an error's words: empty, and, where this lane
-        skipped any, malformed."""
-        if self.skipped["malformed"]:
-            return "empty or skipped as malformed (bad_rows='skip')"
-        return "empty"
-
-    def _never_gives(self, source: int) -> None:
-        """The ``DataError`` of a source proved to give no token for ever."""
-        reader = self.readers[source]
-        whole = "a whole pass of this lane" if reader.same_each_pass else "the dataset"
-        rules = ["the filters"] if self._filtered[source] else []
-        if self.drop_shorter_than:
-            rules.append(f"min_document_length={self.drop_shorter_than}")
-        if self.drop_longer_than is not None:
-            long = f"long_documents='drop' above {self.drop_longer_than} tokens"
-            rules.append(self.long_rule or long)
-        why = " or ".join(
-            [self._empty_words(), *([f"dropped by {' or '.join(rules)}"] if rules else [])]
-        )
-        raise DataError(
-            f"every document of {whole} is {why}: with exhaustion='repeat' it would be read "
-            "forever without giving a token",
-            dataset=reader.layout.name,
-        )
-
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         """The document a saved piece points at (its source is checked with the state's
         shape; its position here: one past the stream failed with an IndexError)."""
@@ -581,23 +301,6 @@ def _weakly(method: Callable[..., None], *first: Any) -> Callable[..., None]:
             bound(*first, *rest)
 
     return call
-
-
-def _add(
-    piece: Piece,
-    parts: list[npt.NDArray[Any]],
-    owners: list[Owner | None],
-    sizes: list[int],
-    starts: list[bool],
-) -> int:
-    """Append ``piece``'s tokens, document, size and whether it begins its document; returns
-    its size."""
-    doc, begin, end = piece.doc, piece.start, piece.end
-    parts.append(doc.tokens[begin:end])  # type: ignore[index]
-    owners.append((doc.source, doc.shard, doc.row))
-    sizes.append(end - begin)
-    starts.append(begin == 0)
-    return end - begin
 
 
 def _to_row(pieces: list[Piece]) -> PackedRow:
