@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import os
 import sys
 import threading
@@ -12,25 +14,40 @@ from typing import Any
 from zephon_torch.errors import ZephonWarning
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# frames that are nobody's line of code: a background thread's start, a DataLoader worker's loop
-_NO_USER = (threading.__file__, os.sep + os.path.join("torch", "utils", "data") + os.sep)
+# frames walked through as the package's: the torch and torchdata loader code that calls it
+# (a DataLoader's fetch, torchdata's nodes)
+_THROUGH = (
+    _PACKAGE,
+    os.sep + os.path.join("torch", "utils", "data") + os.sep,
+    os.sep + "torchdata" + os.sep,
+)
+# frames that are nobody's line of code: a thread's start, a pool's worker loop, a process's
+_NO_USER = (
+    threading.__file__,
+    os.path.dirname(os.path.abspath(concurrent.futures.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(multiprocessing.__file__)) + os.sep,
+)
 Site = tuple[str, int, dict[str, Any]]  # a user's line: file, line number, module globals
 _thread_site = threading.local()  # .site: the line a background thread warns from
 
 
 def _outside(frame: FrameType) -> tuple[FrameType, int]:
-    """The first frame from ``frame`` outward that is not zephon_torch's (the outermost where
-    all are), and how many frames out it is."""
+    """The first frame from ``frame`` outward that is neither zephon_torch's nor the loader
+    code calling it (the outermost where all are), and how many frames out it is."""
     out = 0
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame.f_back is not None and _through(frame.f_code.co_filename):
         frame = frame.f_back
         out += 1
     return frame, out
 
 
+def _through(filename: str) -> bool:
+    return filename.startswith(_PACKAGE) or any(part in filename for part in _THROUGH[1:])
+
+
 def _is_users(frame: FrameType) -> bool:
     filename = frame.f_code.co_filename
-    return not filename.startswith(_PACKAGE) and not any(part in filename for part in _NO_USER)
+    return not _through(filename) and not any(filename.startswith(p) for p in _NO_USER)
 
 
 def user_site() -> Site | None:

@@ -17,19 +17,21 @@ from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
 
 
-def _pipeline(folder: Path, tokenizer: Any, prefetch: int, runner: str) -> Pipeline:
+def _pipeline(
+    folder: Path, tokenizer: Any, prefetch: int, runner: str, *, shuffle: int = 0
+) -> Pipeline:
     lines = [json.dumps({"text": t}) for t in prose_documents(40, seed=5)]
     lines[7] = '{"body": "no text"}'  # skipped, with a warning
     folder.mkdir()
     (folder / "part-0.jsonl").write_text("\n".join(lines) + "\n")
     source = StaticMixtureWorkSource([Dataset.from_path("d", folder)], seed=1, exhaustion="stop")
-    return (
+    pipeline = (
         Pipeline(source)
         .options(bad_rows="skip", prefetch=prefetch)
         .tokenize(tokenizer=tokenizer, runner=runner)  # type: ignore[arg-type]
         .pack_flat(64, "wrap")
-        .batch(2)
     )
+    return (pipeline.shuffle(shuffle) if shuffle else pipeline).batch(2)
 
 
 @pytest.mark.parametrize(("prefetch", "runner"), [(0, "inline"), (2, "inline"), (2, "threads")])
@@ -46,6 +48,25 @@ def test_a_warning_in_iteration_points_at_the_loop(
     assert len(said) == 1
     assert said[0].category is ZephonWarning and issubclass(ZephonWarning, UserWarning)
     assert (said[0].filename, said[0].lineno) == (__file__, line)
+
+
+@pytest.mark.parametrize("through", ["shuffle", "DataLoader"])
+def test_a_warning_through_torchdata_or_torch_s_loader_points_at_the_loop(
+    tmp_path: Path, tokenizer: Any, through: str
+) -> None:
+    """torchdata's nodes (a shuffle buffer) and torch's DataLoader fetch (no workers) stand
+    between the user's loop and the library: walked through as the library's (a review found
+    the warnings at torchdata's base_node.py and at pack.py)."""
+    from zephon_torch.torch import DataLoader
+
+    pipeline = _pipeline(tmp_path / "d", tokenizer, 0, "inline", shuffle=4)
+    loop: Any = pipeline if through == "shuffle" else DataLoader(pipeline, num_workers=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = _line() + 1
+        assert list(loop)
+    said = [w for w in caught if "skipping rows that raise an error" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in said] == [(__file__, line)]
 
 
 def test_zephon_warnings_alone_can_be_made_errors(tmp_path: Path, tokenizer: Any) -> None:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_torch._caller import warn
+from zephon_torch._caller import adopt_site, user_site, warn
 from zephon_torch._progress import track
 from zephon_torch.errors import without_secrets
 from zephon_torch.io._discover import detect_files, find_files
@@ -156,7 +156,12 @@ def _layouts(reader: ShardReader, files: list[str]) -> list[File]:
             workers = min(reader.opening_threads(_MAX_REMOTE_OPENING_THREADS), len(files))
         else:
             workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-open") as pool:
+        with ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="zephon-open",
+            initializer=adopt_site,  # its warnings point at the user's line that opens
+            initargs=(user_site(),),
+        ) as pool:
             # a bar on a terminal: the first open of many JSONL shards scans them all
             layouts = list(track(pool.map(layout, files), "opening shards", total=len(files)))
     return [(file, rows, blocks) for file, (rows, blocks) in zip(files, layouts, strict=True)]
