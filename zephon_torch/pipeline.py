@@ -156,8 +156,8 @@ class Pipeline(RecipeSteps):
                 function on it) ends the run with that error. ``"skip"``: the row gives no
                 tokens and is counted in ``stats()["skipped_documents"]["malformed"]``, with a
                 warning naming the first one per dataset; the same rows are skipped at every
-                world size, worker count and resume; a lane that skips 100 rows of a dataset
-                before any gives a document raises (a misspelt field, not bad rows). Errors
+                world size, worker count and resume; a lane whose first 100 rows of a dataset
+                are all malformed raises (a misspelt field, not bad rows). Errors
                 that are no row's own (a corrupt,
                 unreadable or changed shard, storage errors) and stored ids outside the
                 vocabulary still raise. Not data-affecting: a run stopped by a bad row resumes

@@ -596,7 +596,7 @@ def test_a_field_in_no_row_ends_the_run_at_its_hundredth_skip(
             list(pipeline)
     said = str(caught.value)
     assert caught.value.dataset == "d" and caught.value.row is None
-    assert "a lane skipped 100 rows of it as malformed before any gave a document" in said
+    assert "the first 100 rows of it a lane read were all malformed" in said
     field = "txt" if stage == "tokenize" else "input_ids"
     # the first skipped row's own error, with the fields the row has
     assert f"part-0.jsonl', row 0: field '{field}' is missing" in said
@@ -626,7 +626,7 @@ def test_ninety_nine_bad_rows_before_the_first_document_are_skipped(
     (folder / "part-0.jsonl").write_text("\n".join(['{"body": "x"}', *lines]) + "\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(DataError, match="skipped 100 rows of it as malformed"):
+        with pytest.raises(DataError, match="the first 100 rows of it a lane read were all"):
             list(
                 Pipeline(in_order(folder))
                 .options(bad_rows="skip")
@@ -634,3 +634,31 @@ def test_ninety_nine_bad_rows_before_the_first_document_are_skipped(
                 .pack_flat(64, "wrap")
                 .batch(2)
             )
+
+
+@pytest.mark.parametrize("dropped_by", ["min_document_length", "filter"])
+def test_bad_rows_among_rows_that_read_well_but_are_dropped_are_skipped(
+    tmp_path: Path, tokenizer: Any, dropped_by: str
+) -> None:
+    """Rows that read well and are dropped (too short, or by a filter) end the count: only
+    a dataset whose first rows are all malformed is refused (a review found 125 bad rows among
+    250 short ones refused, the run going on before the rule)."""
+    lines = ['{"body": "x"}' if i % 2 else json.dumps({"text": "short"}) for i in range(250)]
+    lines += [json.dumps({"text": t}) for t in TEXTS[:30]]
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    pipeline = Pipeline(in_order(folder)).options(bad_rows="skip")
+    if dropped_by == "filter":
+        pipeline = pipeline.filter(long_enough)
+    shortest = 8 if dropped_by == "min_document_length" else 0
+    pipeline = pipeline.tokenize(tokenizer=tokenizer)
+    pipeline = pipeline.pack_flat(64, "wrap", min_document_length=shortest).batch(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert list(pipeline)
+    assert skipped(pipeline)["malformed"] == 125
+
+
+def long_enough(row: dict[str, Any]) -> bool:
+    return row["text"] != "short"

@@ -41,7 +41,7 @@ class SkipAccounting:
     line_of: Callable[[int, int, int], str | None] | None
     _barren_runs: list[BarrenRun]
     _filtered: list[bool]
-    _bad_start: list[tuple[int, str]]
+    _bad_start: list[tuple[int, str] | None]
 
     def _admit(
         self, source: int, size: int, shard: int, row: int, error: str | None = None
@@ -52,9 +52,11 @@ class SkipAccounting:
         if error is not None:
             self.skipped["malformed"] += 1
             self._warn_bad(source, shard, row, error)
-            if not self.documents[source]:
-                self._check_bad_start(source, error)
-        elif not size:  # no token, not even a special one (see `with_eos`)
+            self._check_bad_start(source, error)
+            self._barren(source, shard, row)
+            return False
+        self._bad_start[source] = None  # a row that read well: the count of bad ones ends
+        if not size:  # no token, not even a special one (see `with_eos`)
             self.skipped["empty"] += 1
         elif self.drop_longer_than is not None and size > self.drop_longer_than:
             self.skipped["too_long"] += 1
@@ -72,11 +74,13 @@ class SkipAccounting:
         rows)``, with those that gave no token: a source whose documents the filters and the
         length rules share out between them gives nothing, and neither alone proves it."""
         self._filtered[source] = True
+        self._bad_start[source] = None  # rows that read well, then dropped
         self._barren(source, shards, rows)
 
     def _rejected(self, source: int) -> None:
         """Count a document of ``source`` a stateful filter rejected: it ends the run's
         proof (no pure fact of the row), not its dry spell."""
+        self._bad_start[source] = None  # a row that read well
         self._barren_runs[source].restart()
         self._check_dry(source, 1)
 
@@ -108,20 +112,22 @@ class SkipAccounting:
         )
 
     def _check_bad_start(self, source: int, error: str) -> None:
-        """Refuse ``source`` once the lane skipped ``BAD_START_ROWS`` of its rows as malformed
-        and none gave a document: ``bad_rows="skip"`` is for a dataset's few bad rows, and a
-        dataset without a good one (a misspelt field, the wrong column) would otherwise be read
+        """Refuse ``source`` once the first ``BAD_START_ROWS`` of its rows the lane read were
+        all malformed: ``bad_rows="skip"`` is for a dataset's few bad rows, and a dataset
+        without a good one (a misspelt field, the wrong column) would otherwise be read
         through, a whole pass, for warnings and no batch. Counted from the iteration's start or
-        resume."""
-        count, first = self._bad_start[source]
-        count, first = count + 1, first or error
+        resume, until a row reads well (kept, or dropped by a filter or a length rule)."""
+        counted = self._bad_start[source]
+        if counted is None or self.documents[source]:
+            return
+        count, first = counted[0] + 1, counted[1] or error
         self._bad_start[source] = (count, first)
         if count < BAD_START_ROWS:
             return
         raise DataError(
-            f"bad_rows='skip': a lane skipped {count} rows of it as malformed before any gave "
-            "a document, and skipping is for a dataset's few bad rows, not for one without "
-            f"good ones. The first: {first}. A field missing from "
+            f"bad_rows='skip': the first {count} rows of it a lane read were all malformed, and "
+            "skipping is for a dataset's few bad rows, not for one without good ones. The "
+            f"first: {first}. A field missing from "
             "every row is a misspelt field name (the `field` of tokenize, tokenize_chat or "
             "pretokenized)",
             dataset=self.readers[source].layout.name,

@@ -142,8 +142,9 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
             for _ in readers
         ]
         self._filtered = [False] * len(readers)  # whether the filters dropped any of a source
-        # per source, the rows skipped as malformed while none gave a document, and the first
-        self._bad_start: list[tuple[int, str]] = [(0, "")] * len(readers)
+        # per source, the rows skipped as malformed before one read well, and the first; None
+        # once one did (see `_check_bad_start`)
+        self._bad_start: list[tuple[int, str] | None] = [(0, "")] * len(readers)
         for source, reader in enumerate(readers):
             plain: Any = reader
             while not isinstance(plain, DocumentReader):  # beneath the stateful filters
