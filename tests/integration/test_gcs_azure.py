@@ -156,6 +156,16 @@ def test_a_dead_azure_endpoint_fails_a_listing_after_the_retry_policy_s_attempts
         )
     assert caught.value.url == "az://c/data"
     assert "Cannot connect to host 127.0.0.1" in str(caught.value)
+    # on a client of its own: the user's cached file system keeps the SDK's retries
+    import fsspec
+
+    from zephon_torch.io._filesystems import open_filesystem
+
+    users = fsspec.filesystem("az", connection_string=connection)
+    ours, _ = open_filesystem("az://c/data", {"connection_string": connection})
+    assert ours is not users
+    assert ours.service_client._config.retry_policy.connect_retries == 0
+    assert users.service_client._config.retry_policy.connect_retries == 3
 
 
 def test_a_missing_bucket_is_named_as_such_and_a_missing_path_as_such(store: Store) -> None:

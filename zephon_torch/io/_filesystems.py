@@ -23,7 +23,9 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
       out connection) 3 times after 15 s and more each, and adlfs passes no setting of it on:
       a wrong or dead endpoint took 162 s to a ``StorageError``. az:// leaves those retries to
       the ``RetryPolicy`` (about 16 s with its defaults); the SDK still retries a request
-      sent (a broken answer, a 5xx) as it does.
+      sent (a broken answer, a 5xx) as it does. The file system is made for zephon_torch
+      alone (``skip_instance_cache``, unless given), not fsspec's cached one that the user's
+      own code may hold.
 
     Raises:
         ImportError: the URL's back end is not installed, saying what to install.
@@ -35,8 +37,11 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
     import fsspec
 
     options = dict(storage_options)
-    if url.split("://", 1)[0] in ("gs", "gcs"):
+    scheme = url.split("://", 1)[0]
+    if scheme in ("gs", "gcs"):
         options.setdefault("requests_timeout", GCS_REQUEST_TIMEOUT_S)
+    if scheme in _AZURE_SCHEMES:  # a client of its own, not the user's, to set retries on
+        options.setdefault("skip_instance_cache", True)
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
     except ImportError as error:
@@ -53,7 +58,7 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
         raise StorageError(
             f"cannot connect: {type(error).__name__}: {error}", url=url
         ) from secret_free(error)
-    if url.split("://", 1)[0] in _AZURE_SCHEMES:
+    if scheme in _AZURE_SCHEMES:
         _no_connect_retries(fs)
     return fs, root
 
