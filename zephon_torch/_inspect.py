@@ -44,6 +44,7 @@ def run_inspect(
     validate: bool = False,
     text_field: str | None = None,
     token_field: str | None = None,
+    vocab_size: int | None = None,
     show_errors: int = 10,
     out: TextIO | None = None,
 ) -> int:
@@ -58,8 +59,10 @@ def run_inspect(
         storage_options: passed to the fsspec file system of a URL.
         columns: the fields to read (default all): leaves out one that is not read, such as
             an MDS `pkl` column.
-        validate: then read every row, checking `text_field` or `token_field` in each
-            (see `zephon_torch._validate`), and print each bad row (up to `show_errors`).
+        validate: then read every row, checking `text_field` or `token_field` (its ids in
+            `[0, vocab_size)`, else `[0, 2**31)`) in each (see `zephon_torch._validate`), and
+            print each bad row (up to `show_errors`); a path that does not open as a whole
+            for a damaged file is read file by file, the damaged ones reported.
         out: where to print (default stdout); errors go to stderr.
 
     Returns:
@@ -69,15 +72,46 @@ def run_inspect(
     stream = out or sys.stdout
 
     def body() -> int:
-        dataset = _open(path, format_, index_cache_dir, storage_options, columns)
-        _inspect(dataset, path, rows, stream)
-        if not validate:
-            return 0
+        from zephon_torch._validate import open_each
         from zephon_torch._validate import validate as read_all
 
-        return read_all(
-            dataset, text_field=text_field, token_field=token_field, shown=show_errors, out=stream
-        )
+        def read_every_row(datasets: list[Dataset], unopened: list[DataError]) -> int:
+            return read_all(
+                datasets,
+                text_field=text_field,
+                token_field=token_field,
+                vocab_size=vocab_size,
+                unopened=unopened,
+                shown=show_errors,
+                out=stream,
+            )
+
+        try:
+            dataset = _open(path, format_, index_cache_dir, storage_options, columns)
+        except DataError as error:  # a damaged file: --validate goes on with the others
+            if not validate:
+                raise
+            datasets, unopened = open_each(
+                path,
+                error,
+                name=_dataset_name(path),
+                format_=format_,
+                index_cache_dir=index_cache_dir,
+                columns=columns,
+            )
+            print(
+                f"{path} does not open as a whole; --validate opens its "
+                f"{len(datasets) + len(unopened):,} files one by one",
+                file=stream,
+            )
+            return read_every_row(datasets, unopened)
+        try:
+            _inspect(dataset, path, rows, stream)
+        except DataError as error:  # a bad first row: --validate reports it with the rest
+            if not validate:
+                raise
+            print(f"{path}: no preview, its first rows do not read ({error})", file=stream)
+        return read_every_row([dataset], []) if validate else 0
 
     return _guarded("inspect", body, stream)
 

@@ -25,7 +25,7 @@ from zephon_torch._token_stage import (
     shard_paths,
     token_stage,
 )
-from zephon_torch.errors import DataError
+from zephon_torch.errors import DataError, row_fault
 from zephon_torch.io.dataset import Dataset, name_line
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
@@ -80,8 +80,7 @@ def explain_row_error(error: DataError, pipeline: Pipeline) -> None:
     (`name_line`) and, where a row is at fault and bad rows are raised, that they can be
     skipped."""
     name_line(error, read_datasets(pipeline))
-    row_at_fault = error.rows_fault and not error.shard_wide and error.row is not None
-    if row_at_fault and pipeline._options.bad_rows != "skip":
+    if row_fault(error) and pipeline._options.bad_rows != "skip":
         error.add_place("options(bad_rows='skip') skips such rows and counts them")
 
 

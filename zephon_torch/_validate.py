@@ -11,21 +11,22 @@ past the retries still end it (exit code 2, as any error of the command).
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 
-from zephon_torch.errors import DataError
+from zephon_torch.errors import DataError, row_fault
 from zephon_torch.io import Dataset
+from zephon_torch.io._projection import field_error, token_ids
 from zephon_torch.io.dataset import name_line
-from zephon_torch.ops.document import skipping_bad
-from zephon_torch.ops.pretokenized import field_error, token_ids
 
 CHUNK_ROWS = 4096  # rows read at once: a bad row costs its chunk a few more reads
 VALIDATION_FAILED_EXIT = 1  # bad rows or shards found (2: the command itself failed)
+_INT32_LIMIT = 1 << 31  # ids a run takes where no vocab_size is given
 
 
 @dataclass
@@ -54,90 +55,156 @@ class Findings:
 
 
 def validate(
-    dataset: Dataset,
+    datasets: list[Dataset],
     *,
     text_field: str | None = None,
     token_field: str | None = None,
+    vocab_size: int | None = None,
+    unopened: Sequence[DataError] = (),
     shown: int = 10,
     out: TextIO,
 ) -> int:
-    """Read every row of ``dataset`` and check ``text_field`` (a string, or UTF-8 bytes) or
-    ``token_field`` (a 1-D list of integer ids) in each; print what was found. Returns 0 where
-    every row read and checked, else ``VALIDATION_FAILED_EXIT``."""
+    """Read every row of ``datasets`` (one dataset, or its files opened one by one, those
+    that did not open given as ``unopened``) and check ``text_field`` (a string, or UTF-8
+    bytes) or ``token_field`` (a 1-D list of integer ids in ``[0, vocab_size)``, else ``[0,
+    2**31)``) in each; print what was found. Returns 0 where every row read and checked, else
+    ``VALIDATION_FAILED_EXIT``."""
     found = Findings()
+    for error in unopened:
+        found.bad_shards += 1
+        found.add_error(error, shown)
     started = time.perf_counter()
-    for shard in range(len(dataset.shards)):
-        _validate_shard(dataset, shard, text_field, token_field, found, shown)
+    shards = 0
+    for dataset in datasets:
+        check = _checker(text_field, token_field, vocab_size)
+        for shard in range(len(dataset.shards)):
+            _validate_shard(dataset, shard, check, token_field, found, shown)
+        shards += len(dataset.shards)
     seconds = time.perf_counter() - started
-    _report(dataset, found, text_field or token_field, seconds, shown, out)
+    _report(shards + len(unopened), found, text_field or token_field, seconds, shown, out)
     return VALIDATION_FAILED_EXIT if found.bad_rows or found.bad_shards else 0
+
+
+def open_each(
+    path: str,
+    error: DataError,
+    *,
+    name: str,
+    format_: str | None,
+    index_cache_dir: str | None,
+    columns: list[str] | None,
+) -> tuple[list[Dataset], list[DataError]]:
+    """The files of the local dataset at ``path``, which did not open as a whole (for
+    ``error``), each opened as a dataset of its own named ``name``; and the errors of those
+    that did not open. Raises ``error`` where the dataset cannot be taken apart: remote, or
+    one MDS or LitData index."""
+    from zephon_torch.io._discover import find_files
+    from zephon_torch.io._line_index import default_cache_dir
+    from zephon_torch.io._remote import is_remote
+    from zephon_torch.io.formats import INDEXED_FORMATS
+
+    if is_remote(path) or path.startswith("hf://"):
+        raise error
+    cache = index_cache_dir or default_cache_dir()
+    detected, files = find_files(path, format_=format_, exclude=os.path.abspath(cache))
+    if detected in INDEXED_FORMATS or len(files) < 2:
+        raise error
+    datasets, unopened = [], []
+    for file in files:
+        try:
+            datasets.append(
+                Dataset.from_path(
+                    name, file, format=detected, index_cache_dir=index_cache_dir, columns=columns
+                )
+            )
+        except DataError as damaged:
+            unopened.append(damaged)
+    return datasets, unopened
 
 
 def _validate_shard(
     dataset: Dataset,
     shard: int,
-    text_field: str | None,
+    check: Callable[[Any, Findings], str | None],
     token_field: str | None,
     found: Findings,
     shown: int,
 ) -> None:
+    """Read ``shard`` a chunk at a time (``token_field`` as stored ids where the format keeps
+    them so), each row of a chunk alone where the chunk holds a bad one, so many bad rows cost
+    one read each; an error no row is at fault for ends the shard (the rest is not read)."""
+    path = dataset.shards[shard].path
     size = dataset.shards[shard].num_rows
-    check = _checker(dataset, shard, text_field, token_field, found)
+
+    def read(rows: list[int]) -> list[Any]:
+        if token_field is not None:
+            stored = dataset.read_tokens(shard, rows, token_field)
+            if stored is not None:
+                return list(stored)
+        return list(dataset.read_rows(shard, rows))
+
     for start in range(0, size, CHUNK_ROWS):
         rows = list(range(start, min(start + CHUNK_ROWS, size)))
         try:
-            results = skipping_bad(check, rows, _bad, _named)
-        except DataError as error:  # no row's: the shard is damaged from here on
-            name_line(error, [dataset])
-            found.bad_shards += 1
-            found.add_error(error, shown)
-            return
-        for result in results:
-            if isinstance(result, DataError):
-                name_line(result, [dataset])
+            values: list[Any] = read(rows)
+        except DataError as error:
+            if not row_fault(error):
+                _shard_failed(error, dataset, found, shown)
+                return
+            values = []
+            for row in rows:
+                try:
+                    values += read([row])
+                except DataError as alone:
+                    if not row_fault(alone):
+                        _shard_failed(alone, dataset, found, shown)
+                        return
+                    values.append(alone)
+        for row, value in zip(rows, values, strict=True):
+            problem = value if isinstance(value, DataError) else None
+            if problem is None:
+                message = check(value, found)
+                if message is not None:
+                    problem = DataError(message, dataset=dataset.name, shard=path, row=row)
+            if problem is not None:
+                name_line(problem, [dataset])
                 found.bad_rows += 1
-                found.add_error(result, shown)
+                found.add_error(problem, shown)
         found.rows += len(rows)
 
 
-def _checker(
-    dataset: Dataset,
-    shard: int,
-    text_field: str | None,
-    token_field: str | None,
-    found: Findings,
-) -> Callable[[list[int]], list[DataError | None]]:
-    """The step for ``skipping_bad``: read ``rows`` of ``shard`` and check the field; a row's
-    fault raises a ``DataError`` naming it. Counts (ids, empty rows) are taken only once a
-    whole list passed, so a list retried around a bad row counts each row once."""
-    path = dataset.shards[shard].path
+def _shard_failed(error: DataError, dataset: Dataset, found: Findings, shown: int) -> None:
+    name_line(error, [dataset])
+    found.bad_shards += 1
+    found.add_error(error, shown)
 
-    def check(rows: list[int]) -> list[DataError | None]:
+
+def _checker(
+    text_field: str | None, token_field: str | None, vocab_size: int | None
+) -> Callable[[Any, Findings], str | None]:
+    """What is wrong with a row (a dict, or stored ids), as tokenize or pretokenized would
+    find it; None where nothing is, its text or ids then counted in the findings."""
+    limit = _INT32_LIMIT if vocab_size is None else vocab_size
+    bound = "2**31" if vocab_size is None else f"{vocab_size} (vocab_size)"
+
+    def check(value: Any, found: Findings) -> str | None:
         if token_field is not None:
-            stored = dataset.read_tokens(shard, rows, token_field)
-            if stored is not None:  # kept as 1-D integer arrays: nothing to check but ids
-                for ids in stored:
-                    found.add_ids(np.asarray(ids))
-                return [None] * len(rows)
-        data = dataset.read_rows(shard, rows)
-        taken: list[Any] = []
-        for row, values in zip(rows, data, strict=True):
+            if isinstance(value, dict):
+                try:
+                    value = token_ids(value.get(token_field))
+                except (TypeError, ValueError) as error:
+                    return field_error(token_field, value, error)
+            ids = np.asarray(value)
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+                bad = int(ids[(ids < 0) | (ids >= limit)][0])
+                return f"field {token_field!r} holds token id {bad}; ids must lie in [0, {bound})"
+            found.add_ids(ids)
+        elif text_field is not None:
             try:
-                if token_field is not None:
-                    taken.append(token_ids(values.get(token_field)))
-                elif text_field is not None:
-                    taken.append(_text(values, text_field))
-            except (TypeError, ValueError) as error:
-                message = (
-                    str(error) if token_field is None else field_error(token_field, values, error)
-                )
-                raise DataError(message, dataset=dataset.name, shard=path, row=row) from None
-        for value in taken:
-            if isinstance(value, str):
-                found.empty += not value
-            else:
-                found.add_ids(value)
-        return [None] * len(rows)
+                found.empty += not _text(value, text_field)
+            except ValueError as error:
+                return str(error)
+        return None
 
     return check
 
@@ -160,27 +227,14 @@ def _text(values: dict[str, Any], name: str) -> str:
     raise ValueError(f"field {name!r} must be a string, got {type(value).__name__}")
 
 
-def _bad(row: int, error: DataError) -> DataError:
-    return error
-
-
-def _named(rows: list[int], error: DataError) -> int | None:
-    """Where among ``rows`` (of one shard) the row ``error`` names is."""
-    row = error.row
-    if row is None or not rows or not rows[0] <= row <= rows[-1]:
-        return None
-    return row - rows[0]
-
-
 def _report(
-    dataset: Dataset,
+    shards: int,
     found: Findings,
     checked: str | None,
     seconds: float,
     shown: int,
     out: TextIO,
 ) -> None:
-    shards = len(dataset.shards)
     read = f"{found.rows:,} rows of {shards:,} shard{'' if shards == 1 else 's'} in {seconds:.2f} s"
     field_words = f"; field {checked!r} checked in each" if checked else ""
     problems = []

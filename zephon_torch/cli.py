@@ -113,6 +113,7 @@ def _inspect(args: argparse.Namespace) -> int:
         validate=args.validate,
         text_field=args.text_field,
         token_field=args.token_field,
+        vocab_size=args.vocab_size,
         show_errors=args.show_errors,
     )
 
@@ -376,6 +377,13 @@ def _add_dataset_commands(commands: Any) -> None:
                 "pretokenized(field) takes them (and print the ids' range)",
             )
             command.add_argument(
+                "--vocab-size",
+                type=_positive_int,
+                default=None,
+                help="with --token-field: ids must lie below this (default: 2**31, as a run "
+                "without vocab_size takes them)",
+            )
+            command.add_argument(
                 "--show-errors",
                 type=_non_negative_int,
                 default=10,
@@ -394,6 +402,7 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             for option, value in (
                 ("--text-field", args.text_field),
                 ("--token-field", args.token_field),
+                ("--vocab-size", args.vocab_size),
             )
             if value is not None
         ]

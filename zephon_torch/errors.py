@@ -216,6 +216,12 @@ class DataError(ZephonError, ValueError):
         return _with_cause(self, (_rebuild_data_error, where))
 
 
+def row_fault(error: DataError) -> bool:
+    """Whether ``error`` is its row's own fault: it names a row, and not one a changed or cut
+    shard no longer holds (``shard_wide``), and its kind can be a row's (``rows_fault``)."""
+    return error.row is not None and not error.shard_wide and error.rows_fault
+
+
 # a URL query value that is a credential: an OAuth token (gcsfs asks Google's tokeninfo with
 # `?access_token=`), an Azure SAS signature, a signed URL's parts
 _SECRET_QUERY = re.compile(

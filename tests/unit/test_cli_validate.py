@@ -88,14 +88,14 @@ def test_stored_token_arrays_and_a_null_parquet_id(tmp_path: Path) -> None:
     np.save(folder / "part-0.npy", np.array([5, 6, 7, 300, 9], dtype=np.int32))
     np.save(folder / "part-0.offsets.npy", np.array([0, 2, 2, 5], dtype=np.int64))
     out = io.StringIO()
-    assert validate(Dataset.from_path("n", folder), token_field="input_ids", out=out) == 0
+    assert validate([Dataset.from_path("n", folder)], token_field="input_ids", out=out) == 0
     assert "read 3 rows" in out.getvalue() and "1 row is empty" in out.getvalue()
     assert "token ids from 5 to 300 " in out.getvalue()
     path = tmp_path / "t.parquet"
     ids = pa.array([[1, 2], [3, None], [4]], type=pa.list_(pa.int32()))
     pq.write_table(pa.table({"input_ids": ids}), path)
     out = io.StringIO()
-    code = validate(Dataset.from_path("p", path), token_field="input_ids", out=out)
+    code = validate([Dataset.from_path("p", path)], token_field="input_ids", out=out)
     assert code == VALIDATION_FAILED_EXIT
     assert "validate: 1 bad row: read 3 rows of 1 shard" in out.getvalue()
     assert "row 1: field 'input_ids' must hold a 1-D list of integer token ids" in out.getvalue()
@@ -108,7 +108,7 @@ def test_a_shard_damaged_after_opening_is_reported_and_the_next_one_read(tmp_pat
     damaged = folder / "part-1.jsonl"
     damaged.write_bytes(damaged.read_bytes()[:100])  # cut short since it was opened
     out = io.StringIO()
-    assert validate(dataset, text_field="text", out=out) == VALIDATION_FAILED_EXIT
+    assert validate([dataset], text_field="text", out=out) == VALIDATION_FAILED_EXIT
     report = out.getvalue()
     assert report.startswith("validate: 1 shard unreadable past an error: read 60 rows of 3")
     assert f"shard '{damaged}'" in report
@@ -119,3 +119,60 @@ def test_field_checks_need_validate(capsys: pytest.CaptureFixture[str]) -> None:
         main(["inspect", "x", "--token-field", "ids"])
     assert caught.value.code == 2
     assert "--token-field applies with --validate" in capsys.readouterr().err
+
+
+def test_a_chunk_of_many_bad_rows_is_read_row_by_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Cut around each bad row, a chunk of a misspelt field's 1,500 bad rows took one more
+    level of recursion and one more read of the rest per bad row: a RecursionError, as a
+    review found (and quadratic cost below that). A first row that does not read leaves no
+    preview, and the pass goes on."""
+    lines = [_good(i) if i % 3 else '{"text": "a"' for i in range(1500)]  # 500 bad JSON lines
+    folder = _jsonl(tmp_path / "d", [lines])
+    code = main(["inspect", str(folder), "--validate", "--text-field", "txt", "--show-errors", "0"])
+    out = capsys.readouterr().out
+    assert code == VALIDATION_FAILED_EXIT
+    assert "validate: 1,500 bad rows: read 1,500 rows of 1 shard" in out  # each of them
+    assert "no preview, its first rows do not read (dataset 'd', shard" in out
+
+
+def test_ids_a_run_refuses_are_bad_rows(tmp_path: Path) -> None:
+    folder = _jsonl(tmp_path / "d", [[json.dumps({"ids": ids}) for ids in ([1, 2], [3, -1])]])
+    out = io.StringIO()
+    assert validate([Dataset.from_path("d", folder)], token_field="ids", out=out) == 1
+    assert "row 1: field 'ids' holds token id -1; ids must lie in [0, 2**31)" in out.getvalue()
+    big = tmp_path / "big"
+    big.mkdir()
+    np.save(big / "part-0.npy", np.array([5, 70_000, 9], dtype=np.int64))
+    np.save(big / "part-0.offsets.npy", np.array([0, 1, 3], dtype=np.int64))
+    out = io.StringIO()
+    assert validate([Dataset.from_path("b", big)], token_field="input_ids", out=out) == 0
+    out = io.StringIO()
+    stored = [Dataset.from_path("b", big)]
+    assert validate(stored, token_field="input_ids", vocab_size=50_000, out=out) == 1
+    assert "row 1: field 'input_ids' holds token id 70000; ids must lie in [0, 50000 (vocab" in (
+        out.getvalue()
+    )
+
+
+def test_files_that_do_not_open_are_reported_and_the_others_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file damaged before the open (a cut Parquet footer) failed the whole open: one error,
+    the other files unread (a review found `--validate` stopping at the first)."""
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for number in range(3):
+        table = pa.table({"text": [f"row {i}" for i in range(10)]})
+        pq.write_table(table, folder / f"part-{number}.parquet")
+    for number in (0, 2):
+        path = folder / f"part-{number}.parquet"
+        path.write_bytes(path.read_bytes()[:40])
+    assert main(["inspect", str(folder)]) == 2  # without --validate: the open's error
+    capsys.readouterr()
+    assert main(["inspect", str(folder), "--validate", "--text-field", "text"]) == 1
+    out = capsys.readouterr().out
+    assert f"{folder} does not open as a whole; --validate opens its 3 files one by one" in out
+    assert "validate: 2 shards unreadable past an error: read 10 rows of 3 shards" in out
+    assert out.count("not a readable Parquet file") == 2

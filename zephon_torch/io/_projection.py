@@ -195,3 +195,32 @@ class ProjectedReader:
     def line_of(self, path: str, row: int) -> str | None:
         """The wrapped reader's place of the row in its file (see `_rows.where_in_file`)."""
         return where_in_file(self.reader, path, row)
+
+
+def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
+    """``value`` as a 1-D integer array (itself when it is one).
+
+    Raises:
+        TypeError: for anything else, saying what it was.
+        ValueError: for a list holding a boolean (numpy would read it as 0 or 1).
+    """
+    if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "iu":
+        return value
+    tokens = np.asarray(value)
+    if tokens.dtype.kind in "fO" and isinstance(value, (list, tuple)):
+        tokens = wide_ids(value, tokens)
+    if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+        if isinstance(value, (list, tuple)) and None in value:  # a null id (Parquet, JSON)
+            raise TypeError(f"its id at position {value.index(None)} is null (None)")
+        shape, dtype = tokens.shape, tokens.dtype
+        raise TypeError(f"got {type(value).__name__} of shape {shape} and dtype {dtype}")
+    if isinstance(value, (list, tuple)):
+        check_no_bool(value)
+    return tokens if tokens.size else tokens.astype(np.int32)
+
+
+def field_error(field: str, data: dict[str, Any], error: Exception) -> str:
+    """What is wrong with ``data[field]`` as token ids."""
+    if field not in data:
+        return f"field {field!r} is missing; the row has fields {sorted(data)}"
+    return f"field {field!r} must hold a 1-D list of integer token ids: {error}"

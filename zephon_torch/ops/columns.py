@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
+from zephon_torch.io._projection import field_error, token_ids
 from zephon_torch.ops.document import (
     NO_TOKENS,
     Document,
@@ -28,7 +29,7 @@ from zephon_torch.ops.document import (
     skipping_bad,
 )
 from zephon_torch.ops.fetch import read_span, read_token_span
-from zephon_torch.ops.pretokenized import field_error, token_ids, with_eos
+from zephon_torch.ops.pretokenized import with_eos
 from zephon_torch.work.pointers import PointerSpan
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from zephon_torch.errors import DataError, ZephonError
+from zephon_torch.errors import DataError, ZephonError, row_fault
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -58,12 +58,6 @@ class DocOp(Protocol):
     def fingerprint(self) -> dict[str, Any]:
         """Its data-affecting parameters, JSON-able."""
         ...
-
-
-def row_fault(error: DataError) -> bool:
-    """Whether ``error`` is its row's own fault: it names a row, and not one a changed or cut
-    shard no longer holds (``shard_wide``), and its kind can be a row's (``rows_fault``)."""
-    return error.row is not None and not error.shard_wide and error.rows_fault
 
 
 def skipping_bad(
