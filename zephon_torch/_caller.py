@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import importlib.util
 import multiprocessing
 import os
 import sys
@@ -14,13 +16,6 @@ from typing import Any
 from zephon_torch.errors import ZephonWarning
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# frames walked through as the package's: the torch and torchdata loader code that calls it
-# (a DataLoader's fetch, torchdata's nodes)
-_THROUGH = (
-    _PACKAGE,
-    os.sep + os.path.join("torch", "utils", "data") + os.sep,
-    os.sep + "torchdata" + os.sep,
-)
 # frames that are nobody's line of code: a thread's start, a pool's worker loop, a process's
 _NO_USER = (
     threading.__file__,
@@ -29,25 +24,40 @@ _NO_USER = (
 )
 Site = tuple[str, int, dict[str, Any]]  # a user's line: file, line number, module globals
 _thread_site = threading.local()  # .site: the line a background thread warns from
+# the loader and trainer code between the user's line and this package: walked through
+_LOADERS = (("torch", "utils", "data"), ("torchdata",), ("lightning",), ("pytorch_lightning",))
+
+
+@functools.cache
+def _through_dirs() -> tuple[str, ...]:
+    """The folders whose frames are walked through as the package's: its own, and those of
+    torch's DataLoader, torchdata's nodes and Lightning's loops (found, not imported)."""
+    found = [_PACKAGE]
+    for top, *rest in _LOADERS:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            root = os.path.abspath(next(iter(spec.submodule_search_locations)))
+            found.append(os.path.join(root, *rest) + os.sep)
+    return tuple(found)
 
 
 def _outside(frame: FrameType) -> tuple[FrameType, int]:
     """The first frame from ``frame`` outward that is neither zephon_torch's nor the loader
     code calling it (the outermost where all are), and how many frames out it is."""
+    through = _through_dirs()
     out = 0
-    while frame.f_back is not None and _through(frame.f_code.co_filename):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(through):
         frame = frame.f_back
         out += 1
     return frame, out
 
 
-def _through(filename: str) -> bool:
-    return filename.startswith(_PACKAGE) or any(part in filename for part in _THROUGH[1:])
-
-
 def _is_users(frame: FrameType) -> bool:
     filename = frame.f_code.co_filename
-    return not _through(filename) and not any(filename.startswith(p) for p in _NO_USER)
+    return not filename.startswith(_through_dirs()) and not filename.startswith(_NO_USER)
 
 
 def user_site() -> Site | None:

@@ -455,3 +455,18 @@ def test_the_data_module_moves_batches_as_to_device_does(tokenizer: Any) -> None
     assert moved["max_seqlen"].device.type == "cpu"
     assert moved["input_ids"].device.type == "meta" and moved["labels"].device.type == "meta"
     assert data.transfer_batch_to_device([item["input_ids"]], torch.device("meta"), 0)[0].is_meta
+
+
+def test_a_warning_during_fit_points_at_the_fit_line(tokenizer: Any, tmp_path: Path) -> None:
+    """Lightning's loops stand between the user's `fit` and the loader: walked through, as
+    torch's and torchdata's loader code is, to the user's line (it pointed at Lightning's)."""
+    import sys
+
+    sources = two_sources(40, 30, shard_size=3)  # one runs out well before the other
+    data = PipelineDataModule(small_pipeline(tokenizer, exhaustion="stop", datasets=sources))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        trainer(tmp_path, 1000, max_steps=1000).fit(TinyLM(), datamodule=data)
+    said = [w for w in caught if "ran out" in str(w.message)]
+    assert said and {(w.filename, w.lineno) for w in said} == {(__file__, line)}
