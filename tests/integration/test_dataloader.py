@@ -349,7 +349,9 @@ def test_a_plain_torch_loader_keeps_a_worker_s_data_error_type_and_fields(kind: 
     )
     with pytest.raises(DataError, match=r"dataset 'ids', shard 'memory://ids/0', row 8") as caught:
         list(loader)
-    assert "Caught DataError in DataLoader worker process 0" in str(caught.value)
+    # its own type, a DataError: an id out of range is no row's fault (IdOutOfRange)
+    assert "Caught IdOutOfRange in DataLoader worker process 0" in str(caught.value)
+    assert type(caught.value).__name__ == "IdOutOfRange" and not caught.value.rows_fault
     assert (caught.value.dataset, caught.value.shard, caught.value.row) == (
         "ids",
         "memory://ids/0",
