@@ -95,22 +95,25 @@ def open_each(
     columns: list[str] | None,
 ) -> tuple[list[Dataset], list[DataError]]:
     """The files of the local dataset at ``path``, which did not open as a whole (for
-    ``error``), each opened as a dataset of its own named ``name``; and the errors of those
+    ``error``), each opened as a dataset of its own named ``name`` (a ``.npy`` token file with
+    its offsets), less those of no rows that the whole open leaves out; and the errors of those
     that did not open. Raises ``error`` where the dataset cannot be taken apart: remote, or
     one MDS or LitData index."""
     from zephon_torch.io._discover import find_files
     from zephon_torch.io._line_index import default_cache_dir
     from zephon_torch.io._remote import is_remote
+    from zephon_torch.io.dataset import NO_ROWS
     from zephon_torch.io.formats import INDEXED_FORMATS
+    from zephon_torch.io.npy import token_files
 
     if is_remote(path) or path.startswith("hf://"):
         raise error
     cache = index_cache_dir or default_cache_dir()
     detected, files = find_files(path, format_=format_, exclude=os.path.abspath(cache))
-    if detected in INDEXED_FORMATS or len(files) < 2:
+    if detected in INDEXED_FORMATS:
         raise error
     datasets, unopened = [], []
-    for file in files:
+    for file in token_files(files) if detected == "npy" else files:  # offsets go with tokens
         try:
             datasets.append(
                 Dataset.from_path(
@@ -118,7 +121,9 @@ def open_each(
                 )
             )
         except DataError as damaged:
-            unopened.append(damaged)
+            # a complete file without rows, which the whole open leaves out (with a warning)
+            if not (detected in ("parquet", "vortex", "npy") and damaged.detail == NO_ROWS):
+                unopened.append(damaged)
     return datasets, unopened
 
 

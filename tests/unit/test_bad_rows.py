@@ -636,29 +636,50 @@ def test_ninety_nine_bad_rows_before_the_first_document_are_skipped(
             )
 
 
-@pytest.mark.parametrize("dropped_by", ["min_document_length", "filter"])
-def test_bad_rows_among_rows_that_read_well_but_are_dropped_are_skipped(
-    tmp_path: Path, tokenizer: Any, dropped_by: str
+def test_bad_rows_among_rows_that_tokenize_but_are_cut_are_skipped(
+    tmp_path: Path, tokenizer: Any
 ) -> None:
-    """Rows that read well and are dropped (too short, or by a filter) end the count: only
-    a dataset whose first rows are all malformed is refused (a review found 125 bad rows among
-    250 short ones refused, the run going on before the rule)."""
+    """Rows that tokenize and are cut (too short) end the count: only a dataset whose first
+    rows are all malformed is refused (a review found 125 bad rows among 250 short ones
+    refused, the run going on before the rule)."""
     lines = ['{"body": "x"}' if i % 2 else json.dumps({"text": "short"}) for i in range(250)]
     lines += [json.dumps({"text": t}) for t in TEXTS[:30]]
     folder = tmp_path / "corpus"
     folder.mkdir()
     (folder / "part-0.jsonl").write_text("\n".join(lines) + "\n")
-    pipeline = Pipeline(in_order(folder)).options(bad_rows="skip")
-    if dropped_by == "filter":
-        pipeline = pipeline.filter(long_enough)
-    shortest = 8 if dropped_by == "min_document_length" else 0
-    pipeline = pipeline.tokenize(tokenizer=tokenizer)
-    pipeline = pipeline.pack_flat(64, "wrap", min_document_length=shortest).batch(2)
+    pipeline = Pipeline(in_order(folder)).options(bad_rows="skip").tokenize(tokenizer=tokenizer)
+    pipeline = pipeline.pack_flat(64, "wrap", min_document_length=8).batch(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert list(pipeline)
     assert skipped(pipeline)["malformed"] == 125
 
 
-def long_enough(row: dict[str, Any]) -> bool:
-    return row["text"] != "short"
+@pytest.mark.parametrize("exhaustion", ["stop", "repeat"])
+def test_a_misspelt_field_behind_a_filter_is_refused_in_its_first_rows(
+    tmp_path: Path, tokenizer: Any, exhaustion: str
+) -> None:
+    """A row a plain filter drops proves nothing of the field tokenize reads: with a filter
+    dropping every other row, the count went no further than the first drop, and a misspelt
+    field gave 0 batches (or an error after a whole pass), as before the rule (a review)."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    rows = [json.dumps({"text": t, "lang": "en" if i % 2 else "fr"}) for i, t in enumerate(TEXTS)]
+    for shard in range(4):
+        (folder / f"part-{shard}.jsonl").write_text("\n".join(rows) + "\n")
+    pipeline = (
+        Pipeline(in_order(folder, exhaustion))
+        .options(bad_rows="skip")
+        .filter(english)
+        .tokenize(tokenizer=tokenizer, field="txt")
+        .pack_flat(64, "wrap")
+        .batch(2)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataError, match="the first 100 rows of it a lane read were all"):
+            list(pipeline)
+
+
+def english(row: dict[str, Any]) -> bool:
+    return bool(row["lang"] == "en")

@@ -176,3 +176,39 @@ def test_files_that_do_not_open_are_reported_and_the_others_read(
     assert f"{folder} does not open as a whole; --validate opens its 3 files one by one" in out
     assert "validate: 2 shards unreadable past an error: read 10 rows of 3 shards" in out
     assert out.count("not a readable Parquet file") == 2
+
+
+def test_npy_files_open_with_their_offsets_and_files_without_rows_are_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Opened one by one, each `.offsets.npy` was a shard of its own (three false errors) and
+    a Parquet file without rows, which the whole open leaves out, an unreadable one (a
+    review)."""
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    for number in range(3):
+        np.save(folder / f"part-{number}.npy", np.arange(1, 7, dtype=np.int32))
+        np.save(folder / f"part-{number}.offsets.npy", np.array([0, 2, 6], dtype=np.int64))
+    damaged = folder / "part-1.npy"
+    damaged.write_bytes(damaged.read_bytes()[:60])
+    assert main(["inspect", str(folder), "--validate", "--token-field", "input_ids"]) == 1
+    out = capsys.readouterr().out
+    assert "opens its 3 files one by one" in out
+    assert "validate: 1 shard unreadable past an error: read 4 rows of 3 shards" in out
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for name, rows in (("a", 5), ("b", 5), ("c", 0)):
+        pq.write_table(
+            pa.table({"text": [f"row {i}" for i in range(rows)]}), folder / f"{name}.parquet"
+        )
+    cut = folder / "b.parquet"
+    cut.write_bytes(cut.read_bytes()[:40])
+    assert main(["inspect", str(folder), "--validate", "--text-field", "text"]) == 1
+    out = capsys.readouterr().out
+    assert "validate: 1 shard unreadable past an error: read 5 rows of 2 shards" in out
+    assert "has no rows" not in out
+    # one damaged file alone: a bad shard found (1), not the command failing (2)
+    assert main(["inspect", str(cut), "--validate", "--text-field", "text"]) == 1
+    assert "validate: 1 shard unreadable past an error: read 0 rows of 1 shard" in (
+        capsys.readouterr().out
+    )

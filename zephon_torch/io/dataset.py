@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _NARROWED = ("parquet", "vortex", "mds", "litdata")  # formats that skip unread columns
 _TOKEN_LISTS = ("parquet", "vortex")  # whose token columns save a Python int an id
+NO_ROWS = "has no rows; remove it or narrow the path"  # a shard's error: a file without rows
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Dataset:
                 # a JSONL file is empty (or blank); any other format's may be complete
                 empty = " (an empty file, or of blank lines only)" if format == "jsonl" else ""
                 raise DataError(
-                    f"has no rows{empty}; remove it or narrow the path",
+                    f"has no rows{empty}; remove it or narrow the path" if empty else NO_ROWS,
                     dataset=name,
                     shard=shard.path,
                 )

@@ -55,7 +55,7 @@ class SkipAccounting:
             self._check_bad_start(source, error)
             self._barren(source, shard, row)
             return False
-        self._bad_start[source] = None  # a row that read well: the count of bad ones ends
+        self._bad_start[source] = None  # a row that tokenized: the count of bad ones ends
         if not size:  # no token, not even a special one (see `with_eos`)
             self.skipped["empty"] += 1
         elif self.drop_longer_than is not None and size > self.drop_longer_than:
@@ -73,14 +73,13 @@ class SkipAccounting:
         """Count documents of ``source`` the plain filters dropped, stored at ``(shards,
         rows)``, with those that gave no token: a source whose documents the filters and the
         length rules share out between them gives nothing, and neither alone proves it."""
-        self._filtered[source] = True
-        self._bad_start[source] = None  # rows that read well, then dropped
+        self._filtered[source] = True  # (no proof its rows tokenize: the bad-row count goes on)
         self._barren(source, shards, rows)
 
     def _rejected(self, source: int) -> None:
         """Count a document of ``source`` a stateful filter rejected: it ends the run's
         proof (no pure fact of the row), not its dry spell."""
-        self._bad_start[source] = None  # a row that read well
+        self._bad_start[source] = None  # a row that tokenized
         self._barren_runs[source].restart()
         self._check_dry(source, 1)
 
@@ -116,7 +115,9 @@ class SkipAccounting:
         all malformed: ``bad_rows="skip"`` is for a dataset's few bad rows, and a dataset
         without a good one (a misspelt field, the wrong column) would otherwise be read
         through, a whole pass, for warnings and no batch. Counted from the iteration's start or
-        resume, until a row reads well (kept, or dropped by a filter or a length rule)."""
+        resume, until a row tokenizes (kept, empty, cut by a length rule, or rejected by a
+        stateful filter, which sees tokens). A row a plain filter drops proves nothing of the
+        fields its tokenizing reads (a misspelt one), so the count goes on past it."""
         counted = self._bad_start[source]
         if counted is None or self.documents[source]:
             return
