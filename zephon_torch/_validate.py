@@ -148,6 +148,20 @@ def _validate_shard(
                 return list(stored)
         return list(dataset.read_rows(shard, rows))
 
+    def tally(rows: list[int], values: list[Any]) -> None:
+        """Check and count the rows read (``values``: each row's, or its error)."""
+        for row, value in zip(rows, values, strict=False):
+            problem = value if isinstance(value, DataError) else None
+            if problem is None:
+                message = check(value, found)
+                if message is not None:
+                    problem = DataError(message, dataset=dataset.name, shard=path, row=row)
+            if problem is not None:
+                name_line(problem, [dataset])
+                found.bad_rows += 1
+                found.add_error(problem, shown)
+        found.rows += len(values)
+
     for start in range(0, size, CHUNK_ROWS):
         rows = list(range(start, min(start + CHUNK_ROWS, size)))
         try:
@@ -161,21 +175,12 @@ def _validate_shard(
                 try:
                     values += read([row])
                 except DataError as alone:
-                    if not row_fault(alone):
+                    if not row_fault(alone):  # the rows before it are reported first
+                        tally(rows, values)
                         _shard_failed(alone, dataset, found, shown)
                         return
                     values.append(alone)
-        for row, value in zip(rows, values, strict=True):
-            problem = value if isinstance(value, DataError) else None
-            if problem is None:
-                message = check(value, found)
-                if message is not None:
-                    problem = DataError(message, dataset=dataset.name, shard=path, row=row)
-            if problem is not None:
-                name_line(problem, [dataset])
-                found.bad_rows += 1
-                found.add_error(problem, shown)
-        found.rows += len(rows)
+        tally(rows, values)
 
 
 def _shard_failed(error: DataError, dataset: Dataset, found: Findings, shown: int) -> None:
