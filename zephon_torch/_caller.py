@@ -25,13 +25,20 @@ _NO_USER = (
 Site = tuple[str, int, dict[str, Any]]  # a user's line: file, line number, module globals
 _thread_site = threading.local()  # .site: the line a background thread warns from
 # the loader and trainer code between the user's line and this package: walked through
-_LOADERS = (("torch", "utils", "data"), ("torchdata",), ("lightning",), ("pytorch_lightning",))
+_LOADERS = (
+    ("torch", "utils", "data"),
+    ("torchdata",),
+    ("lightning",),
+    ("pytorch_lightning",),
+    ("lightning_fabric",),
+)
 
 
 @functools.cache
 def _through_dirs() -> tuple[str, ...]:
     """The folders whose frames are walked through as the package's: its own, and those of
-    torch's DataLoader, torchdata's nodes and Lightning's loops (found, not imported)."""
+    torch's DataLoader, torchdata's nodes and Lightning's (and Fabric's) loops (found, not
+    imported)."""
     found = [_PACKAGE]
     for top, *rest in _LOADERS:
         try:
