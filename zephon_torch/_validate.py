@@ -5,8 +5,8 @@ that one pass over the data would have shown. This pass reads every row of every
 pipeline's reading does, and, given the field the job takes (``--text-field`` for ``tokenize``,
 ``--token-field`` for ``pretokenized``), checks it as the pipeline will. It reports each bad row
 and each unreadable shard by dataset, shard, row (and a JSONL row's line), and goes on: the rows
-around a bad one are read as a pipeline under ``bad_rows="skip"`` reads them. Storage errors
-past the retries still end it (exit code 2, as any error of the command).
+of a chunk that holds a bad one are read one by one. Storage errors past the retries still end
+it (exit code 2, as any error of the command).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import numpy as np
 
 from zephon_torch.errors import DataError, row_fault
 from zephon_torch.io import Dataset
-from zephon_torch.io._projection import field_error, token_ids
+from zephon_torch.io._projection import field_error, id_limit, text_of, token_ids
 from zephon_torch.io.dataset import name_line
 
 CHUNK_ROWS = 4096  # rows read at once: a bad row costs its chunk a few more reads
 VALIDATION_FAILED_EXIT = 1  # bad rows or shards found (2: the command itself failed)
-_INT32_LIMIT = 1 << 31  # ids a run takes where no vocab_size is given
 
 
 @dataclass
@@ -75,8 +74,8 @@ def validate(
         found.add_error(error, shown)
     started = time.perf_counter()
     shards = 0
+    check = _checker(text_field, token_field, vocab_size)
     for dataset in datasets:
-        check = _checker(text_field, token_field, vocab_size)
         for shard in range(len(dataset.shards)):
             _validate_shard(dataset, shard, check, token_field, found, shown)
         shards += len(dataset.shards)
@@ -194,8 +193,7 @@ def _checker(
 ) -> Callable[[Any, Findings], str | None]:
     """What is wrong with a row (a dict, or stored ids), as tokenize or pretokenized would
     find it; None where nothing is, its text or ids then counted in the findings."""
-    limit = _INT32_LIMIT if vocab_size is None else vocab_size
-    bound = "2**31" if vocab_size is None else f"{vocab_size} (vocab_size)"
+    limit, bound = id_limit(vocab_size)
 
     def check(value: Any, found: Findings) -> str | None:
         if token_field is not None:
@@ -211,30 +209,12 @@ def _checker(
             found.add_ids(ids)
         elif text_field is not None:
             try:
-                found.empty += not _text(value, text_field)
+                found.empty += not text_of(value, text_field)
             except ValueError as error:
                 return str(error)
         return None
 
     return check
-
-
-def _text(values: dict[str, Any], name: str) -> str:
-    """``values[name]`` as the text ``tokenize`` takes, a string or bytes of UTF-8; else a
-    ValueError saying what it is (the words of ``tokenize``'s own error)."""
-    value = values.get(name)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"field {name!r} holds bytes that are not UTF-8 text: {error}"
-            ) from None
-    if name not in values:
-        raise ValueError(f"field {name!r} is missing; the row has fields {sorted(values)}")
-    raise ValueError(f"field {name!r} must be a string, got {type(value).__name__}")
 
 
 def _report(

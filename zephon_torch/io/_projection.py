@@ -224,3 +224,30 @@ def field_error(field: str, data: dict[str, Any], error: Exception) -> str:
     if field not in data:
         return f"field {field!r} is missing; the row has fields {sorted(data)}"
     return f"field {field!r} must hold a 1-D list of integer token ids: {error}"
+
+
+def text_of(data: dict[str, Any], field: str) -> str:
+    """``data[field]`` as the text ``tokenize`` takes: a string, or bytes of UTF-8 (a Parquet
+    ``binary`` column of text, as Spark may write it). Raises ValueError saying what it is
+    instead."""
+    value = data.get(field)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"field {field!r} holds bytes that are not UTF-8 text: {error}"
+            ) from None
+    if field not in data:
+        raise ValueError(f"field {field!r} is missing; the row has fields {sorted(data)}")
+    raise ValueError(f"field {field!r} must be a string, got {type(value).__name__}")
+
+
+def id_limit(vocab_size: int | None) -> tuple[int, str]:
+    """The first id a run refuses (``vocab_size``, else ``2**31``: ids must fit int32), and
+    how an error names it."""
+    if vocab_size is None:
+        return 1 << 31, "2**31"
+    return vocab_size, f"{vocab_size} (vocab_size)"

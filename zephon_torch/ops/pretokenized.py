@@ -15,10 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._projection import field_error, token_ids
+from zephon_torch.io._projection import field_error, id_limit, token_ids
 from zephon_torch.ops.document import Document, document_error
 
-_INT32_MAX = int(np.iinfo(np.int32).max)
 _maximum = np.maximum.reduce
 # ids of these types always fit int32 (and a vocabulary as large as their range)
 _NARROW: frozenset[np.dtype[Any]] = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})
@@ -121,10 +120,9 @@ class IdCheck:
         self.field = field
         self.dataset_names = dataset_names
         self.shard_paths = shard_paths
-        self.limit = _INT32_MAX + 1 if vocab_size is None else vocab_size
+        self.limit, self.bound = id_limit(vocab_size)
         # stored types whose every value lies below the limit: their batches need no pass
         self.narrow = frozenset(d for d in _NARROW if (1 << 8 * d.itemsize) <= self.limit)
-        self.bound = "2**31" if vocab_size is None else f"{vocab_size} (vocab_size)"
 
     def check(
         self,

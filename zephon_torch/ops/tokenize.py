@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon_torch.errors import ConfigError
+from zephon_torch.io._projection import text_of
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
 from zephon_torch.ops.document import Document, document_error, encode_texts
 
@@ -109,22 +110,12 @@ class TokenizeOp:
         return docs
 
     def _text(self, doc: Document) -> str:
-        data = doc.data if doc.data is not None else {}
-        value = data.get(self.field)
-        if isinstance(value, str):
-            return value
-        if isinstance(value, bytes):  # a Parquet `binary` column of text, as Spark may write it
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError as error:
-                message = f"field {self.field!r} holds bytes that are not UTF-8 text: {error}"
-        elif self.field not in data:
-            message = f"field {self.field!r} is missing; the row has fields {sorted(data)}"
-        else:
-            message = f"field {self.field!r} must be a string, got {type(value).__name__}"
-        raise document_error(
-            doc, message, dataset_names=self.dataset_names, shard_paths=self.shard_paths
-        )
+        try:
+            return text_of(doc.data if doc.data is not None else {}, self.field)
+        except ValueError as error:
+            raise document_error(
+                doc, str(error), dataset_names=self.dataset_names, shard_paths=self.shard_paths
+            ) from None
 
     def fingerprint(self) -> dict[str, Any]:
         """Tokenizer digest, field and special-token policy."""
