@@ -60,6 +60,7 @@ def same(a: Batch, b: Batch) -> None:
     np.testing.assert_array_equal(a.input_ids, b.input_ids)
     # first, while a block's layout is still segments laid end to end (not yet cut into rows)
     assert a.tokens_by_source() == b.tokens_by_source()
+    assert a.documents_by_source() == b.documents_by_source()
     assert pickle.loads(pickle.dumps(a.layout)) == b.layout
     assert a.lengths == b.lengths
     assert a.sources == b.sources

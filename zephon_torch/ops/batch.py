@@ -76,6 +76,8 @@ class RowLayout:
         """Segments that begin their document, per source index (a document cut across
         batches counts in the batch of its first piece)."""
         if self._segments is not None:
+            if num_sources == 1:  # a count, not a sum per segment
+                return [self._segments[2].count(True)]
             return _per_source(num_sources, self._segments[1], self._segments[2])
         _, sources, starts = self.rows
         return _per_source(num_sources, _flat(sources), _flat(starts))
