@@ -137,8 +137,9 @@ def _decodes_past_its_buffers(path: Path) -> bool:
 
 def test_bytes_that_decode_to_offsets_past_their_buffers_are_a_data_error(tmp_path: Path) -> None:
     """Runs of random bytes written over a file: some decode, in vortex-data 0.93, to list
-    or string offsets past their buffers, which pyarrow read through (a segfault of the whole
-    run, 3 damaged files in 80) when their rows were made."""
+    or string offsets past their buffers (or to text that is not UTF-8), which pyarrow read
+    through when their rows were made: rows of garbage without an error, or a segfault of the
+    whole run (3 damaged files in 80)."""
     rows = [
         {"text": f"doc {i} " + "w" * (i % 13), "id": i, "toks": list(range(i % 6))}
         for i in range(200)
