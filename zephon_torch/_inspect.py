@@ -23,7 +23,7 @@ import numpy as np
 from zephon_torch.errors import DataError, StorageError, ZephonError
 from zephon_torch.io import Dataset, parquet
 from zephon_torch.io._remote_rows import SCHEMA_FORMATS
-from zephon_torch.io.dataset import name_line
+from zephon_torch.io._rows import name_line
 
 ERROR_EXIT = 2
 _MAX_CHARS = 200

@@ -26,7 +26,8 @@ from zephon_torch._token_stage import (
     token_stage,
 )
 from zephon_torch.errors import DataError, row_fault
-from zephon_torch.io.dataset import Dataset, name_line
+from zephon_torch.io._rows import name_line
+from zephon_torch.io.dataset import Dataset
 from zephon_torch.ops._runner import DocChain, Runner
 from zephon_torch.ops.batch import Batch, BatchNode
 from zephon_torch.ops.columns import TokenChain

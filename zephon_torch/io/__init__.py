@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from zephon_torch.io.dataset import Dataset, Shard
+from zephon_torch.io._shards import Shard
+from zephon_torch.io.dataset import Dataset
 
 __all__ = ["Dataset", "Shard"]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
-from typing import Any, TypeAlias, cast
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import DataError
+
+if TYPE_CHECKING:
+    from zephon_torch.io.dataset import Dataset
 
 Rows: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
 """Row numbers within a shard: a sequence of ints or an integer numpy array."""
@@ -104,3 +107,17 @@ def where_in_file(reader: Any, path: str, row: int) -> str | None:
     row numbers are all an error needs."""
     line_of = getattr(reader, "line_of", None)
     return None if line_of is None else line_of(path, row)
+
+
+def name_line(error: DataError, datasets: Iterable[Dataset]) -> None:
+    """Add to ``error``, where it names a row of a JSONL shard of one of ``datasets``, the
+    row's line in the file (see `Dataset.line_of`): a user who opens the file at "row 30"
+    would read the wrong line where blank lines come before it. Never raises."""
+    if error.row is None or error.shard is None:
+        return
+    for dataset in datasets:
+        if dataset.name == error.dataset:
+            place = dataset.line_of(error.shard, error.row)
+            if place is not None:
+                error.add_place(place)
+            return

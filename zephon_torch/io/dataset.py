@@ -7,54 +7,28 @@ streams, state fingerprints) needs only the shard list; rows are read later, by
 
 from __future__ import annotations
 
-import hashlib
-import json
 import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zephon_torch.errors import ConfigError, DataError, positive_setting
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._opening import open_path
-from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, MdsOptions, ParquetOptions
+from zephon_torch.io._reader_settings import narrowed, with_io_options
+from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range, where_in_file
+from zephon_torch.io._shards import Shard, fingerprint_of
 from zephon_torch.io.formats import ShardReader, token_reader
-from zephon_torch.io.jsonl import with_jsonl_cache
-from zephon_torch.io.mds import MdsReader
 from zephon_torch.io.memory import MemoryReader, rows_of
-from zephon_torch.io.parquet import ParquetReader
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-_NARROWED = ("parquet", "vortex", "mds", "litdata")  # formats that skip unread columns
-_TOKEN_LISTS = ("parquet", "vortex")  # whose token columns save a Python int an id
 NO_ROWS = "has no rows; remove it or narrow the path"  # a shard's error: a file without rows
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One file of a dataset (or one slice of an in-memory table).
-
-    Args:
-        path: the absolute local path, the URL of a remote shard, or `memory://<dataset>/<i>`
-            for in-memory shards.
-        num_rows: the number of rows; always positive.
-        blocks: where the reader splits the shard for shuffle windows, the row counts of its
-            blocks of consecutive rows, in order (they sum to `num_rows`); empty otherwise.
-            Only Parquet shards of more than `parquet.WINDOW_BLOCK_BYTES` of row groups are
-            split: a window then holds `shuffle_window_shards` blocks, not whole shards.
-    """
-
-    path: str
-    num_rows: int
-    blocks: tuple[int, ...] = ()
 
 
 class Dataset:
@@ -334,29 +308,8 @@ class Dataset:
         Raises:
             ConfigError: for unknown keys or bad values.
         """
-        if not isinstance(self._reader, RemoteReader):
-            reader = self._reader
-            if isinstance(reader, ParquetReader):  # merged over its own bound
-                bound = ParquetOptions(row_group_cache_bytes=reader.max_row_group_bytes)
-                wanted = IoOptions(parquet=bound).merged(io_options).parquet
-                if wanted != bound:
-                    reader = reader.resized(wanted.row_group_cache_bytes)
-            elif isinstance(reader, MdsReader):  # merged over its own setting
-                checks = MdsOptions(verify_hashes=reader.verify_hashes)
-                asked = IoOptions(mds=checks).merged(io_options).mds
-                if asked != checks:
-                    reader = reader.verifying(asked.verify_hashes)
-            else:
-                IoOptions.of(io_options)  # validates
-                sets_cache = isinstance(io_options, IoOptions) or "cache" in io_options
-                if sets_cache and self.format == "jsonl":
-                    reader = with_jsonl_cache(reader, io_options)
-            if reader is self._reader:
-                return self
-            return self._reading_with(reader)
-        return self._reading_with(
-            self._reader.with_options(self._reader.options.merged(io_options))
-        )
+        reader = with_io_options(self._reader, self.format, io_options)
+        return self if reader is self._reader else self._reading_with(reader)
 
     def reading(self, fields: Sequence[str], token_field: str | None = None) -> Dataset:
         """This dataset reading only ``fields``, ``token_field`` (one of them) as a token
@@ -370,19 +323,8 @@ class Dataset:
         integers, is then a `DataError` naming the shard and its columns when opened, not one
         for each of its rows.
         """
-        reader = self._reader
-        projection = getattr(reader, "projection", None)
-        if self.format not in _NARROWED or not isinstance(projection, Projection):
-            return self
-        assert isinstance(reader, PickledAsSettings)
-        columns = projection.columns or tuple(dict.fromkeys(fields))
-        tokens = projection.token_columns
-        if token_field in columns and token_field not in tokens and self.format in _TOKEN_LISTS:
-            tokens = (*tokens, token_field)
-        wanted = Projection(columns=columns, token_columns=tokens)
-        if wanted == projection:
-            return self
-        return self._reading_with(reader.with_settings(projection=wanted))
+        reader = narrowed(self._reader, self.format, fields, token_field)
+        return self if reader is self._reader else self._reading_with(reader)
 
     def _reading_with(self, reader: ShardReader) -> Dataset:
         """This dataset read through another reader."""
@@ -432,20 +374,7 @@ class Dataset:
         `blocks_digest` covers them likewise. An `hf://` dataset adds the hub commit it was
         read at (`revision`): pin it with `hf://org/name@REVISION/...` to resume on it.
         """
-        names = _below_common_folder([shard.path for shard in self.shards])
-        listing = [[name, shard.num_rows] for name, shard in zip(names, self.shards)]
-        out = {
-            "name": self.name,
-            "format": self.format,
-            "num_shards": len(self.shards),
-            "num_rows": self.num_rows,
-            "rows_digest": _digest(listing),
-        }
-        if any(shard.blocks for shard in self.shards):
-            out["blocks_digest"] = _digest([list(shard.blocks) for shard in self.shards])
-        if self.revision is not None:  # hf://: another commit is other data, names alike
-            out["revision"] = self.revision
-        return out
+        return fingerprint_of(self.name, self.format, self.shards, self.revision)
 
     def __repr__(self) -> str:
         return (
@@ -466,32 +395,3 @@ class Dataset:
 def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"`name` must be a non-empty str, got {name!r}")
-
-
-def _below_common_folder(paths: list[str]) -> list[str]:
-    """Each of ``paths`` (files or URLs) below the deepest folder that holds them all: file
-    names where they share one folder, as the fingerprint read before it told
-    `lang=fr/part-0.jsonl` from `lang=it/part-0.jsonl` (the same file name)."""
-    parts = [path.replace(os.sep, "/").split("/") for path in paths]
-    depth, deepest = 0, min((len(p) - 1 for p in parts), default=0)
-    while depth < deepest and len({p[depth] for p in parts}) == 1:
-        depth += 1
-    return ["/".join(p[depth:]) for p in parts]
-
-
-def _digest(value: object) -> str:
-    return hashlib.sha256(json.dumps(value, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-def name_line(error: DataError, datasets: Iterable[Dataset]) -> None:
-    """Add to ``error``, where it names a row of a JSONL shard of one of ``datasets``, the
-    row's line in the file (see `Dataset.line_of`): a user who opens the file at "row 30"
-    would read the wrong line where blank lines come before it. Never raises."""
-    if error.row is None or error.shard is None:
-        return
-    for dataset in datasets:
-        if dataset.name == error.dataset:
-            place = dataset.line_of(error.shard, error.row)
-            if place is not None:
-                error.add_place(place)
-            return
