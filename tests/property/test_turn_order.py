@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_torch._lanes import (
+from zephon_torch._turn_order import (
     cut_at_empty_turn,
     cut_lone_lane,
     in_lane_order,

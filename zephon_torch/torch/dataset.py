@@ -224,7 +224,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                         item[WARNINGS_KEY] = heard.take()
                     yield pack(item) if self.pack_transport and info is not None else item
                 # a stream the pipeline cut itself (not endless): its lanes' final states, spent
-                # (see `_lanes.spent_at`), so ranks' final states merge
+                # (see `_turn_order.spent_at`), so ranks' final states merge
                 for lane, final in pipeline._lane_states.items():
                     self._delivered[str(lane)] = final
             except ZephonError as error:

@@ -19,15 +19,14 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data
 
 from zephon_torch._caller import warn
-from zephon_torch._lanes import (
-    calibrated,
+from zephon_torch._lanes import calibrated, warn_if_spent
+from zephon_torch._stats import RunCounters, loader_stats
+from zephon_torch._turn_order import (
     cut_at_empty_turn,
     in_lane_order,
     skip_spent_turns,
     spent_at,
-    warn_if_spent,
 )
-from zephon_torch._stats import RunCounters, loader_stats
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
