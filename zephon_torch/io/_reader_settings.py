@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon_torch.io._pickled import PickledAsSettings
-from zephon_torch.io._projection import Projection
+from zephon_torch.io._projection import ProjectedReader, Projection
 from zephon_torch.io._remote import IoOptions, MdsOptions, ParquetOptions
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io.formats import ShardReader
-from zephon_torch.io.jsonl import with_jsonl_cache
+from zephon_torch.io.jsonl import JsonlReader
 from zephon_torch.io.mds import MdsReader
 from zephon_torch.io.parquet import ParquetReader
 
@@ -71,3 +71,16 @@ def narrowed(
     if wanted == projection:
         return reader
     return reader.with_settings(projection=wanted)
+
+
+def with_jsonl_cache(reader: ShardReader, io_options: Mapping[str, Any] | IoOptions) -> ShardReader:
+    """A local JSONL dataset's reader (projected or not) whose compressed shards are
+    decompressed into the shard cache of `io_options` merged over its own; its caches empty."""
+    projected = reader if isinstance(reader, ProjectedReader) else None
+    jsonl = projected.reader if projected is not None else reader
+    if not isinstance(jsonl, JsonlReader):
+        raise TypeError(f"a local JSONL dataset reads with a JsonlReader, not {jsonl!r}")
+    fresh = jsonl.with_cache(IoOptions(cache=jsonl.cache).merged(io_options).cache)
+    if projected is None:
+        return fresh
+    return ProjectedReader(fresh, projection=projected.projection, dataset=projected.dataset)

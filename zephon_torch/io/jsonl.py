@@ -17,13 +17,12 @@ more threads add no throughput (the GIL).
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io._cache import LruCache
@@ -36,15 +35,13 @@ from zephon_torch.io._compression import (
     decompress_bytes,
     decompress_to,
 )
+from zephon_torch.io._json_line import one_document, parse, preview
 from zephon_torch.io._line_index import LineIndex, load_or_build
 from zephon_torch.io._mapped import check_whole, map_file
-from zephon_torch.io._projection import ProjectedReader
-from zephon_torch.io._remote import CacheOptions, IoOptions
+from zephon_torch.io._pread import Descriptor, identity, read_spans
+from zephon_torch.io._remote import CacheOptions
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 from zephon_torch.io._shard_cache import ShardCache
-
-if TYPE_CHECKING:
-    from zephon_torch.io.formats import ShardReader
 
 _JSON_TYPE_NAMES = {
     list: "array",
@@ -54,10 +51,7 @@ _JSON_TYPE_NAMES = {
     bool: "boolean",
     type(None): "null",
 }
-_PREVIEW_CHARS = 60
-_DECODER = json.JSONDecoder()
 _log = logging.getLogger(__name__)
-_RAW_DECODE = _DECODER.raw_decode
 _COUNT_PIECE = 1 << 22  # bytes read at a time to count lines
 
 
@@ -96,7 +90,7 @@ class JsonlReader:
         # shard, never evicted: a shard read again after both its LRU entries went must still
         # be the file first indexed; downloads and decompressed files are never rewritten)
         self._identities: dict[str, tuple[int, int, int]] = {}
-        self._files: LruCache[_Descriptor] = LruCache(self.max_open)  # plain shards, read by pread
+        self._files: LruCache[Descriptor] = LruCache(self.max_open)  # plain shards, read by pread
         # mapped files of evicted shards hold their disk space until unmapped: an eighth of
         # the cache at most, as remote readers keep open
         self._decompressed: LruCache[mmap.mmap | bytes] = LruCache(
@@ -175,11 +169,11 @@ class JsonlReader:
                     shard_wide=True,
                 )
             try:
-                value = _parse(line)
+                value = parse(line)
             except (ValueError, RecursionError) as error:  # also UnicodeDecodeError; too deep
                 raise DataError(
                     f"malformed JSON in the line at byte {start}: {error} "
-                    f"(line starts {_preview(line)!r}){_one_document(line)}",
+                    f"(line starts {preview(line)!r}){one_document(line)}",
                     dataset=self.dataset,
                     shard=path,
                     row=row,
@@ -238,7 +232,7 @@ class JsonlReader:
         download = self._download(path)
         if download is None and self._compression_of(path) is None:
             # before the scan: a change during it is seen at the reads
-            self._check_identity(path, _identity(os.stat(path)))
+            self._check_identity(path, identity(os.stat(path)))
         return load_or_build(path, self.index_cache_dir, lambda: self._whole(path), name=download)
 
     def _check_identity(self, path: str, now: tuple[int, int, int]) -> None:
@@ -288,10 +282,10 @@ class JsonlReader:
             return lambda starts, ends: [buffer[a:b] for a, b in zip(starts, ends, strict=True)]
         # the file object itself, not its number: another thread may evict it from the LRU
         # meanwhile, and the number, closed, would be reused by the next shard opened
-        handle = self._files.get_or_load(path, partial(_Descriptor, path))
+        handle = self._files.get_or_load(path, partial(Descriptor, path))
         if path in self._identities:  # a plain local shard (set as its index loaded)
-            self._check_identity(path, _identity(os.fstat(handle.fileno())))
-        return lambda starts, ends: _read_spans(handle.fileno(), starts, ends)
+            self._check_identity(path, identity(os.fstat(handle.fileno())))
+        return lambda starts, ends: read_spans(handle.fileno(), starts, ends)
 
     def _compression_of(self, path: str) -> Compression | None:
         if path in self._compression:
@@ -360,12 +354,6 @@ class JsonlReader:
         return held[1]
 
 
-def _identity(stat: os.stat_result) -> tuple[int, int, int]:
-    """A plain shard file's size, inode and mtime: what a rewrite, an append or a replacement
-    changes (not its ctime, which a `chmod` of the dataset's folder would move too)."""
-    return stat.st_size, stat.st_ino, stat.st_mtime_ns
-
-
 def _newlines_before(path: str, end: int) -> int | None:
     """The newlines among the first ``end`` bytes of the file at ``path``; None where it has
     fewer bytes (cut short since it was indexed)."""
@@ -378,90 +366,3 @@ def _newlines_before(path: str, end: int) -> int | None:
             count += piece.count(b"\n")
             end -= len(piece)
     return count
-
-
-class _Descriptor:
-    """A shard opened for `os.pread`, closed when its last reference goes: the LRU drops
-    handles, never closes them (another thread may be reading), and a file object dropped
-    open would warn (ResourceWarning) in a user's test suite."""
-
-    __slots__ = ("fd",)
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def __del__(self) -> None:
-        if hasattr(self, "fd"):  # not when the open failed
-            os.close(self.fd)
-
-
-_NEAR = 2  # rows read at once while their span is at most this many times their bytes
-
-
-def _read_spans(fd: int, starts: list[int], ends: list[int]) -> list[bytes | None]:
-    """The bytes of ``fd`` at each span ``(starts[i], ends[i])``, in order, None where the file
-    now ends inside it: one `os.pread` for spans that lie close together (as rows read in order
-    do), else one each."""
-    if not starts:
-        return []
-    low, high = min(starts), max(ends)
-    spans = list(zip(starts, ends, strict=True))
-    if high - low <= _NEAR * (sum(ends) - sum(starts)):
-        block = os.pread(fd, high - low, low)
-        return [block[a - low : b - low] if b - low <= len(block) else None for a, b in spans]
-    lines = [os.pread(fd, b - a, a) for a, b in spans]
-    return [line if len(line) == b - a else None for line, (a, b) in zip(lines, spans)]
-
-
-def _parse(line: bytes) -> Any:
-    """Parses one UTF-8 line like `json.loads`, only about 3x faster on the usual tidy line.
-
-    `json.loads` spends most of a short line's time detecting the encoding and checking for
-    surrounding whitespace. A line that `raw_decode` consumes whole is parsed already; any
-    other (leading or trailing whitespace, a BOM, an error) takes the full decoder, which also
-    gives the error message `json.loads` would. A BOM starts the first line of a file some
-    editors write, and any line of files joined by `cat`: it is left out. Invalid UTF-8 raises
-    UnicodeDecodeError (json.loads would let lone surrogates through).
-    """
-    text = line.decode("utf-8")
-    try:
-        value, stop = _RAW_DECODE(text)
-    except ValueError:
-        stop = -1
-    if stop == len(text):
-        return value
-    return _DECODER.decode(text[1:] if text.startswith("\ufeff") else text)
-
-
-def _preview(line: bytes) -> str:
-    return line[:_PREVIEW_CHARS].decode("utf-8", errors="replace")
-
-
-def with_jsonl_cache(reader: ShardReader, io_options: Mapping[str, Any] | IoOptions) -> ShardReader:
-    """A local JSONL dataset's reader (projected or not) whose compressed shards are
-    decompressed into the shard cache of `io_options` merged over its own; its caches empty."""
-    projected = reader if isinstance(reader, ProjectedReader) else None
-    jsonl = projected.reader if projected is not None else reader
-    if not isinstance(jsonl, JsonlReader):
-        raise TypeError(f"a local JSONL dataset reads with a JsonlReader, not {jsonl!r}")
-    fresh = jsonl.with_cache(IoOptions(cache=jsonl.cache).merged(io_options).cache)
-    if projected is None:
-        return fresh
-    return ProjectedReader(fresh, projection=projected.projection, dataset=projected.dataset)
-
-
-def _one_document(line: bytes) -> str:
-    """A hint where a line that does not parse is part of a JSON document spread over lines
-    (an array, or a pretty-printed object: a bracket alone, or an indented `"key": value`),
-    which is not JSON Lines."""
-    stripped = line.strip()
-    indented = line[:1] in (b" ", b"\t") and stripped[:1] == b'"' and b'":' in stripped
-    if stripped in (b"[", b"{", b"]", b"}", b"},", b"}]", b"{}") or indented:
-        return (
-            "; the file looks like one JSON document over many lines, not JSON Lines (one "
-            "object per line): convert it, or leave it out of the dataset"
-        )
-    return ""
