@@ -19,8 +19,9 @@ from zephon_torch._caller import adopt_site, user_site, warn
 from zephon_torch._progress import track
 from zephon_torch.errors import without_secrets
 from zephon_torch.io._discover import detect_files, find_files
+from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions, Listing, is_remote, list_remote
+from zephon_torch.io._remote import Listing, is_remote, list_remote
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._versions import per_open_index_dir, versioned_per_open
 from zephon_torch.io.formats import ShardReader, open_reader

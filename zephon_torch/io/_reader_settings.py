@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zephon_torch.io._io_options import IoOptions, MdsOptions, ParquetOptions
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import ProjectedReader, Projection
-from zephon_torch.io._remote import IoOptions, MdsOptions, ParquetOptions
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io.formats import ShardReader
 from zephon_torch.io.jsonl import JsonlReader

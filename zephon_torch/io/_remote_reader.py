@@ -29,9 +29,9 @@ from zephon_torch.io._download import check_unchanged, read_listed
 from zephon_torch.io._filesystems import open_filesystem
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
+from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._remote_rows import (
     SCHEMA_FORMATS,
     Layout,

@@ -23,7 +23,7 @@ from zephon_torch._caller import warn
 from zephon_torch.errors import StorageError
 from zephon_torch.io._background import Background
 from zephon_torch.io._download import fetch
-from zephon_torch.io._remote import IoOptions
+from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 
 _log = logging.getLogger(__name__)

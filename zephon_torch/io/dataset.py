@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zephon_torch.errors import ConfigError, DataError, positive_setting
+from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._line_index import default_cache_dir
 from zephon_torch.io._opening import open_path
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._reader_settings import narrowed, with_io_options
-from zephon_torch.io._remote import IoOptions
 from zephon_torch.io._remote_reader import RemoteReader
 from zephon_torch.io._rows import Rows, TokenIds, as_row_array, check_in_range, where_in_file
 from zephon_torch.io._shards import Shard, fingerprint_of

@@ -23,7 +23,7 @@ from zephon_torch.io._projection import ProjectedReader, Projection
 from zephon_torch.io._rows import Rows, TokenIds
 
 if TYPE_CHECKING:
-    from zephon_torch.io._remote import CacheOptions
+    from zephon_torch.io._io_options import CacheOptions
 
 FILE_FORMATS = ("jsonl", "litdata", "mds", "npy", "parquet", "vortex")
 """The formats `Dataset.from_path` reads, sorted."""

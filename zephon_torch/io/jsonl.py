@@ -35,11 +35,11 @@ from zephon_torch.io._compression import (
     decompress_bytes,
     decompress_to,
 )
+from zephon_torch.io._io_options import CacheOptions
 from zephon_torch.io._json_line import one_document, parse, preview
 from zephon_torch.io._line_index import LineIndex, load_or_build
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._pread import Descriptor, identity, read_spans
-from zephon_torch.io._remote import CacheOptions
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 from zephon_torch.io._shard_cache import ShardCache
 

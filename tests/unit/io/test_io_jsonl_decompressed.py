@@ -29,7 +29,7 @@ from zephon_torch.io import Dataset
 from zephon_torch.io import jsonl as jsonl_module
 from zephon_torch.io._cache_folder import _LOCKS, _RESERVE, _TMP
 from zephon_torch.io._compression import CorruptError
-from zephon_torch.io._remote import CacheOptions
+from zephon_torch.io._io_options import CacheOptions
 from zephon_torch.io._shard_cache import ShardCache
 from zephon_torch.io.jsonl import JsonlReader
 from zephon_torch.work import StaticMixtureWorkSource

@@ -28,7 +28,7 @@ from tests.loopback import serve_in_thread
 from zephon_torch import Pipeline
 from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io import Dataset
-from zephon_torch.io._remote import IoOptions
+from zephon_torch.io._io_options import IoOptions
 from zephon_torch.work import StaticMixtureWorkSource
 
 
