@@ -667,7 +667,7 @@ def test_shards_held_open_are_sized_to_the_disk_where_it_is_smaller_than_max_byt
     with CacheDiskFullError (a review's 2 MiB tmpfs, at shard 13)."""
     import shutil
 
-    from zephon_torch.io import _cache_folder, _remote_reader
+    from zephon_torch.io import _cache_folder, _remote_sizing
 
     endpoint, _ = s3_server
     _write_corpus(tmp_path / "local", "jsonl", shards=4)
@@ -681,9 +681,9 @@ def test_shards_held_open_are_sized_to_the_disk_where_it_is_smaller_than_max_byt
     assert _cache_folder.disk_size(str(tmp_path / "no" / "such")) == (
         shutil.disk_usage(tmp_path).total
     )
-    monkeypatch.setattr(_remote_reader, "disk_size", lambda folder: 64 << 30)
-    assert reader._max_open() == 16
-    monkeypatch.setattr(_remote_reader, "disk_size", lambda folder: 8 * 5 * largest)
-    assert reader._max_open() == 5
-    monkeypatch.setattr(_remote_reader, "disk_size", lambda folder: largest)
-    assert reader._max_open() == 2
+    monkeypatch.setattr(_remote_sizing, "disk_size", lambda folder: 64 << 30)
+    assert _remote_sizing.max_open(reader.objects, reader.options.cache) == 16
+    monkeypatch.setattr(_remote_sizing, "disk_size", lambda folder: 8 * 5 * largest)
+    assert _remote_sizing.max_open(reader.objects, reader.options.cache) == 5
+    monkeypatch.setattr(_remote_sizing, "disk_size", lambda folder: largest)
+    assert _remote_sizing.max_open(reader.objects, reader.options.cache) == 2

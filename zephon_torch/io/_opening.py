@@ -23,6 +23,7 @@ from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote import Listing, is_remote, list_remote
 from zephon_torch.io._remote_reader import RemoteReader
+from zephon_torch.io._remote_sizing import opening_threads
 from zephon_torch.io._versions import per_open_index_dir, versioned_per_open
 from zephon_torch.io.formats import ShardReader, open_reader
 from zephon_torch.io.parquet import ParquetReader
@@ -154,7 +155,13 @@ def _layouts(reader: ShardReader, files: list[str]) -> list[File]:
         layouts = [layout(files[0])]
     else:
         if isinstance(reader, RemoteReader):
-            workers = min(reader.opening_threads(_MAX_REMOTE_OPENING_THREADS), len(files))
+            threads = opening_threads(
+                _MAX_REMOTE_OPENING_THREADS,
+                format_=reader.format,
+                objects=reader.objects,
+                cache=reader.options.cache,
+            )
+            workers = min(threads, len(files))
         else:
             workers = min(_MAX_OPENING_THREADS, len(files), os.cpu_count() or 1)
         with ThreadPoolExecutor(

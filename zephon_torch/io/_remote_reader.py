@@ -24,8 +24,6 @@ from typing import Any, TypeVar
 
 from zephon_torch.errors import ConfigError, DataError, StorageError, ZephonError
 from zephon_torch.io._arrow import check_columns
-from zephon_torch.io._cache_folder import disk_size
-from zephon_torch.io._download import check_unchanged, read_listed
 from zephon_torch.io._filesystems import open_filesystem
 from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
@@ -35,30 +33,21 @@ from zephon_torch.io._projection import Projection
 from zephon_torch.io._remote_rows import (
     SCHEMA_FORMATS,
     Layout,
+    counted_columns,
+    listed_parquet_layout,
     npy_rows,
-    parquet_layout,
     remember_layout,
     remembered_layout,
 )
+from zephon_torch.io._remote_sizing import max_open
 from zephon_torch.io._rows import Rows, TokenIds, where_in_file
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 from zephon_torch.io._shard_downloads import ShardDownloads
-from zephon_torch.io._stall import cat_range
-from zephon_torch.io.formats import (
-    COMPRESSION_ENDINGS,
-    LOCATING_FORMATS,
-    ShardReader,
-    open_reader,
-    token_reader,
-)
+from zephon_torch.io.formats import LOCATING_FORMATS, ShardReader, open_reader, token_reader
 from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import window_blocks
 
 T = TypeVar("T")
-
-_MAPPED_SHARE = 8  # shards kept open by a local reader take at most max_bytes / this
-_MIN_OPEN, _MAX_OPEN = 2, 16
-_INFLATION = 8  # a compressed JSONL shard's decompressed size, in its sizes, as the open guesses
 
 
 class RemoteReader(PickledAsSettings):
@@ -209,7 +198,7 @@ class RemoteReader(PickledAsSettings):
             if self.format == "parquet":
                 layout = self._parquet_layout(path)
             elif schema:
-                layout = self._with_reader(path, _counted_columns)
+                layout = self._with_reader(path, counted_columns)
             else:
                 layout = self._with_reader(path, lambda r, local: r.num_rows(local)), (), ()
             remember_layout(self.index_cache_dir, item, *layout)
@@ -312,7 +301,7 @@ class RemoteReader(PickledAsSettings):
                     index_cache_dir=self.index_cache_dir,
                     projection=self.projection,
                     locate=self._locate,
-                    max_open=self._max_open(),
+                    max_open=max_open(self.objects, self.options.cache),
                     row_group_cache_bytes=self.options.parquet.row_group_cache_bytes,
                     cache=self.options.cache,
                     verify_hashes=self.options.mds.verify_hashes,
@@ -322,34 +311,6 @@ class RemoteReader(PickledAsSettings):
                     raise missing_shard(missing[0], dataset=self.dataset)
                 self._opened = reader, shards
             return self._opened
-
-    def opening_threads(self, most: int) -> int:
-        """How many shards the open counts at once: `most`, or fewer for JSONL, whose count
-        downloads each shard whole and decompresses a compressed one into the cache (taken
-        as `_INFLATION` times its size), so that what the counts hold at once fits in the
-        cache: more threads, each holding a shard while it waits for room for the next,
-        would go past `max_bytes` together and stall, then fall back to memory."""
-        if self.format != "jsonl":
-            return most
-        need = max(
-            (
-                item.size * (1 + _INFLATION if url.endswith(COMPRESSION_ENDINGS) else 1)
-                for url, (_, item) in self.objects.items()
-            ),
-            default=0,
-        )
-        return max(1, min(most, self.options.cache.max_bytes // max(need, 1)))
-
-    def _max_open(self) -> int:
-        """How many shards the local reader keeps open or mapped between reads. The cache may
-        evict such a shard, but its disk space is freed only when the reader lets it go, so
-        they are sized to an eighth of `max_bytes`, or of the disk where that is smaller (the
-        default 64 GiB on a small disk: 16 evicted shards held open filled it), between 2
-        and 16 shards."""
-        largest = max((item.size for _, item in self.objects.values()), default=0)
-        room = min(self.options.cache.max_bytes, disk_size(self.options.cache.directory))
-        fitting = room // _MAPPED_SHARE // max(largest, 1)
-        return max(_MIN_OPEN, min(_MAX_OPEN, fitting))
 
     @contextlib.contextmanager
     def _locate(self, url: str) -> Iterator[str]:
@@ -379,37 +340,10 @@ class RemoteReader(PickledAsSettings):
         return [url, partner] if partner in self.objects else [url]
 
     def _parquet_layout(self, path: str) -> Layout:
-        """The row count, row-group sizes and columns from the footer, by range reads
-        (retried); no download. The reads are not tied to the listed version, so the object
-        is then checked to be it still (one HEAD, as after a download): a rewrite between the
-        listing and the reads would else be remembered as the listed version's layout, and
-        read as such should the object come back to the listed bytes (an S3 ETag is their
-        MD5), every pass losing the rows past the rewrite's count.
-
-        Raises:
-            DataError: the object changed or went since it was listed, or is not Parquet.
-        """
-        fs_path, item = self.objects[path]
-
-        def tail(length: int) -> bytes:
-            def attempt() -> bytes:
-                start = max(0, item.size - length)
-                return cat_range(fs, fs_path, start, item.size, retry, listed=item.size)
-
-            retry = self.options.retry
-            what = "reading the footer"
-            return read_listed(
-                attempt, fs, fs_path, item, dataset=self.dataset, retry=retry, what=what
-            )
-
-        fs = self._filesystem()
-        try:
-            layout = parquet_layout(tail, size=item.size, url=path, dataset=self.dataset)
-        except DataError:  # a footer cut from a rewrite's bytes: say that it changed
-            check_unchanged(fs, fs_path, item, dataset=self.dataset, retry=self.options.retry)
-            raise
-        check_unchanged(fs, fs_path, item, dataset=self.dataset, retry=self.options.retry)
-        return layout
+        """From the footer by range reads, then checked to be the listed version still (see
+        `listed_parquet_layout`)."""
+        fs, retry = self._filesystem(), self.options.retry
+        return listed_parquet_layout(path, self.objects, fs=fs, policy=retry, dataset=self.dataset)
 
     def _npy_rows(self, path: str) -> int:
         """From the `.npy` headers when they tell (see `npy_rows`), else from the files."""
@@ -452,8 +386,3 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
-
-
-def _counted_columns(reader: Any, local: str) -> Layout:
-    """A downloaded shard's row count and columns (a Vortex file's)."""
-    return reader.num_rows(local), (), reader.columns(local)

@@ -6,7 +6,7 @@ and two values; JSONL and Vortex shards are downloaded whole to be counted. Eith
 a Parquet shard's row-group sizes and columns, is remembered in the index cache folder, under
 the object's cache name (URL, size and version), so a later open, by any run, process or node
 sharing the folder, reads nothing but the listing. A footer is remembered only once the object
-is found as listed after its reads (see `RemoteReader._parquet_layout`).
+is found as listed after its reads (see `listed_parquet_layout`).
 """
 
 from __future__ import annotations
@@ -81,6 +81,43 @@ def parquet_layout(tail: Callable[[int], bytes], *, size: int, url: str, dataset
     # pyarrow raises OSError for bad thrift, and UnicodeDecodeError for a name not in UTF-8
     except (pa.ArrowInvalid, OSError, ValueError) as error:
         raise bad(error) from error
+
+
+def listed_parquet_layout(
+    path: str, objects: Objects, *, fs: Any, policy: RetryPolicy, dataset: str
+) -> Layout:
+    """The row count, row-group sizes and columns from the footer, by range reads
+    (retried); no download. The reads are not tied to the listed version, so the object
+    is then checked to be it still (one HEAD, as after a download): a rewrite between the
+    listing and the reads would else be remembered as the listed version's layout, and
+    read as such should the object come back to the listed bytes (an S3 ETag is their
+    MD5), every pass losing the rows past the rewrite's count.
+
+    Raises:
+        DataError: the object changed or went since it was listed, or is not Parquet.
+    """
+    fs_path, item = objects[path]
+
+    def tail(length: int) -> bytes:
+        def attempt() -> bytes:
+            start = max(0, item.size - length)
+            return cat_range(fs, fs_path, start, item.size, policy, listed=item.size)
+
+        what = "reading the footer"
+        return read_listed(attempt, fs, fs_path, item, dataset=dataset, retry=policy, what=what)
+
+    try:
+        layout = parquet_layout(tail, size=item.size, url=path, dataset=dataset)
+    except DataError:  # a footer cut from a rewrite's bytes: say that it changed
+        check_unchanged(fs, fs_path, item, dataset=dataset, retry=policy)
+        raise
+    check_unchanged(fs, fs_path, item, dataset=dataset, retry=policy)
+    return layout
+
+
+def counted_columns(reader: Any, local: str) -> Layout:
+    """A downloaded shard's row count and columns (a Vortex file's)."""
+    return reader.num_rows(local), (), reader.columns(local)
 
 
 def npy_rows(

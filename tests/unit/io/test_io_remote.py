@@ -465,7 +465,7 @@ def test_an_empty_remote_jsonl_file_is_refused_naming_it(tmp_path: Path) -> None
 def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zephon_torch.io._remote_reader as remote_reader
+    import zephon_torch.io._remote_rows as remote_rows
 
     fs = fsspec.filesystem("memory")
     root = _root()
@@ -473,13 +473,13 @@ def test_parquet_row_counts_are_remembered_so_a_later_open_reads_no_footer(
         _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": list(range(rows))}))
     index = str(tmp_path / "index")
     footers: list[str] = []
-    count = remote_reader.parquet_layout
+    count = remote_rows.parquet_layout
 
     def counted(tail: Any, **where: Any) -> Any:
         footers.append(where["url"])
         return count(tail, **where)
 
-    monkeypatch.setattr(remote_reader, "parquet_layout", counted)
+    monkeypatch.setattr(remote_rows, "parquet_layout", counted)
 
     def open_cold() -> Dataset:
         return Dataset.from_path(
@@ -672,7 +672,7 @@ def test_the_parquet_row_group_cache_is_set_for_local_and_remote_datasets(
 def test_a_big_remote_parquet_shard_is_split_into_the_blocks_of_its_local_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zephon_torch.io._remote_reader as remote_reader
+    import zephon_torch.io._remote_rows as remote_rows
     from zephon_torch.io import parquet
 
     fs = fsspec.filesystem("memory")
@@ -706,7 +706,7 @@ def test_a_big_remote_parquet_shard_is_split_into_the_blocks_of_its_local_copy(
     def no_footer(*_: Any, **__: Any) -> Any:
         raise AssertionError("a remembered shard's footer was read again")
 
-    monkeypatch.setattr(remote_reader, "parquet_layout", no_footer)
+    monkeypatch.setattr(remote_rows, "parquet_layout", no_footer)
     assert [s.blocks for s in open_remote().shards] == [(150, 150, 150, 150)] * 2
 
     def build(dataset: Dataset) -> Pipeline:
