@@ -555,7 +555,9 @@ def test_an_index_that_says_less_of_a_sample_than_it_holds_is_a_data_error(
     tmp_path: Path,
 ) -> None:
     """An index stating 3 int32 ids a sample where 4 are stored (an index of another write)
-    cut every document's last id, by the bulk path and by the per-sample decoder alike."""
+    cut every document's last id, by the bulk path and by the per-sample decoder alike. The
+    shard's own copy of its columns says 3 too here (else the shard is refused when loaded,
+    see the next test), so that the samples' own check is what is tested."""
     with mds_writer_class()(out=str(tmp_path), columns={"tok": "ndarray:int32:4"}) as writer:
         for i in range(40):
             writer.write({"tok": np.arange(4, dtype=np.int32) + i})
@@ -563,12 +565,55 @@ def test_an_index_that_says_less_of_a_sample_than_it_holds_is_a_data_error(
     index["shards"][0]["column_encodings"] = ["ndarray:int32:3"]
     index["shards"][0]["column_sizes"] = [12]
     (tmp_path / "index.json").write_text(json.dumps(index))
+    shard = tmp_path / "shard.00000.mds"
+    stored = shard.read_bytes()
+    shard.write_bytes(
+        stored.replace(b'"ndarray:int32:4"', b'"ndarray:int32:3"', 1).replace(
+            b'"column_sizes": [16]', b'"column_sizes": [12]', 1
+        )
+    )
     dataset = Dataset.from_path("m", tmp_path)
     said = r"row 0: sample does not decode: .*take 12 bytes, but it holds 16"
     with pytest.raises(DataError, match=said):
         dataset.read_rows(0, [0, 1])
     with pytest.raises(DataError, match=said):
         dataset.read_tokens(0, list(range(40)), "tok")  # the bulk path, then the decoder
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("column_encodings", ["int8", "int", "ndarray:int32"]),
+        ("column_names", ["title", "id", "tokens"]),
+        ("column_sizes", [None, None, None]),
+    ],
+)
+def test_an_index_whose_columns_differ_from_the_shards_own_is_a_data_error(
+    tmp_path: Path, field: str, value: list[Any]
+) -> None:
+    """A damaged index.json (which no hash covers) naming a column other than its shard was
+    written with read without an error, silently wrong: 'text' as an int8 (its first byte),
+    or under another name. The shard's own copy of its columns now decides, hashes or not."""
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500, hashes=["sha1"])
+    edit_index(out, lambda index: index["shards"][1].update({field: value}))
+    dataset = Dataset.from_path("m", out, io_options={"mds": {"verify_hashes": True}})
+    assert plain(dataset.read_rows(0, [0])[0]) == plain(ROWS[0])
+    with pytest.raises(DataError, match=rf"index.json records {field} .* where the shard itself"):
+        dataset.read_rows(1, [0])
+
+
+def test_a_shard_whose_count_the_index_damaged_to_zero_is_refused_not_dropped(
+    tmp_path: Path,
+) -> None:
+    """A shard of 0 samples is skipped (MDSWriter writes one before an oversized first
+    sample), so an index whose count of a full shard read 0 dropped all its rows, silently."""
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500)
+    edit_index(out, lambda index: index["shards"][1].update({"samples": 0}))
+    with pytest.raises(
+        DataError, match=r"header says \d+ samples where index.json records 0"
+    ) as caught:
+        Dataset.from_path("m", out)
+    assert (caught.value.dataset, caught.value.shard) == ("m", str(out / "shard.00001.mds"))
 
 
 def test_rows_keeping_one_array_beside_variable_columns_are_read_in_bulk(
