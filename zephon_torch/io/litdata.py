@@ -152,7 +152,10 @@ class LitDataReader(PickledAsSettings):
         if self._loader not in ("PyTreeLoader", "TokensLoader"):
             raise ValueError(f"item_loader {self._loader} is not read")
         self._per_item_zstd = config.get("compression_level") == "sample"
-        formats = list(config["data_format"])
+        formats = config["data_format"]
+        # a damaged entry is no format name: the leaf decoders parse each one as a str
+        if not isinstance(formats, list) or not all(isinstance(name, str) for name in formats):
+            raise ValueError(f"data_format is {formats!r}, not a list of format names")
         if self._loader == "TokensLoader":
             self._tree = fmt.Node(kind=None, keys=(), children=(), leaves=1)
             names: tuple[str, ...] = (TOKENS_FIELD,)

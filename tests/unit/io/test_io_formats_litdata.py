@@ -279,6 +279,21 @@ def test_a_negative_item_or_byte_count_is_named_as_such(
     assert caught.value.shard == str(out / "chunk-0-1.bin")
 
 
+@pytest.mark.parametrize("value", [None, 2, {}, ["str"]])
+def test_a_data_format_entry_that_is_no_format_name_is_a_data_error_naming_the_index(
+    written: dict[str, Path], tmp_path: Path, value: object
+) -> None:
+    """A data_format entry damaged to a number, null, a list or an object escaped as a bare
+    AttributeError ('int' object has no attribute 'partition') at open."""
+    edit = lambda index: index["config"]["data_format"].__setitem__(0, value)  # noqa: E731
+    out = copy_with_index(written["arrays"], tmp_path / "l", edit)
+    with pytest.raises(
+        DataError, match=r"cannot read this LitData index: data_format is"
+    ) as caught:
+        Dataset.from_path("l", out)
+    assert (caught.value.dataset, caught.value.shard) == ("l", str(out / "index.json"))
+
+
 def nested_spec(depth: int) -> str:
     """A data_spec of items that are lists in lists, `depth` deep (written out by hand:
     json.dumps would itself recurse too deeply)."""
