@@ -99,11 +99,14 @@ def run_inspect(
                 index_cache_dir=index_cache_dir,
                 columns=columns,
             )
-            print(
-                f"{path} does not open as a whole; --validate opens its "
-                f"{len(datasets) + len(unopened):,} files one by one",
-                file=stream,
-            )
+            if datasets or unopened != [error]:
+                print(
+                    f"{path} does not open as a whole; --validate opens its "
+                    f"{len(datasets) + len(unopened):,} files one by one",
+                    file=stream,
+                )
+            else:  # its index is damaged: no file of it reads without
+                print(f"{path} does not open: its index does not read", file=stream)
             return read_every_row(datasets, unopened)
         try:
             _inspect(dataset, path, rows, stream)

@@ -96,8 +96,8 @@ def open_each(
     """The files of the local dataset at ``path``, which did not open as a whole (for
     ``error``), each opened as a dataset of its own named ``name`` (a ``.npy`` token file with
     its offsets), less those of no rows that the whole open leaves out; and the errors of those
-    that did not open. Raises ``error`` where the dataset cannot be taken apart: remote, or
-    one MDS or LitData index."""
+    that did not open (``error`` alone where its index is damaged). Raises ``error`` where
+    the dataset cannot be taken apart: remote, or one MDS or LitData index."""
     from zephon_torch.io._discover import find_files
     from zephon_torch.io._line_index import default_cache_dir
     from zephon_torch.io._remote import is_remote
@@ -108,7 +108,10 @@ def open_each(
     if is_remote(path) or path.startswith("hf://"):
         raise error
     cache = index_cache_dir or default_cache_dir()
-    detected, files = find_files(path, format_=format_, exclude=os.path.abspath(cache))
+    try:
+        detected, files = find_files(path, format_=format_, exclude=os.path.abspath(cache))
+    except DataError:  # a damaged MDS or LitData index: the dataset has no file to open alone
+        return [], [error]
     if detected in INDEXED_FORMATS:
         raise error
     datasets, unopened = [], []

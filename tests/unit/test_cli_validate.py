@@ -178,6 +178,24 @@ def test_files_that_do_not_open_are_reported_and_the_others_read(
     assert out.count("not a readable Parquet file") == 2
 
 
+def test_a_damaged_index_is_one_unreadable_shard_naming_the_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its DataError, which names no dataset in the file-by-file open, ended the command
+    (exit 2, no dataset named); a ConfigError before."""
+    from tests.unit.io.test_io_formats_writers import write_mds
+
+    folder = tmp_path / "mds"
+    write_mds(folder, [{"text": f"sample {i}"} for i in range(6)], {"text": "str"})
+    index = folder / "index.json"
+    index.write_text(index.read_text()[:30])
+    assert main(["inspect", str(folder), "--validate", "--text-field", "text"]) == 1
+    out = capsys.readouterr().out
+    assert f"{folder} does not open: its index does not read" in out
+    assert "validate: 1 shard unreadable past an error: read 0 rows of 1 shard" in out
+    assert f"dataset 'mds', shard '{index}': does not read as an MDS or LitData index" in out
+
+
 def test_npy_files_open_with_their_offsets_and_files_without_rows_are_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,7 +11,7 @@ import os
 import re
 
 from zephon_torch._caller import warn
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io.formats import COMPRESSION_ENDINGS, ENDINGS, INDEX_FILE
 
 _INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chunks
@@ -81,7 +81,8 @@ def _some(files: list[str]) -> str:
 def refuse_unread_index(text: str, jsonl: list[str], files: list[str]) -> None:
     """Refuse to read an MDS or LitData folder as JSON Lines: its only JSON files (``jsonl``,
     of ``files``) are indexes, the data itself in shard files, and each index would be one
-    "document"."""
+    "document": a `DataError` naming the index where it is the folder's only one (damaged),
+    else a `ConfigError`."""
     if not all(_INDEX_LIKE.fullmatch(os.path.basename(file)) for file in jsonl):
         return
     shards = [file for file in files if _INDEXED_SHARD.search(os.path.basename(file))]
@@ -89,10 +90,11 @@ def refuse_unread_index(text: str, jsonl: list[str], files: list[str]) -> None:
         return
     names = sorted({os.path.basename(file) for file in jsonl})
     if names == [INDEX_FILE]:
-        raise ConfigError(
-            f"{text!r} holds {INDEX_FILE} next to {len(shards)} MDS or LitData shard files, "
-            f"e.g. {shards[0]!r}, but it does not read as an MDS or LitData index (damaged or "
-            "cut short?); pass `format='jsonl'` if it is JSON Lines after all"
+        raise DataError(
+            "does not read as an MDS or LitData index (damaged or cut short?), though "
+            f"{len(shards)} MDS or LitData shard files lie beside it, e.g. {shards[0]!r}; pass "
+            "`format='jsonl'` if it is JSON Lines after all",
+            shard=jsonl[0],  # no dataset: `open_path` names it
         )
     raise ConfigError(
         f"{text!r} holds {len(shards)} LitData chunk or MDS shard files, e.g. {shards[0]!r}, "

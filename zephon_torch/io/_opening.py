@@ -17,7 +17,7 @@ from typing import Any
 
 from zephon_torch._caller import adopt_site, user_site, warn
 from zephon_torch._progress import track
-from zephon_torch.errors import without_secrets
+from zephon_torch.errors import DataError, without_secrets
 from zephon_torch.io._discover import detect_files, find_files
 from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._projection import Projection
@@ -55,7 +55,27 @@ def open_path(
     storage_options: Mapping[str, Any],
     options: IoOptions,
 ) -> Opened:
-    """Opens the files at `path` (see `Dataset.from_path`, whose errors these are)."""
+    """Opens the files at `path` (see `Dataset.from_path`, whose errors these are); a
+    `DataError` of the discovery, which knows no dataset (a damaged index), names ``name``."""
+    try:
+        return _open_path(
+            name, path, format_, projection, index_cache_dir, storage_options, options
+        )
+    except DataError as error:
+        if error.dataset is not None:
+            raise
+        raise DataError(error.detail, dataset=name, shard=error.shard, row=error.row) from None
+
+
+def _open_path(
+    name: str,
+    path: str,
+    format_: str | None,
+    projection: Projection,
+    index_cache_dir: str,
+    storage_options: Mapping[str, Any],
+    options: IoOptions,
+) -> Opened:
     if is_remote(path):
         return _open_remote(
             name, path, format_, projection, index_cache_dir, storage_options, options

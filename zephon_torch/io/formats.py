@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io._index import INDEX_FILE, index_format
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._projection import ProjectedReader, Projection
@@ -303,16 +303,21 @@ def check_indexed(
 
     Raises:
         ConfigError: for a `format_` that the index contradicts or that has no index.
+        DataError: for a `format_` whose index is `present` but does not read as one (naming
+            the index as its shard, and no dataset: the caller names it).
     """
     if format_ is not None and found != format_:
-        if found:
-            what = f"a {found} index"
-        elif present:
-            what = (
-                f"an {INDEX_FILE} that does not read as an MDS or LitData index (damaged or "
-                "cut short?)"
+        if not found and present:
+            raise DataError(
+                f"`format` is {format_!r} but the folder's {INDEX_FILE} does not read as an "
+                "MDS or LitData index (damaged or cut short?)",
+                shard=index_path(directory),
             )
-        else:
-            what = f"no {format_} {INDEX_FILE}"
+        what = f"a {found} index" if found else f"no {format_} {INDEX_FILE}"
         raise ConfigError(f"`format` is {format_!r} but {directory!r} holds {what}")
     return found
+
+
+def index_path(directory: str) -> str:
+    """The `index.json` of `directory`, a local folder or a URL."""
+    return f"{directory.rstrip('/')}/{INDEX_FILE}"

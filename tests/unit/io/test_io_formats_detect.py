@@ -66,11 +66,15 @@ def test_a_damaged_mds_index_is_not_read_as_jsonl(tmp_path: Path, damage: str) -
         "nested too deeply": '{"shards": ' + "[" * 100_000 + "]" * 100_000 + "}",
     }
     index.write_text(damaged[damage])
-    with pytest.raises(ConfigError, match=r"does not read as an MDS or LitData index"):
+    # damaged data, not a setting: a DataError naming the dataset and the index (a ConfigError
+    # naming neither before)
+    with pytest.raises(DataError, match=r"does not read as an MDS or LitData index") as caught:
         Dataset.from_path("d", tmp_path)
+    assert (caught.value.dataset, caught.value.shard) == ("d", str(index))
     # asked for by name, it said the folder held no index.json at all
-    with pytest.raises(ConfigError, match=r"holds an index.json that does not read as an MDS"):
+    with pytest.raises(DataError, match=r"index.json does not read as an MDS") as caught:
         Dataset.from_path("d", tmp_path, format="mds")
+    assert (caught.value.dataset, caught.value.shard) == ("d", str(index))
 
 
 @pytest.fixture

@@ -882,3 +882,22 @@ def test_a_remote_glob_lists_the_shards_the_same_glob_lists_locally(
     assert [s.path.split(f"{root}/", 1)[1] for s in remote.shards] == [
         str(Path(s.path).relative_to(tmp_path / "local")) for s in local.shards
     ]
+
+
+def test_a_damaged_remote_index_is_a_data_error_naming_dataset_and_index(tmp_path: Path) -> None:
+    """As a local one: a ConfigError naming neither before."""
+    from tests.unit.io.test_io_formats_writers import write_mds
+
+    write_mds(tmp_path / "mds", [{"text": f"sample {i}"} for i in range(6)], {"text": "str"})
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for file in (tmp_path / "mds").iterdir():
+        fs.pipe(f"{root}/{file.name}", file.read_bytes())
+    fs.pipe(f"{root}/index.json", b'{"shards": [{"format": "mds", "column_')  # cut short
+    for format_ in ("mds", None):
+        with pytest.raises(DataError, match=r"does not read as an MDS or LitData index") as caught:
+            Dataset.from_path(
+                "m", f"memory://{root}/", format=format_, io_options=_options(tmp_path)
+            )
+        assert caught.value.dataset == "m"
+        assert caught.value.shard is not None and caught.value.shard.endswith("/index.json")
