@@ -13,12 +13,10 @@ downloads them into the shard cache (see `_locate`). mosaicml-streaming is not i
 
 from __future__ import annotations
 
-import json
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from struct import Struct
 from struct import error as StructError
 from typing import Any
 
@@ -32,9 +30,10 @@ from zephon_torch.io._hashes import HashMismatch, ShardHashes
 from zephon_torch.io._index import load_index
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
-from zephon_torch.io._mds_bulk import BULK_ROWS, OneArray, one_array, read_arrays
+from zephon_torch.io._mds_bulk import BULK_ROWS, one_array, read_arrays
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, array_config, decoder
 from zephon_torch.io._mds_index import shard_entries
+from zephon_torch.io._mds_samples import SampleLayout, columns_disagree, decode_sample
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._rows import (
@@ -49,36 +48,11 @@ from zephon_torch.io._views import TypedViews
 
 
 @dataclass(frozen=True)
-class _Layout:
-    """The columns of a shard: all of them, in stored order, and the ones rows keep."""
-
-    names: tuple[str, ...]
-    encodings: tuple[str, ...]
-    sizes: tuple[int | None, ...]
-    decoders: tuple[Decoder | None, ...]  # None for columns the projection drops
-    kept: tuple[int, ...]  # positions of kept columns, in the order rows list them
-    one_array: OneArray | None = None
-    variable: int = field(init=False)  # columns without a fixed size: their lengths lead
-    fixed: int = field(init=False)  # the bytes of the fixed-size columns
-    lengths: Struct = field(init=False)  # reads those lengths
-    columns: tuple[tuple[int | None, Decoder | None], ...] = field(init=False)  # to the last kept
-
-    def __post_init__(self) -> None:
-        variable = sum(size is None for size in self.sizes)
-        object.__setattr__(self, "variable", variable)
-        object.__setattr__(self, "fixed", sum(size for size in self.sizes if size is not None))
-        object.__setattr__(self, "lengths", Struct(f"<{variable}I"))
-        last = max(self.kept, default=-1) + 1
-        columns = tuple(zip(self.sizes[:last], self.decoders[:last], strict=True))
-        object.__setattr__(self, "columns", columns)
-
-
-@dataclass(frozen=True)
 class _ShardInfo:
     samples: int
     raw_bytes: int
     codec: str | None  # "zstd", "gz", ...; None for a plain shard
-    layout: _Layout
+    layout: SampleLayout
     hashes: dict[str, str] = field(default_factory=dict, compare=False)  # of the stored file
 
 
@@ -198,7 +172,7 @@ class MdsReader(PickledAsSettings):
         result = []
         for row, start, end in zip(positions.tolist(), starts, ends, strict=True):
             try:
-                result.append(_decode(shard.data[start:end], layout))
+                result.append(decode_sample(shard.data[start:end], layout))
             # ArithmeticError: a str_decimal that is no number; RecursionError: deep json
             except (
                 ValueError,
@@ -265,7 +239,7 @@ class MdsReader(PickledAsSettings):
     def _read_index(self) -> dict[str, _ShardInfo]:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
         infos: dict[str, _ShardInfo] = {}
-        layouts: dict[tuple[Any, ...], _Layout] = {}
+        layouts: dict[tuple[Any, ...], SampleLayout] = {}
         try:
             for entry in shard_entries(index, index_path=self.index_path, dataset=self.dataset):
                 key = (entry.names, entry.encodings, entry.sizes)
@@ -310,7 +284,7 @@ class MdsReader(PickledAsSettings):
         sizes: tuple[int | None, ...],
         *,
         shard: str,
-    ) -> _Layout:
+    ) -> SampleLayout:
         """The layout of the shards of these columns; errors name ``shard``, its first."""
         self.projection.check_available(names, dataset=self.dataset, shard=shard)
         wanted = self.projection.columns or names
@@ -336,7 +310,7 @@ class MdsReader(PickledAsSettings):
                     )
             decoders.append(found)
         kept = tuple(names.index(name) for name in wanted)
-        return _Layout(
+        return SampleLayout(
             names=names,
             encodings=encodings,
             sizes=sizes,
@@ -395,7 +369,7 @@ class MdsReader(PickledAsSettings):
             raise DataError(
                 "the shard's sample offsets are corrupt", dataset=self.dataset, shard=path
             )
-        disagreement = _columns_disagree(memoryview(data)[header : offsets[0]], info.layout)
+        disagreement = columns_disagree(memoryview(data)[header : offsets[0]], info.layout)
         if disagreement is not None:
             raise DataError(
                 f"index.json records {disagreement}: the index or the shard is corrupt{CUT_NOTE}",
@@ -403,57 +377,6 @@ class MdsReader(PickledAsSettings):
                 shard=path,
             )
         return _Shard(data=memoryview(data), offsets=offsets)
-
-
-def _columns_disagree(config: memoryview, layout: _Layout) -> str | None:
-    """What index.json says of a shard's columns that the shard's own copy (MDSWriter's
-    config, between the sample offsets and the samples) does not: a column renamed, retyped or
-    resized there would be read from the shard's bytes without an error, silently wrong (a str
-    column decoded as its first byte). None when they agree, or the shard holds no such JSON
-    (another writer's). Checked once per shard load: about 8 us."""
-    try:
-        stored = json.loads(bytes(config))
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(stored, dict):
-        return None
-    recorded = {
-        "column_names": list(layout.names),
-        "column_encodings": list(layout.encodings),
-        "column_sizes": list(layout.sizes),
-    }
-    for key, value in recorded.items():
-        if key in stored and stored[key] != value:
-            return f"{key} {value!r} where the shard itself records {stored[key]!r}"
-    return None
-
-
-def _decode(sample: memoryview, layout: _Layout) -> dict[str, Any]:
-    """A sample's kept columns (the columns after the last kept one are not decoded); a
-    sample that is not its columns end to end, as the index gives them, is refused."""
-    lengths = layout.lengths.unpack_from(sample)
-    position, variable, total = 4 * layout.variable, 0, len(sample)
-    whole = position + layout.fixed + sum(lengths)
-    if whole != total:
-        raise ValueError(
-            f"its columns, as the index gives them, take {whole} bytes, but it holds {total}"
-        )
-    values: list[Any] = []
-    for fixed, decode in layout.columns:
-        if fixed is None:
-            end = position + lengths[variable]
-            variable += 1
-        else:
-            end = position + fixed
-        if end > total:
-            raise ValueError("a column runs past the end of the sample")
-        values.append(None if decode is None else decode(sample[position:end]))
-        position = end
-    names = layout.names
-    if len(layout.kept) == 1:
-        kept = layout.kept[0]
-        return {names[kept]: values[kept]}
-    return {names[i]: values[i] for i in layout.kept}
 
 
 def _read(path: str, info: _ShardInfo, check: Callable[[Any], None] | None) -> mmap.mmap | bytes:
