@@ -29,7 +29,8 @@ from zephon_torch._turn_order import cut_at_empty_turn, cut_lone_lane, skip_spen
 from zephon_torch.errors import DataError, row_fault
 from zephon_torch.io._rows import name_line
 from zephon_torch.io.dataset import Dataset
-from zephon_torch.ops._runner import DocChain, Runner
+from zephon_torch.ops._doc_chain import DocChain
+from zephon_torch.ops._runner import Runner
 from zephon_torch.ops.batch import Batch, BatchNode
 from zephon_torch.ops.columns import TokenChain
 from zephon_torch.ops.estimate import calibrate, chunk_sizes

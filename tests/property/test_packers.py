@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_torch.io import Dataset
-from zephon_torch.ops._runner import DocChain, Runner
+from zephon_torch.ops._doc_chain import DocChain
+from zephon_torch.ops._runner import Runner
 from zephon_torch.ops.columns import TokenChain
 from zephon_torch.ops.document import Document
 from zephon_torch.ops.fetch import FetchOp

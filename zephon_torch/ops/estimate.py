@@ -11,7 +11,7 @@ from typing import Any
 
 from zephon_torch._progress import track
 from zephon_torch.errors import ConfigError, DataError, finite_number, row_fault
-from zephon_torch.ops._runner import DocChain
+from zephon_torch.ops._doc_chain import DocChain
 from zephon_torch.ops.document import call_user
 from zephon_torch.work.mixture import TokenEstimation
 from zephon_torch.work.pointers import PointerLayout

@@ -25,7 +25,8 @@ from tests.conftest import prose_documents
 from zephon_torch import DataError, Pipeline
 from zephon_torch._token_stage import doc_ops
 from zephon_torch.io import Dataset
-from zephon_torch.ops._runner import DocChain, Runner, _broken
+from zephon_torch.ops._doc_chain import DocChain
+from zephon_torch.ops._runner import Runner, _broken
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
