@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_torch._caller import warn
 from zephon_torch.errors import DataError
-from zephon_torch.ops.read import BarrenRun, DocumentReader, gave_up_error
+from zephon_torch.ops._barren_run import BarrenRun, gave_up_error
+from zephon_torch.ops.read import DocumentReader
 
 if TYPE_CHECKING:
     from zephon_torch.ops.stateful import FilteredReader

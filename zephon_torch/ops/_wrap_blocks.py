@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
+from zephon_torch.ops._barren_run import BarrenRun
 from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.packers import Packer, Piece, WrapPacker
 from zephon_torch.ops.pretokenized import Owner
-from zephon_torch.ops.read import BarrenRun, DocumentReader
+from zephon_torch.ops.read import DocumentReader
 
 if TYPE_CHECKING:
     from zephon_torch.ops.stateful import FilteredReader

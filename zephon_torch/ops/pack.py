@@ -25,6 +25,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch._caller import warn
 from zephon_torch.errors import DataError
+from zephon_torch.ops._barren_run import BarrenRun
 from zephon_torch.ops._pack_skips import SKIP_REASONS, SkipAccounting
 from zephon_torch.ops._pack_state import checked_pack_state
 from zephon_torch.ops._wrap_blocks import WrapBlocks
@@ -37,7 +38,7 @@ from zephon_torch.ops.packers import (
     pieces_from_state,
 )
 from zephon_torch.ops.pretokenized import Owner
-from zephon_torch.ops.read import BarrenRun, DocumentReader
+from zephon_torch.ops.read import DocumentReader
 
 if TYPE_CHECKING:
     from zephon_torch.ops.stateful import FilteredReader
