@@ -30,7 +30,7 @@ class RowBlock:
     """Consecutive ``wrap`` rows as segments laid end to end, the rows one after another (only
     the last row may be short): each segment's token view, length, source, whether it begins
     its document, and its document (source, shard, row). Cut into rows only when read (see
-    ``ops.batch.RowLayout``)."""
+    ``ops._row_layout.RowLayout``)."""
 
     parts: list[npt.NDArray[Any]]
     sizes: list[int]
