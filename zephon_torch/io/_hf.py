@@ -22,9 +22,9 @@ from typing import Any
 
 from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._discover import detect_files
+from zephon_torch.io._hf_card import card_configs
 from zephon_torch.io._hf_splits import (
     CONVERTED_REVISION,
-    card_configs,
     find_split,
     parse_hf_url,
     pinned_layout,

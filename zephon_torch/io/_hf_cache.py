@@ -10,9 +10,9 @@ import os
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._hf import SLASH_NOTE, hub
+from zephon_torch.io._hf_card import card_configs
 from zephon_torch.io._hf_splits import (
     CONVERTED_REVISION,
-    card_configs,
     check_complete,
     find_split,
     parse_hf_url,

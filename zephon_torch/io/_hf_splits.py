@@ -1,5 +1,6 @@
 """Which files of a hub dataset repository make up an `hf://` split: pure functions of its
-file list and dataset card, shared by the online listing and the hub-cache lookup (`_hf`).
+file list and dataset card, shared by the online listing and the hub-cache lookup (`_hf`). The
+card's `configs:` are parsed and checked in `_hf_card`.
 
 A split's files are found by these rules (the hub's own rules, narrowed: no split synonyms such
 as `dev` or `valid`, and no reading of every file as `train` when no name says a split; such
@@ -29,13 +30,13 @@ types than the hub reads (a number for a glob, `[z-a]`) is an error naming the c
 from __future__ import annotations
 
 import re
-import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote
 
 from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
+from zephon_torch.io._hf_card import card_config, card_patterns, card_splits
 from zephon_torch.io.formats import EXTENSIONS, detect_format
 
 CONVERTED_REVISION = "refs/convert/parquet"
@@ -100,11 +101,11 @@ def split_files(
     `configs`: the dataset card's (`card_configs`), which decide where it has them."""
     if not configs:
         return _by_name(files, config, split)
-    chosen = _card_config(configs, config)
+    chosen = card_config(configs, config)
     data_dir = str(chosen.get("data_dir") or "").strip("/")
     if chosen.get("data_files") is None:  # the split found by name, under data_dir
         return _by_name(files, data_dir or None, split)
-    patterns = _card_patterns(chosen, split, data_dir)
+    patterns = card_patterns(chosen, split, data_dir)
     return sorted(
         file
         for file in files
@@ -133,10 +134,10 @@ def find_split(
         if named:
             why += f"; its files' names read as splits {named}"
     if not found and configs:
-        chosen = _card_config(configs, config)
+        chosen = card_config(configs, config)
         if chosen.get("data_files") is not None:
             name = chosen.get("config_name", "default")
-            why += f"; the card's config {name!r} has splits {_card_splits(chosen)}"
+            why += f"; the card's config {name!r} has splits {card_splits(chosen)}"
     return found, why
 
 
@@ -161,11 +162,6 @@ def _converted_split(files: Sequence[str], config: str | None, split: str) -> tu
         }
     )
     return [], f"no split {split!r} in config {config!r} (splits: {splits})"
-
-
-def _card_splits(chosen: dict[str, Any]) -> list[str]:
-    """The splits a card's config names in its `data_files`."""
-    return sorted({split for split, _ in _data_files(chosen)})
 
 
 def _by_name(files: Sequence[str], folder: str | None, split: str) -> list[str]:
@@ -207,165 +203,6 @@ def _named_splits(files: Sequence[str], folder: str | None) -> list[str]:
         if matched:
             names.add(matched.group(1))
     return sorted(names)
-
-
-def card_configs(card: str | None, *, where: str) -> list[dict[str, Any]]:
-    """The `configs:` of a dataset card's YAML header ([] when it has none), each checked
-    (`_check_config`) as the hub reads it.
-
-    Raises:
-        ConfigError: naming the card (`where`, its URL) and the value, for a header that does
-            not parse (nested too deep included), `configs` not a list of mappings, or a config
-            whose values are of other types or whose globs are no patterns.
-    """
-    if not card or not card.startswith("---"):
-        return []
-    end = card.find("\n---", 3)
-    if end < 0:
-        return []
-    import yaml  # type: ignore[import-untyped]  # huggingface_hub depends on it
-
-    try:
-        header = yaml.safe_load(card[3:end])
-    except (yaml.YAMLError, RecursionError) as error:  # RecursionError: nested too deep
-        reason = "it is nested too deep" if isinstance(error, RecursionError) else error
-        raise ConfigError(
-            f"the dataset card {where}: its YAML header does not parse: {reason}"
-        ) from None
-    configs = header.get("configs") if isinstance(header, dict) else None
-    if configs is None:
-        return []
-    if not (isinstance(configs, list) and all(isinstance(c, dict) for c in configs)):
-        raise ConfigError(
-            f"the dataset card {where}: `configs` must be a list of mappings (config_name, "
-            f"data_files, ...), got {reprlib.repr(configs)}"
-        )
-    for chosen in configs:
-        _check_config(chosen, where)
-    return configs
-
-
-def _check_config(chosen: dict[str, Any], where: str) -> None:
-    """ConfigError naming the card (`where`) and the value unless a card's config is of the
-    types the hub reads: `config_name` and `data_dir` strings, `default` true or false, and
-    `data_files` (see `_data_files`) whose globs are patterns."""
-    name = chosen.get("config_name", "default")
-    rules = [
-        ("config_name", "a string", isinstance(name, str)),
-        ("data_dir", "a string", isinstance(chosen.get("data_dir", ""), (str, type(None)))),
-        ("default", "true or false", isinstance(chosen.get("default", False), bool)),
-        ("data_files", _DATA_FILES, _data_files_shaped(chosen.get("data_files"))),
-    ]
-    for key, rule, holds in rules:
-        if not holds:
-            raise ConfigError(
-                f"the dataset card {where}: `{key}` of config {reprlib.repr(name)} must be "
-                f"{rule}, got {reprlib.repr(chosen.get(key))}"
-            )
-    data_dir = str(chosen.get("data_dir") or "").strip("/")
-    for split, paths in _data_files(chosen):
-        for path in paths:
-            try:
-                _glob(f"{data_dir}/{path}" if data_dir else path)
-            except re.error as error:
-                raise ConfigError(
-                    f"the dataset card {where}: the glob {path!r} of split {split!r} of config "
-                    f"{name!r} is no pattern ({error}); `[...]` holds characters or ranges "
-                    "such as [0-4]"
-                ) from None
-
-
-_DATA_FILES = (
-    "a glob, a list of globs, a list of {split, path} entries (path a glob or a list of "
-    "globs) or a mapping of split -> glob(s)"
-)
-
-
-def _data_files_shaped(data_files: object) -> bool:
-    """Whether a card config's `data_files` is absent or of one of the forms `_data_files`
-    reads, its splits strings."""
-
-    def globs(value: object) -> bool:
-        return isinstance(value, str) or (
-            isinstance(value, list) and all(isinstance(v, str) for v in value)
-        )
-
-    if isinstance(data_files, dict):
-        return all(isinstance(k, str) and globs(v) for k, v in data_files.items())
-    if isinstance(data_files, list) and data_files and isinstance(data_files[0], dict):
-        return all(
-            isinstance(e, dict)
-            and isinstance(e.get("split", "train"), str)
-            and globs(e.get("path"))
-            for e in data_files
-        )
-    return data_files is None or globs(data_files)
-
-
-def _data_files(chosen: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """A card config's `data_files` as (split, globs) pairs, in whichever form it is written:
-    a glob or a list of globs (split "train"), a list of {split, path} entries (split
-    "train" where none is named), or a mapping of split -> glob(s)."""
-    data_files = chosen.get("data_files")
-    if isinstance(data_files, dict):
-        entries = [{"split": key, "path": value} for key, value in data_files.items()]
-    elif isinstance(data_files, list) and data_files and isinstance(data_files[0], dict):
-        entries = data_files
-    else:
-        entries = [{"path": data_files}]
-    return [
-        (
-            str(e.get("split", "train")),
-            [p] if isinstance(p := e.get("path"), str) else list(p or []),
-        )
-        for e in entries
-    ]
-
-
-def _card_config(configs: Sequence[dict[str, Any]], config: str | None) -> dict[str, Any]:
-    """The card's config named `config`, else the one marked default, else "default", else the
-    only one."""
-    names = [str(c.get("config_name", "default")) for c in configs]
-    if config is not None:
-        if config not in names:
-            raise ConfigError(f"the dataset card has no config {config!r}; it has {names}")
-        return configs[names.index(config)]
-    marked = [c for c in configs if c.get("default") is True]
-    if marked:
-        return marked[0]
-    if "default" in names:
-        return configs[names.index("default")]
-    if len(configs) == 1:
-        return configs[0]
-    raise ConfigError(f"the dataset has configs {names}: name one, hf://org/name/CONFIG/split")
-
-
-def _card_patterns(chosen: dict[str, Any], split: str, data_dir: str) -> list[re.Pattern[str]]:
-    """The path patterns a card's config gives `split` ([] for a split it does not have),
-    relative to its `data_dir` where it has one."""
-    return [
-        _glob(f"{data_dir}/{path}" if data_dir else path)
-        for name, paths in _data_files(chosen)
-        if name == split
-        for path in paths
-    ]
-
-
-def _glob(pattern: str) -> re.Pattern[str]:
-    """A data_files glob as a regex over repo-relative paths (`**` crosses folders; `[...]`
-    and `[!...]` are character classes, as the hub's fsspec glob reads them)."""
-    out = []
-    for part in re.split(r"(\*\*/|\*\*|\*|\?|\[!?[^\]/]+\])", pattern.removeprefix("./")):
-        if part.startswith("[") and part.endswith("]") and len(part) > 2:
-            negated = part.startswith("[!")
-            members = part[2:-1] if negated else part[1:-1]
-            escaped = members.replace("\\", "\\\\").replace("^", "\\^")
-            out.append(f"[^/{escaped}]" if negated else f"[{escaped}]")
-            continue
-        out.append(
-            {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
-        )
-    return re.compile("".join(out) + "$")
 
 
 def warn_if_partial(url: str, files: Sequence[str], split: str) -> None:

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.io._hf_splits import card_configs, find_split, parse_hf_url, split_files
+from zephon_torch.io._hf_card import card_configs
+from zephon_torch.io._hf_splits import find_split, parse_hf_url, split_files
 
 
 def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
