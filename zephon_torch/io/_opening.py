@@ -10,8 +10,9 @@ listed once; their counts are read by range reads or remembered (see `_remote_ro
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,18 @@ class Opened:
     revision: str | None
 
 
+@contextmanager
+def naming(name: str) -> Iterator[None]:
+    """A `DataError` raised inside that names no dataset (one of the discovery, which knows
+    none: a damaged index) is raised again naming ``name``."""
+    try:
+        yield
+    except DataError as error:
+        if error.dataset is not None:
+            raise
+        raise DataError(error.detail, dataset=name, shard=error.shard, row=error.row) from None
+
+
 def open_path(
     name: str,
     path: str,
@@ -55,27 +68,8 @@ def open_path(
     storage_options: Mapping[str, Any],
     options: IoOptions,
 ) -> Opened:
-    """Opens the files at `path` (see `Dataset.from_path`, whose errors these are); a
-    `DataError` of the discovery, which knows no dataset (a damaged index), names ``name``."""
-    try:
-        return _open_path(
-            name, path, format_, projection, index_cache_dir, storage_options, options
-        )
-    except DataError as error:
-        if error.dataset is not None:
-            raise
-        raise DataError(error.detail, dataset=name, shard=error.shard, row=error.row) from None
-
-
-def _open_path(
-    name: str,
-    path: str,
-    format_: str | None,
-    projection: Projection,
-    index_cache_dir: str,
-    storage_options: Mapping[str, Any],
-    options: IoOptions,
-) -> Opened:
+    """Opens the files at `path` (see `Dataset.from_path`, whose errors these are, raised
+    within `naming(name)`)."""
     if is_remote(path):
         return _open_remote(
             name, path, format_, projection, index_cache_dir, storage_options, options

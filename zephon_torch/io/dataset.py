@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from zephon_torch.errors import ConfigError, DataError, positive_setting
 from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._line_index import default_cache_dir
-from zephon_torch.io._opening import open_path
+from zephon_torch.io._opening import naming, open_path
 from zephon_torch.io._projection import Projection
 from zephon_torch.io._reader_settings import narrowed, with_io_options
 from zephon_torch.io._remote_reader import RemoteReader
@@ -181,9 +181,10 @@ class Dataset:
                 f"path), got a {type(path).__name__}: for several files, pass their folder or "
                 "a glob that names them (such as 'data/train-*.jsonl')"
             )
-        opened = open_path(
-            name, os.fspath(path), format, projection, cache_dir, storage_options or {}, options
-        )
+        with naming(name):
+            opened = open_path(
+                name, os.fspath(path), format, projection, cache_dir, storage_options or {}, options
+            )
         shards = [
             Shard(path=file, num_rows=rows, blocks=blocks) for file, rows, blocks in opened.files
         ]
