@@ -14,7 +14,6 @@ hook that downloads them into the shard cache (see `_locate`). litdata is not im
 
 from __future__ import annotations
 
-import bisect
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -29,8 +28,14 @@ from zephon_torch.errors import DataError
 from zephon_torch.io import _litdata_format as fmt
 from zephon_torch.io._arrow import BadTokenRow, TokenColumn, column_bytes, row_columns
 from zephon_torch.io._cache import LruCache
-from zephon_torch.io._compression import CorruptError, TooLargeError, inflate, zstandard_module
 from zephon_torch.io._index import check_listed_once, load_index, recorded_count, shard_path
+from zephon_torch.io._litdata_damage import (
+    CORRUPT,
+    SharedDamage,
+    batch_of,
+    inflated,
+    unzstd,
+)
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._pickled import PickledAsSettings
@@ -46,19 +51,10 @@ from zephon_torch.io._rows import (
 from zephon_torch.io._views import TypedViews
 
 _ITEM_FIELD = "item"
-# what a damaged item or footer batch raises (pyarrow: ArrowInvalid is a ValueError, a damaged
-# IPC message an OSError)
-_CORRUPT = (ValueError, KeyError, IndexError, struct.error, OSError, pa.ArrowException)
-
-
-class _SharedDamage(ValueError):
-    """Damage to a part of a chunk that several items share: a compressed frame, a record
-    batch of the Arrow footer, a footer shorter than `index.json` says. The shard is at fault
-    wherever it showed, so ``bad_rows="skip"`` does not skip its rows one by one."""
 
 
 @dataclass(frozen=True)
-class _Chunk:
+class Chunk:
     data: memoryview
     layout: fmt.Layout
     footer: pa.ipc.RecordBatchFileReader | None
@@ -137,11 +133,11 @@ class LitDataReader(PickledAsSettings):
             }
         except DataError:
             raise
-        except (*_CORRUPT, TypeError) as error:
+        except (*CORRUPT, TypeError) as error:
             if machine_fault(error):
                 raise
             raise self._error(f"cannot read this LitData index: {error}", self.index_path) from None
-        self._chunks: LruCache[_Chunk] = LruCache(self.max_open)
+        self._chunks: LruCache[Chunk] = LruCache(self.max_open)
         self._frames: LruCache[memoryview] = LruCache(self.max_open * 4)
         self._batches: LruCache[_Batch] = LruCache(self.max_open * 4)
 
@@ -216,14 +212,14 @@ class LitDataReader(PickledAsSettings):
                     result.append(self._body_row(path, chunk, row))
             except BadTokenRow as error:  # the item's own fault, named as such
                 raise self._error(f"{error} {row}", path, row) from None
-            except _SharedDamage as error:
+            except SharedDamage as error:
                 raise self._error(
                     f"cannot read the part of the chunk this item lies in: {error}",
                     path,
                     row,
                     shard_wide=True,
                 ) from None
-            except _CORRUPT as error:
+            except CORRUPT as error:
                 raise self._error(f"item does not decode: {error!r}", path, row) from None
         return result
 
@@ -235,16 +231,14 @@ class LitDataReader(PickledAsSettings):
         positions, chunk = self._open_rows(path, rows)
         return self._token_items(chunk, positions)
 
-    def _open_rows(self, path: str, rows: Rows) -> tuple[npt.NDArray[np.int64], _Chunk]:
+    def _open_rows(self, path: str, rows: Rows) -> tuple[npt.NDArray[np.int64], Chunk]:
         positions = as_row_array(rows)
         check_in_range(positions, self._rows[path][0], dataset=self.dataset, shard=path)
         chunk = self._chunks.get_or_load(path, partial(self._load, path))
         check_whole(chunk.data, dataset=self.dataset, shard=path)
         return positions, chunk
 
-    def _token_items(
-        self, chunk: _Chunk, positions: npt.NDArray[np.int64]
-    ) -> list[TokenIds] | None:
+    def _token_items(self, chunk: Chunk, positions: npt.NDArray[np.int64]) -> list[TokenIds] | None:
         """The items as slices of the chunk where they are `TokensLoader` integer arrays
         lying whole in its body; None otherwise, or when an item's size is not a whole number
         of ids (then `read` decodes item by item, naming the one that does not decode)."""
@@ -257,7 +251,7 @@ class LitDataReader(PickledAsSettings):
             return None
         return chunk.views.slices(dtype, starts, (ends - starts) // dtype.itemsize)
 
-    def _whole_token_items(self, chunk: _Chunk) -> bool:
+    def _whole_token_items(self, chunk: Chunk) -> bool:
         """Whether the chunk's items are `TokensLoader` arrays lying whole in its body (no
         footer, no compressed frames or items): then a row is a slice, read without a call."""
         return (
@@ -267,12 +261,12 @@ class LitDataReader(PickledAsSettings):
             and not self._per_item_zstd
         )
 
-    def _footer_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:
-        number, within = _batch_of(chunk, row)
+    def _footer_row(self, path: str, chunk: Chunk, row: int) -> dict[str, Any]:
+        number, within = batch_of(chunk, row)
         batch = self._batches.get_or_load((path, number), partial(self._batch, chunk, number))
         return dict(zip(batch.names, [column[within] for column in batch.columns], strict=True))
 
-    def _batch(self, chunk: _Chunk, number: int) -> _Batch:
+    def _batch(self, chunk: Chunk, number: int) -> _Batch:
         assert chunk.footer is not None
         # any failure is the whole batch's (a row's own, a null id, shows as the row is read)
         try:
@@ -288,11 +282,11 @@ class LitDataReader(PickledAsSettings):
             ]
             batch = pa.RecordBatch.from_arrays(arrays, names=list(self._names))
             names, columns = row_columns(batch, self.projection.token_columns)
-        except _CORRUPT as error:
-            raise _SharedDamage(f"record batch {number} of its Arrow footer: {error!r}") from None
+        except CORRUPT as error:
+            raise SharedDamage(f"record batch {number} of its Arrow footer: {error!r}") from None
         return _Batch(names, columns, column_bytes(columns, batch.nbytes))
 
-    def _body_row(self, path: str, chunk: _Chunk, row: int) -> dict[str, Any]:
+    def _body_row(self, path: str, chunk: Chunk, row: int) -> dict[str, Any]:
         item = self._item(path, chunk, row)
         if self._loader == "TokensLoader":
             decode = self._decoders[0]
@@ -318,43 +312,43 @@ class LitDataReader(PickledAsSettings):
                 raise ValueError(f"token column {name!r} holds shape {row_value[name].shape}")
         return row_value
 
-    def _item(self, path: str, chunk: _Chunk, row: int) -> memoryview:
+    def _item(self, path: str, chunk: Chunk, row: int) -> memoryview:
         offsets = chunk.layout.offsets
         if not chunk.layout.frames:
             item = chunk.data[offsets[row] : offsets[row + 1]]
             if self._per_item_zstd:
-                return _unzstd(item)
+                return unzstd(item)
             return item
         frames = chunk.layout.frames
         frame = next((f for f in frames if f.first <= row < f.first + f.count), None)
         if frame is None:
-            raise _SharedDamage(f"no compressed frame holds item {row}")
+            raise SharedDamage(f"no compressed frame holds item {row}")
         body = self._frames.get_or_load((path, frame.first), partial(self._inflate, chunk, frame))
         base = offsets[frame.first]
         return body[offsets[row] - base : offsets[row + 1] - base]
 
-    def _inflate(self, chunk: _Chunk, frame: fmt.Frame) -> memoryview:
+    def _inflate(self, chunk: Chunk, frame: fmt.Frame) -> memoryview:
         packed = chunk.data[frame.start : frame.start + frame.length]
         what = f"the compressed frame of items {frame.first}..{frame.first + frame.count - 1}"
         try:
-            data = _inflated(packed, frame.inflated)
+            data = inflated(packed, frame.inflated)
         except ValueError as error:
-            raise _SharedDamage(f"{what}: {error}") from None
+            raise SharedDamage(f"{what}: {error}") from None
         if len(data) != frame.inflated:
-            raise _SharedDamage(f"{what} inflates to {len(data)} bytes, not {frame.inflated}")
+            raise SharedDamage(f"{what} inflates to {len(data)} bytes, not {frame.inflated}")
         return data
 
-    def _load(self, path: str) -> _Chunk:
+    def _load(self, path: str) -> Chunk:
         items, size = self._rows[path]
         # Outside the try: a failed download is a StorageError, not bad data.
         with self.locate(path) as local:
             return self._parse(path, local, items, size)
 
-    def _parse(self, path: str, local: str, items: int, size: int) -> _Chunk:
+    def _parse(self, path: str, local: str, items: int, size: int) -> Chunk:
         try:
             data = _read(local)
             if bytes(data[:4]) == fmt.ZSTD_MAGIC:
-                data = _inflated(data, size)
+                data = inflated(data, size)
             if len(data) != size:
                 raise ValueError(f"{len(data)} bytes where index.json records {size}")
             layout = fmt.parse_layout(data, items)
@@ -367,60 +361,18 @@ class LitDataReader(PickledAsSettings):
                 batch_ends.append(footer.get_batch(0).num_rows)
         except ImportError:
             raise
-        except _CORRUPT as error:
+        except CORRUPT as error:
             if machine_fault(error):
                 raise
             raise self._error(
                 f"the chunk is truncated or corrupt: {error}{CUT_NOTE}", path
             ) from None
-        return _Chunk(data, layout, footer, batch_ends, threading.Lock())
+        return Chunk(data, layout, footer, batch_ends, threading.Lock())
 
     def _error(
         self, message: str, shard: str, row: int | None = None, *, shard_wide: bool = False
     ) -> DataError:
         return DataError(message, dataset=self.dataset, shard=shard, row=row, shard_wide=shard_wide)
-
-
-def _batch_of(chunk: _Chunk, row: int) -> tuple[int, int]:
-    """The footer's record batch holding `row`, and the row's place in it. Batches may hold
-    any number of rows each (litdata writes 256, other writers need not): their sizes are
-    summed, reading each batch's size the first time a row at or past it is asked for."""
-    ends, footer = chunk.batch_ends, chunk.footer
-    assert footer is not None
-    if ends[-1] <= row:
-        with chunk.lock:
-            while ends[-1] <= row:
-                if len(ends) == footer.num_record_batches:
-                    raise _SharedDamage(f"the Arrow footer holds {ends[-1]} rows, not row {row}")
-                try:
-                    ends.append(ends[-1] + footer.get_batch(len(ends)).num_rows)
-                except _CORRUPT as error:
-                    number = len(ends)
-                    raise _SharedDamage(
-                        f"record batch {number} of its Arrow footer: {error!r}"
-                    ) from None
-    number = bisect.bisect_right(ends, row)
-    return number, row - (ends[number - 1] if number else 0)
-
-
-def _inflated(packed: memoryview, size: int) -> memoryview:
-    """A whole zstd chunk or frame, inflated when it holds at most `size` bytes (the size
-    recorded for it): no more is inflated. ValueError when larger or corrupt."""
-    try:
-        return memoryview(inflate(packed, "zstd", size))
-    except TooLargeError:
-        raise ValueError(f"it inflates to more than the {size} bytes recorded for it") from None
-    except CorruptError as error:
-        raise ValueError(f"zstd: {error}") from None
-
-
-def _unzstd(data: memoryview) -> memoryview:
-    """Inflates one zstd-compressed item; ValueError when corrupt."""
-    zstandard = zstandard_module()
-    try:
-        return memoryview(zstandard.ZstdDecompressor().decompressobj().decompress(data))
-    except zstandard.ZstdError as error:
-        raise ValueError(f"zstd: {error}") from None
 
 
 def _read(path: str) -> memoryview:

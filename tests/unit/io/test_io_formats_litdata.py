@@ -391,10 +391,10 @@ def test_a_token_item_that_does_not_decode_is_named_by_row(
     ],
 )
 def test_a_damaged_json_leaf_is_a_value_error_the_reader_names(leaf: bytes) -> None:
+    from zephon_torch.io._litdata_damage import CORRUPT
     from zephon_torch.io._litdata_format import _nested
-    from zephon_torch.io.litdata import _CORRUPT
 
-    with pytest.raises(_CORRUPT):
+    with pytest.raises(CORRUPT):
         _nested(memoryview(leaf))
 
 

@@ -1,0 +1,68 @@
+"""What a LitData chunk's shared parts raise when damaged (a compressed frame, a record batch
+of the Arrow footer), and the helpers that read them: inflating zstd, and finding the footer's
+record batch that holds a row."""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from zephon_torch.io._compression import CorruptError, TooLargeError, inflate, zstandard_module
+
+if TYPE_CHECKING:
+    from zephon_torch.io.litdata import Chunk
+
+# what a damaged item or footer batch raises (pyarrow: ArrowInvalid is a ValueError, a damaged
+# IPC message an OSError)
+CORRUPT = (ValueError, KeyError, IndexError, struct.error, OSError, pa.ArrowException)
+
+
+class SharedDamage(ValueError):
+    """Damage to a part of a chunk that several items share: a compressed frame, a record
+    batch of the Arrow footer, a footer shorter than `index.json` says. The shard is at fault
+    wherever it showed, so ``bad_rows="skip"`` does not skip its rows one by one."""
+
+
+def batch_of(chunk: Chunk, row: int) -> tuple[int, int]:
+    """The footer's record batch holding `row`, and the row's place in it. Batches may hold
+    any number of rows each (litdata writes 256, other writers need not): their sizes are
+    summed, reading each batch's size the first time a row at or past it is asked for."""
+    ends, footer = chunk.batch_ends, chunk.footer
+    assert footer is not None
+    if ends[-1] <= row:
+        with chunk.lock:
+            while ends[-1] <= row:
+                if len(ends) == footer.num_record_batches:
+                    raise SharedDamage(f"the Arrow footer holds {ends[-1]} rows, not row {row}")
+                try:
+                    ends.append(ends[-1] + footer.get_batch(len(ends)).num_rows)
+                except CORRUPT as error:
+                    number = len(ends)
+                    raise SharedDamage(
+                        f"record batch {number} of its Arrow footer: {error!r}"
+                    ) from None
+    number = bisect.bisect_right(ends, row)
+    return number, row - (ends[number - 1] if number else 0)
+
+
+def inflated(packed: memoryview, size: int) -> memoryview:
+    """A whole zstd chunk or frame, inflated when it holds at most `size` bytes (the size
+    recorded for it): no more is inflated. ValueError when larger or corrupt."""
+    try:
+        return memoryview(inflate(packed, "zstd", size))
+    except TooLargeError:
+        raise ValueError(f"it inflates to more than the {size} bytes recorded for it") from None
+    except CorruptError as error:
+        raise ValueError(f"zstd: {error}") from None
+
+
+def unzstd(data: memoryview) -> memoryview:
+    """Inflates one zstd-compressed item; ValueError when corrupt."""
+    zstandard = zstandard_module()
+    try:
+        return memoryview(zstandard.ZstdDecompressor().decompressobj().decompress(data))
+    except zstandard.ZstdError as error:
+        raise ValueError(f"zstd: {error}") from None
