@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -60,6 +61,21 @@ def _init_worker(path: str, parent: int) -> None:
 
 
 _OPEN_RUNNERS: weakref.WeakSet[Runner] = weakref.WeakSet()
+# the threads of the process pools closed (shut down without waiting), joined at exit before
+# concurrent.futures' own exit hook: on Python < 3.12 that hook writes to each pool thread's
+# wake-up pipe without a lock while the thread, ending, closes it: "Exception ignored ...
+# Bad file descriptor" at the exit of a loop that ended and exited at once (a CI run)
+_CLOSED_POOLS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def _join_closed_pools() -> None:
+    """Wait for the closed pools' threads (as concurrent.futures' hook, run next, does)."""
+    for thread in list(_CLOSED_POOLS):
+        thread.join()
+
+
+if sys.version_info < (3, 12):  # registered after concurrent.futures' hook: run before it
+    threading._register_atexit(_join_closed_pools)  # type: ignore[attr-defined]
 _JOIN_S = 1.0  # how long closing a threads runner waits for a chunk still running
 
 
@@ -289,6 +305,9 @@ class Runner:
         drops them from its table as it does: one cancelled here stayed there, and where that
         thread then found the processes ended before it saw the shutdown, Python < 3.12 failed
         on it (InvalidStateError) and the thread died, skipping the pool's clean-up."""
+        manager = getattr(self._executor, "_executor_manager_thread", None)  # shutdown drops it
+        if isinstance(manager, threading.Thread):
+            _CLOSED_POOLS.add(manager)  # joined at exit (see _join_closed_pools)
         if isinstance(self._executor, ProcessPoolExecutor):
             busy = any(not f.done() for f in list(self._pending))
             self._pending.clear()

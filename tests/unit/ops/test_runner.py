@@ -569,3 +569,54 @@ def test_a_loop_left_by_break_leaves_no_reader_thread_running_at_exit(tmp_path: 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "left at exit: []" in done.stdout, done.stdout
+
+
+_CLOSE_AND_EXIT = """
+import time
+from concurrent.futures import process
+
+from zephon_torch.io import Dataset
+from zephon_torch.ops._doc_chain import DocChain
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops.fetch import FetchOp
+from zephon_torch._token_stage import doc_ops
+from zephon_torch import Pipeline
+from zephon_torch.work import StaticMixtureWorkSource
+
+
+def late_wakeup(self):  # the exit hook's race, made certain: the thread closes the pipe meanwhile
+    if not self._closed:
+        time.sleep(0.5)
+        self._writer.send_bytes(b"")
+
+
+if __name__ == "__main__":
+    process._ThreadWakeup.wakeup = late_wakeup
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8}, shard_size=4)
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).pretokenized("ids", runner="processes")
+    chain = DocChain(FetchOp(source.datasets), doc_ops(recipe))
+    runner = Runner(chain, parallelism=1, kind="processes")
+    span = source.layouts[0].span(pass_index=0, lane=0, num_lanes=1, start=0, count=2)
+    print(len(runner.submit(0, span).result(timeout=60)), flush=True)
+    runner.close()  # then the interpreter exits at once
+"""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 locks the pipe's writes")
+def test_a_process_runner_closed_just_before_exit_exits_quietly(tmp_path: Path) -> None:
+    """Python < 3.12's exit hook for process pools wrote to a closed pool thread's wake-up
+    pipe as that thread closed it: "Exception ignored ... OSError: [Errno 9] Bad file
+    descriptor" on stderr (the Ctrl-C test, in a CI run). The pool's thread is joined first."""
+    script = tmp_path / "close_and_exit.py"
+    script.write_text(_CLOSE_AND_EXIT)
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "2\n", "")
