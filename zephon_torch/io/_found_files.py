@@ -94,7 +94,7 @@ def refuse_unread_index(text: str, jsonl: list[str], files: list[str]) -> None:
             "does not read as an MDS or LitData index (damaged or cut short?), though "
             f"{len(shards)} MDS or LitData shard files lie beside it, e.g. {shards[0]!r}; pass "
             "`format='jsonl'` if it is JSON Lines after all",
-            shard=jsonl[0],  # no dataset: `open_path` names it
+            shard=jsonl[0],  # no dataset: `Dataset.from_path` names it (`naming`)
         )
     raise ConfigError(
         f"{text!r} holds {len(shards)} LitData chunk or MDS shard files, e.g. {shards[0]!r}, "

@@ -199,7 +199,7 @@ def _indexed(
     index = f"{directory}/{INDEX_FILE}"
     data = _read_index(fs, name, index, retry, found[index]) if index in found else None
     kind = None if data is None else _kind_of(data, name(index))
-    if check_indexed(kind, format_, url, data is not None) is None:
+    if check_indexed(kind, format_, url, None if data is None else name(index)) is None:
         return None
     if named_index:
         found = call_with_retry(

@@ -290,34 +290,30 @@ def indexed_format(directory: str, format_: str | None) -> str | None:
     if format_ is not None and format_ not in INDEXED_FORMATS:
         return None
     index = os.path.join(directory, INDEX_FILE)
-    present = os.path.isfile(index)
-    return check_indexed(index_format(index) if present else None, format_, directory, present)
+    if not os.path.isfile(index):
+        return check_indexed(None, format_, directory)
+    return check_indexed(index_format(index), format_, directory, index)
 
 
 def check_indexed(
-    found: str | None, format_: str | None, directory: str, present: bool = False
+    found: str | None, format_: str | None, directory: str, index: str | None = None
 ) -> str | None:
-    """Returns `found`, the indexed format of a directory's `index.json` (None: none, or
-    `present` but not an MDS or LitData index), when it agrees with `format_`, the format
-    asked for (None or one of `INDEXED_FORMATS`).
+    """Returns `found`, the indexed format of a directory's `index.json` (None: none, or one
+    at `index` that is not an MDS or LitData index), when it agrees with `format_`, the
+    format asked for (None or one of `INDEXED_FORMATS`).
 
     Raises:
         ConfigError: for a `format_` that the index contradicts or that has no index.
-        DataError: for a `format_` whose index is `present` but does not read as one (naming
-            the index as its shard, and no dataset: the caller names it).
+        DataError: for a `format_` whose index at `index` does not read as one (naming the
+            index as its shard, and no dataset: `Dataset.from_path` names it).
     """
     if format_ is not None and found != format_:
-        if not found and present:
+        if not found and index is not None:
             raise DataError(
                 f"`format` is {format_!r} but the folder's {INDEX_FILE} does not read as an "
                 "MDS or LitData index (damaged or cut short?)",
-                shard=index_path(directory),
+                shard=index,
             )
         what = f"a {found} index" if found else f"no {format_} {INDEX_FILE}"
         raise ConfigError(f"`format` is {format_!r} but {directory!r} holds {what}")
     return found
-
-
-def index_path(directory: str) -> str:
-    """The `index.json` of `directory`, a local folder or a URL."""
-    return f"{directory.rstrip('/')}/{INDEX_FILE}"
