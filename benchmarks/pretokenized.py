@@ -20,7 +20,9 @@ reference, the piece loop, copies the same documents one Python slice assignment
 third, per Parquet variant, is pyarrow's decode of the token column
 alone, the most any Parquet reader built on it can deliver on one thread. Token counts must
 match the baseline's (no EOS is added), else exit code 2. Target: each format at least 0.5 of
-the baseline (best of `--repeats`); a missed target still exits 0.
+the baseline (best of `--repeats`); a missed target still exits 0. Each repeat's own ratios
+(every side over that repeat's memmap rate) are printed too, as their median and range: they
+cancel drift in the machine's speed between repeats, which best over best does not.
 
     .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--seq 2048]
         [--batch 8] [--doc-tokens 0] [--dtype int32] [--profile npy]
@@ -39,6 +41,7 @@ import json
 import os
 import pathlib
 import pstats
+import statistics
 import sys
 import tempfile
 import threading
@@ -428,9 +431,11 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     kinds = _KINDS
     shape = (args.batch, args.seq)
     best: dict[str, float] = {}
+    paired: dict[str, list[float]] = {}  # each repeat's rate over that repeat's memmap rate
     for repeat in range(args.repeats):
         # Interleaved, so drift on the machine affects every side alike.
         line = []
+        rates: dict[str, float] = {}
         # each side's callable is made before its timing starts (a pipeline is built then)
         sides: list[tuple[str, Callable[[], Callable[[], int]]]] = [
             ("memmap", lambda: partial(baseline, root, shape)),
@@ -449,8 +454,11 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
                 print(f"MISMATCH: {name} gave {tokens:,} tokens, expected {total:,}")
                 return _MISMATCH_EXIT
             best[name] = max(best.get(name, 0.0), tokens / seconds)
+            rates[name] = tokens / seconds
             line.append(f"{name} {_rate(tokens, seconds)}")
         print(f"repeat {repeat + 1}: " + ", ".join(line), flush=True)
+        for name, rate in rates.items():
+            paired.setdefault(name, []).append(rate / rates["memmap"])
     print(
         f"\nsettings: lanes {args.lanes}, batch [{args.batch}, {args.seq}] int64 wrap, "
         f"{args.dtype} ids stored, "
@@ -486,6 +494,12 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
             f"{kind + ' pipeline':<18}{_rate(int(best[kind]), 1.0)}  ratio {ratio:.3f}  "
             f"target {TARGET_RATIO}: {verdict}; {best[kind] / floor:.2f} of the {what}"
         )
+    # Best over best pairs each side's luckiest repeat; on a machine whose speed drifts
+    # between repeats, a repeat's own ratio is the steadier measure.
+    print("paired ratios (each repeat's rate over the same repeat's memmap; median, range):")
+    for name in ["shuffled copy", *kinds]:
+        ratios = sorted(paired[name])
+        print(f"  {name:<16}{statistics.median(ratios):.3f}  ({ratios[0]:.3f}-{ratios[-1]:.3f})")
     for kind in args.profile:
         profile(root, kind, args, args.profile_lines)
     return 0
