@@ -6,6 +6,7 @@ pipelines give the same batches, and a dead endpoint fails with a StorageError n
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -124,9 +125,10 @@ def test_pipelines_give_the_batches_of_the_local_copy(
 def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
     store: Store, tmp_path: Path
 ) -> None:
-    """gcsfs retries a refused connection itself for minutes (236 s here with one attempt of
-    ours), the Azure SDK did for 86 s, before the retry policy sees the error: a download
-    receiving nothing over a `rate_window` is now cut short."""
+    """gcsfs retried a refused connection itself for minutes (236 s here with one attempt of
+    ours, before its tries were cut to 2), the Azure SDK did for 86 s, before the retry
+    policy saw the error: a download receiving nothing over a `rate_window` is now cut
+    short."""
     _write_corpus(tmp_path / "local", "parquet", shards=3)
     store.upload(tmp_path / "local", "bucket", "dying")
     retry = {"attempts": 1, "initial_delay": 0.1, "timeout": 5, "rate_window": 5}
@@ -166,6 +168,39 @@ def test_a_dead_azure_endpoint_fails_a_listing_after_the_retry_policy_s_attempts
     assert ours is not users
     assert ours.service_client._config.retry_policy.connect_retries == 0
     assert users.service_client._config.retry_policy.connect_retries == 3
+
+
+def test_a_dead_gcs_endpoint_fails_a_listing_after_the_retry_policy_s_attempts() -> None:
+    """gcsfs tried each request 6 times itself, 1 to 32 s apart, before the retry policy saw
+    the error: a listing on a dead endpoint took 67 s with 2 attempts of the policy's. gcsfs
+    now tries twice, on a file system of zephon_torch's own."""
+    import fsspec
+
+    from zephon_torch import StorageError
+    from zephon_torch._moto import free_port
+    from zephon_torch.io._filesystems import open_filesystem
+
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        "token": "anon",
+        "project": "test",
+    }
+    start = time.monotonic()
+    with pytest.raises(StorageError, match=r"listing failed after 2 attempt\(s\)") as caught:
+        Dataset.from_path(
+            "d",
+            "gs://bucket/data",
+            storage_options=options,
+            io_options={"retry": {"attempts": 2, "initial_delay": 0.1}},
+        )
+    assert time.monotonic() - start < 20  # 2 attempts of 2 tries, 1-2 s apart: about 3 s
+    assert caught.value.url == "gs://bucket/data"
+    assert "Cannot connect to host 127.0.0.1" in str(caught.value)
+    # on a client of its own: the user's cached file system keeps gcsfs's 6 tries
+    users = fsspec.filesystem("gs", **options)
+    ours, _ = open_filesystem("gs://bucket/data", options)
+    assert ours is not users
+    assert "_request" in vars(ours) and "_request" not in vars(users)
 
 
 def test_a_missing_bucket_is_named_as_such_and_a_missing_path_as_such(store: Store) -> None:
