@@ -98,6 +98,7 @@ def run_inspect(
                 format_=format_,
                 index_cache_dir=index_cache_dir,
                 columns=columns,
+                storage_options=storage_options,
             )
             if datasets or unopened != [error]:
                 print(

@@ -92,24 +92,22 @@ def open_each(
     format_: str | None,
     index_cache_dir: str | None,
     columns: list[str] | None,
+    storage_options: dict[str, Any] | None = None,
 ) -> tuple[list[Dataset], list[DataError]]:
-    """The files of the local dataset at ``path``, which did not open as a whole (for
-    ``error``), each opened as a dataset of its own named ``name`` (a ``.npy`` token file with
-    its offsets), less those of no rows that the whole open leaves out; and the errors of those
-    that did not open (``error`` alone where its index is damaged). Raises ``error`` where
-    the dataset cannot be taken apart: remote, or one MDS or LitData index."""
-    from zephon_torch.io._discover import find_files
-    from zephon_torch.io._line_index import default_cache_dir
-    from zephon_torch.io._remote import is_remote
+    """The files of the dataset at ``path`` (local, or a URL with ``storage_options``), which
+    did not open as a whole (for ``error``), each opened as a dataset of its own named
+    ``name`` (a ``.npy`` token file with its offsets), less those of no rows that the whole
+    open leaves out; and the errors of those that did not open (``error`` alone where its
+    index is damaged). Raises ``error`` where the dataset cannot be taken apart: an ``hf://``
+    path, or one MDS or LitData index."""
     from zephon_torch.io.dataset import NO_ROWS
     from zephon_torch.io.formats import INDEXED_FORMATS
     from zephon_torch.io.npy import token_files
 
-    if is_remote(path) or path.startswith("hf://"):
+    if path.startswith("hf://"):
         raise error
-    cache = index_cache_dir or default_cache_dir()
     try:
-        detected, files = find_files(path, format_=format_, exclude=os.path.abspath(cache))
+        detected, files = _files_of(path, format_, index_cache_dir, storage_options)
     except DataError:  # a damaged MDS or LitData index: the dataset has no file to open alone
         return [], [error]
     if detected in INDEXED_FORMATS:
@@ -119,7 +117,12 @@ def open_each(
         try:
             datasets.append(
                 Dataset.from_path(
-                    name, file, format=detected, index_cache_dir=index_cache_dir, columns=columns
+                    name,
+                    file,
+                    format=detected,
+                    index_cache_dir=index_cache_dir,
+                    storage_options=storage_options,
+                    columns=columns,
                 )
             )
         except DataError as damaged:
@@ -127,6 +130,28 @@ def open_each(
             if not (detected in ("parquet", "vortex", "npy") and damaged.detail == NO_ROWS):
                 unopened.append(damaged)
     return datasets, unopened
+
+
+def _files_of(
+    path: str,
+    format_: str | None,
+    index_cache_dir: str | None,
+    storage_options: dict[str, Any] | None,
+) -> tuple[str, list[str]]:
+    """The format of the dataset at ``path`` and its files (a URL's in the scheme it was
+    written in), as the whole open finds them."""
+    from zephon_torch.io._discover import find_files
+    from zephon_torch.io._line_index import default_cache_dir
+    from zephon_torch.io._remote import is_remote, list_remote
+    from zephon_torch.io._retry import RetryPolicy
+
+    if is_remote(path):
+        listing = list_remote(
+            path, format_=format_, storage_options=storage_options or {}, retry=RetryPolicy()
+        )
+        return listing.format, [found.url for _, found in listing.objects]
+    cache = index_cache_dir or default_cache_dir()
+    return find_files(path, format_=format_, exclude=os.path.abspath(cache))
 
 
 def _validate_shard(

@@ -178,6 +178,41 @@ def test_files_that_do_not_open_are_reported_and_the_others_read(
     assert out.count("not a readable Parquet file") == 2
 
 
+def test_a_remote_dataset_that_does_not_open_is_opened_file_by_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL's dataset with a damaged file ended the command at the open's one error (exit 2),
+    the other files unread; a local one was opened file by file."""
+    import uuid
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/validate-{uuid.uuid4().hex[:8]}"
+    for number in range(3):
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"text": [f"row {i}" for i in range(10)]}), sink)
+        data = sink.getvalue()
+        fs.pipe(f"{root}/pq/part-{number}.parquet", data if number == 1 else data[:40])
+        np.save(sink := io.BytesIO(), np.arange(1, 7, dtype=np.int32))
+        fs.pipe(f"{root}/npy/part-{number}.npy", sink.getvalue()[: 60 if number == 1 else None])
+        np.save(sink := io.BytesIO(), np.array([0, 2, 6], dtype=np.int64))
+        fs.pipe(f"{root}/npy/part-{number}.offsets.npy", sink.getvalue())
+    url = f"memory://{root}/pq"
+    assert main(["inspect", url, "--validate", "--text-field", "text"]) == 1
+    out = capsys.readouterr().out
+    assert f"{url} does not open as a whole; --validate opens its 3 files one by one" in out
+    assert "validate: 2 shards unreadable past an error: read 10 rows of 3 shards" in out
+    assert f"shard 'memory://{root}/pq/part-0.parquet': not a readable Parquet file" in out
+    # each token file with its offsets, though the URL of each names the token file alone
+    url = f"memory://{root}/npy"
+    assert main(["inspect", url, "--validate", "--token-field", "input_ids"]) == 1
+    out = capsys.readouterr().out
+    assert "opens its 3 files one by one" in out
+    assert "validate: 1 shard unreadable past an error: read 4 rows of 3 shards" in out
+    assert f"shard 'memory://{root}/npy/part-1.npy': not a readable .npy file" in out
+
+
 def test_a_damaged_index_is_one_unreadable_shard_naming_the_dataset(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

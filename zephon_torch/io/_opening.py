@@ -146,6 +146,7 @@ def _open_remote(
         index=listing.index,
         index_data=listing.index_data,
         fs=listing.fs,
+        companions=listing.companions,
     )
     laid_out = _without_empty_tables(name, listing.format, _layouts(reader, reader.shard_urls))
     # an hf:// listing's root names the commit it was read at: hf://datasets/org/name@sha

@@ -42,6 +42,8 @@ class Listing:
         index: the URL of the directory's `index.json` for MDS and LitData, else None.
         index_data: the bytes of that `index.json`, as read to tell the format.
         fs: the file system that listed it, for the reader to reuse.
+        companions: the URLs of objects listed beside those the URL named, to be read with
+            them (the offsets file of a `.npy` token file named alone); not shards.
     """
 
     format: str
@@ -49,6 +51,7 @@ class Listing:
     index: str | None = None
     index_data: bytes | None = field(default=None, repr=False)
     fs: Any = field(default=None, repr=False)
+    companions: frozenset[str] = frozenset()
 
 
 def list_remote(
@@ -124,9 +127,39 @@ def list_remote(
                 "per folder"
             )
         format_, paths = detect_files(url, where, paths)
-    for path in paths:
+    partners = _offsets_partner(fs, name, paths[0], infos, retry) if format_ == "npy" else []
+    for path in paths + partners:
         infos[path] = dict(sized(fs, path, infos[path], url=name(path), retry=retry))
-    return Listing(format_, [(path, identity(name(path), infos[path])) for path in paths], fs=fs)
+    objects = [(path, identity(name(path), infos[path])) for path in paths + partners]
+    return Listing(format_, objects, fs=fs, companions=frozenset(map(name, partners)))
+
+
+def _offsets_partner(
+    fs: Any,
+    name: Callable[[str], str],
+    path: str,
+    infos: dict[str, dict[str, Any]],
+    retry: RetryPolicy,
+) -> list[str]:
+    """The offsets file of `path`, a `.npy` token file a URL names alone, where there is one
+    (its info added to `infos`), as a local path finds it beside the file: a URL naming one
+    1-D token file was refused for lacking the offsets lying next to it. Not for a glob or a
+    folder, whose listing holds the offsets files it names."""
+    from zephon_torch.io.npy import OFFSETS_SUFFIX, offsets_path
+
+    if len(infos) != 1 or path.endswith(OFFSETS_SUFFIX):
+        return []
+    partner = offsets_path(path)
+    try:
+        info = call_with_retry(
+            lambda: fs.info(partner), url=name(partner), policy=retry, what="listing"
+        )
+    except FileNotFoundError:
+        return []
+    if info.get("type") != "file":
+        return []
+    infos[partner] = info
+    return [partner]
 
 
 def find_detailed(fs: Any, path: str, *, folder: bool = False) -> dict[str, dict[str, Any]]:

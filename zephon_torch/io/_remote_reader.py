@@ -70,6 +70,7 @@ class RemoteReader(PickledAsSettings):
         index_data: that index's bytes when the caller has read them already: the cache
             takes them instead of downloading the index again (not pickled).
         fs: the fsspec file system, when the caller has one already (not pickled).
+        companions: objects read beside those the URL named (see `Listing`): no shards.
     """
 
     _fs: Any
@@ -83,6 +84,7 @@ class RemoteReader(PickledAsSettings):
         "index_cache_dir",
         "projection",
         "index",
+        "companions",
     )
 
     def __init__(
@@ -99,6 +101,7 @@ class RemoteReader(PickledAsSettings):
         index: str | None = None,
         index_data: bytes | None = None,
         fs: Any = None,
+        companions: frozenset[str] = frozenset(),
     ) -> None:
         self.dataset = dataset
         self.format = format_
@@ -109,6 +112,7 @@ class RemoteReader(PickledAsSettings):
         self.index_cache_dir = index_cache_dir
         self.projection = projection or Projection()
         self.index = index
+        self.companions = companions
         self._open_caches()
         self._fs = fs  # the listing's, reused in this process only
         self.downloads.index_data = index_data
@@ -293,7 +297,8 @@ class RemoteReader(PickledAsSettings):
         LitData)."""
         with self._opening:
             if self._opened is None:
-                files = [self.index] if self.index is not None else list(self.objects)
+                named = [url for url in self.objects if url not in self.companions]
+                files = [self.index] if self.index is not None else named
                 reader, shards = open_reader(
                     self.format,
                     files,
@@ -348,7 +353,10 @@ class RemoteReader(PickledAsSettings):
     def _npy_rows(self, path: str) -> int:
         """From the `.npy` headers when they tell (see `npy_rows`), else from the files."""
         fs, retry = self._filesystem(), self.options.retry
-        rows = npy_rows(path, self.objects, fs=fs, policy=retry, dataset=self.dataset)
+        objects, companions = self.objects, self.companions
+        rows = npy_rows(
+            path, objects, fs=fs, policy=retry, dataset=self.dataset, companions=companions
+        )
         return self._open()[0].num_rows(path) if rows is None else rows
 
     def _filesystem(self) -> Any:

@@ -121,7 +121,13 @@ def counted_columns(reader: Any, local: str) -> Layout:
 
 
 def npy_rows(
-    url: str, objects: Objects, *, fs: Any, policy: RetryPolicy, dataset: str
+    url: str,
+    objects: Objects,
+    *,
+    fs: Any,
+    policy: RetryPolicy,
+    dataset: str,
+    companions: frozenset[str] = frozenset(),
 ) -> int | None:
     """A 2-D token file's first dimension, or one less than its offsets file's length, read
     from headers (retried); an offsets file must also start at 0 and end at the token count
@@ -136,7 +142,7 @@ def npy_rows(
     header = _npy_header(url, objects, fs=fs, policy=policy, dataset=dataset, shard=url)
     partner = offsets_path(url)
     if header is not None and len(header[0]) == 2:
-        if partner in objects:
+        if partner in objects and partner not in companions:  # named: see `Listing`
             raise unused_offsets(url, header[0], dataset=dataset)
         return header[0][0]
     if header is not None and len(header[0]) == 1 and partner in objects:

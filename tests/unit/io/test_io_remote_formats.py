@@ -135,6 +135,34 @@ def test_a_2d_token_file_with_an_offsets_file_beside_it_is_refused(
     assert alone.num_rows == 8
 
 
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_1d_token_file_named_alone_reads_with_the_offsets_beside_it(
+    tmp_path: Path, where: str
+) -> None:
+    """A local path finds them beside the file; a URL's listing held the named file alone, so
+    it was refused for lacking them. Not shards of their own, and a pickled copy (a worker's)
+    reads them too."""
+    import pickle
+
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.arange(100, 110, dtype=np.uint16))
+    np.save(folder / "a.offsets.npy", np.array([0, 3, 3, 10]))
+    np.save(folder / "b.npy", np.arange(10, dtype=np.int32))  # not read: another file
+    path = str(folder) if where == "local" else _put(folder)
+    alone = Dataset.from_path("n", f"{path}/a.npy", io_options=_options(tmp_path))
+    assert [shard.path for shard in alone.shards] == [f"{path}/a.npy"]
+    assert alone.num_rows == 3
+    for dataset in (alone, pickle.loads(pickle.dumps(alone))):
+        assert [ids.tolist() for ids in dataset.read_tokens(0, [0, 1, 2], "input_ids")] == [
+            [100, 101, 102],
+            [],
+            list(range(103, 110)),
+        ]
+    if where == "remote":
+        assert _cached(tmp_path) == ["a.npy", "a.offsets.npy"]
+
+
 @pytest.mark.parametrize(
     ("offsets", "message"),
     [
