@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_torch._token_stage import doc_ops, prefetch_depth, read_datasets, token_stage
 from zephon_torch.errors import ConfigError, integer_setting
+from zephon_torch.io._narrowing import NarrowedOrWhole
 from zephon_torch.torch.dataset import workers_used
 
 if TYPE_CHECKING:
@@ -68,9 +69,11 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
             what = [f"columns {list(read.columns or ())} only"] if given.columns is None else []
             added = [name for name in read.token_columns if name not in given.token_columns]
             what += [f"{name!r} as token ids" for name in added]
+            skipping = isinstance(read, NarrowedOrWhole)
+            whole = "; under skip, a shard lacking them is read whole" if skipping else ""
             lines.append(
                 f"  dataset {read.name!r} reads {' and '.join(what)} (no map or filter reads "
-                "the rows)"
+                f"the rows{whole})"
             )
     where = "inline (the packer's thread)" if runner == "inline" else f"{runner} x {parallelism}"
     lines.append(f"  runner: {where}; read-ahead {options.read_ahead} chunks per reader")

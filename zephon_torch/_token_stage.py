@@ -59,6 +59,13 @@ def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
         return held[2]
     names, token_field = fields
     read = tuple(dataset.reading(names, token_field) for dataset in self._datasets)
+    if self._options.bad_rows == "skip":  # a shard lacking a field: its rows skipped each
+        from zephon_torch.io._narrowing import NarrowedOrWhole
+
+        read = tuple(
+            NarrowedOrWhole(narrow, whole) if narrow is not whole else whole
+            for narrow, whole in zip(read, self._datasets, strict=True)
+        )
     self._read_datasets = (self._datasets, fields, read)
     return read
 
@@ -66,10 +73,10 @@ def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
 def fields_read(self: Pipeline) -> Fields | None:
     """The row fields the recipe reads, and which of them holds token ids (None where a
     payload keeps it too, as read); None where a `map` or `filter` may read any, or no token
-    stage is set yet, or under `bad_rows="skip"`: a shard lacking a field read (or holding
-    no list of ids in it) fails at its open, as no row's fault, where each of its rows is
-    skipped when read whole."""
-    if self._user_ops or self._options.bad_rows == "skip":
+    stage is set yet. Under `bad_rows="skip"` a shard lacking a field read (or holding no
+    list of ids in it), which fails at its open as no row's fault, is read whole, each of its
+    rows then skipped as a row's (`io._narrowing`)."""
+    if self._user_ops:
         return None
     payload = self._pack.payload_fields if self._pack is not None else ()
     if self._pretokenized is not None:

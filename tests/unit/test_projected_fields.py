@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from zephon_torch import ConfigError, DataError, Pipeline
 from zephon_torch._token_stage import read_datasets
 from zephon_torch.io import Dataset
+from zephon_torch.io._narrowing import NarrowedOrWhole
 from zephon_torch.work import StaticMixtureWorkSource
 
 
@@ -153,22 +155,28 @@ def test_columns_given_by_hand_are_kept_and_a_missing_field_names_the_shard(
         list(pipeline)
 
 
-def test_under_skip_and_for_a_payload_of_ids_rows_are_read_whole(
+def test_under_skip_a_shard_lacking_a_field_is_read_whole_and_a_payload_of_ids_too(
     tmp_path: Path, tokenizer: Any
 ) -> None:
-    """Narrowed, a shard lacking the field read failed at its open, as no row's fault, so
-    `bad_rows="skip"` no longer skipped its rows: such recipes read rows whole. A payload of
-    the token field kept the ids as a read-only array where they had been a list (a
-    review)."""
+    """Narrowed, a shard lacking the field read fails at its open, as no row's fault, so
+    `bad_rows="skip"` would not skip its rows: under skip such a shard is read whole, each of
+    its rows skipped (before, every dataset of such a recipe was read whole, every column
+    decoded). A payload of the token field kept the ids as a read-only array where they had
+    been a list (a review)."""
     pq.write_table(pa.table({"text": ["a b", "c d"], "id": [1, 2]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"body": ["e f"], "id": [3]}), tmp_path / "b.parquet")
     both = Dataset.from_path("d", tmp_path)
     skipping = _pipeline(both).options(bad_rows="skip").tokenize(tokenizer=tokenizer)
     pipeline = skipping.pack_flat(4).batch(1)
-    assert read_datasets(pipeline) == (both,)
+    (read,) = read_datasets(pipeline)
+    assert isinstance(read, NarrowedOrWhole) and read.columns == ("text",)
     with pytest.warns(UserWarning, match=r"b\.parquet', row 0: field 'text' is missing"):
         list(pipeline)
     assert pipeline.stats()["skipped_documents"]["malformed"] == 1
+    assert read._whole_shards == {1}  # a.parquet still read narrowed
+    assert "(no map or filter reads the rows; under skip, a shard lacking them is read whole)" in (
+        pipeline.explain()
+    )
     ids = pa.array([[1, 2], [3, 4, 5]], pa.list_(pa.int32()))
     pq.write_table(pa.table({"ids": ids, "x": [0, 1]}), tmp_path / "ids.parquet")
     tokens = _pipeline(Dataset.from_path("i", tmp_path / "ids.parquet")).pretokenized("ids")
@@ -177,3 +185,66 @@ def test_under_skip_and_for_a_payload_of_ids_rows_are_read_whole(
     assert read.columns == ("ids",) and read._reader.projection.token_columns == ()
     payloads = [p for batch in packed for row in batch.payloads or [] for p in row]
     assert sorted(p["ids"] for p in payloads) == [[1, 2], [3, 4, 5]]
+
+
+def _mismatched_shards(folder: Path) -> None:
+    """Parquet shards of token ids in `ids`, among them one whose `ids` holds text and one
+    without `ids`: each of their rows a row's fault when read whole."""
+    folder.mkdir()
+    for number in range(4):
+        ids = pa.array([[number * 10 + i] * (i + 2) for i in range(5)], pa.list_(pa.int32()))
+        pq.write_table(pa.table({"ids": ids, "n": range(5)}), folder / f"a{number}.parquet")
+    pq.write_table(pa.table({"ids": ["x", "y"], "n": [0, 1]}), folder / "b.parquet")
+    pq.write_table(pa.table({"other": [[1, 2]], "n": [0]}), folder / "c.parquet")
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_under_skip_narrowed_reading_gives_the_batches_skips_and_resumes_of_whole_rows(
+    tmp_path: Path, where: str
+) -> None:
+    """Read narrowed (only `ids`, as a token column) with the mismatched shards read whole,
+    a skipping recipe gives the batches and skip counts of one that reads every row whole
+    (a `map` reads rows whole), and resumes at every step; locally and over a URL, whose
+    reader re-raises a shard's error under its URL."""
+    import uuid
+    import warnings
+
+    import fsspec
+
+    from tests.helpers import assert_resumes_at_every_step, keys
+
+    folder = tmp_path / "ids"
+    _mismatched_shards(folder)
+    path = str(folder)
+    options: dict[str, Any] = {}
+    if where == "remote":
+        path = f"memory:///zt-{uuid.uuid4().hex[:8]}"
+        fsspec.filesystem("memory").put(str(folder), path[len("memory://") :], recursive=True)
+        options = {"io_options": {"cache": {"dir": str(tmp_path / "cache")}}}
+
+    def build(whole: bool = False) -> Pipeline:
+        dataset = Dataset.from_path("d", path, **options)
+        pipeline = _pipeline(dataset).options(bad_rows="skip")
+        if whole:
+            pipeline = pipeline.map(dict)
+        return pipeline.pretokenized("ids").pack_flat(8).batch(2)
+
+    narrowed, whole = build(), build(whole=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = keys(narrowed)
+        assert got == keys(whole) and len(got) > 3
+        (read,) = read_datasets(narrowed)
+        assert isinstance(read, NarrowedOrWhole) and read.token_columns == ("ids",)
+        assert sorted(read.shards[s].path.rsplit("/", 1)[1] for s in read._whole_shards) == [
+            "b.parquet",
+            "c.parquet",
+        ]
+        skipped = narrowed.stats()["skipped_documents"]
+        assert skipped == whole.stats()["skipped_documents"] and skipped["malformed"] == 3
+        assert assert_resumes_at_every_step(build) == len(got)
+    # as a DataLoader worker or a process runner gets it: still reading that shard whole
+    bad = next(s for s in read._whole_shards if read.shards[s].path.endswith("b.parquet"))
+    copy = pickle.loads(pickle.dumps(read))
+    assert copy._whole_shards == read._whole_shards
+    assert copy.read_rows(bad, [1]) == [{"ids": "y", "n": 1}]

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_torch.errors import DataError
-from zephon_torch.io._projection import Projection
+from zephon_torch.io._projection import ColumnMismatch, Projection
 
 
 class TokenColumn:
@@ -108,7 +108,7 @@ def check_columns(projection: Projection, columns: Columns, *, dataset: str, sha
         )
     for name, kind, integer_lists in columns:
         if name in projection.token_columns and not integer_lists:
-            raise DataError(
+            raise ColumnMismatch(
                 f"token column {name!r} holds {kind}, not lists of integer token ids",
                 dataset=dataset,
                 shard=shard,

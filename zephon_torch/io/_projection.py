@@ -26,6 +26,12 @@ TOKENS_FIELD = "input_ids"
 `TokensLoader` chunks, `.npy` token files)."""
 
 
+class ColumnMismatch(DataError):
+    """A shard lacks a column its projection reads, or a token column of it holds no lists of
+    integers: the shard's fault, at its open, where its whole rows would each be at fault (see
+    `io._narrowing`)."""
+
+
 @dataclass(frozen=True)
 class Projection:
     """Which columns rows keep and which of them hold token ids.
@@ -63,7 +69,7 @@ class Projection:
         return self.columns is None or name in self.columns
 
     def check_available(self, available: Sequence[str], *, dataset: str, shard: str) -> None:
-        """Raises DataError when a shard lacks a requested column.
+        """Raises `ColumnMismatch` when a shard lacks a requested column.
 
         Args:
             available: the shard's columns.
@@ -73,7 +79,7 @@ class Projection:
         wanted = (self.columns or ()) + self.token_columns
         missing = sorted({name for name in wanted if name not in available})
         if missing:
-            raise DataError(
+            raise ColumnMismatch(
                 f"has no column {', '.join(map(repr, missing))}; its columns are {list(available)}",
                 dataset=dataset,
                 shard=shard,

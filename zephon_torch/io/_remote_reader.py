@@ -29,7 +29,7 @@ from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._pickled import PickledAsSettings
-from zephon_torch.io._projection import Projection
+from zephon_torch.io._projection import ColumnMismatch, Projection
 from zephon_torch.io._remote_rows import (
     SCHEMA_FORMATS,
     Layout,
@@ -268,7 +268,8 @@ class RemoteReader(PickledAsSettings):
             except DataError as error:
                 if cache.lost(item):
                     raise _LostCopy(local, error, self.dataset) from error
-                raise DataError(
+                kind = ColumnMismatch if isinstance(error, ColumnMismatch) else DataError
+                raise kind(
                     error.detail,
                     dataset=self.dataset,
                     shard=path,
