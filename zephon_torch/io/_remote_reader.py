@@ -177,9 +177,7 @@ class RemoteReader(PickledAsSettings):
     def _remembered(self, index_cache_dir: str, item: CachedObject) -> Layout | None:
         """The layout `index_cache_dir` remembers for this version of the object (see
         `remembered_layout`), with what this format keeps."""
-        parquet = self.format == "parquet"
-        schema = self.format in SCHEMA_FORMATS
-        return remembered_layout(index_cache_dir, item, parquet=parquet, schema=schema)
+        return remembered_layout(index_cache_dir, item, self.format)
 
     def num_rows(self, path: str) -> int:
         """Counts a shard's rows (see `shard_layout`)."""
@@ -205,7 +203,7 @@ class RemoteReader(PickledAsSettings):
                 layout = self._with_reader(path, counted_columns)
             else:
                 layout = self._with_reader(path, lambda r, local: r.num_rows(local)), (), ()
-            remember_layout(self.index_cache_dir, item, *layout)
+            remember_layout(self.index_cache_dir, item, self.format, *layout)
         rows, groups, columns = layout
         if schema:  # the columns asked for, checked at the open as for a local shard
             check_columns(self.projection, columns, dataset=self.dataset, shard=path)

@@ -242,24 +242,32 @@ def _npy_value(
     )
 
 
-def remembered_layout(
-    index_cache_dir: str, item: CachedObject, *, parquet: bool, schema: bool = False
-) -> Layout | None:
-    """The row count (and, for a `parquet` object, its row-group sizes and columns; for one
-    with a `schema`, its columns) remembered for this version of the object, else None: always
-    for an object listed without a version (a rewrite of the same size could not be told
-    apart), for a Vortex record without columns, and for a Parquet record with sizes of
-    another estimate (see `parquet.ESTIMATE_VERSION`). Window blocks are derived from the sizes
-    at each open, so a new block size never meets stale blocks; a record of another format is
-    read for its row count alone, whatever it holds."""
+def remembered_layout(index_cache_dir: str, item: CachedObject, format_: str) -> Layout | None:
+    """The row count (and, for a Parquet object, its row-group sizes and columns; for a Vortex
+    one, its columns) remembered for this version of the object read as `format_`, else None:
+    always for an object listed without a version (a rewrite of the same size could not be told
+    apart), for a record counted as another format (the object read with another `format=`:
+    the line count of a Parquet file read as JSONL, or the reverse, was taken for its rows,
+    where a local open reads the file itself), for a Vortex record without columns, and for a
+    Parquet record with sizes of another estimate (see `parquet.ESTIMATE_VERSION`). Window
+    blocks are derived from the sizes at each open, so a new block size never meets stale
+    blocks; a record from before formats were kept is told by its columns, which Parquet and
+    Vortex records hold and JSONL ones do not."""
     if not item.version:
         return None
+    parquet, schema = format_ == "parquet", format_ in SCHEMA_FORMATS
     with (
         contextlib.suppress(OSError, ValueError, KeyError, TypeError),
         open(_record(index_cache_dir, item), encoding="utf-8") as handle,
     ):
         record = json.load(handle)
-        if not (parquet or schema):
+        counted = record.get("format")
+        if counted is None:  # kept before formats were: told by its columns
+            if bool(record.get("columns")) != schema:
+                return None
+        elif counted != format_:
+            return None
+        if not schema:
             return int(record["rows"]), (), ()
         if parquet and record["estimate"] != ESTIMATE_VERSION:
             return None
@@ -272,17 +280,22 @@ def remembered_layout(
 
 
 def remember_layout(
-    index_cache_dir: str, item: CachedObject, rows: int, groups: Groups = (), columns: Columns = ()
+    index_cache_dir: str,
+    item: CachedObject,
+    format_: str,
+    rows: int,
+    groups: Groups = (),
+    columns: Columns = (),
 ) -> None:
-    """Remembers the object's row count, row-group sizes and columns (none for other formats);
-    a folder
-    that cannot be written is skipped, and so is an object listed without a version (ETag,
-    time), which is counted again at every open."""
+    """Remembers the object's row count as read in `format_`, its row-group sizes and columns
+    (none for other formats); a folder that cannot be written is skipped, and so is an object
+    listed without a version (ETag, time), which is counted again at every open."""
     if not item.version:
         return
     with contextlib.suppress(OSError):
         record = {
             "url": item.url,
+            "format": format_,
             "rows": rows,
             "groups": groups,
             "columns": columns,

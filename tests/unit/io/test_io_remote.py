@@ -561,17 +561,17 @@ def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
     index = str(tmp_path / "index")
     versioned = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-1"')
     columns = (("text", "string", False), ("ids", "list<item: int32>", True))
-    remember_layout(index, versioned, 7, ((3, 100), (4, 120)), columns)
-    assert remembered_layout(index, versioned, parquet=True) == (7, ((3, 100), (4, 120)), columns)
+    remember_layout(index, versioned, "parquet", 7, ((3, 100), (4, 120)), columns)
+    assert remembered_layout(index, versioned, "parquet") == (7, ((3, 100), (4, 120)), columns)
     bare = CachedObject(url="s3://b/a.parquet", size=100, version="")
-    remember_layout(index, bare, 9)
-    assert remembered_layout(index, bare, parquet=True) is None
+    remember_layout(index, bare, "parquet", 9)
+    assert remembered_layout(index, bare, "parquet") is None
     # a Parquet record of an older format, or of sizes estimated by another rule, is measured
-    # again; another format's record gives its row count, whatever its format
+    # again; one from before formats were kept is a JSONL count where it holds no columns
     old = CachedObject(url="s3://b/a.parquet", size=100, version='"etag-2"')
-    remember_layout(index, old, 7)
+    remember_layout(index, old, "jsonl", 7)
     record = next(Path(index).rglob(f"{old.name}.json"))
-    assert remembered_layout(index, old, parquet=True) == (7, (), ())
+    assert remembered_layout(index, old, "jsonl") == (7, (), ())
     for stale in (
         {"rows": 7},
         {"rows": 7, "blocks": [3, 4]},
@@ -579,8 +579,44 @@ def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
         {"rows": 7, "groups": [], "estimate": 1},  # no columns: remembered before they were
     ):
         record.write_text(json.dumps({"url": old.url, **stale}))
-        assert remembered_layout(index, old, parquet=True) is None
-        assert remembered_layout(index, old, parquet=False) == (7, (), ())
+        assert remembered_layout(index, old, "parquet") is None
+        assert remembered_layout(index, old, "jsonl") == (7, (), ())
+    kept = {"url": old.url, "rows": 7, "groups": [[7, 90]], "columns": columns, "estimate": 1}
+    record.write_text(json.dumps(kept))
+    assert remembered_layout(index, old, "parquet") == (7, ((7, 90),), columns)
+    assert remembered_layout(index, old, "jsonl") is None
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_file_read_with_another_format_before_is_counted_in_the_format_asked(
+    tmp_path: Path, where: str
+) -> None:
+    """A remote object's remembered row count was keyed by its URL, size and version alone:
+    a Parquet file without an ending, opened with format="jsonl" and then "parquet", had its
+    line count for rows (rows past it lost, or read past the end), and a JSONL file opened
+    as Parquet after it its line count, where a local open reads the file as asked."""
+    folder = tmp_path / "spark"
+    folder.mkdir()
+    texts = [f"row {i}\nof\nthree lines" for i in range(9)]
+    pq.write_table(pa.table({"text": texts}), folder / "part-0", compression="none")
+    (folder / "part-1").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:3]))
+    path = str(folder)
+    if where == "remote":
+        path = f"memory://{_root()}"
+        fsspec.filesystem("memory").put(str(folder), path.split("://", 1)[1], recursive=True)
+
+    def open_(name: str, format_: str) -> Dataset:
+        return Dataset.from_path(
+            "s", f"{path}/{name}", format=format_, io_options=_options(tmp_path)
+        )
+
+    assert open_("part-0", "jsonl").num_rows > 9  # its newline bytes
+    as_parquet = open_("part-0", "parquet")
+    assert as_parquet.num_rows == 9
+    assert [row["text"] for row in as_parquet.read_rows(0, range(9))] == texts
+    assert open_("part-1", "jsonl").num_rows == 3
+    with pytest.raises(DataError, match=r"part-1'?: not a readable Parquet file"):
+        open_("part-1", "parquet")
 
 
 def test_a_forked_child_reads_although_a_parent_thread_held_the_readers_locks(
