@@ -29,7 +29,7 @@ from zephon_torch.io._hashes import HashMismatch
 from zephon_torch.io._index import missing_shard
 from zephon_torch.io._io_options import IoOptions
 from zephon_torch.io._pickled import PickledAsSettings
-from zephon_torch.io._projection import ColumnMismatch, Projection
+from zephon_torch.io._projection import TOKENS_FIELD, ColumnMismatch, Projection
 from zephon_torch.io._remote_rows import (
     SCHEMA_FORMATS,
     Layout,
@@ -350,7 +350,9 @@ class RemoteReader(PickledAsSettings):
         return listed_parquet_layout(path, self.objects, fs=fs, policy=retry, dataset=self.dataset)
 
     def _npy_rows(self, path: str) -> int:
-        """From the `.npy` headers when they tell (see `npy_rows`), else from the files."""
+        """From the `.npy` headers when they tell (see `npy_rows`), else from the files; the
+        columns asked for checked first, as a local open does (`NpyReader`)."""
+        self.projection.check_available([TOKENS_FIELD], dataset=self.dataset, shard=path)
         fs, retry = self._filesystem(), self.options.retry
         objects, companions = self.objects, self.companions
         rows = npy_rows(

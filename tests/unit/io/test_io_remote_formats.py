@@ -163,6 +163,20 @@ def test_a_1d_token_file_named_alone_reads_with_the_offsets_beside_it(
         assert _cached(tmp_path) == ["a.npy", "a.offsets.npy"]
 
 
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_npy_columns_without_input_ids_are_refused_at_the_open(tmp_path: Path, where: str) -> None:
+    """A remote open counted rows from the headers without the reader's check of the columns
+    asked for: it opened, and each read failed, possibly hours into a run."""
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
+    path = str(folder) if where == "local" else _put(folder)
+    with pytest.raises(DataError, match=r"a\.npy'?: has no column 'text'; its columns are \['in"):
+        Dataset.from_path("n", path, columns=["text"], io_options=_options(tmp_path))
+    kept = Dataset.from_path("n", path, columns=["input_ids"], io_options=_options(tmp_path))
+    assert kept.read_rows(0, [7])[0]["input_ids"].tolist() == list(range(35, 40))
+
+
 @pytest.mark.parametrize(
     ("offsets", "message"),
     [
