@@ -127,39 +127,52 @@ def list_remote(
                 "per folder"
             )
         format_, paths = detect_files(url, where, paths)
-    partners = _offsets_partner(fs, name, paths[0], infos, retry) if format_ == "npy" else []
+    partners = _offsets_partners(fs, name, paths, infos, where, retry) if format_ == "npy" else []
     for path in paths + partners:
         infos[path] = dict(sized(fs, path, infos[path], url=name(path), retry=retry))
     objects = [(path, identity(name(path), infos[path])) for path in paths + partners]
     return Listing(format_, objects, fs=fs, companions=frozenset(map(name, partners)))
 
 
-def _offsets_partner(
+def _offsets_partners(
     fs: Any,
     name: Callable[[str], str],
-    path: str,
+    paths: list[str],
     infos: dict[str, dict[str, Any]],
+    where: str,
     retry: RetryPolicy,
 ) -> list[str]:
-    """The offsets file of `path`, a `.npy` token file a URL names alone, where there is one
-    (its info added to `infos`), as a local path finds it beside the file: a URL naming one
-    1-D token file was refused for lacking the offsets lying next to it. Not for a glob or a
-    folder, whose listing holds the offsets files it names."""
+    """The offsets files beside the `.npy` token files that a URL names alone, or by a glob
+    that leaves the offsets out (`?.npy`), where there are some (their infos added to `infos`),
+    as a local path's reader finds them beside its files: such a URL was refused for lacking
+    them. A glob's folders are listed once each. Not for a folder, whose listing holds them."""
     from zephon_torch.io.npy import OFFSETS_SUFFIX, offsets_path
 
-    if len(infos) != 1 or path.endswith(OFFSETS_SUFFIX):
+    wanted = [
+        offsets_path(path)
+        for path in paths
+        if not path.endswith(OFFSETS_SUFFIX) and offsets_path(path) not in infos
+    ]
+    if where == "directory" or not wanted:
         return []
-    partner = offsets_path(path)
-    try:
-        info = call_with_retry(
-            lambda: fs.info(partner), url=name(partner), policy=retry, what="listing"
-        )
-    except FileNotFoundError:
-        return []
-    if info.get("type") != "file":
-        return []
-    infos[partner] = info
-    return [partner]
+    found: dict[str, Mapping[str, Any]] = {}
+    if where == "file":
+        [partner] = wanted
+        try:
+            found[partner] = call_with_retry(
+                lambda: fs.info(partner), url=name(partner), policy=retry, what="listing"
+            )
+        except FileNotFoundError:
+            return []
+    else:
+        for folder in sorted({posixpath.dirname(partner) for partner in wanted}):
+            listed = call_with_retry(
+                partial(fs.ls, folder, detail=True), url=name(folder), policy=retry, what="listing"
+            )
+            found.update((entry["name"].rstrip("/"), entry) for entry in listed)
+    partners = [path for path in wanted if found.get(path, {}).get("type") == "file"]
+    infos.update((path, dict(found[path])) for path in partners)
+    return partners
 
 
 def find_detailed(fs: Any, path: str, *, folder: bool = False) -> dict[str, dict[str, Any]]:

@@ -177,6 +177,41 @@ def test_npy_columns_without_input_ids_are_refused_at_the_open(tmp_path: Path, w
     assert kept.read_rows(0, [7])[0]["input_ids"].tolist() == list(range(35, 40))
 
 
+@pytest.mark.parametrize("where", ["local", "remote"])
+@pytest.mark.parametrize("pattern", ["?.npy", "**/?.npy", "[bc].npy"])
+def test_a_glob_naming_1d_token_files_reads_the_offsets_beside_them(
+    tmp_path: Path, where: str, pattern: str
+) -> None:
+    """A glob that leaves the offsets files out: a local path's reader finds them beside the
+    token files; a URL's listing held the token files alone, so the open refused the 1-D ones
+    for lacking them. A 2-D file's offsets beside it, not named, are left alone here too."""
+    import pickle
+
+    folder = tmp_path / "npy"
+    (folder / "sub").mkdir(parents=True)
+    np.save(folder / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
+    np.save(folder / "a.offsets.npy", np.array([0, 7, 40]))
+    np.save(folder / "b.npy", np.arange(100, 110, dtype=np.uint16))
+    np.save(folder / "b.offsets.npy", np.array([0, 3, 3, 10]))
+    np.save(folder / "sub" / "c.npy", np.arange(7, dtype=np.int64))
+    np.save(folder / "sub" / "c.offsets.npy", np.array([0, 2, 7]))
+    path = str(folder) if where == "local" else _put(folder)
+    dataset = Dataset.from_path("n", f"{path}/{pattern}", io_options=_options(tmp_path))
+    expected = {
+        "?.npy": {"a.npy": 8, "b.npy": 3},
+        "**/?.npy": {"a.npy": 8, "b.npy": 3, "sub/c.npy": 2},
+        "[bc].npy": {"b.npy": 3},
+    }[pattern]
+    shards = {shard.path[len(path) + 1 :]: shard.num_rows for shard in dataset.shards}
+    assert shards == expected
+    number = list(shards).index("b.npy")
+    for copy in (dataset, pickle.loads(pickle.dumps(dataset))):
+        assert [ids.tolist() for ids in copy.read_tokens(number, [0, 2], "input_ids")] == [
+            [100, 101, 102],
+            list(range(103, 110)),
+        ]
+
+
 @pytest.mark.parametrize(
     ("offsets", "message"),
     [
