@@ -81,10 +81,18 @@ def list_remote(
     globbing = GLOB_CHARS - {"?"} if {"http", "https"} & set(protocols) else GLOB_CHARS
 
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
-        if globbing.intersection(root):
+        pattern = bool(globbing.intersection(root))
+        # a file lists as itself: no separate isdir/isfile. A name holding glob characters
+        # (`a[1].jsonl`) is read as itself where it exists, as a local path is: the glob read
+        # another file (`a1.jsonl`), or none
+        try:
+            found = find_detailed(fs, root, folder=url.endswith("/"))
+        except FileNotFoundError:
+            if not pattern:
+                raise
+            found = {}
+        if pattern and not found:
             return "glob", fs.glob(root, detail=True)
-        # a file lists as itself: no separate isdir/isfile
-        found = find_detailed(fs, root, folder=url.endswith("/"))
         if list(found) == [root.rstrip("/")]:
             return "file", found
         if found or fs.isdir(root):

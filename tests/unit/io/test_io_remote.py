@@ -920,6 +920,31 @@ def test_a_remote_glob_lists_the_shards_the_same_glob_lists_locally(
     ]
 
 
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_name_holding_glob_characters_is_read_as_itself_where_it_exists(
+    tmp_path: Path, where: str
+) -> None:
+    """A URL was always read as a glob: `a[1].jsonl` read `a1.jsonl` without a word, and a
+    folder `run[2]` named nothing, where a local path that exists is read as itself."""
+    folder = tmp_path / "local"
+    for name, count in (("a[1].jsonl", 3), ("a1.jsonl", 2), ("run[2]/x.jsonl", 4)):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("".join(f'{{"i": {i}}}\n' for i in range(count)))
+    path = str(folder)
+    if where == "remote":
+        path = f"memory://{_root()}"
+        fsspec.filesystem("memory").put(str(folder), path.split("://", 1)[1], recursive=True)
+    options = _options(tmp_path)
+    for name, shards in (
+        ("a[1].jsonl", {"a[1].jsonl": 3}),
+        ("run[2]", {"run[2]/x.jsonl": 4}),
+        ("run[2]/", {"run[2]/x.jsonl": 4}),
+        ("a[12].jsonl", {"a1.jsonl": 2}),  # no such name: a glob
+    ):
+        dataset = Dataset.from_path("d", f"{path}/{name}", io_options=options)
+        assert {s.path[len(path) + 1 :]: s.num_rows for s in dataset.shards} == shards, name
+
+
 def test_a_damaged_remote_index_is_a_data_error_naming_dataset_and_index(tmp_path: Path) -> None:
     """As a local one: a ConfigError naming neither before."""
     from tests.unit.io.test_io_formats_writers import write_mds
