@@ -10,6 +10,7 @@ index reads are retried under the `RetryPolicy`, then fail with a StorageError n
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -80,6 +81,8 @@ def list_remote(
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     globbing = GLOB_CHARS - {"?"} if {"http", "https"} & set(protocols) else GLOB_CHARS
 
+    as_glob = _python_glob(root)
+
     def listing() -> tuple[str, dict[str, dict[str, Any]]]:
         pattern = bool(globbing.intersection(root))
         # a file lists as itself: no separate isdir/isfile. A name holding glob characters
@@ -92,7 +95,8 @@ def list_remote(
                 raise
             found = {}
         if pattern and not found:
-            return "glob", fs.glob(root, detail=True)
+            # as `glob.glob`: a pattern ending in "/" matches folders only, never data files
+            return "glob", {} if url.endswith("/") else fs.glob(as_glob, detail=True)
         if list(found) == [root.rstrip("/")]:
             return "file", found
         if found or fs.isdir(root):
@@ -121,7 +125,7 @@ def list_remote(
         indexed = _indexed(fs, name, url, root, where, found, format_, retry)
         if indexed is not None:
             return indexed
-    infos = visible_files(found, root.rstrip("/"), where)
+    infos = visible_files(found, as_glob if where == "glob" else root.rstrip("/"), where)
     if not infos:
         raise ConfigError(f"no files found at {url!r}: the {where} holds no visible files")
     paths = sorted(infos)
@@ -140,6 +144,14 @@ def list_remote(
         infos[path] = dict(sized(fs, path, infos[path], url=name(path), retry=retry))
     objects = [(path, identity(name(path), infos[path])) for path in paths + partners]
     return Listing(format_, objects, fs=fs, companions=frozenset(map(name, partners)))
+
+
+def _python_glob(pattern: str) -> str:
+    """`pattern` as fsspec's glob reads what Python's `glob.glob` reads: a `**` within a
+    name (`**.jsonl`, `a**`) matches as `*` there, where fsspec refuses it (a ValueError)."""
+    return "/".join(
+        part if part == "**" else re.sub(r"\*{2,}", "*", part) for part in pattern.split("/")
+    )
 
 
 def _offsets_partners(
