@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -816,3 +817,81 @@ def test_a_revision_named_with_a_slash_is_pinned_with_2f(tmp_path: Path) -> None
     assert "is written %2F in the URL: @release%2Fv1" in done.stderr
     missing = _run_offline(cache, "hf://org/p/en/train", tmp_path)
     assert "main: no config folder 'en'" in missing.stderr
+
+
+_READ_TOKENS = """
+import json, sys
+from zephon_torch.io import Dataset
+dataset = Dataset.from_path("hf", sys.argv[1])
+ids = [
+    ids.tolist()
+    for n, shard in enumerate(dataset.shards)
+    for ids in dataset.read_tokens(n, range(shard.num_rows), "input_ids")
+]
+fingerprint = {k: v for k, v in dataset.fingerprint().items() if k != "revision"}
+print(json.dumps({"ids": ids, "fingerprint": fingerprint}))
+"""
+
+
+def _read_tokens(url: str, tmp_path: Path, **env: str) -> dict[str, Any]:
+    """The token ids and fingerprint (less the commit) of `url` read in a fresh interpreter
+    with `env` (HF_ENDPOINT online, or HF_HUB_OFFLINE=1)."""
+    environment = {**os.environ, "ZEPHON_TORCH_CACHE": str(tmp_path / "zt"), **env}
+    environment.setdefault("HF_HUB_CACHE", str(tmp_path / "hub"))
+    if "HF_HUB_OFFLINE" not in env:
+        environment.pop("HF_HUB_OFFLINE", None)
+    command = [sys.executable, "-c", _READ_TOKENS, url]
+    done = subprocess.run(
+        command, check=False, env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _token_file(path: Path, documents: list[list[int]]) -> None:
+    """A 1-D `.npy` token file and its `.offsets.npy` beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.array([t for document in documents for t in document], dtype=np.int32))
+    offsets = np.cumsum([0] + [len(document) for document in documents])
+    np.save(path.with_name(path.name[: -len(".npy")] + ".offsets.npy"), offsets)
+
+
+@pytest.mark.parametrize("layout", ["by name", "card"])
+def test_a_split_of_1d_token_files_without_their_offsets_reads_as_the_local_files(
+    tmp_path: Path, layout: str
+) -> None:
+    """A split whose files are 1-D `.npy` token files and not their offsets files (`train.npy`
+    beside `train.offsets.npy`, or a card's `data/?.npy`) was refused online for lacking the
+    offsets (DataError), where the hub cache and a local path read the offsets beside them."""
+    repo = tmp_path / "repo"
+    if layout == "by name":
+        _token_file(repo / "train.npy", [[1, 2, 3], [4], [5, 6]])
+        _token_file(repo / "test.npy", [[9]])
+        (repo / "README.md").write_text("# card")
+        local = repo / "train.npy"
+    else:
+        _token_file(repo / "data" / "a.npy", [[1, 2, 3], [4], [5, 6]])
+        _token_file(repo / "data" / "b.npy", [[7, 8], [9]])
+        (repo / "README.md").write_text(
+            "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+            "    path: data/?.npy\n---\n"
+        )
+        local = repo / "data" / "?.npy"
+    dataset = Dataset.from_path("hf", str(local), index_cache_dir=str(tmp_path / "index"))
+    fingerprint = dataset.fingerprint()
+    ids = [
+        ids.tolist()
+        for n, shard in enumerate(dataset.shards)
+        for ids in dataset.read_tokens(n, range(shard.num_rows), "input_ids") or []
+    ]
+    hub = Hub()
+    hub.add("org/tokens", "main", repo)
+    with serve(hub) as endpoint:
+        online = _read_tokens("hf://org/tokens/train", tmp_path, HF_ENDPOINT=endpoint)
+    cache = tmp_path / "cache"
+    shutil.copytree(repo, _snapshot(cache, "org/tokens", "main", "a" * 40), dirs_exist_ok=True)
+    offline = _read_tokens(
+        "hf://org/tokens/train", tmp_path, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"
+    )
+    assert online == offline == {"ids": ids, "fingerprint": fingerprint}

@@ -131,13 +131,42 @@ def list_hf(
         files, why = find_split(list(paths), configs, split, in_card, converted=converted)
         if files:
             warn_if_partial(url, files, split)
-            detected, chosen = format_, [paths[file] for file in files]
-            if detected is None:
-                detected, chosen = detect_files(url, "glob", chosen)
-            objects = [(path, _hub_object(fs, path, found[path], repo, root)) for path in chosen]
-            return fs.unstrip_protocol(root), Listing(detected, objects, fs=fs)
+            chosen = [paths[file] for file in files]
+            return fs.unstrip_protocol(root), _listing(fs, url, format_, chosen, found, repo, root)
         tried.append(f"{revision or 'main'}: {why}")
     raise ConfigError(f"no files found at {url!r}: {'; '.join(tried)}")
+
+
+def _listing(
+    fs: Any,
+    url: str,
+    format_: str | None,
+    chosen: list[str],
+    found: Mapping[str, Any],
+    repo: str,
+    root: str,
+) -> Listing:
+    """The listing of a split's files `chosen` at the commit `root` (`found`: its files),
+    their format detected where `format_` is None."""
+    detected = format_
+    if detected is None:
+        detected, chosen = detect_files(url, "glob", chosen)
+    partners = _offsets_partners(chosen, found) if detected == "npy" else []
+    objects = [(p, _hub_object(fs, p, found[p], repo, root)) for p in chosen + partners]
+    companions = frozenset(map(fs.unstrip_protocol, partners))
+    return Listing(detected, objects, fs=fs, companions=companions)
+
+
+def _offsets_partners(chosen: list[str], found: Mapping[str, Any]) -> list[str]:
+    """The offsets files of the 1-D `.npy` token files of a split that its files leave out
+    (`train.npy`, a card's `data/?.npy`), where the commit holds them: read beside them, as a
+    local path's reader (and the hub cache's) finds them; such a split was refused online for
+    lacking them. Companions, not shards (see `Listing`)."""
+    from zephon_torch.io.npy import OFFSETS_SUFFIX, offsets_path
+
+    named = set(chosen)
+    wanted = [offsets_path(p) for p in chosen if not p.endswith(OFFSETS_SUFFIX)]
+    return [p for p in wanted if p not in named and found.get(p, {}).get("type") == "file"]
 
 
 def _find(fs: Any, under: str, root: str, where: str, policy: RetryPolicy) -> dict[str, Any]:
