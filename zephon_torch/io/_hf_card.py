@@ -153,15 +153,34 @@ def card_splits(chosen: dict[str, Any]) -> list[str]:
     return sorted({split for split, _ in _data_files(chosen)})
 
 
-def card_patterns(chosen: dict[str, Any], split: str, data_dir: str) -> list[re.Pattern[str]]:
+def card_patterns(chosen: dict[str, Any], split: str, data_dir: str) -> list[CardGlob]:
     """The path patterns a card's config gives `split` ([] for a split it does not have),
     relative to its `data_dir` where it has one."""
     return [
-        _glob(f"{data_dir}/{path}" if data_dir else path)
+        CardGlob(f"{data_dir}/{path}" if data_dir else path)
         for name, paths in _data_files(chosen)
         if name == split
         for path in paths
     ]
+
+
+class CardGlob:
+    """A data_files glob over repo-relative paths. A file whose name, or a folder's, starts
+    with "." matches only where the glob names as many such parts (`data/.extra/*`), as the
+    hub reads a card, and as a local glob: `data/**/*.jsonl` read the copies in
+    `data/.ipynb_checkpoints/`, rows twice over."""
+
+    def __init__(self, pattern: str) -> None:
+        self.regex = _glob(pattern)
+        self.hidden = _hidden_parts(pattern.removeprefix("./"))
+
+    def match(self, path: str) -> bool:
+        return self.regex.match(path) is not None and _hidden_parts(path) == self.hidden
+
+
+def _hidden_parts(path: str) -> int:
+    """How many of the names of `path` start with "." (not "." or ".." themselves)."""
+    return sum(1 for part in path.split("/") if part.startswith(".") and set(part) != {"."})
 
 
 def _glob(pattern: str) -> re.Pattern[str]:

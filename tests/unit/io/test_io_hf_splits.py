@@ -4,7 +4,10 @@ a file list and a dataset card, no hub needed. Reading through the hub and its c
 
 from __future__ import annotations
 
+import glob
+import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +130,33 @@ def test_a_card_whose_configs_are_of_other_types_is_a_config_error_naming_it(
     with pytest.raises(ConfigError, match=re.escape(where)) as raised:
         card_configs(f"---\n{header}---\n# card", where=where)
     assert named in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "pattern", ["data/**/*.jsonl", "data/*", "**", "data/.*", "data/.extra/*", "./data/**"]
+)
+def test_a_card_glob_leaves_out_hidden_files_as_a_local_glob_does(
+    tmp_path: Path, pattern: str
+) -> None:
+    """A card's `data/**/*.jsonl` took the copies in `data/.ipynb_checkpoints/` and
+    `data/.hidden.jsonl` (rows read twice, or rows of no split), which a local glob of the same
+    files, and the hub, leave out; a glob naming a hidden part takes it, as both do."""
+    files = [
+        "data/a.jsonl",
+        "data/_b.jsonl",
+        "data/sub/c.jsonl",
+        "data/.hidden.jsonl",
+        "data/.ipynb_checkpoints/a-checkpoint.jsonl",
+        "data/.extra/d.jsonl",
+        ".cache/e.jsonl",
+    ]
+    for file in files:
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).write_text('{"text": "x"}\n')
+    local = sorted(
+        os.path.relpath(path, tmp_path)
+        for path in glob.glob(str(tmp_path / pattern), recursive=True)
+        if os.path.isfile(path)
+    )
+    card = [{"config_name": "default", "data_files": pattern}]
+    assert split_files(files, None, "train", card) == local
