@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.hub_server import Hub, serve
+from tests.unit.io.test_io_formats_writers import write_mds
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
 from zephon_torch.io._hf_splits import check_complete, parse_hf_url, pinned_revision
@@ -895,3 +896,53 @@ def test_a_split_of_1d_token_files_without_their_offsets_reads_as_the_local_file
         "hf://org/tokens/train", tmp_path, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"
     )
     assert online == offline == {"ids": ids, "fingerprint": fingerprint}
+
+
+_OPEN = """
+import sys
+from zephon_torch.io import Dataset
+dataset = Dataset.from_path("hf", sys.argv[1], format=sys.argv[2] or None)
+print(dataset.format, [shard.num_rows for shard in dataset.shards])
+"""
+
+
+def _open(url: str, format_: str | None, tmp_path: Path, **env: str) -> str:
+    """What opening `url` as `format_` in a fresh interpreter with `env` (HF_ENDPOINT online,
+    or HF_HUB_OFFLINE=1) printed, stdout and stderr."""
+    environment = {**os.environ, "ZEPHON_TORCH_CACHE": str(tmp_path / "zt"), **env}
+    environment.setdefault("HF_HUB_CACHE", str(tmp_path / "hub"))
+    if "HF_HUB_OFFLINE" not in env:
+        environment.pop("HF_HUB_OFFLINE", None)
+    command = [sys.executable, "-c", _OPEN, url, format_ or ""]
+    done = subprocess.run(
+        command, check=False, env=environment, capture_output=True, text=True, timeout=60
+    )
+    return done.stdout + done.stderr
+
+
+def test_a_split_holding_an_mds_dataset_is_refused_not_read_as_json_lines(tmp_path: Path) -> None:
+    """A split folder holding an MDS dataset (`train/index.json` and its `.mds` shards) was
+    read as JSON Lines online and offline, one row of index, its shards left out (no data file
+    ending), where the local folder reads its rows and a local glob of its files is refused;
+    with `format="mds"` it read offline and failed online for a shard 'missing'."""
+    repo = tmp_path / "repo"
+    write_mds(repo / "train", [{"text": f"row {i}"} for i in range(4)], {"text": "str"})
+    (repo / "README.md").write_text("# card")
+    local = Dataset.from_path("hf", str(repo / "train"), index_cache_dir=str(tmp_path / "i"))
+    assert local.format == "mds" and local.num_rows == 4
+    hub = Hub()
+    hub.add("org/mds", "main", repo)
+    cache = tmp_path / "cache"
+    shutil.copytree(repo, _snapshot(cache, "org/mds", "main", "a" * 40), dirs_exist_ok=True)
+    offline = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    with serve(hub) as endpoint:
+        for env in ({"HF_ENDPOINT": endpoint}, offline):
+            detected = _open("hf://org/mds/train", None, tmp_path, **env)
+            assert (
+                "ConfigError: 'hf://org/mds/train': 'train/index.json' and the 1 MDS or LitData "
+                "shard files beside it, e.g. 'train/shard.00000.mds', are an MDS or LitData "
+                "dataset, which hf:// does not read"
+            ) in detected, detected
+            assert "--include 'train/*'" in detected
+            named = _open("hf://org/mds/train", "mds", tmp_path, **env)
+            assert "ConfigError: 'hf://org/mds/train': `format` is 'mds', but hf://" in named

@@ -14,9 +14,9 @@ from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io.formats import COMPRESSION_ENDINGS, ENDINGS, INDEX_FILE
 
-_INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chunks
+INDEXED_SHARD = re.compile(r"\.mds(\.\w+)?$|\.bin$")  # MDS shards, LitData chunks
 # an index.json, or a per-node or per-rank one that litdata.optimize merges into it at its end
-_INDEX_LIKE = re.compile(r"(\d+[-.])?index\.json$")
+INDEX_LIKE = re.compile(r"(\d+[-.])?index\.json$")
 # left out of a folder without a word: notes, code and pictures kept beside data, never data
 _NOT_DATA = frozenset(
     {".md", ".markdown", ".rst", ".txt", ".log", ".yaml", ".yml", ".toml", ".cfg", ".ini"}
@@ -83,9 +83,9 @@ def refuse_unread_index(text: str, jsonl: list[str], files: list[str]) -> None:
     of ``files``) are indexes, the data itself in shard files, and each index would be one
     "document": a `DataError` naming the index where it is the folder's only one (damaged),
     else a `ConfigError`."""
-    if not all(_INDEX_LIKE.fullmatch(os.path.basename(file)) for file in jsonl):
+    if not all(INDEX_LIKE.fullmatch(os.path.basename(file)) for file in jsonl):
         return
-    shards = [file for file in files if _INDEXED_SHARD.search(os.path.basename(file))]
+    shards = [file for file in files if INDEXED_SHARD.search(os.path.basename(file))]
     if not shards:
         return
     names = sorted({os.path.basename(file) for file in jsonl})

@@ -29,6 +29,7 @@ from zephon_torch.io._hf_splits import (
     parse_hf_url,
     pinned_layout,
     pinned_revision,
+    refuse_indexed,
     revisions,
     warn_if_partial,
 )
@@ -130,6 +131,7 @@ def list_hf(
         }
         files, why = find_split(list(paths), configs, split, in_card, converted=converted)
         if files:
+            refuse_indexed(url, files, list(paths), format_)
             warn_if_partial(url, files, split)
             chosen = [paths[file] for file in files]
             return fs.unstrip_protocol(root), _listing(fs, url, format_, chosen, found, repo, root)

@@ -18,13 +18,15 @@ from zephon_torch.io._hf_splits import (
     parse_hf_url,
     pinned_layout,
     pinned_revision,
+    refuse_indexed,
     revisions,
     warn_if_partial,
 )
 
 
-def resolve_hf(url: str) -> tuple[str, list[str], str]:
-    """Finds the files of an `hf://` split in the local hub cache (nothing is downloaded).
+def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], str]:
+    """Finds the files of an `hf://` split in the local hub cache (nothing is downloaded), to
+    be read as `format_` (None: detected).
 
     Returns:
         "glob", the local paths of the split's files, sorted, and the commit they are of.
@@ -71,6 +73,7 @@ def resolve_hf(url: str) -> tuple[str, list[str], str]:
         listing = _listing(folder)
         files, why = find_split(listing, configs, split, in_card, converted=converted)
         if files:
+            refuse_indexed(url, files, listing, format_)
             if not (named or converted or os.path.isfile(readme)):  # a pinned commit, or main
                 _check_one_reading(url, commit, listing, configs, split, files)
             check_complete(url, files)

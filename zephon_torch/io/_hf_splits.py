@@ -23,13 +23,16 @@ used; a `partial-{split}` folder there holds only a prefix of a large split, and
 warning saying so. Read from the hub cache, a split with a file missing (a numbered shard
 `-00001-of-00004`, or any file the split has in the listing of the whole commit that
 huggingface_hub keeps with its downloads) is an error naming it: the cache holds only part of
-the split. A split not found is an error naming the configs or splits
-there are, where the card or the converted layout says; a card whose `configs:` are of other
-types than the hub reads (a number for a glob, `[z-a]`) is an error naming the card.
+the split. A split of an MDS or LitData dataset (an `index.json` beside its shard files),
+or one read with such a `format`, is an error: hf:// reads data files. A split not found is
+an error naming the configs or splits there are, where the card or the converted layout
+says; a card whose `configs:` are of other types than the hub reads (a number for a glob,
+`[z-a]`) is an error naming the card.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,8 +40,9 @@ from urllib.parse import unquote
 
 from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
+from zephon_torch.io._found_files import INDEX_LIKE, INDEXED_SHARD
 from zephon_torch.io._hf_card import card_config, card_patterns, card_splits
-from zephon_torch.io.formats import EXTENSIONS, detect_format
+from zephon_torch.io.formats import EXTENSIONS, INDEXED_FORMATS, detect_format
 
 CONVERTED_REVISION = "refs/convert/parquet"
 
@@ -204,6 +208,39 @@ def _named_splits(files: Sequence[str], folder: str | None) -> list[str]:
         if matched:
             names.add(matched.group(1))
     return sorted(names)
+
+
+def refuse_indexed(
+    url: str, files: Sequence[str], listing: Sequence[str], format_: str | None
+) -> None:
+    """ConfigError where the split's `files` are an MDS or LitData dataset's: `format_` is one
+    of those, or, detecting the format, one of them is an `index.json` with shard or chunk
+    files beside it in the commit's `listing`. hf:// reads a split's data files, and such an
+    index was read as JSON Lines, one row of index, its shards (no data file ending) left out,
+    where the local folder reads the dataset and a local glob of its files refuses it."""
+    if format_ in INDEXED_FORMATS:
+        raise ConfigError(
+            f"{url!r}: `format` is {format_!r}, but hf:// reads a split's data files (JSON "
+            "Lines, Parquet, Vortex, .npy), not MDS or LitData datasets: download the "
+            "dataset's folder and read it by its local path"
+        )
+    indexes = [file for file in files if INDEX_LIKE.fullmatch(posixpath.basename(file))]
+    for index in indexes if format_ is None else []:
+        folder = posixpath.dirname(index)
+        shards = sorted(
+            file
+            for file in listing
+            if posixpath.dirname(file) == folder and INDEXED_SHARD.search(posixpath.basename(file))
+        )
+        if shards:
+            include = f"{folder}/*" if folder else "*"
+            raise ConfigError(
+                f"{url!r}: {index!r} and the {len(shards)} MDS or LitData shard files beside "
+                f"it, e.g. {shards[0]!r}, are an MDS or LitData dataset, which hf:// does not "
+                "read (it reads a split's JSON Lines, Parquet, Vortex and .npy files): "
+                f"download the folder (hf download {parse_hf_url(url)[0]} --repo-type dataset "
+                f"--include '{include}') and read it by its local path"
+            )
 
 
 def warn_if_partial(url: str, files: Sequence[str], split: str) -> None:

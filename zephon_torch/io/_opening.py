@@ -94,7 +94,7 @@ def open_path(
                 options,
                 listing=listing,
             )
-        where, local_files, revision = resolve_hf(path)
+        where, local_files, revision = resolve_hf(path, format_)
         if format_ is None:
             detected, found = detect_files(path, where, local_files)
         else:
