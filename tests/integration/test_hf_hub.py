@@ -946,3 +946,30 @@ def test_a_split_holding_an_mds_dataset_is_refused_not_read_as_json_lines(tmp_pa
             assert "--include 'train/*'" in detected
             named = _open("hf://org/mds/train", "mds", tmp_path, **env)
             assert "ConfigError: 'hf://org/mds/train': `format` is 'mds', but hf://" in named
+
+
+def test_offline_a_commit_lacking_a_numbered_shard_reads_as_online_when_cached_whole(
+    tmp_path: Path,
+) -> None:
+    """A commit whose split lacks one of its numbered shards (`-00001-of-00003` never uploaded,
+    or deleted) read online and by a local path, but offline its whole download was refused for
+    a shard 'missing' from the cache, advising a download that brings nothing more: the
+    commit's cached listing, which says what the split holds, now decides; a part of it is
+    still refused."""
+    repo = tmp_path / "repo"
+    for shard in (0, 2):
+        _parquet(repo / "data" / f"train-0000{shard}-of-00003.parquet", f"shard-{shard}", 2)
+    (repo / "README.md").write_text("# card")
+    local = Dataset.from_path("hf", str(repo / "data"), index_cache_dir=str(tmp_path / "i"))
+    expected = [row["text"] for row in local.read_rows(0, [0, 1]) + local.read_rows(1, [0, 1])]
+    hub = Hub()
+    hub.add("org/gap", "main", repo)
+    with serve(hub) as endpoint:
+        online = _read_online("hf://org/gap/train", endpoint, tmp_path)
+        _download(endpoint, tmp_path / "whole", "org/gap", ["*"])
+        _download(endpoint, tmp_path / "part", "org/gap", ["README.md", "data/*00000*"])
+    offline = _read_offline(tmp_path / "whole", "hf://org/gap/train", tmp_path)
+    assert [row["text"] for row in online["rows"]] == expected
+    assert [row["text"] for row in offline["rows"]] == expected
+    part = _run_offline(tmp_path / "part", "hf://org/gap/train", tmp_path)
+    assert "1 of its 2 files are missing (data/train-00002-of-00003.parquet)" in part.stderr

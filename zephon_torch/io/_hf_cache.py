@@ -76,9 +76,12 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
             refuse_indexed(url, files, listing, format_)
             if not (named or converted or os.path.isfile(readme)):  # a pinned commit, or main
                 _check_one_reading(url, commit, listing, configs, split, files)
-            check_complete(url, files)
+            # the commit's cached listing says what the split holds, else shard numbers do (a
+            # commit may lack a numbered shard: read online and by a local path as it is)
             listed = _cached_tree(repo, commit)
-            if listed is not None:
+            if listed is None:
+                check_complete(url, files)
+            else:
                 _check_held(
                     url,
                     repo,
