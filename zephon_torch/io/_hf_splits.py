@@ -45,12 +45,20 @@ from zephon_torch.io._hf_card import card_config, card_patterns, card_splits
 from zephon_torch.io.formats import EXTENSIONS, INDEXED_FORMATS, detect_format
 
 CONVERTED_REVISION = "refs/convert/parquet"
+# how huggingface_hub's file system begins a path of each kind of repo (hf://datasets/org/name)
+_REPO_KINDS = frozenset({"datasets", "spaces", "models"})
 
 
 def parse_hf_url(url: str) -> tuple[str, str | None, str]:
     """Splits `hf://org/name[@revision][/config]/split` into (repo id, config or None, split);
     see `pinned_revision` for the revision."""
     parts = [part for part in url[len("hf://") :].split("/") if part]
+    if parts and parts[0] in _REPO_KINDS:  # the hub's reserved names, never an org's
+        raise ConfigError(
+            f"`path` {url!r} is in the hub file system's form (hf://{parts[0]}/org/name/file); "
+            "a split is read as hf://org/name/split or hf://org/name/config/split: leave out "
+            f"'{parts[0]}/'"
+        )
     if len(parts) not in (3, 4):
         raise ConfigError(
             f"`path` must look like hf://org/name/split or hf://org/name/config/split, got "

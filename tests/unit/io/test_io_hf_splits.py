@@ -23,6 +23,9 @@ def test_hf_urls_and_split_files_are_parsed_without_the_hub() -> None:
         "train",
     )
     assert parse_hf_url("hf://org/name/test") == ("org/name", None, "test")
+    # the hub file system's form was read as repo 'datasets/org', config 'name' (not found)
+    with pytest.raises(ConfigError, match=r"hub file system's form .*leave out 'datasets/'"):
+        parse_hf_url("hf://datasets/org/name/train")
     files = ["data/train-0.parquet", "data/training.txt", "test.jsonl", "c/train/x.parquet"]
     assert split_files(files, None, "train") == ["c/train/x.parquet", "data/train-0.parquet"]
     assert split_files(files, "c", "train") == ["c/train/x.parquet"]
