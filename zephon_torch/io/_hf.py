@@ -164,11 +164,9 @@ def _offsets_partners(chosen: list[str], found: Mapping[str, Any]) -> list[str]:
     (`train.npy`, a card's `data/?.npy`), where the commit holds them: read beside them, as a
     local path's reader (and the hub cache's) finds them; such a split was refused online for
     lacking them. Companions, not shards (see `Listing`)."""
-    from zephon_torch.io.npy import OFFSETS_SUFFIX, offsets_path
+    from zephon_torch.io.npy import unlisted_offsets
 
-    named = set(chosen)
-    wanted = [offsets_path(p) for p in chosen if not p.endswith(OFFSETS_SUFFIX)]
-    return [p for p in wanted if p not in named and found.get(p, {}).get("type") == "file"]
+    return [p for p in unlisted_offsets(chosen) if found.get(p, {}).get("type") == "file"]
 
 
 def _find(fs: Any, under: str, root: str, where: str, policy: RetryPolicy) -> dict[str, Any]:

@@ -166,13 +166,9 @@ def _offsets_partners(
     that leaves the offsets out (`?.npy`), where there are some (their infos added to `infos`),
     as a local path's reader finds them beside its files: such a URL was refused for lacking
     them. A glob's folders are listed once each. Not for a folder, whose listing holds them."""
-    from zephon_torch.io.npy import OFFSETS_SUFFIX, offsets_path
+    from zephon_torch.io.npy import unlisted_offsets
 
-    wanted = [
-        offsets_path(path)
-        for path in paths
-        if not path.endswith(OFFSETS_SUFFIX) and offsets_path(path) not in infos
-    ]
+    wanted = [partner for partner in unlisted_offsets(paths) if partner not in infos]
     if where == "directory" or not wanted:
         return []
     found: dict[str, Mapping[str, Any]] = {}

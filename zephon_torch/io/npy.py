@@ -71,6 +71,14 @@ def token_files(files: Sequence[str]) -> list[str]:
     ]
 
 
+def unlisted_offsets(files: Sequence[str]) -> list[str]:
+    """The offsets files of the token files in `files` that `files` leave out, in order: a
+    listing of what a URL named, to be read beside them as a local reader finds them."""
+    listed = set(files)
+    wanted = (offsets_path(f) for f in files if not f.endswith(OFFSETS_SUFFIX))
+    return [partner for partner in wanted if partner not in listed]
+
+
 @dataclass(frozen=True)
 class _TokenFile:
     tokens: npt.NDArray[np.integer[Any]]
