@@ -10,7 +10,7 @@ DataLoader), `state_dict()` every 50 micro-batches and `stats()` every 500, as a
 - `resume`: `load_state_dict(state)` then 10 micro-batches, over and over (per 100k restores).
 
 Each sample is taken after `gc.collect()`, with the library's bounded pure caches emptied first
-(permutation round keys, 1,024 entries of about 370 B; pass layouts, 64 of O(shards)): they
+(permutation round keys, 1,024 entries of about 370 B; pass layouts, 4 a dataset of O(shards)): they
 fill over the first million micro-batches here and would read as growth. Growth is the
 least-squares slope of RSS (`/proc/PID/statm`) and of gc-tracked objects over the samples after
 the first third. Online tokenization's read-ahead moves RSS by a few MiB and objects by

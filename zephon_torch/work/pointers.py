@@ -17,13 +17,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.work._hashing import mix64_inplace, stable_key
+from zephon_torch.work._pass_cache import PassCache
 from zephon_torch.work._permutation import permute
 
 
@@ -224,8 +224,8 @@ class _LayoutKey:
         return _LayoutKey, (self.settings,)
 
 
-@lru_cache(maxsize=64)
-def _pass_layout(settings: _LayoutKey, pass_index: int) -> _PassLayout:
+def _make_pass_layout(settings: Any, pass_index: int) -> _PassLayout:
+    assert isinstance(settings, _LayoutKey)
     name, shard_rows, shard_blocks, seed, window_shards, shuffle = settings.settings
     num_shards = len(shard_rows)
     if shuffle:
@@ -245,6 +245,12 @@ def _pass_layout(settings: _LayoutKey, pass_index: int) -> _PassLayout:
     if window_starts[-1] != ordered_starts[-1]:
         window_starts = np.concatenate([window_starts, ordered_starts[-1:]])
     return _PassLayout(block_shards, block_rows, ordered_starts, window_starts)
+
+
+# each dataset's 4 most recently used passes (lanes straddle one pass end, prefetch looks into
+# the next pass): 4 x 24 B a shard block, where a plain LRU of 64 (dataset, pass) entries had
+# held 64 past passes of one dataset
+_pass_layout: PassCache[_PassLayout] = PassCache(_make_pass_layout, passes=4, keys=256)
 
 
 def _ordered_blocks(

@@ -1,0 +1,97 @@
+"""Pass layouts are cached per process, bounded per dataset and in datasets (``PassCache``)."""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any
+
+import pytest
+
+from zephon_torch.work import pointers
+from zephon_torch.work._pass_cache import PassCache
+from zephon_torch.work.pointers import PointerLayout
+
+
+def _layout(name: str, shards: int) -> PointerLayout:
+    return PointerLayout(name=name, shard_rows=(3,) * shards, seed=7, window_shards=4, shuffle=True)
+
+
+def _touch(layout: PointerLayout, pass_index: int) -> list[int]:
+    span = layout.span(pass_index=pass_index, lane=0, num_lanes=2, start=5, count=4)
+    return span.shards.tolist() + span.rows.tolist()
+
+
+def test_a_long_run_holds_only_its_recent_passes_of_a_big_dataset() -> None:
+    """20 passes of a 20,000-shard dataset: the layouts held stay a few passes' worth (a plain
+    LRU of 64 entries held all 20: 9.6 MB here, 147 MiB for 64 passes of 100,000 shards)."""
+    layout = _layout("big", 20_000)
+    pointers._pass_layout.cache_clear()
+    tracemalloc.start()
+    try:
+        _touch(layout, 0)
+        one, _ = tracemalloc.get_traced_memory()
+        for pass_index in range(1, 20):
+            _touch(layout, pass_index)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        pointers._pass_layout.cache_clear()
+    assert held < 6 * one, (held, one)
+
+
+def test_a_mixture_of_many_datasets_computes_each_layout_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """100 datasets read in turn, as a mixture's lanes read them: each pass layout is computed
+    once (64 (dataset, pass) slots computed every one again at each use)."""
+    made: list[str] = []
+    real = pointers.stable_key
+
+    def counting(*parts: Any) -> int:
+        if parts[3:4] == ("shards",):  # a pass layout's shard order
+            made.append(parts[1])
+        return real(*parts)
+
+    monkeypatch.setattr(pointers, "stable_key", counting)
+    pointers._pass_layout.cache_clear()
+    layouts = [_layout(f"d{i}", 10) for i in range(100)]
+    first = [_touch(layout, 0) for layout in layouts]
+    again = [_touch(layout, 0) for layout in layouts]
+    pointers._pass_layout.cache_clear()
+    assert again == first
+    assert sorted(made) == sorted(f"d{i}" for i in range(100))
+
+
+def test_cached_layouts_are_the_computed_ones() -> None:
+    """What the cache returns after evictions is what a fresh computation gives."""
+    layout = _layout("small", 50)
+    pointers._pass_layout.cache_clear()
+    seen = {p: _touch(layout, p) for p in range(12)}
+    for p in (11, 3, 0, 11, 7):
+        assert _touch(layout, p) == seen[p]
+    pointers._pass_layout.cache_clear()
+    for p in (7, 0):
+        assert _touch(layout, p) == seen[p]
+
+
+def test_pass_cache_keeps_recent_passes_per_key_and_recent_keys() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def make(key: Any, pass_index: int) -> tuple[str, int]:
+        calls.append((key, pass_index))
+        return key, pass_index
+
+    cache = PassCache(make, passes=2, keys=3)
+    assert cache("a", 0) == ("a", 0)
+    cache("a", 1)
+    cache("a", 0)  # used again: pass 1 is now the least recent
+    cache("a", 2)
+    assert cache.held() == {"a": [0, 2]}
+    for key in "bcd":
+        cache(key, 0)
+    assert list(cache.held()) == ["b", "c", "d"]  # "a" was the least recently used key
+    calls.clear()
+    cache("c", 0)
+    cache("a", 0)
+    assert calls == [("a", 0)]
+    assert sorted(cache.values()) == [("a", 0), ("c", 0), ("d", 0)]

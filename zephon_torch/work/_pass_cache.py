@@ -1,0 +1,70 @@
+"""A process-wide cache of per-pass values, bounded per dataset and in datasets.
+
+Pass layouts (``pointers._pass_layout``) are pure functions of a dataset's settings and a pass
+index, shared by every copy of a layout in the process (a lane's readers, a rank's lanes), and
+O(shards) each. A plain LRU over (dataset, pass) let one long ``exhaustion="repeat"`` run fill
+every slot with past passes of one dataset (64 passes of a 100,000-shard dataset held 147 MiB in
+every rank and worker), while a mixture of more datasets than slots computed each dataset's
+layout again at every use. Here each dataset keeps only its most recently used passes, and
+datasets are evicted least recently used first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class PassCache(Generic[V]):
+    """``make(key, pass_index)`` memoised: per ``key``, the ``passes`` most recently used pass
+    indices; at most ``keys`` keys, least recently used first out. Thread-safe; ``make`` runs
+    outside the lock (it is pure: two threads computing the same value keep either)."""
+
+    def __init__(
+        self, make: Callable[[Hashable, int], V], *, passes: int = 4, keys: int = 256
+    ) -> None:
+        self._make = make
+        self._passes = passes
+        self._keys = keys
+        self._held: OrderedDict[Hashable, OrderedDict[int, V]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: Hashable, pass_index: int) -> V:
+        with self._lock:
+            passes = self._held.get(key)
+            if passes is not None:
+                self._held.move_to_end(key)
+                value = passes.get(pass_index)
+                if value is not None:
+                    passes.move_to_end(pass_index)
+                    return value
+        value = self._make(key, pass_index)
+        with self._lock:
+            passes = self._held.setdefault(key, OrderedDict())
+            self._held.move_to_end(key)
+            passes[pass_index] = value
+            passes.move_to_end(pass_index)
+            while len(passes) > self._passes:
+                passes.popitem(last=False)
+            while len(self._held) > self._keys:
+                self._held.popitem(last=False)
+        return value
+
+    def held(self) -> dict[Hashable, list[int]]:
+        """Per key, the pass indices held, least recently used first."""
+        with self._lock:
+            return {key: list(passes) for key, passes in self._held.items()}
+
+    def values(self) -> list[V]:
+        """Every value held."""
+        with self._lock:
+            return [v for passes in self._held.values() for v in passes.values()]
+
+    def cache_clear(self) -> None:
+        """Drop everything held."""
+        with self._lock:
+            self._held.clear()
