@@ -16,9 +16,12 @@ per-document work, no shuffling, no state; `memmap, fresh arrays` copies into a 
 batch, as a loader must hand them out (the target is still judged against the baseline). A second
 reference, the piece loop, copies the same documents one Python slice assignment per piece
 (no mixing, no state); another, the shuffled copy, copies them in a random order with one
-`np.concatenate` and one id check a batch (what shuffling costs before any pipeline work); a
-third, per Parquet variant, is pyarrow's decode of the token column
-alone, the most any Parquet reader built on it can deliver on one thread. Token counts must
+`np.concatenate` and one id check a batch (what shuffling costs before any pipeline work); the
+batch floor adds what any loader that hands out batch objects with their states pays on top
+(a `Batch`, its layout, a state dict, the delivery counters), documents found by a search in
+their running sums, as a packer working a chunk at a time would; a third, per Parquet
+variant, is pyarrow's decode of the token column alone, the most any Parquet reader built on
+it can deliver on one thread. Token counts must
 match the baseline's (no EOS is added), else exit code 2. Target: each format at least 0.5 of
 the baseline (best of `--repeats`); a missed target still exits 0. Each repeat's own ratios
 (every side over that repeat's memmap rate) are printed too, as their median and range: they
@@ -31,6 +34,7 @@ cancel drift in the machine's speed between repeats, which best over best does n
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import hashlib
 import importlib
@@ -58,7 +62,10 @@ import pyarrow.parquet as pq
 
 from zephon_torch import Pipeline
 from zephon_torch._corpus import cache_dir, demo_corpus, demo_tokenizer
+from zephon_torch._stats import RunCounters
 from zephon_torch.io import Dataset
+from zephon_torch.ops._row_layout import RowLayout
+from zephon_torch.ops.batch import Batch
 from zephon_torch.work import StaticMixtureWorkSource
 
 TARGET_RATIO = 0.5
@@ -314,6 +321,60 @@ def shuffled_copy(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     return tokens + size - room
 
 
+def batch_floor(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
+    """The floor of any design that hands out a batch object with its state: the shuffled
+    copy's documents and copies, found by a search in their running sums (no object or
+    Python step per document, as a packer working a chunk at a time would), each batch a
+    `Batch` with its `RowLayout` and a state dict of the pipeline's shape, counted by
+    `RunCounters.delivered` as the pipeline counts what it delivers."""
+    docs: list[npt.NDArray[Any]] = []
+    for mapped, bounds in npy_files(root):
+        data = mapped.view(np.ndarray)
+        docs += [data[a:b] for a, b in itertools.pairwise(bounds)]
+    order = np.random.default_rng(0).permutation(len(docs)).tolist()
+    docs = [docs[i] for i in order]
+    sizes = [len(d) for d in docs]
+    ends = list(itertools.accumulate(sizes, initial=0))
+    rows, seq = shape
+    size, counters, total = rows * seq, RunCounters(), ends[-1]
+    padding = np.zeros(size, dtype=np.int64)
+    first = cut = turn = 0  # the next document, and how much of it earlier batches took
+    while ends[first] + cut < total:
+        stop = ends[first] + cut + size
+        last = bisect.bisect_right(ends, stop, first) - 1  # documents first..last-1 end by stop
+        if last == first:  # the batch lies inside one document
+            parts, lengths = [docs[first][cut : cut + size]], [size]
+            starts, cut = [cut == 0], cut + size
+        else:
+            parts = [docs[first][cut:], *docs[first + 1 : last]]
+            lengths, starts = [sizes[first] - cut, *sizes[first + 1 : last]], [cut == 0]
+            starts += [True] * (last - first - 1)
+            cut = min(stop, total) - ends[last]
+            if cut:
+                parts.append(docs[last][:cut])
+                lengths.append(cut)
+                starts.append(True)
+            first = last
+        tokens = sum(lengths)
+        if tokens < size:
+            parts.append(padding[: size - tokens])
+        ids = np.empty(shape, dtype=np.int64)
+        np.concatenate(parts, out=ids.reshape(-1))
+        if np.maximum.reduce(ids.reshape(-1).view(np.uint64)) > np.iinfo(np.int32).max:
+            raise SystemExit("an id out of range")
+        turn += 1
+        begun = first + (cut > 0)  # documents begun: a cut one's rest is the carry
+        carry = [[0, 0, first, cut, sizes[first]]] if cut else []
+        reader = {"pass": 0, "pos": begun, "filtered": 0}
+        pack = {"readers": [reader], "delivered": [[ends[first] + cut, begun]], "active": [True]}
+        pack |= {"carry": [carry], "skipped": {}, "packer": {}}
+        layout = RowLayout.end_to_end(lengths, [0] * len(lengths), starts, width=seq, rows=rows)
+        batch = Batch(ids, layout, ["npy"], 0, turn, 0, {"turn": turn, "done": False, "pack": pack})
+        batch._num_tokens = tokens
+        counters.delivered(batch, 0.0, None)
+    return sum(counters.tokens_by_source.values())
+
+
 def parquet_decode(root: pathlib.Path, kind: str) -> int:
     """Parquet's own floor: pyarrow decodes every row group's `input_ids` list column and hands
     over its flat values as numpy, on one thread; no batches, no documents."""
@@ -442,6 +503,7 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
             ("memmap, fresh arrays", lambda: partial(fresh_batches, root, shape)),
             ("piece loop", lambda: partial(piece_loop, root, shape)),
             ("shuffled copy", lambda: partial(shuffled_copy, root, shape)),
+            ("batch floor", lambda: partial(batch_floor, root, shape)),
         ]
         for kind in ("parquet", "parquet_plain"):
             sides.append((f"{kind} decode", lambda k=kind: partial(parquet_decode, root, k)))
@@ -479,6 +541,11 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         f"{best['shuffled copy'] / best['memmap']:.3f}  (documents in a random order, one "
         "concatenate and one id check a batch: a shuffled pipeline's floor)"
     )
+    print(
+        f"{'batch floor':<18}{_rate(int(best['batch floor']), 1.0)}  ratio "
+        f"{best['batch floor'] / best['memmap']:.3f}  (the shuffled copy, with a Batch, its "
+        "layout and state, counted: the floor of a design that hands out batch objects)"
+    )
     for kind in ("parquet", "parquet_plain"):
         floor = best[f"{kind} decode"]
         print(
@@ -497,7 +564,7 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     # Best over best pairs each side's luckiest repeat; on a machine whose speed drifts
     # between repeats, a repeat's own ratio is the steadier measure.
     print("paired ratios (each repeat's rate over the same repeat's memmap; median, range):")
-    for name in ["shuffled copy", *kinds]:
+    for name in ["shuffled copy", "batch floor", *kinds]:
         ratios = sorted(paired[name])
         print(f"  {name:<16}{statistics.median(ratios):.3f}  ({ratios[0]:.3f}-{ratios[-1]:.3f})")
     for kind in args.profile:
