@@ -1,4 +1,4 @@
-"""The ``zephon-torch`` command line: ``demo`` runs the main job on the embedded default.
+"""The ``zephon-torch`` command line: ``demo``, ``verify``, ``inspect`` and ``index``.
 
 Its parser and the checks on its arguments; what each command runs is in `_commands`.
 """
@@ -139,7 +139,7 @@ def _add_demo(commands: Any) -> None:
         "--parallelism",
         type=_positive_int,
         default=None,
-        help="tokenizer threads (default: 2 x CPUs)",
+        help="tokenizer threads (default: 2 x CPUs, at most 32)",
     )
     demo.set_defaults(run=demo_command)
 
@@ -247,7 +247,9 @@ def _add_dataset_commands(commands: Any) -> None:
             "'pkl' column, which is not read",
         )
         if name == "inspect":
-            command.add_argument("--rows", type=_positive_int, default=3, help="rows to preview")
+            command.add_argument(
+                "--rows", type=_positive_int, default=3, help="rows to preview (default 3)"
+            )
             command.add_argument(
                 "--validate",
                 action="store_true",

@@ -137,7 +137,7 @@ class Pipeline(RecipeSteps):
                 asks). ``"auto"`` (the default): none for pre-tokenized data (packing stored
                 ids holds the GIL, so the thread could not overlap it, and handing micro-batches
                 over cost more than half of making them), else 8.
-            read_ahead: chunks of documents each reader keeps in flight.
+            read_ahead: chunks of documents each reader keeps in flight (default 4).
             stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches;
                 0 turns a hook set before off.
             on_stats: the periodic stats hook (e.g. a logger).
@@ -243,7 +243,8 @@ class Pipeline(RecipeSteps):
     def _require_complete(self) -> None:
         if self._pack is None or self._microbatch_size is None:
             raise ConfigError(
-                "the pipeline needs `tokenize`, `pack_flat` and `batch` before it runs"
+                "the pipeline needs `tokenize` (or `pretokenized`), `pack_flat` (or "
+                "`pack_sequences`) and `batch` before it runs"
             )
 
     # -- state ---------------------------------------------------------------------------------

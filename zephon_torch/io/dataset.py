@@ -133,7 +133,8 @@ class Dataset:
                 "parquet", "vortex". None detects it: a directory holding an `index.json` is an
                 MDS or LitData dataset (one shard per shard or chunk file it lists), told apart
                 by the index; files by the endings `.jsonl`, `.ndjson`, `.json` (each also with
-                `.gz` or `.zst`), `.parquet`, `.vortex` and `.npy`. Given for a directory, every
+                `.gz`, `.gzip`, `.zst` or `.zstd`), `.parquet`, `.pq`, `.parq`, `.vortex` and
+                `.npy`. Given for a directory, every
                 file in it is read as that format, whatever its name.
             columns: the columns rows keep, in this order; None keeps all. Parquet, Vortex,
                 MDS and LitData then read and decode nothing else; JSONL rows are filtered
@@ -163,8 +164,9 @@ class Dataset:
         Raises:
             ConfigError: for a bad name, a path naming no files, an unknown format, a
                 directory mixing formats, or bad `columns`/`token_columns`.
-            DataError: for a file that is not of its format or has no rows (Parquet and
-                Vortex files without rows are left out with a warning, unless all are), a
+            DataError: for a file that is not of its format or has no rows (Parquet,
+                Vortex and `.npy` files without rows are left out with a warning, unless all
+                are), a
                 shard file that `index.json` lists and the folder or bucket lacks, or a shard
                 lacking a requested column.
             ImportError: for .zst files when `zstandard` is not installed, or a URL whose

@@ -338,7 +338,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         return self.pipeline_dataset.pipeline_state(self._delivered)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers."""
+        """Continue from ``state`` at the next ``iter()``; any W dividing L, any workers (a
+        state saved mid-step: only its own W, or one process)."""
         self.pipeline_dataset.load_state_dict(state)
         self._delivered, self._start = {}, {}
         self._generation += 1
