@@ -134,8 +134,8 @@ class Dataset:
                 MDS or LitData dataset (one shard per shard or chunk file it lists), told apart
                 by the index; files by the endings `.jsonl`, `.ndjson`, `.json` (each also with
                 `.gz`, `.gzip`, `.zst` or `.zstd`), `.parquet`, `.pq`, `.parq`, `.vortex` and
-                `.npy`. Given for a directory, every
-                file in it is read as that format, whatever its name.
+                `.npy`. Given for a directory, every file in it is read as that format,
+                whatever its name.
             columns: the columns rows keep, in this order; None keeps all. Parquet, Vortex,
                 MDS and LitData then read and decode nothing else; JSONL rows are filtered
                 after parsing. A shard without such a column raises DataError.
@@ -166,9 +166,8 @@ class Dataset:
                 directory mixing formats, or bad `columns`/`token_columns`.
             DataError: for a file that is not of its format or has no rows (Parquet,
                 Vortex and `.npy` files without rows are left out with a warning, unless all
-                are), a
-                shard file that `index.json` lists and the folder or bucket lacks, or a shard
-                lacking a requested column.
+                are), a shard file that `index.json` lists and the folder or bucket lacks, or a
+                shard lacking a requested column.
             ImportError: for .zst files when `zstandard` is not installed, or a URL whose
                 fsspec or huggingface_hub package is missing.
             StorageError: when remote storage fails after the retries, naming the URL.
