@@ -4,7 +4,10 @@ Each config's `config_name`, `default`, `data_dir` and `data_files` (a glob, a l
 list of {split, path} entries, or a mapping of split -> glob(s)) is checked for its types as the
 card is read. The config a URL names (else the one marked `default`, else "default", else the
 only one) gives a split its globs, as patterns over repo-relative paths (`*` within a folder,
-`**` across folders, `[...]` a character class). Which files make up a split: `_hf_splits`.
+`**` across folders, `[...]` a character class). A `**` within a name (`data/**.parquet`,
+`train**`) is an error, as on the hub, whose fsspec glob refuses it (a local or remote glob
+reads it as `*`, as Python's glob.glob does; a card meant either that or `**/`, and the hub
+loads neither). Which files make up a split: `_hf_splits`.
 """
 
 from __future__ import annotations
@@ -73,14 +76,27 @@ def _check_config(chosen: dict[str, Any], where: str) -> None:
     data_dir = str(chosen.get("data_dir") or "").strip("/")
     for split, paths in _data_files(chosen):
         for path in paths:
+            glob = f"{data_dir}/{path}" if data_dir else path
             try:
-                _glob(f"{data_dir}/{path}" if data_dir else path)
+                if any("**" in part and part != "**" for part in glob.split("/")):
+                    raise re.error(_DOUBLE_STAR)
+                _glob(glob)
             except re.error as error:
                 raise ConfigError(
                     f"the dataset card {where}: the glob {path!r} of split {split!r} of config "
-                    f"{name!r} is no pattern ({error}); `[...]` holds characters or ranges "
-                    "such as [0-4]"
+                    f"{name!r} is no pattern ({error}); "
+                    + (_DOUBLE_STAR_FIX if str(error) == _DOUBLE_STAR else _CLASS_FIX)
                 ) from None
+
+
+# The hub resolves a card's globs with fsspec's glob (datasets' resolve_pattern), which refuses
+# `**` that is not a whole folder name: `data/**.parquet` or `train**` fails to load there.
+_DOUBLE_STAR = "'**' can only be a whole folder name"
+_DOUBLE_STAR_FIX = (
+    "as the hub reads a card, where it does not load: write 'data/**/*.parquet' for files in "
+    "any folder under data/, or 'data/*.parquet' for those in data/ itself"
+)
+_CLASS_FIX = "`[...]` holds characters or ranges such as [0-4]"
 
 
 _DATA_FILES = (

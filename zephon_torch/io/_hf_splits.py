@@ -8,8 +8,9 @@ repositories need a card's `configs:`, else they are read from the converted Par
 
 - where the dataset card (`README.md`) lists `configs:`, the files its config (the one named,
   else the one marked `default`, else "default", else the only one) gives the split in
-  `data_files` (glob patterns: `*` within a folder, `**` across folders; a name starting with
-  "." only where the glob names one, as a local glob and the hub read it), relative to its
+  `data_files` (glob patterns: `*` within a folder, `**` across folders, only as a whole folder
+  name, as on the hub; a name starting with "." only where the glob names one, as a local glob
+  and the hub read it), relative to its
   `data_dir` where it has one; a config with a `data_dir` and no `data_files` has the split's
   files under `data_dir` found by name, as below;
 - else those under `{config}/` (when a config is named) whose path has a folder named `split`,

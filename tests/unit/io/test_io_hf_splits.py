@@ -163,3 +163,32 @@ def test_a_card_glob_leaves_out_hidden_files_as_a_local_glob_does(
     )
     card = [{"config_name": "default", "data_files": pattern}]
     assert split_files(files, None, "train", card) == local
+
+
+@pytest.mark.parametrize(
+    "data_files",
+    ["data/**.parquet", "{train: 'train**'}", "[{split: train, path: ['a/*', 'x**y/*.jsonl']}]"],
+)
+def test_a_card_glob_with_double_star_within_a_name_is_refused_as_on_the_hub(
+    tmp_path: Path, data_files: str
+) -> None:
+    """A card's `data/**.parquet` took the files of every folder under data/, where a local
+    (and a remote) glob of the same pattern reads `**` within a name as `*` (data/ itself), and
+    the hub, whose fsspec glob refuses such a `**`, does not load the card at all. It is a
+    ConfigError naming the glob and the two patterns the card may have meant."""
+    files = ["data/a.parquet", "data/sub/b.parquet", "train-0.jsonl", "x/train/c.jsonl"]
+    for file in files:
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).write_text("")
+    local = glob.glob(str(tmp_path / "data/**.parquet"), recursive=True)
+    assert [os.path.relpath(path, tmp_path) for path in local] == ["data/a.parquet"]
+    where = "hf://datasets/org/ds@main/README.md"
+    header = f"configs:\n- config_name: default\n  data_files: {data_files}\n"
+    with pytest.raises(ConfigError, match=re.escape(where)) as raised:
+        card_configs(f"---\n{header}---\n# card", where=where)
+    message = str(raised.value)
+    assert "'**' can only be a whole folder name" in message
+    assert "'data/**/*.parquet'" in message and "'data/*.parquet'" in message
+    # `**` standing alone as a folder name (or the whole glob) is a pattern, as on the hub
+    for fine in ["data/**/*.parquet", "data/**", "**", "**/train/*"]:
+        card_configs(f"---\nconfigs:\n- data_files: '{fine}'\n---\n", where=where)
