@@ -898,6 +898,44 @@ def test_a_split_of_1d_token_files_without_their_offsets_reads_as_the_local_file
     assert online == offline == {"ids": ids, "fingerprint": fingerprint}
 
 
+def test_offline_a_split_cached_without_an_offsets_file_is_named_as_cached_in_part(
+    tmp_path: Path,
+) -> None:
+    """A split of 1-D `.npy` token files downloaded without an `.offsets.npy` beside one
+    (`hf download --include train.npy`) was a DataError of the token reader naming the
+    offsets file, where any other file of the split missing from the hub cache is a
+    ConfigError saying the cache holds only part of the split, to be downloaded. The offsets
+    file of a 2-D token file, which has none, is not asked for."""
+    repo = tmp_path / "repo"
+    _token_file(repo / "train.npy", [[1, 2, 3], [4], [5, 6]])
+    _token_file(repo / "test.npy", [[9]])
+    (repo / "README.md").write_text("# card")
+    flat = tmp_path / "flat-repo"
+    flat.mkdir()
+    np.save(flat / "train.npy", np.arange(6, dtype=np.int32).reshape(3, 2))
+    (flat / "README.md").write_text("# card")
+    hub = Hub()
+    hub.add("org/tokens", "main", repo)
+    hub.add("org/flat", "main", flat)
+    with serve(hub) as endpoint:
+        _download(endpoint, tmp_path / "part", "org/tokens", ["README.md", "train.npy"])
+        _download(endpoint, tmp_path / "whole", "org/tokens", ["README.md", "train.*"])
+        _download(endpoint, tmp_path / "flat", "org/flat", ["README.md", "train.npy"])
+    url = "hf://org/tokens/train"
+    done = _run_offline(tmp_path / "part", url, tmp_path)
+    assert done.returncode != 0
+    assert "ConfigError: the hub cache holds only part of 'hf://org/tokens/train': 1 of its " in (
+        done.stderr
+    )
+    assert "are missing (train.offsets.npy); download the split" in done.stderr
+    whole = _read_tokens(url, tmp_path, HF_HUB_CACHE=str(tmp_path / "whole"), HF_HUB_OFFLINE="1")
+    assert whole["ids"] == [[1, 2, 3], [4], [5, 6]]
+    rows = _read_tokens(
+        "hf://org/flat/train", tmp_path, HF_HUB_CACHE=str(tmp_path / "flat"), HF_HUB_OFFLINE="1"
+    )
+    assert rows["ids"] == [[0, 1], [2, 3], [4, 5]]
+
+
 _OPEN = """
 import sys
 from zephon_torch.io import Dataset

@@ -7,6 +7,7 @@ missing). Which files make up a split: see `_hf_splits`; reading from the hub: `
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._hf import SLASH_NOTE, hub
@@ -82,13 +83,8 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
             if listed is None:
                 check_complete(url, files)
             else:
-                _check_held(
-                    url,
-                    repo,
-                    commit,
-                    files,
-                    find_split(listed, configs, split, in_card, converted=converted),
-                )
+                whole = find_split(listed, configs, split, in_card, converted=converted)
+                _check_held(url, repo, commit, files, whole, _partners(whole[0], listing, listed))
             warn_if_partial(url, files, split)
             return "glob", [os.path.join(folder, file) for file in files], commit
         tried.append(f"{revision or 'main'}: {why}")
@@ -191,18 +187,38 @@ def _cached_refs(repo: str) -> dict[str, str]:
     return named
 
 
+def _partners(files: list[str], cached: list[str], listed: list[str]) -> list[str]:
+    """The offsets files of the `.npy` token files of a split (`files`, as the commit's cached
+    listing gives it) that the commit holds beside them (`listed`: that listing) and the hub
+    cache (`cached`) lacks: they are read beside the token files (online, by a local path, and
+    from the cache), so the cache holds only part of the split."""
+    from zephon_torch.io.npy import unlisted_offsets
+
+    wanted = unlisted_offsets([file for file in files if file.endswith(".npy")])
+    there, held = set(listed), set(cached)
+    return [partner for partner in wanted if partner in there and partner not in held]
+
+
 def _check_held(
-    url: str, repo: str, commit: str, held: list[str], listed: tuple[list[str], str]
+    url: str,
+    repo: str,
+    commit: str,
+    held: list[str],
+    listed: tuple[list[str], str],
+    lacking: Sequence[str] = (),
 ) -> None:
     """ConfigError when the split the commit's cached listing gives (`listed`: its files, or
-    why there are none) is not the split found among the files the cache holds (`held`): the
-    cache holds only part of it, and the part would be read as if it were the whole."""
+    why there are none) is not the split found among the files the cache holds (`held`), or
+    the cache lacks files read beside them (`lacking`: the offsets files of 1-D token files):
+    the cache holds only part of it, and the part would be read as if it were the whole (or,
+    for an offsets file, fail as a token file without its offsets)."""
     files, why = listed
     if not files:  # the whole listing decides otherwise (a config to name, say)
         raise ConfigError(
             f"{url!r}: the hub cache holds only part of {repo} at commit {commit[:12]}; "
             f"its cached listing of the whole commit says: {why}"
         )
+    files = [*files, *lacking]
     missing = sorted(set(files) - set(held))
     if missing:
         shown = ", ".join(missing[:3]) + (

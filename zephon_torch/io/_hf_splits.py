@@ -22,10 +22,11 @@ When the main revision has none, the hub's auto-converted Parquet (`refs/convert
 `{config}/{split}/*.parquet`; with no config named, "default", else the only config there) is
 used; a `partial-{split}` folder there holds only a prefix of a large split, and is read with a
 warning saying so. Read from the hub cache, a split with a file missing (any file the split
-has in the listing of the whole commit that huggingface_hub keeps with its downloads, else a
-numbered shard `-00001-of-00004`) is an error naming it: the cache holds only part of the
-split. A split of an MDS or LitData dataset (an `index.json` beside its shard files),
-or one read with such a `format`, is an error: hf:// reads data files. A split not found is
+has in the listing of the whole commit that huggingface_hub keeps with its downloads, or the
+`.offsets.npy` that listing has beside a token file; else a numbered shard `-00001-of-00004`)
+is an error naming it: the cache holds only part of the split. A split of an MDS or LitData
+dataset (an `index.json` beside its shard files), or one read with such a `format`, is an
+error: hf:// reads data files. A split not found is
 an error naming the configs or splits there are, where the card or the converted layout
 says; a card whose `configs:` are of other types than the hub reads (a number for a glob,
 `[z-a]`) is an error naming the card.
