@@ -105,6 +105,27 @@ def test_an_s3_prefix_reads_the_same_rows_as_the_local_copy(
     assert _all_rows(remote) == _all_rows(local)
 
 
+def test_an_s3_object_that_is_not_parquet_is_the_local_data_error(
+    s3_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    """A `.parquet` object that is not Parquet was refused in words of its own ('the file does
+    not end in the Parquet magic bytes') where the local copy gave pyarrow's."""
+    endpoint, _ = s3_server
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "part-0.parquet").write_bytes(b"not parquet at all\n" * 50)
+    upload(endpoint, tmp_path / "local", "bucket", "odd")
+    errors = []
+    for where, options in (
+        ("s3://bucket/odd/part-0.parquet", _storage(endpoint)),
+        (str(tmp_path / "local" / "part-0.parquet"), None),
+    ):
+        with pytest.raises(DataError) as raised:
+            Dataset.from_path("odd", where, storage_options=options)
+        errors.append(str(raised.value).replace(where, "SHARD"))
+    assert errors[0] == errors[1]
+    assert "shard 'SHARD': not a readable Parquet file: Parquet magic bytes not found" in errors[0]
+
+
 def test_a_cache_smaller_than_the_dataset_never_exceeds_its_limit(
     s3_server: tuple[str, Any], tmp_path: Path
 ) -> None:

@@ -352,3 +352,35 @@ def test_index_json_is_read_once_and_the_listing_file_system_is_reused(
     assert _every_row(remote) == _every_row(local)
     assert reads.count("index.json") == 1
     assert len(made) == 1  # the shards came through the file system that listed them
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"this is not parquet, just some text\n" * 10,
+        b"not parquet " * 10_000,  # longer than the footer read from the end
+        b"PAR",
+        b"",
+        b"PAR1" + b"x" * 100 + b"PAR1",  # the magic bytes, a footer length past the start
+    ],
+    ids=["text", "long", "short", "empty", "bad-length"],
+)
+def test_a_remote_file_that_is_not_parquet_is_the_local_data_error(
+    tmp_path: Path, content: bytes
+) -> None:
+    """A `.parquet` file that is not Parquet was refused on memory:// (or S3) in words of its
+    own ('the file does not end in the Parquet magic bytes', '3 bytes is too short') where
+    the same file read locally gave pyarrow's ('Parquet magic bytes not found in footer.
+    Either the file is corrupted or this is not a parquet file.'). Both give pyarrow's now,
+    naming the dataset and the shard."""
+    local = tmp_path / "data" / "part-0.parquet"
+    local.parent.mkdir()
+    local.write_bytes(content)
+    url = _put(local.parent)
+    errors = []
+    for where in (str(local), f"{url}/part-0.parquet"):
+        with pytest.raises(DataError) as raised:
+            Dataset.from_path("odd", where, io_options=_options(tmp_path))
+        errors.append(str(raised.value).replace(where, "SHARD"))
+    assert errors[0].startswith("dataset 'odd', shard 'SHARD': not a readable Parquet file: ")
+    assert errors[1] == errors[0]
