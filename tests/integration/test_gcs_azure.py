@@ -76,6 +76,25 @@ def test_a_url_naming_one_object_reads_it(store: Store, tmp_path: Path) -> None:
     assert _plain_rows(remote) == _plain_rows(local)
 
 
+def test_a_folder_named_with_glob_characters_reads_as_the_local_one(
+    store: Store, tmp_path: Path
+) -> None:
+    """A folder `what?` read as itself on gs:// (as `run[2]`), but on az:// adlfs takes a path
+    ending in "?" for a URL with an empty query and drops the mark: `az://bucket/what?` listed
+    `what`, and was 'no files found ... the path does not exist' where the local folder reads
+    (and a folder `what` would have been read in its place)."""
+    for name in ("what?", "run[2]", "what"):
+        _write_corpus(tmp_path / name, "jsonl", shards=1, rows=3 if name == "what" else 4)
+        store.upload(tmp_path / name, "bucket", f"odd/{name}")
+    for name in ("what?", "what?/", "run[2]", "what?/part-000.jsonl"):
+        remote = _open(store, "bucket", f"odd/{name}", tmp_path)
+        local = Dataset.from_path(name, tmp_path / name.rstrip("/"))
+        assert [shard.path for shard in remote.shards] == [
+            store.url("bucket", f"odd/{name.split('/')[0]}/part-000.jsonl")
+        ], name
+        assert _plain_rows(remote) == _plain_rows(local), name
+
+
 def test_a_chained_url_names_its_shards_in_the_scheme_written(store: Store, tmp_path: Path) -> None:
     _write_corpus(tmp_path / "c", "jsonl", shards=2, rows=5)
     store.upload(tmp_path / "c", "bucket", "c")

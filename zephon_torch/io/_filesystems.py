@@ -68,9 +68,21 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
         ) from secret_free(error)
     if scheme in _AZURE_SCHEMES:
         _no_connect_retries(fs)
+        root = _kept_question_mark(url, root)
     if scheme in ("gs", "gcs"):
         _fewer_gcsfs_tries(fs)
     return fs, root
+
+
+def _kept_question_mark(url: str, root: str) -> str:
+    """`root` with the "?" that ends `url`'s last name, which adlfs drops: it reads a path
+    ending in "?" as a URL with an empty query, so `az://bucket/what?` was listed as
+    `bucket/what` (nothing, or a folder `what` in its place). Followed by "/", the mark is kept
+    (`what?/`, `what?/a.jsonl`), so such a root is given a "/": a folder, as a name ending in "?"
+    can be on Azure only (adlfs drops the mark of an object's own name at every request)."""
+    if url.rstrip("/").endswith("?") and not root.rstrip("/").endswith("?"):
+        return root.rstrip("/") + "?/"
+    return root
 
 
 def _fewer_gcsfs_tries(fs: Any) -> None:
