@@ -6,8 +6,9 @@ throughput of the same tokenizer on the same documents and cores (DESIGN.md sect
 ratio >= 0.9). The baseline reads and parses the JSONL *before* its clock starts, so it pays no
 I/O and no ``json`` decoding while the pipeline does: the comparison favours the baseline. Each
 phase runs in its own subprocess so its peak RSS is its own (the baseline holds all texts in
-memory). The pipeline's token count must equal the baseline's plus one EOS per document, or the
-run stops with exit code 2; a missed target still exits 0 (a benchmark, not a test).
+memory). The pipeline's token count must equal the baseline's plus one EOS per document that
+gives a token, and its skipped "empty" count the baseline's documents of no token (the pipeline
+does not deliver a lone EOS), or the run stops with exit code 2; a missed target still exits 0 (a benchmark, not a test).
 
     .venv/bin/python benchmarks/throughput.py [--megabytes 60] [--lanes 8] [--parallelism N]
 """
@@ -150,15 +151,20 @@ def phase_raw(args: argparse.Namespace) -> dict[str, Any]:
     texts = _read_texts(root / "code") + _read_texts(root / "text")
     rss_loaded = _max_rss_mb()
     chunk = args.raw_chunk_docs
-    tokens = 0
+    tokens = empty = 0
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
     for i in range(0, len(texts), chunk):
         encodings = tok.encode_batch_fast(texts[i : i + chunk], add_special_tokens=False)
-        tokens += sum(len(e) for e in encodings)
+        lengths = [len(e) for e in encodings]
+        tokens += sum(lengths)
+        empty += lengths.count(0)
     seconds = time.perf_counter() - t0
     return {
         "phase": "raw",
-        "docs": len(texts),
+        # the documents that give a token: the pipeline skips the others (counted "empty")
+        # rather than deliver a lone EOS
+        "docs": len(texts) - empty,
+        "empty_docs": empty,
         "tokens": tokens,
         "seconds": seconds,
         "cpu_seconds": _cpu_seconds() - cpu0,
@@ -215,6 +221,7 @@ def phase_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "phase": "pipeline",
         "docs": docs,
+        "empty_docs": pipeline.stats()["skipped_documents"].get("empty", 0),
         "tokens": tokens,
         "batches": batches,
         "seconds": seconds,
@@ -353,7 +360,7 @@ def summarise(
 
     rows = [
         ("corpus", f"{code_mb + text_mb:.1f} MB ({code_mb:.1f} code, {text_mb:.1f} text)"),
-        ("documents", f"{raw[0]['docs']:,}"),
+        ("documents", f"{raw[0]['docs']:,} (and {raw[0]['empty_docs']:,} empty, skipped)"),
         ("tokens raw / pipeline", f"{raw[0]['tokens']:,} / {pipe[0]['tokens']:,} (+1 EOS a doc)"),
         (
             "settings",
@@ -464,11 +471,17 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         expected = raw[-1]["tokens"] + raw[-1]["docs"]
-        if pipe[-1]["tokens"] != expected or pipe[-1]["docs"] != raw[-1]["docs"]:
+        got, want = pipe[-1], raw[-1]
+        if (got["tokens"], got["docs"], got["empty_docs"]) != (
+            expected,
+            want["docs"],
+            want["empty_docs"],
+        ):
             print(
-                f"MISMATCH: pipeline delivered {pipe[-1]['tokens']:,} tokens in "
-                f"{pipe[-1]['docs']:,} docs, expected {expected:,} tokens (raw + 1 EOS each) in "
-                f"{raw[-1]['docs']:,} docs; the comparison is not valid"
+                f"MISMATCH: pipeline delivered {got['tokens']:,} tokens in {got['docs']:,} docs "
+                f"and skipped {got['empty_docs']:,} empty ones, expected {expected:,} tokens (raw "
+                f"+ 1 EOS for each document that gives a token) in {want['docs']:,} docs and "
+                f"{want['empty_docs']:,} empty; the comparison is not valid"
             )
             return _TOKEN_MISMATCH_EXIT
     summarise(args, summary, raw, pipe)
