@@ -8,7 +8,8 @@ I/O and no ``json`` decoding while the pipeline does: the comparison favours the
 phase runs in its own subprocess so its peak RSS is its own (the baseline holds all texts in
 memory). The pipeline's token count must equal the baseline's plus one EOS per document that
 gives a token, and its skipped "empty" count the baseline's documents of no token (the pipeline
-does not deliver a lone EOS), or the run stops with exit code 2; a missed target still exits 0 (a benchmark, not a test).
+does not deliver a lone EOS), or the run stops with exit code 2; a missed target still exits 0
+(a benchmark, not a test).
 
     .venv/bin/python benchmarks/throughput.py [--megabytes 60] [--lanes 8] [--parallelism N]
 """
