@@ -297,7 +297,11 @@ def test_a_pipeline_asked_before_its_packing_step_is_a_config_error(tokenizer: A
     with pytest.raises(ConfigError, match="`pack_sequences` needs token ids: call `tokenize`"):
         untokenized.pack_sequences(8)
     for ask in (partial.state_dict, partial.fingerprint, partial.explain, lambda: iter(partial)):
-        with pytest.raises(ConfigError, match="needs `tokenize`, `pack_flat` and `batch`"):
+        with pytest.raises(
+            ConfigError,
+            match=r"needs `tokenize` \(or `pretokenized`\), `pack_flat` \(or "
+            r"`pack_sequences`\) and `batch`",
+        ):
             ask()
     assert partial.pack_flat(8).pad_token_id == 0  # no EOS in this tokenizer: 0
 
