@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from zephon_torch._caller import warn
+from zephon_torch._resume_reads import read_ahead
 from zephon_torch._stats import RunCounters
 from zephon_torch._token_stage import (
     columnar,
@@ -126,6 +127,7 @@ class LaneRuntime:
         padding, checker = pad_id(pipeline), id_check(pipeline)  # the same for every lane
         made: set[int] = set()  # the stateful filters made: a new one for each reader
         warned: set[tuple[str, str]] = set()  # warnings given, by dataset (see MixPack)
+        lanes: list[tuple[list[DocumentReader | FilteredReader], BatchNode]] = []
         for lane in pipeline.lanes:
             readers: list[DocumentReader | FilteredReader] = list(
                 self._readers(pipeline, lane, chunk_docs)
@@ -154,7 +156,11 @@ class LaneRuntime:
                 id_check=checker,
                 payloads=bool(pack.payload_fields),
             )
-            node.reset(states[lane])
+            lanes.append((readers, node))
+        # every lane's saved open rows read side by side, before the lanes restore in turn
+        read_ahead([(readers, states[node.lane]) for readers, node in lanes])
+        for _, node in lanes:
+            node.reset(states[node.lane])
             self.nodes.append(node)
 
     def _readers(

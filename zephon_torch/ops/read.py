@@ -92,6 +92,8 @@ class DocumentReader(BaseNode[Document]):
         self.waited = 0.0  # seconds spent waiting for chunks (a stall on the runner)
         self._submitted = 0
         self._walked: tuple[int, int] | None = None  # where _prefetch_ahead last walked from
+        # documents a saved state's open rows hold, read ahead on the runner (see `fetch`)
+        self._refetched: dict[tuple[int, int], Future[Chunk]] = {}
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start at the beginning, or at the saved stream position."""
@@ -236,12 +238,32 @@ class DocumentReader(BaseNode[Document]):
             if self.on_filtered is not None:
                 self.on_filtered(span.shards, span.rows)
 
-    def fetch(self, pass_index: int, pos: int) -> Document:
-        """Re-read one document synchronously (to rebuild a packer's open bins)."""
-        span = self.layout.span(
+    def read_ahead_for_resume(self, positions: Iterable[tuple[int, int]]) -> None:
+        """Start reading, on the runner, the documents at ``positions`` (pass, pos) that a
+        saved state's open rows hold: ``fetch`` then takes them, where each lane re-read its
+        own one after another on the calling thread. A position past the stream is left to
+        ``fetch``, whose caller refuses it."""
+        for pass_index, pos in positions:
+            try:
+                self.check_position(pass_index, pos, document=True)
+            except StateMismatchError:
+                continue
+            if (pass_index, pos) not in self._refetched:
+                self._refetched[pass_index, pos] = self.runner.submit(
+                    self.source, self._span_of(pass_index, pos)
+                )
+
+    def _span_of(self, pass_index: int, pos: int) -> PointerSpan:
+        return self.layout.span(
             pass_index=pass_index, lane=self.lane, num_lanes=self.num_lanes, start=pos, count=1
         )
-        docs = self.runner.run_now(self.source, span)
+
+    def fetch(self, pass_index: int, pos: int) -> Document:
+        """Re-read one document (to rebuild a packer's open bins): read ahead by
+        ``read_ahead_for_resume``, else now, on the calling thread."""
+        span = self._span_of(pass_index, pos)
+        ahead = self._refetched.pop((pass_index, pos), None)
+        docs = self.runner.run_now(self.source, span) if ahead is None else ahead.result()
         if not len(docs):
             raise DataError(
                 "a document held in a saved packing bin was dropped by a filter on resume; "
@@ -255,10 +277,11 @@ class DocumentReader(BaseNode[Document]):
     def close(self) -> None:
         """Drop read-ahead and the current chunk (an inline reader's views of decoded shards
         reach millions of tokens, which a finished iteration kept until the next)."""
-        for future in self._futures:
+        for future in [*self._futures, *self._refetched.values()]:
             future.cancel()
         self._futures.clear()
         self._spans.clear()
+        self._refetched.clear()
         self._chunk, self._index = [], 0
 
     def _normalise(self, at: tuple[int, int]) -> tuple[int, int] | None:
