@@ -261,10 +261,13 @@ class DocumentReader(BaseNode[Document]):
     def fetch(self, pass_index: int, pos: int) -> Document:
         """Re-read one document (to rebuild a packer's open bins): read ahead by
         ``read_ahead_for_resume``, else now, on the calling thread."""
-        span = self._span_of(pass_index, pos)
         ahead = self._refetched.pop((pass_index, pos), None)
-        docs = self.runner.run_now(self.source, span) if ahead is None else ahead.result()
+        if ahead is None:
+            docs = self.runner.run_now(self.source, self._span_of(pass_index, pos))
+        else:
+            docs = ahead.result()
         if not len(docs):
+            span = self._span_of(pass_index, pos)
             raise DataError(
                 "a document held in a saved packing bin was dropped by a filter on resume; "
                 "maps and filters must be pure functions of the row",
