@@ -38,7 +38,6 @@ LineIndex = npt.NDArray[np.int64]
 
 _INDEX_VERSION = 3
 _UNUSED_S = 7 * 24 * 3600  # an index of another version of its file unused this long goes
-_RELIST_S = 300.0  # an `IndexTidier` lists a folder again at a save this long after it last did
 _WRITING = ".writing-"  # an index being written, locked by its writer (see `_sweep`)
 _UNLOCKED = ".tmp-"  # temporaries of versions before the lock: no write takes _UNLOCKED_S
 _UNLOCKED_S = 24 * 3600
@@ -138,24 +137,18 @@ def _digest(text: str) -> str:
 
 class IndexTidier:
     """Tidies index folders for many saved indexes at the cost of one listing each: dead
-    writers' temporaries are swept when it lists a folder, and the candidates of
-    `_forget_older` come from that listing, each looked at once (an index written after it
-    is in use, so it would be kept anyway). A folder is listed again at a save `_RELIST_S`
-    after its last listing, so a long run's downloads still tidy what later ones left. Safe
-    to share between threads."""
+    writers' temporaries are swept at its first save in a folder, and the candidates of
+    `_forget_older` come from the folder's listing at that save, each looked at once (an index
+    written after it is in use, so it would be kept anyway). Safe to share between threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # folder: when it was listed, and its indexes by group
-        self._listed: dict[str, tuple[float, dict[str, list[str]]]] = {}
+        self._listed: dict[str, dict[str, list[str]]] = {}  # folder: its indexes by group
 
     def before_save(self, directory: str) -> None:
-        """Sweeps `directory` and lists its indexes, unless it did so in the last
-        `_RELIST_S` seconds."""
+        """Sweeps `directory` and lists its indexes, the first time only."""
         with self._lock:
-            held = self._listed.get(directory)
-            now = time.monotonic()
-            if held is not None and now - held[0] < _RELIST_S:
+            if directory in self._listed:
                 return
             _sweep(directory)
             groups: dict[str, list[str]] = {}
@@ -163,15 +156,14 @@ class IndexTidier:
                 for entry in listing:
                     if not entry.name.startswith(".") and entry.name.endswith(".npy"):
                         groups.setdefault(_group(entry.name), []).append(entry.name)
-            self._listed[directory] = (now, groups)
+            self._listed[directory] = groups
 
     def candidates(self, target: str) -> list[str]:
         """The indexes listed in `target`'s folder that may be other versions of its file,
         each given once."""
         directory, name = os.path.split(target)
         with self._lock:
-            held = self._listed.get(directory)
-            found = [] if held is None else held[1].pop(_group(name), [])
+            found = self._listed.get(directory, {}).pop(_group(name), [])
         return [os.path.join(directory, older) for older in found if older != name]
 
 

@@ -372,29 +372,3 @@ def test_opening_many_shards_lists_the_index_folder_a_few_times_not_once_a_shard
     assert dataset.num_rows == 60
     assert len(listed) <= 3, len(listed)  # 60 before: 3 an index written
     assert len(list(cache.glob("*.npy"))) == 21  # written, and the other file's index kept
-
-
-def test_a_long_lived_reader_still_forgets_old_versions_that_appear_after_its_listing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A reader's tidier lists the index folder once, not at every index written; but a
-    reader lives as long as its run, and the indexes of other versions that appear meanwhile
-    (a long run's downloads) must still go once unused for long: a save `_RELIST_S` after the
-    last listing lists the folder again."""
-    cache, data = tmp_path / "cache", tmp_path / "b.jsonl"
-    data.write_text('{"x": 1}\n')
-    tidier = _line_index.IndexTidier()
-    first = _line_index.load_or_build(str(data), str(cache), data.read_bytes, tidier=tidier)
-    assert first.shape == (2, 1)  # one line: its start and end
-    # an index of an older version of the file, unused for 8 days, appears after the listing
-    where = os.path.basename(_line_index.cache_file(str(cache), str(data))).partition("-")[0]
-    stale = cache / f"{where}-{'f' * 16}.npy"
-    np.save(stale, np.zeros((2, 0), dtype=np.int64))
-    old = time.time() - 8 * 24 * 3600
-    os.utime(stale, (old, old))
-    monkeypatch.setattr(_line_index, "_RELIST_S", 0.0)  # the run goes on past it
-    data.write_text('{"x": 1}\n{"x": 2}\n')  # a new version, indexed by the same reader
-    second = _line_index.load_or_build(str(data), str(cache), data.read_bytes, tidier=tidier)
-    assert second.shape == (2, 2)
-    assert not stale.exists()
-    assert len(list(cache.glob("*.npy"))) == 2  # both versions' indexes, used just now
