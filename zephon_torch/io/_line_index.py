@@ -10,9 +10,6 @@ Indexes are saved as .npy files keyed by (absolute path, size, mtime_ns) and wri
 atomically, so each version of a file is scanned once, by whichever process gets there first.
 A writer locks its temporary file until it is renamed into place, so the temporary of a writer
 that was killed (its lock went with it) is removed by the next index written in the folder.
-The folder is tidied (those temporaries, indexes of other versions) once per `IndexTidier`,
-which a reader keeps for the indexes of all its shards: one listing of the folder, not one
-per index written (three globs an index made the first open of 1,500 shards quadratic).
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import hashlib
 import logging
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -135,52 +131,8 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class IndexTidier:
-    """Tidies index folders for many saved indexes at the cost of one listing each: dead
-    writers' temporaries are swept at its first save in a folder, and the candidates of
-    `_forget_older` come from the folder's listing at that save, each looked at once (an index
-    written after it is in use, so it would be kept anyway). Safe to share between threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._listed: dict[str, dict[str, list[str]]] = {}  # folder: its indexes by group
-
-    def before_save(self, directory: str) -> None:
-        """Sweeps `directory` and lists its indexes, the first time only."""
-        with self._lock:
-            if directory in self._listed:
-                return
-            _sweep(directory)
-            groups: dict[str, list[str]] = {}
-            with os.scandir(directory) as listing:
-                for entry in listing:
-                    if not entry.name.startswith(".") and entry.name.endswith(".npy"):
-                        groups.setdefault(_group(entry.name), []).append(entry.name)
-            self._listed[directory] = groups
-
-    def candidates(self, target: str) -> list[str]:
-        """The indexes listed in `target`'s folder that may be other versions of its file,
-        each given once."""
-        directory, name = os.path.split(target)
-        with self._lock:
-            found = self._listed.get(directory, {}).pop(_group(name), [])
-        return [os.path.join(directory, older) for older in found if older != name]
-
-
-def _group(name: str) -> str:
-    """The `_forget_older` group of an index file name: its path digest (a local file's), or
-    its length (a download's, named by the download alone)."""
-    where, dash, _ = name.partition("-")
-    return where if dash else f"#{len(name)}"
-
-
 def load_or_build(
-    path: str,
-    cache_dir: str,
-    read: Callable[[], Any],
-    *,
-    name: str | None = None,
-    tidier: IndexTidier | None = None,
+    path: str, cache_dir: str, read: Callable[[], Any], *, name: str | None = None
 ) -> LineIndex:
     """Loads the cached index of `path`, or scans `read()` and caches the result.
 
@@ -190,7 +142,6 @@ def load_or_build(
             index is still returned, only not cached.
         read: returns the file's (decompressed) bytes; called only when no valid index is cached.
         name: see `cache_file`.
-        tidier: tidies the folder once for many calls (see `IndexTidier`); None: a new one.
 
     Returns:
         The index, memory-mapped when it came from the cache.
@@ -200,7 +151,7 @@ def load_or_build(
     if cached is not None:
         return cached
     index = scan_lines(read())
-    _save(index, target, IndexTidier() if tidier is None else tidier)
+    _save(index, target)
     return index
 
 
@@ -234,11 +185,11 @@ def _cannot_cache(directory: str, error: OSError) -> None:
         )
 
 
-def _save(index: LineIndex, target: str, tidier: IndexTidier) -> None:
+def _save(index: LineIndex, target: str) -> None:
     directory = os.path.dirname(target)
     try:
         os.makedirs(directory, exist_ok=True)
-        tidier.before_save(directory)
+        _sweep(directory)
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=_WRITING, suffix=".npy")
         os.close(handle)
         # held until the file has its final name; taken again on a new file where a sweep
@@ -261,7 +212,7 @@ def _save(index: LineIndex, target: str, tidier: IndexTidier) -> None:
         return
     finally:
         close_tracked(lock)
-    _forget_older(target, tidier.candidates(target))
+    _forget_older(target)
 
 
 def _sweep(directory: str) -> None:
@@ -276,15 +227,22 @@ def _sweep(directory: str) -> None:
                 os.unlink(path)
 
 
-def _forget_older(target: str, candidates: list[str]) -> None:
+def _forget_older(target: str) -> None:
     """Removes the cached indexes of other versions of the file `target` indexes (named by
-    the same path digest; for a download's index, of every other download; `candidates`, see
-    `IndexTidier`) that no open has used for `_UNUSED_S`: a file rewritten again and
+    the same path digest; for a download's index, of every other download) that no open has
+    used for `_UNUSED_S`: a file rewritten again and
     again would leave one index per version for ever. Versions in use stay, such as the copies
     nodes keep of a dataset at one path (`rsync -a`: other inodes) with a shared cache folder;
     each load marks its index used. A process still reading a removed one keeps it mapped."""
+    name = os.path.basename(target)
+    where, dash, _ = name.partition("-")
+    # a download's index is named by the download alone (object and version), so no name
+    # groups the versions of one object: every other download's index unused as long goes
+    pattern = f"{where}-*.npy" if dash else "?" * len(where.removesuffix(".npy")) + ".npy"
     unused = time.time() - _UNUSED_S
-    for older in candidates:
+    for older in glob.glob(os.path.join(glob.escape(os.path.dirname(target)), pattern)):
+        if os.path.basename(older) == name:
+            continue
         with contextlib.suppress(OSError):
             if os.stat(older).st_mtime < unused:
                 os.unlink(older)

@@ -37,7 +37,7 @@ from zephon_torch.io._compression import (
 )
 from zephon_torch.io._io_options import CacheOptions
 from zephon_torch.io._json_line import one_document, parse, preview
-from zephon_torch.io._line_index import IndexTidier, LineIndex, load_or_build
+from zephon_torch.io._line_index import LineIndex, load_or_build
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._pread import Descriptor, identity, read_spans
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
@@ -86,7 +86,6 @@ class JsonlReader:
 
     def _open_caches(self) -> None:
         self._indexes: LruCache[LineIndex] = LruCache(self.max_open)
-        self._tidier = IndexTidier()  # the index folder tidied once for all shards
         # each plain local shard's size, inode and mtime when first indexed here (a few ints a
         # shard, never evicted: a shard read again after both its LRU entries went must still
         # be the file first indexed; downloads and decompressed files are never rewritten)
@@ -234,13 +233,7 @@ class JsonlReader:
         if download is None and self._compression_of(path) is None:
             # before the scan: a change during it is seen at the reads
             self._check_identity(path, identity(os.stat(path)))
-        return load_or_build(
-            path,
-            self.index_cache_dir,
-            lambda: self._whole(path),
-            name=download,
-            tidier=self._tidier,
-        )
+        return load_or_build(path, self.index_cache_dir, lambda: self._whole(path), name=download)
 
     def _check_identity(self, path: str, now: tuple[int, int, int]) -> None:
         """``DataError`` when the plain shard at ``path`` is not the file first indexed here

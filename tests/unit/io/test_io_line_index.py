@@ -339,36 +339,3 @@ def test_the_temporary_file_of_a_writer_killed_mid_write_is_swept_by_the_next_in
     names = sorted(p.name for p in cache.iterdir())
     assert [name for name in names if name.startswith(".")] == [".tmp-recent.npy"]
     assert len(names) == 3  # and the two indexes written whole
-
-
-def test_opening_many_shards_lists_the_index_folder_a_few_times_not_once_a_shard(
-    tmp_path: Path, write_jsonl: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each index written listed the index folder three times (two sweeps' globs and
-    `_forget_older`'s), so the first open of N shards listed a folder of up to N indexes 3N
-    times: 17.9 s to open 1,500 .jsonl.gz shards of 40 rows (2 cores), most of it listings
-    (with the shard cache's own, see the commit). A reader tidies the folder once for all."""
-    folder = tmp_path / "data"
-    for i in range(20):
-        write_jsonl(folder / f"part-{i:03d}.jsonl", [{"a": i}] * 3)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    stale = cache / f"{'0' * 16}-{'1' * 16}.npy"  # an index of no file here, long unused
-    np.save(stale, np.zeros((2, 0), dtype=np.int64))
-    listed: list[str] = []
-    real_scandir, real_listdir = os.scandir, os.listdir  # glob lists with scandir too
-
-    def counted(real: Any) -> Any:
-        def listing(where: Any = ".", *args: Any, **kwargs: Any) -> Any:
-            if str(where).startswith(str(cache)):
-                listed.append(str(where))
-            return real(where, *args, **kwargs)
-
-        return listing
-
-    monkeypatch.setattr(os, "scandir", counted(real_scandir))
-    monkeypatch.setattr(os, "listdir", counted(real_listdir))
-    dataset = Dataset.from_path("d", folder, index_cache_dir=str(cache))
-    assert dataset.num_rows == 60
-    assert len(listed) <= 3, len(listed)  # 60 before: 3 an index written
-    assert len(list(cache.glob("*.npy"))) == 21  # written, and the other file's index kept
