@@ -95,3 +95,35 @@ def test_pass_cache_keeps_recent_passes_per_key_and_recent_keys() -> None:
     cache("a", 0)
     assert calls == [("a", 0)]
     assert sorted(cache.values()) == [("a", 0), ("c", 0), ("d", 0)]
+
+
+def test_a_forked_child_does_not_wait_on_a_lock_a_parent_thread_held_at_the_fork() -> None:
+    """A lock held by a thread of the parent at the fork stays held in the child for ever:
+    the child makes a lock of its own (an lru_cache, before, took none of its own)."""
+    import os
+    import signal
+    import threading
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    layout = _layout("forked", 10)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with pointers._pass_layout._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: a layout lookup must not block (killed by the alarm if it does)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(20)
+        _touch(layout, 0)
+        os._exit(0)
+    release.set()
+    holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -11,6 +11,7 @@ datasets are evicted least recently used first.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -32,8 +33,16 @@ class PassCache(Generic[V]):
         self._keys = keys
         self._held: OrderedDict[Hashable, OrderedDict[int, V]] = OrderedDict()
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _forked(self) -> None:
+        """In a forked child, a lock of its own: one a parent thread held at the fork would
+        stay held in the child for ever (the values held are still good: they are pure)."""
+        if self._pid != os.getpid():
+            self._lock, self._pid = threading.Lock(), os.getpid()
 
     def __call__(self, key: Hashable, pass_index: int) -> V:
+        self._forked()
         with self._lock:
             passes = self._held.get(key)
             if passes is not None:
@@ -56,15 +65,18 @@ class PassCache(Generic[V]):
 
     def held(self) -> dict[Hashable, list[int]]:
         """Per key, the pass indices held, least recently used first."""
+        self._forked()
         with self._lock:
             return {key: list(passes) for key, passes in self._held.items()}
 
     def values(self) -> list[V]:
         """Every value held."""
+        self._forked()
         with self._lock:
             return [v for passes in self._held.values() for v in passes.values()]
 
     def cache_clear(self) -> None:
         """Drop everything held."""
+        self._forked()
         with self._lock:
             self._held.clear()
