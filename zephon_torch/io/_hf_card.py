@@ -77,16 +77,18 @@ def _check_config(chosen: dict[str, Any], where: str) -> None:
     for split, paths in _data_files(chosen):
         for path in paths:
             glob = f"{data_dir}/{path}" if data_dir else path
-            try:
-                if any("**" in part and part != "**" for part in glob.split("/")):
-                    raise re.error(_DOUBLE_STAR)
-                _glob(glob)
-            except re.error as error:
-                raise ConfigError(
-                    f"the dataset card {where}: the glob {path!r} of split {split!r} of config "
-                    f"{name!r} is no pattern ({error}); "
-                    + (_DOUBLE_STAR_FIX if str(error) == _DOUBLE_STAR else _CLASS_FIX)
-                ) from None
+            if any("**" in part and part != "**" for part in glob.split("/")):
+                problem, fix = _DOUBLE_STAR, _DOUBLE_STAR_FIX
+            else:
+                try:
+                    _glob(glob)
+                    continue
+                except re.error as error:
+                    problem, fix = str(error), _CLASS_FIX
+            raise ConfigError(
+                f"the dataset card {where}: the glob {path!r} of split {split!r} of config "
+                f"{name!r} is no pattern ({problem}); {fix}"
+            )
 
 
 # The hub resolves a card's globs with fsspec's glob (datasets' resolve_pattern), which refuses

@@ -234,8 +234,10 @@ def refuse_indexed(
             "Lines, Parquet, Vortex, .npy), not MDS or LitData datasets: download the "
             "dataset's folder and read it by its local path"
         )
+    if format_ is not None:  # a data format, given: its reader says what the files are
+        return
     indexes = [file for file in files if INDEX_LIKE.fullmatch(posixpath.basename(file))]
-    for index in indexes if format_ is None else []:
+    for index in indexes:
         folder = posixpath.dirname(index)
         shards = sorted(
             file
