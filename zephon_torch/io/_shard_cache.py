@@ -9,7 +9,8 @@ one lock per shard name, so a shard is fetched once however many ask, and one fo
 the space bookkeeping. A name's lock file exists only while it is held (its holder deletes it),
 so lock files do not pile up. Before a download, space is reserved (a marker file naming the
 size and the shard) and least recently used shards are evicted until files plus reservations
-fit in `max_bytes` (files the cache did not name, a user's, are neither counted nor evicted).
+fit in `max_bytes` (files the cache did not name, a user's, are neither counted nor evicted);
+a ledger of the files' bytes spares that count a listing of the folder while they fit.
 A process that dies mid-download leaves its temporary file and reservation
 behind without their name's lock; the next reservation sweeps such leftovers (liveness is the
 lock, not a process id, so containers with their own process ids can share the folder).
@@ -191,6 +192,7 @@ class ShardCache:
                 self.hits += 1
                 return self._finish(item, pin)
             reservation = self._reserve(item.name, item.size, item.url)
+            placed = False
             try:
                 temp = self._folder.temp(item.name)
                 try:
@@ -200,6 +202,7 @@ class ShardCache:
                         raise StorageError(
                             f"downloaded {got} bytes, expected {item.size}", url=item.url
                         )
+                    placed = True  # or may be: counted in the ledger either way
                     self._pins.place(item.name, temp)
                     self.misses += 1
                     self.bytes_downloaded += got
@@ -207,7 +210,7 @@ class ShardCache:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(temp)
             finally:
-                self._folder.release(reservation)
+                self._folder.release(reservation, placed=placed)
         return self._finish(item, pin)
 
     def _download_with_room(
@@ -319,11 +322,13 @@ class ShardCache:
             reservation = self._reserve(
                 name, size, url, made=os.path.basename(temp), wait=_MAKE_WAIT_S
             )
+            placed = False
             try:
+                placed = True  # or may be: counted in the ledger either way
                 self._pins.place(name, temp)
                 self.misses += 1
             finally:
-                self._folder.release(reservation)
+                self._folder.release(reservation, placed=placed)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
