@@ -138,7 +138,7 @@ def test_index_caches_every_shard_so_the_next_open_scans_nothing(
     out = capsys.readouterr().out
     assert "indexed 3 shards: 12 rows" in out
     assert counter.calls == 3
-    assert len(list(cache.glob("*.npy"))) == 3
+    assert len(list(cache.rglob("*.npy"))) == 3
     reopened = Dataset.from_path("c", folder, index_cache_dir=str(cache))
     assert counter.calls == 3
     assert reopened.num_rows == 12

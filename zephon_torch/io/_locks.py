@@ -111,15 +111,20 @@ def remove_unlocked(pattern: str) -> None:
     lock went with the process). Liveness is the lock, not a process id: containers sharing a
     folder each have their own process ids."""
     for path in glob.glob(pattern):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:  # removed or renamed meanwhile, or another user's
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                os.unlink(path)
-        except OSError:  # held (BlockingIOError): in use; or removed meanwhile
-            pass
-        finally:
-            os.close(fd)
+        remove_if_unlocked(path)
+
+
+def remove_if_unlocked(path: str) -> None:
+    """Removes the file `path` unless a process holds its lock (see `remove_unlocked`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # removed or renamed meanwhile, or another user's
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path)
+    except OSError:  # held (BlockingIOError): in use; or removed meanwhile
+        pass
+    finally:
+        os.close(fd)

@@ -129,7 +129,7 @@ def test_a_second_open_of_the_same_file_reuses_the_cached_index(
     assert counting_scan.calls == 1
     assert first.num_rows == second.num_rows == 10
     assert second.read_rows(0, [9]) == [{"a": 9}]
-    assert [p.suffix for p in cache.iterdir()] == [".npy"]
+    assert [p.suffix for p in cache.rglob("*") if p.is_file()] == [".npy"]
 
 
 def test_the_index_is_rebuilt_when_the_file_changes(
@@ -163,25 +163,29 @@ def test_indexes_of_other_versions_go_once_unused_for_a_week(
         os.chmod(path, 0o644 if version % 2 else 0o600)
         assert Dataset.from_path("d", path, index_cache_dir=str(cache)).num_rows == 10 + version
         if version == 1:  # the versions so far: last used over a week ago (the other file too)
-            for index in cache.glob("*.npy"):
+            for index in cache.rglob("*.npy"):
                 os.utime(index, (index.stat().st_atime - week - 60,) * 2)
     assert counting_scan.calls == 5
     # the two old ones went; the one used a moment ago stays, and so does the other file's
-    assert len(list(cache.glob("*.npy"))) == 3
+    assert len(list(cache.rglob("*.npy"))) == 3
     Dataset.from_path("d", other, index_cache_dir=str(cache))  # loaded: marked used
     assert counting_scan.calls == 5
     marked = Path(_line_index.cache_file(str(cache), str(other))).stat().st_mtime
     assert time.time() - marked < 60
 
 
-def test_indexes_of_downloads_go_once_unused_for_a_week(tmp_path: Path, write_jsonl: Any) -> None:
+def test_indexes_of_downloads_go_once_unused_for_a_week(
+    tmp_path: Path, write_jsonl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A download's index is named by the download (object and version): none was ever
-    removed, so each version of a remote shard read left its index (16 bytes a row) for ever."""
+    removed, so each version of a remote shard read left its index (16 bytes a row) for ever.
+    They go as a process tidies the folder: at its first index there, then at most each 10
+    minutes (a listing of the folder, not one per index written)."""
     path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
     cache = str(tmp_path / "cache")
     load_or_build(str(path), cache, path.read_bytes)  # a local file's index: not a download's
     local = Path(_line_index.cache_file(cache, str(path)))
-    names = [f"{digest}-data.jsonl" for digest in ("aa01", "aa02", "aa03", "aa04")]
+    names = [f"{digest}-data.jsonl" for digest in ("aa01", "aa02", "aa03", "aa04", "aa05")]
     for name in names[:3]:
         load_or_build(str(path), cache, path.read_bytes, name=name)
     week = 7 * 24 * 3600
@@ -189,6 +193,10 @@ def test_indexes_of_downloads_go_once_unused_for_a_week(tmp_path: Path, write_js
         index = Path(_line_index.cache_file(cache, str(path), name))
         os.utime(index, (index.stat().st_atime - week - 60,) * 2)
     load_or_build(str(path), cache, path.read_bytes, name=names[3])
+    kept = {Path(_line_index.cache_file(cache, str(path), name)).exists() for name in names[:2]}
+    assert kept == {True}  # tidied at the first index, not again within 10 minutes
+    monkeypatch.setattr(_line_index, "_TIDIED", {})  # 10 minutes on, or another process
+    load_or_build(str(path), cache, path.read_bytes, name=names[4])
     kept = {Path(_line_index.cache_file(cache, str(path), name)).exists() for name in names[:2]}
     assert kept == {False}
     assert all(Path(_line_index.cache_file(cache, str(path), n)).exists() for n in names[2:])
@@ -232,7 +240,7 @@ def test_the_default_cache_is_under_zephon_torch_cache(
     tmp_path: Path, write_jsonl: Any, _private_cache: Path
 ) -> None:
     Dataset.from_path("d", write_jsonl(tmp_path / "data.jsonl", [{"a": 1}]))
-    assert len(list(_private_cache.glob("*.npy"))) == 1
+    assert len(list(_private_cache.rglob("*.npy"))) == 1
 
 
 def test_a_corrupt_cache_file_is_rebuilt(
@@ -241,7 +249,7 @@ def test_a_corrupt_cache_file_is_rebuilt(
     path = str(write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(3)]))
     cache = str(tmp_path / "cache")
     load_or_build(path, cache, lambda: Path(path).read_bytes())
-    [cached] = Path(cache).iterdir()
+    [cached] = Path(cache).glob("*/*.npy")
     cached.write_bytes(b"torn")
     index = load_or_build(path, cache, lambda: Path(path).read_bytes())
     assert index.shape == (2, 3)
@@ -277,9 +285,55 @@ def test_no_temporary_files_are_left_in_the_cache(tmp_path: Path, write_jsonl: A
     for i in range(3):
         write_jsonl(tmp_path / "data" / f"{i}.jsonl", [{"a": i}])
     Dataset.from_path("d", tmp_path / "data", index_cache_dir=str(tmp_path / "cache"))
-    names = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert len(names) == 3
-    assert all(not name.startswith(".") for name in names)
+    files = [p.relative_to(tmp_path / "cache") for p in (tmp_path / "cache").rglob("*")]
+    indexes = [p for p in files if p.suffix == ".npy"]
+    assert len(indexes) == 3 and all(not p.name.startswith(".") for p in indexes)
+    assert sorted(set(files) - set(indexes)) == sorted(
+        {p.parent for p in indexes} | {Path(".writing")}
+    )
+
+
+def test_indexes_written_do_not_each_list_the_shared_folder(
+    tmp_path: Path, write_jsonl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each index written listed the whole index folder three times, so the first open of N
+    files took N^2 steps (4.5 s for 1,500 small files); now each lists its own file's
+    subfolder, and the folder itself is listed once per process (and 10 minutes)."""
+    folder = tmp_path / "data"
+    for i in range(40):
+        write_jsonl(folder / f"{i}.jsonl", [{"a": i}])
+    cache = tmp_path / "cache"
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def counted(path: Any = ".") -> Any:
+        listed.append(os.path.abspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    assert Dataset.from_path("d", folder, index_cache_dir=str(cache)).num_rows == 40
+    assert listed.count(str(cache)) == 1
+
+
+def test_the_first_index_a_process_writes_tidies_an_earlier_layout_s_leftovers(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """Indexes of the flat layout (`<path digest>-<version>.npy`) are never read again: they go
+    once unused for a week, with the unlocked temporaries its writers left in the folder."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    week = 7 * 24 * 3600
+    flat_old, flat_recent = cache / "0123456789abcdef-fedcba9876543210.npy", cache / "a-b.npy"
+    for leftover in (flat_old, flat_recent, cache / ".writing-dead.npy"):
+        leftover.write_bytes(b"an index")
+    os.utime(flat_old, (time.time() - week - 60,) * 2)
+    user_file = cache / "notes.txt"
+    user_file.write_text("not an index")
+    Dataset.from_path(
+        "d", write_jsonl(tmp_path / "a.jsonl", [{"a": 1}]), index_cache_dir=str(cache)
+    )
+    assert not flat_old.exists() and not (cache / ".writing-dead.npy").exists()
+    assert flat_recent.exists() and user_file.exists()
 
 
 _WRITE_AN_INDEX_AND_STOP_BEFORE_ITS_RENAME = """
@@ -329,13 +383,14 @@ def test_the_temporary_file_of_a_writer_killed_mid_write_is_swept_by_the_next_in
     )
     try:
         assert writer.stdout is not None and writer.stdout.readline() == "writing\n"
-        [writing] = {p.name for p in cache.iterdir()} - {p.name for p in earlier}
+        [writing] = {p.name for p in (cache / ".writing").iterdir()}
         assert Dataset.from_path("d", paths[1], index_cache_dir=str(cache)).num_rows == 6
-        assert (cache / writing).exists()  # its writer lives: kept
+        assert (cache / ".writing" / writing).exists()  # its writer lives: kept
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.wait(60)
     assert Dataset.from_path("d", paths[2], index_cache_dir=str(cache)).num_rows == 7
     names = sorted(p.name for p in cache.iterdir())
-    assert [name for name in names if name.startswith(".")] == [".tmp-recent.npy"]
-    assert len(names) == 3  # and the two indexes written whole
+    assert [name for name in names if name.startswith(".")] == [".tmp-recent.npy", ".writing"]
+    assert list((cache / ".writing").iterdir()) == []
+    assert len(list(cache.glob("*/*.npy"))) == 2  # and the two indexes written whole
