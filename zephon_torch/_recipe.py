@@ -11,8 +11,9 @@ if TYPE_CHECKING:
 
 
 def recipe_fingerprint(self: Pipeline) -> dict[str, Any]:
-    """Lanes, work source, per-document operators, packing, stateful filters, row shuffle and
-    micro-batch size; performance knobs (runners, parallelism, prefetch) stay out."""
+    """Lanes, work source, per-document operators, packing, stateful filters and row shuffle;
+    performance knobs (runners, parallelism, prefetch, the micro-batch size: see
+    ``_regroup``) stay out."""
     assert self._pack is not None
     out = {"canonical_replicas": self._options.canonical_replicas, **self._source.fingerprint()}
     out["ops"] = [op.fingerprint() for op in doc_ops(self)]
@@ -28,5 +29,4 @@ def recipe_fingerprint(self: Pipeline) -> dict[str, Any]:
     }
     out["stateful_filters"] = [name for _, name in self._stateful]
     out["shuffle_window"] = self._shuffle_window
-    out["microbatch_size"] = self._microbatch_size
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from zephon_torch._regroup import regroup, saved_size
 from zephon_torch.elastic import ranks_out_of_step
 from zephon_torch.errors import ConfigError, StateMismatchError, finite_number
 
@@ -283,6 +284,8 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
         raise ConfigError("merge_states needs at least one state (each rank's), got none")
     for state in states:
         check_shape(state)
+    size = saved_size(states[0])  # one unit for the turns (see `_regroup`)
+    states = [state if size is None else regroup(state, size) for state in states]
     first = states[0]
     merged = {k: v for k, v in first.items() if k != "lanes"}
     lanes: dict[str, Any] = {}

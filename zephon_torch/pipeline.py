@@ -19,6 +19,7 @@ from zephon_torch._caller import warn
 from zephon_torch._lane_split import MID_STEP, step_remainder
 from zephon_torch._lanes import LaneRuntime, deliver, stop_iteration
 from zephon_torch._recipe import recipe_fingerprint
+from zephon_torch._regroup import regroup
 from zephon_torch._specs import (
     BadRows,
     Options,
@@ -259,6 +260,7 @@ class Pipeline(RecipeSteps):
             # lane states index the datasets by position; a list, kept by any serialiser
             "datasets": list(self._source.names),
             "step": state_step(lanes),
+            "microbatch_size": self._microbatch_size,  # what turns count (see `_regroup`)
             "estimation": copy.deepcopy(self._estimation),
             "lanes": copy.deepcopy(lanes),
         }
@@ -266,16 +268,22 @@ class Pipeline(RecipeSteps):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from any world size dividing L); raises on any mismatch,
         warns of a state saved mid-step. An iterator made before the load raises RuntimeError
-        on its next call."""
-        self._load_state(state)
+        on its next call. A state saved with another micro-batch size goes on where its
+        lanes' rows are whole micro-batches of this one (see ``_regroup``)."""
+        state = self._load_state(state)
         self._warn_mid_step(state["lanes"])
 
-    def _load_state(self, state: dict[str, Any]) -> None:
+    def _load_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Loads ``state``; returns it with its turns in this pipeline's micro-batches."""
+        self._require_complete()
+        assert self._microbatch_size is not None
+        state = regroup(state, self._microbatch_size)
         check_state(state, self.fingerprint(), self.lanes)
         self._check_in_step(state["lanes"])
         self._end_live()
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
         self._estimation = copy.deepcopy(state.get("estimation"))
+        return state
 
     def _check_in_step(self, lanes: dict[str, Any]) -> None:
         """Refuse a state's ``lanes`` of several ranks (merged, or of fewer ranks) that,

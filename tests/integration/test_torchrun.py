@@ -117,19 +117,27 @@ def test_ranks_that_loaded_states_of_different_steps_are_named_when_the_state_is
     assert not (tmp_path / "r2" / "state.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--last-rank-algorithm", "best_fit", "'best_fit'"),
+        ("--last-rank-microbatch", "4", "microbatch_size: 2 on rank 0, 4 on rank 1"),
+    ],
+)
 def test_ranks_running_different_recipes_are_named_at_the_first_iteration(
-    tmp_path: Path, tokenizer_path: Path
+    tmp_path: Path, tokenizer_path: Path, flag: str, value: str, named: str
 ) -> None:
     """Each rank stamped the gathered lanes with its own fingerprint: a state of two recipes
     was saved without a word, and its resume failed as if the data had changed. Then the
     ranks were named when the state was gathered, after training on mixed data until the
-    first checkpoint (a fresh-user trial); now at the loader's first iteration, step 0."""
+    first checkpoint (a fresh-user trial); now at the loader's first iteration, step 0. The
+    micro-batch size, outside the fingerprint, is compared too: the ranks' turns count it."""
     failed = torchrun(
         2, tmp_path / "r2", tokenizer_path, "--steps", "4", "--save-at", "2",
-        "--last-rank-algorithm", "best_fit", fails=True,
+        flag, value, fails=True,
     )  # fmt: skip
     assert "the ranks run different recipes" in failed["stderr"]
-    assert "on rank 0" in failed["stderr"] and "'best_fit'" in failed["stderr"]
+    assert "on rank 0" in failed["stderr"] and named in failed["stderr"]
     assert "in check_data_parallel" in failed["stderr"]  # at iter(), before any batch
     assert "in all_gather_lane_states" not in failed["stderr"]
     assert not (tmp_path / "r2" / "state.json").exists()

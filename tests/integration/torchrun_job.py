@@ -40,6 +40,9 @@ def main() -> None:
         "--last-rank-algorithm", default="wrap", help="another recipe on the last rank"
     )
     parser.add_argument(
+        "--last-rank-microbatch", type=int, default=2, help="another micro-batch size there"
+    )
+    parser.add_argument(
         "--again-every", type=int, default=0, help="iterate the loader anew after this many items"
     )
     parser.add_argument(
@@ -60,6 +63,7 @@ def main() -> None:
     pipeline = small_pipeline(
         tokenizer,
         algorithm=args.last_rank_algorithm if rank == world - 1 else "wrap",
+        microbatch_size=args.last_rank_microbatch if rank == world - 1 else 2,
         lanes=args.lanes,
         exhaustion=args.exhaustion,
         datasets=two_sources(*rows, shard_size=8),

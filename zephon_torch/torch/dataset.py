@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon_torch._caller import warn
 from zephon_torch._lanes import calibrated
+from zephon_torch._regroup import regroup
 from zephon_torch._state import state_step, version_mismatch, version_note
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.ops.training import HOST_FIELDS
@@ -30,10 +31,14 @@ if TYPE_CHECKING:
     from zephon_torch.pipeline import Pipeline
 
 
-def recipe_of(fingerprint: dict[str, Any], estimation: Any) -> dict[str, Any]:
-    """What ranks must agree on: a pipeline's fingerprint and its token estimation (which the
-    lanes' mixing decisions rest on)."""
-    return {**fingerprint, "token estimation": estimation}
+def recipe_of(pipeline: Pipeline, estimation: Any) -> dict[str, Any]:
+    """What ranks must agree on: a pipeline's fingerprint, its token estimation (which the
+    lanes' mixing decisions rest on) and its micro-batch size (which their turns count)."""
+    return {
+        **pipeline.fingerprint(),
+        "token estimation": estimation,
+        "microbatch_size": pipeline._microbatch_size,
+    }
 
 
 META_KEY = "zephon"
@@ -283,7 +288,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # not delivered since the load come from it)
         lanes = copy.deepcopy(self.resume_lanes(delivered))
         if get_worker_info() is None and distributed_ready():
-            recipe = recipe_of(base["fingerprint"], base.get("estimation"))
+            recipe = recipe_of(self.pipeline, base.get("estimation"))
             lanes = all_gather_lane_states(lanes, recipe, self.pipeline.topology)
         elif get_worker_info() is None and self.pipeline.topology[0] > 1:
             self._warn_rank_state(len(lanes))
@@ -312,14 +317,18 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state of any world size dividing L; checked against the recipe,
         warned of where saved mid-step."""
-        self._load(state)
+        state = self._load(state)
         if "worker_lanes" not in state and get_worker_info() is None:
             self.pipeline._warn_mid_step(state["lanes"])
 
-    def _load(self, state: dict[str, Any]) -> None:
+    def _load(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Loads ``state``; returns it with its turns in this pipeline's micro-batches (see
+        ``_regroup``)."""
         from zephon_torch._state import check_shape, check_state
 
         check_shape(state)
+        assert self.pipeline._microbatch_size is not None
+        state = regroup(state, self.pipeline._microbatch_size)
         mismatch = version_mismatch(state)
         if mismatch:
             raise StateMismatchError(mismatch, note=version_note(state["version"]))
@@ -349,6 +358,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self._delivered = {}
         if state.get("estimation") is not None:  # frozen: a resume never re-measures
             self.pipeline._estimation = copy.deepcopy(state["estimation"])
+        return state
 
 
 def to_device(item: dict[str, Any], device: torch.device | str) -> dict[str, Any]:

@@ -173,7 +173,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             warn(note)
         ranks = collective(pipeline.topology)
         # every rank's topology and recipe, at step 0 (the group made here)
-        recipe = recipe_of(pipeline.fingerprint(), pipeline._estimation)
+        recipe = recipe_of(pipeline, pipeline._estimation)
         check_data_parallel(pipeline.topology, recipe)
         begun = self._in_step() if ranks else 0
         equalise = ranks and pipeline.exhaustion == "stop"

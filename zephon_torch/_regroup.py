@@ -1,0 +1,85 @@
+"""A saved state's turns in another micro-batch size: the micro-batch size is a performance
+knob, not part of the recipe.
+
+A lane's rows, and its state after each row, do not depend on how many rows a micro-batch
+takes (the ``wrap`` packer's block path ends each block as row by row would). Only the lane's
+turn counts micro-batches; a state saved with micro-batches of ``m`` rows, at turn ``t``, stands
+after ``t * m`` rows of each lane, and goes on with micro-batches of ``m'`` rows at turn
+``t * m / m'``, where that is a whole number. A global step (a turn of every lane) then holds
+``L * m'`` rows: a training loop that keeps its global batch accumulates ``m / m'`` times as
+many micro-batches per optimizer step.
+
+States record the size they were saved with (``"microbatch_size"``); states saved before that
+hold it in their fingerprint, as part of the recipe then.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from zephon_torch.errors import StateMismatchError
+
+KEY = "microbatch_size"
+
+
+def saved_size(state: dict[str, Any]) -> Any:
+    """The micro-batch size ``state`` was saved with (not checked)."""
+    fingerprint = state.get("fingerprint")
+    earlier = fingerprint.get(KEY) if isinstance(fingerprint, dict) else None
+    return state.get(KEY, earlier)
+
+
+def regroup(state: Any, microbatch_size: int) -> Any:
+    """``state`` (a pipeline state, checked for its shape elsewhere) with its lanes' turns and
+    step counted in micro-batches of ``microbatch_size`` rows; the state itself where nothing
+    changes or it is not a state's dict.
+
+    Raises:
+        StateMismatchError: when the size saved is not a positive int, or some lane's rows so
+            far are not a whole number of micro-batches of the new size.
+    """
+    if not isinstance(state, dict) or not isinstance(state.get("fingerprint"), dict):
+        return state
+    saved = saved_size(state)
+    if saved is None:
+        return state  # not a pipeline's state: its shape check says so
+    if type(saved) is not int or saved < 1:
+        raise StateMismatchError({KEY: (saved, "the micro-batch size saved, a positive int")})
+    out = {key: value for key, value in state.items() if key != "lanes"}
+    out["fingerprint"] = {k: v for k, v in state["fingerprint"].items() if k != KEY}
+    out[KEY] = microbatch_size
+    lanes = state.get("lanes")
+    if saved == microbatch_size or not isinstance(lanes, dict):
+        out["lanes"] = lanes
+        return out
+    uneven: list[str] = []
+    regrouped: dict[str, Any] = {}
+    for lane, lane_state in lanes.items():
+        turn = lane_state.get("turn") if isinstance(lane_state, dict) else None
+        if type(turn) is not int:  # None (not begun), or malformed: checked as it is
+            regrouped[lane] = lane_state
+            continue
+        rows = turn * saved
+        if rows % microbatch_size:
+            uneven.append(f"lane {lane}: {rows}")
+        regrouped[lane] = {**lane_state, "turn": rows // microbatch_size}
+    step = state.get("step")
+    if type(step) is int and step * saved % microbatch_size:
+        uneven.append(f"step {step}: {step * saved}")
+    if uneven:
+        raise StateMismatchError(
+            {
+                KEY: (
+                    f"{saved}, rows so far: {', '.join(uneven[:4])}"
+                    + (f" and {len(uneven) - 4} more" if len(uneven) > 4 else ""),
+                    f"{microbatch_size}: resume where every lane's rows are a whole number of "
+                    f"micro-batches of {microbatch_size} (a state saved at a step end, with a "
+                    f"size dividing {saved} or a multiple of it that divides the rows)",
+                )
+            }
+        )
+    out["lanes"] = copy.deepcopy(regrouped)
+    if type(step) is int:
+        out["step"] = step * saved // microbatch_size
+    return out
