@@ -9,15 +9,15 @@ lock is a dead process's, swept by the next reservation. Eviction deletes the le
 used files (by mtime, which every use marks) that no process holds a shared lock on.
 
 The bytes of cached files are kept in a ledger (`.ledger`, under the folder lock), so that a
-reservation that fits needs no listing of the folder: with 10,000 files, one listing took 40 ms,
-which capped every process of a node together at 25 new shards a second. The ledger may count
-too much (a file a cleaner deleted, a download that died), never too little: a placement adds
-its size as its reservation is released, and a dead process's reservation adds its size as it
-is swept, whether or not the file was placed. A reservation that does not fit by the ledger,
-every `_RESCAN_EVERY`-th one, and one with no ledger (the folder new, or made again) list the
-folder and set the ledger to what they found. With more than `_FEW_FILES` files, an eviction
-frees a margin of `1/_MARGIN` of `max_bytes` past what the reservation needs, so that a full
-cache lists its folder once per that many bytes placed, not at every shard.
+reservation that fits lists none of them: with 10,000 files, one listing took 40 ms, which
+capped every process of a node together at 25 new shards a second. The ledger may count too
+much (a file a cleaner deleted, a download that died), never too little: a placement adds its
+size before its reservation's marker goes, a dead process's reservation adds its size before it
+is swept, placed or not (a version before the ledger adds nothing: see docs/design.md). A
+reservation that does not fit by the ledger, every `_RESCAN_EVERY`-th one, and one with no
+ledger (the folder new, or made again) list the folder and set the ledger to what they found.
+With more than `_FEW_FILES` files, an eviction frees a margin of `1/_MARGIN` of `max_bytes` past
+what the reservation needs, so a full cache lists its folder once per that many bytes placed.
 """
 
 from __future__ import annotations
@@ -149,9 +149,9 @@ class CacheFolder:
         be) in the folder now, and its size goes into the ledger. The folder (and its lock
         file) may be gone, with nothing left to undo then."""
         with contextlib.suppress(OSError), flock(self._lock, fcntl.LOCK_EX):
-            os.unlink(marker)
-            if placed:
+            if placed:  # before the marker goes: a crash in between counts it twice, not never
                 add_to_ledger(self.directory, _marker_size(marker))
+            os.unlink(marker)
 
     def evict_to_free(self, size: int) -> None:
         """Evicts LRU unpinned shards until `size` bytes are free on the disk."""
@@ -238,16 +238,17 @@ class CacheFolder:
         file, see `reserve`): evicts LRU unpinned shards until `size` more bytes fit in
         `max_bytes`. The folder is listed only when the ledger says they do not fit, or is
         missing or due (see the module docstring)."""
-        reserved, dead = self.reserved_bytes(mine)
+        reserved = self.reserved_bytes(mine)
         ledger = read_ledger(self.directory)
         if ledger is not None:
-            total, since = ledger[0] + dead, ledger[1] + 1
+            total, since = ledger[0], ledger[1] + 1
             if since < _RESCAN_EVERY and total + reserved + size <= max_bytes:
                 write_ledger(self.directory, total, since)
                 return True
         entries = sorted(self.entries(), key=lambda entry: entry[2])
         total = sum(entry_size for _, entry_size, _ in entries)
-        goal = max_bytes - (max_bytes // _MARGIN if len(entries) > _FEW_FILES else 0)
+        many = len(entries) > _FEW_FILES and total + reserved + size > max_bytes  # evicts
+        goal = max_bytes - (max_bytes // _MARGIN if many else 0)
         for path, entry_size, _ in entries:
             if total + reserved + size <= goal:
                 break
@@ -285,27 +286,24 @@ class CacheFolder:
                 found.append((entry.path, stat.st_size, stat.st_mtime))
         return found
 
-    def reserved_bytes(self, mine: tuple[str, str]) -> tuple[int, int]:
+    def reserved_bytes(self, mine: tuple[str, str]) -> int:
         """Under the folder lock: the bytes reserved by downloads and makes under way, once
-        the leftovers of dead processes are swept (see `sweep`), and the bytes of the
-        reservations swept (whose files may have been placed before their process died)."""
+        the leftovers of dead processes are swept (see `sweep`)."""
         markers: dict[str, list[str]] = {}
         for marker in os.listdir(os.path.join(self.directory, _RESERVE)):
             markers.setdefault(marker.split("-", 2)[-1], []).append(marker)
         temps: dict[str, list[str]] = {}
         for temp in os.listdir(os.path.join(self.directory, _TMP)):
             temps.setdefault(temp.rsplit(".", 1)[0], []).append(temp)
-        before = sum(_marker_size(m) for found in markers.values() for m in found)
         self.sweep(markers, temps, mine)
-        total = sum(_marker_size(m) for found in markers.values() for m in found)
-        return total, before - total
+        return sum(_marker_size(m) for found in markers.values() for m in found)
 
     def sweep(
         self, markers: dict[str, list[str]], temps: dict[str, list[str]], mine: tuple[str, str]
     ) -> None:
         """Deletes the reservations and temporary files (grouped by the name of the file they
         are for) whose name's lock no one holds: their process died while downloading or
-        making that file. Swept names leave `markers`.
+        making that file. Swept names leave `markers`, their sizes into the ledger first.
 
         Liveness is the lock, not a process id: containers sharing the cache folder on one
         kernel, each with its own process ids, sweep only what the dead left. The caller holds
@@ -314,7 +312,10 @@ class CacheFolder:
         own, made = mine
 
         def delete(name: str) -> None:  # under the name's lock
-            leftovers = [(_RESERVE, m) for m in markers.pop(name, [])]
+            dead = markers.pop(name, [])
+            if dead:
+                add_to_ledger(self.directory, sum(_marker_size(m) for m in dead))
+            leftovers = [(_RESERVE, m) for m in dead]
             leftovers += [(_TMP, t) for t in temps.get(name, []) if t != made]
             for folder, leftover in leftovers:
                 with contextlib.suppress(OSError):
