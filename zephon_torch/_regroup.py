@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from zephon_torch._packed_rows import unpack_lanes
 from zephon_torch.errors import StateMismatchError
 
 KEY = "microbatch_size"
@@ -83,3 +84,12 @@ def regroup(state: Any, microbatch_size: int) -> Any:
     if type(step) is int:
         out["step"] = step * saved // microbatch_size
     return out
+
+
+def as_loaded(state: Any, microbatch_size: int) -> Any:
+    """A saved state as a pipeline reads it: its turns in micro-batches of
+    ``microbatch_size`` (``regroup``) and its bin packers' rows as lists (``_packed_rows``)."""
+    state = regroup(state, microbatch_size)
+    if isinstance(state, dict) and isinstance(state.get("lanes"), dict):
+        state = {**state, "lanes": unpack_lanes(state["lanes"])}
+    return state

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from zephon_torch._packed_rows import pack_lanes
 from zephon_torch._state import state_step
 from zephon_torch._token_stage import read_datasets
 from zephon_torch.ops._pack_skips import SKIP_REASONS
@@ -148,7 +149,7 @@ def loader_stats(
     and the packers' waits are the workers' (None here)."""
     source = pipeline._source
     state = pipeline.state_dict()
-    state["lanes"], state["step"] = lanes, state_step(lanes)
+    state["lanes"], state["step"] = pack_lanes(lanes), state_step(lanes)
     return report(
         counters,
         targets=dict(zip(source.names, source.weights)),

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from zephon_torch._caller import warn
 from zephon_torch._lane_split import MID_STEP, step_remainder
 from zephon_torch._lanes import LaneRuntime, deliver, stop_iteration
+from zephon_torch._packed_rows import pack_lanes
 from zephon_torch._recipe import recipe_fingerprint
-from zephon_torch._regroup import regroup
+from zephon_torch._regroup import as_loaded
 from zephon_torch._specs import (
     BadRows,
     Options,
@@ -262,7 +263,7 @@ class Pipeline(RecipeSteps):
             "step": state_step(lanes),
             "microbatch_size": self._microbatch_size,  # what turns count (see `_regroup`)
             "estimation": copy.deepcopy(self._estimation),
-            "lanes": copy.deepcopy(lanes),
+            "lanes": pack_lanes(copy.deepcopy(lanes)),  # a bin packer's rows packed
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -277,7 +278,7 @@ class Pipeline(RecipeSteps):
         """Loads ``state``; returns it with its turns in this pipeline's micro-batches."""
         self._require_complete()
         assert self._microbatch_size is not None
-        state = regroup(state, self._microbatch_size)
+        state = as_loaded(state, self._microbatch_size)
         check_state(state, self.fingerprint(), self.lanes)
         self._check_in_step(state["lanes"])
         self._end_live()

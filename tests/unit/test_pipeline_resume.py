@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers import assert_resumes_at_every_step, key, small_pipeline, two_sources
 from zephon_torch import DataError, Pipeline
+from zephon_torch._packed_rows import unpack_rows
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
 
@@ -475,7 +476,8 @@ def test_a_held_document_a_filter_drops_on_resume_is_named_by_its_shard_path(
     pipeline = build()
     next(iter(pipeline))
     state = pipeline.state_dict()
-    _, pass_index, pos, _, _ = state["lanes"]["0"]["pack"]["packer"]["bins"][0][0]
+    packer = unpack_rows(state["lanes"]["0"]["pack"]["packer"])
+    _, pass_index, pos, _, _ = packer["bins"][0][0]
     span = pipeline._source.layouts[0].span(
         pass_index=pass_index, lane=0, num_lanes=1, start=pos, count=1
     )

@@ -18,7 +18,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon_torch._caller import warn
 from zephon_torch._lanes import calibrated
-from zephon_torch._regroup import regroup
+from zephon_torch._packed_rows import pack_lanes
+from zephon_torch._regroup import as_loaded
 from zephon_torch._state import state_step, version_mismatch, version_note
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.ops.training import HOST_FIELDS
@@ -286,7 +287,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         # whose gathered states must not be overwritten by these. A copy: the caller owns
         # what it gets, and the loaded state is what a later iteration resumes from (lanes
         # not delivered since the load come from it)
-        lanes = copy.deepcopy(self.resume_lanes(delivered))
+        lanes = pack_lanes(copy.deepcopy(self.resume_lanes(delivered)))
         if get_worker_info() is None and distributed_ready():
             recipe = recipe_of(self.pipeline, base.get("estimation"))
             lanes = all_gather_lane_states(lanes, recipe, self.pipeline.topology)
@@ -328,7 +329,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
 
         check_shape(state)
         assert self.pipeline._microbatch_size is not None
-        state = regroup(state, self.pipeline._microbatch_size)
+        state = as_loaded(state, self.pipeline._microbatch_size)
         mismatch = version_mismatch(state)
         if mismatch:
             raise StateMismatchError(mismatch, note=version_note(state["version"]))

@@ -1,0 +1,87 @@
+"""A bin packer's saved state holds its open rows packed: small with short documents, read
+back exactly, and states of version 2 (rows as lists) still load."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from tests.helpers import key
+from zephon_torch import Pipeline
+from zephon_torch._packed_rows import unpack_lanes
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+_WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "by",
+    "at",
+]
+
+
+def _short_documents(count: int) -> list[dict[str, str]]:
+    rng = random.Random(3)
+    return [
+        {"text": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 4)))}
+        for _ in range(count)
+    ]
+
+
+def _build(tokenizer: Any, rows: list[dict[str, str]], algorithm: str) -> Pipeline:
+    source = StaticMixtureWorkSource(
+        [Dataset.from_dict("short", rows, shard_size=500)], seed=1, exhaustion="repeat"
+    )
+    return (
+        Pipeline(source)
+        .options(canonical_replicas=2)
+        .tokenize(tokenizer=tokenizer)
+        .pack_flat(512, algorithm, num_bins=8)  # type: ignore[arg-type]
+        .batch(2)
+    )
+
+
+def test_a_bin_packer_s_state_on_short_documents_is_packed_small_and_resumes_exactly(
+    tokenizer: Any,
+) -> None:
+    """About 500 pieces a lane: 23 bytes each as lists, a few packed."""
+    rows = _short_documents(6000)
+    for algorithm in ("best_fit", "first_fit", "best_fit_wrap"):
+        pipeline = _build(tokenizer, rows, algorithm)
+        batches = iter(pipeline)
+        for _ in range(6):
+            next(batches)
+        state = json.loads(json.dumps(pipeline.state_dict()))
+        reference = [key(next(batches)) for _ in range(6)]
+        as_lists = {**state, "lanes": unpack_lanes(state["lanes"])}
+        pieces = sum(
+            len(row)
+            for lane in as_lists["lanes"].values()
+            for row in lane["pack"]["packer"]["bins"] + lane["pack"]["packer"]["ready"]
+        )
+        assert pieces > 800, algorithm
+        assert len(json.dumps(state)) * 5 < len(json.dumps(as_lists)), algorithm
+        resumed = _build(tokenizer, rows, algorithm)
+        resumed.load_state_dict(state)
+        assert [key(batch) for _, batch in zip(range(6), resumed)] == reference, algorithm
+        # as a release before the packing wrote it: version 2, rows as lists, the micro-batch
+        # size in the fingerprint
+        older = {k: v for k, v in as_lists.items() if k != "microbatch_size"}
+        older["version"] = 2
+        older["fingerprint"] = {**state["fingerprint"], "microbatch_size": 2}
+        resumed = _build(tokenizer, rows, algorithm)
+        resumed.load_state_dict(older)
+        assert [key(batch) for _, batch in zip(range(6), resumed)] == reference, algorithm
