@@ -88,8 +88,45 @@ def regroup(state: Any, microbatch_size: int) -> Any:
 
 def as_loaded(state: Any, microbatch_size: int) -> Any:
     """A saved state as a pipeline reads it: its turns in micro-batches of
-    ``microbatch_size`` (``regroup``) and its bin packers' rows as lists (``_packed_rows``)."""
-    state = regroup(state, microbatch_size)
-    if isinstance(state, dict) and isinstance(state.get("lanes"), dict):
-        state = {**state, "lanes": unpack_lanes(state["lanes"])}
-    return state
+    ``microbatch_size`` (``regroup``) and its bin packers' rows as lists (``_packed_rows``).
+
+    Raises:
+        StateMismatchError: as ``regroup``, and for a state saved mid-step (its lanes with
+            data a turn apart) loaded with smaller micro-batches: its lanes would stand
+            several turns apart, where a run of that size never leaves them.
+    """
+    converted = regroup(state, microbatch_size)
+    before, after = _turns_with_data(state), _turns_with_data(converted)
+    if len(set(before)) == 2 and max(before) - min(before) == 1 and max(after) - min(after) > 1:
+        raise StateMismatchError(
+            {
+                KEY: (
+                    f"{saved_size(state)}, saved mid-step: lanes with data at turns "
+                    f"{sorted(set(before))}",
+                    f"{microbatch_size}: in micro-batches of {microbatch_size} those lanes "
+                    f"would stand {max(after) - min(after)} turns apart, which no run leaves; "
+                    f"load it with micro-batches of {saved_size(state)}, or resume from a "
+                    "state saved at a step end",
+                )
+            }
+        )
+    if isinstance(converted, dict) and isinstance(converted.get("lanes"), dict):
+        converted = {**converted, "lanes": unpack_lanes(converted["lanes"])}
+    return converted
+
+
+def _turns_with_data(state: Any) -> list[int]:
+    """The turns of ``state``'s lanes that have data left (a lane not begun at turn 0; a
+    malformed one left to the state's checks)."""
+    lanes = state.get("lanes") if isinstance(state, dict) else None
+    if not isinstance(lanes, dict):
+        return []
+    turns = []
+    for lane_state in lanes.values():
+        if lane_state is None:
+            turns.append(0)
+        elif isinstance(lane_state, dict) and not lane_state.get("done"):
+            turn = lane_state.get("turn")
+            if type(turn) is int:
+                turns.append(turn)
+    return turns

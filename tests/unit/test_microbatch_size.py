@@ -157,3 +157,23 @@ def test_a_torch_loader_with_workers_resumes_a_state_of_another_microbatch_size(
     resumed = DataLoader(_pipeline(tokenizer, 2), num_workers=2)
     resumed.load_state_dict(state)
     assert steps_of(resumed, 3, 4) == reference[3:]
+
+
+def test_a_state_saved_mid_step_is_refused_with_a_smaller_size_naming_why(
+    tokenizer: Any,
+) -> None:
+    """Saved with micro-batches of 4 after lane 0's batch of turn 3 (lanes at turns 3 and 2),
+    every lane's rows (12, 8) are whole micro-batches of 2, but in them the lanes would stand
+    two turns apart (6 and 4), which no run of micro-batches of 2 gives: refused as a matter of
+    the size, saying the state was saved mid-step (not as turns edited or merged by hand)."""
+    saved = _pipeline(tokenizer, 4)
+    iterator = iter(saved)
+    for _ in range(2 * LANES + 1):
+        next(iterator)
+    state = json.loads(json.dumps(saved.state_dict()))
+    with pytest.raises(StateMismatchError) as info:
+        _pipeline(tokenizer, 2).load_state_dict(copy.deepcopy(state))
+    assert set(info.value.mismatches) == {"microbatch_size"}
+    assert "mid-step" in str(info.value)
+    with pytest.warns(UserWarning, match="mid-step"):  # its own size takes it
+        _pipeline(tokenizer, 4).load_state_dict(state)
