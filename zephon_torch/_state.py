@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from zephon_torch._regroup import regroup, saved_size
+from zephon_torch._regroup import KEY, as_loaded, regroup, saved_size
 from zephon_torch.elastic import ranks_out_of_step
 from zephon_torch.errors import ConfigError, StateMismatchError, finite_number
 
@@ -95,6 +95,32 @@ def check_state(
         notes = [version_note(state["version"])] if "version" in mismatches else []
         notes += [_digest_note(key, *mismatches[key]) for key in mismatches]
         raise StateMismatchError(mismatches, note="\n".join(note for note in notes if note))
+
+
+def loaded_state(
+    state: Any, microbatch_size: int, fingerprint: dict[str, Any], needed_lanes: Iterable[int]
+) -> dict[str, Any]:
+    """``state`` as a pipeline of micro-batches of ``microbatch_size`` reads it
+    (``_regroup.as_loaded``), checked against the live recipe (``check_state``), every
+    problem in one ``StateMismatchError``: a state of another version is refused before it is
+    converted (a later release's may hold what this one cannot read), and one that cannot be
+    converted is refused naming the recipe's differences beside it."""
+    check_shape(state)
+    saved = state["fingerprint"]
+    as_saved = {**state, "fingerprint": {k: v for k, v in saved.items() if k != KEY}}
+    if version_mismatch(state):
+        check_state(as_saved, fingerprint, needed_lanes)  # raises, naming the version
+    try:
+        loaded: dict[str, Any] = as_loaded(state, microbatch_size)
+    except StateMismatchError as error:
+        try:
+            check_state(as_saved, fingerprint, needed_lanes)
+        except StateMismatchError as other:
+            mismatches = {**other.mismatches, **error.mismatches}
+            raise StateMismatchError(mismatches, note=other.note) from None
+        raise
+    check_state(loaded, fingerprint, needed_lanes)
+    return loaded
 
 
 def _digest_note(key: str, saved: object, live: object) -> str:

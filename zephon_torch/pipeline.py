@@ -20,7 +20,6 @@ from zephon_torch._lane_split import MID_STEP, step_remainder
 from zephon_torch._lanes import LaneRuntime, deliver, stop_iteration
 from zephon_torch._packed_rows import pack_lanes
 from zephon_torch._recipe import recipe_fingerprint
-from zephon_torch._regroup import as_loaded
 from zephon_torch._specs import (
     BadRows,
     Options,
@@ -28,7 +27,7 @@ from zephon_torch._specs import (
     PretokenizedSpec,
     TokenizeSpec,
 )
-from zephon_torch._state import STATE_VERSION, check_state, state_step
+from zephon_torch._state import STATE_VERSION, loaded_state, state_step
 from zephon_torch._stats import RunCounters, pipeline_stats
 from zephon_torch._steps import RecipeSteps
 from zephon_torch._token_stage import pad_id, prefetch_depth
@@ -278,8 +277,7 @@ class Pipeline(RecipeSteps):
         """Loads ``state``; returns it with its turns in this pipeline's micro-batches."""
         self._require_complete()
         assert self._microbatch_size is not None
-        state = as_loaded(state, self._microbatch_size)
-        check_state(state, self.fingerprint(), self.lanes)
+        state = loaded_state(state, self._microbatch_size, self.fingerprint(), self.lanes)
         self._check_in_step(state["lanes"])
         self._end_live()
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}

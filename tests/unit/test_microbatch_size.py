@@ -177,3 +177,21 @@ def test_a_state_saved_mid_step_is_refused_with_a_smaller_size_naming_why(
     assert "mid-step" in str(info.value)
     with pytest.warns(UserWarning, match="mid-step"):  # its own size takes it
         _pipeline(tokenizer, 4).load_state_dict(state)
+
+
+def test_a_state_refused_for_its_size_names_the_recipe_s_other_differences_too(
+    tokenizer: Any,
+) -> None:
+    """One error lists every difference (docs/design.md, State shape): rows that are no whole
+    micro-batches of the new size, and a changed packing beside them."""
+    saved = _pipeline(tokenizer, 2)
+    iterator = iter(saved)
+    for _ in range(3 * LANES):  # 6 rows a lane: not whole micro-batches of 4
+        next(iterator)
+    state = saved.state_dict()
+    changed = small_pipeline(
+        tokenizer, lanes=LANES, microbatch_size=4, max_length=32, exhaustion="repeat"
+    )
+    with pytest.raises(StateMismatchError) as info:
+        changed.load_state_dict(state)
+    assert {"microbatch_size", "pack"} <= set(info.value.mismatches)

@@ -7,6 +7,8 @@ import json
 import random
 from typing import Any
 
+import pytest
+
 from tests.helpers import key
 from zephon_torch import Pipeline
 from zephon_torch._packed_rows import unpack_lanes
@@ -85,3 +87,31 @@ def test_a_bin_packer_s_state_on_short_documents_is_packed_small_and_resumes_exa
         resumed = _build(tokenizer, rows, algorithm)
         resumed.load_state_dict(older)
         assert [key(batch) for _, batch in zip(range(6), resumed)] == reference, algorithm
+
+
+def test_a_later_release_s_state_is_refused_for_its_version_not_its_packing(
+    tokenizer: Any,
+) -> None:
+    """A state of a later version whose rows this release cannot unpack (a packing of its
+    own) is refused as a later release's, with the note to resume there, through a pipeline
+    and a torch loader alike: not as a damaged packing (pack.packer.pieces)."""
+    from zephon_torch import StateMismatchError
+    from zephon_torch.torch import DataLoader
+
+    rows = _short_documents(600)
+    pipeline = _build(tokenizer, rows, "best_fit")
+    batches = iter(pipeline)
+    for _ in range(4):
+        next(batches)
+    state = json.loads(json.dumps(pipeline.state_dict()))
+    state["version"] = 4
+    for lane in state["lanes"].values():
+        lane["pack"]["packer"]["pieces"] = "zstd:" + lane["pack"]["packer"]["pieces"]
+    for target in (
+        _build(tokenizer, rows, "best_fit"),
+        DataLoader(_build(tokenizer, rows, "best_fit")),
+    ):
+        with pytest.raises(StateMismatchError) as refused:
+            target.load_state_dict(state)
+        assert set(refused.value.mismatches) == {"version"}, type(target).__name__
+        assert "saved by a later zephon_torch release" in str(refused.value)

@@ -19,7 +19,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 from zephon_torch._caller import warn
 from zephon_torch._lanes import calibrated
 from zephon_torch._packed_rows import pack_lanes
-from zephon_torch._regroup import as_loaded
 from zephon_torch._state import state_step, version_mismatch, version_note
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.ops.training import HOST_FIELDS
@@ -325,11 +324,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     def _load(self, state: dict[str, Any]) -> dict[str, Any]:
         """Loads ``state``; returns it with its turns in this pipeline's micro-batches (see
         ``_regroup``)."""
-        from zephon_torch._state import check_shape, check_state
+        from zephon_torch._state import check_shape, loaded_state
 
         check_shape(state)
-        assert self.pipeline._microbatch_size is not None
-        state = as_loaded(state, self.pipeline._microbatch_size)
         mismatch = version_mismatch(state)
         if mismatch:
             raise StateMismatchError(mismatch, note=version_note(state["version"]))
@@ -348,7 +345,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                 }
             )
         needed = state.get("worker_lanes", self.pipeline.lanes)
-        check_state(state, self.pipeline.fingerprint(), needed)
+        assert self.pipeline._microbatch_size is not None
+        size = self.pipeline._microbatch_size
+        state = loaded_state(state, size, self.pipeline.fingerprint(), needed)
         if "worker_lanes" not in state:
             self.pipeline._check_in_step(state["lanes"])
         if get_worker_info() is not None and self._arrived is None:
