@@ -9,12 +9,13 @@ writes `--size` bytes to the temporary file), twice: with a `max_bytes` that hol
 (no eviction), and with the cache full. The baseline, in the same run, is the same against a
 folder holding only `--small` files. Full, each shard of a folder of 64 files or fewer evicts;
 with more, an eviction frees 1/32 of the limit past the shard, and the shards placed in that
-margin list and evict nothing (with 10,000 files, 200 shards all fit in the first's). Each side
+margin list and evict nothing (with 10,000 files, 314 fit in each margin: the default 2,000
+shards make six listings, each evicting 314 files; 200 would all fit in the first's). Each side
 places one shard before its clock starts (the first placement lists the folder). The ratio is
 the many-file rate over the few-file one: 1.0 means the folder's size costs nothing.
 
     .venv/bin/python benchmarks/cache_reservations.py [--files 10000] [--small 16]
-        [--shards 200] [--size 4096] [--repeats 3]
+        [--shards 2000] [--size 4096] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--small", type=int, default=16)
-    parser.add_argument("--shards", type=int, default=200)
+    parser.add_argument("--shards", type=int, default=2000)
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
