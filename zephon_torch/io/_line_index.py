@@ -50,6 +50,7 @@ _WRITING_DIR = ".writing"  # where temporaries are written (see `_sweep`)
 _TIDY_S = 600.0  # a process tidies a folder (`_tidy`) at most this often
 _TIDIED: dict[str, float] = {}  # folder to when this process last tidied it
 _NAMED = re.compile(r"[0-9a-f]{32}\.npy")  # a download's index (see `cache_file`)
+_FLAT = re.compile(r"[0-9a-f]{16}-[0-9a-f]{16}\.npy")  # a local file's, before the subfolders
 _CHUNK_BYTES = 1 << 26
 _NEWLINE = 10
 _CARRIAGE_RETURN = 13
@@ -251,7 +252,7 @@ def _tidy(root: str) -> None:
     object, so every download's index unused that long goes), those of the flat layout before
     the subfolders (never used again: they go once as old), the temporaries that layout's
     writers left there (unlocked), and the unlocked temporaries of earlier versions once a day
-    old."""
+    old. Other files, a user's (`.npy` arrays too), stay: only those names are indexes'."""
     now = time.time()
     last = _TIDIED.get(root)
     # one thread claims the tidy, without a lock (none to be held across a fork): a due
@@ -263,12 +264,14 @@ def _tidy(root: str) -> None:
     with contextlib.suppress(OSError), os.scandir(root) as listing:
         for entry in listing:
             name = entry.name
+            if not name.endswith(".npy"):  # a user's file: the folder may hold others
+                continue
             if name.startswith(_WRITING):
                 remove_if_unlocked(entry.path)
                 continue
             if name.startswith(_UNLOCKED):
                 limit = now - _UNLOCKED_S
-            elif name.endswith(".npy") and not name.startswith("."):
+            elif _NAMED.fullmatch(name) or _FLAT.fullmatch(name):
                 limit = now - _UNUSED_S  # a download's, or one of the flat layout
             else:
                 continue

@@ -394,3 +394,25 @@ def test_the_temporary_file_of_a_writer_killed_mid_write_is_swept_by_the_next_in
     assert [name for name in names if name.startswith(".")] == [".tmp-recent.npy", ".writing"]
     assert list((cache / ".writing").iterdir()) == []
     assert len(list(cache.glob("*/*.npy"))) == 2  # and the two indexes written whole
+
+
+def test_a_tidy_leaves_a_user_s_own_files_in_the_folder(tmp_path: Path, write_jsonl: Any) -> None:
+    """The tidy took every `.npy` file of the folder a week old (and every `.tmp-*` file a day
+    old, every unlocked `.writing-*` file): a user's arrays kept beside the indexes, or token
+    shards of a shard cache given the same folder. Only the names the indexes and their
+    temporaries had go, as before the subfolders."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    week = 7 * 24 * 3600
+    mine = [cache / n for n in ("embeddings.npy", ".tmp-notes.txt", ".writing-draft.md")]
+    mine.append(cache / f"{'ab' * 12}-tokens.npy")  # a shard cache's download
+    ours = [cache / f"{'0' * 16}-{'1' * 16}.npy", cache / f"{'2' * 32}.npy"]
+    ours += [cache / ".tmp-abc.npy", cache / ".writing-abc.npy"]
+    for leftover in mine + ours:
+        leftover.write_bytes(b"a file")
+        os.utime(leftover, (time.time() - week - 60,) * 2)
+    Dataset.from_path(
+        "d", write_jsonl(tmp_path / "a.jsonl", [{"a": 1}]), index_cache_dir=str(cache)
+    )
+    assert [path.exists() for path in mine] == [True] * len(mine)
+    assert [path.exists() for path in ours] == [False] * len(ours)
