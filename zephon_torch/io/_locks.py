@@ -115,9 +115,11 @@ def remove_unlocked(pattern: str) -> None:
 
 
 def remove_if_unlocked(path: str) -> None:
-    """Removes the file `path` unless a process holds its lock (see `remove_unlocked`)."""
+    """Removes the file `path` unless a process holds its lock (see `remove_unlocked`). The
+    descriptor it locks is tracked: a child forked meanwhile would else keep the lock for its
+    life, and the writer that had just made the file wait as long for its own."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_tracked(path, os.O_RDONLY)
     except OSError:  # removed or renamed meanwhile, or another user's
         return
     try:
@@ -127,4 +129,4 @@ def remove_if_unlocked(path: str) -> None:
     except OSError:  # held (BlockingIOError): in use; or removed meanwhile
         pass
     finally:
-        os.close(fd)
+        close_tracked(fd)

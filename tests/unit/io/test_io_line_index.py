@@ -416,3 +416,65 @@ def test_a_tidy_leaves_a_user_s_own_files_in_the_folder(tmp_path: Path, write_js
     )
     assert [path.exists() for path in mine] == [True] * len(mine)
     assert [path.exists() for path in ours] == [False] * len(ours)
+
+
+_WAIT_FOR_THE_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)  # a writer's `lock_file`, on the file its mkstemp made
+print("opened", flush=True)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+"""
+
+
+def test_a_child_forked_while_a_sweep_holds_a_temporary_s_lock_does_not_keep_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep (or tidy) locks a temporary to tell whether its writer lives; the descriptor
+    was not tracked, so a process forked at that moment (a DataLoader worker) kept the lock
+    for its life after the sweep let it go: the writer that had just made the file, waiting
+    for its own lock, waited as long."""
+    import select
+    import threading
+
+    from zephon_torch.io import _locks
+
+    temporary = tmp_path / ".writing-new.npy"
+    temporary.write_bytes(b"")  # made by a live writer's mkstemp, not locked yet
+    locked, go = threading.Event(), threading.Event()
+
+    class _Os:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        def unlink(self, path: str) -> None:  # the sweep holds the lock here
+            locked.set()
+            go.wait(30)
+            os.unlink(path)
+
+    monkeypatch.setattr(_locks, "os", _Os())
+    sweep = threading.Thread(target=_locks.remove_if_unlocked, args=(str(temporary),))
+    sweep.start()
+    assert locked.wait(30)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WAIT_FOR_THE_LOCK, str(temporary)], stdout=subprocess.PIPE
+    )
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a worker, living on
+        os.close(write)
+        os.read(read, 1)
+        os._exit(0)
+    os.close(read)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"opened\n"
+        go.set()
+        sweep.join(30)
+        ready, _, _ = select.select([writer.stdout], [], [], 10)
+        assert ready and writer.stdout.readline() == b"locked\n"
+    finally:
+        go.set()
+        os.close(write)
+        os.waitpid(child, 0)
+        writer.kill()
+        writer.wait(30)
