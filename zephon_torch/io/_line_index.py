@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,7 @@ _UNLOCKED_S = 24 * 3600
 _WRITING_DIR = ".writing"  # where temporaries are written (see `_sweep`)
 _TIDY_S = 600.0  # a process tidies a folder (`_tidy`) at most this often
 _TIDIED: dict[str, float] = {}  # folder to when this process last tidied it
+_CLAIMING = threading.Lock()  # held over a claim of a tidy (two dict operations, see `_tidy`)
 _NAMED = re.compile(r"[0-9a-f]{32}\.npy")  # a download's index (see `cache_file`)
 _FLAT = re.compile(r"[0-9a-f]{16}-[0-9a-f]{16}\.npy")  # a local file's, before the subfolders
 _CHUNK_BYTES = 1 << 26
@@ -254,13 +256,11 @@ def _tidy(root: str) -> None:
     writers left there (unlocked), and the unlocked temporaries of earlier versions once a day
     old. Other files, a user's (`.npy` arrays too), stay: only those names are indexes'."""
     now = time.time()
-    last = _TIDIED.get(root)
-    # one thread claims the tidy, without a lock (none to be held across a fork): a due
-    # one is taken by the thread whose pop finds the old time, then by whose time is set
-    if last is not None and (now - last < _TIDY_S or _TIDIED.pop(root, None) is not last):
-        return
-    if _TIDIED.setdefault(root, now) is not now:
-        return
+    with _CLAIMING:  # one thread claims a due tidy (a fork waits for the claim)
+        last = _TIDIED.get(root)
+        if last is not None and now - last < _TIDY_S:
+            return
+        _TIDIED[root] = now
     with contextlib.suppress(OSError), os.scandir(root) as listing:
         for entry in listing:
             name = entry.name
@@ -278,6 +278,14 @@ def _tidy(root: str) -> None:
             with contextlib.suppress(OSError):
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < limit:
                     os.unlink(entry.path)
+
+
+# taken by the forking thread over a fork, so that no other thread holds it in the child
+os.register_at_fork(
+    before=_CLAIMING.acquire,
+    after_in_parent=_CLAIMING.release,
+    after_in_child=_CLAIMING.release,
+)
 
 
 def _forget_older(target: str) -> None:

@@ -478,3 +478,78 @@ def test_a_child_forked_while_a_sweep_holds_a_temporary_s_lock_does_not_keep_it(
         os.waitpid(child, 0)
         writer.kill()
         writer.wait(30)
+
+
+def test_one_thread_tidies_a_due_folder_however_the_threads_meet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that lost the claim of a due tidy popped the winner's time, so the next index
+    written in the process (any thread) tidied the folder again at once, maybe alongside."""
+    import threading
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = str(cache)
+    release = threading.Event()
+
+    class _Paused(dict[str, float]):
+        def get(self, key: str, default: Any = None) -> Any:
+            found = super().get(key, default)
+            if threading.current_thread().name == "late":  # read the old time, then paused
+                release.wait(5)
+            return found
+
+    monkeypatch.setattr(_line_index, "_TIDIED", _Paused({root: time.time() - 3600}))
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def counted(path: Any = ".") -> Any:
+        listed.append(os.path.abspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    late = threading.Thread(target=_line_index._tidy, args=(root,), name="late")
+    first = threading.Thread(target=_line_index._tidy, args=(root,), name="first")
+    late.start()
+    time.sleep(0.2)
+    first.start()
+    first.join(1)
+    release.set()
+    late.join(30)
+    first.join(30)
+    _line_index._tidy(root)  # the process's next index, a moment later
+    assert listed.count(root) == 1
+
+
+def test_a_child_forked_while_a_thread_claims_a_tidy_tidies_its_own(tmp_path: Path) -> None:
+    """The claim of a tidy is held for two dict operations by whichever thread claims; a
+    child forked then (a DataLoader worker) must not inherit it held, waiting for ever."""
+    import threading
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    held = threading.Event()
+
+    def claim() -> None:  # another thread of the parent claims a tidy
+        with _line_index._CLAIMING:
+            held.set()
+            time.sleep(0.3)
+
+    claimer = threading.Thread(target=claim)
+    claimer.start()
+    assert held.wait(30)
+    child = os.fork()
+    if child == 0:
+        try:
+            _line_index._TIDIED.clear()
+            _line_index._tidy(str(cache))
+        finally:
+            os._exit(0)
+    claimer.join(30)
+    deadline = time.monotonic() + 30
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the child waited for its parent's claim")
+        time.sleep(0.01)
