@@ -131,8 +131,9 @@ def cache_file(cache_dir: str, path: str, name: str | None = None) -> str:
         A path inside `cache_dir` that changes whenever the file's size, mtime, inode or
         ctime (or `name`) changes: a file replaced by one of the same size and mtime (`cp -p`,
         `rsync -a`, a tar extraction) has another inode, or at least a new ctime, which no
-        tool sets back. It lies in a subfolder named by a digest of the file's path alone, so
-        that the index of a new version replaces those of the old ones (see `_save`).
+        tool sets back. A local file's lies in a subfolder named by a digest of its path alone,
+        so that a new version's index lets those of the old ones go (see `_save`); a
+        download's (`name`) lies in `cache_dir` itself.
     """
     if name is None:
         stat = os.stat(path)
