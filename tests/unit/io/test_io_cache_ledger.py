@@ -105,9 +105,7 @@ def test_a_file_whose_process_died_before_releasing_its_reservation_is_counted(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert _cached_bytes(tmp_path) == 600
-    for i in range(8):
-        cache.ensure(_item(f"more-{i}.bin", 100), _writer(100), pin=False)
-        assert _cached_bytes(tmp_path) <= 1000
+    _more_stay_within_the_limit(cache, tmp_path)
 
 
 @pytest.mark.parametrize("ledger", [b"", b"12", b"100 3", b"x y\n", b"-5 0\n"])
@@ -204,9 +202,7 @@ def test_a_process_killed_as_it_releases_its_placed_file_leaves_it_counted(
 
     _die_in_child(killed_in_release)
     assert _cached_bytes(tmp_path) == 600
-    for i in range(8):
-        cache.ensure(_item(f"more-{i}.bin", 100), _writer(100), pin=False)
-        assert _cached_bytes(tmp_path) <= 1000
+    _more_stay_within_the_limit(cache, tmp_path)
 
 
 def test_a_reservation_killed_after_sweeping_a_dead_one_leaves_its_file_counted(
@@ -234,9 +230,7 @@ def test_a_reservation_killed_after_sweeping_a_dead_one_leaves_its_file_counted(
     _die_in_child(killed_after_sweeping)
     assert not os.listdir(tmp_path / ".reserved")  # swept
     assert _cached_bytes(tmp_path) == 600
-    for i in range(8):
-        cache.ensure(_item(f"more-{i}.bin", 100), _writer(100), pin=False)
-        assert _cached_bytes(tmp_path) <= 1000
+    _more_stay_within_the_limit(cache, tmp_path)
 
 
 def test_a_placed_file_whose_marker_a_cleaner_deleted_is_counted(tmp_path: Path) -> None:
@@ -253,9 +247,7 @@ def test_a_placed_file_whose_marker_a_cleaner_deleted_is_counted(tmp_path: Path)
 
     cache.ensure(_item("slow.bin", 500), download, pin=False)
     assert _cached_bytes(tmp_path) == 600
-    for i in range(8):
-        cache.ensure(_item(f"more-{i}.bin", 100), _writer(100), pin=False)
-        assert _cached_bytes(tmp_path) <= 1000
+    _more_stay_within_the_limit(cache, tmp_path)
 
 
 def test_a_listing_due_evicts_nothing_when_the_shard_fits(tmp_path: Path) -> None:
@@ -287,9 +279,7 @@ def test_a_file_placed_in_the_folder_made_again_under_its_download_is_counted(
 
     cache.ensure(_item("slow.bin", 500), download, pin=False)
     assert _cached_bytes(tmp_path) == 600
-    for i in range(8):
-        cache.ensure(_item(f"more-{i}.bin", 100), _writer(100), pin=False)
-        assert _cached_bytes(tmp_path) <= 1000
+    _more_stay_within_the_limit(cache, tmp_path)
 
 
 @pytest.mark.xfail(
@@ -326,3 +316,10 @@ def test_files_placed_by_a_version_before_the_ledger_are_counted(tmp_path: Path)
     for i in range(2, 10):
         cache.ensure(_item(f"new-{i}.bin", 100), _writer(100), pin=False)
         assert _cached_bytes(tmp_path) <= 1000
+
+
+def _more_stay_within_the_limit(cache: ShardCache, folder: Path) -> None:
+    """Eight more shards of 100 bytes keep ``folder`` within its 1,000-byte limit."""
+    for i in range(8):
+        cache.ensure(_item(f"more-{i}.bin", 100), _writer(100), pin=False)
+        assert _cached_bytes(folder) <= 1000

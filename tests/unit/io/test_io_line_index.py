@@ -303,14 +303,7 @@ def test_indexes_written_do_not_each_list_the_shared_folder(
     for i in range(40):
         write_jsonl(folder / f"{i}.jsonl", [{"a": i}])
     cache = tmp_path / "cache"
-    listed: list[str] = []
-    scandir = os.scandir
-
-    def counted(path: Any = ".") -> Any:
-        listed.append(os.path.abspath(path))
-        return scandir(path)
-
-    monkeypatch.setattr(os, "scandir", counted)
+    listed = _count_listings(monkeypatch)
     assert Dataset.from_path("d", folder, index_cache_dir=str(cache)).num_rows == 40
     assert listed.count(str(cache)) == 1
 
@@ -500,14 +493,7 @@ def test_one_thread_tidies_a_due_folder_however_the_threads_meet(
             return found
 
     monkeypatch.setattr(_line_index, "_TIDIED", _Paused({root: time.time() - 3600}))
-    listed: list[str] = []
-    scandir = os.scandir
-
-    def counted(path: Any = ".") -> Any:
-        listed.append(os.path.abspath(path))
-        return scandir(path)
-
-    monkeypatch.setattr(os, "scandir", counted)
+    listed = _count_listings(monkeypatch)
     late = threading.Thread(target=_line_index._tidy, args=(root,), name="late")
     first = threading.Thread(target=_line_index._tidy, args=(root,), name="first")
     late.start()
@@ -553,3 +539,16 @@ def test_a_child_forked_while_a_thread_claims_a_tidy_tidies_its_own(tmp_path: Pa
             os.waitpid(child, 0)
             pytest.fail("the child waited for its parent's claim")
         time.sleep(0.01)
+
+
+def _count_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The folders ``os.scandir`` lists from now on, by absolute path, in a list it fills."""
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def counted(path: Any = ".") -> Any:
+        listed.append(os.path.abspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    return listed
