@@ -3,10 +3,14 @@
     python examples/train_loop.py --steps 20                              # one process
     torchrun --nproc_per_node=4 examples/train_loop.py --steps 20 --save-at 8 --checkpoint ck.pt
     torchrun --nproc_per_node=2 examples/train_loop.py --steps 20 --resume ck.pt   # on 2 ranks
+    torchrun --nproc_per_node=2 examples/train_loop.py --steps 20 --resume ck.pt --micro-batch 2
 
-The global batch is fixed by the recipe: one micro-batch from each of the L canonical lanes.
-A rank owns L/W lanes, so it runs L/W accumulation micro-steps per optimizer step: with fewer
-GPUs each one accumulates more. The loss is normalised by the *global* number of target tokens
+The global batch is 4 rows from each of the L canonical lanes. A rank owns L/W lanes, and
+takes each lane's 4 rows as 4/m micro-batches of m rows (`--micro-batch`, a performance knob:
+the rows are the same for every m), so it runs (L/W) x (4/m) accumulation micro-steps per
+optimizer step: with fewer GPUs, or less memory per GPU, each one accumulates more. The data
+hash of a step is over its rows as a set, since the order of micro-batches within a step
+follows m. The loss is normalised by the *global* number of target tokens
 in the step and gradients are summed over ranks, so the update is the same for every W (up to
 floating-point summation order), and the data is the same bit for bit. (DDP and FSDP average
 gradients over ranks instead of summing them: there, multiply that loss by W.)
@@ -110,14 +114,20 @@ def main() -> None:
     parser.add_argument("--save-at", type=int, default=-1, help="checkpoint after this step")
     parser.add_argument("--checkpoint", default="checkpoint.pt", help="where --save-at writes")
     parser.add_argument("--resume", default=None, help="a checkpoint to continue from")
+    parser.add_argument("--micro-batch", type=int, default=4, help="rows a micro-batch: 1, 2 or 4")
     args = parser.parse_args()
+    if args.micro_batch not in (1, 2, 4):
+        parser.error("--micro-batch must divide the 4 rows each lane gives a step: 1, 2 or 4")
 
     distributed, device = start_process()
     world = dist.get_world_size() if distributed else 1
 
-    pipeline = demo_pipeline(canonical_replicas=args.lanes, max_length=256, microbatch_size=4)
+    pipeline = demo_pipeline(
+        canonical_replicas=args.lanes, max_length=256, microbatch_size=args.micro_batch
+    )
     loader = DataLoader(pipeline, pin_memory=device.type == "cuda")
-    accumulation = args.lanes // world  # micro-batches per rank per optimizer step
+    # micro-batches per rank per optimizer step: 4 rows of each of its L/W lanes
+    accumulation = args.lanes // world * (4 // args.micro_batch)
 
     torch.manual_seed(0)
     model = TinyLM(vocab=8192).to(device)
@@ -128,7 +138,11 @@ def main() -> None:
     for step in range(start, args.steps):
         on_host = [next(stream) for _ in range(accumulation)]
         count = sum(int(m["num_valid_tokens"]) for m in on_host)
-        mine = [hashlib.sha256(m["input_ids"].numpy().tobytes()).hexdigest() for m in on_host]
+        mine = [
+            hashlib.sha256(row.numpy().tobytes()).hexdigest()
+            for m in on_host
+            for row in m["input_ids"]
+        ]
         micro = [to_device(m, device) for m in on_host]
         tokens = torch.tensor(count, dtype=torch.float64, device=device)
         if distributed:
@@ -142,7 +156,7 @@ def main() -> None:
             parts: list[list[str]] = [[] for _ in range(world)]
             dist.all_gather_object(parts, mine)
             mine = [h for part in parts for h in part]
-        data_hash = hashlib.sha256("".join(mine).encode()).hexdigest()
+        data_hash = hashlib.sha256("".join(sorted(mine)).encode()).hexdigest()  # the rows' set
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         log.append({"step": step, "loss": (step_loss / tokens).item(), "data": data_hash})
