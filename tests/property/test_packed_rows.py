@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon_torch._packed_rows import pack_lanes, pack_rows, unpack_lanes, unpack_rows
+from zephon_torch._packed_rows import (
+    pack_lanes,
+    pack_readers,
+    pack_rows,
+    unpack_lanes,
+    unpack_readers,
+    unpack_rows,
+)
 from zephon_torch.errors import StateMismatchError
 
 _BIG = (1 << 48) - 1
@@ -30,21 +37,56 @@ def test_packed_rows_read_back_exactly(bins: list[Any], ready: list[Any]) -> Non
     assert unpack_rows(packed) == packer
 
 
-def test_only_bin_packers_rows_are_packed_and_under_shuffle_too() -> None:
+def test_bin_packers_rows_and_plain_readers_are_packed_under_shuffle_too() -> None:
     rows = {"bins": [[[0, 0, 4, 0, 2]], []], "ready": []}
+    readers = [{"pass": 0, "pos": 5, "filtered": 0}, {"pass": 1, "pos": 2, "filtered": 3}]
+    filtered = [{"reader": readers[0], "filter": {"seen": 4}, "rejected": 1}]  # stateful
     lanes: dict[str, Any] = {
         "0": None,  # not begun
-        "1": {"turn": 3, "pack": {"readers": [], "packer": {}}},  # wrap: nothing to pack
+        "1": {"turn": 3, "pack": {"readers": readers, "packer": {}}},  # wrap: no rows
         "2": {
             "turn": 3,
-            "pack": {"block": 1, "emitted": 0, "start": {"readers": [], "packer": rows}},
+            "pack": {"block": 1, "emitted": 0, "start": {"readers": readers, "packer": rows}},
         },
+        "3": {"turn": 3, "pack": {"readers": filtered, "packer": {}}},
     }
     packed = pack_lanes(lanes)
-    assert packed["0"] is None and packed["1"] is lanes["1"]
+    assert packed["0"] is None
+    columns = {"pass": [0, 1], "pos": [5, 2], "filtered": [0, 3]}
+    assert packed["1"]["pack"] == {"readers": columns, "packer": {}}
     assert packed["2"]["pack"]["start"]["packer"]["rows"] == [1, 0]
+    assert packed["2"]["pack"]["start"]["readers"] == columns
+    assert packed["3"] == lanes["3"]  # a stateful filter's readers stay as they are
     assert lanes["2"]["pack"]["start"]["packer"] is rows  # the caller's state is left alone
+    assert lanes["1"]["pack"]["readers"] is readers
     assert unpack_lanes(json.loads(json.dumps(packed))) == lanes
+
+
+@given(
+    readers=st.lists(
+        st.fixed_dictionaries(
+            {"pass": st.integers(0, 99), "pos": st.integers(0, _BIG), "filtered": st.integers(0, 9)}
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_reader_columns_read_back_exactly(readers: list[dict[str, int]]) -> None:
+    packed = json.loads(json.dumps(pack_readers(readers)))
+    assert unpack_readers(packed) == readers
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"pass": [0], "pos": [1, 2], "filtered": [0]},
+        {"pass": [0], "pos": [1]},
+        {"pass": [0], "pos": 1, "filtered": [0]},
+    ],
+)
+def test_damaged_reader_columns_are_refused_naming_them(columns: dict[str, Any]) -> None:
+    with pytest.raises(StateMismatchError, match=r"pack\.readers"):
+        unpack_readers(columns)
 
 
 @pytest.mark.parametrize(

@@ -115,3 +115,42 @@ def test_a_later_release_s_state_is_refused_for_its_version_not_its_packing(
             target.load_state_dict(state)
         assert set(refused.value.mismatches) == {"version"}, type(target).__name__
         assert "saved by a later zephon_torch release" in str(refused.value)
+
+
+def test_reader_positions_are_written_as_columns_lanes_a_third_smaller_with_ten_sources(
+    tokenizer: Any,
+) -> None:
+    rng = random.Random(5)
+    datasets = [
+        Dataset.from_dict(
+            f"source_{i}",
+            [{"text": " ".join(rng.choice(_WORDS) for _ in range(30))} for _ in range(200)],
+            shard_size=50,
+        )
+        for i in range(10)
+    ]
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource(datasets, seed=2, exhaustion="repeat")
+        return (
+            Pipeline(source)
+            .options(canonical_replicas=8)
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(256)
+            .batch(1)
+        )
+
+    pipeline = build()
+    batches = iter(pipeline)
+    for _ in range(8 * 2):
+        next(batches)
+    state = json.loads(json.dumps(pipeline.state_dict()))
+    reference = [key(next(batches)) for _ in range(8)]
+    readers = state["lanes"]["3"]["pack"]["readers"]
+    assert set(readers) == {"pass", "pos", "filtered"} and len(readers["pos"]) == 10
+    as_dicts = {**state, "lanes": unpack_lanes(state["lanes"])}
+    assert len(json.dumps(state["lanes"])) < 0.7 * len(json.dumps(as_dicts["lanes"]))
+    for saved in (state, as_dicts):  # as written now, and as version 2 wrote it
+        resumed = build()
+        resumed.load_state_dict(saved)
+        assert [key(batch) for _, batch in zip(range(8), resumed)] == reference

@@ -402,10 +402,10 @@ def test_a_state_no_run_saves_is_refused_naming_what_is_wrong(tokenizer: Any) ->
             pipeline.load_state_dict(bad)
             next(iter(pipeline))  # the readers check their positions as they start
 
-    readers = lambda bad: bad["lanes"]["1"]["pack"]["readers"][0]  # noqa: E731
+    readers = lambda bad: bad["lanes"]["1"]["pack"]["readers"]  # noqa: E731  (as columns)
     where = r"lane 1 dataset 'long' position: saved \{'pass': %s, 'pos': %s\}"
-    refused(lambda bad: readers(bad).update({"pass": 1}), where % (1, 1))
-    refused(lambda bad: readers(bad).update({"pos": 16}), where % (0, 16))
+    refused(lambda bad: readers(bad)["pass"].__setitem__(0, 1), where % (1, 1))
+    refused(lambda bad: readers(bad)["pos"].__setitem__(0, 16), where % (0, 16))
     # a carried piece's document past the stream: an IndexError, in a mismatch of "lane 1"
     carry = lambda bad: bad["lanes"]["1"]["pack"]["carry"][0][0]  # noqa: E731
     assert carry(state)[:3] == [0, 0, 0]  # [source, pass, pos, start, end]
@@ -420,7 +420,7 @@ def test_a_state_no_run_saves_is_refused_naming_what_is_wrong(tokenizer: Any) ->
     refused(lambda bad: bad["lanes"].update(nulls), r"step: saved 2, live 'a turn of its lanes")
     # each field's last valid value loads: the position at the end of this lane's pass
     last = copy.deepcopy(state)
-    readers(last).update({"pos": 15})
+    readers(last)["pos"][0] = 15
     pipeline = small_pipeline(tokenizer, lanes=4)
     pipeline.load_state_dict(last)
     assert next(iter(pipeline)).lane == 0

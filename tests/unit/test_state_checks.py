@@ -41,11 +41,20 @@ EDITS: dict[str, tuple[Edit, str]] = {
     # an int past the largest float: math.isfinite raised OverflowError, not the state's error
     "estimation huge": (lambda s: s.update(estimation={"long": {"x": 10**400}}), "estimation"),
     "pack {}": (lambda s: _lane(s).update(pack={}), "lane 0 pack"),
-    "readers one short": (lambda s: _pack(s)["readers"].pop(), "lane 0 pack.readers"),
-    "reader pos -1": (lambda s: _pack(s)["readers"][0].update(pos=-1), "lane 0 reader pos"),
-    "reader pos '1'": (lambda s: _pack(s)["readers"][0].update(pos="1"), "lane 0 reader pos"),
+    # reader positions are written as columns, a list per field (`_packed_rows`)
+    "readers one short": (
+        lambda s: [column.pop() for column in _pack(s)["readers"].values()],
+        "lane 0 pack.readers",
+    ),
+    "reader columns apart": (lambda s: _pack(s)["readers"]["pos"].pop(), "lane 0 pack.readers"),
+    "reader column lost": (lambda s: _pack(s)["readers"].pop("pos"), "lane 0 pack.readers"),
+    "reader pos -1": (lambda s: _pack(s)["readers"]["pos"].__setitem__(0, -1), "lane 0 reader pos"),
+    "reader pos '1'": (
+        lambda s: _pack(s)["readers"]["pos"].__setitem__(0, "1"),
+        "lane 0 reader pos",
+    ),
     "reader pass 10**30": (
-        lambda s: _pack(s)["readers"][0].update({"pass": 10**30}),
+        lambda s: _pack(s)["readers"]["pass"].__setitem__(0, 10**30),
         "lane 0 reader pass",
     ),
     "delivered one short": (lambda s: _pack(s)["delivered"].pop(), "lane 0 pack.delivered"),
