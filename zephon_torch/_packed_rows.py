@@ -10,8 +10,9 @@ small), compressed with zlib and written in base64, with the number of pieces of
     {"rows": [pieces of each row, open rows first], "open": open rows, "pieces": "<base64>"}
 
 The lane's reader positions, one ``{"pass", "pos", "filtered"}`` per source, are written as
-three columns (``pack_readers``): with 64 lanes a ``wrap`` state of 10 sources was 53 KB, of
-20 sources 93 KB, much of it those dicts' keys; 37 and 58 KB as columns. Inside the pipeline,
+three columns (``pack_readers``): with 64 lanes a ``wrap`` state of 10 sources was 52 KiB, of
+20 sources 91 KiB, much of it those dicts' keys; 36 and 57 KiB as columns
+(``benchmarks/state_size.py``). Inside the pipeline,
 and in each batch's ``state``, rows and readers stay lists (taking a state after every batch
 costs no encoding); a loaded state is unpacked before anything reads it.
 """

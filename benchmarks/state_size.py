@@ -1,0 +1,100 @@
+"""Saved state sizes: as written (packed) against the same state with its lanes as lists.
+
+A state is written with a bin packer's open rows packed and plain reader positions as columns
+(`zephon_torch._packed_rows`); inside the pipeline both are lists, as version 2 wrote them.
+This script builds in-memory corpora of short random English-like documents, runs each recipe
+a few steps, and prints `len(json.dumps(state))` both ways (DESIGN.md section 4: at most 64 KiB
+with 64 lanes):
+
+- `wrap` with `--sources` datasets (default 2, 10 and 20) on 64 lanes after 3 steps;
+- `best_fit` with 8 bins of 4,096 tokens on 2 lanes after 20 steps, on documents of 1-4,
+  5-12 and 50-400 words (`--bin-docs` documents each; 400,000 by default, so the rows fill).
+
+    .venv/bin/python benchmarks/state_size.py [--sources 2 10 20] [--bin-docs 400000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import tempfile
+from typing import Any
+
+from zephon_torch import Pipeline
+from zephon_torch._corpus import small_tokenizer
+from zephon_torch._packed_rows import unpack_lanes
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+_WORDS = "the a of to and in is it that for on with as was by at data model loss".split()  # noqa: SIM905
+
+
+def _documents(rng: random.Random, count: int, low: int, high: int) -> list[dict[str, str]]:
+    return [
+        {"text": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(low, high)))}
+        for _ in range(count)
+    ]
+
+
+def _sizes(pipeline: Pipeline, batches: int) -> tuple[int, int]:
+    """The state after ``batches`` micro-batches, as written and with its lanes as lists."""
+    stream = iter(pipeline)
+    for _ in range(batches):
+        next(stream)
+    state = pipeline.state_dict()
+    written = len(json.dumps(state))
+    state["lanes"] = unpack_lanes(state["lanes"])
+    return written, len(json.dumps(state))
+
+
+def _row(label: str, sizes: tuple[int, int]) -> None:
+    written, lists = sizes
+    print(
+        f"{label:<44} {written / 1024:8.1f} KiB  {lists / 1024:8.1f} KiB  x{lists / written:5.1f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=int, nargs="+", default=[2, 10, 20])
+    parser.add_argument("--bin-docs", type=int, default=400_000)
+    args = parser.parse_args()
+    tokenizer: Any = small_tokenizer(pathlib.Path(tempfile.mkdtemp()) / "tokenizer.json")
+    rng = random.Random(0)
+    print(f"{'recipe':<52} {'written':>12}  {'as lists':>12}  ratio")
+    for count in args.sources:
+        datasets = [
+            Dataset.from_dict(f"source_{i}", _documents(rng, 1500, 20, 300), shard_size=100)
+            for i in range(count)
+        ]
+        source = StaticMixtureWorkSource(
+            datasets,
+            {d.name: 1 + i for i, d in enumerate(datasets)},
+            seed=1,
+            token_estimation=TokenEstimation(),
+            exhaustion="repeat",
+        )
+        pipeline = (
+            Pipeline(source)
+            .options(canonical_replicas=64)
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(2048, "wrap")
+            .batch(1)
+        )
+        _row(f"wrap, {count} sources, 64 lanes, 3 steps", _sizes(pipeline, 64 * 3))
+    for low, high in ((1, 4), (5, 12), (50, 400)):
+        dataset = Dataset.from_dict("d", _documents(rng, args.bin_docs, low, high))
+        pipeline = (
+            Pipeline(StaticMixtureWorkSource([dataset], seed=1))
+            .options(canonical_replicas=2)
+            .tokenize(tokenizer=tokenizer)
+            .pack_flat(4096, "best_fit", num_bins=8)
+            .batch(8)
+        )
+        _row(f"best_fit 8 x 4096, {low}-{high} words, 2 lanes, 20 steps", _sizes(pipeline, 2 * 20))
+
+
+if __name__ == "__main__":
+    main()
