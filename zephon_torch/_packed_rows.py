@@ -124,7 +124,7 @@ def unpack_readers(readers: Any) -> Any:
     return [dict(zip(_READER_KEYS, values, strict=True)) for values in zip(*lists, strict=True)]
 
 
-def _mixpack_of(lane_state: Any) -> dict[str, Any] | None:
+def mixpack_of(lane_state: Any) -> dict[str, Any] | None:
     """A lane state's packing state (its ``pack``, or under ``shuffle`` its
     ``pack["start"]``): readers, counts and the packer's; None for a lane not begun or a state
     of another shape."""
@@ -170,7 +170,7 @@ def _map_mixpacks(
 ) -> dict[str, Any]:
     out = {}
     for lane, lane_state in lanes.items():
-        mixpack = _mixpack_of(lane_state)
+        mixpack = mixpack_of(lane_state)
         if mixpack is not None:
             changed = {**mixpack, "readers": readers(mixpack["readers"])}
             if isinstance(mixpack.get("packer"), dict):

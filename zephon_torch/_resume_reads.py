@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from zephon_torch._packed_rows import mixpack_of
 from zephon_torch.ops.read import DocumentReader
 from zephon_torch.ops.stateful import FilteredReader
 
@@ -30,12 +31,10 @@ def read_ahead(lanes: Sequence[tuple[Sequence[DocumentReader | FilteredReader], 
 def saved_documents(state: Any) -> dict[int, list[tuple[int, int]]]:
     """Per source, the (pass, pos) of each document the lane state's open rows point at, in
     the order first met; {} for a fresh lane or a state of another shape."""
+    pack = mixpack_of(state)
+    if pack is None:
+        return {}
     try:
-        pack = state["pack"] if state is not None else None
-        if isinstance(pack, dict) and "readers" not in pack:  # under `shuffle`: its start
-            pack = pack.get("start")
-        if not isinstance(pack, dict):
-            return {}
         packer = pack.get("packer") or {}
         rows = [*pack.get("carry", []), *packer.get("bins", []), *packer.get("ready", [])]
         found: dict[int, dict[tuple[int, int], None]] = {}

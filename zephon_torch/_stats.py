@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zephon_torch._packed_rows import pack_lanes
+from zephon_torch._packed_rows import mixpack_of, pack_lanes
 from zephon_torch._state import state_step
 from zephon_torch._token_stage import read_datasets
 from zephon_torch.ops._pack_skips import SKIP_REASONS
@@ -166,7 +166,7 @@ def skipped_documents(lane_states: Iterable[dict[str, Any] | None]) -> dict[str,
     and stateful ("filtered"), summed over lane states."""
     skipped = dict.fromkeys((*SKIP_REASONS, "filtered"), 0)
     for state in lane_states:
-        pack = _pack_state(state)
+        pack = mixpack_of(state)
         if pack is None:  # a lane not begun
             continue
         for key, n in pack["skipped"].items():
@@ -189,12 +189,3 @@ def _cache_report(pipeline: Pipeline) -> dict[str, Any] | None:
     total = {k: sum(c[k] for c in counters) for k in ("hits", "misses", "bytes_downloaded")}
     reads = total["hits"] + total["misses"]
     return {**total, "hit_rate": total["hits"] / reads if reads else 0.0}
-
-
-def _pack_state(state: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The packer's state inside a lane state (under a shuffle, at the block start)."""
-    while isinstance(state, dict):
-        if "skipped" in state:
-            return state
-        state = state.get("pack", state.get("start"))
-    return None

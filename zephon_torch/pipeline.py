@@ -262,7 +262,7 @@ class Pipeline(RecipeSteps):
             "step": state_step(lanes),
             "microbatch_size": self._microbatch_size,  # what turns count (see `_regroup`)
             "estimation": copy.deepcopy(self._estimation),
-            "lanes": pack_lanes(copy.deepcopy(lanes)),  # a bin packer's rows packed
+            "lanes": pack_lanes(copy.deepcopy(lanes)),  # rows and readers packed
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

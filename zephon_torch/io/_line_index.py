@@ -203,8 +203,8 @@ def _cannot_cache(directory: str, error: OSError) -> None:
 
 
 def _save(index: LineIndex, target: str) -> None:
-    directory = os.path.dirname(target)
-    root = directory if _named(target) else os.path.dirname(directory)
+    directory, named = os.path.dirname(target), _named(target)
+    root = directory if named else os.path.dirname(directory)
     writing = os.path.join(root, _WRITING_DIR)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -233,7 +233,7 @@ def _save(index: LineIndex, target: str) -> None:
         return
     finally:
         close_tracked(lock)
-    if not _named(target):
+    if not named:
         _forget_older(target)
 
 

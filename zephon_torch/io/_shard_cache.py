@@ -322,13 +322,11 @@ class ShardCache:
             reservation = self._reserve(
                 name, size, url, made=os.path.basename(temp), wait=_MAKE_WAIT_S
             )
-            placed = False
             try:
-                placed = True  # or may be: counted in the ledger either way
                 self._pins.place(name, temp)
                 self.misses += 1
-            finally:
-                self._folder.release(reservation, placed=placed)
+            finally:  # placed, or may be: counted in the ledger either way
+                self._folder.release(reservation, placed=True)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
