@@ -6,11 +6,15 @@ This script builds in-memory corpora of short random English-like documents, run
 a few steps, and prints `len(json.dumps(state))` both ways (DESIGN.md section 4: at most 64 KiB
 with 64 lanes):
 
-- `wrap` with `--sources` datasets (default 2, 10 and 20) on 64 lanes after 3 steps;
+- `wrap` with `--sources` datasets (default 2, 10, 20 and 40) on 64 lanes after 3 steps, and
+  the same state with its counts grown as in a long run: every reader position and delivered
+  count times `--grow` (100,000 by default: about 10^8 tokens a source and lane, a few 10^12
+  over 64 lanes and 20 sources), since the packed size depends on the numbers' sizes;
 - `best_fit` with 8 bins of 4,096 tokens on 2 lanes after 20 steps, on documents of 1-4,
   5-12 and 50-400 words (`--bin-docs` documents each; 400,000 by default, so the rows fill).
 
-    .venv/bin/python benchmarks/state_size.py [--sources 2 10 20] [--bin-docs 400000]
+    .venv/bin/python benchmarks/state_size.py [--sources 2 10 20 40] [--grow 100000]
+        [--bin-docs 400000]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 from zephon_torch import Pipeline
 from zephon_torch._corpus import small_tokenizer
-from zephon_torch._packed_rows import unpack_lanes
+from zephon_torch._packed_rows import pack_lanes, unpack_lanes
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -38,15 +42,34 @@ def _documents(rng: random.Random, count: int, low: int, high: int) -> list[dict
     ]
 
 
-def _sizes(pipeline: Pipeline, batches: int) -> tuple[int, int]:
-    """The state after ``batches`` micro-batches, as written and with its lanes as lists."""
+def _state(pipeline: Pipeline, batches: int) -> dict[str, Any]:
+    """The state after ``batches`` micro-batches, as written."""
     stream = iter(pipeline)
     for _ in range(batches):
         next(stream)
-    state = pipeline.state_dict()
-    written = len(json.dumps(state))
-    state["lanes"] = unpack_lanes(state["lanes"])
-    return written, len(json.dumps(state))
+    return pipeline.state_dict()
+
+
+def _sizes(state: dict[str, Any]) -> tuple[int, int]:
+    """``state``'s size as written and with its lanes as lists."""
+    return len(json.dumps(state)), len(json.dumps({**state, "lanes": unpack_lanes(state["lanes"])}))
+
+
+def _grown(state: dict[str, Any], factor: int) -> dict[str, Any]:
+    """``state`` with every reader position and delivered count times ``factor`` (and a
+    seeded jitter below it, so the low digits are not zeros), written packed again."""
+    rng = random.Random(1)
+    lanes = unpack_lanes(state["lanes"])
+    for lane in lanes.values():
+        pack = lane["pack"]
+        for reader in pack["readers"]:
+            reader["pos"] = reader["pos"] * factor + rng.randrange(factor)
+        pack["delivered"] = [
+            [t * factor + rng.randrange(factor), d * factor + rng.randrange(factor)]
+            for t, d in pack["delivered"]
+        ]
+        lane["turn"] *= factor
+    return {**state, "lanes": pack_lanes(lanes)}
 
 
 def _row(label: str, sizes: tuple[int, int]) -> None:
@@ -58,7 +81,8 @@ def _row(label: str, sizes: tuple[int, int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sources", type=int, nargs="+", default=[2, 10, 20])
+    parser.add_argument("--sources", type=int, nargs="+", default=[2, 10, 20, 40])
+    parser.add_argument("--grow", type=int, default=100_000)
     parser.add_argument("--bin-docs", type=int, default=400_000)
     args = parser.parse_args()
     tokenizer: Any = small_tokenizer(pathlib.Path(tempfile.mkdtemp()) / "tokenizer.json")
@@ -83,7 +107,9 @@ def main() -> None:
             .pack_flat(2048, "wrap")
             .batch(1)
         )
-        _row(f"wrap, {count} sources, 64 lanes, 3 steps", _sizes(pipeline, 64 * 3))
+        state = _state(pipeline, 64 * 3)
+        _row(f"wrap, {count} sources, 64 lanes, 3 steps", _sizes(state))
+        _row(f"  counts x {args.grow:,}", _sizes(_grown(state, args.grow)))
     for low, high in ((1, 4), (5, 12), (50, 400)):
         dataset = Dataset.from_dict("d", _documents(rng, args.bin_docs, low, high))
         pipeline = (
@@ -93,7 +119,8 @@ def main() -> None:
             .pack_flat(4096, "best_fit", num_bins=8)
             .batch(8)
         )
-        _row(f"best_fit 8 x 4096, {low}-{high} words, 2 lanes, 20 steps", _sizes(pipeline, 2 * 20))
+        label = f"best_fit 8 x 4096, {low}-{high} words, 2 lanes, 20 steps"
+        _row(label, _sizes(_state(pipeline, 2 * 20)))
 
 
 if __name__ == "__main__":

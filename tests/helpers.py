@@ -23,6 +23,7 @@ from tests.conftest import prose_documents
 from tests.loopback import serve_in_thread
 from zephon_torch import Batch, Pipeline
 from zephon_torch._lane_split import MID_STEP
+from zephon_torch._packed_rows import unpack_lanes
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -70,6 +71,12 @@ def small_pipeline(
         .pack_flat(max_length, algorithm)  # type: ignore[arg-type]
         .batch(microbatch_size)
     )
+
+
+def as_lists(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its lanes' packed parts (``_packed_rows``) as lists, as the pipeline
+    holds them; a state of lists loads as well, so tests edit states in this form."""
+    return {**state, "lanes": unpack_lanes(state["lanes"])}
 
 
 def key(batch: Batch) -> tuple[Any, ...]:

@@ -1,4 +1,4 @@
-"""A lane state as it is written out, packed: a bin packer's open rows, and reader positions.
+"""A lane state as it is written out, packed: a bin packer's open rows, and per-source counts.
 
 A bin packer (``best_fit``, ``first_fit``, ``best_fit_wrap``) keeps every piece of its open
 and ready rows as a pointer ``[source, pass, position, start, end]``; as JSON lists that is
@@ -9,12 +9,14 @@ small), compressed with zlib and written in base64, with the number of pieces of
 
     {"rows": [pieces of each row, open rows first], "open": open rows, "pieces": "<base64>"}
 
-The lane's reader positions, one ``{"pass", "pos", "filtered"}`` per source, are written as
-three columns (``pack_readers``): with 64 lanes a ``wrap`` state of 10 sources was 52 KiB, of
-20 sources 91 KiB, much of it those dicts' keys; 36 and 57 KiB as columns
-(``benchmarks/state_size.py``). Inside the pipeline,
-and in each batch's ``state``, rows and readers stay lists (taking a state after every batch
-costs no encoding); a loaded state is unpacked before anything reads it.
+The rest of a lane's packing state is per source: its reader's position, the tokens and
+documents delivered, an active flag and a carried piece. Written as lists that is about 47
+bytes a source and lane once a long run's counts have grown, and a mixture of 20 sources on 64
+lanes passed the 64 KiB of a saved state; packed into one string (``pack_sources``) it is
+about 14. Version 3 wrote the reader positions alone as three columns, which still load.
+
+Inside the pipeline, and in each batch's ``state``, all of it stays lists (taking a state
+after every batch costs no encoding); a loaded state is unpacked before anything reads it.
 """
 
 from __future__ import annotations
@@ -91,22 +93,106 @@ def _unreadable(packer: dict[str, Any], expected: str) -> StateMismatchError:
 
 
 _READER_KEYS = ("pass", "pos", "filtered")
+# per source: its reader's three, its delivered tokens and documents, its active flag, and
+# whether it carries a piece; the carried pieces follow, as five columns
+_SOURCE_COLUMNS = (*_READER_KEYS, "tokens", "documents", "active", "carried")
+_PER_SOURCE = ("readers", "delivered", "active", "carry")
+_READER_SET = frozenset(_READER_KEYS)
+_LIMIT = 1 << 48  # a saved count's bound (``_state.state_int``)
 
 
-def pack_readers(readers: Any) -> Any:
-    """A lane's reader positions as three columns (``{"pass": [...], "pos": [...],
-    "filtered": [...]}``, one entry per source) where every reader is a plain one: 37 bytes a
-    source as dicts, about 9 as columns. Others (a stateful filter's reader) as they are."""
-    plain = isinstance(readers, list) and all(
-        isinstance(r, dict) and tuple(r) == _READER_KEYS for r in readers
-    )
-    if not plain or not readers:
-        return readers
-    return {key: [r[key] for r in readers] for key in _READER_KEYS}
+def pack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
+    """A lane's packing state with its per-source part (readers, delivered counts, active
+    flags, carried pieces) packed into ``"sources"``: int64 columns led by the number of
+    sources, byte-shuffled (every value's lowest bytes, then the next...), zlib-compressed and
+    written in base64. With 64 lanes and counts of a long run that is about 14 bytes a source
+    and lane instead of about 47 as lists (``benchmarks/state_size.py``). A state this cannot
+    write exactly (a stateful filter's reader, a value out of range) stays as it is."""
+    columns = _source_columns(mixpack)
+    if columns is None:
+        return mixpack
+    values = np.concatenate(([len(columns[0])], *columns)).astype("<i8")
+    shuffled = values.view(np.uint8).reshape(-1, 8).T.tobytes()
+    out = {k: v for k, v in mixpack.items() if k not in _PER_SOURCE}
+    out["sources"] = base64.b64encode(zlib.compress(shuffled, 9)).decode("ascii")
+    return out
+
+
+def _source_columns(mixpack: dict[str, Any]) -> list[list[int]] | None:
+    """The per-source columns and the carried pieces' five, or None where a value is not a
+    plain one (see ``pack_sources``)."""
+    readers, delivered = mixpack.get("readers"), mixpack.get("delivered")
+    active, carry = mixpack.get("active"), mixpack.get("carry")
+    lists = (readers, delivered, active, carry)
+    if not all(isinstance(c, list) for c in lists) or not readers:
+        return None
+    if len({len(c) for c in lists}) != 1:  # type: ignore[arg-type]
+        return None
+    if not all(isinstance(r, dict) and r.keys() == _READER_SET for r in readers):
+        return None
+    if not all(isinstance(p, list) and len(p) == 2 for p in delivered):  # type: ignore[union-attr]
+        return None
+    if not all(type(a) is bool for a in active) or not all(  # type: ignore[union-attr]
+        isinstance(row, list) and len(row) <= 1
+        for row in carry  # type: ignore[union-attr]
+    ):
+        return None
+    pieces = [row[0] for row in carry if row]  # type: ignore[union-attr]
+    if not all(isinstance(piece, list) and len(piece) == 5 for piece in pieces):
+        return None
+    columns = [[r[key] for r in readers] for key in _READER_KEYS]
+    columns += [[p[0] for p in delivered], [p[1] for p in delivered]]  # type: ignore[union-attr]
+    columns += [[int(a) for a in active], [len(row) for row in carry]]  # type: ignore[union-attr]
+    columns += [[piece[i] for piece in pieces] for i in range(5)]
+    plain = all(type(v) is int and 0 <= v < _LIMIT for column in columns for v in column)
+    return columns if plain else None
+
+
+def unpack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
+    """A packing state with its per-source part as lists again: from ``"sources"``
+    (``pack_sources``), or from reader columns (a version 3 state, ``unpack_readers``); any
+    other as it is.
+
+    Raises:
+        StateMismatchError: naming ``pack.sources`` or ``pack.readers`` where the packing
+            cannot be read back (cut short, edited, or counts that do not add up).
+    """
+    if "sources" not in mixpack:
+        return {**mixpack, "readers": unpack_readers(mixpack.get("readers"))}
+    encoded = mixpack["sources"]
+    try:
+        raw = zlib.decompress(base64.b64decode(str(encoded), validate=True))
+    except (binascii.Error, zlib.error, ValueError) as error:
+        raise _no_sources(encoded, f"zlib in base64 ({error})") from None
+    if not raw or len(raw) % 8:
+        raise _no_sources(encoded, f"int64 values, not {len(raw)} bytes")
+    values = np.frombuffer(raw, np.uint8).reshape(8, -1).T.copy().view("<i8").ravel()
+    count, width = int(values[0]), len(_SOURCE_COLUMNS)
+    if not 0 < count <= (len(values) - 1) // width:
+        raise _no_sources(encoded, f"{len(values) - 1} values for {count} sources")
+    columns = values[1 : 1 + width * count].reshape(width, count).tolist()
+    carried = sum(columns[6])
+    if any(flag not in (0, 1) for flag in columns[5] + columns[6]):
+        raise _no_sources(encoded, "active and carried flags of 0 or 1")
+    if len(values) != 1 + width * count + 5 * carried:
+        raise _no_sources(encoded, f"{carried} carried pieces of 5 values")
+    pieces = iter(values[1 + width * count :].reshape(5, carried).T.tolist())
+    out = {k: v for k, v in mixpack.items() if k != "sources"}
+    out["readers"] = [dict(zip(_READER_KEYS, r, strict=True)) for r in zip(*columns[:3])]
+    out["delivered"] = [list(pair) for pair in zip(columns[3], columns[4])]
+    out["active"] = [bool(a) for a in columns[5]]
+    out["carry"] = [[next(pieces)] if c else [] for c in columns[6]]
+    return out
+
+
+def _no_sources(encoded: object, expected: str) -> StateMismatchError:
+    shown = encoded[:40] + "..." if isinstance(encoded, str) and len(encoded) > 40 else encoded
+    return StateMismatchError({"pack.sources": (shown, f"packed per-source state: {expected}")})
 
 
 def unpack_readers(readers: Any) -> Any:
-    """Reader positions as columns (``pack_readers``) as a list again; any other as it is.
+    """Reader positions as columns (``{"pass": [...], "pos": [...], "filtered": [...]}``,
+    as version 3 wrote them) as a list again; any other as it is.
 
     Raises:
         StateMismatchError: naming ``pack.readers`` for columns of other keys or lengths.
@@ -126,53 +212,64 @@ def unpack_readers(readers: Any) -> Any:
 
 def mixpack_of(lane_state: Any) -> dict[str, Any] | None:
     """A lane state's packing state (its ``pack``, or under ``shuffle`` its
-    ``pack["start"]``): readers, counts and the packer's; None for a lane not begun or a state
-    of another shape."""
+    ``pack["start"]``): readers (or, as written out, ``sources``), counts and the packer's;
+    None for a lane not begun or a state of another shape."""
     pack = lane_state.get("pack") if isinstance(lane_state, dict) else None
-    if isinstance(pack, dict) and "readers" not in pack:
+    if isinstance(pack, dict) and not _PER_LANE.intersection(pack):
         pack = pack.get("start")
-    return pack if isinstance(pack, dict) and "readers" in pack else None
+    return pack if isinstance(pack, dict) and _PER_LANE.intersection(pack) else None
+
+
+_PER_LANE = frozenset({"readers", "sources"})
 
 
 def _with_mixpack(lane_state: dict[str, Any], mixpack: dict[str, Any]) -> dict[str, Any]:
     """``lane_state`` with its packing state replaced (copied along the path, not changed)."""
-    if "readers" in lane_state["pack"]:
+    if _PER_LANE.intersection(lane_state["pack"]):
         return {**lane_state, "pack": mixpack}
     return {**lane_state, "pack": {**lane_state["pack"], "start": mixpack}}
 
 
 def pack_lanes(lanes: dict[str, Any]) -> dict[str, Any]:
     """Lane states by lane as a state is written out: every bin packer's rows packed
-    (``pack_rows``), reader positions as columns (``pack_readers``)."""
-    return _map_mixpacks(lanes, pack_rows, pack_readers)
+    (``pack_rows``), the per-source part packed (``pack_sources``)."""
+    return _map_mixpacks(lanes, pack_rows, pack_sources)
 
 
 def unpack_lanes(lanes: Any) -> Any:
-    """Lane states by lane as the pipeline reads them (``unpack_rows``, ``unpack_readers``).
+    """Lane states by lane as the pipeline reads them (``unpack_rows``, ``unpack_sources``).
 
     Raises:
-        StateMismatchError: naming the lane and the part that cannot be read back.
+        StateMismatchError: naming the lane and the part that cannot be read back
+            (``lane 3 pack.start.sources`` under ``shuffle``).
     """
     if not isinstance(lanes, dict):
         return lanes
     out = {}
     for lane, lane_state in lanes.items():
         try:
-            out.update(_map_mixpacks({lane: lane_state}, unpack_rows, unpack_readers))
+            out.update(_map_mixpacks({lane: lane_state}, unpack_rows, unpack_sources))
         except StateMismatchError as error:
-            named = {f"lane {lane} {key}": value for key, value in error.mismatches.items()}
+            pack = lane_state["pack"]
+            path = "pack" if _PER_LANE.intersection(pack) else "pack.start"
+            named = {
+                f"lane {lane} {path}{key.removeprefix('pack')}": value
+                for key, value in error.mismatches.items()
+            }
             raise StateMismatchError(named) from None
     return out
 
 
 def _map_mixpacks(
-    lanes: dict[str, Any], rows: Callable[[Any], Any], readers: Callable[[Any], Any]
+    lanes: dict[str, Any],
+    rows: Callable[[Any], Any],
+    sources: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> dict[str, Any]:
     out = {}
     for lane, lane_state in lanes.items():
         mixpack = mixpack_of(lane_state)
         if mixpack is not None:
-            changed = {**mixpack, "readers": readers(mixpack["readers"])}
+            changed = dict(sources(mixpack))
             if isinstance(mixpack.get("packer"), dict):
                 changed["packer"] = rows(mixpack["packer"])
             lane_state = _with_mixpack(lane_state, changed)  # noqa: PLW2901

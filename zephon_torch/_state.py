@@ -11,8 +11,9 @@ from zephon_torch.errors import ConfigError, StateMismatchError, finite_number
 
 # 2: the mixer looks a row ahead (`choose_source`); see `version_mismatch` for version 1.
 # 3: the micro-batch size beside the turns, not in the fingerprint (`_regroup`), and a bin
-# packer's rows packed (`_packed_rows`); a state of version 2 reads as it was written
-STATE_VERSION = 3
+# packer's rows packed (`_packed_rows`); 4: a lane's per-source counts packed into one string
+# (`_packed_rows.pack_sources`). States of versions 2 and 3 read as they were written.
+STATE_VERSION = 4
 _MODULE_ENTRY = "zephon"  # the key PipelineDataModule keeps its state under in a checkpoint
 
 
@@ -156,11 +157,11 @@ def _turns_apart(lanes: dict[str, Any]) -> dict[str, int] | None:
 
 def version_mismatch(state: dict[str, Any]) -> dict[str, tuple[object, object]]:
     """``{"version": (saved, live)}`` unless this release continues ``state`` exactly: a state
-    of its own version or of version 2, or of version 1 whose mixture holds one dataset or
+    of its own version or of version 2 or 3, or of version 1 whose mixture holds one dataset or
     equal weights, where the look-ahead adds the same to every source and so picks as
     version 1 did."""
     saved = state["version"]
-    if saved in (2, STATE_VERSION) and type(saved) is int:
+    if saved in (2, 3, STATE_VERSION) and type(saved) is int:
         return {}
     mixture = state["fingerprint"].get("mixture")
     weights = list(mixture.values()) if isinstance(mixture, dict) else []

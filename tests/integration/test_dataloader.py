@@ -455,7 +455,7 @@ def test_editing_a_returned_state_leaves_the_loader_s_resume_point_alone() -> No
     given = loader.state_dict()
     assert given == saved
     given["lanes"]["0"]["turn"] = 0  # the caller edits what it was given
-    given["lanes"]["0"]["pack"]["readers"]["pos"][0] = 0  # (readers written as columns)
+    given["lanes"]["0"]["pack"]["skipped"]["too_long"] = 5
     given["estimation"] = {"edited": True}
     assert loader.state_dict() == saved
     assert next(iter(loader))["input_ids"].tolist() == [[5, 5, 5]]

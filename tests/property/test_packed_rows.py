@@ -1,22 +1,27 @@
-"""A bin packer's rows packed for a saved state (``_packed_rows``): read back exactly, and a
-damaged packing is refused naming it."""
+"""A lane's state packed for a saved state (``_packed_rows``): a bin packer's rows and the
+per-source counts read back exactly, reader columns of version 3 still do, and a damaged
+packing is refused naming it."""
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from zephon_torch._packed_rows import (
     pack_lanes,
-    pack_readers,
     pack_rows,
+    pack_sources,
     unpack_lanes,
     unpack_readers,
     unpack_rows,
+    unpack_sources,
 )
 from zephon_torch.errors import StateMismatchError
 
@@ -37,29 +42,102 @@ def test_packed_rows_read_back_exactly(bins: list[Any], ready: list[Any]) -> Non
     assert unpack_rows(packed) == packer
 
 
-def test_bin_packers_rows_and_plain_readers_are_packed_under_shuffle_too() -> None:
+def _per_source(readers: list[Any], carry: list[Any] | None = None) -> dict[str, Any]:
+    count = len(readers)
+    return {
+        "readers": readers,
+        "delivered": [[40 * i, i] for i in range(count)],
+        "active": [i % 2 == 0 for i in range(count)],
+        "carry": carry if carry is not None else [[] for _ in range(count)],
+        "skipped": {"too_long": 1},
+    }
+
+
+def test_bin_packers_rows_and_plain_per_source_states_are_packed_under_shuffle_too() -> None:
     rows = {"bins": [[[0, 0, 4, 0, 2]], []], "ready": []}
     readers = [{"pass": 0, "pos": 5, "filtered": 0}, {"pass": 1, "pos": 2, "filtered": 3}]
     filtered = [{"reader": readers[0], "filter": {"seen": 4}, "rejected": 1}]  # stateful
+    plain = {**_per_source(readers, [[], [[1, 1, 1, 0, 7]]]), "packer": {}}
     lanes: dict[str, Any] = {
         "0": None,  # not begun
-        "1": {"turn": 3, "pack": {"readers": readers, "packer": {}}},  # wrap: no rows
-        "2": {
-            "turn": 3,
-            "pack": {"block": 1, "emitted": 0, "start": {"readers": readers, "packer": rows}},
-        },
-        "3": {"turn": 3, "pack": {"readers": filtered, "packer": {}}},
+        "1": {"turn": 3, "pack": plain},  # wrap: no rows
+        "2": {"turn": 3, "pack": {"block": 1, "emitted": 0, "start": {**plain, "packer": rows}}},
+        "3": {"turn": 3, "pack": {**_per_source(filtered), "packer": {}}},
     }
     packed = pack_lanes(lanes)
     assert packed["0"] is None
-    columns = {"pass": [0, 1], "pos": [5, 2], "filtered": [0, 3]}
-    assert packed["1"]["pack"] == {"readers": columns, "packer": {}}
+    assert set(packed["1"]["pack"]) == {"sources", "skipped", "packer"}
+    assert packed["1"]["pack"]["skipped"] == {"too_long": 1}
     assert packed["2"]["pack"]["start"]["packer"]["rows"] == [1, 0]
-    assert packed["2"]["pack"]["start"]["readers"] == columns
+    assert packed["2"]["pack"]["start"]["sources"] == packed["1"]["pack"]["sources"]
     assert packed["3"] == lanes["3"]  # a stateful filter's readers stay as they are
     assert lanes["2"]["pack"]["start"]["packer"] is rows  # the caller's state is left alone
-    assert lanes["1"]["pack"]["readers"] is readers
+    assert lanes["1"]["pack"] is plain and "sources" not in plain
     assert unpack_lanes(json.loads(json.dumps(packed))) == lanes
+
+
+_count = st.integers(0, _BIG)
+_source = st.tuples(
+    st.fixed_dictionaries({"pass": st.integers(0, 99), "pos": _count, "filtered": _count}),
+    st.tuples(_count, _count).map(list),
+    st.booleans(),
+    st.one_of(st.just([]), _piece.map(lambda piece: [piece])),
+)
+
+
+@given(sources=st.lists(_source, min_size=1, max_size=40))
+def test_per_source_states_read_back_exactly(sources: list[Any]) -> None:
+    readers, delivered, active, carry = (list(column) for column in zip(*sources, strict=True))
+    mixpack = {"readers": readers, "delivered": delivered, "active": active, "carry": carry}
+    mixpack["packer"] = {}
+    packed = json.loads(json.dumps(pack_sources(mixpack)))  # through JSON, as a checkpoint goes
+    assert set(packed) == {"sources", "packer"}
+    assert unpack_sources(packed) == mixpack
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m["delivered"].append([1, 1]),  # lengths differ
+        lambda m: m["active"].__setitem__(0, 1),  # an int for a flag
+        lambda m: m["carry"].__setitem__(0, [[0, 0, 1, 0, 2], [0, 0, 2, 0, 2]]),  # two pieces
+        lambda m: m["carry"].__setitem__(0, [[0, 0, 1, 0]]),  # a piece of four
+        lambda m: m["readers"].__setitem__(0, {"pass": 0, "pos": 1 << 48, "filtered": 0}),
+        lambda m: m["readers"].__setitem__(0, {"pass": 0, "pos": True, "filtered": 0}),
+        lambda m: m["readers"].__setitem__(0, {"pass": 0, "pos": 1, "filtered": 0, "seen": 3}),
+        lambda m: m["delivered"].__setitem__(0, [1.5, 1]),
+    ],
+)
+def test_a_per_source_state_that_would_not_read_back_exactly_stays_as_lists(change: Any) -> None:
+    mixpack = _per_source([{"pass": 0, "pos": 5, "filtered": 0}] * 2)
+    change(mixpack)
+    assert pack_sources(mixpack) is mixpack
+
+
+def _encoded(values: list[int]) -> str:
+    raw = np.array(values, "<i8").view(np.uint8).reshape(-1, 8).T.tobytes()
+    return base64.b64encode(zlib.compress(raw)).decode("ascii")
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda s: s[:-8], "zlib in base64"),
+        (lambda s: "not base64!", "zlib in base64"),
+        (lambda s: _encoded([2, 0, 0]), "2 values for 2 sources"),
+        (lambda s: _encoded([1, 0, 5, 0, 9, 1, 2, 0]), "active and carried flags of 0 or 1"),
+        (lambda s: _encoded([1, 0, 5, 0, 9, 1, 1, 1, 0, 0, 5]), "1 carried pieces of 5"),
+    ],
+)
+def test_a_damaged_per_source_packing_is_refused_naming_it(change: Any, said: str) -> None:
+    packed = pack_sources(_per_source([{"pass": 0, "pos": 5, "filtered": 0}] * 3))
+    damaged = {**packed, "sources": change(packed["sources"])}
+    with pytest.raises(StateMismatchError, match=r"pack\.sources") as refused:
+        unpack_sources(damaged)
+    assert said in str(refused.value)
+    lanes = {"7": {"turn": 1, "pack": {"block": 0, "emitted": 0, "start": damaged}}}
+    with pytest.raises(StateMismatchError, match=r"lane 7 pack\.start\.sources"):
+        unpack_lanes(lanes)
 
 
 @given(
@@ -71,9 +149,9 @@ def test_bin_packers_rows_and_plain_readers_are_packed_under_shuffle_too() -> No
         max_size=40,
     )
 )
-def test_reader_columns_read_back_exactly(readers: list[dict[str, int]]) -> None:
-    packed = json.loads(json.dumps(pack_readers(readers)))
-    assert unpack_readers(packed) == readers
+def test_version_3_reader_columns_read_back_exactly(readers: list[dict[str, int]]) -> None:
+    columns = {key: [r[key] for r in readers] for key in ("pass", "pos", "filtered")}
+    assert unpack_readers(json.loads(json.dumps(columns))) == readers
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers import small_pipeline
 from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError
+from zephon_torch._state import STATE_VERSION
 from zephon_torch.io import Dataset
 from zephon_torch.torch import DataLoader
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
@@ -185,7 +186,8 @@ def test_a_state_missing_the_lanes_of_this_rank_is_refused(tokenizer: Any) -> No
 def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
     state = small_pipeline(tokenizer).state_dict()
     state["version"] = 1  # saved before the mixer looked one piece ahead
-    with pytest.raises(StateMismatchError, match="version: saved 1, live 3") as refused:
+    live = STATE_VERSION
+    with pytest.raises(StateMismatchError, match=f"version: saved 1, live {live}") as refused:
         small_pipeline(tokenizer).load_state_dict(state)
     assert "Resume with the release that saved it" in str(refused.value)
     with pytest.raises(StateMismatchError, match="Resume with the release") as refused:
@@ -193,8 +195,10 @@ def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
     # the note travels with the error (from a DataLoader worker, say)
     assert pickle.loads(pickle.dumps(refused.value)).note == refused.value.note
     # a later release's, or none's (the note had said the mixer of an earlier one differed)
-    for saved, note in ((4, "saved by a later zephon_torch release (state version 4"),
-                        ("3", "No zephon_torch release writes state version '3'")):  # fmt: skip
+    for saved, note in (
+        (live + 1, f"saved by a later zephon_torch release (state version {live + 1}"),
+        (str(live), f"No zephon_torch release writes state version '{live}'"),
+    ):
         for target in (small_pipeline(tokenizer), DataLoader(small_pipeline(tokenizer))):
             with pytest.raises(StateMismatchError, match=re.escape(note)) as refused:
                 target.load_state_dict({**state, "version": saved})
@@ -215,7 +219,7 @@ def _equal_mix(tokenizer: Any) -> Pipeline:
 
 def test_a_version_1_state_of_equal_weights_resumes_as_its_own_version(tokenizer: Any) -> None:
     """Equal weights pick alike under both versions' rules (the look-ahead adds the same to
-    every source), so such a state of version 1 is taken, and continues as version 2's and 3's."""
+    every source), so such a state of version 1 is taken, and continues as later versions'."""
     from tests.helpers import keys
 
     pipeline = _equal_mix(tokenizer)

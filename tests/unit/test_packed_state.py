@@ -1,8 +1,10 @@
-"""A bin packer's saved state holds its open rows packed: small with short documents, read
-back exactly, and states of version 2 (rows as lists) still load."""
+"""A saved state holds a bin packer's open rows and each lane's per-source counts packed:
+small, read back exactly, and states of versions 2 (all lists) and 3 (reader columns) still
+load."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 from tests.helpers import key
 from zephon_torch import Pipeline
 from zephon_torch._packed_rows import unpack_lanes
+from zephon_torch._state import STATE_VERSION
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
 
@@ -104,7 +107,7 @@ def test_a_later_release_s_state_is_refused_for_its_version_not_its_packing(
     for _ in range(4):
         next(batches)
     state = json.loads(json.dumps(pipeline.state_dict()))
-    state["version"] = 4
+    state["version"] = STATE_VERSION + 1
     for lane in state["lanes"].values():
         lane["pack"]["packer"]["pieces"] = "zstd:" + lane["pack"]["packer"]["pieces"]
     for target in (
@@ -117,7 +120,7 @@ def test_a_later_release_s_state_is_refused_for_its_version_not_its_packing(
         assert "saved by a later zephon_torch release" in str(refused.value)
 
 
-def test_reader_positions_are_written_as_columns_lanes_a_third_smaller_with_ten_sources(
+def test_per_source_counts_are_written_packed_and_states_of_versions_2_and_3_still_load(
     tokenizer: Any,
 ) -> None:
     rng = random.Random(5)
@@ -146,11 +149,16 @@ def test_reader_positions_are_written_as_columns_lanes_a_third_smaller_with_ten_
         next(batches)
     state = json.loads(json.dumps(pipeline.state_dict()))
     reference = [key(next(batches)) for _ in range(8)]
-    readers = state["lanes"]["3"]["pack"]["readers"]
-    assert set(readers) == {"pass", "pos", "filtered"} and len(readers["pos"]) == 10
-    as_dicts = {**state, "lanes": unpack_lanes(state["lanes"])}
-    assert len(json.dumps(state["lanes"])) < 0.7 * len(json.dumps(as_dicts["lanes"]))
-    for saved in (state, as_dicts):  # as written now, and as version 2 wrote it
+    pack = state["lanes"]["3"]["pack"]
+    assert set(pack) == {"sources", "skipped", "packer"}
+    as_lists = {**state, "lanes": unpack_lanes(state["lanes"])}
+    assert len(as_lists["lanes"]["3"]["pack"]["readers"]) == 10
+    assert len(json.dumps(state["lanes"])) < 0.5 * len(json.dumps(as_lists["lanes"]))
+    version_3 = copy.deepcopy(as_lists)  # reader positions as columns, the rest as lists
+    for lane in version_3["lanes"].values():
+        readers = lane["pack"]["readers"]
+        lane["pack"]["readers"] = {k: [r[k] for r in readers] for k in ("pass", "pos", "filtered")}
+    for saved in (state, {**version_3, "version": 3}, {**as_lists, "version": 2}):
         resumed = build()
         resumed.load_state_dict(saved)
         assert [key(batch) for _, batch in zip(range(8), resumed)] == reference

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import assert_resumes_at_every_step, key, small_pipeline, two_sources
+from tests.helpers import (
+    as_lists,
+    assert_resumes_at_every_step,
+    key,
+    small_pipeline,
+    two_sources,
+)
 from zephon_torch import DataError, Pipeline
 from zephon_torch._packed_rows import unpack_rows
 from zephon_torch.io import Dataset
@@ -395,20 +401,20 @@ def test_a_state_no_run_saves_is_refused_naming_what_is_wrong(tokenizer: Any) ->
                 pipeline.load_state_dict(copy.deepcopy(bad))
 
     def refused(edit: Any, match: str) -> None:
-        bad = copy.deepcopy(state)
+        bad = as_lists(copy.deepcopy(state))
         edit(bad)
         pipeline = small_pipeline(tokenizer, lanes=4)
         with pytest.raises(StateMismatchError, match=match):
             pipeline.load_state_dict(bad)
             next(iter(pipeline))  # the readers check their positions as they start
 
-    readers = lambda bad: bad["lanes"]["1"]["pack"]["readers"]  # noqa: E731  (as columns)
+    readers = lambda bad: bad["lanes"]["1"]["pack"]["readers"]  # noqa: E731
     where = r"lane 1 dataset 'long' position: saved \{'pass': %s, 'pos': %s\}"
-    refused(lambda bad: readers(bad)["pass"].__setitem__(0, 1), where % (1, 1))
-    refused(lambda bad: readers(bad)["pos"].__setitem__(0, 16), where % (0, 16))
+    refused(lambda bad: readers(bad)[0].update({"pass": 1}), where % (1, 1))
+    refused(lambda bad: readers(bad)[0].update(pos=16), where % (0, 16))
     # a carried piece's document past the stream: an IndexError, in a mismatch of "lane 1"
     carry = lambda bad: bad["lanes"]["1"]["pack"]["carry"][0][0]  # noqa: E731
-    assert carry(state)[:3] == [0, 0, 0]  # [source, pass, pos, start, end]
+    assert carry(as_lists(state))[:3] == [0, 0, 0]  # [source, pass, pos, start, end]
     piece = r"lane 1 dataset 'long' document: saved \{'pass': 0, 'pos': 15\}"
     refused(lambda bad: carry(bad).__setitem__(2, 15), piece)
     refused(lambda bad: bad["lanes"].update({"7": bad["lanes"]["0"]}), r"lane numbers: saved \[7\]")
@@ -419,8 +425,8 @@ def test_a_state_no_run_saves_is_refused_naming_what_is_wrong(tokenizer: Any) ->
     nulls = {str(lane): None for lane in range(4)}
     refused(lambda bad: bad["lanes"].update(nulls), r"step: saved 2, live 'a turn of its lanes")
     # each field's last valid value loads: the position at the end of this lane's pass
-    last = copy.deepcopy(state)
-    readers(last)["pos"][0] = 15
+    last = as_lists(copy.deepcopy(state))
+    readers(last)[0]["pos"] = 15
     pipeline = small_pipeline(tokenizer, lanes=4)
     pipeline.load_state_dict(last)
     assert next(iter(pipeline)).lane == 0
@@ -611,7 +617,8 @@ def test_a_resume_reads_every_lanes_open_rows_on_the_runner_side_by_side(
     for _ in range(9):
         next(stream)
     state = pipeline.state_dict()
-    assert any(lane["pack"]["carry"] != [[], []] for lane in state["lanes"].values())
+    lanes = as_lists(state)["lanes"].values()
+    assert any(lane["pack"]["carry"] != [[], []] for lane in lanes)
     on_caller: list[int] = []
     real = Runner.run_now
 

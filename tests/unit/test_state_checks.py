@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import keys, small_pipeline
+from tests.helpers import as_lists, keys, small_pipeline
 from zephon_torch import Pipeline, StateMismatchError, merge_states
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
@@ -27,7 +27,18 @@ def _lane(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pack(state: dict[str, Any]) -> dict[str, Any]:
+    """Lane 0's packing state with its per-source part as lists, as the pipeline holds it
+    (a state written out holds it packed, ``_packed_rows``; lists load as well)."""
+    state["lanes"] = as_lists(state)["lanes"]
     return _lane(state)["pack"]  # type: ignore[no-any-return]
+
+
+def _columns(state: dict[str, Any]) -> dict[str, list[Any]]:
+    """Lane 0's reader positions as version 3 wrote them, a column per field."""
+    pack = _pack(state)
+    readers = pack["readers"]
+    pack["readers"] = {key: [r[key] for r in readers] for key in ("pass", "pos", "filtered")}
+    return pack["readers"]  # type: ignore[no-any-return]
 
 
 EDITS: dict[str, tuple[Edit, str]] = {
@@ -41,20 +52,25 @@ EDITS: dict[str, tuple[Edit, str]] = {
     # an int past the largest float: math.isfinite raised OverflowError, not the state's error
     "estimation huge": (lambda s: s.update(estimation={"long": {"x": 10**400}}), "estimation"),
     "pack {}": (lambda s: _lane(s).update(pack={}), "lane 0 pack"),
-    # reader positions are written as columns, a list per field (`_packed_rows`)
-    "readers one short": (
-        lambda s: [column.pop() for column in _pack(s)["readers"].values()],
+    # the per-source part is written packed into one string (`_packed_rows`)
+    "sources cut short": (
+        lambda s: _lane(s)["pack"].update(sources=_lane(s)["pack"]["sources"][:-4]),
+        "lane 0 pack.sources",
+    ),
+    "sources lost": (lambda s: _lane(s)["pack"].pop("sources"), "lane 0 pack"),
+    "readers one short": (lambda s: _pack(s)["readers"].pop(), "lane 0 pack.readers"),
+    "reader pos -1": (lambda s: _pack(s)["readers"][0].update(pos=-1), "lane 0 reader pos"),
+    # version 3 wrote reader positions as columns, a list per field
+    "reader columns one short": (
+        lambda s: [column.pop() for column in _columns(s).values()],
         "lane 0 pack.readers",
     ),
-    "reader columns apart": (lambda s: _pack(s)["readers"]["pos"].pop(), "lane 0 pack.readers"),
-    "reader column lost": (lambda s: _pack(s)["readers"].pop("pos"), "lane 0 pack.readers"),
-    "reader pos -1": (lambda s: _pack(s)["readers"]["pos"].__setitem__(0, -1), "lane 0 reader pos"),
-    "reader pos '1'": (
-        lambda s: _pack(s)["readers"]["pos"].__setitem__(0, "1"),
-        "lane 0 reader pos",
-    ),
+    "reader columns apart": (lambda s: _columns(s)["pos"].pop(), "lane 0 pack.readers"),
+    "reader column lost": (lambda s: _columns(s).pop("pos"), "lane 0 pack.readers"),
+    "reader column pos -1": (lambda s: _columns(s)["pos"].__setitem__(0, -1), "lane 0 reader pos"),
+    "reader pos '1'": (lambda s: _columns(s)["pos"].__setitem__(0, "1"), "lane 0 reader pos"),
     "reader pass 10**30": (
-        lambda s: _pack(s)["readers"]["pass"].__setitem__(0, 10**30),
+        lambda s: _columns(s)["pass"].__setitem__(0, 10**30),
         "lane 0 reader pass",
     ),
     "delivered one short": (lambda s: _pack(s)["delivered"].pop(), "lane 0 pack.delivered"),
