@@ -127,6 +127,40 @@ def test_an_edited_state_is_refused_naming_the_field(
         next(iter(pipeline))
 
 
+def test_a_shuffled_lane_s_edited_state_is_refused_naming_where_the_field_lies() -> None:
+    """Under ``shuffle`` a lane's packing state lies under ``pack.start``: errors name that
+    path (they said ``pack.readers``, a key the state does not have there)."""
+    data = Dataset.from_dict("d", {"ids": [[1 + i] * (3 + i % 5) for i in range(40)]})
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource([data], seed=3, exhaustion="repeat")
+        recipe = Pipeline(source).options(canonical_replicas=1, prefetch=0)
+        return recipe.pretokenized("ids").pack_flat(8, "wrap").shuffle(4).batch(1)
+
+    pipeline = build()
+    batches = iter(pipeline)
+    for _ in range(6):
+        next(batches)
+    state = as_lists(json.loads(json.dumps(pipeline.state_dict())))
+    start = _lane(state)["pack"]["start"]
+    edits: dict[str, Edit] = {
+        r"lane 0 pack\.start\.readers": lambda s: s["readers"].append(s["readers"][0]),
+        r"lane 0 pack\.start\.delivered\[0\]": lambda s: s["delivered"][0].__setitem__(0, -1),
+        r"lane 0 pack\.start: saved": lambda s: s.pop("active"),
+    }
+    for field, edit in edits.items():
+        bad = copy.deepcopy(state)
+        edit(_lane(bad)["pack"]["start"])
+        with pytest.raises(StateMismatchError, match=field):
+            resumed = build()
+            resumed.load_state_dict(bad)
+            next(iter(resumed))
+    assert start["readers"]  # the state as saved resumes
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert next(iter(resumed)).input_ids.tolist() == next(batches).input_ids.tolist()
+
+
 def _zeta_alpha(world_size: int | None = None, rank: int | None = None) -> Pipeline:
     """Two pre-tokenized datasets whose names are not in sorted order."""
     data = [

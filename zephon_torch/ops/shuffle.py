@@ -16,7 +16,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_dict_of, state_int
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.ops.pack import PackedRow
 from zephon_torch.work._hashing import stable_key
 from zephon_torch.work._permutation import permute
@@ -60,7 +60,13 @@ class ShuffleNode(BaseNode[PackedRow]):
         self.block_index = state_int(state["block"], "shuffle block")
         self.emitted = state_int(state["emitted"], "shuffle emitted")
         self.start = state["start"]
-        self.source.reset(self.start)
+        try:
+            self.source.reset(self.start)
+        except StateMismatchError as error:  # named from the packer's state: it lies under start
+            raise StateMismatchError(
+                {_beneath_start(key): value for key, value in error.mismatches.items()},
+                error.note,
+            ) from None
         if self.emitted:
             self._fill()
 
@@ -98,3 +104,9 @@ class ShuffleNode(BaseNode[PackedRow]):
     def fingerprint(self) -> dict[str, Any]:
         """The window: changing it changes the order."""
         return {"kind": "shuffle", "window": self.window}
+
+
+def _beneath_start(key: str) -> str:
+    """A packer state's field name (``pack.readers``) as it lies in a shuffled lane's state
+    (``pack.start.readers``)."""
+    return "pack.start" + key.removeprefix("pack") if key.startswith("pack") else key
