@@ -67,7 +67,7 @@ def unpack_rows(packer: Any) -> Any:
         raise _unreadable(packer, "open: how many of the rows are open, an int")
     total = sum(rows)
     try:
-        raw = zlib.decompress(base64.b64decode(str(encoded), validate=True))
+        raw = _inflated(encoded)
     except (binascii.Error, zlib.error, ValueError) as error:
         raise _unreadable(packer, f"zlib in base64 ({error})") from None
     if len(raw) != total * 5 * 8:
@@ -83,6 +83,22 @@ def unpack_rows(packer: Any) -> Any:
         at += count
     out["bins"], out["ready"] = unpacked[:opened], unpacked[opened:]
     return out
+
+
+def _inflated(encoded: object) -> bytes:
+    """The bytes of ``encoded``, base64 of one zlib stream and nothing after it (zlib alone
+    ignores what follows a stream's end: a string with more appended read as the first).
+
+    Raises:
+        binascii.Error, zlib.error, ValueError: where it is not.
+    """
+    inflater = zlib.decompressobj()
+    raw = inflater.decompress(base64.b64decode(str(encoded), validate=True))
+    if not inflater.eof:
+        raise ValueError("the stream is cut short")
+    if inflater.unused_data:
+        raise ValueError(f"{len(inflater.unused_data)} bytes after the stream's end")
+    return raw
 
 
 def _unreadable(packer: dict[str, Any], expected: str) -> StateMismatchError:
@@ -161,7 +177,7 @@ def unpack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
         return {**mixpack, "readers": unpack_readers(mixpack.get("readers"))}
     encoded = mixpack["sources"]
     try:
-        raw = zlib.decompress(base64.b64decode(str(encoded), validate=True))
+        raw = _inflated(encoded)
     except (binascii.Error, zlib.error, ValueError) as error:
         raise _no_sources(encoded, f"zlib in base64 ({error})") from None
     if not raw or len(raw) % 8:

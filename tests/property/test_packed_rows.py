@@ -183,3 +183,31 @@ def test_a_damaged_packing_is_refused_naming_it(change: Any, said: str) -> None:
     with pytest.raises(StateMismatchError, match=r"pack\.packer\.pieces") as refused:
         unpack_rows(packer)
     assert said in str(refused.value)
+
+
+def _appended(encoded: str, extra: bytes) -> str:
+    """``encoded`` (base64 of a zlib stream) with ``extra`` after the stream, still valid
+    base64: zlib alone read such a string as the stream before it, the rest ignored."""
+    return base64.b64encode(base64.b64decode(encoded) + extra).decode("ascii")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b"garbage!",
+        zlib.compress(b"\x00" * 8),  # another stream: two lanes' strings joined by hand
+    ],
+    ids=["garbage", "another stream"],
+)
+def test_a_packing_with_something_after_its_stream_is_refused(extra: bytes) -> None:
+    mixpack = _per_source([{"pass": 0, "pos": 5, "filtered": 0}] * 3)
+    packed = pack_sources(mixpack)
+    assert unpack_sources(packed) == mixpack
+    damaged = {**packed, "sources": _appended(packed["sources"], extra)}
+    with pytest.raises(StateMismatchError, match=r"pack\.sources") as refused:
+        unpack_sources(damaged)
+    assert "after the stream's end" in str(refused.value)
+    packer = pack_rows({"bins": [[[0, 0, 5, 0, 9]]], "ready": []})
+    packer["pieces"] = _appended(packer["pieces"], extra)
+    with pytest.raises(StateMismatchError, match=r"pack\.packer\.pieces"):
+        unpack_rows(packer)
