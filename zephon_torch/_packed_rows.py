@@ -176,6 +176,9 @@ def unpack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
     if "sources" not in mixpack:
         return {**mixpack, "readers": unpack_readers(mixpack.get("readers"))}
     encoded = mixpack["sources"]
+    beside = [key for key in _PER_SOURCE if key in mixpack]
+    if beside:  # no release writes both: an edit of those lists would be dropped unsaid
+        raise _no_sources(encoded, f"the per-source part, not also as lists ({beside})")
     try:
         raw = _inflated(encoded)
     except (binascii.Error, zlib.error, ValueError) as error:

@@ -211,3 +211,14 @@ def test_a_packing_with_something_after_its_stream_is_refused(extra: bytes) -> N
     packer["pieces"] = _appended(packer["pieces"], extra)
     with pytest.raises(StateMismatchError, match=r"pack\.packer\.pieces"):
         unpack_rows(packer)
+
+
+@pytest.mark.parametrize("key", ["readers", "delivered", "active", "carry"])
+def test_a_packing_beside_lists_of_the_per_source_part_is_refused(key: str) -> None:
+    """A state holding both (hand-edited: no release writes it) read the packed string and
+    dropped the lists, an edit of them lost without a word."""
+    mixpack = _per_source([{"pass": 0, "pos": 5, "filtered": 0}] * 2)
+    edited = {**pack_sources(mixpack), key: mixpack[key]}
+    with pytest.raises(StateMismatchError, match=r"pack\.sources") as refused:
+        unpack_sources(edited)
+    assert f"not also as lists (['{key}'])" in str(refused.value)
