@@ -1,6 +1,7 @@
 """Saved state sizes: as written (packed) against the same state with its lanes as lists.
 
-A state is written with a bin packer's open rows packed and plain reader positions as columns
+A state is written with a bin packer's open rows packed and each lane's per-source part (reader
+positions, delivered counts, flags, carried pieces) as one packed string
 (`zephon_torch._packed_rows`); inside the pipeline both are lists, as version 2 wrote them.
 This script builds in-memory corpora of short random English-like documents, runs each recipe
 a few steps, and prints `len(json.dumps(state))` both ways (DESIGN.md section 4: at most 64 KiB
@@ -8,8 +9,8 @@ with 64 lanes):
 
 - `wrap` with `--sources` datasets (default 2, 10, 20 and 40) on 64 lanes after 3 steps, and
   the same state with its counts grown as in a long run: every reader position and delivered
-  count times `--grow` (100,000 by default: about 10^8 tokens a source and lane, a few 10^12
-  over 64 lanes and 20 sources), since the packed size depends on the numbers' sizes;
+  count times `--grow` (100,000 by default: 6 x 10^8 tokens a lane, 4 x 10^10 over the 64
+  lanes, a mid-sized run), since the packed size depends on the numbers' sizes;
 - `best_fit` with 8 bins of 4,096 tokens on 2 lanes after 20 steps, on documents of 1-4,
   5-12 and 50-400 words (`--bin-docs` documents each; 400,000 by default, so the rows fill).
 
