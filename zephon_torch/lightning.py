@@ -226,6 +226,6 @@ def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any]) -> None:
         warn(
             f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "
             f"it resumes on {world_size} ranks or on one only. Checkpoint at step ends "
-            f"(accumulate_grad_batches={len(pipeline.lanes)}, canonical_replicas / world "
-            "size) to resume on any world size",
+            f"(accumulate_grad_batches={len(pipeline.lanes)} or a multiple of it: the lanes of "
+            "a rank, canonical_replicas / world size) to resume on any world size",
         )
