@@ -12,7 +12,8 @@ with 64 lanes):
   count times `--grow` (100,000 by default: 6 x 10^8 tokens a lane, 4 x 10^10 over the 64
   lanes, a mid-sized run), since the packed size depends on the numbers' sizes;
 - `best_fit` with 8 bins of 4,096 tokens on 2 lanes after 20 steps, on documents of 1-4,
-  5-12 and 50-400 words (`--bin-docs` documents each; 400,000 by default, so the rows fill).
+  5-12 and 50-400 words (`--bin-docs` documents each; 400,000 by default, so the rows fill),
+  and on 64 lanes after one step on the documents of 1-4 words (read again as needed).
 
     .venv/bin/python benchmarks/state_size.py [--sources 2 10 20 40] [--grow 100000]
         [--bin-docs 400000]
@@ -122,6 +123,17 @@ def main() -> None:
         )
         label = f"best_fit 8 x 4096, {low}-{high} words, 2 lanes, 20 steps"
         _row(label, _sizes(_state(pipeline, 2 * 20)))
+        if (low, high) == (1, 4):  # the shared design's 64 lanes, on the documents costing most
+            source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="repeat")
+            pipeline = (
+                Pipeline(source)
+                .options(canonical_replicas=64)
+                .tokenize(tokenizer=tokenizer)
+                .pack_flat(4096, "best_fit", num_bins=8)
+                .batch(8)
+            )
+            label = f"best_fit 8 x 4096, {low}-{high} words, 64 lanes, 1 step"
+            _row(label, _sizes(_state(pipeline, 64)))
 
 
 if __name__ == "__main__":

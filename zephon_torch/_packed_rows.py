@@ -1,13 +1,16 @@
 """A lane state as it is written out, packed: a bin packer's open rows, and per-source counts.
 
 A bin packer (``best_fit``, ``first_fit``, ``best_fit_wrap``) keeps every piece of its open
-and ready rows as a pointer ``[source, pass, position, start, end]``; as JSON lists that is
-about 23 bytes a piece, and with short documents a lane holds thousands of pieces (over 1 MB
+and ready rows as a pointer ``[source, pass, position, start, end]`` (``end`` -1 where the
+piece runs to its document's end, which most do: ``ops.packers``); as JSON lists that is
+about 20 bytes a piece, and with short documents a lane holds thousands of pieces (over 1 MB
 of state with 8 lanes). A state written out (``state_dict``) holds them packed instead: the
-pieces' five columns as int64 (positions and the token ranges' ends as differences, which are
-small), compressed with zlib and written in base64, with the number of pieces of each row:
+pieces' five columns as int64 (positions as differences, and ends as lengths, which are
+small or constant), compressed with zlib and written in base64, with the number of pieces of
+each row:
 
-    {"rows": [pieces of each row, open rows first], "open": open rows, "pieces": "<base64>"}
+    {"rows": [pieces of each row, open rows first], "open": open rows, "pieces": "<base64>",
+     "filled": [tokens of each row]}
 
 The rest of a lane's packing state is per source: its reader's position, the tokens and
 documents delivered, an active flag and a carried piece. Written as lists that is about 47

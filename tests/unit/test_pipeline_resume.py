@@ -460,6 +460,43 @@ def test_a_document_changed_since_the_state_was_saved_is_a_data_error_naming_it(
     assert (caught.value.dataset, caught.value.shard) == ("a", str(shard))
 
 
+@pytest.mark.parametrize("length", [2, 4])
+def test_a_document_of_an_open_row_changed_since_the_state_was_saved_is_a_data_error(
+    tmp_path: Any, length: int
+) -> None:
+    """A bin packer writes a piece that runs to its document's end without the end (-1: read
+    back from the document). Each row's token count, saved beside, tells a document re-read
+    longer or shorter than when saved; longer went unsaid even when ends were written."""
+    shard = tmp_path / "a.jsonl"
+
+    def write(length: int) -> None:
+        shard.write_text("".join(json.dumps({"ids": [i + 1] * length}) + "\n" for i in range(40)))
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("a", shard)], shuffle=False)
+        return Pipeline(source).pretokenized("ids").pack_flat(16, "best_fit", num_bins=4).batch(1)
+
+    write(3)
+    pipeline = build()
+    next(iter(pipeline))
+    state = json.loads(json.dumps(pipeline.state_dict()))
+    packer = as_lists(state)["lanes"]["0"]["pack"]["packer"]
+    assert {piece[4] for row in packer["bins"] for piece in row} == {-1}  # whole documents
+    assert packer["filled"] == [sum(3 for _ in row) for row in packer["bins"] + packer["ready"]]
+    resumed = build()
+    resumed.load_state_dict(copy.deepcopy(state))
+    expected = [b.input_ids.tolist() for _, b in zip(range(3), resumed)]
+    write(length)
+    resumed = build()
+    resumed.load_state_dict(state)
+    with pytest.raises(DataError, match=r"cannot resume here: a row the state holds open had"):
+        next(iter(resumed))
+    write(3)  # as saved again: resumes
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert [b.input_ids.tolist() for _, b in zip(range(3), resumed)] == expected
+
+
 def test_a_held_document_a_filter_drops_on_resume_is_named_by_its_shard_path(
     tokenizer: Any,
 ) -> None:

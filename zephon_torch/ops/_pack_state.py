@@ -12,9 +12,10 @@ from typing import Any
 
 from zephon_torch._state import state_dict_of, state_flag, state_int, state_list
 from zephon_torch.errors import StateMismatchError
+from zephon_torch.ops.packers import TO_END
 
 _PACK_KEYS = ("readers", "delivered", "active", "carry", "skipped", "packer")
-_PIECE = "[source, pass, position, start, end] with start <= end"
+_PIECE = "[source, pass, position, start, end] with start <= end, or end -1 (the document's)"
 
 
 def checked_pack_state(saved: Any, sources: int) -> dict[str, Any]:
@@ -40,18 +41,25 @@ def checked_pack_state(saved: Any, sources: int) -> dict[str, Any]:
     for key in ("bins", "ready"):
         if key in packer:
             check_pieces(packer[key], sources, f"pack.packer.{key}")
+    if "filled" in packer:
+        rows = len(packer.get("bins", [])) + len(packer.get("ready", []))
+        for count in state_list(packer["filled"], rows, "pack.packer.filled"):
+            state_int(count, "pack.packer.filled")
     return state
 
 
 def check_pieces(rows: Any, sources: int, where: str) -> None:
     """``rows``: a list of rows, each a list of pieces ``[source, pass, position, start,
-    end]`` of ints in range, ``source`` one of ``sources``."""
+    end]`` of ints in range, ``source`` one of ``sources``, ``end`` -1 for the document's end
+    (``packers.TO_END``)."""
     if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
         raise StateMismatchError({where: (rows, f"a list of rows of pieces {_PIECE}")})
     for row in rows:
         for piece in row:
             if not isinstance(piece, list) or len(piece) != 5:
                 raise StateMismatchError({where: (piece, f"a piece {_PIECE}")})
-            source, _, _, start, end = (state_int(value, where) for value in piece)
+            to_end = type(piece[4]) is int and piece[4] == TO_END
+            source, _, _, start = (state_int(value, where) for value in piece[:4])
+            end = start if to_end else state_int(piece[4], where)
             if source >= sources or start > end:
                 raise StateMismatchError({where: (piece, f"a piece {_PIECE}")})
