@@ -87,6 +87,17 @@ EDITS: dict[str, tuple[Edit, str]] = {
         lambda s: _pack(s).update(carry=[[[0, 0, 0, 10, 5]], []]),
         r"lane 0 pack.carry\[0\]",
     ),
+    # a carry is written with its end: -1 (a bin packer's rows' "to the document's end") is
+    # no carry's, and no row count would tell its document re-read longer
+    "carry to its document's end": (
+        lambda s: _pack(s).update(carry=[[[0, 0, 0, 0, -1]], []]),
+        r"lane 0 pack.carry\[0\]",
+    ),
+    # an empty row said to hold tokens: a bare IndexError naming no field
+    "tokens of an empty row": (
+        lambda s: _pack(s).update(packer={"bins": [[]], "ready": [], "filled": [3]}),
+        "lane 0 pack.packer.filled",
+    ),
     "skipped a list": (lambda s: _pack(s).update(skipped=[1]), "lane 0 pack.skipped"),
     "packer bins a number": (lambda s: _pack(s).update(packer={"bins": 3}), "lane 0 pack.packer"),
     # a bare TypeError ('int' object is not iterable) where the order of datasets was read

@@ -15,7 +15,8 @@ from zephon_torch.errors import StateMismatchError
 from zephon_torch.ops.packers import TO_END
 
 _PACK_KEYS = ("readers", "delivered", "active", "carry", "skipped", "packer")
-_PIECE = "[source, pass, position, start, end] with start <= end, or end -1 (the document's)"
+_ENDED = "[source, pass, position, start, end] with start <= end"
+_PIECE = f"{_ENDED}, or end -1 (the document's)"
 
 
 def checked_pack_state(saved: Any, sources: int) -> dict[str, Any]:
@@ -33,7 +34,8 @@ def checked_pack_state(saved: Any, sources: int) -> dict[str, Any]:
     for number, row in enumerate(state_list(state["carry"], sources, "pack.carry")):
         if not isinstance(row, list) or len(row) > 1:
             raise StateMismatchError({f"pack.carry[{number}]": (row, "[] or [piece]")})
-        check_pieces([row], sources, f"pack.carry[{number}]")
+        # a carry is written with its end (``Piece.pointer``): no row count checks it
+        check_pieces([row], sources, f"pack.carry[{number}]", to_end=False)
     skipped = state_dict_of(state["skipped"], (), "pack.skipped")
     for reason, count in skipped.items():
         state_int(count, f"pack.skipped[{reason!r}]")
@@ -42,24 +44,26 @@ def checked_pack_state(saved: Any, sources: int) -> dict[str, Any]:
         if key in packer:
             check_pieces(packer[key], sources, f"pack.packer.{key}")
     if "filled" in packer:
-        rows = len(packer.get("bins", [])) + len(packer.get("ready", []))
-        for count in state_list(packer["filled"], rows, "pack.packer.filled"):
-            state_int(count, "pack.packer.filled")
+        rows = [*packer.get("bins", []), *packer.get("ready", [])]
+        for row, count in zip(rows, state_list(packer["filled"], len(rows), "pack.packer.filled")):
+            if state_int(count, "pack.packer.filled") and not row:  # no piece holds its tokens
+                raise StateMismatchError({"pack.packer.filled": (count, "0 for an empty row")})
     return state
 
 
-def check_pieces(rows: Any, sources: int, where: str) -> None:
+def check_pieces(rows: Any, sources: int, where: str, *, to_end: bool = True) -> None:
     """``rows``: a list of rows, each a list of pieces ``[source, pass, position, start,
     end]`` of ints in range, ``source`` one of ``sources``, ``end`` -1 for the document's end
-    (``packers.TO_END``)."""
+    (``packers.TO_END``) where ``to_end``."""
     if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
         raise StateMismatchError({where: (rows, f"a list of rows of pieces {_PIECE}")})
+    shape = _PIECE if to_end else _ENDED
     for row in rows:
         for piece in row:
             if not isinstance(piece, list) or len(piece) != 5:
-                raise StateMismatchError({where: (piece, f"a piece {_PIECE}")})
-            to_end = type(piece[4]) is int and piece[4] == TO_END
+                raise StateMismatchError({where: (piece, f"a piece {shape}")})
+            runs_to_end = to_end and type(piece[4]) is int and piece[4] == TO_END
             source, _, _, start = (state_int(value, where) for value in piece[:4])
-            end = start if to_end else state_int(piece[4], where)
+            end = start if runs_to_end else state_int(piece[4], where)
             if source >= sources or start > end:
-                raise StateMismatchError({where: (piece, f"a piece {_PIECE}")})
+                raise StateMismatchError({where: (piece, f"a piece {shape}")})
