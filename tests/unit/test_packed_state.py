@@ -171,3 +171,19 @@ def test_per_source_counts_are_written_packed_and_states_of_versions_2_and_3_sti
         resumed = build()
         resumed.load_state_dict(saved)
         assert [key(batch) for _, batch in zip(range(8), resumed)] == reference
+
+
+def test_a_piece_to_its_document_s_end_starting_past_it_is_named_by_its_start() -> None:
+    """A piece saved with end -1 (to the document's end) whose document is re-read shorter
+    than its start: the message said 'up to token 3, but it has 3 tokens'."""
+    import numpy as np
+
+    from zephon_torch.ops.document import Document
+    from zephon_torch.ops.packers import ChangedDocument, pieces_from_state
+
+    def fetch(source: int, pass_index: int, pos: int) -> Document:
+        return Document(source, pass_index, pos, 0, pos, None, np.arange(3))
+
+    with pytest.raises(ChangedDocument, match="up to token 7, but it has 3 tokens"):
+        pieces_from_state([[[0, 0, 0, 7, -1]]], fetch)
+    assert [(p.start, p.end) for p in pieces_from_state([[[0, 0, 0, 1, -1]]], fetch)[0]] == [(1, 3)]

@@ -97,8 +97,8 @@ def pieces_from_state(rows: list[list[list[int]]], fetch: Fetch) -> list[list[Pi
             size = 0 if doc.tokens is None else len(doc.tokens)
             if end == TO_END:
                 end = size  # noqa: PLW2901
-            if not 0 <= start <= end <= size:
-                raise ChangedDocument(doc, end, size)
+            if not 0 <= start <= end <= size:  # a piece to the end past it: from its start
+                raise ChangedDocument(doc, max(start, end), size)
             pieces.append(Piece(doc, start, end))
         out.append(pieces)
     return out
