@@ -17,7 +17,9 @@ the last part of a cut one) is written with ``end`` -1, which a restore reads as
 document it re-reads. The length of every such piece is then no part of the state (with
 documents of a few tokens it was nearly all of it: 5.4 KB of the 5.8 KB of a lane's packed
 pieces), and each row's token count (``filled``) checks the documents re-read against the
-state."""
+state. That check is of sizes, what the rows' bookkeeping needs (no row past ``max_length``):
+a document whose tokens changed but not their number, or two of one row whose lengths swapped,
+resume as read now, as a document of the same length always did."""
 
 from __future__ import annotations
 
@@ -272,8 +274,8 @@ class BinPacker:
         for row, tokens, was in zip(rows, filled, saved, strict=True):
             if tokens != was:
                 what = (
-                    f"a row the state holds open had {was} tokens when saved; its documents "
-                    f"(this one first) hold {tokens} as read now"
+                    f"a row the state holds (open, or closed and not yet emitted) had {was} "
+                    f"tokens when saved; its documents (this one first) hold {tokens} as read now"
                 )
                 raise ChangedDocument(row[0].doc, 0, 0, what)
         self.bins, ready = rows[: len(state["bins"])], rows[len(state["bins"]) :]
