@@ -127,3 +127,9 @@ def index_command(args: argparse.Namespace) -> int:
         storage_options=args.storage_options,
         columns=args.columns,
     )
+
+
+def state_command(args: argparse.Namespace) -> int:
+    from zephon_torch._state_report import run_state
+
+    return run_state(args.path, as_json=args.json, out=sys.stdout)

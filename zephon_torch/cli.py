@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from zephon_torch._commands import demo_command, index_command, inspect_command, verify_command
+from zephon_torch._commands import (
+    demo_command,
+    index_command,
+    inspect_command,
+    state_command,
+    verify_command,
+)
 
 
 def _int_at_least(text: str, least: int) -> int:
@@ -91,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     """The chosen command, its errors reported as the command's (demo, verify)."""
     try:
-        if args.command in ("demo", "verify"):  # inspect and index guard their own
+        if args.command in ("demo", "verify", "state"):  # inspect and index guard their own
             from zephon_torch._inspect import failed
             from zephon_torch.errors import ZephonError
 
@@ -109,12 +115,23 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zephon-torch",
         description="zephon_torch's command line: run the demo, check a recipe's determinism "
-        "(verify), look into a dataset (inspect) or index it (index).",
+        "(verify), look into a dataset (inspect) or index it (index), or read a saved state "
+        "(state).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     _add_demo(commands)
     _add_verify(commands)
     _add_dataset_commands(commands)
+    state = commands.add_parser(
+        "state",
+        help="print what a saved state holds: the step, tokens delivered by source against "
+        "the mixture, each lane's positions and open rows",
+    )
+    state.add_argument("path", help="a JSON state, or a torch checkpoint holding states")
+    state.add_argument(
+        "--json", action="store_true", help="print the states with their lanes as lists"
+    )
+    state.set_defaults(run=state_command)
     return parser
 
 

@@ -1,0 +1,134 @@
+"""`zephon-torch state`: a saved state, packed as it is written, printed readable."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from zephon_torch import Pipeline
+from zephon_torch._packed_rows import unpack_lanes
+from zephon_torch.cli import main
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+
+def _state(algorithm: str = "best_fit", shuffle: int | None = None) -> dict[str, Any]:
+    data = [
+        Dataset.from_dict(name, {"ids": [[base + i] * (3 + i % 7) for i in range(300)]})
+        for name, base in (("code", 1), ("prose", 1000))
+    ]
+    source = StaticMixtureWorkSource(
+        data,
+        {"code": 0.7, "prose": 0.3},
+        seed=1,
+        exhaustion="repeat",
+        token_estimation=TokenEstimation(calibration_documents=4),
+    )
+    recipe = Pipeline(source).options(canonical_replicas=4).pretokenized("ids")
+    bins = {} if algorithm == "wrap" else {"num_bins": 3}
+    recipe = recipe.pack_flat(16, algorithm, **bins)  # type: ignore[arg-type]
+    if shuffle:
+        recipe = recipe.shuffle(shuffle)
+    pipeline = recipe.batch(2)
+    batches = iter(pipeline)
+    for _ in range(4 * 5):
+        next(batches)
+    return json.loads(json.dumps(pipeline.state_dict()))
+
+
+def test_a_state_prints_its_delivered_counts_by_source_and_each_lane(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _state()
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert main(["state", str(path)]) == 0
+    out = capsys.readouterr().out
+    lanes = unpack_lanes(state["lanes"])
+    assert out.startswith("state version 4, step 5, micro-batch size 2, 4 lanes in this state")
+    assert "mixed by tokens shares" in out
+    for source, name in enumerate(("code", "prose")):
+        tokens = sum(lane["pack"]["delivered"][source][0] for lane in lanes.values())
+        documents = sum(lane["pack"]["delivered"][source][1] for lane in lanes.values())
+        line = re.search(rf"^    {name} +([\d,]+) +([\d,]+) +([\d.]+)% +([\d.]+)%$", out, re.M)
+        assert line is not None, out
+        assert (int(line[1].replace(",", "")), int(line[2].replace(",", ""))) == (
+            tokens,
+            documents,
+        )
+        assert float(line[4]) == (70.0, 30.0)[source]
+        assert abs(float(line[3]) - (70.0, 30.0)[source]) < 10  # within a few documents
+    for lane, lane_state in lanes.items():
+        packer = lane_state["pack"]["packer"]
+        readers = lane_state["pack"]["readers"]
+        pieces = sum(len(row) for row in packer["bins"] + packer["ready"])
+        assert (
+            f"  lane {lane}: turn {lane_state['turn']}; read: code pass 0 pos "
+            f"{readers[0]['pos']}, prose pass 0 pos {readers[1]['pos']}; "
+            f"{len(packer['bins'])} open rows and {len(packer['ready'])} closed, {pieces} pieces"
+        ) in out
+
+
+def test_every_state_of_a_torch_checkpoint_is_printed_with_where_it_lies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wrap, shuffled = _state("wrap"), _state(shuffle=2)
+    path = tmp_path / "last.ckpt"
+    torch.save({"epoch": 3, "loops": {"zephon": wrap}, "workers": [shuffled]}, path)
+    assert main(["state", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}['loops']['zephon']:\nstate version 4" in out
+    assert f"{path}['workers'][0]:\nstate version 4" in out
+    assert "(counts at its shuffle block's start)" in out  # the shuffled one's lanes
+    assert main(["state", str(path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [found["where"] for found in printed] == ["['loops']['zephon']", "['workers'][0]"]
+    assert printed[0]["state"] == {**wrap, "lanes": unpack_lanes(wrap["lanes"])}
+    assert printed[1]["state"]["lanes"] == unpack_lanes(shuffled["lanes"])
+
+
+def test_a_lone_state_as_json_is_its_lanes_as_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _state()
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"zephon": state}))
+    assert main(["state", str(path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {**state, "lanes": unpack_lanes(state["lanes"])}
+    assert isinstance(printed["lanes"]["0"]["pack"]["readers"], list)
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b'{"step": 3}', "no zephon_torch state in it"),
+        (b"\x00\x01 not a checkpoint", "neither JSON nor a torch checkpoint"),
+        (None, "cannot read it"),
+    ],
+)
+def test_a_file_without_a_state_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, said: str
+) -> None:
+    path = tmp_path / "saved"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["state", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"zephon-torch state: error: {path}: {said}"), err
+
+
+def test_a_damaged_packing_is_an_error_naming_the_lane_and_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _state()
+    state["lanes"]["2"]["pack"]["sources"] = state["lanes"]["2"]["pack"]["sources"][:-6]
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert main(["state", str(path)]) == 2
+    assert "lane 2 pack.sources" in capsys.readouterr().err

@@ -1,0 +1,189 @@
+"""``zephon-torch state PATH``: what a saved state holds, readable.
+
+A state is written packed (``_packed_rows``: a lane's per-source part and a bin packer's rows
+are base64 strings), so a checkpoint no longer shows where each lane stands. This reads a
+JSON file or a torch checkpoint, finds every zephon_torch state in it (a dict with
+``version``, ``fingerprint`` and ``lanes``, at any depth: a Lightning checkpoint, a
+``StatefulDataLoader``'s worker snapshots), and prints for each its step, the tokens and
+documents delivered by source against the mixture's target, and every lane's turn, stream
+positions, carried pieces and open rows; ``--json`` prints the states with their lanes as
+lists instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from zephon_torch._packed_rows import mixpack_of, unpack_lanes
+from zephon_torch.errors import ConfigError
+
+_KEYS = ("version", "fingerprint", "lanes")
+
+
+def load_saved(path: str) -> Any:
+    """The object saved at ``path``: JSON, else a torch checkpoint (read with
+    ``weights_only=True``: plain data and tensors, no code).
+
+    Raises:
+        ConfigError: naming the file where it is neither.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read it ({error.strerror or error})") from None
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    import io
+
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many kinds for a foreign file
+        first = (str(error).splitlines() or [""])[0][:120]
+        raise ConfigError(
+            f"{path}: neither JSON nor a torch checkpoint ({type(error).__name__}: {first})"
+        ) from None
+
+
+def find_states(saved: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every zephon_torch state in ``saved``, with where it lies (``['zephon']``), outermost
+    first; a state's own parts are not searched."""
+    if isinstance(saved, dict):
+        if all(key in saved for key in _KEYS):
+            yield where, saved
+            return
+        for key, value in saved.items():
+            yield from find_states(value, f"{where}[{key!r}]")
+    elif isinstance(saved, (list, tuple)):
+        for index, value in enumerate(saved):
+            yield from find_states(value, f"{where}[{index}]")
+
+
+def report(state: dict[str, Any], out: TextIO) -> None:
+    """``state`` readable: its frame, the delivered counts by source, then each lane."""
+    lanes = unpack_lanes(state["lanes"])
+    fingerprint = state["fingerprint"] if isinstance(state["fingerprint"], dict) else {}
+    names = _names(state, lanes)
+    begun = [lane for lane in lanes.values() if isinstance(lane, dict)]
+    done = sum(1 for lane in begun if lane.get("done"))
+    print(
+        f"state version {state['version']}, step {state.get('step')}, micro-batch size "
+        f"{state.get('microbatch_size', '(in the fingerprint)')}, {len(lanes)} lanes in this "
+        f"state ({len(begun)} begun, {done} spent)",
+        file=out,
+    )
+    mixing = fingerprint.get("mixing", "tokens")
+    print(f"delivered by source (mixed by {mixing} shares; summed over these lanes):", file=out)
+    _by_source(lanes, names, fingerprint.get("mixture"), mixing, out)
+    print("lanes:", file=out)
+    for lane, lane_state in sorted(lanes.items(), key=lambda kv: int(kv[0])):
+        print(f"  lane {lane}: {_lane_line(lane_state, names)}", file=out)
+
+
+def _names(state: dict[str, Any], lanes: dict[str, Any]) -> list[str]:
+    names = state.get("datasets")
+    if isinstance(names, list):
+        return [str(name) for name in names]
+    widest = max((len(p["delivered"]) for p in _mixpacks(lanes)), default=0)
+    return [f"source {i}" for i in range(widest)]  # states saved before names were recorded
+
+
+def _mixpacks(lanes: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for lane_state in lanes.values():
+        mixpack = mixpack_of(lane_state)
+        if mixpack is not None and isinstance(mixpack.get("delivered"), list):
+            yield mixpack
+
+
+def _by_source(
+    lanes: dict[str, Any], names: list[str], mixture: Any, mixing: str, out: TextIO
+) -> None:
+    tokens, documents = [0] * len(names), [0] * len(names)
+    for mixpack in _mixpacks(lanes):
+        for source, (t, d) in enumerate(mixpack["delivered"][: len(names)]):
+            tokens[source] += t
+            documents[source] += d
+    counted = tokens if mixing == "tokens" else documents
+    total = sum(counted) or 1
+    weights = mixture if isinstance(mixture, dict) else {}
+    weight_sum = sum(w for w in weights.values() if isinstance(w, (int, float))) or 1
+    width = max((len(name) for name in names), default=6)
+    print(
+        f"    {'source':<{width}} {'tokens':>16} {'documents':>12} {'share':>8} {'target':>8}",
+        file=out,
+    )
+    for source, name in enumerate(names):
+        weight = weights.get(name)
+        target = f"{weight / weight_sum:.2%}" if isinstance(weight, (int, float)) else "-"
+        print(
+            f"    {name:<{width}} {tokens[source]:>16,} {documents[source]:>12,} "
+            f"{counted[source] / total:>8.2%} {target:>8}",
+            file=out,
+        )
+
+
+def _lane_line(lane_state: Any, names: list[str]) -> str:
+    if not isinstance(lane_state, dict):
+        return "not begun"
+    head = f"turn {lane_state.get('turn')}{', spent' if lane_state.get('done') else ''}"
+    mixpack = mixpack_of(lane_state)
+    if mixpack is None:
+        return head
+    if "start" in lane_state.get("pack", {}):
+        head += " (counts at its shuffle block's start)"
+    positions = []
+    for source, saved in enumerate(mixpack.get("readers", [])):
+        reader = saved
+        while isinstance(reader, dict) and "reader" in reader:  # beneath stateful filters
+            reader = reader["reader"]
+        if isinstance(reader, dict):
+            name = names[source] if source < len(names) else f"source {source}"
+            positions.append(f"{name} pass {reader.get('pass')} pos {reader.get('pos')}")
+    parts = [head, "read: " + ", ".join(positions)]
+    carried = sum(1 for row in mixpack.get("carry", []) if row)
+    if carried:
+        parts.append(f"{carried} carried piece{'s' * (carried != 1)}")
+    packer = mixpack.get("packer")
+    if isinstance(packer, dict) and "bins" in packer:
+        rows = packer["bins"] + packer.get("ready", [])
+        pieces = sum(len(row) for row in rows)
+        parts.append(
+            f"{len(packer['bins'])} open rows and {len(packer.get('ready', []))} closed, "
+            f"{pieces} pieces"
+        )
+    skipped = {k: v for k, v in mixpack.get("skipped", {}).items() if v}
+    if skipped:
+        parts.append(f"skipped {skipped}")
+    return "; ".join(parts)
+
+
+def run_state(path: str, *, as_json: bool, out: TextIO) -> int:
+    """The ``state`` command: 0, or 2 (``failed``) where ``path`` holds no state."""
+    found = list(find_states(load_saved(path)))
+    if not found:
+        raise ConfigError(
+            f"{path}: no zephon_torch state in it (a dict with {list(_KEYS)} at any depth)"
+        )
+    if as_json:
+        unpacked = [
+            {"where": where or "(the whole file)", "state": _unpacked(state)}
+            for where, state in found
+        ]
+        json.dump(unpacked if len(unpacked) > 1 else unpacked[0]["state"], out, indent=1)
+        print(file=out)
+        return 0
+    for number, (where, state) in enumerate(found):
+        if len(found) > 1:
+            print(f"{'' if number == 0 else chr(10)}{path}{where}:", file=out)
+        report(state, out)
+    return 0
+
+
+def _unpacked(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "lanes": unpack_lanes(state["lanes"])}
