@@ -132,4 +132,4 @@ def index_command(args: argparse.Namespace) -> int:
 def state_command(args: argparse.Namespace) -> int:
     from zephon_torch._state_report import run_state
 
-    return run_state(args.path, as_json=args.json, out=sys.stdout)
+    return run_state(args.path, as_json=args.json, trusted=args.trusted, out=sys.stdout)

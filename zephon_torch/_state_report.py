@@ -23,9 +23,10 @@ from zephon_torch.errors import ConfigError
 _KEYS = ("version", "fingerprint", "lanes")
 
 
-def load_saved(path: str) -> Any:
+def load_saved(path: str, *, trusted: bool = False) -> Any:
     """The object saved at ``path``: JSON, else a torch checkpoint (read with
-    ``weights_only=True``: plain data and tensors, no code).
+    ``weights_only=True``, plain data and tensors, unless ``trusted``: a checkpoint holding
+    other objects then loads whole, running what its pickles name).
 
     Raises:
         ConfigError: naming the file where it is neither.
@@ -43,11 +44,12 @@ def load_saved(path: str) -> Any:
     import torch
 
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not trusted)
     except Exception as error:  # torch raises many kinds for a foreign file
         first = (str(error).splitlines() or [""])[0][:120]
+        hint = "" if trusted else "; a checkpoint of other objects loads with --trusted"
         raise ConfigError(
-            f"{path}: neither JSON nor a torch checkpoint ({type(error).__name__}: {first})"
+            f"{path}: neither JSON nor a torch checkpoint ({type(error).__name__}: {first}{hint})"
         ) from None
 
 
@@ -163,9 +165,9 @@ def _lane_line(lane_state: Any, names: list[str]) -> str:
     return "; ".join(parts)
 
 
-def run_state(path: str, *, as_json: bool, out: TextIO) -> int:
+def run_state(path: str, *, as_json: bool, trusted: bool, out: TextIO) -> int:
     """The ``state`` command: 0, or 2 (``failed``) where ``path`` holds no state."""
-    found = list(find_states(load_saved(path)))
+    found = list(find_states(load_saved(path, trusted=trusted)))
     if not found:
         raise ConfigError(
             f"{path}: no zephon_torch state in it (a dict with {list(_KEYS)} at any depth)"

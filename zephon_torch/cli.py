@@ -131,6 +131,12 @@ def _parser() -> argparse.ArgumentParser:
     state.add_argument(
         "--json", action="store_true", help="print the states with their lanes as lists"
     )
+    state.add_argument(
+        "--trusted",
+        action="store_true",
+        help="load a torch checkpoint whole (weights_only=False: runs what its pickles name), "
+        "for one holding objects beyond plain data and tensors; only for files you trust",
+    )
     state.set_defaults(run=state_command)
     return parser
 

@@ -90,6 +90,16 @@ def test_every_state_of_a_torch_checkpoint_is_printed_with_where_it_lies(
     assert [found["where"] for found in printed] == ["['loops']['zephon']", "['workers'][0]"]
     assert printed[0]["state"] == {**wrap, "lanes": unpack_lanes(wrap["lanes"])}
     assert printed[1]["state"]["lanes"] == unpack_lanes(shuffled["lanes"])
+    # a checkpoint holding an object beyond plain data loads only when trusted
+    torch.save({"zephon": wrap, "hparams": _Settings()}, path)
+    assert main(["state", str(path)]) == 2
+    assert "loads with --trusted" in capsys.readouterr().err
+    assert main(["state", str(path), "--trusted"]) == 0
+    assert capsys.readouterr().out.startswith("state version 4, step 5")
+
+
+class _Settings:
+    """An object a checkpoint may hold (hyperparameters), which weights_only refuses."""
 
 
 def test_a_lone_state_as_json_is_its_lanes_as_lists(
