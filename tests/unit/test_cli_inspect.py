@@ -440,7 +440,7 @@ def test_the_command_line_runs_as_a_module() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "{demo,verify,inspect,index}" in done.stdout
+    assert "{demo,verify,inspect,index,state}" in done.stdout
 
 
 def test_warnings_are_the_command_s_own_lines(tmp_path: Path) -> None:
