@@ -140,31 +140,27 @@ def pack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
 def _source_columns(mixpack: dict[str, Any]) -> list[list[int]] | None:
     """The per-source columns and the carried pieces' five, or None where a value is not a
     plain one (see ``pack_sources``)."""
-    readers, delivered = mixpack.get("readers"), mixpack.get("delivered")
-    active, carry = mixpack.get("active"), mixpack.get("carry")
-    lists = (readers, delivered, active, carry)
-    if not all(isinstance(c, list) for c in lists) or not readers:
+    parts = [mixpack.get(key) for key in _PER_SOURCE]
+    lists = [part for part in parts if isinstance(part, list)]
+    if len(lists) != len(parts) or len({len(part) for part in lists}) != 1:
         return None
-    if len({len(c) for c in lists}) != 1:  # type: ignore[arg-type]
-        return None
-    if not all(isinstance(r, dict) and r.keys() == _READER_SET for r in readers):
-        return None
-    if not all(isinstance(p, list) and len(p) == 2 for p in delivered):  # type: ignore[union-attr]
-        return None
-    if not all(type(a) is bool for a in active) or not all(  # type: ignore[union-attr]
-        isinstance(row, list) and len(row) <= 1
-        for row in carry  # type: ignore[union-attr]
-    ):
-        return None
-    pieces = [row[0] for row in carry if row]  # type: ignore[union-attr]
-    if not all(isinstance(piece, list) and len(piece) == 5 for piece in pieces):
+    readers, delivered, active, carry = lists
+    plain = (
+        readers
+        and all(isinstance(r, dict) and r.keys() == _READER_SET for r in readers)
+        and all(isinstance(p, list) and len(p) == 2 for p in delivered)
+        and all(type(a) is bool for a in active)
+        and all(isinstance(row, list) and len(row) <= 1 for row in carry)
+    )
+    pieces = [row[0] for row in carry if row] if plain else []
+    if not plain or not all(isinstance(piece, list) and len(piece) == 5 for piece in pieces):
         return None
     columns = [[r[key] for r in readers] for key in _READER_KEYS]
-    columns += [[p[0] for p in delivered], [p[1] for p in delivered]]  # type: ignore[union-attr]
-    columns += [[int(a) for a in active], [len(row) for row in carry]]  # type: ignore[union-attr]
+    columns += [[p[0] for p in delivered], [p[1] for p in delivered]]
+    columns += [[int(a) for a in active], [len(row) for row in carry]]
     columns += [[piece[i] for piece in pieces] for i in range(5)]
-    plain = all(type(v) is int and 0 <= v < _LIMIT for column in columns for v in column)
-    return columns if plain else None
+    in_range = all(type(v) is int and 0 <= v < _LIMIT for column in columns for v in column)
+    return columns if in_range else None
 
 
 def unpack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +219,7 @@ def unpack_readers(readers: Any) -> Any:
         return readers
     columns = [readers.get(key) for key in _READER_KEYS]
     lists = [c for c in columns if isinstance(c, list)]
-    if set(readers) != set(_READER_KEYS) or len(lists) != len(columns):
+    if readers.keys() != _READER_SET or len(lists) != len(columns):
         raise StateMismatchError(
             {"pack.readers": (readers, f"a list of reader states, or columns {_READER_KEYS}")}
         )
@@ -272,14 +268,19 @@ def unpack_lanes(lanes: Any) -> Any:
         try:
             out.update(_map_mixpacks({lane: lane_state}, unpack_rows, unpack_sources))
         except StateMismatchError as error:
-            pack = lane_state["pack"]
-            path = "pack" if _PER_LANE.intersection(pack) else "pack.start"
+            direct = _PER_LANE.intersection(lane_state["pack"])
             named = {
-                f"lane {lane} {path}{key.removeprefix('pack')}": value
+                f"lane {lane} {key if direct else beneath_start(key)}": value
                 for key, value in error.mismatches.items()
             }
             raise StateMismatchError(named) from None
     return out
+
+
+def beneath_start(key: str) -> str:
+    """A packing state's field name (``pack.readers``) as it lies in a shuffled lane's state,
+    under the block's start (``pack.start.readers``)."""
+    return "pack.start" + key.removeprefix("pack") if key.startswith("pack") else key
 
 
 def _map_mixpacks(

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from zephon_torch._packed_rows import beneath_start
 from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import ConfigError, StateMismatchError
 from zephon_torch.ops.pack import PackedRow
@@ -64,7 +65,7 @@ class ShuffleNode(BaseNode[PackedRow]):
             self.source.reset(self.start)
         except StateMismatchError as error:  # named from the packer's state: it lies under start
             raise StateMismatchError(
-                {_beneath_start(key): value for key, value in error.mismatches.items()},
+                {beneath_start(key): value for key, value in error.mismatches.items()},
                 error.note,
             ) from None
         if self.emitted:
@@ -104,9 +105,3 @@ class ShuffleNode(BaseNode[PackedRow]):
     def fingerprint(self) -> dict[str, Any]:
         """The window: changing it changes the order."""
         return {"kind": "shuffle", "window": self.window}
-
-
-def _beneath_start(key: str) -> str:
-    """A packer state's field name (``pack.readers``) as it lies in a shuffled lane's state
-    (``pack.start.readers``)."""
-    return "pack.start" + key.removeprefix("pack") if key.startswith("pack") else key
