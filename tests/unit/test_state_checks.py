@@ -99,6 +99,11 @@ EDITS: dict[str, tuple[Edit, str]] = {
         "lane 0 pack.packer.filled",
     ),
     "skipped a list": (lambda s: _pack(s).update(skipped=[1]), "lane 0 pack.skipped"),
+    # a reason no release counts: it would be summed into stats() under no known key
+    "skipped for an unknown reason": (
+        lambda s: _pack(s).update(skipped={"too_long": 1, "cosmic rays": 2}),
+        "lane 0 pack.skipped",
+    ),
     "packer bins a number": (lambda s: _pack(s).update(packer={"bins": 3}), "lane 0 pack.packer"),
     # a bare TypeError ('int' object is not iterable) where the order of datasets was read
     "datasets a number": (lambda s: s.update(datasets=3), "  datasets: saved 3"),

@@ -12,6 +12,7 @@ from typing import Any
 
 from zephon_torch._state import state_dict_of, state_flag, state_int, state_list
 from zephon_torch.errors import StateMismatchError
+from zephon_torch.ops._pack_skips import SKIP_REASONS
 from zephon_torch.ops.packers import TO_END
 
 _PACK_KEYS = ("readers", "delivered", "active", "carry", "skipped", "packer")
@@ -38,6 +39,8 @@ def checked_pack_state(saved: Any, sources: int) -> dict[str, Any]:
         check_pieces([row], sources, f"pack.carry[{number}]", to_end=False)
     skipped = state_dict_of(state["skipped"], (), "pack.skipped")
     for reason, count in skipped.items():
+        if reason not in SKIP_REASONS:
+            raise StateMismatchError({"pack.skipped": (reason, f"a reason of {SKIP_REASONS}")})
         state_int(count, f"pack.skipped[{reason!r}]")
     packer = state_dict_of(state["packer"], (), "pack.packer")
     for key in ("bins", "ready"):

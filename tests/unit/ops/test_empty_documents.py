@@ -90,7 +90,7 @@ def test_a_state_saved_before_the_empty_count_loads(tokenizer: Any) -> None:
     list(itertools.islice(head, 2))  # a whole step: both lanes delivered
     state = json.loads(json.dumps(head.state_dict()))
     for lane in state["lanes"].values():
-        del lane["pack"]["skipped"]["empty"]
+        lane["pack"]["skipped"].pop("empty", None)  # zero counts are not written
     resumed = _text_pipeline(tokenizer, "eos")
     resumed.load_state_dict(state)
     assert [b.input_ids.tolist() for b in resumed] == [b.input_ids.tolist() for b in expected[2:]]
