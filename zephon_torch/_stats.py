@@ -135,7 +135,7 @@ def pipeline_stats(pipeline: Pipeline) -> dict[str, Any]:
         operators=runtime.operator_seconds() if runtime is not None else {},
         reader_waited=runtime.reader_waited() if runtime is not None else 0.0,
         skipped=skipped_documents(pipeline._lane_states.values()),
-        state_bytes=len(json.dumps(pipeline.state_dict())),
+        state_bytes=len(json.dumps(pipeline._state_dict())),
         cache=_cache_report(pipeline),
         mixing=source.mixing,
     )
@@ -148,7 +148,7 @@ def loader_stats(
     each batch's record, with ``lanes`` the rank's delivered lane states. Operator timings
     and the packers' waits are the workers' (None here)."""
     source = pipeline._source
-    state = pipeline.state_dict()
+    state = pipeline._state_dict()
     state["lanes"], state["step"] = pack_lanes(lanes), state_step(lanes)
     return report(
         counters,

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from zephon_torch.torch.dataset import PipelineDataset
 
 # an iteration's live parts: threads, never copied into a new pipeline or a spawned worker
-_LIVE_FIELDS = ("_live", "_live_runtime", "_runtime")
+_LIVE_FIELDS = ("_live", "_live_runtime", "_runtime", "_handed")
 
 
 class Pipeline(RecipeSteps):
@@ -89,6 +89,9 @@ class Pipeline(RecipeSteps):
         self._runtime: LaneRuntime | None = None
         self._counters = RunCounters()
         self._iteration = 0  # counts iter() and load_state_dict(): an older iterator is stale
+        # states loaded, and why state_dict() is not the loop's (see `torch._handover`)
+        self._loads = 0
+        self._handed: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A live iteration (threads) stays behind: a copy sent to a worker starts from the state.
@@ -252,7 +255,15 @@ class Pipeline(RecipeSteps):
 
     def state_dict(self) -> dict[str, Any]:
         """What was delivered so far, for this rank's lanes: plain JSON data (kilobytes with
-        `wrap`; a bin packer adds its open rows' pieces, see the README)."""
+        `wrap`; a bin packer adds its open rows' pieces, see the README). Raises
+        ``ConfigError`` once a torch loader made from this pipeline has delivered batches (of
+        its own copy) and this pipeline has not been iterated or loaded since: save the
+        loader's state then."""
+        if self._handed is not None:
+            raise ConfigError(self._handed)
+        return self._state_dict()
+
+    def _state_dict(self) -> dict[str, Any]:
         lanes = {str(lane): self._lane_states.get(lane) for lane in self.lanes}
         return {
             "version": STATE_VERSION,
@@ -280,6 +291,7 @@ class Pipeline(RecipeSteps):
         state = loaded_state(state, self._microbatch_size, self.fingerprint(), self.lanes)
         self._check_in_step(state["lanes"])
         self._end_live()
+        self._loads += 1
         self._lane_states = {lane: copy.deepcopy(state["lanes"][str(lane)]) for lane in self.lanes}
         self._estimation = copy.deepcopy(state.get("estimation"))
         return state
@@ -379,6 +391,7 @@ class Pipeline(RecipeSteps):
         and workers stop, its read-ahead goes, and its iterator raises from now on (see
         ``deliver``), even where the caller still holds it."""
         self._iteration += 1
+        self._handed = None  # this pipeline moves: its own state is current again
         if self._live_runtime is not None:
             stop_iteration(self._live, self._live_runtime)
         self._live = self._live_runtime = None

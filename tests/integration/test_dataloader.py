@@ -540,7 +540,9 @@ def test_loaders_never_move_the_caller_s_pipeline_nor_each_other(
     reference = take(DataLoader(build(tokenizer)), 6)
     first = DataLoader(pipeline, num_workers=num_workers)
     assert take(first, 3) == reference[:3]
-    assert all(lane is None for lane in pipeline.state_dict()["lanes"].values())
+    with pytest.raises(ConfigError, match="not what the training loop received"):
+        pipeline.state_dict()  # it stayed put: its state would be the loop's start
+    assert all(lane is None for lane in pipeline._state_dict()["lanes"].values())
     second = DataLoader(pipeline, num_workers=num_workers)
     a, b = iter(first), iter(second)
     interleaved = [(fingerprint(next(a)), fingerprint(next(b))) for _ in range(3)]

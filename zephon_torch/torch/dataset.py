@@ -22,6 +22,7 @@ from zephon_torch._packed_rows import pack_lanes
 from zephon_torch._state import state_step, version_mismatch, version_note
 from zephon_torch.errors import StateMismatchError, ZephonError
 from zephon_torch.ops.training import HOST_FIELDS
+from zephon_torch.torch._handover import Handover
 from zephon_torch.torch._transport import pack
 from zephon_torch.torch._warnings import WARNINGS_KEY, heard_warnings
 from zephon_torch.torch.distributed import all_gather_lane_states, distributed_ready
@@ -114,8 +115,9 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     def __init__(self, pipeline: Pipeline, *, mask_document_boundaries: bool = False) -> None:
         super().__init__()
         # its own copy: iterating it (without workers) must not move the caller's pipeline,
-        # nor another loader's
+        # nor another loader's; what is said where that is forgotten: `_handover`
         self.pipeline = pipeline._with()
+        self._handover = Handover(pipeline)
         self.mask_document_boundaries = mask_document_boundaries
         self.with_meta = False  # set by zephon_torch.torch.DataLoader
         self.pack_transport = False  # likewise, with workers: one buffer per item
@@ -130,7 +132,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         self._warned_rank_state = False  # that a state holds one rank's lanes (no gather)
         if any(s is not None for s in pipeline._lane_states.values()):
             # the pipeline was iterated or loaded: continue from there
-            self._load(pipeline.state_dict())
+            self._load(pipeline._state_dict())
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled for a spawned DataLoader worker: the rank's lanes are resolved here, in the
@@ -146,9 +148,11 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         """A plain shallow copy: the rank's lanes still resolve when it is iterated."""
         clone = PipelineDataset.__new__(PipelineDataset)
         clone.__dict__.update(self.__dict__)
+        clone._handover = copy.copy(self._handover)
         return clone
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._handover.check()
         info = get_worker_info()
         if info is not None:
             # here, not at the first item: StatefulDataLoader takes a worker's state as soon
@@ -221,8 +225,12 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                     state["estimation"] = self._loaded["estimation"]
                 pipeline._load_state(state)  # warned of mid-step in the main process
             by_documents = pipeline._source.mixing == "documents"  # for the loader's stats
+            handed = info is not None  # whether the pipeline made from was told
             try:
                 for batch in pipeline:
+                    if not handed:  # the training loop gets it now, in this process
+                        self._handover.delivered("loader" if self.with_meta else "dataset")
+                        handed = True
                     self._delivered[str(batch.lane)] = batch.state
                     item = self._item(batch, by_documents=by_documents)
                     if heard:
@@ -318,6 +326,7 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         """Continue from a state of any world size dividing L; checked against the recipe,
         warned of where saved mid-step."""
         state = self._load(state)
+        self._handover.own_state()
         if "worker_lanes" not in state and get_worker_info() is None:
             self.pipeline._warn_mid_step(state["lanes"])
 

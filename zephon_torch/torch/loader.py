@@ -28,6 +28,7 @@ from zephon_torch._turn_order import (
     spent_at,
 )
 from zephon_torch.errors import ConfigError
+from zephon_torch.torch._arguments import refuse_torch_arguments
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
 from zephon_torch.torch.dataset import (
@@ -88,8 +89,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         persistent_workers: bool = False,
         deliver_on_use: bool = False,
         restart: bool = False,
+        **others: Any,
     ) -> None:
         from zephon_torch.pipeline import Pipeline
+
+        refuse_torch_arguments(others)
 
         if not isinstance(data, (Pipeline, PipelineDataset)):
             raise ConfigError(
@@ -163,6 +167,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         # items are put back in (turn, lane) order, and the stream is cut here, where one
         # process would end it (across ranks: at the first turn no rank has data).
         pipeline = dataset.pipeline
+        dataset._handover.check()  # here, not in a worker: the error at the user's line
         if self.restart:
             self._delivered = copy.deepcopy(self._start)
         calibrated(pipeline)  # once, here: workers start with the figures, and states hold them
@@ -269,6 +274,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 if item is None:
                     warn_if_spent(resumed, delivered)
                     return
+                if not delivered:  # the pipeline it was made from stays behind
+                    self.pipeline_dataset._handover.delivered("loader")
                 delivered += 1
                 meta = item[META_KEY]
                 if counting:
