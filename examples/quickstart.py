@@ -25,9 +25,10 @@ WORDS = ["the", "data", "loader", "mixes", "packs", "and", "tokenizes", "documen
 
 
 def write_data(root: Path) -> None:
-    """`wiki/` as two JSONL files and `code/` as one Parquet file, made-up text."""
+    """`wiki/` as two JSONL files and `code/` as one Parquet file, made-up text (the same at
+    every run: a folder written before is written again)."""
     rng = random.Random(0)
-    (root / "wiki").mkdir(parents=True)
+    (root / "wiki").mkdir(parents=True, exist_ok=True)
     for part in range(2):
         lines = [json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(5, 300)))})]
         lines += [
@@ -35,7 +36,7 @@ def write_data(root: Path) -> None:
             for _ in range(199)
         ]
         (root / "wiki" / f"part-{part}.jsonl").write_text("\n".join(lines) + "\n")
-    (root / "code").mkdir()
+    (root / "code").mkdir(exist_ok=True)
     code = [f"def f{i}(x):\n    return x * {i}\n" * rng.randint(1, 20) for i in range(400)]
     pq.write_table(pa.table({"text": code}), root / "code" / "part-0.parquet")
 
@@ -78,6 +79,8 @@ def main() -> None:
         "--out", default=None, help="folder for the data (default: a temporary one)"
     )
     args = parser.parse_args()
+    if not 0 < args.save_at < args.steps:
+        parser.error(f"--save-at must lie in [1, --steps), got {args.save_at} of {args.steps}")
     root = Path(args.out or tempfile.mkdtemp(prefix="zephon-quickstart-"))
     write_data(root)
     tokenizer = train_tokenizer(root)

@@ -40,9 +40,16 @@ def check_topology(
         raise ConfigError(f"{world_name} must be positive, got {world_size}")
     if canonical_replicas % world_size:
         supported = supported_world_sizes(canonical_replicas=canonical_replicas)
+        how = ""
+        if total_name == "`canonical_replicas`":
+            how = (
+                " (set by `options(canonical_replicas=...)`, default 1: the largest number of "
+                "ranks the run may ever use, chosen before its first step, as it is part of "
+                "the recipe)"
+            )
         raise ConfigError(
             f"{world_name} {world_size} does not divide {total_name} "
-            f"{canonical_replicas}; supported world sizes: {supported}"
+            f"{canonical_replicas}; supported world sizes: {supported}{how}"
         )
     if not 0 <= rank < world_size:
         raise ConfigError(f"{rank_name} must be in [0, {world_size}), got {rank}")

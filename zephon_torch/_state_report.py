@@ -37,19 +37,33 @@ def load_saved(path: str, *, trusted: bool = False) -> Any:
         raise ConfigError(f"{path}: cannot read it ({error.strerror or error})") from None
     try:
         return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        pass
+    except UnicodeDecodeError:
+        not_json = "not text"
+    except json.JSONDecodeError as error:
+        not_json = str(error)
+    # torch.save writes a zip archive (a pickle, before torch 1.6)
+    if not data.startswith((b"PK\x03\x04", b"\x80")):
+        raise ConfigError(f"{path}: neither JSON ({not_json}) nor a torch checkpoint")
     import io
+    import pickle
 
     import torch
 
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not trusted)
-    except Exception as error:  # torch raises many kinds for a foreign file
-        first = (str(error).splitlines() or [""])[0][:120]
-        hint = "" if trusted else "; a checkpoint of other objects loads with --trusted"
+    except pickle.UnpicklingError as error:
+        if trusted:
+            raise ConfigError(f"{path}: an unreadable torch checkpoint ({error})") from None
+        refused = next((line for line in str(error).splitlines() if "GLOBAL" in line), "")
         raise ConfigError(
-            f"{path}: neither JSON nor a torch checkpoint ({type(error).__name__}: {first}{hint})"
+            f"{path}: a torch checkpoint holding objects other than plain data and tensors, "
+            "which it reads only with --trusted (that runs what its pickles name: for files "
+            f"you trust){': ' + refused.strip() if refused else ''}"
+        ) from None
+    except Exception as error:  # torch raises many kinds for a damaged file
+        first = (str(error).splitlines() or [""])[0]
+        raise ConfigError(
+            f"{path}: an unreadable torch checkpoint ({type(error).__name__}: {first})"
         ) from None
 
 

@@ -93,7 +93,9 @@ def test_every_state_of_a_torch_checkpoint_is_printed_with_where_it_lies(
     # a checkpoint holding an object beyond plain data loads only when trusted
     torch.save({"zephon": wrap, "hparams": _Settings()}, path)
     assert main(["state", str(path)]) == 2
-    assert "loads with --trusted" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "holding objects other than plain data and tensors" in said
+    assert "only with --trusted" in said and "_Settings" in said  # the object refused
     assert main(["state", str(path), "--trusted"]) == 0
     assert capsys.readouterr().out.startswith("state version 4, step 5")
 
@@ -118,7 +120,10 @@ def test_a_lone_state_as_json_is_its_lanes_as_lists(
     ("content", "said"),
     [
         (b'{"step": 3}', "no zephon_torch state in it"),
-        (b"\x00\x01 not a checkpoint", "neither JSON nor a torch checkpoint"),
+        (b"\x00\x01 not a checkpoint", "neither JSON (not text) nor a torch"),
+        (b'{"text": "a"}\n{"text": "b"}\n', "neither JSON (Extra data: line 2"),  # JSONL
+        (b"PK\x03\x04 cut short", "an unreadable torch checkpoint"),
+        (b"[1, 2", "neither JSON (Expecting ',' delimiter: line 1"),
         (None, "cannot read it"),
     ],
 )

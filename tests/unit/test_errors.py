@@ -36,6 +36,19 @@ def test_a_malformed_json_line_names_dataset_shard_and_row(tmp_path: Path, token
     assert "part-0.jsonl" in str(info.value) and "row 6" in str(info.value)
 
 
+def test_a_misspelt_field_names_the_closest_field_of_the_row(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    shard = tmp_path / "a.jsonl"
+    shard.write_text("".join(json.dumps({"id": i, "text": "x"}) + "\n" for i in range(5)))
+    dataset = Dataset.from_path("web", shard)
+    with pytest.raises(DataError, match=r"fields \['id', 'text'\] \(did you mean 'text'\?\)"):
+        list(pipeline_over(dataset, tokenizer, field="txt"))
+    with pytest.raises(DataError) as info:  # no field's name is close: none is guessed
+        list(pipeline_over(dataset, tokenizer, field="content"))
+    assert "did you mean" not in str(info.value)
+
+
 def test_a_missing_field_names_the_field_and_the_row(tmp_path: Path, tokenizer: Any) -> None:
     shard = tmp_path / "a.jsonl"
     shard.write_text(
@@ -124,6 +137,9 @@ def test_an_unsupported_world_size_lists_the_supported_ones(tokenizer: Any) -> N
         ),
     ):
         small_pipeline(tokenizer).options(canonical_replicas=8, world_size=3)
+    # the default of 1 under a launcher of 2 ranks: where L is set, and that it defaults to 1
+    with pytest.raises(ConfigError, match=r"options\(canonical_replicas=\.\.\.\)`, default 1"):
+        small_pipeline(tokenizer).options(world_size=2, rank=0)
 
 
 def test_a_rank_outside_the_world_is_refused(tokenizer: Any) -> None:

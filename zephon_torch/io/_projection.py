@@ -10,6 +10,7 @@ keys after decoding.
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -225,10 +226,19 @@ def token_ids(value: Any) -> npt.NDArray[np.integer[Any]]:
     return tokens if tokens.size else tokens.astype(np.int32)
 
 
+def missing_field(field: str, data: dict[str, Any]) -> str:
+    """That ``field`` is missing from the row ``data``, with the row's fields, and the one
+    whose name is closest where one is close (a misspelt field is missing from every row)."""
+    fields = sorted(map(str, data))
+    close = difflib.get_close_matches(field, fields, n=1, cutoff=0.6)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"field {field!r} is missing; the row has fields {fields}{guess}"
+
+
 def field_error(field: str, data: dict[str, Any], error: Exception) -> str:
     """What is wrong with ``data[field]`` as token ids."""
     if field not in data:
-        return f"field {field!r} is missing; the row has fields {sorted(data)}"
+        return missing_field(field, data)
     return f"field {field!r} must hold a 1-D list of integer token ids: {error}"
 
 
@@ -247,7 +257,7 @@ def text_of(data: dict[str, Any], field: str) -> str:
                 f"field {field!r} holds bytes that are not UTF-8 text: {error}"
             ) from None
     if field not in data:
-        raise ValueError(f"field {field!r} is missing; the row has fields {sorted(data)}")
+        raise ValueError(missing_field(field, data))
     raise ValueError(f"field {field!r} must be a string, got {type(value).__name__}")
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError, without_secrets
+from zephon_torch.io._projection import missing_field
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
 from zephon_torch.ops.document import Document, call_user, document_error, encode_texts, owned
 from zephon_torch.ops.map import function_name
@@ -174,7 +175,7 @@ class TokenizeChatOp:
         messages = data.get(self.field)
         problem = None
         if self.field not in data:
-            problem = f"field {self.field!r} is missing; the row has fields {sorted(data)}"
+            problem = missing_field(self.field, data)
         elif (fault := _malformed(messages)) is not None:
             problem = (
                 f"field {self.field!r} must be a list of {{'role': str, 'content': str}}: {fault}"
