@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import run_torchrun
+from tests.helpers import as_lists, run_torchrun
 
 
 def torchrun(
@@ -183,6 +183,24 @@ def test_with_a_finite_dataset_every_rank_ends_on_the_same_step(
     four = torchrun(4, tmp_path / "four", tokenizer_path, "--steps", "0", "--exhaustion", "stop")
     assert len(one) > 5
     assert four == one  # same steps, same global batches, padding where a lane ran out
+
+
+def test_the_final_state_of_a_finite_stream_on_several_ranks_is_one_process_s(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Every lane spent, as one process's final state has it. The ranks' stream ended at the
+    turn no rank had data in, whose lanes' states were not recorded: a lane whose last batch
+    was full (micro-batches of one row) kept that batch's state, read as not done."""
+    common = ("--steps", "0", "--exhaustion", "stop", "--microbatch", "1", "--save-final")
+    one = torchrun(1, tmp_path / "one", tokenizer_path, *common)
+    assert torchrun(2, tmp_path / "two", tokenizer_path, *common) == one
+    final_one, final_two = (
+        json.loads((tmp_path / name / "final.json").read_text()) for name in ("one", "two")
+    )
+    assert final_two == final_one
+    lanes = as_lists(final_two)["lanes"]
+    assert all(lane["done"] for lane in lanes.values())
+    assert final_two["step"] == len(one)
 
 
 @pytest.mark.parametrize("then", ["pipeline", "own-state"])

@@ -39,8 +39,12 @@ def main() -> None:
     parser.add_argument(
         "--last-rank-algorithm", default="wrap", help="another recipe on the last rank"
     )
+    parser.add_argument("--microbatch", type=int, default=2, help="the micro-batch size")
     parser.add_argument(
-        "--last-rank-microbatch", type=int, default=2, help="another micro-batch size there"
+        "--last-rank-microbatch", type=int, default=None, help="another micro-batch size there"
+    )
+    parser.add_argument(
+        "--save-final", action="store_true", help="save the loader's state after the last step"
     )
     parser.add_argument(
         "--again-every", type=int, default=0, help="iterate the loader anew after this many items"
@@ -63,7 +67,9 @@ def main() -> None:
     pipeline = small_pipeline(
         tokenizer,
         algorithm=args.last_rank_algorithm if rank == world - 1 else "wrap",
-        microbatch_size=args.last_rank_microbatch if rank == world - 1 else 2,
+        microbatch_size=(args.last_rank_microbatch or args.microbatch)
+        if rank == world - 1
+        else args.microbatch,
         lanes=args.lanes,
         exhaustion=args.exhaustion,
         datasets=two_sources(*rows, shard_size=8),
@@ -79,7 +85,7 @@ def main() -> None:
     if args.peek_steps and args.peek_then == "own-state":
         data = small_pipeline(
             tokenizer, lanes=args.lanes, exhaustion=args.exhaustion,
-            datasets=two_sources(*rows, shard_size=8),
+            datasets=two_sources(*rows, shard_size=8), microbatch_size=args.microbatch,
         )  # fmt: skip
     loader = DataLoader(data, num_workers=args.workers, multiprocessing_context="spawn")
     if data is not pipeline:
@@ -102,6 +108,10 @@ def main() -> None:
             state = loader.state_dict()  # a collective: every rank calls it
             if rank == 0:
                 Path(args.out, "state.json").write_text(json.dumps(state))
+    if args.save_final:
+        state = loader.state_dict()  # a collective: every rank calls it
+        if rank == 0:
+            Path(args.out, "final.json").write_text(json.dumps(state))
     if rank == 0:
         Path(args.out, "steps.json").write_text(json.dumps(steps))
     dist.barrier()

@@ -358,6 +358,7 @@ def equal_ending(
     lanes_per_turn: int,
     tokens: Callable[[dict[str, Any]], int],
     begun: int = 0,
+    ended: Callable[[list[dict[str, Any]]], object] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield a rank's ``items`` turn by turn (``lanes_per_turn`` each) until a turn in which no
     rank has data.
@@ -371,6 +372,9 @@ def equal_ending(
     ``begun``: the rank's lanes that delivered their batch of its first turn already (it
     stopped mid-step, and so did every rank). The rest of that turn comes first, with no
     all-reduce: a turn begun held data, as the one-process stream would have cut it else.
+
+    ``ended`` is given the rank's items of the turn that no rank has data in (not yielded):
+    each lane's spent state, as `_turn_order.cut_at_empty_turn` gives one process's.
     """
     group = loader_group()
     for _ in range(lanes_per_turn - begun if begun else 0):
@@ -387,5 +391,7 @@ def equal_ending(
                 f"{type(error).__name__}: {error}"
             ) from error
         if int(flag.item()) == 0:
+            if ended is not None:
+                ended(turn)
             return
         yield from turn

@@ -215,7 +215,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             )
         if equalise:
             per_turn = len(pipeline.lanes)
-            items = equal_ending(items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun)
+            # the empty turn's states (every lane spent) are the lanes' final ones, as where
+            # one process cuts its stream: a lane whose last batch was full reads not done
+            items = equal_ending(
+                items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun, ended=self._ended
+            )
         return self._strip(items, self._generation, self._counters, resumed=resumed)
 
     def _started_workers(self) -> Iterator[Any]:
