@@ -206,17 +206,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if self.num_workers > 1:
             items = in_lane_order(items, key=_turn_and_lane, turns=turns)
         if not uncut:
+            ahead = max(turns.values())
             items = cut_at_empty_turn(
-                items,
-                turn=_turn,
-                tokens=_tokens,
-                ahead=max(turns.values()),
-                ended=self._ended,
+                items, turn=_turn, tokens=_tokens, ahead=ahead, ended=self._ended
             )
         if equalise:
             per_turn = len(pipeline.lanes)
-            # the empty turn's states (every lane spent) are the lanes' final ones, as where
-            # one process cuts its stream: a lane whose last batch was full reads not done
+            # the empty turn's states (every lane spent) are the final ones, as in one process
             items = equal_ending(
                 items, lanes_per_turn=per_turn, tokens=_tokens, begun=begun, ended=self._ended
             )
