@@ -16,6 +16,7 @@ hold it in their fingerprint, as part of the recipe then.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from zephon_torch._packed_rows import unpack_lanes
@@ -55,6 +56,7 @@ def regroup(state: Any, microbatch_size: int) -> Any:
         out["lanes"] = lanes
         return out
     uneven: list[str] = []
+    counts: list[int] = []  # every lane's rows so far, and the step's
     regrouped: dict[str, Any] = {}
     for lane, lane_state in lanes.items():
         turn = lane_state.get("turn") if isinstance(lane_state, dict) else None
@@ -62,21 +64,26 @@ def regroup(state: Any, microbatch_size: int) -> Any:
             regrouped[lane] = lane_state
             continue
         rows = turn * saved
+        counts.append(rows)
         if rows % microbatch_size:
             uneven.append(f"lane {lane}: {rows}")
         regrouped[lane] = {**lane_state, "turn": rows // microbatch_size}
     step = state.get("step")
-    if type(step) is int and step * saved % microbatch_size:
-        uneven.append(f"step {step}: {step * saved}")
+    if type(step) is int:
+        counts.append(step * saved)
+        if step * saved % microbatch_size:
+            uneven.append(f"the step's {step * saved}")
     if uneven:
+        more = f" and {len(uneven) - 4} more" if len(uneven) > 4 else ""
+        common = math.gcd(*counts)
+        sizes = [size for size in range(1, common + 1) if common % size == 0][:12]
         raise StateMismatchError(
             {
                 KEY: (
-                    f"{saved}, rows so far: {', '.join(uneven[:4])}"
-                    + (f" and {len(uneven) - 4} more" if len(uneven) > 4 else ""),
+                    f"{saved}, rows a lane so far: {', '.join(uneven[:4])}{more}",
                     f"{microbatch_size}: resume where every lane's rows are a whole number of "
-                    f"micro-batches of {microbatch_size} (a state saved at a step end, with a "
-                    f"size dividing {saved} or a multiple of it that divides the rows)",
+                    f"micro-batches of {microbatch_size}; these rows are of sizes {sizes} (or "
+                    f"load a state saved at a step whose rows divide by {microbatch_size})",
                 )
             }
         )
