@@ -29,7 +29,7 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
     for dataset, weight in zip(source.datasets, source.weights):
         lines.append(
             f"  dataset {dataset.name!r}: {weight:.1%} target, {dataset.format}, "
-            f"{len(dataset.shards)} shards, {dataset.num_rows:,} rows"
+            f"{_count(len(dataset.shards), 'shard')}, {_count(dataset.num_rows, 'row')}"
         )
     chain = ["fetch", *(_step(op.fingerprint()) for op in doc_ops(pipeline))]
     lines.append(f"  per document (in order): {' -> '.join(chain)}")
@@ -103,3 +103,8 @@ def _span(lanes: list[int]) -> str:
     if lanes and lanes == list(range(lanes[0], lanes[-1] + 1)):
         return f"{lanes[0]}..{lanes[-1]}"
     return str(lanes)
+
+
+def _count(number: int, noun: str) -> str:
+    """``number`` ``noun`` (plural unless one), the number with thousands separators."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import small_pipeline
+from zephon_torch.io import Dataset
 
 
 def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> None:
@@ -16,6 +17,10 @@ def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> 
     )
     recipe, knobs = text.split("performance knobs")
     assert "canonical_replicas L=8" in recipe and "dataset 'long': 60.0% target" in recipe
+    assert "5 shards, 60 rows" in recipe  # 60 rows in shards of 13
+    single = [Dataset.from_dict(n, {"text": ["a b"]}) for n in ("long", "short")]
+    # not "1 shards, 1 rows"
+    assert "memory, 1 shard, 1 row\n" in small_pipeline(tokenizer, datasets=single).explain()
     assert "fetch -> tokenize(field='text', special_tokens='eos')" in recipe
     # every packing setting in the fingerprint (num_bins was left out: trial C)
     assert "mix+pack(best_fit, max_length=64, num_bins=8)" in recipe
