@@ -24,6 +24,7 @@ class Entry:
     path: str
     samples: int
     raw_bytes: int  # the shard's size decompressed
+    stored_bytes: int | None  # a compressed shard's file size (`zip_data`); None for a plain one
     codec: str | None  # "zstd", "gz", ...; None for a plain shard
     names: tuple[str, ...]
     encodings: tuple[str, ...]
@@ -76,6 +77,9 @@ def _entry(entry: Any, *, index_path: str, dataset: str) -> Entry:
         path=path,
         samples=recorded_count(entry["samples"], "samples", dataset=dataset, shard=path),
         raw_bytes=recorded_count(raw["bytes"], "raw bytes", dataset=dataset, shard=path),
+        stored_bytes=None
+        if packed is None or "bytes" not in packed
+        else recorded_count(packed["bytes"], "zip bytes", dataset=dataset, shard=path),
         codec=_codec(entry.get("compression"), packed is not None, path),
         names=names,
         encodings=encodings,

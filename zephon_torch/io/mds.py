@@ -53,6 +53,7 @@ class _ShardInfo:
     raw_bytes: int
     codec: str | None  # "zstd", "gz", ...; None for a plain shard
     layout: SampleLayout
+    stored_bytes: int | None = None  # a compressed shard's file size, as index.json records it
     hashes: dict[str, str] = field(default_factory=dict, compare=False)  # of the stored file
 
 
@@ -250,6 +251,7 @@ class MdsReader(PickledAsSettings):
                     raw_bytes=entry.raw_bytes,
                     codec=entry.codec,
                     layout=layouts[key],
+                    stored_bytes=entry.stored_bytes,
                     hashes=entry.hashes,
                 )
                 if self._hashes is not None:  # refused at open when none is usable
@@ -335,6 +337,8 @@ class MdsReader(PickledAsSettings):
                 data = _read(local, info, check)
             except (ImportError, DataError):
                 raise
+            except _StoredSize as error:
+                raise DataError(str(error), dataset=self.dataset, shard=path) from None
             except TooLargeError:
                 raise DataError(
                     f"the shard decompresses to more than the {info.raw_bytes} bytes "
@@ -379,6 +383,10 @@ class MdsReader(PickledAsSettings):
         return _Shard(data=memoryview(data), offsets=offsets)
 
 
+class _StoredSize(Exception):
+    """A compressed shard's file is not the size its index records."""
+
+
 def _read(path: str, info: _ShardInfo, check: Callable[[Any], None] | None) -> mmap.mmap | bytes:
     """The shard's bytes, decompressed; `check` is given the file's bytes as stored."""
     if info.codec is None:
@@ -390,4 +398,11 @@ def _read(path: str, info: _ShardInfo, check: Callable[[Any], None] | None) -> m
         packed = handle.read()
     if check is not None:
         check(packed)
+    if info.stored_bytes is not None and len(packed) != info.stored_bytes:
+        # zstd reads the first frame only: bytes after it (a file appended to, or copied
+        # wrongly) would otherwise pass unseen, where a plain shard's size is checked
+        raise _StoredSize(
+            f"the shard is truncated or corrupt: {len(packed)} bytes where index.json records "
+            f"{info.stored_bytes} (zip_data){CUT_NOTE}"
+        )
     return inflate(packed, info.codec, info.raw_bytes)

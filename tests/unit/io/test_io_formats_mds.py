@@ -213,6 +213,25 @@ def test_a_truncated_shard_raises_a_data_error_naming_dataset_and_shard(
             reopened.read_rows(1, [0])
 
 
+@pytest.mark.parametrize("compression", ["zstd", "gz"])
+def test_bytes_after_a_compressed_shard_are_a_data_error_naming_it(
+    tmp_path: Path, compression: str
+) -> None:
+    """zstd reads a file's first frame only, so bytes appended to a zstd shard read as
+    nothing and passed unseen (a fuzz run's damage), where a plain shard's size is checked
+    against index.json: a compressed shard's is now checked against its `zip_data` bytes."""
+    out = write_mds(tmp_path / "a", ROWS[:30], COLUMNS, compression=compression, size_limit=800)
+    dataset = Dataset.from_path("appended", out)
+    victim = Path(dataset.shards[1].path)
+    victim.write_bytes(victim.read_bytes() + b"trailing bytes")
+    with pytest.raises(
+        DataError, match=r"truncated or corrupt: \d+ bytes where index.json"
+    ) as caught:
+        dataset.read_rows(1, [0])
+    assert (caught.value.dataset, caught.value.shard) == ("appended", str(victim))
+    assert len(dataset.read_rows(0, [0])) == 1
+
+
 @pytest.mark.parametrize("compression", ["gz", "bz2", "br", "snappy", "zstd:7"])
 def test_every_mds_compression_reads_back(tmp_path: Path, compression: str) -> None:
     out = write_mds(tmp_path / "c", ROWS[:40], COLUMNS, compression=compression, size_limit=800)
@@ -247,8 +266,12 @@ def test_a_shard_that_inflates_past_its_recorded_size_is_refused_without_inflati
     """A compressed shard was decompressed whole before its size was compared with the one
     index.json records: a 64 KB file naming 600 bytes took gigabytes of memory first."""
     out = write_mds(tmp_path / "m", ROWS[:10], COLUMNS, compression=codec.split("-", maxsplit=1)[0])
-    shard = json.loads((out / "index.json").read_text())["shards"][0]
-    (out / shard["zip_data"]["basename"]).write_bytes(bomb(codec))
+    index = json.loads((out / "index.json").read_text())
+    shard = index["shards"][0]
+    forged = bomb(codec)
+    (out / shard["zip_data"]["basename"]).write_bytes(forged)
+    shard["zip_data"]["bytes"] = len(forged)  # the file's own size: only its inflated one lies
+    (out / "index.json").write_text(json.dumps(index))
     dataset = Dataset.from_path("m", out)
     tracemalloc.start()
     try:
