@@ -5,10 +5,9 @@ Opening reads `index.json` only: the shard list, each shard's sample count and c
 a plain shard is memory-mapped, so a row is one slice and a decode of the requested columns
 only. A compressed shard (`.mds.zstd`, `.gz`, `.bz2`, `.br`, `.snappy`) cannot be sliced in
 place: it is decompressed whole, once, into a small LRU (4 shards by default), which suits
-pointer streams that visit a bounded window of shards. Measured on 2 cores, windows of 64 rows
-in random order, rows of 100-word text and 500 token ids: about 220 k rows/s, plain or zstd
-once inflated. A remote dataset's index and shards are reached through a `locate` hook that
-downloads them into the shard cache (see `_locate`). mosaicml-streaming is not imported.
+pointer streams that visit a bounded window of shards (2 cores, windows of 64 rows in random
+order, 100 words and 500 ids a row: about 220 k rows/s, plain or zstd once inflated). Remote
+index and shards come through a `locate` hook, into the shard cache. Streaming is not imported.
 """
 
 from __future__ import annotations
@@ -337,8 +336,6 @@ class MdsReader(PickledAsSettings):
                 data = _read(local, info, check)
             except (ImportError, DataError):
                 raise
-            except _StoredSize as error:
-                raise DataError(str(error), dataset=self.dataset, shard=path) from None
             except TooLargeError:
                 raise DataError(
                     f"the shard decompresses to more than the {info.raw_bytes} bytes "
@@ -383,12 +380,9 @@ class MdsReader(PickledAsSettings):
         return _Shard(data=memoryview(data), offsets=offsets)
 
 
-class _StoredSize(Exception):
-    """A compressed shard's file is not the size its index records."""
-
-
 def _read(path: str, info: _ShardInfo, check: Callable[[Any], None] | None) -> mmap.mmap | bytes:
-    """The shard's bytes, decompressed; `check` is given the file's bytes as stored."""
+    """The shard's bytes, decompressed; `check` is given the file's bytes as stored. A
+    compressed one's size is checked: zstd reads the first frame, and would skip the rest."""
     if info.codec is None:
         mapped = map_file(path)
         if check is not None:
@@ -399,10 +393,8 @@ def _read(path: str, info: _ShardInfo, check: Callable[[Any], None] | None) -> m
     if check is not None:
         check(packed)
     if info.stored_bytes is not None and len(packed) != info.stored_bytes:
-        # zstd reads the first frame only: bytes after it (a file appended to, or copied
-        # wrongly) would otherwise pass unseen, where a plain shard's size is checked
-        raise _StoredSize(
-            f"the shard is truncated or corrupt: {len(packed)} bytes where index.json records "
+        raise ValueError(
+            f"truncated or corrupt: {len(packed)} bytes where index.json records "
             f"{info.stored_bytes} (zip_data){CUT_NOTE}"
         )
     return inflate(packed, info.codec, info.raw_bytes)
