@@ -469,6 +469,7 @@ def test_a_failed_download_ends_the_running_prefetches_waiting_to_retry(
         tried.append(name)
         raise ConnectionResetError("the store is down")
 
+    before = _prefetchers()  # another test's may still be alive in this process
     dataset = _failing_downloads(monkeypatch, tmp_path, 2, dead, timeout=600, delay=60)
     dataset.prefetch([0, 1])  # both fail at once, then wait 60 s to retry
     deadline = time.monotonic() + 10
@@ -479,11 +480,11 @@ def test_a_failed_download_ends_the_running_prefetches_waiting_to_retry(
         dataset._reader.downloads._stop_prefetching(
             StorageError("another download failed", url="u")
         )
-    while _prefetch_threads() and time.monotonic() < deadline:
+    while _prefetchers() - before and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not _prefetch_threads()  # well before their 60 s wait
+    assert not _prefetchers() - before  # well before their 60 s wait
     assert len(tried) == 2
 
 
-def _prefetch_threads() -> int:
-    return sum(thread.name == "zephon-prefetch" for thread in threading.enumerate())
+def _prefetchers() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "zephon-prefetch"}
