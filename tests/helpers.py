@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -183,3 +184,9 @@ def memory_copy(folder: Path) -> str:
         if path.is_file():
             fs.pipe(f"{root}/{path.relative_to(folder)}", path.read_bytes())
     return f"memory://{root}/"
+
+
+def prefetch_threads() -> set[threading.Thread]:
+    """The shard-prefetch threads alive now; a test compares with those alive at its start,
+    as an earlier test's may still be retrying a store it stopped, in this process."""
+    return {thread for thread in threading.enumerate() if thread.name == "zephon-prefetch"}

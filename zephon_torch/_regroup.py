@@ -75,8 +75,7 @@ def regroup(state: Any, microbatch_size: int) -> Any:
             uneven.append(f"the step's {step * saved}")
     if uneven:
         more = f" and {len(uneven) - 4} more" if len(uneven) > 4 else ""
-        common = math.gcd(*counts)
-        sizes = [size for size in range(1, common + 1) if common % size == 0][:12]
+        sizes = _divisors(math.gcd(*counts))[:12]
         raise StateMismatchError(
             {
                 KEY: (
@@ -137,3 +136,9 @@ def _turns_with_data(state: Any) -> list[int]:
             if type(turn) is int:
                 turns.append(turn)
     return turns
+
+
+def _divisors(number: int) -> list[int]:
+    """``number``'s divisors, ascending (none for 0), found up to its square root."""
+    low = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    return low + [number // d for d in reversed(low) if d * d != number]

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import prefetch_threads
 from tests.hooked_proxy import hooked_proxy
 from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_litdata, write_mds
 from zephon_torch._moto import client, moto_server, upload
@@ -201,7 +202,7 @@ def test_a_failed_download_stops_the_prefetches_until_a_download_succeeds(
     read that failed on it had raised (minutes each with the defaults), holding their objects'
     locks: once a download fails past its retries, no other is tried until one succeeds."""
     endpoint, _ = s3_server
-    before = _prefetchers()
+    before = prefetch_threads()
     _write_corpus(tmp_path / "local", "parquet", shards=8)
     upload(endpoint, tmp_path / "local", "bucket", "breaker")
     down: list[bool] = []
@@ -246,7 +247,7 @@ def test_a_read_waiting_on_a_prefetch_stopped_by_another_failure_downloads_itsel
 
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # one request per attempt
     endpoint, _ = s3_server
-    before = _prefetchers()
+    before = prefetch_threads()
     _write_corpus(tmp_path / "local", "parquet", shards=2)
     upload(endpoint, tmp_path / "local", "bucket", "stopped")
     armed, release = threading.Event(), threading.Event()
@@ -291,14 +292,10 @@ def _retrying(proxy: str, url: str, tmp_path: Path, *, threads: int, timeout: fl
     return Dataset.from_path("c", url, storage_options=_storage(proxy), io_options=options)
 
 
-def _prefetchers() -> set[threading.Thread]:
-    return {thread for thread in threading.enumerate() if thread.name == "zephon-prefetch"}
-
-
 def _prefetching_threads(before: set[threading.Thread]) -> int:
     """The prefetch threads alive now that were not ``before`` (the test's start): an earlier
     test's may still be retrying a store it stopped, in this process (a flake under load)."""
-    return len(_prefetchers() - before)
+    return len(prefetch_threads() - before)
 
 
 def _prefetching(before: set[threading.Thread]) -> bool:

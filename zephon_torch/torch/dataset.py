@@ -225,11 +225,13 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
                     state["estimation"] = self._loaded["estimation"]
                 pipeline._load_state(state)  # warned of mid-step in the main process
             by_documents = pipeline._source.mixing == "documents"  # for the loader's stats
-            handed = info is not None  # whether the pipeline made from was told
+            # a torch loader's batches reach the loop here without workers (the library's
+            # loader tells the pipeline made from itself, in `_strip`)
+            handed = info is not None or self.with_meta
             try:
                 for batch in pipeline:
-                    if not handed:  # the training loop gets it now, in this process
-                        self._handover.delivered("loader" if self.with_meta else "dataset")
+                    if not handed:
+                        self._handover.delivered("dataset")
                         handed = True
                     self._delivered[str(batch.lane)] = batch.state
                     item = self._item(batch, by_documents=by_documents)

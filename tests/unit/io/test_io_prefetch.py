@@ -13,6 +13,7 @@ import fsspec
 import pyarrow as pa
 import pytest
 
+from tests.helpers import prefetch_threads
 from tests.unit.io.test_io_remote import (
     _equal_parquet_shards,
     _options,
@@ -469,7 +470,7 @@ def test_a_failed_download_ends_the_running_prefetches_waiting_to_retry(
         tried.append(name)
         raise ConnectionResetError("the store is down")
 
-    before = _prefetchers()  # another test's may still be alive in this process
+    before = prefetch_threads()  # another test's may still be alive in this process
     dataset = _failing_downloads(monkeypatch, tmp_path, 2, dead, timeout=600, delay=60)
     dataset.prefetch([0, 1])  # both fail at once, then wait 60 s to retry
     deadline = time.monotonic() + 10
@@ -480,11 +481,7 @@ def test_a_failed_download_ends_the_running_prefetches_waiting_to_retry(
         dataset._reader.downloads._stop_prefetching(
             StorageError("another download failed", url="u")
         )
-    while _prefetchers() - before and time.monotonic() < deadline:
+    while prefetch_threads() - before and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not _prefetchers() - before  # well before their 60 s wait
+    assert not prefetch_threads() - before  # well before their 60 s wait
     assert len(tried) == 2
-
-
-def _prefetchers() -> set[threading.Thread]:
-    return {thread for thread in threading.enumerate() if thread.name == "zephon-prefetch"}
