@@ -70,7 +70,7 @@ def unpack_rows(packer: Any) -> Any:
         raise _unreadable(packer, "open: how many of the rows are open, an int")
     total = sum(rows)
     try:
-        raw = _inflated(encoded)
+        raw = _inflated(encoded, total * 5 * 8)
     except (binascii.Error, zlib.error, ValueError) as error:
         raise _unreadable(packer, f"zlib in base64 ({error})") from None
     if len(raw) != total * 5 * 8:
@@ -88,15 +88,19 @@ def unpack_rows(packer: Any) -> Any:
     return out
 
 
-def _inflated(encoded: object) -> bytes:
-    """The bytes of ``encoded``, base64 of one zlib stream and nothing after it (zlib alone
-    ignores what follows a stream's end: a string with more appended read as the first).
+def _inflated(encoded: object, most: int) -> bytes:
+    """The bytes of ``encoded``, base64 of one zlib stream of at most ``most`` bytes and
+    nothing after it (zlib alone ignores what follows a stream's end: a string with more
+    appended read as the first). Inflating stops one byte past ``most``: an edited string
+    of a few KiB can otherwise stand for gigabytes.
 
     Raises:
         binascii.Error, zlib.error, ValueError: where it is not.
     """
     inflater = zlib.decompressobj()
-    raw = inflater.decompress(base64.b64decode(str(encoded), validate=True))
+    raw = inflater.decompress(base64.b64decode(str(encoded), validate=True), most + 1)
+    if len(raw) > most:
+        raise ValueError(f"it inflates past the {most:,} bytes its counts allow")
     if not inflater.eof:
         raise ValueError("the stream is cut short")
     if inflater.unused_data:
@@ -118,6 +122,8 @@ _SOURCE_COLUMNS = (*_READER_KEYS, "tokens", "documents", "active", "carried")
 _PER_SOURCE = ("readers", "delivered", "active", "carry")
 _READER_SET = frozenset(_READER_KEYS)
 _LIMIT = 1 << 48  # a saved count's bound (``_state.state_int``)
+_MOST_SOURCES = 1 << 16  # packed no further: a packed state inflates to at most about 7 MB
+_MOST_SOURCE_BYTES = (1 + len(_SOURCE_COLUMNS) * _MOST_SOURCES + 5 * _MOST_SOURCES) * 8
 
 
 def pack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +149,8 @@ def _source_columns(mixpack: dict[str, Any]) -> list[list[int]] | None:
     parts = [mixpack.get(key) for key in _PER_SOURCE]
     lists = [part for part in parts if isinstance(part, list)]
     if len(lists) != len(parts) or len({len(part) for part in lists}) != 1:
+        return None
+    if len(lists[0]) > _MOST_SOURCES:
         return None
     readers, delivered, active, carry = lists
     plain = (
@@ -179,14 +187,14 @@ def unpack_sources(mixpack: dict[str, Any]) -> dict[str, Any]:
     if beside:  # no release writes both: an edit of those lists would be dropped unsaid
         raise _no_sources(encoded, f"the per-source part, not also as lists ({beside})")
     try:
-        raw = _inflated(encoded)
+        raw = _inflated(encoded, _MOST_SOURCE_BYTES)
     except (binascii.Error, zlib.error, ValueError) as error:
         raise _no_sources(encoded, f"zlib in base64 ({error})") from None
     if not raw or len(raw) % 8:
         raise _no_sources(encoded, f"int64 values, not {len(raw)} bytes")
     values = np.frombuffer(raw, np.uint8).reshape(8, -1).T.copy().view("<i8").ravel()
     count, width = int(values[0]), len(_SOURCE_COLUMNS)
-    if not 0 < count <= (len(values) - 1) // width:
+    if not 0 < count <= min(_MOST_SOURCES, (len(values) - 1) // width):
         raise _no_sources(encoded, f"{len(values) - 1} values for {count} sources")
     columns = values[1 : 1 + width * count].reshape(width, count).tolist()
     carried = sum(columns[6])

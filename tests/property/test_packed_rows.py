@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import tracemalloc
 import zlib
 from typing import Any
 
@@ -222,3 +223,40 @@ def test_a_packing_beside_lists_of_the_per_source_part_is_refused(key: str) -> N
     with pytest.raises(StateMismatchError, match=r"pack\.sources") as refused:
         unpack_sources(edited)
     assert f"not also as lists (['{key}'])" in str(refused.value)
+
+
+def _bomb(size: int) -> str:
+    """Base64 of one zlib stream of ``size`` zero bytes: a few hundred KiB that inflate to
+    ``size``."""
+    deflater, chunk = zlib.compressobj(9), b"\x00" * (1 << 20)
+    parts = [deflater.compress(chunk) for _ in range(size >> 20)]
+    return base64.b64encode(b"".join([*parts, deflater.flush()])).decode("ascii")
+
+
+def test_a_packing_that_inflates_past_its_counts_is_refused_without_inflating_it() -> None:
+    """An edited string of a few hundred KiB stood for 256 MiB, all of it held in memory
+    before its length was compared; inflating now stops one byte past what the counts
+    allow (the rows' pieces; at most 65,536 sources)."""
+    bomb = _bomb(256 << 20)
+    packer = pack_rows({"bins": [[[0, 0, 5, 0, 9]]], "ready": []})
+    packer["pieces"] = bomb
+    tracemalloc.start()
+    try:
+        with pytest.raises(StateMismatchError, match=r"pack\.packer\.pieces") as rows:
+            unpack_rows(packer)
+        packed = pack_sources(_per_source([{"pass": 0, "pos": 5, "filtered": 0}] * 2))
+        with pytest.raises(StateMismatchError, match=r"pack\.sources") as sources:
+            unpack_sources({**packed, "sources": bomb})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "inflates past the 40 bytes its counts allow" in str(rows.value)
+    assert "inflates past the" in str(sources.value)
+    assert peak < 32 << 20, f"{peak:,} bytes held while refusing"
+
+
+def test_more_sources_than_a_packing_holds_stay_as_lists() -> None:
+    mixpack = _per_source([{"pass": 0, "pos": 5, "filtered": 0}] * ((1 << 16) + 1))
+    assert pack_sources(mixpack) is mixpack
+    fewer = _per_source([{"pass": 0, "pos": 5, "filtered": 0}] * (1 << 16))
+    assert unpack_sources(pack_sources(fewer)) == fewer
