@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zephon_torch._token_stage import doc_ops, prefetch_depth, read_datasets, token_stage
+from zephon_torch._words import counted
 from zephon_torch.errors import ConfigError, integer_setting
 from zephon_torch.io._narrowing import NarrowedOrWhole
 from zephon_torch.torch.dataset import workers_used
@@ -29,7 +30,7 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
     for dataset, weight in zip(source.datasets, source.weights):
         lines.append(
             f"  dataset {dataset.name!r}: {weight:.1%} target, {dataset.format}, "
-            f"{_count(len(dataset.shards), 'shard')}, {_count(dataset.num_rows, 'row')}"
+            f"{counted(len(dataset.shards), 'shard')}, {counted(dataset.num_rows, 'row')}"
         )
     chain = ["fetch", *(_step(op.fingerprint()) for op in doc_ops(pipeline))]
     lines.append(f"  per document (in order): {' -> '.join(chain)}")
@@ -103,8 +104,3 @@ def _span(lanes: list[int]) -> str:
     if lanes and lanes == list(range(lanes[0], lanes[-1] + 1)):
         return f"{lanes[0]}..{lanes[-1]}"
     return str(lanes)
-
-
-def _count(number: int, noun: str) -> str:
-    """``number`` ``noun`` (plural unless one), the number with thousands separators."""
-    return f"{number:,} {noun}{'' if number == 1 else 's'}"

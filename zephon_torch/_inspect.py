@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from zephon_torch._words import counted
 from zephon_torch.errors import DataError, StorageError, ZephonError
 from zephon_torch.io import Dataset, parquet
 from zephon_torch.io._remote_rows import SCHEMA_FORMATS
@@ -262,7 +263,7 @@ def _index(
         done = f"indexed {count - before:,} of {_shards_of(dataset)} ({before:,} were already)"
     else:
         done = f"indexed {_shards_of(dataset)}"
-    rows = f"{dataset.num_rows:,} row{'' if dataset.num_rows == 1 else 's'}"
+    rows = counted(dataset.num_rows, "row")
     print(f"{done}: {rows} in {seconds:.2f} s; index cache {cache}", file=out)
 
 
@@ -312,8 +313,7 @@ def _writable(folder: str) -> bool:
 
 def _shards_of(dataset: Dataset) -> str:
     """How many shards `dataset` has, in words: "1 shard", "12 shards"."""
-    count = len(dataset.shards)
-    return f"{count:,} shard{'' if count == 1 else 's'}"
+    return counted(len(dataset.shards), "shard")
 
 
 def _cached_shards(path: str, format_: str | None, cache: str) -> int | None:

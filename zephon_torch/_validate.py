@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from zephon_torch._words import counted
 from zephon_torch.errors import DataError, row_fault
 from zephon_torch.io import Dataset
 from zephon_torch.io._projection import field_error, id_limit, text_of, token_ids
@@ -253,14 +254,13 @@ def _report(
     shown: int,
     out: TextIO,
 ) -> None:
-    read = f"{found.rows:,} rows of {shards:,} shard{'' if shards == 1 else 's'} in {seconds:.2f} s"
+    read = f"{counted(found.rows, 'row')} of {counted(shards, 'shard')} in {seconds:.2f} s"
     field_words = f"; field {checked!r} checked in each" if checked else ""
     problems = []
     if found.bad_rows:
-        problems.append(f"{found.bad_rows:,} bad row{'' if found.bad_rows == 1 else 's'}")
+        problems.append(counted(found.bad_rows, "bad row"))
     if found.bad_shards:
-        count = found.bad_shards
-        problems.append(f"{count:,} shard{'' if count == 1 else 's'} unreadable past an error")
+        problems.append(f"{counted(found.bad_shards, 'shard')} unreadable past an error")
     verdict = ", ".join(problems) if problems else "no bad row"
     print(f"validate: {verdict}: read {read}{field_words}", file=out)
     if found.empty:
