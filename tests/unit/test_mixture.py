@@ -498,7 +498,7 @@ def test_a_source_that_runs_out_early_is_warned_of_once_and_a_natural_end_is_not
     said = [str(w.message) for w in caught if "ran out" in str(w.message)]
     assert said == [
         "dataset 'small' ran out (exhaustion='stop': its passes are read) with more than 5% "
-        "of a lane's documents, of other datasets, to come: the rest of the run is theirs "
+        "of a lane's tokens, of other datasets, to come: the rest of the run is theirs "
         "alone, and the delivered shares leave their targets; give it more `passes`, or use "
         "exhaustion='repeat' with a step budget to keep the shares"
     ]  # once, for both lanes
@@ -512,3 +512,41 @@ def test_a_source_that_runs_out_early_is_warned_of_once_and_a_natural_end_is_not
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert list(pipeline)
+
+
+def _lengths_mixture(docs: dict[str, tuple[int, int]], weights: dict[str, float]) -> Any:
+    """Pre-tokenized sources of (documents, tokens each), mixed by tokens on 2 lanes."""
+    from zephon_torch import Pipeline
+    from zephon_torch.work import TokenEstimation
+
+    datasets = [
+        Dataset.from_dict(name, {"ids": [[i % 50 + 1] * length for i in range(count)]})
+        for name, (count, length) in docs.items()
+    ]
+    estimation = TokenEstimation(calibration_documents=4)
+    source = StaticMixtureWorkSource(datasets, weights, token_estimation=estimation, seed=3)
+    return Pipeline(source).options(canonical_replicas=2).pretokenized("ids").pack_flat(64).batch(2)
+
+
+def test_a_source_that_runs_out_is_judged_in_tokens_under_token_mixing() -> None:
+    """Short documents (4,000 tokens) beside a few long ones (8,000), 50:50 by tokens: the
+    short source ran out with a third of the tokens, all long, to come, 67/33 delivered, and
+    no warning, as the long source's 10 documents left were under 5% of the lane's 420."""
+    import warnings
+
+    pipeline = _lengths_mixture({"short": (400, 10), "long": (20, 400)}, {"short": 1, "long": 1})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(pipeline)
+    said = [str(w.message) for w in caught if "ran out" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("dataset 'short' ran out"), said
+    assert "more than 5% of a lane's tokens, of other datasets, to come" in said[0]
+    shares = pipeline.stats()["delivered_shares"]
+    assert shares["long"] > 0.6  # what the warning is for
+    # the other way round: the long source spent with 30 short documents to come (7% of the
+    # documents, 4% of the tokens) leaves the shares near their targets: no warning
+    near = _lengths_mixture({"short": (430, 10), "long": (10, 400)}, {"short": 1, "long": 1})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(near)
+    assert not [w for w in caught if "ran out" in str(w.message)]

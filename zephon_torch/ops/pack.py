@@ -72,8 +72,9 @@ class PackedRow:
         return np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
 
 
-# A source that runs out while the others have more than this part of the lane's documents
-# (over all sources and passes) to come is warned of: the shares no longer hold from there
+# A source that runs out while the others have more than this part of the lane's tokens
+# (documents without token mixing; over all sources and passes) to come is warned of: the
+# shares no longer hold from there
 _LATE_SHARE = 0.05
 
 
@@ -275,16 +276,30 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
                 "its pass is over",
             )
             return
-        left = sum(r.unread()[0] for r, on in zip(self.readers, self.active, strict=True) if on)
-        total = sum(r.unread()[1] for r in self.readers)
+        left, total = self._to_come()
         if left > _LATE_SHARE * total and self._first_warning("ran out", source):
             warn(
                 f"dataset {reader.layout.name!r} ran out (exhaustion='stop': its passes are "
-                f"read) with more than {_LATE_SHARE:.0%} of a lane's documents, of other "
+                f"read) with more than {_LATE_SHARE:.0%} of a lane's {self.mixing}, of other "
                 "datasets, to come: the rest of the run is theirs alone, and the delivered "
                 "shares leave their targets; give it more `passes`, or use "
                 "exhaustion='repeat' with a step budget to keep the shares",
             )
+
+    def _to_come(self) -> tuple[float, float]:
+        """What the lane's active sources still have to give, and what all its sources give
+        over the run, in the mixture's unit: documents, or tokens, each source's documents
+        weighed by the tokens per document it gave the lane so far (the others' mean where it
+        gave none yet). Counted in documents under token mixing, a source of short documents
+        spent beside a few long ones still to come (40% of the lane's tokens) was no sign."""
+        counts = [reader.unread() for reader in self.readers]
+        sizes = [1.0] * len(counts)
+        if self.mixing == "tokens":
+            known = [t / d for t, d in zip(self.tokens, self.documents, strict=True) if d]
+            mean = sum(known) / len(known) if known else 1.0
+            sizes = [t / d if d else mean for t, d in zip(self.tokens, self.documents)]
+        left = sum(c[0] * s for c, s, on in zip(counts, sizes, self.active, strict=True) if on)
+        return left, sum(c[1] * s for c, s in zip(counts, sizes, strict=True))
 
     def _fetch(self, source: int, pass_index: int, pos: int) -> Document:
         """The document a saved piece points at (its source is checked with the state's
