@@ -324,3 +324,23 @@ def test_the_merged_final_states_of_ranks_that_ended_apart_say_the_run_s_step() 
     resumed = build()
     resumed.load_state_dict(merged)
     assert list(resumed) == []  # nothing left, as for the one-process run
+
+
+def test_a_state_of_other_canonical_replicas_is_refused_for_that_alone() -> None:
+    """Loaded where L differs, the refusal also listed the lanes the new L needs, advising to
+    merge every rank's states with merge_states: no merge gives lanes a run of another L
+    never had."""
+
+    def recipe(lanes: int) -> Pipeline:
+        data = [Dataset.from_dict("d", {"ids": [[1 + i] * (3 + i % 5) for i in range(40)]})]
+        pipeline = Pipeline(StaticMixtureWorkSource(data, seed=3))
+        return pipeline.options(canonical_replicas=lanes).pretokenized("ids").pack_flat(8).batch(2)
+
+    saved = recipe(2)
+    batches = iter(saved)
+    for _ in range(4):
+        next(batches)
+    with pytest.raises(StateMismatchError) as raised:
+        recipe(4).load_state_dict(saved.state_dict())
+    assert set(raised.value.mismatches) == {"canonical_replicas"}
+    assert "merge_states" not in str(raised.value)
