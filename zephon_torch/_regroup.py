@@ -69,20 +69,24 @@ def regroup(state: Any, microbatch_size: int) -> Any:
             uneven.append(f"lane {lane}: {rows}")
         regrouped[lane] = {**lane_state, "turn": rows // microbatch_size}
     step = state.get("step")
+    uneven_step = ""
     if type(step) is int:
         counts.append(step * saved)
         if step * saved % microbatch_size:
-            uneven.append(f"the step's {step * saved}")
-    if uneven:
-        more = f" and {len(uneven) - 4} more" if len(uneven) > 4 else ""
+            uneven_step = f"the step's {step * saved}"
+    if uneven or uneven_step:
+        # lanes only in the count: "lane 3: 6 and 1 more" of 4 lanes meant the step's rows
+        more = f" and {len(uneven) - 4} more lanes" if len(uneven) > 4 else ""
+        told = "; ".join(part for part in (", ".join(uneven[:4]) + more, uneven_step) if part)
         sizes = _divisors(math.gcd(*counts))[:12]
         raise StateMismatchError(
             {
                 KEY: (
-                    f"{saved}, rows a lane so far: {', '.join(uneven[:4])}{more}",
+                    f"{saved}, rows a lane so far: {told}",
                     f"{microbatch_size}: resume where every lane's rows are a whole number of "
-                    f"micro-batches of {microbatch_size}; these rows are of sizes {sizes} (or "
-                    f"load a state saved at a step whose rows divide by {microbatch_size})",
+                    f"micro-batches of {microbatch_size}; micro-batch sizes that divide them: "
+                    f"{sizes} (or load a state saved at a step whose rows divide by "
+                    f"{microbatch_size})",
                 )
             }
         )

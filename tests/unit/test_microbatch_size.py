@@ -107,7 +107,10 @@ def test_a_state_whose_rows_are_no_whole_number_of_new_micro_batches_is_refused(
         _pipeline(tokenizer, 4).load_state_dict(state)
     message = str(info.value)
     assert "lane 0: 6" in message and "whole number of micro-batches of 4" in message
-    assert "these rows are of sizes [1, 2, 3, 6]" in message, message  # what would load
+    assert "micro-batch sizes that divide them: [1, 2, 3, 6]" in message, message  # would load
+    # the step's rows are told as such, not counted as one more lane (with 4 lanes shown:
+    # "lane 3: 6 and 1 more", of a pipeline of 4 lanes)
+    assert "more lanes" not in message and "; the step's 6" in message, message
     _pipeline(tokenizer, 3).load_state_dict(state)  # 6 rows: two micro-batches of 3
 
 
