@@ -97,6 +97,12 @@ def report(
         },
         "shares_of": mixing,
         "target_shares": dict(targets),
+        # what the model trains on, whatever the targets' unit: of documents, the shares above
+        # read on target while the tokens' may be far off
+        "token_shares": {
+            name: counters.tokens_by_source.get(name, 0) / tokens if tokens else 0.0
+            for name in targets
+        },
         "padding_fraction": 1 - tokens / counters.row_capacity if counters.row_capacity else 0.0,
         "skipped_documents": dict(skipped),
         "operators": None if operators is None else _operators(operators),

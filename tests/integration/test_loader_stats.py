@@ -49,7 +49,7 @@ def test_loader_stats_count_what_the_loop_received_as_the_pipeline_counts_it(
     assert len(items) == len(whole) and early["batches"] == 5
     assert early["tokens"] == sum(batch.num_tokens for batch in whole[:5])
     for key in ("batches", "tokens", "tokens_by_source", "delivered_shares", "target_shares",
-                "padding_fraction", "skipped_documents", "shares_of"):  # fmt: skip
+                "padding_fraction", "skipped_documents", "shares_of", "token_shares"):  # fmt: skip
         assert stats[key] == expected[key], key
     assert stats["operators"] is None and stats["stalls"]["packer_waited_for_documents_s"] is None
     assert stats["state_bytes"] == len(json.dumps(loader.state_dict()))

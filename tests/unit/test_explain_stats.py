@@ -171,3 +171,21 @@ def test_delivered_shares_are_of_documents_where_the_targets_are() -> None:
     assert stats["delivered_shares"] == {name: n / total for name, n in begun.items()}
     assert abs(stats["delivered_shares"]["short"] - 0.5) < 0.02
     assert stats["tokens_by_source"]["long"] > 10 * stats["tokens_by_source"]["short"]
+    tokens = stats["tokens_by_source"]
+    assert stats["token_shares"] == {name: n / sum(tokens.values()) for name, n in tokens.items()}
+    assert stats["token_shares"]["short"] < 0.05  # what training sees, beside the targets'
+
+
+def test_token_shares_are_the_delivered_shares_where_the_targets_are_of_tokens(
+    tokenizer: Any,
+) -> None:
+    import itertools
+
+    pipeline = small_pipeline(tokenizer)
+    for _ in itertools.islice(pipeline, 20):
+        pass
+    stats = pipeline.stats()
+    assert stats["shares_of"] == "tokens"
+    assert stats["token_shares"] == stats["delivered_shares"]
+    assert set(stats["token_shares"]) == {"long", "short"}
+    assert 0 < stats["token_shares"]["short"] < 1
