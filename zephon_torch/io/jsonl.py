@@ -158,7 +158,8 @@ class JsonlReader:
         starts = index[0, positions].tolist()
         ends = index[1, positions].tolist()
         decoded: list[dict[str, Any]] = []
-        for row, start, line in zip(positions.tolist(), starts, lines(starts, ends), strict=True):
+        spans = zip(positions.tolist(), starts, ends, lines(starts, ends), strict=True)
+        for row, start, end, line in spans:
             if line is None:
                 raise DataError(
                     f"the shard file was cut short: it ends before the line at byte {start}"
@@ -171,9 +172,11 @@ class JsonlReader:
             try:
                 value = parse(line)
             except (ValueError, RecursionError) as error:  # also UnicodeDecodeError; too deep
+                cut = row == count - 1 and self._unterminated(path, end)
                 raise DataError(
                     f"malformed JSON in the line at byte {start}: {error} "
-                    f"(line starts {preview(line)!r}){one_document(line)}",
+                    f"(line starts {preview(line)!r}){one_document(line)}"
+                    f"{_CUT_NOTE if cut else ''}",
                     dataset=self.dataset,
                     shard=path,
                     row=row,
@@ -219,6 +222,17 @@ class JsonlReader:
         if newlines is None:
             return None
         return f"line {newlines + 1} of the file{' once decompressed' if compressed else ''}"
+
+    def _unterminated(self, path: str, end: int) -> bool:
+        """Whether the shard's bytes end at ``end`` with no newline after its last line (which
+        failed to parse): a file cut short, as a copy or a write stopped midway leaves it.
+        For errors only."""
+        try:
+            if self._compression_of(path) is not None:
+                return len(self._buffer(path)) == end
+            return os.path.getsize(path) == end
+        except (OSError, DataError, ConfigError):
+            return False
 
     def _missing(self, path: str) -> DataError:
         return DataError(
@@ -352,6 +366,12 @@ class JsonlReader:
             held = (os.getpid(), ShardCache(self.cache.directory, self.cache.max_bytes))
             self._shard_cache = held
         return held[1]
+
+
+_CUT_NOTE = (
+    "; it is the shard's last line and no newline ends it: was the file cut short (a copy or "
+    "a write that stopped midway)?"
+)
 
 
 def _newlines_before(path: str, end: int) -> int | None:

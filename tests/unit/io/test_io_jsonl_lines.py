@@ -77,6 +77,25 @@ def test_a_malformed_line_is_named_by_its_line_too(
     assert "malformed JSON" in str(error)
 
 
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_malformed_last_line_with_no_newline_asks_whether_the_file_was_cut_short(
+    tmp_path: Path, tokenizer: Tokenizer, write_jsonl: WriteJsonl, compression: str | None
+) -> None:
+    """A copy stopped midway leaves a last line cut mid-record; its error read as any other
+    malformed line's ("Unterminated string"), not as the cut file it points to."""
+    whole = [json.dumps({"text": f"doc {i}"}) for i in range(20)]
+    cut = "\n".join(whole)[:-9]  # the last line cut mid-string, no newline after it
+    path = write_jsonl(tmp_path / "a.jsonl", text=cut, compression=compression)
+    error = first_error(Dataset.from_path("jl", path), tokenizer)
+    assert error.row == 19 and "malformed JSON" in str(error)
+    assert "no newline ends it: was the file cut short" in str(error)
+    # the same line mid-file, or last with its newline, is only malformed
+    for text in (cut + "\n", "\n".join([*whole[:5], whole[19][:-9], *whole[5:]]) + "\n"):
+        path = write_jsonl(tmp_path / "b.jsonl", text=text, compression=compression)
+        error = first_error(Dataset.from_path("jl", path), tokenizer)
+        assert "malformed JSON" in str(error) and "cut short" not in str(error)
+
+
 def test_the_line_reaches_the_main_process_from_a_loader_worker(
     tmp_path: Path, tokenizer: Tokenizer, write_jsonl: WriteJsonl
 ) -> None:
