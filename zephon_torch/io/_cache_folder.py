@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._cache_ledger import add_to_ledger, read_ledger, write_ledger
-from zephon_torch.io._locks import flock, lock_file, release_file
+from zephon_torch.io._locks import close_tracked, flock, lock_file, open_tracked, release_file
 
 # New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
 # .tmp, .reserve and .locks; sharing those with them would break both (see `CacheFolder.sweep`).
@@ -378,15 +378,17 @@ def mark_used(path: str) -> bool:
 def delete_unpinned(path: str) -> bool:
     """Deletes `path` unless some process holds a lock on it (is reading it). Callers hold
     its name's lock, so no file is placed there meanwhile; should the name hold another file
-    than the one locked all the same, it is left, and False returned."""
+    than the one locked all the same, it is left, and False returned. Its descriptor is
+    tracked: a child forked meanwhile would else keep the lock (a reader that had opened the
+    file waiting as long) and the deleted file, for its life."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_tracked(path, os.O_RDONLY)
     except FileNotFoundError:
         return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
+        close_tracked(fd)
         return False
     try:
         if os.stat(path).st_ino != os.fstat(fd).st_ino:
@@ -395,5 +397,5 @@ def delete_unpinned(path: str) -> bool:
     except FileNotFoundError:
         pass
     finally:
-        os.close(fd)
+        close_tracked(fd)
     return True
