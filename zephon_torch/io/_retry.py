@@ -285,7 +285,7 @@ def call_with_retry(
         Exception: another permanent error (a missing object, a bad argument), unchanged.
     """
     start = time.monotonic()
-    delay = policy.initial_delay
+    delay = min(policy.initial_delay, policy.max_delay)
     attempt = 0
     while True:
         attempt += 1

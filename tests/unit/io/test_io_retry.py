@@ -283,3 +283,19 @@ def test_importing_the_package_leaves_other_packages_loggers_alone() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.split() == ["0", "1"]
+
+
+def test_no_sleep_between_attempts_is_longer_than_max_delay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An `initial_delay` above `max_delay` was slept whole before the first retry."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+
+    def broken() -> None:
+        raise ConnectionResetError("reset")
+
+    policy = RetryPolicy(attempts=4, initial_delay=5.0, max_delay=0.25)
+    with pytest.raises(StorageError, match="4 attempt"):
+        call_with_retry(broken, url="s3://b/k", policy=policy)
+    assert slept == [0.25, 0.25, 0.25]
