@@ -12,6 +12,7 @@ once.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import errno
 import functools
@@ -19,7 +20,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -320,8 +321,11 @@ def call_with_retry(
                 raise
             elapsed = time.monotonic() - start
             spent = attempt >= policy.attempts or elapsed + delay > policy.timeout
-            if spent or _stopped(stop, delay):
+            abandoned = _ABANDONED.get()
+            if spent or _stopped(stop, abandoned, delay):
                 why = "failed" if spent else "stopped, another download having failed,"
+                if not spent and abandoned is not None and abandoned.is_set():
+                    why = "stopped, the work it served having been abandoned,"
                 raise StorageError(  # which blanks the credentials the text may quote
                     f"{what} {why} after {attempt} attempt(s) in "
                     f"{time.monotonic() - start:.1f} s: {type(error).__name__}: {error}",
@@ -342,9 +346,41 @@ def quietly(call: Callable[[], T]) -> T:
         _CALLING.reset(calling)
 
 
-def _stopped(stop: threading.Event | None, delay: float) -> bool:
-    """Sleeps `delay` seconds, or less where `stop` is set meanwhile; whether it is."""
-    if stop is None:
+def _stopped(stop: threading.Event | None, abandoned: threading.Event | None, delay: float) -> bool:
+    """Sleeps `delay` seconds, or less where `stop` or `abandoned` is set meanwhile; whether
+    one is."""
+    events = [event for event in (stop, abandoned) if event is not None]
+    if not events:
         time.sleep(delay)
         return False
-    return stop.wait(delay)
+    if len(events) == 1:
+        return events[0].wait(delay)
+    deadline = time.monotonic() + delay
+    while not any(event.is_set() for event in events):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        events[0].wait(min(left, _POLL_S))
+    return True
+
+
+# the event that ends this thread's retries early: set where the work they serve was
+# abandoned (see `abandoned_when`)
+_ABANDONED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "zephon_abandoned", default=None
+)
+_POLL_S = 0.05  # how often a sleep watching two events looks at the second
+
+
+@contextlib.contextmanager
+def abandoned_when(event: threading.Event) -> Iterator[None]:
+    """Within it, storage retries on this thread stop, as a prefetch's `stop` does, once
+    `event` is set: a pool's threads, or a batch prefetcher's, whose pipeline stopped (an
+    error raised to the loop, or a `break`). A read of theirs still retrying a dead store
+    held its object's lock and reservation for the policy's whole `timeout` (two minutes by
+    default) after the run had its error."""
+    token = _ABANDONED.set(event)
+    try:
+        yield
+    finally:
+        _ABANDONED.reset(token)

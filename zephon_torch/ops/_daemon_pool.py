@@ -18,6 +18,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 from zephon_torch._caller import Site, adopt_site, user_site
+from zephon_torch.io._retry import abandoned_when
 
 T = TypeVar("T")
 # a call, and the user's line its warnings point at (that of the thread that submitted it)
@@ -35,8 +36,11 @@ class DaemonPool(Executor):
     def __init__(self, threads: int, name: str) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
+        self._abandoned = threading.Event()  # set at shutdown: running calls' retries end
         self._threads = [
-            threading.Thread(target=_work, args=(self._jobs,), name=f"{name}_{i}", daemon=True)
+            threading.Thread(
+                target=_work, args=(self._jobs, self._abandoned), name=f"{name}_{i}", daemon=True
+            )
             for i in range(max(1, threads))
         ]
         for thread in self._threads:
@@ -56,6 +60,7 @@ class DaemonPool(Executor):
         """Take no more calls; ``cancel_futures``: cancel the queued ones; ``wait``: wait for
         the threads to end (else they end on their own, after their running call)."""
         self._closed = True
+        self._abandoned.set()
         stops = 0  # an earlier shutdown's, not yet taken: put back
         while cancel_futures:
             try:
@@ -88,10 +93,11 @@ def _stop(jobs: queue.SimpleQueue[_Job | None], threads: int) -> None:
         jobs.put(None)
 
 
-def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    while (job := jobs.get()) is not None:
-        _run(*job)
-        del job  # the idle thread holds no chunk
+def _work(jobs: queue.SimpleQueue[_Job | None], abandoned: threading.Event) -> None:
+    with abandoned_when(abandoned):  # a read retrying a dead store ends with the pool
+        while (job := jobs.get()) is not None:
+            _run(*job)
+            del job  # the idle thread holds no chunk
 
 
 def _run(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from zephon_torch._caller import Site, adopt_site, user_site
+from zephon_torch.io._retry import abandoned_when
 
 T = TypeVar("T")
 
@@ -47,10 +48,11 @@ class Prefetcher(Generic[T]):
     def _run(self, make: Callable[[], Iterator[T]], site: Site | None) -> None:
         adopt_site(site)  # its warnings point at the line that iterates
         try:
-            for item in make():
-                if not self._put(item):
-                    return
-            self._put(_END)
+            with abandoned_when(self._stop):  # a read retrying a dead store ends at close
+                for item in make():
+                    if not self._put(item):
+                        return
+                self._put(_END)
         except BaseException as exc:  # re-raised in the consumer
             self._put(_Failure(exc))
 

@@ -7,11 +7,12 @@ import errno
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from zephon_torch.errors import ConfigError, StorageError
-from zephon_torch.io._retry import RetryPolicy, call_with_retry, is_transient
+from zephon_torch.io._retry import RetryPolicy, abandoned_when, call_with_retry, is_transient
 
 
 def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
@@ -299,3 +300,79 @@ def test_no_sleep_between_attempts_is_longer_than_max_delay(
     with pytest.raises(StorageError, match="4 attempt"):
         call_with_retry(broken, url="s3://b/k", policy=policy)
     assert slept == [0.25, 0.25, 0.25]
+
+
+def _retrying_forever(calls: list[float]) -> None:
+    """A read of a dead store under a two-minute policy: it fails until it is stopped."""
+
+    def down() -> None:
+        calls.append(time.monotonic())
+        raise ConnectionResetError("reset")
+
+    call_with_retry(down, url="s3://b/k", policy=RetryPolicy(attempts=100, timeout=120))
+
+
+def test_a_pool_shut_down_ends_its_running_reads_retries() -> None:
+    """The pipeline's runner threads kept retrying their reads of a dead store for the policy's
+    whole timeout after the run had raised its error (34 s with a 20 s timeout, holding their
+    objects' locks and cache reservations): shutting the pool down now ends them."""
+    from zephon_torch.ops._daemon_pool import DaemonPool
+
+    calls: list[float] = []
+    pool = DaemonPool(2, "zephon-test-pool")
+    running = pool.submit(_retrying_forever, calls)
+    while len(calls) < 2:  # retrying: past its first sleep
+        time.sleep(0.01)
+    pool.shutdown(wait=False, cancel_futures=True)
+    pool.join(10)
+    error = running.exception(timeout=0)  # settled by the time its thread ended
+    assert isinstance(error, StorageError) and error.reason == "stopped"
+    assert "the work it served having been abandoned" in str(error)
+    assert time.monotonic() - calls[-1] < 5  # ended in its sleep, not after retrying on
+
+
+def test_a_closed_prefetcher_ends_its_producers_retries() -> None:
+    from zephon_torch.ops.prefetch import Prefetcher
+
+    calls: list[float] = []
+
+    def produce() -> Iterator[int]:
+        yield 1
+        _retrying_forever(calls)
+        yield 2
+
+    prefetcher = Prefetcher(produce, depth=1)
+    assert next(prefetcher) == 1
+    while len(calls) < 2:
+        time.sleep(0.01)
+    prefetcher.close()
+    prefetcher._thread.join(10)
+    assert not prefetcher._thread.is_alive()
+
+
+def test_retries_outside_an_abandoned_scope_are_not_stopped_by_it() -> None:
+    """The event holds on the thread within `abandoned_when` only, as a pool's or a
+    prefetcher's threads run their work: another thread's reads retry on."""
+    abandoned = threading.Event()
+    abandoned.set()
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset")
+        return "ok"
+
+    policy = RetryPolicy(attempts=5, initial_delay=0.01, timeout=60)
+    with abandoned_when(threading.Event()):  # a scope of its own, not set
+        assert call_with_retry(flaky, url="s3://b/k", policy=policy) == "ok"
+    calls.clear()
+    with abandoned_when(abandoned), pytest.raises(StorageError, match="abandoned"):
+        call_with_retry(flaky, url="s3://b/k", policy=policy)
+    assert len(calls) == 1
+    stop = threading.Event()  # with a prefetch's stop too: either ends the retries
+    threading.Timer(0.2, stop.set).start()
+    calls.clear()
+    with abandoned_when(threading.Event()), pytest.raises(StorageError, match="another"):
+        call_with_retry(flaky, url="s3://b/k", policy=RetryPolicy(initial_delay=30), stop=stop)
+    assert len(calls) == 1
