@@ -339,15 +339,17 @@ def test_index_into_a_cache_that_cannot_be_written_is_an_error_not_a_success(
 
 
 def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, _private_cache: Path) -> None:
-    """`zephon-torch inspect ... | head` ended in a BrokenPipeError traceback."""
+    """`zephon-torch inspect ... | head` ended in a BrokenPipeError traceback. The preview
+    (about 250 KB) outgrows a pipe's buffer (64 KiB): with 50 KB the command could write it
+    all and exit 0 before `head` closed the pipe."""
     import os
     import subprocess
     import sys
 
-    folder = write_jsonl_shards(tmp_path / "corpus", shards=4, rows=200)
+    folder = write_jsonl_shards(tmp_path / "corpus", shards=4, rows=1000)
     script = (
         f"{sys.executable} -c 'import sys; from zephon_torch.cli import main; sys.exit(main())' "
-        f"inspect {folder} --rows 800 | head -c 10 > /dev/null; echo ${{PIPESTATUS[0]}}"
+        f"inspect {folder} --rows 4000 | head -c 10 > /dev/null; echo ${{PIPESTATUS[0]}}"
     )
     env = {**os.environ, "ZEPHON_TORCH_CACHE": str(_private_cache.parent)}
     done = subprocess.run(
