@@ -16,6 +16,8 @@ import io
 import json
 import math
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -267,6 +269,7 @@ def remembered_layout(index_cache_dir: str, item: CachedObject, format_: str) ->
         elif counted != format_:
             return None
         if not schema:
+            _used(handle.name)
             return int(record["rows"]), (), ()
         if parquet and record["estimate"] != ESTIMATE_VERSION:
             return None
@@ -274,8 +277,15 @@ def remembered_layout(index_cache_dir: str, item: CachedObject, format_: str) ->
         columns = tuple((str(n), str(t), bool(i)) for n, t, i in record["columns"])
         if not (parquet or columns):  # a Vortex record from before columns were kept
             return None
+        _used(handle.name)
         return int(record["rows"]), groups, columns
     return None
+
+
+def _used(record: str) -> None:
+    """Marks a record read now: kept from the tidy (see `_tidy`)."""
+    with contextlib.suppress(OSError):
+        os.utime(record)
 
 
 def remember_layout(
@@ -301,6 +311,43 @@ def remember_layout(
             "estimate": ESTIMATE_VERSION,
         }
         write_text_atomically(_record(index_cache_dir, item), json.dumps(record))
+    _tidy(os.path.join(index_cache_dir, _ROW_COUNTS))
+
+
+_UNUSED_S = 7 * 24 * 3600  # a record unread this long goes (its object rewritten, or gone)
+_TIDY_S = 600.0  # a process tidies a folder of records at most this often
+_TIDIED: dict[str, float] = {}  # folder -> when this process last tidied it
+_TIDYING = threading.Lock()
+
+
+def _tidy(folder: str) -> None:
+    """At most once per `_TIDY_S` per process, as a record is written: removes the records of
+    `folder` that no open has read for `_UNUSED_S`. Each new version of an object gets a
+    record of its own, so a dataset rewritten again and again left one per version for ever
+    (the line indexes of downloads go the same way, see `_line_index._tidy`). A record
+    removed while still of use costs its next open one count (a footer's range read)."""
+    now = time.time()
+    with _TIDYING:
+        last = _TIDIED.get(folder)
+        if last is not None and now - last < _TIDY_S:
+            return
+        _TIDIED[folder] = now
+    unused = now - _UNUSED_S
+    with contextlib.suppress(OSError), os.scandir(folder) as listing:
+        for entry in listing:
+            if entry.name.startswith(".") or not entry.name.endswith(".json"):
+                continue  # a write's temporary (see `write_text_atomically`)
+            with contextlib.suppress(OSError):  # another process's tidy took it first
+                if entry.stat(follow_symlinks=False).st_mtime < unused:
+                    os.unlink(entry.path)
+
+
+# taken by the forking thread over a fork, so that no other thread holds it in the child
+os.register_at_fork(
+    before=_TIDYING.acquire,
+    after_in_parent=_TIDYING.release,
+    after_in_child=_TIDYING.release,
+)
 
 
 def _record(index_cache_dir: str, item: CachedObject) -> str:

@@ -587,6 +587,37 @@ def test_row_counts_of_objects_listed_without_a_version_are_not_remembered(
     assert remembered_layout(index, old, "jsonl") is None
 
 
+def test_remembered_row_counts_unread_for_a_week_go_as_records_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each version of an object gets a record of its own: a dataset rewritten again and again
+    left one per version for ever. A record read is marked used and stays."""
+    from zephon_torch.io import _remote_rows
+    from zephon_torch.io._remote_rows import remember_layout, remembered_layout
+    from zephon_torch.io._shard_cache import CachedObject
+
+    index = str(tmp_path / "index")
+    versions = [CachedObject(url="s3://b/a.jsonl", size=10, version=f'"e{i}"') for i in range(3)]
+    for item in versions:
+        remember_layout(index, item, "jsonl", 5)
+    records = {item: next(Path(index).rglob(f"{item.name}.json")) for item in versions}
+    old = time.time() - 8 * 24 * 3600
+    for record in records.values():
+        os.utime(record, (old, old))
+    assert remembered_layout(index, versions[1], "jsonl") == (5, (), ())  # read: used now
+    user = Path(index) / "remote-rows" / ".a-temporary.tmp"
+    user.write_text("")
+    os.utime(user, (old, old))
+    remember_layout(index, versions[2], "jsonl", 5)  # written again: used now
+    assert all(record.exists() for record in records.values())  # no tidy within _TIDY_S
+    monkeypatch.setattr(_remote_rows, "_TIDIED", {})  # as a process ten minutes on
+    fresh = CachedObject(url="s3://b/a.jsonl", size=10, version='"e3"')
+    remember_layout(index, fresh, "jsonl", 5)
+    left = {path.name for path in Path(index, "remote-rows").iterdir()}
+    assert left == {f"{item.name}.json" for item in (*versions[1:], fresh)} | {user.name}
+    assert remembered_layout(index, versions[0], "jsonl") is None  # counted again, once
+
+
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_a_file_read_with_another_format_before_is_counted_in_the_format_asked(
     tmp_path: Path, where: str
