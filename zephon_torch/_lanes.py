@@ -214,9 +214,11 @@ class LaneRuntime:
                 if node.turn == turn:
                     yield node.next()
 
-    def operator_seconds(self) -> dict[str, tuple[float, int]]:
-        """Per operator: seconds spent and documents out (threads runner; processes keep
-        their own counters)."""
+    def operator_seconds(self) -> dict[str, tuple[float, int]] | None:
+        """Per operator: seconds spent and documents out; None with the processes runner,
+        whose processes keep their own counters (here they read zero)."""
+        if self.runner.kind == "processes":
+            return None
         return {
             name: (self.chain.seconds[name], self.chain.documents[name])
             for name in self.chain.seconds

@@ -86,6 +86,17 @@ def test_stats_agree_with_the_delivered_batches(tokenizer: Any) -> None:
     )
 
 
+def test_operator_figures_of_processes_are_none_not_zeros(tokenizer: Any) -> None:
+    """The processes runner's operators run, and count, in its processes: stats() read their
+    seconds and documents here as 0, as though nothing had been tokenized."""
+    import itertools
+
+    pipeline = small_pipeline(tokenizer, runner="processes", parallelism=1)
+    assert len(list(itertools.islice(pipeline, 4))) == 4
+    stats = pipeline.stats()
+    assert stats["operators"] is None and stats["tokens"] > 0
+
+
 def test_skipped_documents_are_reported(tokenizer: Any) -> None:
     pipeline = (
         small_pipeline(tokenizer, max_length=32)
