@@ -7,7 +7,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -15,14 +15,21 @@ from zephon_torch.errors import ConfigError, StorageError
 from zephon_torch.io._retry import RetryPolicy, abandoned_when, call_with_retry, is_transient
 
 
-def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
-    calls: list[int] = []
+def _failing_twice(calls: list[int]) -> Callable[[], str]:
+    """A call that fails twice as a store in trouble does, then answers "ok"."""
 
     def flaky() -> str:
         calls.append(1)
         if len(calls) < 3:
             raise ConnectionResetError("reset")
         return "ok"
+
+    return flaky
+
+
+def test_transient_errors_are_retried_then_raised_as_storage_errors() -> None:
+    calls: list[int] = []
+    flaky = _failing_twice(calls)
 
     policy = RetryPolicy(attempts=3, initial_delay=0.001)
     assert call_with_retry(flaky, url="s3://b/k", policy=policy) == "ok"
@@ -356,12 +363,7 @@ def test_retries_outside_an_abandoned_scope_are_not_stopped_by_it() -> None:
     abandoned = threading.Event()
     abandoned.set()
     calls: list[int] = []
-
-    def flaky() -> str:
-        calls.append(1)
-        if len(calls) < 3:
-            raise ConnectionResetError("reset")
-        return "ok"
+    flaky = _failing_twice(calls)
 
     policy = RetryPolicy(attempts=5, initial_delay=0.01, timeout=60)
     with abandoned_when(threading.Event()):  # a scope of its own, not set
