@@ -25,7 +25,9 @@ def checked_pack_state(saved: Any, sources: int) -> dict[str, Any]:
     reader state, [tokens, documents] delivered, an active flag and a carried piece (or none);
     counts of skipped documents; the packer's rows of pieces (``check_pieces``)."""
     state = state_dict_of(saved, _PACK_KEYS, "pack")
-    state_list(state["readers"], sources, "pack.readers")
+    for number, reader in enumerate(state_list(state["readers"], sources, "pack.readers")):
+        # a reader's None restarts its source from the stream's start: no release writes it
+        state_dict_of(reader, (), f"pack.readers[{number}]")
     for number, pair in enumerate(state_list(state["delivered"], sources, "pack.delivered")):
         where = f"pack.delivered[{number}]"
         for count in state_list(pair, 2, where):

@@ -169,7 +169,8 @@ class FilteredReader(BaseNode[Document]):
             self.rejected = 0
         else:
             state = state_dict_of(initial_state, ("reader", "filter"), "stateful filter")
-            self.reader.reset(state["reader"])
+            # None would restart the reader at the stream's start: no release writes it
+            self.reader.reset(state_dict_of(state["reader"], (), "stateful filter reader"))
             self._load(copy.deepcopy(state["filter"]))
             self.rejected = state_int(state.get("rejected", 0), "stateful filter rejected")
 
