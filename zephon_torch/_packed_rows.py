@@ -35,6 +35,7 @@ import numpy as np
 from zephon_torch.errors import StateMismatchError
 
 _WHERE = "pack.packer.pieces"
+_LIMIT = 1 << 48  # a saved count's bound (``_state.state_int``)
 
 
 def pack_rows(packer: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +70,8 @@ def unpack_rows(packer: Any) -> Any:
     if type(opened) is not int or not 0 <= opened <= len(rows):
         raise _unreadable(packer, "open: how many of the rows are open, an int")
     total = sum(rows)
+    if total >= _LIMIT:  # a bound zlib takes (an OverflowError past 2**63 bytes)
+        raise _unreadable(packer, f"rows: counts of pieces below 2**48 in all, not {total}")
     try:
         raw = _inflated(encoded, total * 5 * 8)
     except (binascii.Error, zlib.error, ValueError) as error:
@@ -121,7 +124,6 @@ _READER_KEYS = ("pass", "pos", "filtered")
 _SOURCE_COLUMNS = (*_READER_KEYS, "tokens", "documents", "active", "carried")
 _PER_SOURCE = ("readers", "delivered", "active", "carry")
 _READER_SET = frozenset(_READER_KEYS)
-_LIMIT = 1 << 48  # a saved count's bound (``_state.state_int``)
 _MOST_SOURCES = 1 << 16  # packed no further: a packed state inflates to at most about 7 MB
 _MOST_SOURCE_BYTES = (1 + len(_SOURCE_COLUMNS) * _MOST_SOURCES + 5 * _MOST_SOURCES) * 8
 

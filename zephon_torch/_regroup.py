@@ -142,7 +142,14 @@ def _turns_with_data(state: Any) -> list[int]:
     return turns
 
 
+_MOST_TRIED = 1 << 16  # divisors tried: an edited size of 2**61 - 1 took minutes
+
+
 def _divisors(number: int) -> list[int]:
-    """``number``'s divisors, ascending (none for 0), found up to its square root."""
-    low = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    """``number``'s divisors, ascending (none for 0), found up to its square root; of a
+    number past ``_MOST_TRIED ** 2``, those up to ``_MOST_TRIED`` only."""
+    root = math.isqrt(number)
+    low = [d for d in range(1, min(root, _MOST_TRIED) + 1) if number % d == 0]
+    if root > _MOST_TRIED:
+        return low
     return low + [number // d for d in reversed(low) if d * d != number]

@@ -17,7 +17,6 @@ import pytest
 from tests.helpers import as_lists, keys, small_pipeline
 from zephon_torch import Pipeline, StateMismatchError, merge_states
 from zephon_torch.io import Dataset
-from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource
 
 Edit = Callable[[dict[str, Any]], object]
@@ -350,35 +349,3 @@ def test_a_state_of_other_canonical_replicas_is_refused_for_that_alone() -> None
         recipe(4).load_state_dict(saved.state_dict())
     assert set(raised.value.mismatches) == {"canonical_replicas"}
     assert "merge_states" not in str(raised.value)
-
-
-class _KeepAll(StatefulFilter):
-    name = "keep_all"
-
-    def keep(self, tokens: Any, source: str) -> bool:
-        return True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-
-def test_a_stateful_filter_s_reader_set_to_null_is_refused(tokenizer: Any) -> None:
-    """Its None restarted the filtered source's reader at the stream's start, unsaid."""
-
-    def build() -> Pipeline:
-        base = small_pipeline(tokenizer, lanes=1, exhaustion="repeat", prefetch=0)
-        return base.stateful_filter(lambda lane: _KeepAll())
-
-    pipeline = build()
-    batches = iter(pipeline)
-    for _ in range(3):
-        next(batches)
-    state = as_lists(json.loads(json.dumps(pipeline.state_dict())))
-    _lane(state)["pack"]["readers"][0]["reader"] = None
-    resumed = build()
-    with pytest.raises(StateMismatchError, match="lane 0 stateful filter reader"):
-        resumed.load_state_dict(state)
-        next(iter(resumed))

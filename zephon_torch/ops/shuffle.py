@@ -70,6 +70,17 @@ class ShuffleNode(BaseNode[PackedRow]):
             ) from None
         if self.emitted:
             self._fill()
+            # a state is saved mid-block only (between blocks, emitted is 0): a count at or
+            # past the block's rows failed with an IndexError, or re-keyed the next block
+            if self.emitted >= len(self.block):
+                raise StateMismatchError(
+                    {
+                        "shuffle emitted": (
+                            self.emitted,
+                            f"below the rows of the block it counts ({len(self.block)})",
+                        )
+                    }
+                )
 
     def get_state(self) -> dict[str, Any]:
         """The block number, rows emitted from it, and the source state at its start."""
