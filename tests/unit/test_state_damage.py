@@ -78,6 +78,16 @@ def test_a_shuffle_count_past_its_block_is_refused() -> None:
             next(iter(resumed))
 
 
+def test_a_shuffle_block_start_set_to_null_is_refused() -> None:
+    """Its None restarted the lane's packing at the stream's start: data read again, unsaid."""
+    state = _saved_after(_pretokenized(window=4), 3)
+    _lane(state)["pack"]["start"] = None
+    resumed = _pretokenized(window=4)
+    with pytest.raises(StateMismatchError, match="lane 0 shuffle start"):
+        resumed.load_state_dict(state)
+        next(iter(resumed))
+
+
 def test_a_packed_row_count_past_any_bound_is_refused() -> None:
     """zlib raised a bare OverflowError for a count of 2**60 pieces."""
     state = _saved_after(_pretokenized("best_fit"), 3)

@@ -60,7 +60,8 @@ class ShuffleNode(BaseNode[PackedRow]):
         state = state_dict_of(initial_state, ("block", "emitted", "start"), "shuffle")
         self.block_index = state_int(state["block"], "shuffle block")
         self.emitted = state_int(state["emitted"], "shuffle emitted")
-        self.start = state["start"]
+        # None would restart the lane's packing at the stream's start: no release writes it
+        self.start = state_dict_of(state["start"], (), "shuffle start")
         try:
             self.source.reset(self.start)
         except StateMismatchError as error:  # named from the packer's state: it lies under start
