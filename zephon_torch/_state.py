@@ -226,7 +226,7 @@ def check_shape(state: Any) -> None:
         problems["lanes"] = (lanes, "a dict of lane states by lane number")
     else:
         for lane, lane_state in lanes.items():
-            if not (isinstance(lane, str) and lane.isdigit()):
+            if not _lane_key(lane):
                 problems[f"lane {lane!r}"] = (lane, "a lane number as a string, e.g. '0'")
                 continue
             if lane_state is None:
@@ -257,6 +257,13 @@ def check_shape(state: Any) -> None:
         )
     if problems:
         raise StateMismatchError(problems)
+
+
+def _lane_key(key: object) -> bool:
+    """Whether ``key`` is a lane number as a state writes it ("3"). Not "00", nor a zero of
+    another script (digits to ``isdigit`` and ``int``): read as lane 0, where lane "0" was
+    looked up and not found, they gave a refusal saying the state lacked a lane it listed."""
+    return isinstance(key, str) and key.isascii() and key.isdigit() and key == str(int(key))
 
 
 _KEYS_SHOWN = 4  # top-level keys named when something else is loaded as a state

@@ -104,3 +104,13 @@ def test_a_huge_saved_micro_batch_size_is_refused_at_once() -> None:
     state["microbatch_size"] = 2**61 - 1
     with pytest.raises(StateMismatchError, match="microbatch_size"):
         _pretokenized(size=2).load_state_dict(state)
+
+
+@pytest.mark.parametrize("key", ["00", "\u0660", "\uff10"])
+def test_a_lane_number_not_as_written_is_refused_naming_it(key: str) -> None:
+    """``int`` reads "00", an Arabic-Indic and a full-width zero as lane 0, but the lane is
+    looked up as "0": the refusal said the state lacked lane 0 while listing it."""
+    state = _saved_after(_pretokenized(), 2)
+    state["lanes"][key] = state["lanes"].pop("0")
+    with pytest.raises(StateMismatchError, match=f"lane {key!r}"):
+        _pretokenized().load_state_dict(state)
