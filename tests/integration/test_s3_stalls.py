@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,3 +119,39 @@ def test_a_stopped_server_ends_a_download_at_its_deadline(
         assert time.monotonic() - started < 10
     finally:
         os.kill(server.pid, signal.SIGCONT)
+
+
+def test_a_store_that_stops_answering_after_a_download_ends_its_check_in_bounded_time(
+    corpus: tuple[str, Any, Path], tmp_path: Path
+) -> None:
+    """A finished download is checked against its listing (a HEAD, then a listing of the
+    object). A store frozen at that moment held the HEAD for s3fs's own timeouts and retries:
+    over 9 minutes with its defaults on two torchrun ranks, the object's lock held all the
+    while and the other rank waiting on it. Each request is now cut at `rate_window`, and
+    the retries end with a StorageError naming the URL. Here every request after the shard's
+    GET waits until the test ends."""
+    endpoint, _, _ = corpus
+    _open(endpoint, tmp_path, {"min_rate": 0})  # counts the rows, which later opens remember
+    frozen, release = [], threading.Event()
+
+    def freeze_after_the_download(method: str, path: str, headers: dict[str, str]) -> None:
+        if frozen:
+            release.wait(120)
+        elif method == "GET" and path.split("?", maxsplit=1)[0].endswith("part-1.jsonl"):
+            frozen.append(path)  # this GET is forwarded: the download completes
+
+    retry = {"attempts": 3, "initial_delay": 0.01, "timeout": 4, "rate_window": 1}
+    try:
+        with hooked_proxy(endpoint, freeze_after_the_download) as proxy:
+            dataset = _open(proxy, tmp_path, retry, cache="other")  # another node's cache
+            started = time.monotonic()
+            with pytest.raises(StorageError) as caught:
+                dataset.read_rows(1, [0])
+            took = time.monotonic() - started
+            release.set()
+    finally:
+        release.set()
+    assert frozen, "the download was never asked for"
+    assert caught.value.url == "s3://bucket/d/part-1.jsonl"
+    assert "listing" in str(caught.value) and "stalled" in str(caught.value)
+    assert took < 30, took  # each request cut at 1 s: not s3fs's 60 s timeouts, retried

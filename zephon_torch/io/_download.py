@@ -26,7 +26,7 @@ from zephon_torch.io._remote import find_detailed, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full, quietly
 from zephon_torch.io._rows import CHANGED_NOTE
 from zephon_torch.io._shard_cache import CachedObject
-from zephon_torch.io._stall import Pace, get_file
+from zephon_torch.io._stall import Pace, bounded, get_file
 from zephon_torch.io._versions import identity, listed_version
 
 T = TypeVar("T")
@@ -136,7 +136,7 @@ def read_listed(
     except OSError as error:
         if folder is not None and (disk_full(error) or _names_file_in(error, folder)):
             raise  # the local disk's or file's, for the cache to tell (see ShardCache.ensure)
-        present = _present(fs, fs_path)
+        present = _present(fs, fs_path, retry)
         # the folder's only where it is gone: a store that answers "not found" to a read of
         # an object it lists (a gateway serving listings, not downloads) is the store's
         gone_folder = folder is not None and present is not False and not os.path.isdir(folder)
@@ -199,13 +199,15 @@ def check_unchanged(
 
     def relist() -> Mapping[str, Any] | None:
         fs.invalidate_cache(fs_path)
-        found = find_detailed(fs, fs_path)
+        found = find_detailed(fs, fs_path, bound=retry)
         return next((i for n, i in found.items() if n.rstrip("/") == key), None)
 
     fs.invalidate_cache(fs_path)  # not the first listing's answer again
-    try:
-        quick: Mapping[str, Any] = quietly(lambda: fs.info(fs_path))
-    except Exception:  # any doubt (denied, missing, an error): the listing decides
+    try:  # each request cut at `rate_window`: a store that stops answering holds no lock long
+        quick: Mapping[str, Any] = quietly(
+            lambda: bounded(fs, "info", fs_path, retry=retry, what="asking its size")
+        )
+    except Exception:  # any doubt (denied, missing, an error, a stall): the listing decides
         quick = {}
     if quick.get("size") is not None and _same(item, quick):
         return
@@ -238,13 +240,13 @@ def _names_file_in(error: OSError, folder: str) -> bool:
     return isinstance(name, str) and os.path.abspath(name).startswith(folder + os.sep)
 
 
-def _present(fs: Any, fs_path: str) -> bool | None:
+def _present(fs: Any, fs_path: str, retry: RetryPolicy) -> bool | None:
     """Whether the store holds the object now (a FileNotFoundError of a download may be the
     cache folder's, deleted under it, and maybe made again at once by another process sharing
-    it); None where the store does not answer."""
+    it); None where the store does not answer (within `retry`'s `rate_window`)."""
     fs.invalidate_cache(fs_path)
     try:
-        quietly(lambda: fs.info(fs_path))
+        quietly(lambda: bounded(fs, "info", fs_path, retry=retry, what="asking its size"))
     except FileNotFoundError:
         return False
     except Exception:  # any doubt (denied, an error): not known

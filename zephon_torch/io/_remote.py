@@ -22,7 +22,7 @@ from zephon_torch.io._filesystems import open_filesystem
 from zephon_torch.io._index import index_kind, parse_json
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied, quietly
 from zephon_torch.io._shard_cache import CachedObject
-from zephon_torch.io._stall import cat_range
+from zephon_torch.io._stall import bounded, cat_range
 from zephon_torch.io._versions import identity
 from zephon_torch.io.formats import INDEX_FILE, INDEXED_FORMATS, check_format, check_indexed
 
@@ -191,29 +191,41 @@ def _offsets_partners(
     return partners
 
 
-def find_detailed(fs: Any, path: str, *, folder: bool = False) -> dict[str, dict[str, Any]]:
+def find_detailed(
+    fs: Any, path: str, *, folder: bool = False, bound: RetryPolicy | None = None
+) -> dict[str, dict[str, Any]]:
     """`fs.find(path, detail=True)`: each file under `path` (or `path` itself) with its info;
     adlfs lists a file by its name alone, detail or not, so its infos are asked for. Where
     listing is denied and `path` names one object, that object (`one_object`); not for a
-    `folder` (a URL written with a trailing slash, which file systems strip)."""
+    `folder` (a URL written with a trailing slash, which file systems strip). `bound`: each
+    request cut at its `rate_window` (see `_stall.bounded`; a listing of one object)."""
+    ask = partial(_asked, fs, bound)
     try:
-        found = fs.find(path, detail=True)
+        found = ask("find", path, detail=True)
     except Exception as error:
-        alone = one_object(fs, path) if denied(error) and not folder else None
+        alone = one_object(fs, path, bound=bound) if denied(error) and not folder else None
         if alone is None:
             raise
         return alone
     if isinstance(found, list):
-        found = {name: fs.info(name) for name in found}
+        found = {name: ask("info", name) for name in found}
     return dict(found)
 
 
-def one_object(fs: Any, path: str) -> dict[str, dict[str, Any]] | None:
+def _asked(fs: Any, bound: RetryPolicy | None, method: str, *args: Any, **kwargs: Any) -> Any:
+    if bound is None:
+        return getattr(fs, method)(*args, **kwargs)
+    return bounded(fs, method, *args, retry=bound, what="listing", **kwargs)
+
+
+def one_object(
+    fs: Any, path: str, *, bound: RetryPolicy | None = None
+) -> dict[str, dict[str, Any]] | None:
     """`path` with its info where it names one object, else None: asked when listing was
     denied, as a user may hold the right to read objects but not to list (S3's GetObject
     without ListBucket)."""
     try:
-        info = fs.info(path)
+        info = _asked(fs, bound, "info", path)
     except Exception:  # denied too, or missing: the listing's denial is the answer
         return None
     return {path: info} if info.get("type") == "file" else None
@@ -227,7 +239,10 @@ def sized(
     if info.get("size") is not None:
         return info
     found: Mapping[str, Any] = call_with_retry(
-        lambda: fs.info(path), url=url, policy=retry, what="listing"
+        lambda: bounded(fs, "info", path, retry=retry, what="listing"),
+        url=url,
+        policy=retry,
+        what="listing",
     )
     if found.get("size") is None:
         raise ConfigError(f"{url!r} has no known size (the server sent no Content-Length)")

@@ -191,6 +191,21 @@ def cat_range(
     return data
 
 
+def bounded(fs: Any, method: str, *args: Any, retry: RetryPolicy, what: str, **kwargs: Any) -> Any:
+    """`fs.<method>(*args, **kwargs)` (`info`, `find`: a question, not a transfer), cut short
+    as `Stalled` on an async file system once it has taken `retry`'s `rate_window`. A store
+    that stopped answering held the HEAD that checks a finished download against its
+    listing for the client's own timeouts and retries (over 9 minutes with s3fs's defaults,
+    its object's lock held all the while, every rank waiting on it); a listing of the whole
+    dataset at an open is not bounded so (it may be long)."""
+    pace = Pace(retry.min_rate, retry.rate_window, 0, what=what)
+    loop = _running_loop(fs) if pace.on else None
+    coroutine = getattr(fs, f"_{method}", None)
+    if loop is None or coroutine is None:
+        return getattr(fs, method)(*args, **kwargs)
+    return _watched(loop, coroutine(*args, **kwargs), pace, None)
+
+
 def _running_loop(fs: Any) -> asyncio.AbstractEventLoop | None:
     """The event loop that runs `fs`'s transfers, where it is async and its loop runs."""
     loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
