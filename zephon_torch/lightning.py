@@ -106,9 +106,8 @@ class PipelineDataModule(L.LightningDataModule):
         )
         if self._pending is not None:
             _load(self._loader, self._pending)
-            aligned = self._restored and _at_step_end(self.pipeline, self._pending)
-            if aligned and self.trainer is not None:
-                _align_accumulation(self.trainer)
+            if self._restored and self.trainer is not None:
+                _align_accumulation(self.trainer, self.pipeline, self._pending)
             self._pending = None
         self._restored = False
         return self._loader
@@ -191,13 +190,9 @@ def _rank_turns(pipeline: Pipeline, state: dict[str, Any]) -> set[int]:
     return set(rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or ())
 
 
-def _at_step_end(pipeline: Pipeline, state: dict[str, Any]) -> bool:
-    return len(_rank_turns(pipeline, state)) <= 1
-
-
-def _align_accumulation(trainer: L.Trainer) -> None:
+def _align_accumulation(trainer: L.Trainer, pipeline: Pipeline, state: dict[str, Any]) -> None:
     """Align Lightning's count of this epoch's batches with the optimizer steps it restored,
-    for a checkpoint taken at a step end on another world size.
+    for a checkpoint resumed on another world size.
 
     Lightning steps the optimizer when its per-rank batch count is a multiple of
     ``accumulate_grad_batches``, and restores that count from the checkpoint: saved on W
@@ -205,13 +200,23 @@ def _align_accumulation(trainer: L.Trainer) -> None:
     out of line with the steps unless W' divides W. The data resumed exactly, but every
     later optimizer step then straddled two global batches. The count becomes s x L/W'
     (the same for the counts Lightning keeps beside it), the one a run on W' would have.
+    A state saved mid-step (on W ranks, or on W' after a resume: Lightning's
+    ``every_n_train_steps`` saves again at the first micro-batch of the resumed step) adds
+    the micro-batches of the begun step this rank has done, where one optimizer step is one
+    global step (``accumulate_grad_batches`` L/W', s the lanes' completed turns): its count
+    of s x L/W + b on W=2 resumed on one process stepped after 1 micro-batch of the 2 left.
     """
     if not trainer.lightning_module.automatic_optimization:
         return  # the user's training step decides when to step
     loop = trainer.fit_loop.epoch_loop
     steps = loop.automatic_optimization.optim_progress.optimizer.step.current.completed
+    turns = rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or []
+    begun = sum(turn > min(turns) for turn in turns) if turns else 0
+    one_step = trainer.accumulate_grad_batches == len(turns) and steps == min(turns)
+    if begun and not one_step:  # mid-step: only where an optimizer step is one global step
+        return
     progress = loop.batch_progress
-    shift = steps * trainer.accumulate_grad_batches - progress.current.ready
+    shift = steps * trainer.accumulate_grad_batches + begun - progress.current.ready
     if not shift:
         return
     progress.increment_by(shift)  # ready, started, processed and completed; total too

@@ -398,6 +398,28 @@ def test_a_step_end_checkpoint_resumes_on_fewer_devices_with_the_same_optimizer_
     assert resumed == {step: reference[step] for step in (3, 4, 5)}
 
 
+def test_a_checkpoint_saved_again_mid_step_after_a_resume_resumes_in_step_on_one_device(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """After a resume with accumulate_grad_batches > 1, Lightning's every_n_train_steps saves
+    the resumed step's checkpoint again after its first micro-batch, mid-step (the same file
+    name in the same folder). Resumed on one process, Lightning stepped after 1 of the 2
+    micro-batches left in the step, and every later optimizer step straddled two global
+    batches, though the data came in order."""
+    tokenizer_path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(tokenizer_path))
+    reference = _lightning_run(1, tmp_path / "w1", tokenizer_path)
+    _lightning_run(2, tmp_path / "w2", tokenizer_path)
+    step_end = str(tmp_path / "w2" / "epoch=0-step=3.ckpt")
+    again = _lightning_run(2, tmp_path / "again", tokenizer_path, "--ckpt", step_end)
+    assert again == {step: reference[step] for step in (3, 4, 5)}
+    mid_step = tmp_path / "again" / "epoch=0-step=3.ckpt"
+    lanes = torch.load(mid_step, weights_only=False)["PipelineDataModule"]["zephon"]["lanes"]
+    assert [lanes[str(lane)]["turn"] for lane in range(4)] == [4, 3, 4, 3]  # lanes 0, 2 done
+    resumed = _lightning_run(1, tmp_path / "mid", tokenizer_path, "--ckpt", str(mid_step))
+    assert resumed == {3: reference[3][1::2], 4: reference[4], 5: reference[5]}
+
+
 class _Counting(TinyLM):
     def __init__(self) -> None:
         super().__init__()
