@@ -65,9 +65,10 @@ class PipelineDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.multiprocessing_context = multiprocessing_context
-        self._loader: DataLoader | None = None
+        self._loader: _Loader | None = None
         self._pending: dict[str, Any] | None = None
         self._restored = False  # a checkpoint's state came: Lightning's counter to align
+        self._iterated = False  # the first pass checks that a resumed fit has its position
         if val_pipeline is not None:  # Lightning validates where a data module has one
             self.val_dataloader = self._val_dataloader  # type: ignore[method-assign]
 
@@ -135,7 +136,8 @@ class PipelineDataModule(L.LightningDataModule):
         world size only (``accumulate_grad_batches`` of L/W keeps checkpoints at step ends)."""
         if self._loader is not None:
             state = self._loader.state_dict()
-            _warn_if_mid_step(self.pipeline, state)
+            accumulate = getattr(self.trainer, "accumulate_grad_batches", 1)
+            _warn_if_mid_step(self.pipeline, state, accumulate)
             return {"zephon": state}
         return {"zephon": self._pending}
 
@@ -160,8 +162,29 @@ class _Loader(DataLoader):
     def __init__(self, module: PipelineDataModule, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._module = module
+        self.loaded = False  # a state came: the module's, or Lightning's own restore
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Also Lightning's own restore: its fit loop keeps the loader's state it saved and
+        loads it after the module has (not warned of again where the module loaded it)."""
+        again = self.loaded
+        self.loaded = True
+        with warnings.catch_warnings():
+            if again:
+                warnings.filterwarnings("ignore", MID_STEP)
+            super().load_state_dict(state)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        trainer = self._module.trainer
+        if not self._module._iterated and trainer is not None:
+            self._module._iterated = True
+            if trainer.global_step and not self.loaded:
+                warn(
+                    f"the fit resumes at global step {trainer.global_step} from a checkpoint "
+                    f"that holds no data position (no `{type(self._module).__qualname__}` "
+                    "entry: saved before this data module was used, or by a class of another "
+                    "name): the data starts at its beginning, repeating what the run trained on"
+                )
         given = 0
         for item in super().__iter__():
             given += 1
@@ -176,7 +199,7 @@ class _Loader(DataLoader):
             trainer.should_stop = True
 
 
-def _load(loader: DataLoader, state: dict[str, Any]) -> None:
+def _load(loader: _Loader, state: dict[str, Any]) -> None:
     """Load without the loader's warning of a state saved mid-step: Lightning restores its
     own count of the step's micro-batches with it (and ``state_dict`` warned at the save)."""
     with warnings.catch_warnings():
@@ -222,15 +245,26 @@ def _align_accumulation(trainer: L.Trainer, pipeline: Pipeline, state: dict[str,
     progress.increment_by(shift)  # ready, started, processed and completed; total too
 
 
-def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any]) -> None:
+def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any], accumulate: int) -> None:
     world_size = pipeline.topology[0]
     if world_size == 1:
         return
     turns = _rank_turns(pipeline, state)
-    if len(turns) > 1:
-        warn(
-            f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "
-            f"it resumes on {world_size} ranks or on one only. Checkpoint at step ends "
-            f"(accumulate_grad_batches={len(pipeline.lanes)} or a multiple of it: the lanes of "
-            "a rank, canonical_replicas / world size) to resume on any world size",
+    if len(turns) <= 1:
+        return
+    said = f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "
+    said += f"it resumes on {world_size} ranks or on one only. "
+    lanes = len(pipeline.lanes)
+    if accumulate % lanes == 0:  # at step ends but for Lightning's save at a resume
+        said += (
+            "ModelCheckpoint(every_n_train_steps=...) saves again after the first micro-batch "
+            "of a resumed fit (accumulate_grad_batches > 1), under the name of the step-end "
+            "checkpoint it resumed from: keep that one (another dirpath for the resumed fit) "
+            "to resume on any world size"
         )
+    else:
+        said += (
+            f"Checkpoint at step ends (accumulate_grad_batches={lanes} or a multiple of it: the "
+            "lanes of a rank, canonical_replicas / world size) to resume on any world size"
+        )
+    warn(said)

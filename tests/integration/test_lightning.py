@@ -7,6 +7,7 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -82,6 +83,30 @@ def test_resume_from_a_mid_epoch_checkpoint_file_sees_the_batches_of_an_uninterr
     (checkpoint,) = (tmp_path / "full").glob("*step=4.ckpt")
     resumed = fit(tokenizer, tmp_path / "resumed", max_steps=10, ckpt_path=str(checkpoint)).seen
     assert resumed == full[4:]
+
+
+def test_a_resume_from_a_checkpoint_without_a_data_position_is_warned_of(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """A checkpoint saved before the data module was used (its entries taken out here) holds
+    no data position: Lightning skipped the module's load, and the resumed fit trained the
+    first batches again without a word. The same loader's later epochs are not warned of."""
+    from zephon_torch import ZephonWarning
+
+    full = fit(tokenizer, tmp_path / "full", max_steps=6).seen
+    (checkpoint,) = (tmp_path / "full").glob("*step=4.ckpt")
+    saved = torch.load(checkpoint, weights_only=False)
+    del saved["PipelineDataModule"], saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    torch.save(saved, tmp_path / "bare.ckpt")
+    said = r"resumes at global step 4 from a checkpoint that holds no data position"
+    with pytest.warns(ZephonWarning, match=said):
+        assert fit(tokenizer, tmp_path / "bare", 6, str(tmp_path / "bare.ckpt")).seen == full[:2]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "the fit resumes")
+        assert fit(tokenizer, tmp_path / "resumed", 6, str(checkpoint)).seen == full[4:]
+        data = PipelineDataModule(small_pipeline(tokenizer, lanes=2, exhaustion="repeat"))
+        epochs = trainer(tmp_path / "epochs", 1000, max_epochs=3, limit_train_batches=2)
+        epochs.fit(TinyLM(), datamodule=data)
 
 
 def test_a_checkpoint_before_every_lane_was_used_resumes_exactly(
@@ -312,6 +337,12 @@ def test_a_checkpoint_taken_mid_step_on_several_ranks_is_warned_of(tokenizer: An
     module.on_before_batch_transfer(next(batches), 0)  # lane 0 of the rank's lanes 0 and 1
     with pytest.warns(UserWarning, match=r"mid-step .*accumulate_grad_batches=2"):
         module.state_dict()
+    # accumulating a step already: Lightning's save after a resume's first micro-batch; the
+    # advice to set accumulate_grad_batches=2 told such a fit to do what it did
+    module.trainer = SimpleNamespace(accumulate_grad_batches=2)  # type: ignore[assignment]
+    with pytest.warns(UserWarning, match=r"mid-step .*saves again after the first micro-batch"):
+        module.state_dict()
+    module.trainer = None
     module.on_before_batch_transfer(next(batches), 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
