@@ -166,13 +166,19 @@ class _Loader(DataLoader):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Also Lightning's own restore: its fit loop keeps the loader's state it saved and
-        loads it after the module has (not warned of again where the module loaded it)."""
+        loads it after the module has (not warned of again where the module loaded it), or
+        alone where the checkpoint has no entry of this module's class name."""
         again = self.loaded
         self.loaded = True
         with warnings.catch_warnings():
             if again:
                 warnings.filterwarnings("ignore", MID_STEP)
             super().load_state_dict(state)
+        trainer = self._module.trainer
+        if not again and trainer is not None and trainer.fit_loop.restarting:
+            # Lightning's restore alone: the module's entry is missing (a class of another
+            # name saved it), so its counts are aligned here
+            _align_accumulation(trainer, self._module.pipeline, state)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         trainer = self._module.trainer

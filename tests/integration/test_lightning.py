@@ -463,6 +463,26 @@ def test_a_checkpoint_saved_again_mid_step_after_a_resume_resumes_in_step_on_one
     assert resumed == {3: reference[3][1::2], 4: reference[4], 5: reference[5]}
 
 
+def test_a_checkpoint_of_a_data_module_of_another_name_resumes_on_fewer_devices_in_step(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Lightning keeps a data module's state under its class name and loads the loader's state
+    it keeps beside it: a module saved under another name (a subclass renamed) resumed from
+    that alone, where the batch count was not aligned, and on one process every optimizer
+    step straddled two global batches."""
+    tokenizer_path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(tokenizer_path))
+    reference = _lightning_run(1, tmp_path / "w1", tokenizer_path)
+    _lightning_run(2, tmp_path / "w2", tokenizer_path)
+    saved = torch.load(tmp_path / "w2" / "epoch=0-step=3.ckpt", weights_only=False)
+    saved["MyDataModule"] = saved.pop("PipelineDataModule")
+    torch.save(saved, tmp_path / "renamed.ckpt")
+    resumed = _lightning_run(
+        1, tmp_path / "w1b", tokenizer_path, "--ckpt", str(tmp_path / "renamed.ckpt")
+    )
+    assert resumed == {step: reference[step] for step in (3, 4, 5)}
+
+
 class _Counting(TinyLM):
     def __init__(self) -> None:
         super().__init__()
