@@ -555,3 +555,19 @@ def test_a_warning_during_fit_points_at_the_fit_line(tokenizer: Any, tmp_path: P
         trainer(tmp_path, 1000, max_steps=1000).fit(TinyLM(), datamodule=data)
     said = [w for w in caught if "ran out" in str(w.message)]
     assert said and {(w.filename, w.lineno) for w in said} == {(__file__, line)}
+
+
+def test_lanes_asked_for_before_a_lightning_ddp_fit_say_why_they_cannot_be_told(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's DDP launcher sets WORLD_SIZE and LOCAL_RANK, not RANK, in the processes it
+    starts: `len(pipeline.lanes)` before the fit (for accumulate_grad_batches) was refused as
+    an environment that 'sets only one of WORLD_SIZE and RANK', which no user line set."""
+    from zephon_torch import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("RANK", raising=False)
+    said = r"set both or neither \(a launcher such as Lightning's DDP .* // devices\)$"
+    with pytest.raises(ConfigError, match=said):
+        _ = small_pipeline(tokenizer, lanes=4).lanes

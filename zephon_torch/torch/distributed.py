@@ -55,9 +55,16 @@ def resolve_topology(*, world_size: int | None, rank: int | None) -> tuple[int, 
     else:
         env = (_env_int("WORLD_SIZE"), _env_int("RANK"))
         if (env[0] is None) != (env[1] is None):
+            launcher = (  # Lightning's DDP sets them so in the processes it starts
+                " (a launcher such as Lightning's DDP sets WORLD_SIZE and LOCAL_RANK before its "
+                "process group exists: ask for the pipeline's lanes in the fit; "
+                "accumulate_grad_batches for a global step is canonical_replicas // devices)"
+                if env[1] is None and "LOCAL_RANK" in os.environ
+                else ""
+            )
             raise ConfigError(
                 f"environment sets only one of WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} and "
-                f"RANK={os.environ.get('RANK')!r}; set both or neither"
+                f"RANK={os.environ.get('RANK')!r}; set both or neither{launcher}"
             )
         if env[0] is None or env[1] is None:
             return _from_options(world_size, rank)
