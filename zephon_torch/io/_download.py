@@ -13,8 +13,10 @@ cleaner) stays the `FileNotFoundError` the cache retries once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -199,11 +201,12 @@ def check_unchanged(
 
     def relist() -> Mapping[str, Any] | None:
         fs.invalidate_cache(fs_path)
-        found = find_detailed(fs, fs_path, bound=retry)
+        found = find_detailed(fs, fs_path, bound=left)
         return next((i for n, i in found.items() if n.rstrip("/") == key), None)
 
+    began = time.monotonic()
     fs.invalidate_cache(fs_path)  # not the first listing's answer again
-    try:  # each request cut at `rate_window`: a store that stops answering holds no lock long
+    try:  # one `timeout` for the whole check: a store that stops answering holds no lock long
         quick: Mapping[str, Any] = quietly(
             lambda: bounded(fs, "info", fs_path, retry=retry, what="asking its size")
         )
@@ -211,7 +214,9 @@ def check_unchanged(
         quick = {}
     if quick.get("size") is not None and _same(item, quick):
         return
-    info = call_with_retry(relist, url=item.url, policy=retry, what="listing")
+    spent = time.monotonic() - began
+    left = dataclasses.replace(retry, timeout=max(0.0, retry.timeout - spent))
+    info = call_with_retry(relist, url=item.url, policy=left, what="listing")
     if info is None:
         return  # listed under another name: nothing to compare
     info = sized(fs, fs_path, info, url=item.url, retry=retry)

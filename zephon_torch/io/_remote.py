@@ -198,7 +198,7 @@ def find_detailed(
     adlfs lists a file by its name alone, detail or not, so its infos are asked for. Where
     listing is denied and `path` names one object, that object (`one_object`); not for a
     `folder` (a URL written with a trailing slash, which file systems strip). `bound`: each
-    request cut at its `rate_window` (see `_stall.bounded`; a listing of one object)."""
+    request cut at its `timeout` (see `_stall.bounded`; a listing of one object)."""
     ask = partial(_asked, fs, bound)
     try:
         found = ask("find", path, detail=True)

@@ -193,17 +193,39 @@ def cat_range(
 
 def bounded(fs: Any, method: str, *args: Any, retry: RetryPolicy, what: str, **kwargs: Any) -> Any:
     """`fs.<method>(*args, **kwargs)` (`info`, `find`: a question, not a transfer), cut short
-    as `Stalled` on an async file system once it has taken `retry`'s `rate_window`. A store
-    that stopped answering held the HEAD that checks a finished download against its
-    listing for the client's own timeouts and retries (over 9 minutes with s3fs's defaults,
-    its object's lock held all the while, every rank waiting on it); a listing of the whole
+    as `Stalled` on an async file system once it has taken `retry`'s `timeout` (at least
+    `_LEAST_S`): no single question outlasts what its retries may take. A store that stopped
+    answering held the HEAD that checks a finished download against its listing for the
+    client's own timeouts and retries (over 9 minutes with s3fs's defaults, its object's
+    lock held all the while, every rank waiting on it). Not `rate_window`: a request waiting
+    for a pooled connection, held by another download, is no stall. A listing of the whole
     dataset at an open is not bounded so (it may be long)."""
-    pace = Pace(retry.min_rate, retry.rate_window, 0, what=what)
-    loop = _running_loop(fs) if pace.on else None
+    loop = _running_loop(fs)
     coroutine = getattr(fs, f"_{method}", None)
     if loop is None or coroutine is None:
         return getattr(fs, method)(*args, **kwargs)
-    return _watched(loop, coroutine(*args, **kwargs), pace, None)
+    deadline = _Deadline(max(retry.timeout, _LEAST_S), what)
+    return _watched(loop, coroutine(*args, **kwargs), deadline, None)
+
+
+_LEAST_S = 1.0  # the shortest a question is given (a policy's `timeout` nearly spent)
+
+
+class _Deadline(Pace):
+    """A question's time (see `bounded`): no rate is judged, only the time."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        super().__init__(0.0, seconds, 0, what)
+        self.deadline = self.began + seconds
+
+    def overdue(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def raise_overdue(self, received: int | None) -> None:
+        raise Stalled(
+            f"{self.what} stalled: no answer in {time.monotonic() - self.began:.1f} s, the "
+            f"{self.deadline - self.began:.1f} s the retry policy's `timeout` gives a request"
+        )
 
 
 def _running_loop(fs: Any) -> asyncio.AbstractEventLoop | None:
