@@ -489,8 +489,9 @@ def test_a_document_of_an_open_row_changed_since_the_state_was_saved_is_a_data_e
     write(length)
     resumed = build()
     resumed.load_state_dict(state)
-    with pytest.raises(DataError, match=r"cannot resume here: a row the state holds \(open"):
+    with pytest.raises(DataError, match=r"cannot resume here: a row the state holds \(open") as e:
         next(iter(resumed))
+    assert "or the state was edited" in str(e.value)  # a pointer edited by hand reads so too
     write(3)  # as saved again: resumes
     resumed = build()
     resumed.load_state_dict(state)

@@ -197,7 +197,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
             paths = self.shard_paths
             raise DataError(
                 f"cannot resume here: {error}. The data, or a map, filter or tokenizer, changed "
-                "since the state was saved (or a map is not pure)",
+                "since the state was saved (or a map is not pure, or the state was edited)",
                 dataset=self.readers[doc.source].layout.name,
                 shard=None if paths is None else paths[doc.source][doc.shard],
                 row=doc.row,
