@@ -134,7 +134,7 @@ class CacheFolder:
         `max_bytes`, then records a reservation for the file `name` and returns its marker
         file (see `release`); None when shards in use hold the space. `made`: the caller's own
         temporary file for `name`, already written (any other is a dead holder's)."""
-        with flock(self._lock, fcntl.LOCK_EX):
+        with self._folder_locked():
             if not self._evict_for(size, (name, made), max_bytes):
                 return None
             marker = os.path.join(
@@ -148,14 +148,14 @@ class CacheFolder:
         """Drops a reservation `reserve` recorded; `placed`: the file it was for is (or may
         be) in the folder now, and its size goes into the ledger. The folder (and its lock
         file) may be gone, with nothing left to undo then."""
-        with contextlib.suppress(OSError), flock(self._lock, fcntl.LOCK_EX):
+        with contextlib.suppress(OSError), self._folder_locked():
             if placed:  # before the marker goes: a crash in between counts it twice, not never
                 add_to_ledger(self.directory, _marker_size(marker))
             os.unlink(marker)
 
     def evict_to_free(self, size: int) -> None:
         """Evicts LRU unpinned shards until `size` bytes are free on the disk."""
-        with flock(self._lock, fcntl.LOCK_EX):
+        with self._folder_locked():
             entries = self.entries()
             total = sum(entry_size for _, entry_size, _ in entries)
             for path, entry_size, _ in sorted(entries, key=lambda entry: entry[2]):
@@ -173,6 +173,16 @@ class CacheFolder:
     @property
     def _lock(self) -> str:
         return os.path.join(self.directory, _FOLDER_LOCK)
+
+    def _folder_locked(self) -> contextlib.AbstractContextManager[None]:
+        """The folder's lock, held over its bookkeeping (moments), with a warning where the
+        wait for it lasts `STALL_S`."""
+        said = (
+            f"waiting {STALL_S:.0f} s for the lock of the shard cache {self.directory!r}: "
+            "another process holds it, and holds it for moments only when it runs. It may be "
+            "stopped (SIGSTOP, `docker pause`) or stuck in I/O; the wait goes on while it is"
+        )
+        return flock(self._lock, fcntl.LOCK_EX, slow=lambda: warn(said), after=STALL_S)
 
     def name_lock(self, name: str) -> str:
         return os.path.join(self.directory, _LOCKS, f"{name}.lock")

@@ -14,7 +14,7 @@ import fcntl
 import glob
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _HELD: set[int] = set()  # descriptors to flock this process opened and has not closed
 _OPENING = threading.Lock()  # held while a descriptor enters or leaves _HELD, and over a fork
@@ -74,13 +74,36 @@ def release_file(path: str, fd: int) -> None:
 
 
 @contextlib.contextmanager
-def flock(path: str, mode: int) -> Iterator[None]:
+def flock(
+    path: str, mode: int, *, slow: Callable[[], None] | None = None, after: float = 60.0
+) -> Iterator[None]:
+    """Holds a flock of `mode` on the lock file `path`. `slow`: called (on a timer's thread)
+    where the wait for it lasts `after` seconds: a holder stopped (SIGSTOP, `docker pause`)
+    or stuck in I/O holds it for as long, and the wait would be silent."""
     fd = _open_lock(path)
     try:
-        fcntl.flock(fd, mode)
+        _take(fd, mode, slow, after)
         yield
     finally:
         close_tracked(fd)
+
+
+def _take(fd: int, mode: int, slow: Callable[[], None] | None, after: float) -> None:
+    if slow is not None:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:  # held: the wait is watched
+            pass
+    timer = None if slow is None else threading.Timer(after, slow)
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        fcntl.flock(fd, mode)
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _drop_inherited_locks() -> None:

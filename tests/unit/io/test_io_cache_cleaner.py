@@ -206,3 +206,34 @@ def test_a_folder_deleted_as_it_is_made_is_made_again(
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     with pytest.raises(CacheFolderError, match=r"cannot be written"):
         folder.make()
+
+
+def test_a_long_wait_for_the_folder_lock_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder's lock is held for moments; a holder stopped (SIGSTOP) or stuck in I/O held
+    every other process's reservation without a word (a review's doubt). Here another open of
+    the lock file holds it, as another process would."""
+    import fcntl
+    import threading
+    import warnings
+
+    from zephon_torch.errors import ZephonWarning
+    from zephon_torch.io import _cache_folder
+
+    monkeypatch.setattr(_cache_folder, "STALL_S", 0.3)
+    folder = CacheFolder(str(tmp_path / "cache"))
+    folder.make()
+    holder = os.open(folder._lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    released = threading.Timer(1.0, lambda: os.close(holder))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        released.start()
+        folder.evict_to_free(0)  # waits for the lock, then does its moment's work
+    said = [str(w.message) for w in caught if issubclass(w.category, ZephonWarning)]
+    assert len(said) == 1 and "waiting 0 s for the lock of the shard cache" in said[0]
+    with warnings.catch_warnings(record=True) as caught:  # not held: no wait, no warning
+        warnings.simplefilter("always")
+        folder.evict_to_free(0)
+    assert not [w for w in caught if issubclass(w.category, ZephonWarning)]
