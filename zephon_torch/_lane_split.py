@@ -19,18 +19,25 @@ def supported_world_sizes(*, canonical_replicas: int) -> list[int]:
     return [w for w in range(1, canonical_replicas + 1) if canonical_replicas % w == 0]
 
 
+_REPLICAS_HINT = (
+    " (set by `options(canonical_replicas=...)`, default 1: the largest number of ranks the "
+    "run may ever use, chosen before its first step, as it is part of the recipe)"
+)
+
+
 def check_topology(
     *,
     canonical_replicas: int,
     world_size: int,
     rank: int,
     total_name: str = "`canonical_replicas`",
+    total_hint: str = _REPLICAS_HINT,
     world_name: str = "`world_size`",
     rank_name: str = "`rank`",
 ) -> None:
     """Raise ``ConfigError`` unless all three are ints, ``world_size`` divides
-    ``canonical_replicas`` (or the total named ``total_name``, e.g. a global batch size) and
-    the rank fits."""
+    ``canonical_replicas`` (or the total named ``total_name``, e.g. a global batch size, with
+    ``total_hint`` saying where it is set) and the rank fits."""
     canonical_replicas = integer_setting(canonical_replicas, total_name)
     world_size = integer_setting(world_size, world_name)
     rank = integer_setting(rank, rank_name)
@@ -40,16 +47,9 @@ def check_topology(
         raise ConfigError(f"{world_name} must be positive, got {world_size}")
     if canonical_replicas % world_size:
         supported = supported_world_sizes(canonical_replicas=canonical_replicas)
-        how = ""
-        if total_name == "`canonical_replicas`":
-            how = (
-                " (set by `options(canonical_replicas=...)`, default 1: the largest number of "
-                "ranks the run may ever use, chosen before its first step, as it is part of "
-                "the recipe)"
-            )
         raise ConfigError(
             f"{world_name} {world_size} does not divide {total_name} "
-            f"{canonical_replicas}; supported world sizes: {supported}{how}"
+            f"{canonical_replicas}; supported world sizes: {supported}{total_hint}"
         )
     if not 0 <= rank < world_size:
         raise ConfigError(f"{rank_name} must be in [0, {world_size}), got {rank}")

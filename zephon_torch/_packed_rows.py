@@ -72,11 +72,12 @@ def unpack_rows(packer: Any) -> Any:
     total = sum(rows)
     if total >= _LIMIT:  # a bound zlib takes (an OverflowError past 2**63 bytes)
         raise _unreadable(packer, f"rows: counts of pieces below 2**48 in all, not {total}")
+    size = total * 5 * 8  # five int64 a piece
     try:
-        raw = _inflated(encoded, total * 5 * 8)
+        raw = _inflated(encoded, size)
     except (binascii.Error, zlib.error, ValueError) as error:
         raise _unreadable(packer, f"zlib in base64 ({error})") from None
-    if len(raw) != total * 5 * 8:
+    if len(raw) != size:
         raise _unreadable(packer, f"{total} pieces of 5 int64, not {len(raw)} bytes")
     columns = np.frombuffer(raw, dtype=np.int64).reshape(5, total).copy()
     columns[2] = np.cumsum(columns[2])

@@ -132,6 +132,7 @@ def _check_split(
         world_size=world_size,
         rank=rank,
         total_name="`global_batch_size`",
+        total_hint="",
         world_name=world_name,
         rank_name=rank_name,
     )

@@ -89,21 +89,21 @@ def flock(
 
 
 def _take(fd: int, mode: int, slow: Callable[[], None] | None, after: float) -> None:
-    if slow is not None:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:  # held: the wait is watched
-            pass
-    timer = None if slow is None else threading.Timer(after, slow)
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
+    if slow is None:
+        fcntl.flock(fd, mode)
+        return
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:  # held: the wait is watched
+        pass
+    timer = threading.Timer(after, slow)
+    timer.daemon = True
+    timer.start()
     try:
         fcntl.flock(fd, mode)
     finally:
-        if timer is not None:
-            timer.cancel()
+        timer.cancel()
 
 
 def _drop_inherited_locks() -> None:
