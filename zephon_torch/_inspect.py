@@ -29,6 +29,7 @@ from zephon_torch.io._rows import name_line
 ERROR_EXIT = 2
 _MAX_CHARS = 200
 _MAX_ITEMS = 8
+_MAX_DEPTH = 4  # lists nested deeper show as `list[...]`: JSON may nest hundreds of levels
 _SHARDS_LISTED = 10
 _INDEXED = "jsonl"
 _WRITABLE = "pass a writable --index-cache-dir"
@@ -347,8 +348,9 @@ def field_types(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     return {name: " | ".join(seen) for name, seen in kinds.items()}
 
 
-def type_name(value: object) -> str:
-    """A short type guess: `int`, `str`, `list[int]`, `ndarray[int32, 1-D]`, `dict`, ..."""
+def type_name(value: object, depth: int = 0) -> str:
+    """A short type guess: `int`, `str`, `list[int]`, `ndarray[int32, 1-D]`, `dict`, ...; lists
+    nested deeper than `_MAX_DEPTH` read `list[...]` (no recursion as deep as the value)."""
     if value is None:
         return "null"
     if isinstance(value, np.ndarray):
@@ -356,7 +358,9 @@ def type_name(value: object) -> str:
     if isinstance(value, np.generic):
         return str(value.dtype)
     if isinstance(value, list | tuple):
-        inner = sorted({type_name(item) for item in value[:_MAX_ITEMS]})
+        if depth == _MAX_DEPTH and value:
+            return "list[...]"
+        inner = sorted({type_name(item, depth + 1) for item in value[:_MAX_ITEMS]})
         return f"list[{' | '.join(inner)}]" if inner else "list"
     return type(value).__name__
 

@@ -106,6 +106,22 @@ def test_arrays_are_previewed_as_dtype_shape_and_first_values() -> None:
     assert _inspect.type_name(np.zeros((2, 3), dtype=np.uint16)) == "ndarray[uint16, 2-D]"
 
 
+def test_a_field_nested_hundreds_of_lists_deep_is_inspected_and_validated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Valid JSON nests deeper than the type names could recurse (two frames a level): the
+    field's type is cut at a few levels, and the rows are read and checked, not a traceback."""
+    folder = tmp_path / "trees"
+    folder.mkdir()
+    deep = "[" * 600 + "1" + "]" * 600
+    rows = [f'{{"text": "a parse tree", "tree": {deep}}}', '{"text": "flat", "tree": [1]}']
+    (folder / "part-000.jsonl").write_text("\n".join(rows) + "\n")
+    assert main(["inspect", str(folder), "--validate", "--text-field", "text"]) == 0
+    out = capsys.readouterr().out
+    assert "  tree: list[list[list[list[list[...]]]]] | list[int]" in out
+    assert "validate: no bad row: read 2 rows" in out
+
+
 class _CountingScan:
     def __init__(self) -> None:
         self.calls = 0
