@@ -58,8 +58,9 @@ def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
     if held is not None and held[0] is self._datasets and held[1] == fields:
         return held[2]
     names, token_field = fields
-    read = tuple(dataset.reading(names, token_field) for dataset in self._datasets)
-    if self._options.bad_rows == "skip":  # a shard lacking a field: its rows skipped each
+    skip = self._options.bad_rows == "skip"
+    read = tuple(_reading(dataset, names, token_field, skip) for dataset in self._datasets)
+    if skip:  # a shard lacking a field: its rows skipped each
         from zephon_torch.io._narrowing import NarrowedOrWhole
 
         read = tuple(
@@ -68,6 +69,22 @@ def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
         )
     self._read_datasets = (self._datasets, fields, read)
     return read
+
+
+def _reading(
+    dataset: Dataset, names: tuple[str, ...], token_field: str | None, skip: bool
+) -> Dataset:
+    """``dataset.reading(names, token_field)``; under skip, ``dataset`` itself where the
+    narrowed open already finds a shard lacking a field (an MDS index lists every shard's
+    columns), so that its rows are skipped each, as the recipe read whole skips them."""
+    from zephon_torch.io._projection import ColumnMismatch
+
+    try:
+        return dataset.reading(names, token_field)
+    except ColumnMismatch:
+        if not skip:
+            raise
+        return dataset
 
 
 def fields_read(self: Pipeline) -> Fields | None:

@@ -248,3 +248,42 @@ def test_under_skip_narrowed_reading_gives_the_batches_skips_and_resumes_of_whol
     copy = pickle.loads(pickle.dumps(read))
     assert copy._whole_shards == read._whole_shards
     assert copy.read_rows(bad, [1]) == [{"ids": "y", "n": 1}]
+
+
+def test_under_skip_an_mds_shard_lacking_the_field_has_its_rows_skipped(
+    tmp_path: Path,
+) -> None:
+    """An MDS index lists every shard's columns, so the narrowed open checked them all and a
+    shard lacking the field read (an index merged from two writes) ended a skipping run at its
+    start, as no row's fault, where a recipe reading rows whole skips that shard's rows: the
+    dataset is then read whole, with the batches and skips of such a recipe."""
+    import warnings
+
+    from tests.helpers import keys
+    from tests.unit.io.test_io_formats_writers import write_mds
+
+    folder = tmp_path / "merged"
+    rows = [{"ids": np.arange(i, 2 * i + 2, dtype=np.int32)} for i in range(6)]
+    write_mds(folder / "a", rows, {"ids": "ndarray:int32"})
+    write_mds(folder / "b", [{"other": "x"}, {"other": "y"}], {"other": "str"})
+    shards = []
+    for part in ("a", "b"):  # as streaming's merge_index writes it
+        for shard in json.loads((folder / part / "index.json").read_text())["shards"]:
+            shard["raw_data"]["basename"] = f"{part}/{shard['raw_data']['basename']}"
+            shards.append(shard)
+    (folder / "index.json").write_text(json.dumps({"version": 2, "shards": shards}))
+
+    def build(whole: bool = False) -> Pipeline:
+        pipeline = _pipeline(Dataset.from_path("d", folder)).options(bad_rows="skip")
+        if whole:
+            pipeline = pipeline.map(dict)
+        return pipeline.pretokenized("ids").pack_flat(8).batch(2)
+
+    narrowed, whole = build(), build(whole=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = keys(narrowed)
+        assert got == keys(whole) and len(got) > 1
+    assert narrowed.stats()["skipped_documents"]["malformed"] == 2
+    with pytest.raises(DataError, match=r"b/shard\.00000\.mds'.*has no column 'ids'"):
+        list(_pipeline(Dataset.from_path("d", folder)).pretokenized("ids").pack_flat(8).batch(2))
