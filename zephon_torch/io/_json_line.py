@@ -43,7 +43,14 @@ def preview(line: bytes) -> str:
 def one_document(line: bytes) -> str:
     """A hint where a line that does not parse is part of a JSON document spread over lines
     (an array, or a pretty-printed object: a bracket alone, or an indented `"key": value`),
-    which is not JSON Lines."""
+    which is not JSON Lines; or where it holds many lines ended by a carriage return alone
+    (old Mac endings), which JSON Lines does not count as line ends."""
+    if b"\r" in line.rstrip(b"\r"):  # a raw CR inside the line: never in a JSON string
+        return (
+            "; the line holds carriage returns (\\r) inside it: were the file's lines ended "
+            "by \\r alone (old Mac endings)? JSON Lines ends each with \\n (\\r\\n reads "
+            "too); convert the file"
+        )
     stripped = line.strip()
     indented = line[:1] in (b" ", b"\t") and stripped[:1] == b'"' and b'":' in stripped
     if stripped in (b"[", b"{", b"]", b"}", b"},", b"}]", b"{}") or indented:

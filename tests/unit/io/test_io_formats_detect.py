@@ -235,3 +235,20 @@ def test_json_files_beside_json_lines_are_warned_of_and_a_json_document_is_named
     for row in (0, 1, 2):
         with pytest.raises(DataError, match=r"looks like one JSON document over many lines"):
             dataset.read_rows(0, [row])
+
+
+def test_a_file_of_lines_ended_by_carriage_returns_alone_is_named(tmp_path: Path) -> None:
+    """A file whose lines end with a carriage return alone (old Mac endings) is one JSON Lines
+    row: its error said "Extra data" and no more (a fuzz of odd files)."""
+    (tmp_path / "mac.jsonl").write_bytes(b'{"text": "a"}\r{"text": "b"}\r{"text": "c"}\r')
+    dataset = Dataset.from_path("mac", tmp_path)
+    assert dataset.num_rows == 1
+    with pytest.raises(DataError, match=r"Extra data.*ended by \\r alone \(old Mac endings\)"):
+        dataset.read_rows(0, [0])
+    # a line that fails for another reason gets no such hint; \r\n endings read as lines
+    (tmp_path / "mac.jsonl").write_bytes(b'{"text": "a"}\r\n{"text": \r\n')
+    dataset = Dataset.from_path("crlf", tmp_path)
+    assert dataset.read_rows(0, [0]) == [{"text": "a"}]
+    with pytest.raises(DataError, match=r"malformed JSON") as raised:
+        dataset.read_rows(0, [1])
+    assert "Mac" not in str(raised.value)
