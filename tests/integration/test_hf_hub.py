@@ -1011,3 +1011,35 @@ def test_offline_a_commit_lacking_a_numbered_shard_reads_as_online_when_cached_w
     assert [row["text"] for row in offline["rows"]] == expected
     part = _run_offline(tmp_path / "part", "hf://org/gap/train", tmp_path)
     assert "1 of its 2 files are missing (data/train-00002-of-00003.parquet)" in part.stderr
+
+
+def test_offline_a_card_cached_without_its_split_is_not_read_from_the_converted_parquet(
+    tmp_path: Path,
+) -> None:
+    """A cache holding main's card alone and the auto-converted Parquet read the converted
+    split, another commit (a prefix, for a large split), where online read the uploaded
+    files: main's cached listing says the split has files there, and the cache lacks them."""
+    main = tmp_path / "main"
+    _parquet(main / "data" / "train-00000-of-00001.parquet", "uploaded", 3)
+    (main / "README.md").write_text("# card")
+    converted = tmp_path / "converted"
+    _parquet(converted / "default" / "train" / "0000.parquet", "converted", 3)
+    hub = Hub()
+    hub.add("org/both", "main", main)
+    hub.add("org/both", "refs/convert/parquet", converted)
+    with serve(hub) as endpoint:
+        online = _read_online("hf://org/both/train", endpoint, tmp_path)
+        assert [row["text"] for row in online["rows"]] == [f"uploaded {i}" for i in range(3)]
+        _download(endpoint, tmp_path / "card", "org/both", ["README.md"])
+        _download(endpoint, tmp_path / "card", "org/both", ["default/*"], "refs/convert/parquet")
+    done = _run_offline(tmp_path / "card", "hf://org/both/train", tmp_path)
+    assert done.returncode != 0
+    assert "the hub cache holds only part of 'hf://org/both/train': 1 of its 1 files " in (
+        done.stderr
+    )
+    assert "(data/train-00000-of-00001.parquet)" in done.stderr
+    # the converted split, asked for by name, is read
+    pinned = _read_offline(
+        tmp_path / "card", "hf://org/both@refs%2Fconvert%2Fparquet/train", tmp_path
+    )
+    assert [row["text"] for row in pinned["rows"]] == [f"converted {i}" for i in range(3)]

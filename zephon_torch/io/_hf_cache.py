@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._hf import SLASH_NOTE, hub
@@ -73,6 +74,8 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
                 in_card = card_configs(f.read(), where=readme)
         listing = _listing(folder)
         files, why = find_split(listing, configs, split, in_card, converted=converted)
+        if not files and not converted:  # none cached: the commit may have them all the same
+            _check_none_held(url, repo, commit, (configs, split, in_card))
         if files:
             refuse_indexed(url, files, listing, format_)
             if not (named or converted or os.path.isfile(readme)):  # a pinned commit, or main
@@ -185,6 +188,21 @@ def _cached_refs(repo: str) -> dict[str, str]:
             with open(os.path.join(where, name), encoding="utf-8") as f:
                 named[os.path.relpath(os.path.join(where, name), refs)] = f.read().strip()
     return named
+
+
+def _check_none_held(
+    url: str, repo: str, commit: str, lookup: tuple[str | None, str, list[dict[str, Any]]]
+) -> None:
+    """ConfigError where the hub cache holds none of a split's uploaded files and the commit's
+    cached listing gives it some (`lookup`: the config, split and card's configs): a cache
+    holding the card alone (`hf download ... README.md`) and the converted Parquet read the
+    converted split in the uploaded one's place, another commit and maybe a prefix, where
+    online read the uploaded files."""
+    listed = _cached_tree(repo, commit)
+    if listed is not None:
+        whole = find_split(listed, *lookup)
+        if whole[0]:
+            _check_held(url, repo, commit, [], whole)
 
 
 def _partners(files: list[str], cached: list[str], listed: list[str]) -> list[str]:
