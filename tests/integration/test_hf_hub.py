@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -469,6 +470,29 @@ def test_online_a_hub_that_cannot_be_reached_leaves_the_hub_cache_to_read(
     )
     assert len(result["rows"]) == 500
     assert "reading the hub cache" in result["stderr"]
+
+
+def test_online_a_hub_that_takes_the_connection_and_never_answers_leaves_the_cache_to_read(
+    tmp_path: Path,
+) -> None:
+    """huggingface_hub's client waits for an answer without limit: a hub that took the
+    connection and said nothing (a proxy, a stalled server) held the open for ever, the
+    complete hub cache unread. The first request now waits `HF_HUB_ETAG_TIMEOUT`."""
+    snapshot = _snapshot(tmp_path / "hub", "org/plain", "main", "a" * 40)
+    _plain_repo(snapshot)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # connections complete in the backlog, never accepted nor answered
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        result = _read_online(
+            "hf://org/plain/train",
+            endpoint,
+            tmp_path,
+            HF_ENDPOINT=endpoint,
+            HF_HUB_ETAG_TIMEOUT="1",
+        )
+    assert len(result["rows"]) == 500
+    assert "the hub cannot be reached" in result["stderr"]
 
 
 def test_online_a_commit_landing_mid_run_does_not_change_what_is_read(tmp_path: Path) -> None:

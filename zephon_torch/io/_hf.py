@@ -243,13 +243,19 @@ class _NoAnswer(ZephonError):
 
 def _commit(api: Any, repo: str, revision: str | None) -> str:
     """The commit a revision of a dataset repo points at now. Its request has no backoff of
-    its own: the hub's 429 and 5xx answers are retried by the caller's policy.
+    its own: the hub's 429 and 5xx answers are retried by the caller's policy. It waits for
+    an answer as long as huggingface_hub's own metadata requests (`HF_HUB_ETAG_TIMEOUT`, 10 s):
+    its client has no timeout, and a hub that took the connection and never answered (a
+    proxy, a stalled server) held the open for ever, the hub cache unread.
 
     Raises:
         _NoAnswer: when no answer came.
     """
+    from huggingface_hub import constants
+
     try:
-        sha: str = api.dataset_info(repo, revision=revision).sha
+        timeout = constants.HF_HUB_ETAG_TIMEOUT
+        sha: str = api.dataset_info(repo, revision=revision, timeout=timeout).sha
     except Exception as error:
         no_answer = http_status(error) is None and is_transient(error)
         if no_answer and not isinstance(error, ValueError):  # refused, timed out, reset
