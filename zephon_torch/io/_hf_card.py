@@ -29,15 +29,13 @@ def card_configs(card: str | None, *, where: str) -> list[dict[str, Any]]:
             not parse (nested too deep included), `configs` not a list of mappings, or a config
             whose values are of other types or whose globs are no patterns.
     """
-    if not card or not card.startswith("---"):
-        return []
-    end = card.find("\n---", 3)
-    if end < 0:
+    block = _YAML_BLOCK.match(card or "")
+    if block is None:
         return []
     import yaml  # type: ignore[import-untyped]  # huggingface_hub depends on it
 
     try:
-        header = yaml.safe_load(card[3:end])
+        header = yaml.safe_load(block.group(1))
     except (yaml.YAMLError, RecursionError) as error:  # RecursionError: nested too deep
         reason = "it is nested too deep" if isinstance(error, RecursionError) else error
         raise ConfigError(
@@ -54,6 +52,13 @@ def card_configs(card: str | None, *, where: str) -> list[dict[str, Any]]:
     for chosen in configs:
         _check_config(chosen, where)
     return configs
+
+
+# A card's YAML header as huggingface_hub's card parser (`repocard.REGEX_YAML_BLOCK`, which the
+# `datasets` library loads a hub dataset's card with) finds it: after blank lines too, and up to
+# a line of `---` alone. A card opening with a blank line (a generated one) had its `configs:`
+# left unread, its splits taken by file names: other files than the hub's, silently.
+_YAML_BLOCK = re.compile(r"\s*---(?:\r\n|\r|\n)([\S\s]*?)(?:\r\n|\r|\n)---[ \t]*(?:\r\n|\n|$)")
 
 
 def _check_config(chosen: dict[str, Any], where: str) -> None:

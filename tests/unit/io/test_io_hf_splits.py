@@ -192,3 +192,25 @@ def test_a_card_glob_with_double_star_within_a_name_is_refused_as_on_the_hub(
     # `**` standing alone as a folder name (or the whole glob) is a pattern, as on the hub
     for fine in ["data/**/*.parquet", "data/**", "**", "**/train/*"]:
         card_configs(f"---\nconfigs:\n- data_files: '{fine}'\n---\n", where=where)
+
+
+@pytest.mark.parametrize(
+    "card",
+    [
+        "\n---\n{header}---\n# card\n",  # a card written from a triple-quoted string
+        "  \r\n---\r\n{header}---   \r\n# card",
+        "---\n{header}---",
+    ],
+)
+def test_a_card_s_header_is_found_as_huggingface_hub_finds_it(card: str) -> None:
+    """A card opening with a blank line had its `configs:` left unread, where
+    huggingface_hub's card parser (which the hub's loaders read cards with) reads them: its
+    splits were taken by file names, the files of another folder than the card's, silently."""
+    from huggingface_hub import DatasetCard
+
+    header = "configs:\n- config_name: default\n  data_files:\n    train: data/clean/*\n"
+    text = card.format(header=header.replace("\n", "\r\n" if "\r\n" in card else "\n"))
+    configs = card_configs(text, where="README.md")
+    assert configs == DatasetCard(text).data.to_dict()["configs"]
+    files = ["data/clean/part-0.parquet", "data/raw/train-00000-of-00001.parquet"]
+    assert split_files(files, None, "train", configs) == ["data/clean/part-0.parquet"]
