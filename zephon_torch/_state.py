@@ -126,16 +126,29 @@ def loaded_state(
 
 def _digest_note(key: str, saved: object, live: object) -> str:
     """What a dataset's fingerprint that differs in its `rows_digest` alone means (the digest
-    names no file: the mismatch showed two hex strings)."""
+    names no file: the mismatch showed two hex strings), or in its hub commit (`revision`)."""
     if not (key.startswith("dataset.") and isinstance(saved, dict) and isinstance(live, dict)):
         return ""
     differ = {k for k in set(saved) | set(live) if saved.get(k) != live.get(k)}
+    if "revision" in differ and saved.get("revision") is not None:
+        return _revision_note(key, saved["revision"], live.get("revision"))
     if differ != {"rows_digest"}:
         return ""
     return (
         f"{key}: as many shards and rows, in other files: a shard's path below the dataset's "
         "folder (a file or folder renamed, or another put in its place), or the rows per "
         "shard, changed since the state was saved"
+    )
+
+
+def _revision_note(key: str, saved: object, live: object) -> str:
+    """How to resume on the hub commit an `hf://` dataset's state was saved at (`saved`), now
+    read at `live` (None: not from the hub): the mismatch showed two hex strings, and the
+    branch's name in the URL reads its latest commit."""
+    now = "no hub commit" if live is None else f"commit {live} (the branch moved since)"
+    return (
+        f"{key}: the state was saved reading hub commit {saved}, and {now} is read now: "
+        f"pin the saved one, hf://org/name@{saved}/[config/]split, to resume on its data"
     )
 
 

@@ -445,3 +445,29 @@ def test_a_data_file_named_without_an_ending_is_named_as_left_out(
                       r"are left out: 'part-00001' \(it reads") as caught:  # fmt: skip
         dataset = Dataset.from_path("d", tmp_path)
     assert len(caught) == 1 and dataset.num_rows == 1
+
+
+def test_a_resume_on_another_hub_commit_says_to_pin_the_saved_one(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """A state saved on an `hf://` branch that moved since was refused showing two commit
+    hashes, with no word of the `@COMMIT` pin that resumes on the saved data."""
+    from zephon_torch import Pipeline, StateMismatchError
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    write_jsonl(tmp_path / "train.jsonl", [{"x": [1, 2, 3]}] * 3)
+    local = Dataset.from_path("d", tmp_path)
+
+    def pipeline(revision: str | None) -> Pipeline:
+        dataset = Dataset(
+            name="d", format="jsonl", shards=local.shards, reader=local._reader, revision=revision
+        )
+        return Pipeline(StaticMixtureWorkSource([dataset])).pretokenized("x").pack_flat(4).batch(1)
+
+    state = pipeline("a" * 40).state_dict()
+    pin = re.escape(f"pin the saved one, hf://org/name@{'a' * 40}/[config/]split, to resume")
+    with pytest.raises(StateMismatchError, match=rf"{'b' * 40} \(the branch moved since\).*{pin}"):
+        pipeline("b" * 40).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=rf"and no hub commit is read now: {pin}"):
+        pipeline(None).load_state_dict(state)
+    pipeline("a" * 40).load_state_dict(state)
