@@ -1067,3 +1067,33 @@ def test_offline_a_card_cached_without_its_split_is_not_read_from_the_converted_
         tmp_path / "card", "hf://org/both@refs%2Fconvert%2Fparquet/train", tmp_path
     )
     assert [row["text"] for row in pinned["rows"]] == [f"converted {i}" for i in range(3)]
+
+
+def test_offline_a_split_file_whose_blob_the_cache_lost_is_named_as_missing(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's link to a blob the hub cache no longer holds (deleted by hand, a cache
+    copied without its blobs/) was read as a damaged shard: a JSONL one's error asked whether
+    the file changed after the open, a Parquet one's called it unreadable."""
+    repo = tmp_path / "repo"
+    _parquet(repo / "data" / "train-00000-of-00002.parquet", "a", 2)
+    _parquet(repo / "data" / "train-00001-of-00002.parquet", "b", 2)
+    (repo / "data" / "test.jsonl").write_text('{"text": "x"}\n')
+    (repo / "README.md").write_text("# card")
+    hub = Hub()
+    hub.add("org/lost", "main", repo)
+    with serve(hub) as endpoint:
+        _download(endpoint, tmp_path / "hub", "org/lost", ["*"])
+    snapshot = next((tmp_path / "hub" / "datasets--org--lost" / "snapshots").iterdir())
+    for lost in ("data/train-00001-of-00002.parquet", "data/test.jsonl"):
+        os.remove(os.path.realpath(snapshot / lost))
+    for url, lost in (
+        ("hf://org/lost/train", "data/train-00001-of-00002.parquet"),
+        ("hf://org/lost/test", "data/test.jsonl"),
+    ):
+        done = _run_offline(tmp_path / "hub", url, tmp_path)
+        assert done.returncode != 0
+        assert (
+            f"ConfigError: the hub cache holds only part of {url!r}: the links of 1 of its "
+            f"files lead to no file in its blobs/ ({lost})"
+        ) in done.stderr

@@ -88,6 +88,7 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
             else:
                 whole = find_split(listed, configs, split, in_card, converted=converted)
                 _check_held(url, repo, commit, files, whole, _partners(whole[0], listing, listed))
+            _check_blobs(url, repo, commit, folder, files)
             warn_if_partial(url, files, split)
             return "glob", [os.path.join(folder, file) for file in files], commit
         tried.append(f"{revision or 'main'}: {why}")
@@ -203,6 +204,30 @@ def _check_none_held(
         whole = find_split(listed, *lookup)
         if whole[0]:
             _check_held(url, repo, commit, [], whole)
+
+
+def _check_blobs(url: str, repo: str, commit: str, folder: str, files: list[str]) -> None:
+    """ConfigError naming the split's files (and the offsets files read beside its token
+    files) whose links in the snapshot `folder` lead to no blob: the hub cache lost them (a
+    blob deleted by hand, a cache copied without its `blobs/`), and each was read as a
+    damaged shard, a JSONL one's error asking whether it changed since the open."""
+    from zephon_torch.io.npy import unlisted_offsets
+
+    wanted = [*files, *unlisted_offsets([file for file in files if file.endswith(".npy")])]
+    lost = [file for file in wanted if _dangling(os.path.join(folder, file))]
+    if lost:
+        shown = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
+        raise ConfigError(
+            f"the hub cache holds only part of {url!r}: the links of {len(lost)} of its files "
+            f"lead to no file in its blobs/ ({shown}); download them again (online, or `hf "
+            f"download {repo} --repo-type dataset --revision {commit} --include ...` naming "
+            "them) before reading it offline"
+        )
+
+
+def _dangling(path: str) -> bool:
+    """Whether `path` is a link to nothing."""
+    return os.path.islink(path) and not os.path.exists(path)
 
 
 def _partners(files: list[str], cached: list[str], listed: list[str]) -> list[str]:
