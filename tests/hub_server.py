@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -20,6 +21,8 @@ from urllib.parse import unquote, urlsplit
 
 from tests.loopback import serve_in_thread
 
+SILENT_S = 30.0  # how long a request of a `silent` kind waits unanswered
+
 
 class Hub:
     """Dataset repos: `repos[repo_id][revision]` is the folder holding that revision's files.
@@ -27,7 +30,8 @@ class Hub:
     Each (repo, revision, folder) is a commit whose sha `sha()` gives; a revision is asked for
     by name or by sha. `add` again moves the revision to a new commit (the old one stays
     readable by its sha). `fail[route]` (a route kind: "revision", "tree", "resolve") lists
-    HTTP statuses the next requests of that kind get instead, one each; `on_unknown` runs on a
+    HTTP statuses the next requests of that kind get instead, one each; requests of a kind in
+    `silent` get no answer (the handler waits `SILENT_S`, then closes); `on_unknown` runs on a
     request for a route the hub does not know (tests use one to mark their log, or to move a
     branch mid-run).
     """
@@ -40,6 +44,7 @@ class Hub:
         ] = {}  # (repo, revision) -> shas, newest first
         self.log: list[tuple[str, str, str]] = []  # method, unquoted path, Range header
         self.fail: dict[str, list[int]] = {}
+        self.silent: set[str] = set()
         self.on_unknown: Callable[[str], None] = lambda path: None
 
     def add(self, repo: str, revision: str, folder: Path) -> None:
@@ -174,6 +179,10 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self._missing()
                 return
             kind = route.split("/")[2]
+            if kind in hub.silent:
+                time.sleep(SILENT_S)
+                self.close_connection = True
+                return
             if self._failing(kind) or not self._known(*where[:2]):
                 return
             repo, revision, rest = where

@@ -495,6 +495,26 @@ def test_online_a_hub_that_takes_the_connection_and_never_answers_leaves_the_cac
     assert "the hub cannot be reached" in result["stderr"]
 
 
+@pytest.mark.parametrize("silent", ["tree", "commits"])
+def test_online_a_hub_going_silent_after_the_commit_leaves_the_cache_to_read(
+    tmp_path: Path, silent: str
+) -> None:
+    """The listing's requests (the file tree; a pinned commit's look at the converted branch's
+    commits) take no timeout in huggingface_hub, and its client has none: a hub that answered
+    the commit's request, then went silent, held the open for ever. Each now waits the retry
+    policy's `timeout`, then the hub cache is read."""
+    hub = _plain_hub(tmp_path / "repo")
+    sha = hub.head("org/plain", "main")
+    _plain_repo(_snapshot(tmp_path / "hub", "org/plain", "main", sha))
+    hub.silent.add(silent)
+    url = "hf://org/plain/train" if silent == "tree" else f"hf://org/plain@{sha}/train"
+    with serve(hub) as endpoint:
+        result = _read_online(url, endpoint, tmp_path, retry={"attempts": 1, "timeout": 1})
+    assert len(result["rows"]) == 500
+    assert "the hub cannot be reached" in result["stderr"]
+    assert "no answer from the hub in 1 s" in result["stderr"]
+
+
 def test_online_a_commit_landing_mid_run_does_not_change_what_is_read(tmp_path: Path) -> None:
     """Shards are read at the commit the branch pointed at when the dataset was opened (the
     hub's converter rewrites `refs/convert/parquet` while jobs read it)."""

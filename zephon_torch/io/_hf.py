@@ -15,10 +15,11 @@ Which files make up a split: see `_hf_splits`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import cache, partial
-from typing import Any
+from typing import Any, TypeVar
 
 from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._discover import detect_files
@@ -39,6 +40,7 @@ from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._versions import identity
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 SLASH_NOTE = " (a `/` in a revision's name is written %2F in the URL: @release%2Fv1)"
 
 
@@ -87,7 +89,12 @@ def list_hf(
     once = replace(retry, attempts=1)
     tried = []
     conversions = cache(  # asked for once, and only where a revision is pinned
-        partial(call_with_retry, partial(_conversions, api, repo), url=url, policy=retry)
+        partial(
+            call_with_retry,
+            partial(_answered, partial(_conversions, api, repo), retry.timeout),
+            url=url,
+            policy=retry,
+        )
     )
     for revision, configs, converted in revisions(url, config):
         where = f"hf://datasets/{repo}@{revision or 'main'}"
@@ -172,9 +179,8 @@ def _offsets_partners(chosen: list[str], found: Mapping[str, Any]) -> list[str]:
 def _find(fs: Any, under: str, root: str, where: str, policy: RetryPolicy) -> dict[str, Any]:
     """The files under `under` at the commit `root`, with their details (the tree request
     retries itself). Raises FileNotFoundError for a folder the commit lacks (listed empty)."""
-    found: dict[str, Any] = call_with_retry(
-        partial(fs.find, under, detail=True), url=where, policy=policy, what="listing"
-    )
+    listing = partial(_answered, partial(fs.find, under, detail=True), policy.timeout)
+    found: dict[str, Any] = call_with_retry(listing, url=where, policy=policy, what="listing")
     if not found and under != root:
         raise FileNotFoundError(under)
     return found
@@ -195,7 +201,7 @@ def _refs(api: Any, repo: str) -> str:
     """The repo's branches and tags, for an error message (what the hub said, when it did
     not list them)."""
     try:
-        refs = api.list_repo_refs(repo, repo_type="dataset")
+        refs = _answered(partial(api.list_repo_refs, repo, repo_type="dataset"), _REFS_S)
     except Exception as error:  # only words for a message
         return f"its branches could not be listed ({type(error).__name__}: {error})"
     branches = ", ".join(sorted(ref.name for ref in refs.branches)) or "none"
@@ -206,9 +212,8 @@ def _refs(api: Any, repo: str) -> str:
 def _card(fs: Any, root: str, where: str, policy: RetryPolicy) -> str | None:
     """The dataset card's text at the commit `root`, or None when it has none."""
     try:
-        data: bytes = call_with_retry(
-            partial(fs.cat_file, f"{root}/README.md"), url=where, policy=policy, what="reading"
-        )
+        reading = partial(_answered, partial(fs.cat_file, f"{root}/README.md"), policy.timeout)
+        data: bytes = call_with_retry(reading, url=where, policy=policy, what="reading")
     except FileNotFoundError:
         return None
     return data.decode("utf-8", errors="replace")
@@ -262,3 +267,34 @@ def _commit(api: Any, repo: str, revision: str | None) -> str:
             raise _NoAnswer(str(error)) from error
         raise
     return sha
+
+
+_REFS_S = 10.0  # the most an error message waits for the repo's branches
+
+
+def _answered(call: Callable[[], _T], seconds: float) -> _T:
+    """`call()` (a question to the hub), run on a thread of its own and waited for `seconds`.
+    huggingface_hub's client waits for an answer without limit, and its listings take no
+    timeout: a hub that answered the commit's request, then went silent, held the open for
+    ever. The thread left waiting is a daemon, and ends with the process.
+
+    Raises:
+        _NoAnswer: when no answer came in `seconds`.
+    """
+    got: list[Any] = []
+
+    def ask() -> None:
+        try:
+            got.append((True, call()))
+        except BaseException as error:  # handed to the caller's thread
+            got.append((False, error))
+
+    thread = threading.Thread(target=ask, name="zephon-hub-question", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not got:
+        raise _NoAnswer(f"no answer from the hub in {seconds:.0f} s")
+    ok, value = got[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
