@@ -555,8 +555,10 @@ def test_online_a_hub_that_cannot_be_reached_with_an_empty_cache_is_a_config_err
         "hf://org/plain/train", endpoint, tmp_path, fails=True, HF_ENDPOINT=endpoint
     )
     assert "the hub cannot be reached" in failed["stderr"]
+    # the cache looked in is named: a job given another HF_HOME than the download's
+    hub_cache = str(tmp_path / "hub")
     assert (
-        "ConfigError: no files found at 'hf://org/plain/train' in the hub cache"
+        f"ConfigError: no files found at 'hf://org/plain/train' in the hub cache {hub_cache!r}"
         in (failed["stderr"])
     )
 

@@ -92,7 +92,12 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
             warn_if_partial(url, files, split)
             return "glob", [os.path.join(folder, file) for file in files], commit
         tried.append(f"{revision or 'main'}: {why}")
-    raise ConfigError(f"no files found at {url!r} in the hub cache: {'; '.join(tried)}")
+    from huggingface_hub import constants
+
+    raise ConfigError(
+        f"no files found at {url!r} in the hub cache {constants.HF_HUB_CACHE!r} (HF_HUB_CACHE, "
+        f"else HF_HOME, sets where it lies): {'; '.join(tried)}"
+    )
 
 
 def _not_held(url: str, repo: str, revision: str | None, converted: bool, error: Exception) -> str:
