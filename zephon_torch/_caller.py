@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import importlib.util
+import linecache
 import multiprocessing
 import os
 import sys
@@ -96,6 +97,11 @@ def warn(message: str) -> None:
         warnings.warn(message, ZephonWarning, stacklevel=2)
         return
     filename, lineno, module_globals = site
+    # The source line is left to linecache, as `warnings.warn` leaves it: `warn_explicit`
+    # given `module_globals` asks their loader for the source at once, which raised from
+    # `python -c` or a script on stdin (ImportError: '__main__' is not a built-in module),
+    # from `exec` of a string, or where the script changed since it started (IndexError).
+    linecache.lazycache(filename, module_globals)
     warnings.warn_explicit(
         message,
         ZephonWarning,
@@ -103,5 +109,4 @@ def warn(message: str) -> None:
         lineno,
         module=module_globals.get("__name__"),
         registry=module_globals.setdefault("__warningregistry__", {}),
-        module_globals=module_globals,
     )

@@ -4,6 +4,8 @@ where the library warns on its prefetch thread or a tokenizing thread."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,50 @@ def test_zephon_warnings_alone_can_be_made_errors(tmp_path: Path, tokenizer: Any
         with pytest.raises(ZephonWarning, match="skipping rows"):
             list(pipeline)
     assert "ZephonWarning" in zephon_torch.__all__
+
+
+_FROM_A_STRING = """
+import sys
+from tokenizers import Tokenizer
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
+
+source = StaticMixtureWorkSource([Dataset.from_path("d", sys.argv[1])], exhaustion="stop")
+tokenizer = Tokenizer.from_file(sys.argv[2])
+pipeline = Pipeline(source).options(bad_rows="skip", prefetch=2).tokenize(tokenizer=tokenizer)
+print(sum(1 for _ in pipeline.pack_flat(64, "wrap").batch(2)))
+"""
+
+
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+def test_a_warning_from_the_prefetch_thread_of_a_script_given_as_a_string_is_given(
+    tmp_path: Path, tokenizer: Any, how: str
+) -> None:
+    """The warning's site was handed to `warn_explicit` with its module's globals, whose
+    loader `python -c` and `python -` cannot give source: the warning raised ImportError
+    ('__main__' is not a built-in module) and ended the run, even with warnings ignored."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    lines = [json.dumps({"text": t}) for t in prose_documents(20, seed=5)]
+    lines[3] = '{"body": "no text"}'  # skipped, with a warning from the prefetch thread
+    (folder / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    arguments = [str(folder), str(tmp_path / "tokenizer.json")]
+    root = str(Path(zephon_torch.__file__).parent.parent)
+    command = [sys.executable, "-c", _FROM_A_STRING] if how == "-c" else [sys.executable, "-"]
+    done = subprocess.run(
+        [*command, *arguments],
+        check=False,
+        input=None if how == "-c" else _FROM_A_STRING,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": root, "PATH": "", "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 0
+    assert "ZephonWarning: bad_rows='skip': skipping rows" in done.stderr
 
 
 def _line() -> int:
