@@ -93,19 +93,24 @@ def _malformed(messages: Any) -> str | None:
     """What keeps ``messages`` from being a list of ``{"role": str, "content": str}`` (None:
     nothing), naming the first message at fault."""
     if not isinstance(messages, list):
-        return f"it is a {type(messages).__name__}"
+        return f"it is {_a(messages)}"
     for number, message in enumerate(messages):
         if not isinstance(message, dict):
-            return f"message {number} is a {type(message).__name__}"
+            return f"message {number} is {_a(message)}"
         for key in ("role", "content"):
             value = message.get(key)
             if not isinstance(value, str):
-                if key not in message:
-                    what = "missing"
-                else:
-                    what = "None" if value is None else f"a {type(value).__name__}"
+                what = "missing" if key not in message else _a(value)
                 return f"message {number}'s {key!r} is {what}"
     return None
+
+
+def _a(value: object) -> str:
+    """`value`'s type with its article ("an int", "a list"), or "None"."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 class TokenizeChatOp:

@@ -244,6 +244,8 @@ def test_chatml_refuses_a_role_it_does_not_know_naming_the_row(tokenizer: Any, r
         ({"role": "user", "content": [{"type": "text"}]}, "message 1's 'content' is a list"),
         ({"content": "hi"}, "message 1's 'role' is missing"),
         ("hi", "message 1 is a str"),
+        ({"role": 1, "content": "hi"}, "message 1's 'role' is an int"),
+        (None, "message 1 is None"),
     ],
 )
 def test_a_malformed_message_is_named_by_its_place(
