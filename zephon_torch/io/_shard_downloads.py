@@ -118,22 +118,38 @@ class ShardDownloads:
                 self._fetch_ahead(shard, cache)
 
     def check_window(self, shards: list[str], *, share: int = 1) -> None:
-        """See `Dataset.check_window`."""
+        """See `Dataset.check_window`. The warning names what no window of as many shards
+        passes (the dataset's largest shards together), not this window's own size: the text
+        is then the same in every process and pass, so a DataLoader's workers, started again
+        each epoch, each meeting a window of another size, give one warning that Python shows
+        once, not one for every window size they meet."""
         if self._window_warned:
             return
-        size = sum(self.objects[url][1].size for shard in shards for url in self._files_of(shard))
+        files = {url for shard in shards for url in self._files_of(shard)}
         max_bytes = self.options.cache.max_bytes
         room = max_bytes // max(1, share)
-        if size > room:
+        if sum(self.objects[url][1].size for url in files) > room:
             self._window_warned = True
+            count = len(set(shards))
             part = f"its part ({room} bytes) of " if share > 1 else ""
             shared = f", shared by {share} remote datasets" if share > 1 else ""
             warn(
-                f"dataset {self.dataset!r}: the {len(shards)} shards of a shuffle window "
-                f"({size} bytes, read at once) do not fit in {part}the shard cache (max_bytes "
-                f"{max_bytes}{shared}), so they are downloaded again and again as their rows "
-                f"are read; raise `max_bytes` or lower `shuffle_window_shards`",
+                f"dataset {self.dataset!r}: the {count} shards of a shuffle window (up to "
+                f"{self._largest(count)} bytes, read at once) do not fit in {part}the shard "
+                f"cache (max_bytes {max_bytes}{shared}), so they are downloaded again and "
+                f"again as their rows are read; raise `max_bytes` or lower "
+                f"`shuffle_window_shards`",
             )
+
+    def _largest(self, count: int) -> int:
+        """The bytes of the dataset's `count` largest shards (with their `.npy` offsets)."""
+        partners = {url for shard in self.objects for url in self._files_of(shard)[1:]}
+        sizes = sorted(
+            sum(self.objects[url][1].size for url in self._files_of(shard))
+            for shard in self.objects
+            if shard not in partners
+        )
+        return sum(sizes[-count:])
 
     def _shared_budget(self, budget: int, processes: int) -> int:
         """The part of half the cache each of the node's `processes` may prefetch, where

@@ -141,11 +141,40 @@ def test_a_shuffle_window_larger_than_the_cache_is_warned_of(tmp_path: Path, win
             dataset.check_window([0, 1], share=2)  # a mixture's remote datasets share it
     else:
         assert said == [
-            f"dataset 'p': the 4 shards of a shuffle window ({4 * size} bytes, read at once) do "
+            f"dataset 'p': the 4 shards of a shuffle window (up to {4 * size} bytes, read at "
+            "once) do "
             f"not fit in the shard cache (max_bytes {2 * size + size // 2}), so they are "
             "downloaded again and again as their rows are read; raise `max_bytes` or lower "
             "`shuffle_window_shards`"
         ]
+
+
+def test_the_shuffle_window_warning_reads_the_same_whichever_window_meets_it_first(
+    tmp_path: Path,
+) -> None:
+    """It named the size of the window that met it first: each DataLoader worker, started
+    again at every epoch, met another window and gave another text, so Python's default
+    filter showed it once per worker and epoch through a long run (10 warnings in 12 epochs
+    of a soak), not once."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    for number in range(6):
+        # shards of different sizes, so windows of different sizes
+        table = pa.table({"text": ["x" * 1000 * (number + 1)] * (5 + 5 * number)})
+        _put_parquet(fs, f"{root}/{number}.parquet", table)
+    sizes = sorted(fs.size(f"{root}/{number}.parquet") for number in range(6))
+    options = _options(tmp_path, max_bytes=sizes[0] + sizes[1])
+    texts = []
+    for window in ([0, 1, 2], [3, 4, 5]):  # as two workers, each with its first window
+        dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dataset.check_window(window)
+            dataset.check_window([1, 2, 3])  # once per process
+        texts += [str(w.message) for w in caught]
+    assert len(texts) == 2
+    assert texts[0] == texts[1]
+    assert f"(up to {sum(sizes[-3:])} bytes, read at once)" in texts[0]
 
 
 def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
