@@ -610,6 +610,31 @@ def test_a_rank_whose_lanes_are_all_spent_may_end_turns_before_the_others(tokeni
     assert [(b.lane, b.turn, b.num_tokens) for b in again] == [(2, 26, 0), (3, 26, 0)]
 
 
+def test_a_rank_that_ended_merges_with_a_rank_going_on_at_its_step(tokenizer: Any) -> None:
+    """Per-rank pipelines under "stop": rank 1's stream ended at step 16, rank 0 saved at step
+    18 with data to come. Merged, the ended rank's spent lanes stayed at turn 16, and loaded on
+    one process they padded turns 16 and 17 first: four all-padding micro-batches ahead of the
+    data, every global step after them shifted. They now stand at the step of the rank going
+    on, so one process continues the one-process run from step 18."""
+    from zephon_torch import merge_states
+
+    def ranked(rank: int | None = None) -> Pipeline:
+        data = two_sources(20, 29, shard_size=8)
+        world_size = None if rank is None else 2
+        return small_pipeline(tokenizer, lanes=4, world_size=world_size, rank=rank, datasets=data)
+
+    ended = ranked(1)
+    assert sum(1 for _ in ended) == 2 * 16
+    going_on = ranked(0)
+    _take(going_on, 2 * 18)
+    merged = json.loads(json.dumps(merge_states([going_on.state_dict(), ended.state_dict()])))
+    whole = [key(b) for b in ranked()]
+    assert len(whole) == 4 * 21  # rank 0's lanes have data up to step 20
+    again = ranked()
+    again.load_state_dict(merged)
+    assert [key(b) for b in again] == whole[4 * 18 :]
+
+
 @pytest.mark.parametrize("lanes", [2, 4])
 @pytest.mark.parametrize("rows", [(29, 11), (38, 11), (20, 29)])
 def test_the_final_states_of_per_rank_pipelines_always_merge(
