@@ -182,6 +182,13 @@ class LitDataReader(PickledAsSettings):
             kind = formats[first].partition(":")[0] if end > first else "json"
             if name in self.projection.token_columns and kind not in (*fmt.ARRAY_LEAVES, "json"):
                 raise ValueError(f"token column {name!r} has leaf format {kind!r}")
+            dtype = fmt.leaf_dtype(formats[first]) if end > first else None
+            if (
+                name in self.projection.token_columns
+                and dtype is not None
+                and dtype.kind not in "iu"
+            ):
+                raise ValueError(f"token column {name!r} holds arrays of {dtype}, not integer ids")
 
     @property
     def shard_paths(self) -> list[str]:

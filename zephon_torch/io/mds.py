@@ -187,10 +187,11 @@ class MdsReader(PickledAsSettings):
                 ) from None
         for name in self.projection.token_columns:
             for row, values in zip(positions.tolist(), result, strict=True):
-                if values[name].ndim != 1:
+                array = values[name]
+                if array.ndim != 1 or array.dtype.kind not in "iu":  # `ndarray`: any dtype
                     raise DataError(
-                        f"token column {name!r} holds an array of shape {values[name].shape}, "
-                        "not a 1-D array of token ids",
+                        f"token column {name!r} holds an array of shape {array.shape} and dtype "
+                        f"{array.dtype}, not a 1-D array of integer token ids",
                         dataset=self.dataset,
                         shard=path,
                         row=row,

@@ -149,6 +149,16 @@ def test_array_and_list_columns_come_back_as_token_arrays(written: dict[str, Pat
         Dataset.from_path("l", written["arrays"], token_columns=["text"])
 
 
+def test_a_token_column_of_float_arrays_is_refused_at_the_open(tmp_path: Path) -> None:
+    """Float arrays were read back as a token column's arrays (MDS, Parquet and JSONL refuse
+    them)."""
+    items = [{"ids": np.arange(i + 1, dtype=np.float32)} for i in range(4)]
+    out = write_litdata(tmp_path / "floats", items)
+    assert Dataset.from_path("l", out).read_rows(0, [1])[0]["ids"].tolist() == [0.0, 1.0]
+    with pytest.raises(DataError, match=r"token column 'ids' holds arrays of float32, not int"):
+        Dataset.from_path("l", out, token_columns=["ids"])
+
+
 def test_an_optional_field_that_no_item_of_a_chunk_has_reads_as_none(tmp_path: Path) -> None:
     items = [{"text": f"t{i}", **({"opt": f"o{i}"} if i < 4 else {})} for i in range(12)]
     out = write_litdata(tmp_path / "optional", items, chunk_bytes=None, chunk_size=4)

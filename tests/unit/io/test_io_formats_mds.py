@@ -146,6 +146,22 @@ def test_a_token_column_of_floats_is_refused_at_the_open(tmp_path: Path) -> None
     assert caught.value.shard == str(out / "shard.00000.mds")
 
 
+def test_a_token_column_of_an_ndarray_without_a_dtype_refuses_a_row_of_floats(
+    tmp_path: Path,
+) -> None:
+    """An `ndarray` column states no dtype, so its rows are checked as read: a row of floats
+    came back as a float array, where every other format refuses it as token ids."""
+    rows = [{"ids": np.array([1.5, 2.5], np.float32)}, {"ids": np.arange(3, dtype=np.int32)}]
+    out = write_mds(tmp_path / "any", rows, {"ids": "ndarray"})
+    dataset = Dataset.from_path("m", out, token_columns=["ids"])
+    assert dataset.read_rows(0, [1])[0]["ids"].tolist() == [0, 1, 2]
+    with pytest.raises(
+        DataError, match=r"token column 'ids' .* dtype float32, not a 1-D"
+    ) as caught:
+        dataset.read_rows(0, [1, 0])
+    assert caught.value.row == 0
+
+
 def test_a_column_left_out_is_never_decoded(tmp_path: Path) -> None:
     rows = [{"text": f"t{i}", "blob": {"i": i}} for i in range(5)]
     out = write_mds(tmp_path / "pkl", rows, {"text": "str", "blob": "pkl"})
