@@ -1,12 +1,12 @@
 """What a LitData chunk's shared parts raise when damaged (a compressed frame, a record batch
-of the Arrow footer), and the helpers that read them: inflating zstd, and finding the footer's
-record batch that holds a row."""
+of the Arrow footer), and the helpers that read them: inflating zstd, opening the footer, and
+finding the footer's record batch that holds a row."""
 
 from __future__ import annotations
 
 import bisect
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
@@ -24,6 +24,40 @@ class SharedDamage(ValueError):
     """Damage to a part of a chunk that several items share: a compressed frame, a record
     batch of the Arrow footer, a footer shorter than `index.json` says. The shard is at fault
     wherever it showed, so ``bad_rows="skip"`` does not skip its rows one by one."""
+
+
+class Footer(Protocol):
+    """A chunk's Arrow footer, by record batch (`pa.ipc.RecordBatchFileReader` is one)."""
+
+    @property
+    def num_record_batches(self) -> int: ...
+
+    def get_batch(self, i: int) -> pa.RecordBatch: ...
+
+
+class _StreamFooter:
+    """A footer in the Arrow IPC stream format, which litdata wrote before its IPC files and
+    still reads: a stream has no index of its batches, so they are all read (zero-copy) at
+    the open."""
+
+    def __init__(self, ipc: pa.Buffer) -> None:
+        self._batches = list(pa.ipc.open_stream(ipc))
+
+    @property
+    def num_record_batches(self) -> int:
+        return len(self._batches)
+
+    def get_batch(self, i: int) -> pa.RecordBatch:
+        return self._batches[i]
+
+
+def open_footer(ipc: memoryview) -> Footer:
+    """The Arrow footer held in ``ipc``: an IPC file (`ARROW1` first), else an IPC stream."""
+    buffer = pa.py_buffer(ipc)
+    if bytes(ipc[:6]) == b"ARROW1":
+        footer: Footer = pa.ipc.open_file(buffer)
+        return footer
+    return _StreamFooter(buffer)
 
 
 def batch_of(chunk: Chunk, row: int) -> tuple[int, int]:

@@ -1,13 +1,13 @@
 """The LitData chunk format, read without litdata: chunk layouts, leaf decoders, tree specs.
 
 A chunk is `[uint32 n][uint32 offsets[n + 1]][items]`, optionally followed by an Arrow IPC file
-of the same rows (`[ipc][uint32 length]LDARW01\\0`; newer writers store flat JSON-like rows only
-there), optionally zstd-compressed whole (`.zstd.bin`) or framed (`LDFZ01` magic: logical item
-offsets plus independently compressed frames of items). A `PyTreeLoader` item is
-`[uint32 size of each leaf][leaf bytes]`; a `TokensLoader` item is the raw token array. Leaves
-are decoded by the `data_format` names in `index.json`; tensors come back as numpy arrays. A
-`json` leaf (a list or dict value of a dict item) is litdata's compact nested encoding, a tag
-byte first, or JSON text from older writers.
+(older writers: an IPC stream) of the same rows (`[ipc][uint32 length]LDARW01\\0`; newer writers
+store flat JSON-like rows only there), optionally zstd-compressed whole (`.zstd.bin`) or framed
+(`LDFZ01` magic: logical item offsets plus independently compressed frames of items). A
+`PyTreeLoader` item is `[uint32 size of each leaf][leaf bytes]`; a `TokensLoader` item is the raw
+token array. Leaves are decoded by the `data_format` names in `index.json`; tensors come back as
+numpy arrays. A `json` leaf (a list or dict value of a dict item) is litdata's compact nested
+encoding, a tag byte first, or JSON text from older writers.
 """
 
 from __future__ import annotations

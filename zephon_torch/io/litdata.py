@@ -31,9 +31,11 @@ from zephon_torch.io._cache import LruCache
 from zephon_torch.io._index import check_listed_once, load_index, recorded_count, shard_path
 from zephon_torch.io._litdata_damage import (
     CORRUPT,
+    Footer,
     SharedDamage,
     batch_of,
     inflated,
+    open_footer,
     unzstd,
 )
 from zephon_torch.io._locate import Locate, local_file
@@ -57,7 +59,7 @@ _ITEM_FIELD = "item"
 class Chunk:
     data: memoryview
     layout: fmt.Layout
-    footer: pa.ipc.RecordBatchFileReader | None
+    footer: Footer | None
     # the footer's rows up to the end of each record batch, read as far as rows are asked for
     batch_ends: list[int]
     lock: threading.Lock
@@ -362,7 +364,7 @@ class LitDataReader(PickledAsSettings):
             footer, batch_ends = None, []
             if layout.footer is not None:
                 start, length = layout.footer
-                footer = pa.ipc.open_file(pa.py_buffer(data[start : start + length]))
+                footer = open_footer(data[start : start + length])
                 if footer.num_record_batches == 0:
                     raise ValueError("the Arrow footer holds no rows")
                 batch_ends.append(footer.get_batch(0).num_rows)

@@ -575,3 +575,27 @@ def test_rows_of_an_arrow_footer_with_record_batches_of_unequal_sizes_read_back(
         {"text": f"text {i}"} for i in (39, 30, 20, 19, 15, 14, 0)
     ]
     assert dataset.read_rows(0, range(40)) == [{"text": f"text {i}"} for i in range(40)]
+
+
+def test_an_arrow_footer_in_the_ipc_stream_format_reads_as_litdata_reads_it(
+    tmp_path: Path,
+) -> None:
+    """litdata wrote its footers as Arrow IPC streams before it wrote IPC files, and reads
+    both; such a chunk was refused as "truncated or corrupt: Not an Arrow file"."""
+    import pyarrow as pa
+
+    out, chunk, data, (start, length) = footer_chunk(tmp_path, 40)
+    table = pa.ipc.open_file(pa.py_buffer(bytes(data[start : start + length]))).read_all()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        for first, end in ((0, 15), (15, 40)):
+            writer.write_table(table.slice(first, end - first))
+    ipc = sink.getvalue().to_pybytes()
+    chunk.write_bytes(bytes(data[:start]) + ipc + len(ipc).to_bytes(4, "little") + data[-8:])
+    index = json.loads((out / "index.json").read_text())
+    index["chunks"][0]["chunk_bytes"] = chunk.stat().st_size
+    (out / "index.json").write_text(json.dumps(index))
+    expected = [{"text": f"text {i}"} for i in (39, 15, 14, 0)]
+    theirs = pytest.importorskip("litdata").StreamingDataset(str(out))
+    assert [theirs[i] for i in (39, 15, 14, 0)] == expected
+    assert Dataset.from_path("l", out).read_rows(0, [39, 15, 14, 0]) == expected
