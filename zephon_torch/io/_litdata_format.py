@@ -286,7 +286,9 @@ def parse_layout(data: memoryview, items: int) -> Layout:
     offsets = np.frombuffer(data, "<u4", count=count + 1, offset=4).astype(np.int64)
     end = len(data)
     footer = None
-    if len(data) >= 12 and bytes(data[-8:]) == FOOTER_MAGIC:
+    # items that end where the chunk does leave no room for a footer: the last one's bytes
+    # may end as the footer's magic does
+    if len(data) >= 12 and bytes(data[-8:]) == FOOTER_MAGIC and offsets[-1] != end:
         length = struct.unpack_from("<I", data, end - 12)[0]
         footer = (end - 12 - length, length)
         end = footer[0]

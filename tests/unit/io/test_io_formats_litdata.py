@@ -599,3 +599,19 @@ def test_an_arrow_footer_in_the_ipc_stream_format_reads_as_litdata_reads_it(
     theirs = pytest.importorskip("litdata").StreamingDataset(str(out))
     assert [theirs[i] for i in (39, 15, 14, 0)] == expected
     assert Dataset.from_path("l", out).read_rows(0, [39, 15, 14, 0]) == expected
+
+
+def test_items_whose_last_bytes_are_the_footer_magic_are_not_read_as_a_footer(
+    tmp_path: Path,
+) -> None:
+    """A chunk without a footer whose last item ended in `LDARW01\\0` (a bytes leaf) was
+    refused as corrupt, its last bytes taken for an Arrow footer; litdata reads it."""
+    items = [
+        {"ids": np.arange(3, dtype=np.int32), "raw": b"x" * i + b"LDARW01\0"} for i in range(3)
+    ]
+    out = write_litdata(tmp_path / "magic", items)
+    theirs = pytest.importorskip("litdata").StreamingDataset(str(out))
+    assert [bytes(theirs[i]["raw"]) for i in range(3)] == [item["raw"] for item in items]
+    assert [row["raw"] for row in all_rows(Dataset.from_path("l", out))] == [
+        item["raw"] for item in items
+    ]
