@@ -116,6 +116,22 @@ def test_offline_a_split_not_there_names_the_splits_there_and_no_hub_advice(
     assert "local_files_only" not in missing.stderr
 
 
+def test_a_split_mixing_formats_is_refused_with_advice_an_hf_path_can_take(
+    tmp_path: Path,
+) -> None:
+    """The refusal advised a glob, which no hf:// path is (a walkthrough's doubt)."""
+    cache = tmp_path / "hub"
+    snapshot = _snapshot(cache, "org/mixed", "main", "a" * 40)
+    _parquet(snapshot / "data" / "train-00000-of-00001.parquet", "train", 3)
+    (snapshot / "data" / "train-00000-of-00001.jsonl").write_text('{"text": "x"}\n')
+    (snapshot / "README.md").write_text("# card")
+    done = _run_offline(cache, "hf://org/mixed/train", tmp_path)
+    assert done.returncode != 0
+    assert "'hf://org/mixed/train' mixes formats (jsonl: 1 files" in done.stderr
+    assert "a config of the dataset card (`configs:`, `data_files`)" in done.stderr
+    assert "glob such as" not in done.stderr
+
+
 def test_the_auto_converted_parquet_layout_is_read_from_the_offline_cache(tmp_path: Path) -> None:
     cache = tmp_path / "hub"
     main = _snapshot(cache, "org/conv", "main", "b" * 40)

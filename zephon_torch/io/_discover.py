@@ -270,9 +270,15 @@ def detect_files(text: str, where: str, files: list[str]) -> tuple[str, list[str
             f"{name}: {len(found)} files, e.g. {found[0]!r}"
             for name, found in sorted(by_format.items())
         )
+        one = (
+            "a config of the dataset card (`configs:`, `data_files`) naming one format's "
+            "files, or a local glob of a download"
+            if text.startswith("hf://")  # globs are no hf:// paths
+            else "for example with a glob such as 'data/**/*.parquet'"
+        )
         raise ConfigError(
-            f"{text!r} mixes formats ({listed}); point `path` at one format, for example "
-            "with a glob such as 'data/**/*.parquet', and make one Dataset per format"
+            f"{text!r} mixes formats ({listed}); point `path` at one format, {one}, and make "
+            "one Dataset per format"
         )
     [(detected_format, found)] = by_format.items()
     if where != "file":
