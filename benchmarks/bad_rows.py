@@ -7,9 +7,9 @@ are copied twice per rate: once with a seeded share of their rows replaced by ma
 as they are: an empty row gives no tokens, as a skipped one). Both give the same tokens
 (checked: exit code 2 otherwise). Each is read once through `tokenize -> pack_flat(2048,
 "wrap") -> batch(8)` (threads runner, one lane, one pass), the sides interleaved per repeat,
-best of `--repeats`. The ratio is skip over clean tokens/s: what finding the bad rows costs (a
-chunk with one is halved until the row is found), with no bad row (rate 0: the fast path) and
-at the rates given.
+best of `--repeats`. The ratio is skip over clean tokens/s: what finding the bad rows costs (each
+stage cuts its list around the row an error names and tries that row alone), with no bad row
+(rate 0: the fast path) and at the rates given.
 
     .venv/bin/python benchmarks/bad_rows.py [--rates 0 0.001 0.01] [--repeats 3] [--chars 2000]
 """
