@@ -1,4 +1,4 @@
-"""The ``zephon-torch`` command line: ``demo``, ``verify``, ``inspect`` and ``index``.
+"""The ``zephon-torch`` command line: ``demo``, ``verify``, ``inspect``, ``index`` and ``state``.
 
 Its parser and the checks on its arguments; what each command runs is in `_commands`.
 """
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """The chosen command, its errors reported as the command's (demo, verify)."""
+    """The chosen command, its errors reported as the command's (demo, verify, state)."""
     try:
         if args.command in ("demo", "verify", "state"):  # inspect and index guard their own
             from zephon_torch._inspect import failed
@@ -210,9 +210,10 @@ def _add_verify(commands: Any) -> None:
         "--fault-step",
         type=_non_negative_int,
         default=None,
-        help="save here and resume from the most ranks on the fewest, and from the fewest "
-        "(a DataLoader's state, with workers) on the most; the same W when only one runs "
-        "(default: 3, at most steps - 1; with --plot: half the steps; 0: no fault)",
+        help="save here and resume from the last world size on the first, and from the first "
+        "(a DataLoader's state, with workers) on the last: by default the most ranks and the "
+        "fewest; the same W when only one runs (default: 3, at most steps - 1; with --plot: "
+        "half the steps; 0: no fault)",
     )
     check.add_argument(
         "--no-standard", action="store_true", help="skip the standard-loader baseline"

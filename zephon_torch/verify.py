@@ -143,8 +143,10 @@ def verify(
 ) -> list[Run]:
     """Every configuration's per-step global-batch hashes (see the module docstring).
 
-    ``runners`` adds runs of the smallest world size with the per-document work on another
-    runner (``"processes"``: spawned workers) than the recipe's.
+    ``workers`` and ``runners`` add runs of the first world size (the smallest by default) with
+    DataLoader workers, or with the per-document work on another runner (``"processes"``:
+    spawned workers) than the recipe's. ``fault_step`` adds a resume from the last world size
+    onto the first and one from the first, through a DataLoader's state, onto the last.
 
     Shows a progress bar over the configurations when stderr is a terminal."""
     if fault_step is not None and not 0 < fault_step < steps:
@@ -174,8 +176,9 @@ def verify(
         for runner in runners
     ]
     if fault_step is not None:
-        # from the most ranks to the fewest (the same, with one world size), and back from
-        # the fewest through a DataLoader's state, with workers where any are asked for
+        # from the last world size to the first (by default the most ranks to the fewest; the
+        # same, with one world size), and back through a DataLoader's state, with workers where
+        # any are asked for
         jobs.append(
             (
                 f"zephon W={sizes[-1]} fault@{fault_step} -> W={sizes[0]}",
