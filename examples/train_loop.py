@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lanes", type=int, default=4, help="canonical_replicas L")
     parser.add_argument("--out", default=None, help="write per-step loss and data hash as JSON")
-    parser.add_argument("--save-at", type=int, default=-1, help="checkpoint after this step")
+    parser.add_argument("--save-at", type=int, default=-1, help="checkpoint after this many steps")
     parser.add_argument("--checkpoint", default="checkpoint.pt", help="where --save-at writes")
     parser.add_argument("--resume", default=None, help="a checkpoint to continue from")
     parser.add_argument("--micro-batch", type=int, default=4, help="rows a micro-batch: 1, 2 or 4")
