@@ -1,8 +1,9 @@
 """The main job on the embedded default: two real sources, a 50:50 token mix, packed batches.
 
 Code is the standard library's ``.py`` files, prose the pydoc topics; the tokenizer is a byte-level
-BPE trained on them once and cached (or a hub id when the hub or its cache is reachable). Prose is
-small (about 0.5 MB), so the recipe repeats each dataset with a fresh shuffle every pass.
+BPE trained on them once and cached, unless one is given (``tokenizer``, or ``tokenizer_id``: a hub
+id or a local path, ``zephon-torch demo --tokenizer``). Prose is small (about 0.5 MB), so the
+recipe repeats each dataset with a fresh shuffle every pass.
 """
 
 from __future__ import annotations
