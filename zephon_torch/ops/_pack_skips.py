@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # why documents are skipped: the length rules, documents of no token, and rows that raised a
 # DataError under bad_rows="skip"
 SKIP_REASONS = ("too_long", "too_short", "empty", "malformed")
-# rows of a source a lane skips as malformed before its first document, the last of them raising
+# malformed rows of a source a lane meets before its first document: the BAD_START_ROWS-th raises
 # (with a tenth of rows bad at random, 100 in a row come once in 10**100 starts)
 BAD_START_ROWS = 100
 
