@@ -47,8 +47,12 @@ def _documents(rng: random.Random, count: int, low: int, high: int) -> list[dict
 def _state(pipeline: Pipeline, batches: int) -> dict[str, Any]:
     """The state after ``batches`` micro-batches, as written."""
     stream = iter(pipeline)
-    for _ in range(batches):
-        next(stream)
+    for done in range(batches):
+        if next(stream, None) is None:
+            raise SystemExit(
+                f"the data ended after {done} of the {batches} micro-batches a state is taken "
+                "after: raise --bin-docs"
+            )
     return pipeline.state_dict()
 
 
