@@ -83,11 +83,14 @@ def adopt_site(site: Site | None) -> None:
     _thread_site.site = site
 
 
-def warn(message: str) -> None:
-    """Give ``message`` as a ``ZephonWarning`` from the first frame outside zephon_torch (the
+def warn(text: str, *, once: tuple[str, ...] | None = None) -> None:
+    """Give ``text`` as a ``ZephonWarning`` from the first frame outside zephon_torch (the
     user's ``for batch in loader`` or ``Dataset.from_path`` line), however deep in the library
     it is made; on a background thread, from the line that started its work. Where no line is
-    the user's (a DataLoader worker's loop), from the library's line that warned."""
+    the user's (a DataLoader worker's loop), from the library's line that warned. ``once``:
+    see ``ZephonWarning.once``."""
+    message = ZephonWarning(text)
+    message.once = once
     frame, out = _outside(sys._getframe(1))  # the function that warns: stacklevel 2
     if _is_users(frame):
         warnings.warn(message, ZephonWarning, stacklevel=2 + out)

@@ -46,6 +46,10 @@ class ZephonWarning(UserWarning):
     category=ZephonWarning)`` makes them errors, ``"ignore"`` silences them alone. Each points at
     the user's line that led to it, where one is on the stack."""
 
+    once: tuple[str, ...] | None = None
+    """A warning given once an iteration per key (``(kind, dataset)``): DataLoader workers each
+    give their own, and the loader gives the first of each key (see `torch._warnings`)."""
+
 
 class WorkerTraceback(Exception):
     """The traceback of an error's cause, as text, after the error crossed a process boundary

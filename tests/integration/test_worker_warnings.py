@@ -92,7 +92,7 @@ def test_a_category_defined_in_a_function_arrives_as_a_user_warning() -> None:
         (UserWarning, "local"),
         (OddRow, "kept"),
     ]
-    assert {module for *_, module in taken} == {__name__}
+    assert {module for _, _, _, _, module, _ in taken} == {__name__}
 
 
 def test_the_idle_workers_warning_comes_from_the_main_process(
@@ -179,4 +179,30 @@ def test_a_worker_s_warning_is_sent_while_modules_are_imported_meanwhile() -> No
             gc.collect()
             for name in [n for n in sys.modules if n.startswith("_zephon_test_")]:
                 del sys.modules[name]
-    assert [(text, module) for _, text, _, _, module in taken] == [("odd", __name__)]
+    assert [(text, module) for _, text, _, _, module, _ in taken] == [("odd", __name__)]
+
+
+def refuse_every_fourth_row(row: dict[str, Any]) -> dict[str, Any]:
+    if row["n"] % 4 == 1:
+        raise ValueError(f"row {row['n']} is refused")
+    return row
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skipped_rows_are_warned_of_once_a_dataset_and_iteration_with_any_workers(
+    num_workers: int,
+) -> None:
+    """Each worker skipped rows of its own lanes and warned of the first it met, each naming
+    another row: the main process gave one warning per worker, where the README promises one
+    per dataset and iteration, as without workers."""
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 64, "n": list(range(64))}, shard_size=4)
+    source = StaticMixtureWorkSource([data], seed=3)
+    recipe = Pipeline(source).options(canonical_replicas=4, bad_rows="skip")
+    recipe = recipe.map(refuse_every_fourth_row).pretokenized("ids").pack_flat(8).batch(1)
+    loader = DataLoader(recipe, num_workers=num_workers, multiprocessing_context="fork")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(list(loader)) > 0
+    said = [str(w.message) for w in caught if "skipping rows that raise" in str(w.message)]
+    assert len(said) == 1, said
+    assert loader.stats()["skipped_documents"]["malformed"] == 16

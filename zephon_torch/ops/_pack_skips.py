@@ -109,6 +109,7 @@ class SkipAccounting:
             "bad_rows='skip': skipping rows that raise an error, counted in "
             "stats()['skipped_documents']['malformed'] (one warning per dataset and "
             f"iteration); the first: {error}{'' if place is None else f' ({place})'}",
+            once=self._once_key("bad rows", source),
         )
 
     def _check_bad_start(self, source: int, error: str) -> None:
@@ -135,10 +136,15 @@ class SkipAccounting:
             dataset=self.readers[source].layout.name,
         )
 
+    def _once_key(self, kind: str, source: int) -> tuple[str, str]:
+        """The warning's key for the loader's main process (see ``ZephonWarning.once``): DataLoader
+        workers share no ``warned``, and each warns of its own first."""
+        return (kind, self.readers[source].layout.name)
+
     def _first_warning(self, kind: str, source: int) -> bool:
         """Whether the warning ``kind`` of ``source``'s dataset is still to be given this
         iteration (the lanes share ``warned``); it counts as given from now on."""
-        key = (kind, self.readers[source].layout.name)
+        key = self._once_key(kind, source)
         if key in self.warned:
             return False
         self.warned.add(key)

@@ -274,6 +274,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
                 f"that the lane read was {self._empty_words()} or dropped (by filters, "
                 "min_document_length or long_documents='drop'), and with exhaustion='stop' "
                 "its pass is over",
+                once=self._once_key("no token", source),
             )
             return
         left, total = self._to_come()
@@ -284,6 +285,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
                 "datasets, to come: the rest of the run is theirs alone, and the delivered "
                 "shares leave their targets; give it more `passes`, or use "
                 "exhaustion='repeat' with a step budget to keep the shares",
+                once=self._once_key("ran out", source),
             )
 
     def _to_come(self) -> tuple[float, float]:

@@ -25,7 +25,8 @@ from zephon_torch._caller import user_site
 WARNINGS_KEY = "zephon_warnings"
 """An item's warnings heard in its worker since the previous item: ``Heard`` tuples."""
 
-Heard = tuple[type[Warning], str, str, int, str | None]  # category, text, file, line, module
+# category, text, file, line, module, and the key of a warning given once an iteration
+Heard = tuple[type[Warning], str, str, int, str | None, tuple[str, ...] | None]
 _GIVEN: dict[str, dict[Any, Any]] = {}  # per file, the registry of warnings given from it
 
 
@@ -50,14 +51,14 @@ class WorkerWarnings:
             key = (w.category, str(w.message), w.filename, w.lineno)
             if key not in self._sent:
                 self._sent.add(key)
-                heard.append(
-                    (_sendable(w.category), str(w.message), w.filename, w.lineno, _module(w))
-                )
+                once = getattr(w.message, "once", None)
+                category = _sendable(w.category)
+                heard.append((category, str(w.message), w.filename, w.lineno, _module(w), once))
         return heard
 
     def show_left(self) -> None:
         """Print, in the worker, what was heard and never sent."""
-        for category, text, filename, lineno, _ in self.take():
+        for category, text, filename, lineno, *_ in self.take():
             warnings.showwarning(category(text), category, filename, lineno)
 
 
@@ -83,13 +84,19 @@ def heard_warnings(active: bool) -> Iterator[WorkerWarnings | None]:
             heard.show_left()
 
 
-def give(heard: list[Heard]) -> None:
+def give(heard: list[Heard], given: set[tuple[str, ...]]) -> None:
     """Issue warnings heard in a worker in the main process, whose filters decide: as from the
     user's line that iterates the loader (see `zephon_torch._caller`), where one is on the
     stack, whose module's registry shows a repeat once; else as from the place and module the
-    worker warned from."""
+    worker warned from. A warning given once an iteration (``ZephonWarning.once``) whose key
+    is in ``given`` (the iteration's) is left out: each worker gave its own, naming its first
+    bad row, say, where one process gives one."""
     site = user_site()
-    for category, text, worker_file, worker_line, worker_module in heard:
+    for category, text, worker_file, worker_line, worker_module, once in heard:
+        if once is not None:
+            if once in given:
+                continue
+            given.add(once)
         if site is not None:
             filename, lineno, module_globals = site
             module = module_globals.get("__name__")

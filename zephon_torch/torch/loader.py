@@ -373,11 +373,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
 def _raising(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """The items, raising a worker's error where it sent one (see `ERROR_KEY`), and giving the
-    warnings its workers heard (see `_warnings`)."""
+    warnings its workers heard (see `_warnings`), each of those given once an iteration once."""
+    given: set[tuple[str, ...]] = set()
     for item in items:
         heard = item.pop(WARNINGS_KEY, None)
         if heard:
-            give(heard)
+            give(heard, given)
         if ERROR_KEY in item:
             raise item[ERROR_KEY]
         yield item
