@@ -5,9 +5,11 @@ which state to save or load (``zephon_torch.torch._handover``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,6 +134,7 @@ def test_another_loader_of_a_pipeline_whose_first_loader_delivered_starts_at_its
         ({"shuffle": True}, r"`shuffle` is not taken: the pipeline decides the order"),
         ({"drop_last": True}, "`drop_last` is not taken: a finite stream ends with padded"),
         ({"workers": 2}, "`workers` is not taken: not an argument of zephon_torch"),
+        ({"in_order": False}, "`in_order` is not taken: items come in the one order"),
     ],
 )
 def test_torch_loader_arguments_the_loader_decides_are_refused_saying_why(
@@ -140,3 +143,23 @@ def test_torch_loader_arguments_the_loader_decides_are_refused_saying_why(
     """They were Python's bare TypeError (an unexpected keyword argument)."""
     with pytest.raises(ConfigError, match=said):
         DataLoader(_build(tokenizer), **argument)
+
+
+def _started(folder: str, worker_id: int) -> None:
+    """A `worker_init_fn`: marks the worker in `folder`, and draws from torch's generator
+    (which cannot change the data)."""
+    torch.rand(1)
+    with open(f"{folder}/{worker_id}", "w") as mark:
+        mark.write("started")
+
+
+def test_a_worker_init_fn_runs_in_each_worker_and_leaves_the_data_as_it_is(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """It was refused as no argument of the loader, though training code often passes one
+    (a walkthrough's doubt)."""
+    plain = _ids(DataLoader(_build(tokenizer), num_workers=2), 6)
+    started = functools.partial(_started, str(tmp_path))
+    loader = DataLoader(_build(tokenizer), num_workers=2, worker_init_fn=started)
+    assert _ids(loader, 6) == plain
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1"]

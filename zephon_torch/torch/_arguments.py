@@ -20,6 +20,8 @@ _DECIDED = {
     "shuffle": _ORDER,
     "drop_last": "a finite stream ends with padded micro-batches, never a short one",
     "collate_fn": "items are training dicts of tensors already",
+    "in_order": "items come in the one order the pipeline decides, whatever the workers",
+    "generator": "the data depends on the pipeline's seed alone, not torch's random state",
 }
 
 

@@ -13,7 +13,7 @@ import multiprocessing
 import pickle
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
@@ -56,6 +56,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         prefetch_factor: batches each worker prepares ahead (ignored without workers).
         multiprocessing_context: e.g. ``"spawn"``; the default (fork on Linux) works too.
         timeout: seconds to wait for a worker's batch (0: forever; ignored without workers).
+        worker_init_fn: called with the worker's id in each worker as it starts, before it
+            reads (seeding the user's own libraries, say); it cannot change the data, which
+            depends on the pipeline's seed alone (ignored without workers).
         persistent_workers: accepted for torch's signature; only False (True is refused: a
             persistent worker would resume from what it produced, not from what the loop
             received).
@@ -86,6 +89,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         prefetch_factor: int | None = None,
         multiprocessing_context: str | None = None,
         timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
         persistent_workers: bool = False,
         deliver_on_use: bool = False,
         restart: bool = False,
@@ -122,6 +126,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             prefetch_factor=prefetch_factor if num_workers else None,
             multiprocessing_context=multiprocessing_context if num_workers else None,
             timeout=timeout if num_workers else 0,
+            worker_init_fn=worker_init_fn,
         )
         # from what the dataset delivered so far: a dataset iterated before continues
         given = data._delivered if isinstance(data, PipelineDataset) else {}
