@@ -350,3 +350,45 @@ def test_a_refused_gcs_download_is_one_storage_error_with_gcsfs_s_logs_demoted(
     finally:
         gcsfs_logger.removeHandler(handler)
         gcsfs_logger.setLevel(level)
+
+
+def test_a_listing_let_go_on_a_frozen_azure_store_leaves_no_error_on_the_loop() -> None:
+    """The Azure SDK goes on with a listing cancelled as stalled on a stopped store: its error,
+    once the store died, was logged by asyncio as "Task exception was never retrieved", with
+    a traceback of some 140 lines, where the StorageError had been raised long before."""
+    import asyncio
+    import gc
+    import logging
+    import os
+    import signal
+
+    from zephon_torch.io._filesystems import open_filesystem
+    from zephon_torch.io._retry import RetryPolicy
+    from zephon_torch.io._stall import Stalled, bounded
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("asyncio").addHandler(handler)
+    try:
+        with azure_store() as store:
+            store.filesystem().mkdir("bucket")
+            store.filesystem().pipe_file("bucket/a/x.txt", b"x")
+            fs, _ = open_filesystem("az://bucket/a", store.options)
+            os.kill(store.process.pid, signal.SIGSTOP)
+            with pytest.raises(Stalled, match="no answer in 1"):
+                bounded(fs, "find", "bucket/a", retry=RetryPolicy(timeout=1), what="listing")
+            store.process.kill()  # the connection the SDK still waits on is refused
+            store.process.wait(10)
+
+            async def running() -> int:
+                return len(asyncio.all_tasks()) - 1
+
+            deadline = time.monotonic() + 20
+            while asyncio.run_coroutine_threadsafe(running(), fs.loop).result():
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            gc.collect()
+    finally:
+        logging.getLogger("asyncio").removeHandler(handler)
+    assert [r.getMessage() for r in records if "never retrieved" in r.getMessage()] == []

@@ -246,12 +246,21 @@ def _watched(
     """The result of coroutine `work`, run on `loop` while this thread looks at it every half
     second: `Stalled` once past `pace`'s deadline, or under its rate where `judge_rate`
     (`received()`: the bytes so far, where the client reports them); the work is cancelled
-    then, or on any other error, and garbage collected where `collect`."""
-    ended = threading.Event()
+    then, or on any other error, and garbage collected where `collect`.
+
+    A client may not end at the cancel: the Azure SDK's listing on a store that stopped
+    answering (SIGSTOP) went on until the connection failed, and its error, which no one
+    waits for, was logged by asyncio as "Task exception was never retrieved" with a long
+    traceback. What comes of work let go is dropped."""
+    ended, let_go = threading.Event(), threading.Event()
 
     async def run() -> Any:
         try:
             return await work
+        except BaseException:
+            if let_go.is_set():
+                return None  # no one waits for it: not an unretrieved error on the loop
+            raise
         finally:
             ended.set()
 
@@ -264,6 +273,7 @@ def _watched(
             if pace.overdue():
                 pace.raise_overdue(got)
     except BaseException:  # a stall, or Ctrl-C: the transfer must not go on alone
+        let_go.set()
         future.cancel()
         ended.wait(_WATCH_S)
         if collect:
