@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -17,10 +18,11 @@ Hook = Callable[[str, str, dict[str, str]], "tuple[int, bytes] | None"]
 
 
 @contextmanager
-def hooked_proxy(upstream: str, before: Hook) -> Iterator[str]:
+def hooked_proxy(upstream: str, before: Hook, body_rate: int = 0) -> Iterator[str]:
     """Yields the URL of a proxy to `upstream` (``http://host:port``) that calls `before` with
     each request's method, path and headers, then forwards it, or answers what `before`
-    returned; stopped on exit."""
+    returned; stopped on exit. `body_rate`: bytes a second each forwarded answer's body is
+    sent at, in 64 KiB pieces (0: at once)."""
     host, port = upstream.removeprefix("http://").split(":")
 
     class Forward(http.server.BaseHTTPRequestHandler):
@@ -56,8 +58,13 @@ def hooked_proxy(upstream: str, before: Hook) -> Iterator[str]:
                 if name.lower() not in ("transfer-encoding", "connection"):
                     self.send_header(name, value)
             self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
+            if self.command == "HEAD":
+                return
+            piece = 1 << 16 if body_rate else max(len(data), 1)
+            for start in range(0, len(data), piece):
+                self.wfile.write(data[start : start + piece])
+                if body_rate:
+                    time.sleep(piece / body_rate)
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
 

@@ -246,7 +246,8 @@ def test_gcs_requests_have_a_time_limit_unless_one_is_given(tmp_path: Path) -> N
         copy = pickle.loads(pickle.dumps(opened))
         copy.read_rows(1, [0])
         for dataset in (opened, copy):
-            assert dataset._reader._filesystem().requests_timeout == 60.0
+            limit = dataset._reader._filesystem().requests_timeout
+            assert (limit.total, limit.sock_connect, limit.sock_read) == (None, 60.0, 60.0)
         given = Dataset.from_path(
             "c",
             store.url("bucket", "c"),
@@ -254,6 +255,49 @@ def test_gcs_requests_have_a_time_limit_unless_one_is_given(tmp_path: Path) -> N
             io_options={"cache": {"dir": str(tmp_path / "cache")}},
         )
         assert given._reader._filesystem().requests_timeout == 5
+
+
+def test_a_gcs_download_longer_than_the_request_limit_reads_and_a_silent_store_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gcsfs gives `requests_timeout` to aiohttp as the limit of the whole request: with the
+    60 s zephon_torch set, every attempt of a healthy download taking longer (a large shard,
+    a slow link) failed as "FSTimeoutError", so the shard never read. The limit is now on
+    the wait for an answer and for each of its reads: here 1 s, and a 3 MiB shard sent at
+    1 MiB/s reads, while a listing on a store that stops answering still ends by it."""
+    import os
+    import signal
+
+    import numpy as np
+
+    from tests.hooked_proxy import hooked_proxy
+    from zephon_torch import StorageError
+    from zephon_torch.io import _filesystems
+
+    monkeypatch.setattr(_filesystems, "GCS_REQUEST_TIMEOUT_S", 1.0)
+    (tmp_path / "t").mkdir()
+    np.save(tmp_path / "t" / "0.npy", np.arange(10, dtype=np.int32).reshape(-1, 2))
+    np.save(tmp_path / "t" / "1.npy", np.arange(3 << 18, dtype=np.int32).reshape(-1, 1024))
+    with gcs_store() as store:
+        store.upload(tmp_path / "t", "bucket", "t")
+        with hooked_proxy(store.options["endpoint_url"], lambda *_: None, 1 << 20) as proxy:
+            remote = Dataset.from_path(
+                "t",
+                "gs://bucket/t",
+                storage_options={**store.options, "endpoint_url": proxy},
+                io_options={"cache": {"dir": str(tmp_path / "c"), "prefetch_bytes": 0}},
+            )
+            started = time.monotonic()
+            assert remote.read_rows(1, [767])[0]["input_ids"][-1] == (3 << 18) - 1
+            assert time.monotonic() - started > 2.5  # the download outlasted the limit
+        os.kill(store.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StorageError, match="listing failed after 1 attempt"):
+                _open(store, "bucket", "t", tmp_path, retry={"attempts": 1})
+            assert time.monotonic() - started < 15  # gcsfs's 2 tries of 1 s, 1-2 s apart
+        finally:
+            os.kill(store.process.pid, signal.SIGCONT)
 
 
 def test_a_gcs_token_never_shows_in_an_error_or_its_causes(tmp_path: Path) -> None:

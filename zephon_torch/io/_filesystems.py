@@ -21,8 +21,9 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
     clients lack:
 
     - gcsfs waits for an answer with no time limit by default, so a store that takes the
-      connection and never answers held the run for ever; gs:// gets ``requests_timeout``
-      (seconds per request, not per download) unless it is given.
+      connection and never answers held the run for ever; gs:// gets a ``requests_timeout``
+      of ``GCS_REQUEST_TIMEOUT_S`` for the connection and for each read of the answer, none
+      for the whole request, unless one is given (see `_gcs_request_timeout`).
     - The Azure SDK retries a request that could not be sent (a refused, unreachable or timed
       out connection) 3 times after 15 s and more each, and adlfs passes no setting of it on:
       a wrong or dead endpoint took 162 s to a ``StorageError``. az:// leaves those retries to
@@ -47,7 +48,7 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
     options = dict(storage_options)
     scheme = url.split("://", 1)[0]
     if scheme in ("gs", "gcs"):
-        options.setdefault("requests_timeout", GCS_REQUEST_TIMEOUT_S)
+        options.setdefault("requests_timeout", _gcs_request_timeout())
     if scheme in ("gs", "gcs", *_AZURE_SCHEMES):  # a client of its own, to set retries on
         options.setdefault("skip_instance_cache", True)
     try:
@@ -72,6 +73,17 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, 
     if scheme in ("gs", "gcs"):
         _fewer_gcsfs_tries(fs)
     return fs, root
+
+
+def _gcs_request_timeout() -> Any:
+    """gcsfs's ``requests_timeout`` of no answer, or no bytes of one, for
+    ``GCS_REQUEST_TIMEOUT_S``. gcsfs gives it to aiohttp, which takes a number for the whole
+    request, a shard's download included: every attempt of a healthy download taking longer
+    (1 GB at 16 MB/s) was cut at 60 s as a timeout, so the shard never read."""
+    import aiohttp
+
+    limit = GCS_REQUEST_TIMEOUT_S
+    return aiohttp.ClientTimeout(total=None, sock_connect=limit, sock_read=limit)
 
 
 def _kept_question_mark(url: str, root: str) -> str:
