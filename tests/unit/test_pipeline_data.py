@@ -614,3 +614,47 @@ def test_a_finished_pipeline_leaves_no_reference_cycle(tokenizer: Any, recipe: s
         gc.set_debug(0)
         gc.enable()
     assert cyclic == []
+
+
+_SPAWNED_NAME = """
+import multiprocessing
+
+from zephon_torch.ops.map import function_name
+
+
+def shout(row):
+    return row
+
+
+def named(fn):
+    return function_name(fn, None)
+
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(named(shout), pool.apply(named, (shout,)))
+"""
+
+
+def test_a_main_script_s_function_is_named_alike_in_a_spawned_process(tmp_path: Path) -> None:
+    """A spawned process imports the main script as `__mp_main__`: its functions were named
+    `__mp_main__.shout` there, `__main__.shout` in the main process, in errors and in a
+    fingerprint taken there (a DataLoader walkthrough)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_SPAWNED_NAME)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["__main__.shout", "__main__.shout"]

@@ -79,7 +79,10 @@ def _derived_name(fn: Any) -> str:
         return f"partial({_derived_name(fn.func)}, {', '.join(arguments)})"
     if not hasattr(fn, "__qualname__"):  # a callable object: named by its class
         fn = type(fn)
-    name = f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
+    module = getattr(fn, "__module__", "?")
+    # a spawned process (a DataLoader worker, a runner) imports the main script again as
+    # `__mp_main__`: its functions are the main script's, and must be named as they are there
+    name = f"{'__main__' if module == '__mp_main__' else module}.{fn.__qualname__}"
     if getattr(fn, "__name__", None) == "<lambda>" and hasattr(fn, "__code__"):
         return f"{name}#{_lambda_digest(fn)}"  # every lambda of a scope has one qualname
     return name
