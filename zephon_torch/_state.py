@@ -6,7 +6,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from zephon_torch._regroup import KEY, as_loaded, regroup, saved_size
-from zephon_torch.elastic import ranks_out_of_step
+from zephon_torch._turn_order import padded_to
+from zephon_torch.elastic import rank_turns, ranks_out_of_step
 from zephon_torch.errors import ConfigError, StateMismatchError, finite_number
 
 # 2: the mixer looks a row ahead (`choose_source`); see `version_mismatch` for version 1.
@@ -341,9 +342,13 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     lanes: dict[str, Any] = {}
     for state in states:
         check_state(state, first["fingerprint"], [], live_order=first.get("datasets"))
-    going_on = [s.get("step", 0) for s in states if not _ended(s)]
-    if going_on:
-        states = [_padded_to(s, max(going_on)) if _ended(s) else s for s in states]
+    ended = [rank_turns(list(state["lanes"].values())) is None for state in states]
+    going_on = [state.get("step", 0) for state, done in zip(states, ended) if not done]
+    if going_on:  # a finished rank's lanes pad in step with the ranks going on
+        states = [
+            {**state, "lanes": padded_to(state["lanes"], max(going_on))} if done else state
+            for state, done in zip(states, ended)
+        ]
     for state in states:
         for lane, lane_state in state["lanes"].items():
             if lane in lanes and lanes[lane] != lane_state:
@@ -361,24 +366,6 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     if ranks > 1 and isinstance(total, int) and len(lanes) == total:
         check_ranks_in_step(merged["lanes"], canonical_replicas=total, world_size=ranks)
     return merged
-
-
-def _ended(state: dict[str, Any]) -> bool:
-    """Whether ``state`` is a rank's final one: every lane of it spent."""
-    lanes = list(state["lanes"].values())
-    return bool(lanes) and all(s is not None and s["done"] for s in lanes)
-
-
-def _padded_to(state: dict[str, Any], step: int) -> dict[str, Any]:
-    """A rank's final ``state`` as it stands at ``step`` of the ranks going on: its spent lanes
-    pad in step with them (a spent lane's padding moves its turn alone), as under
-    torch.distributed. Left behind, loaded, they padded every turn between, ahead of the
-    others' data (a rank ended at step 40 merged with one saved at step 50 gave 27 all-padding
-    micro-batches first, on one process, and every global step after it shifted)."""
-    lanes = {
-        lane: s if s["turn"] >= step else {**s, "turn": step} for lane, s in state["lanes"].items()
-    }
-    return {**state, "lanes": lanes}
 
 
 def check_ranks_in_step(lanes: dict[str, Any], *, canonical_replicas: int, world_size: int) -> None:

@@ -39,6 +39,16 @@ def skip_spent_turns(states: dict[K, dict[str, Any] | None]) -> dict[K, dict[str
     }
 
 
+def padded_to(states: dict[K, dict[str, Any]], turn: int) -> dict[K, dict[str, Any]]:
+    """A finished rank's spent lane ``states`` as they stand at ``turn``, the step of the ranks
+    going on: a spent lane pads in step with them, and its padding moves its turn alone (as
+    under torch.distributed). Left behind in a merged state, loaded, they padded every turn
+    between, ahead of the others' data (a rank ended at step 40 merged with one saved at step
+    50 gave 27 all-padding micro-batches first, on one process, and every global step after
+    it shifted)."""
+    return {lane: s if s["turn"] >= turn else {**s, "turn": turn} for lane, s in states.items()}
+
+
 def cut_at_empty_turn(
     items: Iterable[T],
     *,

@@ -213,10 +213,10 @@ def _load(loader: _Loader, state: dict[str, Any]) -> None:
         loader.load_state_dict(state)
 
 
-def _rank_turns(pipeline: Pipeline, state: dict[str, Any]) -> set[int]:
-    """The turns this rank's lanes stand at in ``state`` (the load check's rule: spent lanes
-    count while a lane of the rank has data)."""
-    return set(rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or ())
+def _lane_turns(pipeline: Pipeline, state: dict[str, Any]) -> list[int]:
+    """The turns this rank's lanes stand at in ``state``, lane by lane (the load check's rule:
+    spent lanes count while a lane of the rank has data; none where all are spent)."""
+    return rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or []
 
 
 def _align_accumulation(trainer: L.Trainer, pipeline: Pipeline, state: dict[str, Any]) -> None:
@@ -239,7 +239,7 @@ def _align_accumulation(trainer: L.Trainer, pipeline: Pipeline, state: dict[str,
         return  # the user's training step decides when to step
     loop = trainer.fit_loop.epoch_loop
     steps = loop.automatic_optimization.optim_progress.optimizer.step.current.completed
-    turns = rank_turns([state["lanes"].get(str(lane)) for lane in pipeline.lanes]) or []
+    turns = _lane_turns(pipeline, state)
     begun = sum(turn > min(turns) for turn in turns) if turns else 0
     one_step = trainer.accumulate_grad_batches == len(turns) and steps == min(turns)
     if begun and not one_step:  # mid-step: only where an optimizer step is one global step
@@ -255,7 +255,7 @@ def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any], accumulate: int
     world_size = pipeline.topology[0]
     if world_size == 1:
         return
-    turns = _rank_turns(pipeline, state)
+    turns = set(_lane_turns(pipeline, state))
     if len(turns) <= 1:
         return
     said = f"this checkpoint is taken mid-step (this rank's lanes are at turns {sorted(turns)}): "

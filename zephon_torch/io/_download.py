@@ -248,7 +248,7 @@ def _names_file_in(error: OSError, folder: str) -> bool:
 def _present(fs: Any, fs_path: str, retry: RetryPolicy) -> bool | None:
     """Whether the store holds the object now (a FileNotFoundError of a download may be the
     cache folder's, deleted under it, and maybe made again at once by another process sharing
-    it); None where the store does not answer (within `retry`'s `rate_window`)."""
+    it); None where the store does not answer (within `retry`'s `timeout`)."""
     fs.invalidate_cache(fs_path)
     try:
         quietly(lambda: bounded(fs, "info", fs_path, retry=retry, what="asking its size"))
