@@ -20,7 +20,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from zephon_torch.errors import ConfigError
-from zephon_torch.io._found_files import once_each, refuse_unread_index, warn_of_files
+from zephon_torch.io._found_files import (
+    named_format_files,
+    once_each,
+    refuse_unread_index,
+    warn_of_files,
+)
 from zephon_torch.io.formats import (
     ENDINGS,
     INDEX_FILE,
@@ -70,7 +75,11 @@ def find_files(
         raise ConfigError(f"no files found at {text!r}: the path does not exist")
     if not files:
         raise ConfigError(f"no files found at {text!r}: the {where} holds no visible files")
-    found_format, found = (format_, files) if format_ is not None else _detect(text, where, files)
+    found_format, found = (
+        (format_, named_format_files(where, files))
+        if format_ is not None
+        else _detect(text, where, files)
+    )
     _check_regular(found)
     return found_format, found if where == "file" else once_each(text, found)
 

@@ -125,6 +125,22 @@ def _warn_left_out(text: str, left_out: list[str]) -> None:
     )
 
 
+def named_format_files(where: str, files: list[str]) -> list[str]:
+    """The files of a folder (``where``: "directory") read in a format named by `format=`:
+    less the notes kept beside data (`README.md`, `LICENSE`), left out quietly as detection
+    leaves them out, except `.txt` and `.log` files (JSON Lines are kept so), and unless
+    nothing else is there. A file or a glob names its files itself: all are read."""
+    if where != "directory":
+        return files
+    data = [file for file in files if not _notes(file.rsplit("/", 1)[-1])]
+    return data or files
+
+
+def _notes(name: str) -> bool:
+    """Whether a file of a folder read with a given format is a note kept beside the data."""
+    return _quiet(name) and os.path.splitext(name)[1].lower() not in {".txt", ".log"}
+
+
 def _quiet(name: str) -> bool:
     """Whether a file left out is one of the notes kept beside data: a name ending in
     `_NOT_DATA`, or one of `_NOT_DATA_NAMES` (a name without an ending is otherwise warned

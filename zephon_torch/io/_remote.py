@@ -19,6 +19,7 @@ from typing import Any
 from zephon_torch.errors import ConfigError, ZephonError
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
 from zephon_torch.io._filesystems import open_filesystem
+from zephon_torch.io._found_files import named_format_files
 from zephon_torch.io._index import index_kind, parse_json
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied, quietly
 from zephon_torch.io._shard_cache import CachedObject
@@ -139,6 +140,8 @@ def list_remote(
                 "per folder"
             )
         format_, paths = detect_files(url, where, paths)
+    else:
+        paths = named_format_files(where, paths)
     partners = _offsets_partners(fs, name, paths, infos, where, retry) if format_ == "npy" else []
     for path in paths + partners:
         infos[path] = dict(sized(fs, path, infos[path], url=name(path), retry=retry))

@@ -447,6 +447,35 @@ def test_a_data_file_named_without_an_ending_is_named_as_left_out(
     assert len(caught) == 1 and dataset.num_rows == 1
 
 
+def test_format_given_for_a_folder_leaves_its_notes_out_unless_they_are_all_it_holds(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """`format=` read every file of a folder in that format, so the README.md and LICENSE
+    kept beside Spark's `part-00000` shards were read as JSON Lines, a DataError naming the
+    README. Notes are left out as detection leaves them out, unless they are all there is."""
+    spark = tmp_path / "spark"
+    write_jsonl(spark / "part-00000", [{"x": 0}] * 2)
+    write_jsonl(spark / "part-00001", [{"x": 1}] * 3)
+    (spark / "README.md").write_text("# a dataset\n")
+    (spark / "LICENSE").write_text("CC-BY\n")
+    dataset = Dataset.from_path("d", spark, format="jsonl")
+    assert [os.path.basename(shard.path) for shard in dataset.shards] == [
+        "part-00000",
+        "part-00001",
+    ]
+    assert dataset.num_rows == 5
+    notes = tmp_path / "notes"
+    write_jsonl(notes / "a.md", [{"x": 0}] * 4)
+    write_jsonl(notes / "b.yaml", [{"x": 1}])
+    assert Dataset.from_path("t", notes, format="jsonl").num_rows == 5
+    glob = Dataset.from_path("g", str(spark / "*"), format="jsonl")
+    assert len(glob.shards) == 4
+    readme = [shard.path for shard in glob.shards].index(str(spark / "README.md"))
+    with pytest.raises(DataError) as caught:
+        glob.read_rows(readme, [0])
+    assert caught.value.shard == str(spark / "README.md")
+
+
 def test_a_resume_on_another_hub_commit_says_to_pin_the_saved_one(
     tmp_path: Path, write_jsonl: Any
 ) -> None:

@@ -86,6 +86,27 @@ def test_a_memory_url_reads_the_same_rows_as_the_local_copy(tmp_path: Path) -> N
     assert len(pickle.dumps(remote)) < 4000
 
 
+def test_format_given_for_a_remote_folder_leaves_its_notes_out(tmp_path: Path) -> None:
+    """As for a local folder: `format=` read a bucket folder's README.md as a shard."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_jsonl(fs, f"{root}/part-00000", [{"text": "a"}, {"text": "b"}])
+    _put_jsonl(fs, f"{root}/part-00001", [{"text": "c"}])
+    fs.pipe(f"{root}/README.md", b"# notes\n")
+    remote = Dataset.from_path(
+        "r",
+        f"memory://{root}/",
+        format="jsonl",
+        io_options=_options(tmp_path),
+        index_cache_dir=str(tmp_path),
+    )
+    assert [shard.path.rsplit("/", 1)[-1] for shard in remote.shards] == [
+        "part-00000",
+        "part-00001",
+    ]
+    assert remote.num_rows == 3
+
+
 def test_parquet_rows_are_counted_from_the_footer_without_a_download(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
