@@ -222,12 +222,27 @@ def parse_tree(text: str) -> Node:
             tree nested deeper than `MAX_TREE_DEPTH` (items are rebuilt recursively).
     """
     try:
-        protocol, spec = json.loads(text)
+        try:
+            protocol, spec = json.loads(text)
+        except (TypeError, ValueError) as error:  # not JSON, or not a pair
+            raise _not_a_tree(text, error) from None
         if protocol != 1:
             raise ValueError(f"unknown data_spec protocol {protocol}")
-        return _node(spec, MAX_TREE_DEPTH)
+        try:
+            return _node(spec, MAX_TREE_DEPTH)
+        except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as error:
+            raise _not_a_tree(text, error) from None
     except RecursionError:  # in the JSON text, or the dict keys' JSON inside it
         raise ValueError("the data_spec nests too deeply to parse") from None
+
+
+def _not_a_tree(text: Any, error: Exception) -> ValueError:
+    shown = repr(text) if len(repr(text)) <= 80 else repr(text)[:77] + "..."
+    return ValueError(
+        f"its data_spec {shown} is not the item tree litdata.optimize writes (a JSON text "
+        f'[1, {{"type", "context", "children_spec"}}]: {type(error).__name__}: {error}); '
+        "write the dataset again"
+    )
 
 
 def _node(spec: dict[str, Any], depth: int) -> Node:

@@ -332,6 +332,31 @@ def test_a_data_spec_nested_too_deeply_is_a_data_error_naming_the_index(
     assert caught.value.shard == str(out / "index.json")
 
 
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("", "JSONDecodeError"),
+        (None, "TypeError"),
+        ("[]", "ValueError"),
+        ("[1, {}]", "KeyError: 'type'"),
+        ('[1, {"type": "builtins.dict", "context": "{", "children_spec": []}]', "JSONDecodeError"),
+    ],
+    ids=["empty", "null", "no-pair", "no-type", "bad-keys"],
+)
+def test_a_data_spec_that_is_no_item_tree_says_so(
+    written: dict[str, Path], tmp_path: Path, spec: object, error: str
+) -> None:
+    """A damaged or hand-written data_spec gave reasons such as "'type'" or "not enough
+    values to unpack (expected 2, got 0)", not saying which part of the index was wrong."""
+    edit = lambda index: index["config"].update(data_spec=spec)  # noqa: E731
+    out = copy_with_index(written["arrays"], tmp_path / "l", edit)
+    with pytest.raises(DataError) as caught:
+        Dataset.from_path("l", out)
+    assert "is not the item tree litdata.optimize writes" in str(caught.value)
+    assert error in str(caught.value)
+    assert caught.value.shard == str(out / "index.json")
+
+
 @pytest.mark.parametrize("sized", [True, False], ids=["sized", "unsized"])
 def test_a_zstd_chunk_that_inflates_past_its_recorded_size_is_refused_without_inflating_it(
     written: dict[str, Path], tmp_path: Path, sized: bool
