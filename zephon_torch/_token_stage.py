@@ -43,22 +43,24 @@ def doc_ops(self: Pipeline) -> list[DocOp]:
 
 
 Fields = tuple[tuple[str, ...], str | None]  # fields read, and the one of token ids
-ReadDatasets = tuple[tuple["Dataset", ...], Fields, tuple["Dataset", ...]]  # from, for, read
+# from, for (the fields, and whether bad rows are skipped), read
+ReadDatasets = tuple[tuple["Dataset", ...], tuple[Fields, bool], tuple["Dataset", ...]]
 
 
 def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
     """The datasets as the lanes read them: where the recipe reads known fields only (no
     `map` or `filter`, which may read any), each decodes only those (`Dataset.reading`: the
-    same rows). Made once per pipeline object and datasets, so that the stats count the cache
-    use of the readers that read."""
+    same rows). Made once per pipeline object, datasets and `bad_rows`, so that the stats
+    count the cache use of the readers that read; `options(bad_rows=...)` shares the cache
+    with the pipeline it came from, but reads a shard lacking a field otherwise."""
     fields = fields_read(self)
     if fields is None:
         return self._datasets
+    skip = self._options.bad_rows == "skip"
     held = self._read_datasets
-    if held is not None and held[0] is self._datasets and held[1] == fields:
+    if held is not None and held[0] is self._datasets and held[1] == (fields, skip):
         return held[2]
     names, token_field = fields
-    skip = self._options.bad_rows == "skip"
     read = tuple(_reading(dataset, names, token_field, skip) for dataset in self._datasets)
     if skip:  # a shard lacking a field: its rows skipped each
         from zephon_torch.io._narrowing import NarrowedOrWhole
@@ -67,7 +69,7 @@ def read_datasets(self: Pipeline) -> tuple[Dataset, ...]:
             NarrowedOrWhole(narrow, whole) if narrow is not whole else whole
             for narrow, whole in zip(read, self._datasets, strict=True)
         )
-    self._read_datasets = (self._datasets, fields, read)
+    self._read_datasets = (self._datasets, (fields, skip), read)
     return read
 
 

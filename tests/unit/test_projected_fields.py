@@ -187,6 +187,29 @@ def test_under_skip_a_shard_lacking_a_field_is_read_whole_and_a_payload_of_ids_t
     assert sorted(p["ids"] for p in payloads) == [[1, 2], [3, 4, 5]]
 
 
+def test_a_run_stopped_by_a_shard_lacking_the_field_goes_on_with_skip_in_the_same_process(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """The README's way on after a bad row ended a run: the same recipe with
+    `options(bad_rows="skip")`, from the last state. Made from the pipeline that raised, in the
+    same process, the skipping one took over its narrowed readers, made for "raise", so the
+    shard lacking the field ended this run too, where a recipe built afresh skips its rows."""
+    pq.write_table(pa.table({"text": ["a b", "c d"], "id": [1, 2]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"body": ["e f"], "id": [3]}), tmp_path / "b.parquet")
+    raising = _pipeline(Dataset.from_path("d", tmp_path)).tokenize(tokenizer=tokenizer)
+    raising = raising.pack_flat(4).batch(1)
+    with pytest.raises(DataError, match=r"b\.parquet': has no column 'text'"):
+        list(raising)
+    skipping = raising.options(bad_rows="skip")
+    with pytest.warns(UserWarning, match=r"b\.parquet', row 0: field 'text' is missing"):
+        got = [batch.input_ids.tobytes() for batch in skipping]
+    assert skipping.stats()["skipped_documents"]["malformed"] == 1
+    fresh = _pipeline(Dataset.from_path("d", tmp_path)).options(bad_rows="skip")
+    fresh = fresh.tokenize(tokenizer=tokenizer).pack_flat(4).batch(1)
+    with pytest.warns(UserWarning):
+        assert got == [batch.input_ids.tobytes() for batch in fresh]
+
+
 def _mismatched_shards(folder: Path) -> None:
     """Parquet shards of token ids in `ids`, among them one whose `ids` holds text and one
     without `ids`: each of their rows a row's fault when read whole."""
