@@ -490,6 +490,18 @@ def _source(**kwargs: Any) -> StaticMixtureWorkSource:
             lambda tok: DataLoader(small_pipeline(tok), num_workers=1, prefetch_factor=0),
             "`prefetch_factor` must be >= 1, got 0",
         ),
+        (  # taken, then a bare TypeError at the first iteration
+            lambda tok: DataLoader(small_pipeline(tok), num_workers=2.0),  # type: ignore[arg-type]
+            "`num_workers` must be an integer, got 2.0",
+        ),
+        (  # torch's ValueError, naming no setting of ours
+            lambda tok: DataLoader(small_pipeline(tok), num_workers=-1),
+            "`num_workers` must be >= 0, got -1",
+        ),
+        (  # a bare TypeError comparing it with 1
+            lambda tok: DataLoader(small_pipeline(tok), num_workers=2, prefetch_factor="2"),  # type: ignore[arg-type]
+            "`prefetch_factor` must be an integer, got '2'",
+        ),
         (
             lambda tok: small_pipeline(tok).explain(num_workers=-1),
             "`num_workers` must be >= 0, got -1",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, integer_setting
 
 _ORDER = (
     "the pipeline decides the order: `StaticMixtureWorkSource(seed=..., shuffle=...)` and "
@@ -30,3 +30,18 @@ def refuse_torch_arguments(others: dict[str, Any]) -> None:
     for name in others:
         why = _DECIDED.get(name, "not an argument of zephon_torch.torch.DataLoader")
         raise ConfigError(f"`{name}` is not taken: {why}")
+
+
+def checked_workers(num_workers: object, prefetch_factor: object) -> tuple[int, int | None]:
+    """``num_workers`` and ``prefetch_factor`` as plain ints (the factor None where not given),
+    else a ``ConfigError`` naming the one at fault: torch's loader takes ``num_workers=2.0``
+    and fails at the first iteration on a bare TypeError, and a string where it compares."""
+    workers = integer_setting(num_workers, "`num_workers`")
+    if workers < 0:
+        raise ConfigError(f"`num_workers` must be >= 0, got {workers}")
+    if not workers or prefetch_factor is None:
+        return workers, None
+    factor = integer_setting(prefetch_factor, "`prefetch_factor`")
+    if factor < 1:
+        raise ConfigError(f"`prefetch_factor` must be >= 1, got {factor}")
+    return workers, factor

@@ -28,7 +28,7 @@ from zephon_torch._turn_order import (
     spent_at,
 )
 from zephon_torch.errors import ConfigError
-from zephon_torch.torch._arguments import refuse_torch_arguments
+from zephon_torch.torch._arguments import checked_workers, refuse_torch_arguments
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
 from zephon_torch.torch.dataset import (
@@ -106,8 +106,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         for name, flag in (("deliver_on_use", deliver_on_use), ("restart", restart)):
             if not isinstance(flag, bool):
                 raise ConfigError(f"`{name}` must be True or False, got {flag!r}")
-        if num_workers and prefetch_factor is not None and prefetch_factor < 1:
-            raise ConfigError(f"`prefetch_factor` must be >= 1, got {prefetch_factor!r}")
+        num_workers, prefetch_factor = checked_workers(num_workers, prefetch_factor)
         if persistent_workers:
             raise ConfigError(
                 "`persistent_workers=True` is not supported: a persistent worker would resume "
