@@ -299,6 +299,8 @@ class ParquetReader(PickledAsSettings):
                 table = table.select(columns)
             names, values = row_columns(table, self.projection.token_columns)
         except (pa.ArrowException, OSError, ValueError) as error:
+            if machine_fault(error):  # no memory for the group (pyarrow's MemoryError too)
+                raise
             raise DataError(
                 f"cannot decode row group {group}: {error}{_changed(path, opened.size)}",
                 dataset=self.dataset,

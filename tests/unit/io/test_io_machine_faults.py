@@ -1,6 +1,6 @@
-"""A fault of the machine while a healthy shard is opened (too many open files, no memory, an
-I/O error) is raised as it is, not as a `DataError` saying the shard is unreadable or corrupt,
-which sent the user to rebuild good data (review L, finding 1)."""
+"""A fault of the machine while a healthy shard is opened or decoded (too many open files, no
+memory, an I/O error) is raised as it is, not as a `DataError` saying the shard is unreadable
+or corrupt, which sent the user to rebuild good data (review L, finding 1)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,51 @@ def test_a_format_library_s_own_os_error_is_the_data_s() -> None:
     assert not machine_fault(OSError("Couldn't deserialize thrift"))  # pyarrow, bad bytes
     assert not machine_fault(FileNotFoundError(2, "No such file"))
     assert not machine_fault(ValueError("bad magic"))
+
+
+# In a child process: a row group of 300 strings of 1 MB (a few KB on disk) decoded under an
+# address-space limit 20 MiB above what the process holds (a small shard read first, so that
+# pyarrow's threads are started), then without it.
+_DECODE_CHILD = textwrap.dedent(
+    """
+    import json, os, resource, sys
+    from zephon_torch.io import Dataset
+    dataset = Dataset.from_path("d", sys.argv[1])
+    dataset.read_rows(1, [0])
+    status = open(f"/proc/{os.getpid()}/status").read()
+    held = int(status.split("VmSize:")[1].split()[0]) * 1024
+    limit = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (held + (20 << 20), limit[1]))
+    try:
+        dataset.read_rows(0, [0])
+        seen = "read"
+    except Exception as error:
+        seen = f"{type(error).__name__}: {error}"
+    resource.setrlimit(resource.RLIMIT_AS, limit)
+    again = dataset.read_rows(0, [299])
+    print(json.dumps({"seen": seen, "again": len(again[0]["text"])}))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_no_memory_to_decode_a_parquet_row_group_is_not_reported_as_a_corrupt_shard(
+    tmp_path: Path,
+) -> None:
+    """pyarrow's ArrowMemoryError is an ArrowException: the decode's handler of bad bytes
+    called the healthy shard's row group undecodable."""
+    table = pa.table({"text": ["x" * 1_000_000 + str(i) for i in range(300)]})
+    pq.write_table(table, tmp_path / "0-big.parquet", compression="zstd")
+    pq.write_table(pa.table({"text": ["a", "b"], "n": [1, 2]}), tmp_path / "1-small.parquet")
+    child = subprocess.run(
+        [sys.executable, "-c", _DECODE_CHILD, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).parents[3],
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["again"] == 1_000_003  # the shard was healthy all along
+    assert result["seen"].startswith(("ArrowMemoryError", "MemoryError")), result["seen"]
