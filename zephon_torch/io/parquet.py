@@ -3,14 +3,15 @@
 Row counts, and the split of big shards into window blocks (`window_blocks`), come from the
 footer, so opening a dataset reads no data. Parquet cannot decode a single row, so a read
 decodes each row group it touches to Python lists once and keeps it in an LRU bounded by the
-groups' uncompressed size (256 MiB by default; Python objects take a few times more) and,
-loosely, by count (1,024). A window of rows drawn from a few shards, or blocks of at most
-`WINDOW_BLOCK_BYTES` of big shards, then costs one conversion per row group, not one per
-request, as long as the window's row groups fit the bound: when they do not (row groups bigger
-than a block, or more window shards), rows drawn at random from the window decode a group for a
-few rows each, and in a dataset of many windows a warning says so once (groups decoded again
-and again; see `_DecodeLog`). The count bound was 16: shards of short documents, with many
-small row groups per window, then decoded a group for about every row (measured 20x slower).
+groups' uncompressed size (256 MiB by default; Python objects take a few times more), each
+group weighing `GROUP_OVERHEAD` more for its objects. A window of rows drawn from a few shards,
+or blocks of at most `WINDOW_BLOCK_BYTES` of big shards, then costs one conversion per row
+group, not one per request, as long as the window's row groups fit the bound: when they do not
+(row groups bigger than a block, or more window shards), rows drawn at random from the window
+decode a group for a few rows each, and in a dataset of many windows a warning says so once
+(groups decoded again and again; see `_DecodeLog`). A bound by count (16, then 1,024 groups)
+made windows of many small row groups (short documents) decode a group for about every row,
+whatever the byte bound: at 1,024, 6x slower over windows of 12,000 groups of 10 rows.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ split into blocks of consecutive row groups of at most this size (a bigger group
 shuffle windows count in place of shards (see `window_blocks`): a window of 4 blocks needs at
 most half the default row-group cache, leaving the rest to the next window's first groups and
 to estimates that fall short. Data-affecting: it sets the order."""
+
+GROUP_OVERHEAD = 1 << 10
+"""What a decoded row group weighs in the cache beyond its data, its Python objects (0.7 to 1.6
+KiB measured for groups of 1 to 10 short rows): the byte bound also bounds many tiny groups."""
 
 _FIXED_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 
@@ -132,9 +137,10 @@ class ParquetReader(PickledAsSettings):
     Args:
         dataset: the dataset name, used in error messages.
         max_open: how many files to keep open with their footers parsed.
-        max_row_groups: how many decoded row groups to keep.
-        max_row_group_bytes: bound on the summed uncompressed size of the kept row groups; the
-            newest one is kept whatever its size.
+        max_row_groups: how many decoded row groups to keep; None: as many as
+            ``max_row_group_bytes`` holds.
+        max_row_group_bytes: bound on the summed uncompressed size of the kept row groups, each
+            with `GROUP_OVERHEAD`; the newest one is kept whatever its size.
         projection: the columns to read (None reads all) and the token columns, which come back
             as 1-D numpy integer arrays.
     """
@@ -152,7 +158,7 @@ class ParquetReader(PickledAsSettings):
         *,
         dataset: str,
         max_open: int = 16,
-        max_row_groups: int = 1024,
+        max_row_groups: int | None = None,
         max_row_group_bytes: int = 256 << 20,
         projection: Projection | None = None,
     ) -> None:
@@ -165,8 +171,9 @@ class ParquetReader(PickledAsSettings):
 
     def _open_caches(self) -> None:
         self._files: LruCache[_OpenFile] = LruCache(self.max_open)
+        count = self.max_row_groups or self.max_row_group_bytes // GROUP_OVERHEAD + 1
         self._groups: LruCache[_RowGroup] = LruCache(
-            self.max_row_groups, max_weight=self.max_row_group_bytes, weigh=lambda g: g.nbytes
+            count, max_weight=self.max_row_group_bytes, weigh=lambda g: g.nbytes
         )
         self._decodes = _DecodeLog()
 
@@ -283,8 +290,8 @@ class ParquetReader(PickledAsSettings):
         if self._decodes.again_soon((path, group)):
             warn(
                 f"dataset {self.dataset!r}: Parquet row groups are decoded again soon after "
-                f"being dropped from the row-group cache ({self.max_row_group_bytes >> 20} MiB, "
-                f"{self.max_row_groups:,} groups): the row groups of a shuffle window do not fit "
+                f"being dropped from the row-group cache ({self.max_row_group_bytes >> 20} MiB): "
+                "the row groups of a shuffle window do not fit "
                 "it, so most rows cost a row-group decode. Lower shuffle_window_shards, write "
                 "smaller row groups, or raise io_options={'parquet': {'row_group_cache_bytes': "
                 "...}}.",
@@ -309,7 +316,7 @@ class ParquetReader(PickledAsSettings):
         return _RowGroup(
             names=names,
             columns=values,
-            nbytes=column_bytes(values, opened.group_bytes[group]),
+            nbytes=column_bytes(values, opened.group_bytes[group]) + GROUP_OVERHEAD,
         )
 
 

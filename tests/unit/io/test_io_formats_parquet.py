@@ -299,14 +299,16 @@ def test_a_pickled_dataset_keeps_its_projection(parquet_dir: Path) -> None:
     assert [plain(row) for row in copy.read_rows(0, [3, 4])] == before
 
 
+@pytest.mark.parametrize("groups", [300, 3000])
 def test_rows_drawn_at_random_from_many_small_row_groups_decode_each_group_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, groups: int
 ) -> None:
     """Short documents make many row groups per shuffle window: as long as they fit the
-    cache's byte bound, each is decoded once however the window's rows are drawn."""
+    cache's byte bound, each is decoded once however the window's rows are drawn. A bound of
+    1,024 groups as well decoded each of 3,000 groups (under 200 KiB of ids) 3 times."""
     from zephon_torch.io.parquet import ParquetReader
 
-    groups, per_group = 300, 4
+    per_group = 4
     table = pa.table({"ids": [[i, i + 1] for i in range(groups * per_group)]})
     pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=per_group)
     decoded: list[int] = []
@@ -451,7 +453,7 @@ def test_windows_of_blocks_decode_each_row_group_once_a_pass_where_windows_of_sh
     decode groups again and again."""
     from zephon_torch import Pipeline
     from zephon_torch.io import parquet
-    from zephon_torch.io.parquet import ParquetReader
+    from zephon_torch.io.parquet import GROUP_OVERHEAD, ParquetReader
     from zephon_torch.work import StaticMixtureWorkSource
 
     per_group, width = 128, 8
@@ -466,7 +468,8 @@ def test_windows_of_blocks_decode_each_row_group_once_a_pass_where_windows_of_sh
         return decode(self, path, opened, number)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ParquetReader, "_decode", counted)
-    weight = per_group * width * 4 + (per_group + 1) * 8  # a group's decoded ids and offsets
+    # a group's decoded ids and offsets, and its objects
+    weight = per_group * width * 4 + (per_group + 1) * 8 + GROUP_OVERHEAD
     cache = {"parquet": {"row_group_cache_bytes": 32 * weight}}
     dataset = Dataset.from_path("d", tmp_path / "data", token_columns=["ids"], io_options=cache)
     assert [len(s.blocks) for s in dataset.shards] == ([10, 10] if split else [0, 0])
@@ -491,6 +494,8 @@ def test_a_row_group_is_weighed_by_its_decoded_token_arrays_plus_its_other_colum
 ) -> None:
     """A token column counts once, by its decoded arrays: counting its footer size as well
     made a window of token shards weigh twice what it holds."""
+    from zephon_torch.io.parquet import GROUP_OVERHEAD
+
     table = pa.table(
         {
             "ids": pa.array([[i] * 100 for i in range(50)], pa.list_(pa.int32())),
@@ -500,7 +505,7 @@ def test_a_row_group_is_weighed_by_its_decoded_token_arrays_plus_its_other_colum
     pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=50)
     column = pq.ParquetFile(tmp_path / "part-0.parquet").metadata.row_group(0).column(1)
     assert column.path_in_schema == "text"
-    ids_bytes = 50 * 100 * 4 + 51 * 8  # values and offsets
+    ids_bytes = 50 * 100 * 4 + 51 * 8 + GROUP_OVERHEAD  # values, offsets and objects
     for columns, expected in (
         (["ids"], ids_bytes),
         (["ids", "text"], ids_bytes + column.total_uncompressed_size),
