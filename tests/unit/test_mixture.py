@@ -16,7 +16,7 @@ from zephon_torch._corpus import demo_tokenizer
 from zephon_torch.demo import demo_pipeline
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 from zephon_torch.work.mixture import choose_source
 
 
@@ -180,6 +180,27 @@ def test_a_bad_mixture_is_refused_naming_the_dataset(
     datasets = [Dataset.from_dict("a", {"text": ["x"]}), Dataset.from_dict("b", {"text": ["y"]})]
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         StaticMixtureWorkSource(datasets, mixture)
+
+
+@pytest.mark.parametrize(
+    ("setting", "name"),
+    [
+        ({"mixture": {"a": 1, "b": 1, 3: 1, "z": 1}}, "`mixture`"),
+        ({"passes": {"a": 2, 3: 1, "z": 1}}, "`passes`"),
+        (
+            {"token_estimation": TokenEstimation(tokens_per_byte={3: 0.5, "z": 0.3})},
+            "`tokens_per_byte`",
+        ),
+    ],
+)
+def test_names_of_mixed_types_are_listed_as_unknown_not_a_type_error(
+    setting: dict[str, Any], name: str
+) -> None:
+    """A key that is no string beside one that is no dataset raised a bare TypeError ('<' not
+    supported between 'str' and 'int') from the sort meant to list them."""
+    datasets = [Dataset.from_dict("a", {"text": ["x"]}), Dataset.from_dict("b", {"text": ["y"]})]
+    with pytest.raises(ConfigError, match=re.escape(f"{name} names unknown datasets [3, 'z']")):
+        StaticMixtureWorkSource(datasets, **setting)
 
 
 def test_weights_are_normalised_from_any_positive_numbers() -> None:

@@ -11,7 +11,7 @@ to one row per lane.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
@@ -130,8 +130,8 @@ class StaticMixtureWorkSource:
         self.datasets = datasets
         self.weights = _normalise(mixture, names)
         self.seed = seed
-        pinned = sorted(set((token_estimation and token_estimation.tokens_per_byte) or ()))
-        unknown = [name for name in pinned if name not in names]
+        pinned = set((token_estimation and token_estimation.tokens_per_byte) or ())
+        unknown = _unknown(pinned, names)
         if unknown:  # a misspelt name would be measured anyway, silently
             raise ConfigError(
                 f"`tokens_per_byte` names unknown datasets {unknown}; datasets are {names}"
@@ -192,7 +192,7 @@ def _passes(
         passes = 1
     if not isinstance(passes, Mapping):
         passes = dict.fromkeys(names, passes)
-    unknown = sorted(set(passes) - set(names))
+    unknown = _unknown(passes, names)
     if unknown:
         raise ConfigError(f"`passes` names unknown datasets {unknown}; datasets are {names}")
     given = {n: passes.get(n, 1) for n in names}
@@ -201,6 +201,13 @@ def _passes(
     if bad:
         raise ConfigError(f"`passes` must be positive whole numbers, got {bad}")
     return tuple(int(p) for p in given.values())
+
+
+def _unknown(keys: Iterable[Any], names: list[str]) -> list[Any]:
+    """The ``keys`` that name no dataset, sorted by their text: a key of another type beside
+    a string one (``{"web": 1, 3: 1}``) could not be sorted, a bare TypeError for an error
+    meant to list them."""
+    return sorted(set(keys) - set(names), key=str)
 
 
 def _whole(value: Any) -> bool:
@@ -221,7 +228,7 @@ def _normalise(mixture: Mapping[str, float] | None, names: list[str]) -> tuple[f
         raise ConfigError(
             f"`mixture` must map dataset names to weights, as {{{example}}}; got {mixture!r}"
         )
-    unknown = sorted(set(mixture) - set(names))
+    unknown = _unknown(mixture, names)
     if unknown:
         raise ConfigError(f"`mixture` names unknown datasets {unknown}; datasets are {names}")
     missing = sorted(set(names) - set(mixture))
