@@ -167,8 +167,14 @@ def _topology(num_replicas: int | None, rank: int | None) -> tuple[int, int, str
     if rank is None:
         if initialised:
             rank, rank_name = dist.get_rank(), "torch.distributed rank"
-        else:
+        elif "RANK" in os.environ or num_replicas <= 1:
             rank, rank_name = _env_int("RANK", 0), "environment variable RANK"
+        else:  # every process would take rank 0's indices: the data W times over
+            raise ConfigError(
+                f"the {world_name} is {num_replicas}, but nothing says this process's rank: "
+                "pass `rank`, set RANK, or make the sampler once the process group exists "
+                "(in Lightning, in `train_dataloader`)"
+            )
     return num_replicas, rank, world_name, rank_name
 
 
@@ -186,7 +192,8 @@ class ElasticDistributedSampler(DistributedSampler[int]):
     Args:
         dataset: A sized map-style dataset; its length is read once, here.
         num_replicas: World size W; defaults to torch.distributed, then ``WORLD_SIZE``, then 1.
-        rank: This rank; defaults to torch.distributed, then ``RANK``, then 0.
+        rank: This rank; defaults to torch.distributed, then ``RANK``, then 0 where W is 1
+            (W > 1 with no rank from anywhere is a ConfigError).
         shuffle: Permute the indices per (seed, epoch); otherwise natural order.
         seed: Seed of the permutation, identical on every rank.
         drop_last: Drop the incomplete last global batch instead of padding it.

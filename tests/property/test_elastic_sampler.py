@@ -204,7 +204,8 @@ def test_a_state_outside_the_epoch_is_refused_and_so_is_a_step_count_past_it() -
         ({"WORLD_SIZE": "4", "RANK": "-1"}, "environment variable RANK must be an integer >= 0"),
         ({"WORLD_SIZE": "4", "RANK": "4"}, r"environment variable RANK must be in \[0, 4\), got 4"),
         ({"WORLD_SIZE": "0"}, "environment variable WORLD_SIZE must be positive, got 0"),
-        ({"WORLD_SIZE": "5"}, "environment variable WORLD_SIZE 5 does not divide"),
+        ({"WORLD_SIZE": "5", "RANK": "0"}, "environment variable WORLD_SIZE 5 does not divide"),
+        ({"WORLD_SIZE": "2"}, "environment variable WORLD_SIZE is 2, but nothing says this"),
     ],
 )
 def test_malformed_environment_values_are_refused_naming_the_variable(
@@ -230,6 +231,19 @@ def test_the_topology_comes_from_the_environment_unless_given(
     monkeypatch.delenv("RANK")
     s = ElasticDistributedSampler(Sized(10), global_batch_size=8)
     assert (s.num_replicas, s.rank) == (1, 0)
+
+
+def test_a_world_of_several_with_no_rank_from_anywhere_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`num_replicas=2` with no `rank`, no process group and no RANK took rank 0: each
+    process of an `mp.spawn` job (or a Lightning DDP one that made its sampler before the
+    process group) drew rank 0's indices, the data twice over. The pipeline refuses the same
+    half-set topology."""
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ConfigError, match=r"`num_replicas` is 2, but nothing says this process"):
+        ElasticDistributedSampler(Sized(10), num_replicas=2, global_batch_size=8)
+    assert ElasticDistributedSampler(Sized(10), num_replicas=1, global_batch_size=8).rank == 0
 
 
 def test_set_epoch_keeps_a_loaded_resume_point_for_its_epoch_and_the_next_pass_starts_over() -> (
