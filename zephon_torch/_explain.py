@@ -29,7 +29,7 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
     )
     for dataset, weight in zip(source.datasets, source.weights):
         lines.append(
-            f"  dataset {dataset.name!r}: {weight:.1%} target, {dataset.format}, "
+            f"  dataset {dataset.name!r}: {_share(weight)} target, {dataset.format}, "
             f"{counted(len(dataset.shards), 'shard')}, {counted(dataset.num_rows, 'row')}"
         )
     chain = ["fetch", *(_step(op.fingerprint()) for op in doc_ops(pipeline))]
@@ -104,3 +104,9 @@ def _span(lanes: list[int]) -> str:
     if lanes and lanes == list(range(lanes[0], lanes[-1] + 1)):
         return f"{lanes[0]}..{lanes[-1]}"
     return str(lanes)
+
+
+def _share(weight: float) -> str:
+    """A target share as a percentage: one decimal, or two significant digits below 0.1%
+    (a weight of 1e-3 beside 3 showed as "0.0% target")."""
+    return f"{weight:.1%}" if weight >= 0.001 else f"{weight * 100:.2g}%"

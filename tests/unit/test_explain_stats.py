@@ -12,6 +12,9 @@ from zephon_torch.io import Dataset
 
 
 def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> None:
+    from zephon_torch import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource
+
     text = small_pipeline(tokenizer, lanes=8, world_size=4, rank=3, algorithm="best_fit").explain(
         num_workers=2
     )
@@ -21,6 +24,10 @@ def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> 
     single = [Dataset.from_dict(n, {"text": ["a b"]}) for n in ("long", "short")]
     # not "1 shards, 1 rows"
     assert "memory, 1 shard, 1 row\n" in small_pipeline(tokenizer, datasets=single).explain()
+    skewed = StaticMixtureWorkSource(single, {"long": 3, "short": 0.001}, seed=7)
+    text = Pipeline(skewed).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2).explain()
+    assert "dataset 'short': 0.033% target" in text  # not "0.0% target"
+    assert "dataset 'long': 100.0% target" in text
     assert "fetch -> tokenize(field='text', special_tokens='eos')" in recipe
     # every packing setting in the fingerprint (num_bins was left out: trial C)
     assert "mix+pack(best_fit, max_length=64, num_bins=8)" in recipe
