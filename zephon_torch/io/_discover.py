@@ -25,6 +25,7 @@ from zephon_torch.io._found_files import (
     once_each,
     refuse_unread_index,
     warn_of_files,
+    warn_of_table_log,
 )
 from zephon_torch.io.formats import (
     ENDINGS,
@@ -81,6 +82,9 @@ def find_files(
         else _detect(text, where, files)
     )
     _check_regular(found)
+    if where == "directory":
+        log = os.path.join(text, "_delta_log")
+        warn_of_table_log(text, log if os.path.isdir(log) else None)
     return found_format, found if where == "file" else once_each(text, found)
 
 

@@ -141,6 +141,19 @@ def _notes(name: str) -> bool:
     return _quiet(name) and os.path.splitext(name)[1].lower() not in {".txt", ".log"}
 
 
+def warn_of_table_log(text: str, log: str | None) -> None:
+    """Warn where the folder ``text`` holds a Delta Lake table's log (`_delta_log`, ``log``):
+    its files are read as a plain folder's, those that commits removed but no VACUUM deleted
+    yet among them, their rows read again beside the rows that replaced them."""
+    if log is not None:
+        warn(
+            f"{text!r} is a Delta Lake table ({log!r}): its Parquet files are read as a "
+            "folder's, all of them, also those a later commit removed (until VACUUM deletes "
+            "them), whose rows would be read beside the rows that replaced them. Read a "
+            "snapshot: VACUUM the table with no retention, or write its current files out"
+        )
+
+
 def _quiet(name: str) -> bool:
     """Whether a file left out is one of the notes kept beside data: a name ending in
     `_NOT_DATA`, or one of `_NOT_DATA_NAMES` (a name without an ending is otherwise warned

@@ -19,7 +19,7 @@ from typing import Any
 from zephon_torch.errors import ConfigError, ZephonError
 from zephon_torch.io._discover import GLOB_CHARS, detect_files, visible_files
 from zephon_torch.io._filesystems import open_filesystem
-from zephon_torch.io._found_files import named_format_files
+from zephon_torch.io._found_files import named_format_files, warn_of_table_log
 from zephon_torch.io._index import index_kind, parse_json
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, denied, quietly
 from zephon_torch.io._shard_cache import CachedObject
@@ -126,6 +126,7 @@ def list_remote(
         indexed = _indexed(fs, name, url, root, where, found, format_, retry)
         if indexed is not None:
             return indexed
+    warn_of_table_log(url, _table_log(found, root, name) if where == "directory" else None)
     infos = visible_files(found, as_glob if where == "glob" else root.rstrip("/"), where)
     if not infos:
         raise ConfigError(f"no files found at {url!r}: the {where} holds no visible files")
@@ -147,6 +148,12 @@ def list_remote(
         infos[path] = dict(sized(fs, path, infos[path], url=name(path), retry=retry))
     objects = [(path, identity(name(path), infos[path])) for path in paths + partners]
     return Listing(format_, objects, fs=fs, companions=frozenset(map(name, partners)))
+
+
+def _table_log(found: Mapping[str, Any], root: str, name: Callable[[str], str]) -> str | None:
+    """The URL of the Delta Lake log (`_delta_log`) the folder ``root`` lists in ``found``."""
+    log = f"{root.rstrip('/')}/_delta_log/"
+    return name(log) if any(path.startswith(log) for path in found) else None
 
 
 def _python_glob(pattern: str) -> str:

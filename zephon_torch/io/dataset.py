@@ -135,7 +135,7 @@ class Dataset:
                 by the index; files by the endings `.jsonl`, `.ndjson`, `.json` (each also with
                 `.gz`, `.gzip`, `.zst` or `.zstd`), `.parquet`, `.pq`, `.parq`, `.vortex` and
                 `.npy`. Given for a directory, every file in it is read as that format,
-                whatever its name.
+                whatever its name, but for notes beside the data (`README.md`, `LICENSE`).
             columns: the columns rows keep, in this order; None keeps all. Parquet, Vortex,
                 MDS and LitData then read and decode nothing else; JSONL rows are filtered
                 after parsing. A shard without such a column raises DataError.

@@ -6,6 +6,8 @@ import glob
 import json
 import os
 import re
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -474,6 +476,28 @@ def test_format_given_for_a_folder_leaves_its_notes_out_unless_they_are_all_it_h
     with pytest.raises(DataError) as caught:
         glob.read_rows(readme, [0])
     assert caught.value.shard == str(spark / "README.md")
+
+
+def test_a_delta_lake_table_folder_is_read_with_a_warning_that_removed_files_are_read(
+    tmp_path: Path,
+) -> None:
+    """A Delta table's folder keeps the Parquet files later commits removed until VACUUM:
+    read as a folder, their rows came beside the rows that replaced them, without a word
+    (the `_delta_log` folder is skipped for its "_"). The log's first commit as Delta
+    writes it; no reader of the log is here."""
+    table = tmp_path / "table"
+    _write_table(table / "part-00000-a.parquet", 2)
+    _write_table(table / "part-00000-b.parquet", 3)  # the rewrite of a, say
+    (table / "_delta_log").mkdir()
+    (table / "_delta_log" / "00000000000000000000.json").write_text('{"commitInfo": {}}\n')
+    with pytest.warns(UserWarning, match=r"is a Delta Lake table .*_delta_log.*VACUUM") as got:
+        dataset = Dataset.from_path("t", table)
+    assert len(got) == 1 and dataset.num_rows == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Dataset.from_path("t", str(table / "*.parquet"))  # files named: no table read
+        shutil.rmtree(table / "_delta_log")
+        Dataset.from_path("t", table)
 
 
 def test_a_resume_on_another_hub_commit_says_to_pin_the_saved_one(

@@ -107,6 +107,19 @@ def test_format_given_for_a_remote_folder_leaves_its_notes_out(tmp_path: Path) -
     assert remote.num_rows == 3
 
 
+def test_a_remote_delta_lake_table_folder_is_read_with_a_warning(tmp_path: Path) -> None:
+    """As for a local folder: a table's removed Parquet files were read without a word."""
+    fs = fsspec.filesystem("memory")
+    root = _root()
+    _put_jsonl(fs, f"{root}/part-0.jsonl", [{"text": "a"}])
+    fs.pipe(f"{root}/_delta_log/00000000000000000000.json", b'{"commitInfo": {}}\n')
+    with pytest.warns(UserWarning, match=r"is a Delta Lake table \('memory://.*/_delta_log/'"):
+        remote = Dataset.from_path(
+            "r", f"memory://{root}/", io_options=_options(tmp_path), index_cache_dir=str(tmp_path)
+        )
+    assert remote.num_rows == 1
+
+
 def test_parquet_rows_are_counted_from_the_footer_without_a_download(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     root = _root()
