@@ -320,14 +320,18 @@ class Pipeline(RecipeSteps):
 
     # -- running -------------------------------------------------------------------------------
 
-    def to_torch(self, *, mask_document_boundaries: bool = False) -> PipelineDataset:
+    def to_torch(
+        self, *, mask_document_boundaries: bool = False, attention_mask: bool = False
+    ) -> PipelineDataset:
         """This pipeline as a torch ``IterableDataset`` of training dicts (see
-        ``zephon_torch.torch``); the loaded state, if any, carries over. Its items are whole
-        micro-batches: give a torch loader ``batch_size=None`` (its default of 1 adds a
-        leading dimension)."""
+        ``zephon_torch.torch``; the two flags as ``Batch.to_training`` takes them); the loaded
+        state, if any, carries over. Its items are whole micro-batches: give a torch loader
+        ``batch_size=None`` (its default of 1 adds a leading dimension)."""
         from zephon_torch.torch.dataset import PipelineDataset
 
-        return PipelineDataset(self, mask_document_boundaries=mask_document_boundaries)
+        return PipelineDataset(
+            self, mask_document_boundaries=mask_document_boundaries, attention_mask=attention_mask
+        )
 
     def __len__(self) -> int:
         """Not sized: a stream. Refused with the way to a torch loader, which asks for a length

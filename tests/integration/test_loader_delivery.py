@@ -4,6 +4,7 @@ iterators, an idle StatefulDataLoader worker, and a dataset shared with a plain 
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.helpers import small_pipeline, two_sources
+from zephon_torch import ConfigError
 from zephon_torch.torch import DataLoader
 
 DATASETS = two_sources(40, 30, shard_size=8)
@@ -195,3 +197,23 @@ def test_a_warning_every_worker_gives_comes_once_from_the_main_process(
     # from the line that iterates the loader, not the library's line in the worker (a trial)
     assert [w.filename for w in caught if "ran out" in str(w.message)] == [__file__]
     assert "ran out" not in capfd.readouterr().err  # no worker printed it
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_to_torch_gives_the_attention_mask_the_readme_advises_for_sdpa(
+    tokenizer: Any, num_workers: int
+) -> None:
+    """The README advises `attention_mask=True` with sdpa for batches of several rows, but
+    only `Batch.to_training` took it: no loader item could carry the mask."""
+    batches = list(itertools.islice(build(tokenizer), 6))
+    dataset = build(tokenizer).to_torch(attention_mask=True, mask_document_boundaries=True)
+    items = list(itertools.islice(DataLoader(dataset, num_workers=num_workers), 6))
+    for batch, item in zip(batches, items, strict=True):
+        want = batch.to_training(attention_mask=True, mask_document_boundaries=True)
+        assert item["attention_mask"].dtype == torch.bool
+        assert item["attention_mask"].shape == (2, 1, 64, 64)
+        assert torch.equal(item["attention_mask"], want["attention_mask"])
+        assert torch.equal(item["labels"], want["labels"])
+    assert "attention_mask" not in next(iter(DataLoader(build(tokenizer))))
+    with pytest.raises(ConfigError, match="`attention_mask` must be True or False"):
+        build(tokenizer).to_torch(attention_mask="yes")  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from zephon_torch._caller import warn
 from zephon_torch._lanes import calibrated
 from zephon_torch._packed_rows import pack_lanes
 from zephon_torch._state import state_step, version_mismatch, version_note
-from zephon_torch.errors import StateMismatchError, ZephonError
+from zephon_torch.errors import StateMismatchError, ZephonError, flag_setting
 from zephon_torch.ops.training import HOST_FIELDS
 from zephon_torch.torch._handover import Handover
 from zephon_torch.torch._transport import pack
@@ -110,15 +110,26 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
     Args:
         pipeline: the recipe; its rank and world size resolve at iteration.
         mask_document_boundaries: passed to ``Batch.to_training``.
+        attention_mask: passed to ``Batch.to_training``: a [B, 1, S, S] bool mask for
+            ``scaled_dot_product_attention`` in every item (B*S*S bytes each).
     """
 
-    def __init__(self, pipeline: Pipeline, *, mask_document_boundaries: bool = False) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        mask_document_boundaries: bool = False,
+        attention_mask: bool = False,
+    ) -> None:
         super().__init__()
         # its own copy: iterating it (without workers) must not move the caller's pipeline,
         # nor another loader's; what is said where that is forgotten: `_handover`
         self.pipeline = pipeline._with()
         self._handover = Handover(pipeline)
-        self.mask_document_boundaries = mask_document_boundaries
+        self.mask_document_boundaries = flag_setting(
+            mask_document_boundaries, "`mask_document_boundaries`"
+        )
+        self.attention_mask = flag_setting(attention_mask, "`attention_mask`")
         self.with_meta = False  # set by zephon_torch.torch.DataLoader
         self.pack_transport = False  # likewise, with workers: one buffer per item
         self.endless = False  # likewise: spent lanes pad on, the loader ends the stream
@@ -251,7 +262,10 @@ class PipelineDataset(IterableDataset[dict[str, Any]]):
         """A batch's training dict, with its payloads, and, for zephon_torch's loader, what
         it needs of the batch besides (``META_KEY``: lane, turn, state, counts for stats)."""
         item: dict[str, Any] = dict(
-            batch.to_training(mask_document_boundaries=self.mask_document_boundaries)
+            batch.to_training(
+                mask_document_boundaries=self.mask_document_boundaries,
+                attention_mask=self.attention_mask,
+            )
         )
         if batch.payloads is not None:
             item["payloads"] = batch.payloads
