@@ -7,6 +7,7 @@ import functools
 import http.server
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,3 +191,23 @@ def prefetch_threads() -> set[threading.Thread]:
     """The shard-prefetch threads alive now; a test compares with those alive at its start,
     as an earlier test's may still be retrying a store it stopped, in this process."""
     return {thread for thread in threading.enumerate() if thread.name == "zephon-prefetch"}
+
+
+_OVERRIDES = "-dac_override,-dac_read_search"  # the capabilities that let root past file modes
+
+
+def bound_by_modes(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` run (output captured, in ``ROOT``) where file modes bind it: as it is for a user;
+    for root, whom modes do not bind, under ``setpriv`` dropping the capabilities that override
+    them. Skips the test where root has no ``setpriv`` that can."""
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("no setpriv to make file modes bind root")
+        cmd = ["setpriv", f"--bounding-set={_OVERRIDES}", f"--inh-caps={_OVERRIDES}", *cmd]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False
+    )
+    if os.geteuid() == 0 and "setpriv:" in done.stderr:
+        pytest.skip(f"setpriv cannot drop capabilities here: {done.stderr.strip()}")
+    return done

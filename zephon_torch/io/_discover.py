@@ -39,6 +39,7 @@ from zephon_torch.io.formats import (
 
 GLOB_CHARS = frozenset("*?[")
 SKIPPED_PREFIXES = (".", "_")
+_FILE_SYSTEM_FOLDER = "lost+found"
 
 
 def find_files(
@@ -168,10 +169,12 @@ def _tree(
     within itself). With ``once``, each real folder is entered once, by its first link in
     name order (the same in every run); else by every path (a glob may match one and not
     another; its matches are read once). Folders in ``skipped`` are not entered, nor those
-    ``enter`` (given a folder's path from ``top``) refuses."""
+    ``enter`` (given a folder's path from ``top``) refuses. A folder that cannot be listed (no
+    permission) raises its `OSError`: left out, as `os.walk` leaves it, its files were
+    silently missing from the dataset."""
     entered = {os.path.realpath(top)}
     below: dict[str, tuple[list[str], frozenset[str]]] = {top: ([], frozenset(entered))}
-    for root, folders, names in os.walk(top, followlinks=True):
+    for root, folders, names in os.walk(top, onerror=_unlisted, followlinks=True):
         where, above = below.pop(root)
         kept = []
         for folder in sorted(folders):
@@ -185,6 +188,13 @@ def _tree(
             below[os.path.join(root, folder)] = ([*where, folder], above | {real})
         folders[:] = kept
         yield root, where, names
+
+
+def _unlisted(error: OSError) -> None:
+    """`os.walk`'s `onerror`: raise, but for the `lost+found` of a file system's root (root's
+    alone, never data), which a dataset kept at a mount point holds."""
+    if os.path.basename(os.fsdecode(error.filename or "")) != _FILE_SYSTEM_FOLDER:
+        raise error
 
 
 def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:

@@ -7,12 +7,14 @@ import json
 import os
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import bound_by_modes
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset, Shard
 
@@ -58,6 +60,37 @@ def test_a_directory_is_searched_recursively_in_path_order(
     assert names == ["a.jsonl", "b/1.jsonl.gz", "b/2.jsonl"]
     assert [shard.num_rows for shard in dataset.shards] == [1, 3, 2]
     assert all(os.path.isabs(shard.path) for shard in dataset.shards)
+
+
+_OPEN_IN_A_CHILD = (
+    "import sys; from zephon_torch.io import Dataset\n"
+    "try:\n"
+    "    print(Dataset.from_path('d', sys.argv[1]).num_rows)\n"
+    "except OSError as error:\n"
+    "    print(f'{type(error).__name__}: {error}')"
+)
+
+
+def test_a_folder_that_cannot_be_listed_is_an_error_not_rows_left_out(
+    tmp_path: Path, write_jsonl: Any
+) -> None:
+    """`os.walk` leaves out a folder it cannot list: the dataset opened with the readable
+    folder's 2 rows of 5, saying nothing. A file system's `lost+found` (root's alone) is
+    left out still."""
+    write_jsonl(tmp_path / "data" / "a" / "1.jsonl", [{"x": 0}] * 2)
+    write_jsonl(tmp_path / "data" / "b" / "2.jsonl", [{"x": 0}] * 3)
+    (tmp_path / "data" / "lost+found").mkdir()
+    (tmp_path / "data" / "lost+found").chmod(0)
+    cmd = [sys.executable, "-c", _OPEN_IN_A_CHILD, str(tmp_path / "data")]
+    try:
+        assert bound_by_modes(cmd).stdout.strip() == "5"
+        (tmp_path / "data" / "b").chmod(0)
+        for path in (tmp_path / "data", tmp_path / "data" / "**" / "*.jsonl"):
+            said = bound_by_modes([*cmd[:-1], str(path)]).stdout.strip()
+            assert said == f"PermissionError: [Errno 13] Permission denied: '{tmp_path}/data/b'"
+    finally:
+        for folder in ("b", "lost+found"):
+            (tmp_path / "data" / folder).chmod(0o755)
 
 
 def test_a_folder_reads_linked_folders_as_a_glob_does_each_once(
