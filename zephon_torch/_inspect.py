@@ -5,8 +5,9 @@ reads only the first shard's first rows for the field types and the preview, so 
 one dataset open plus one small read. ``index`` opens JSONL datasets so that every shard's line
 index is built and cached; later opens of unchanged files then skip the scan. Other formats keep
 their row counts in footers, headers or `index.json` and need no index. Errors that come from
-the data or the settings (`ZephonError`, a missing fsspec package) are printed as one line and
-give exit code 2, never a traceback.
+the data, the settings (`ZephonError`, a missing fsspec package) or the machine (an `OSError`:
+a file or folder that may not be read) are printed as one line and give exit code 2, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -150,7 +151,9 @@ def run_index(
 def _guarded(command: str, body: Callable[[], int | None], out: TextIO) -> int:
     try:
         return body() or 0
-    except (ZephonError, ImportError) as error:
+    except BrokenPipeError:  # the output's reader has gone: the command line ends quietly
+        raise
+    except (ZephonError, ImportError, OSError) as error:
         return failed(command, error, out)
 
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import bound_by_modes
 from zephon_torch import _inspect
 from zephon_torch.cli import main
 from zephon_torch.io import Dataset, _line_index
@@ -248,6 +249,23 @@ def test_a_missing_path_gives_one_error_line_and_exit_code_2(
     assert captured.err.count("\n") == 1
     assert captured.err.startswith(f"zephon-torch {command}: error: no files found")
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("command", ["inspect", "index", "inspect --validate"])
+def test_a_file_that_may_not_be_read_gives_one_error_line_and_exit_code_2(
+    tmp_path: Path, command: str
+) -> None:
+    """A `PermissionError` came out as a traceback and exit code 1, which from
+    `inspect --validate` says a row is bad."""
+    path = write_jsonl_shards(tmp_path / "data", 2, 3) / "part-001.jsonl"
+    path.chmod(0)
+    try:
+        done = bound_by_modes([sys.executable, "-m", "zephon_torch", *command.split(), str(path)])
+    finally:
+        path.chmod(0o644)
+    name = command.split(maxsplit=1)[0]
+    assert done.returncode == 2
+    assert done.stderr == f"zephon-torch {name}: error: [Errno 13] Permission denied: '{path}'\n"
 
 
 def test_a_file_not_of_the_given_format_gives_exit_code_2(
