@@ -12,15 +12,18 @@ lists instead.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from zephon_torch._packed_rows import mixpack_of, unpack_lanes
-from zephon_torch.errors import ConfigError
+from zephon_torch._state import check_shape
+from zephon_torch.errors import ConfigError, StateMismatchError
 
 _KEYS = ("version", "fingerprint", "lanes")
+_SHOWN_CHARS = 80  # of a damaged part's value, in the error
 
 
 def load_saved(path: str, *, trusted: bool = False) -> Any:
@@ -44,7 +47,6 @@ def load_saved(path: str, *, trusted: bool = False) -> Any:
     # torch.save writes a zip archive (a pickle, before torch 1.6)
     if not data.startswith((b"PK\x03\x04", b"\x80")):
         raise ConfigError(f"{path}: neither JSON ({not_json}) nor a torch checkpoint")
-    import io
     import pickle
 
     import torch
@@ -186,6 +188,8 @@ def run_state(path: str, *, as_json: bool, trusted: bool, out: TextIO) -> int:
         raise ConfigError(
             f"{path}: no zephon_torch state in it (a dict with {list(_KEYS)} at any depth)"
         )
+    for where, state in found:
+        _check_shape(state, f"{path}{where}")
     if as_json:
         unpacked = [
             {"where": where or "(the whole file)", "state": _unpacked(state)}
@@ -195,10 +199,42 @@ def run_state(path: str, *, as_json: bool, trusted: bool, out: TextIO) -> int:
         print(file=out)
         return 0
     for number, (where, state) in enumerate(found):
+        text = _reported(state, f"{path}{where}")
         if len(found) > 1:
             print(f"{'' if number == 0 else chr(10)}{path}{where}:", file=out)
-        report(state, out)
+        out.write(text)
     return 0
+
+
+def _reported(state: dict[str, Any], where: str) -> str:
+    """`report` of ``state`` (found at ``where``) as text; a `ConfigError` naming ``where``
+    where a part it reads is of another kind than a state holds (a count that is no number)."""
+    text = io.StringIO()
+    try:
+        report(state, text)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as error:
+        raise ConfigError(
+            f"{where}: a damaged zephon_torch state: a part of its lanes does not read "
+            f"({type(error).__name__}: {error})"
+        ) from None
+    return text.getvalue()
+
+
+def _check_shape(state: dict[str, Any], where: str) -> None:
+    """Raise a `ConfigError` naming ``where`` and each part of ``state`` that a pipeline would
+    refuse to load (`check_shape`): read as they were, such parts raised a traceback."""
+    try:
+        check_shape(state)
+    except StateMismatchError as error:
+        parts = "; ".join(
+            f"{key} is {_cut(repr(saved))}, not {wanted}"
+            for key, (saved, wanted) in error.mismatches.items()
+        )
+        raise ConfigError(f"{where}: a damaged zephon_torch state: {parts}") from None
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}..."
 
 
 def _unpacked(state: dict[str, Any]) -> dict[str, Any]:

@@ -147,3 +147,56 @@ def test_a_damaged_packing_is_an_error_naming_the_lane_and_part(
     path.write_text(json.dumps(state))
     assert main(["state", str(path)]) == 2
     assert "lane 2 pack.sources" in capsys.readouterr().err
+
+
+def _lanes_garbage(state: dict[str, Any]) -> None:
+    state["lanes"] = "garbage"
+
+
+def _lane_named_x(state: dict[str, Any]) -> None:
+    state["lanes"]["x"] = state["lanes"].pop("3")
+
+
+def _skipped_null(state: dict[str, Any]) -> None:
+    state["lanes"]["1"]["pack"]["skipped"] = None
+
+
+def _delivered_short(state: dict[str, Any]) -> None:
+    state["lanes"] = unpack_lanes(state["lanes"])  # a state of lists loads as well
+    state["lanes"]["2"]["pack"]["delivered"][0] = [5]
+
+
+_FRAME = "lanes is 'garbage', not a dict of lane states by lane number"
+_LANE_KEY = "lane 'x' is 'x', not a lane number as a string, e.g. '0'"
+
+
+@pytest.mark.parametrize(
+    ("damage", "said", "options"),
+    [
+        (_lanes_garbage, _FRAME, []),
+        (_lanes_garbage, _FRAME, ["--json"]),
+        (_lane_named_x, _LANE_KEY, []),
+        (_lane_named_x, _LANE_KEY, ["--json"]),
+        # read by the report alone: --json prints them as they are
+        (_skipped_null, "does not read (AttributeError: 'NoneType' object has no attr", []),
+        (_delivered_short, "does not read (ValueError: not enough values to unpack", []),
+    ],
+)
+def test_a_state_damaged_in_its_frame_or_lanes_is_one_error_line_naming_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Any,
+    said: str,
+    options: list[str],
+) -> None:
+    """Such a state (edited by hand, or another library's dict with the same keys) printed
+    a traceback with exit code 1 (a lane not a dict: "not begun", with 0)."""
+    state = _state()
+    damage(state)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert main(["state", str(path), *options]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"zephon-torch state: error: {path}: a damaged zephon_torch")
+    assert said in captured.err and captured.err.count("\n") == 1
+    assert not captured.out  # nothing of it printed before the error
