@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, TextIO
 
 from zephon_torch._packed_rows import mixpack_of, unpack_lanes
@@ -23,36 +22,49 @@ from zephon_torch._state import check_shape
 from zephon_torch.errors import ConfigError, StateMismatchError
 
 _KEYS = ("version", "fingerprint", "lanes")
+# torch.save writes a zip archive (a pickle, before torch 1.6)
+_ARCHIVE, _PICKLE = b"PK\x03\x04", b"\x80"
 _SHOWN_CHARS = 80  # of a damaged part's value, in the error
 
 
 def load_saved(path: str, *, trusted: bool = False) -> Any:
     """The object saved at ``path``: JSON, else a torch checkpoint (read with
     ``weights_only=True``, plain data and tensors, unless ``trusted``: a checkpoint holding
-    other objects then loads whole, running what its pickles name).
+    other objects then loads whole, running what its pickles name). A checkpoint's tensors are
+    mapped from the file, not read: one of tens of GB (a model's, its optimizer's) would need
+    twice that in memory.
 
     Raises:
         ConfigError: naming the file where it is neither.
     """
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as file:
+            head = file.read(len(_ARCHIVE))
+            data = b"" if head == _ARCHIVE else head + file.read()
     except OSError as error:
         raise ConfigError(f"{path}: cannot read it ({error.strerror or error})") from None
+    if head == _ARCHIVE:
+        return _torch_load(path, path, trusted=trusted)
     try:
         return json.loads(data)
     except UnicodeDecodeError:
         not_json = "not text"
     except json.JSONDecodeError as error:
         not_json = str(error)
-    # torch.save writes a zip archive (a pickle, before torch 1.6)
-    if not data.startswith((b"PK\x03\x04", b"\x80")):
+    if not data.startswith(_PICKLE):
         raise ConfigError(f"{path}: neither JSON ({not_json}) nor a torch checkpoint")
+    return _torch_load(io.BytesIO(data), path, trusted=trusted)
+
+
+def _torch_load(source: str | io.BytesIO, path: str, *, trusted: bool) -> Any:
+    """`torch.load` of ``source`` (the file ``path``, mapped; or its bytes, a pickle)."""
     import pickle
 
     import torch
 
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not trusted)
+        mapped = isinstance(source, str)
+        return torch.load(source, map_location="cpu", weights_only=not trusted, mmap=mapped)
     except pickle.UnpicklingError as error:
         if trusted:
             raise ConfigError(f"{path}: an unreadable torch checkpoint ({error})") from None
