@@ -7,8 +7,9 @@ setup (a ``ConfigError``, a missing module, a function that cannot be pickled fo
 workers) or met an error of the machine or the storage (an ``OSError``, a ``MemoryError``),
 which says nothing of determinism. A standard-loader run that gave fewer steps than
 the reference is "not compared" past them. The overall verdict and exit code: DIVERGES (1) when
-any zephon_torch configuration diverges, else INCOMPLETE (3) when one failed to run or none gave
-a step to compare, else IDENTICAL (0); errors of the settings exit with 2 before any verdict.
+any zephon_torch configuration diverges, else INCOMPLETE (3) when one failed to run, none gave a
+step to compare or only the reference ran, else IDENTICAL (0); errors of the settings exit with
+2 before any verdict.
 """
 
 from __future__ import annotations
@@ -147,6 +148,12 @@ def overall(runs: list[Run]) -> tuple[str, int]:
     if ran and not ran[0].hashes:
         return (
             "INCOMPLETE: the configurations gave no step to compare (the recipe gave no data)",
+            EXIT_INCOMPLETE,
+        )
+    if len(zephon) == 1:
+        return (
+            "INCOMPLETE: only the reference ran, so nothing was compared with it; ask for "
+            "another world size, worker count, runner or fault step",
             EXIT_INCOMPLETE,
         )
     if failed:

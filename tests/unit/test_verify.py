@@ -361,6 +361,17 @@ def test_steps_without_loss_targets_are_compared_and_no_step_is_no_verdict(token
     )
 
 
+def test_a_verify_that_ran_only_the_reference_is_incomplete_not_identical() -> None:
+    """`--world-sizes 1 --workers '' --runners '' --no-standard --fault-step 0` ran the
+    reference alone and read "IDENTICAL across configurations", exit 0: nothing compared."""
+    from zephon_torch._verdict import EXIT_IDENTICAL, EXIT_INCOMPLETE, overall
+
+    said, code = overall([Run("zephon W=1", ["ab", "cd"])])
+    assert code == EXIT_INCOMPLETE and said.startswith("INCOMPLETE: only the reference ran")
+    twice = [Run("zephon W=1", ["ab", "cd"]), Run("zephon W=2", ["ab", "cd"])]
+    assert overall(twice) == ("zephon_torch IDENTICAL across configurations", EXIT_IDENTICAL)
+
+
 def test_a_long_run_with_workers_keeps_no_file_descriptor_per_batch(
     tmp_path: Path, tokenizer: Any
 ) -> None:
