@@ -116,8 +116,9 @@ def check_columns(projection: Projection, columns: Columns, *, dataset: str, sha
 
 
 class BadTokenRow(ValueError):
-    """A token column's value that is not token ids, at ``row`` of the table (its message ends
-    with words that the row number completes)."""
+    """A token column's value that is not token ids (or a row that is null, not a struct of
+    fields: a Vortex file can hold one), at ``row`` of the table (its message ends with words
+    that the row number completes)."""
 
     def __init__(self, message: str, row: int) -> None:
         super().__init__(message)

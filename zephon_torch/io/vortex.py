@@ -105,7 +105,7 @@ class VortexReader(PickledAsSettings):
         vortex = vortex_module()
         try:
             indices = vortex.array(pa.array(wanted.astype(np.uint64)))
-            table = file.to_arrow(projection=columns, indices=indices).read_all()
+            table, null_rows = _table(file, columns, indices)
             # damaged bytes can decode to offsets past their buffers, which pyarrow would read
             # through (a segfault) rather than refuse: checked first (6 us per 64 rows of ~1 ms)
             table.validate(full=True)
@@ -125,10 +125,7 @@ class VortexReader(PickledAsSettings):
                 shard=path,
             )
         try:
-            return [
-                dict(zip(names, [column[row] for column in values], strict=True))
-                for row in order.tolist()
-            ]
+            return [_row(names, values, row, null_rows) for row in order.tolist()]
         except BadTokenRow as error:
             row = int(wanted[error.row])
             raise DataError(f"{error} {row}", dataset=self.dataset, shard=path, row=row) from None
@@ -151,3 +148,23 @@ class VortexReader(PickledAsSettings):
             ) from None
         check_schema(self.projection, schema, dataset=self.dataset, shard=path)
         return file
+
+
+def _table(file: Any, columns: list[str] | None, indices: Any) -> tuple[pa.Table, frozenset[int]]:
+    """The rows at ``indices`` of ``file`` (``columns`` of them) as a table, and those of its
+    rows that are null: a file whose top-level struct is nullable (written from a struct array
+    holding nulls) can hold rows without fields, where vortex-data 0.93's ``to_arrow`` aborts
+    the process (a Rust assertion that cannot unwind); its scan gives them as a nullable array."""
+    if not file.dtype.is_nullable():
+        return file.to_arrow(projection=columns, indices=indices).read_all(), frozenset()
+    rows = file.scan(projection=columns, indices=indices).read_all().to_arrow_array()
+    nulls = frozenset(np.flatnonzero(rows.is_null().to_numpy(zero_copy_only=False)).tolist())
+    return pa.Table.from_struct_array(rows), nulls
+
+
+def _row(names: tuple[str, ...], values: tuple[Any, ...], row: int, nulls: frozenset[int]) -> Any:
+    """Row ``row`` of the table as a dict; `BadTokenRow` for a null row (as a JSON Lines
+    ``null`` line is a bad row)."""
+    if row in nulls:
+        raise BadTokenRow("the file holds a null, not a struct of fields, in row", row)
+    return dict(zip(names, [column[row] for column in values], strict=True))

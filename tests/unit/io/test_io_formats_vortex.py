@@ -210,3 +210,28 @@ def test_a_flipped_bit_in_stored_ids_can_read_as_other_ids(tmp_path: Path) -> No
         except DataError:
             continue
     assert silent is not None
+
+
+def test_a_null_row_of_a_nullable_top_level_struct_is_a_data_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    """vortex-data writes a struct array holding nulls as a file of nullable rows; its
+    `to_arrow` of a read that met one aborted the whole process (a Rust assertion that cannot
+    unwind), where a JSON Lines `null` line is a bad row."""
+    import vortex
+
+    kind = pa.struct([("text", pa.string()), ("n", pa.int64())])
+    rows = [None if i % 4 == 3 else {"text": f"doc {i} é", "n": i} for i in range(12)]
+    path = tmp_path / "nullable.vortex"
+    vortex.io.write(vortex.array(pa.array(rows, kind)), str(path))
+    for columns in (None, ["text"]):
+        dataset = Dataset.from_path("v", path, columns=columns)
+        assert dataset.shards[0].num_rows == 12
+        fields = columns or ["text", "n"]
+        expected = [{k: rows[i][k] for k in fields} for i in (10, 0, 10, 5)]  # type: ignore[index]
+        assert dataset.read_rows(0, [10, 0, 10, 5]) == expected
+        with pytest.raises(DataError, match=r"holds a null, not a struct of fields, in row 7"):
+            dataset.read_rows(0, [8, 7, 3, 0])  # the first null asked for
+        with pytest.raises(DataError) as caught:
+            dataset.read_rows(0, range(12))
+        assert (caught.value.dataset, caught.value.shard, caught.value.row) == ("v", str(path), 3)
