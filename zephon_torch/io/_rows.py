@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -45,6 +47,16 @@ def machine_fault(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or (
         isinstance(error, OSError) and error.errno in _MACHINE_ERRNOS
     )
+
+
+def rust_machine_fault(error: BaseException) -> OSError | None:
+    """The machine's fault that a Rust library (vortex-data) reports only in its message, as
+    "... (os error 24)", as an `OSError` of that errno to raise as it is; else None."""
+    found = re.search(r"\(os error (\d+)\)", str(error))
+    if found is None or int(found.group(1)) not in _MACHINE_ERRNOS:
+        return None
+    number = int(found.group(1))
+    return OSError(number, f"{os.strerror(number)} ({str(error).strip().splitlines()[0]})")
 
 
 def as_row_array(rows: Rows) -> npt.NDArray[np.int64]:

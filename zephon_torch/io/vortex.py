@@ -22,7 +22,14 @@ from zephon_torch.io._arrow import BadTokenRow, Columns, check_schema, row_colum
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
+from zephon_torch.io._rows import (
+    CHANGED_NOTE,
+    Rows,
+    as_row_array,
+    check_in_range,
+    machine_fault,
+    rust_machine_fault,
+)
 
 VORTEX_HINT = "pip install 'zephon-torch[vortex]'"
 
@@ -40,7 +47,14 @@ def vortex_module() -> ModuleType:
 def _unreadable(error: BaseException) -> bool:
     """Whether ``error`` is vortex failing on the file's bytes: an error it raises, or a panic of
     its Rust code, which pyo3 raises as a ``PanicException`` (a BaseException, not an
-    Exception)."""
+    Exception). A fault of the machine (no memory; too many open files, which vortex gives as
+    a RuntimeError ending in "(os error 24)") is raised as an OSError, as other readers raise
+    it: a DataError would call a healthy file unreadable."""
+    if machine_fault(error):
+        return False
+    fault = rust_machine_fault(error)
+    if fault is not None:
+        raise fault from error
     failed = isinstance(error, (RuntimeError, ValueError, pa.ArrowException))
     return failed or type(error).__name__ == "PanicException"
 

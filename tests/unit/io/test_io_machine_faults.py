@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.unit.io.test_io_formats_writers import write_litdata, write_mds
-from zephon_torch.io._rows import machine_fault
+from zephon_torch.io._rows import machine_fault, rust_machine_fault
 
 # In a child process (the limit is its own): open the dataset and copy it as a DataLoader
 # worker gets it (no file open yet), take every descriptor the limit leaves, read a shard,
@@ -58,6 +58,13 @@ def _write(folder: Path, kind: str) -> Path:
         folder.mkdir()
         for number in range(2):
             np.save(folder / f"part-{number}.npy", np.arange(10, dtype=np.int32).reshape(2, 5))
+    elif kind == "vortex":
+        import vortex
+
+        folder.mkdir()
+        for number in range(2):
+            table = pa.table({"text": [r["text"] for r in rows[number * 20 : number * 20 + 20]]})
+            vortex.io.write(vortex.array(table), str(folder / f"{number}.vortex"))
     elif kind == "mds":
         write_mds(folder, rows, {"text": "str"}, size_limit=1 << 9)
     else:
@@ -65,7 +72,7 @@ def _write(folder: Path, kind: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("kind", ["parquet", "npy", "mds", "litdata"])
+@pytest.mark.parametrize("kind", ["parquet", "npy", "mds", "litdata", "vortex"])
 def test_too_many_open_files_is_not_reported_as_a_corrupt_shard(tmp_path: Path, kind: str) -> None:
     folder = _write(tmp_path / kind, kind)
     child = subprocess.run(
@@ -90,6 +97,12 @@ def test_a_format_library_s_own_os_error_is_the_data_s() -> None:
     assert not machine_fault(OSError("Couldn't deserialize thrift"))  # pyarrow, bad bytes
     assert not machine_fault(FileNotFoundError(2, "No such file"))
     assert not machine_fault(ValueError("bad magic"))
+    # vortex-data's Rust errors carry the errno in their text only
+    fault = rust_machine_fault(RuntimeError("opening: Too many open files (os error 24)\nat"))
+    assert fault is not None and fault.errno == 24 and machine_fault(fault)
+    assert "(opening: Too many open files (os error 24))" in str(fault)
+    assert rust_machine_fault(RuntimeError("No such file (os error 2)")) is None
+    assert rust_machine_fault(RuntimeError("invalid magic bytes")) is None
 
 
 # In a child process: a row group of 300 strings of 1 MB (a few KB on disk) decoded under an
