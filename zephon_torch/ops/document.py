@@ -203,26 +203,41 @@ def encode_texts(
     character span.
 
     Raises:
-        DataError: naming the document of the first text that is not valid Unicode (a lone
-            surrogate, such as the JSON escape "\\ud800" gives), which the tokenizer refuses
-            with a TypeError naming no text; looked for only after it did.
+        DataError: naming the document of the first text the tokenizer refuses, looked for
+            only after the batch failed (the backend raises a bare Exception or TypeError
+            naming no text): one that is not valid Unicode (a lone surrogate, such as the JSON
+            escape "\\ud800" gives), or one it cannot encode (a vocabulary without its
+            unknown token and a word it does not hold), the tokenizer's error chained.
     """
     encode = backend.encode_batch if offsets else backend.encode_batch_fast
     try:
         return list(encode(texts, add_special_tokens=False))
-    except TypeError:
+    except Exception:
         for at, text in enumerate(texts):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as error:
-                what = f"{error.reason} ({text[error.start]!r}) at character {error.start}"
+            problem, cause = _refusal(encode, text)
+            if problem is not None:
                 raise document_error(
                     owner(at),
-                    f"field {field!r} is not valid Unicode text: {what}",
+                    f"field {field!r} {problem}",
                     dataset_names=dataset_names,
                     shard_paths=shard_paths,
-                ) from None
+                ) from cause
         raise
+
+
+def _refusal(encode: Callable[..., Any], text: str) -> tuple[str | None, BaseException | None]:
+    """Why the tokenizer refuses ``text`` on its own, and its error; (None, None) if it does
+    not."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        what = f"{error.reason} ({text[error.start]!r}) at character {error.start}"
+        return f"is not valid Unicode text: {what}", None
+    try:
+        encode([text], add_special_tokens=False)
+    except Exception as error:  # tokenizers raises bare Exceptions
+        return f"cannot be encoded by the tokenizer: {error}", error
+    return None, None
 
 
 class OperatorClock:

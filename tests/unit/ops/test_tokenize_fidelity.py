@@ -1,5 +1,6 @@
 """Tokenizing as the model sees it: chat conversations encoded whole (SentencePiece-style
-tokenizers), the user's split_special_tokens kept, BPE dropout refused, whole passes only."""
+tokenizers), the user's split_special_tokens kept, BPE dropout refused, whole passes only; a
+text the tokenizer cannot encode named as its row's fault."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from zephon_torch import Pipeline
+from zephon_torch import DataError, Pipeline
 from zephon_torch._corpus import pydoc_prose_documents
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
@@ -330,3 +331,41 @@ def test_a_pad_id_past_the_tokenizers_vocabulary_is_warned_of(tokenizer: Tokeniz
         batch = next(iter(tokenized.pack_flat(16, "best_fit", pad_token_id=size - 1).batch(1)))
         tokenized.pack_flat(16, "best_fit").batch(1)
     assert batch.input_ids[0, -1] == size - 1
+
+
+def without_unknown_token() -> Tokenizer:
+    """A word-level tokenizer naming an unknown token it does not hold: it encodes the words
+    it knows and raises a bare ``Exception`` on any other, as the backend does."""
+    vocabulary = {"<|endoftext|>": 0, "red": 1, "green": 2, "blue": 3}
+    tok = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|endoftext|>"])
+    return tok
+
+
+def colours(bad_rows: str, *, refused: str, runner: str = "threads") -> Pipeline:
+    texts = [" ".join(["red", "green", "blue"][: 1 + i % 3]) for i in range(12)]
+    texts[7] = refused
+    source = StaticMixtureWorkSource([Dataset.from_dict("colours", {"text": texts}, shard_size=5)])
+    recipe = Pipeline(source).options(bad_rows=bad_rows)  # type: ignore[arg-type]
+    tokenized = recipe.tokenize(tokenizer=without_unknown_token(), runner=runner, parallelism=2)  # type: ignore[arg-type]
+    return tokenized.pack_flat(8, "wrap").batch(2)
+
+
+@pytest.mark.parametrize("runner", ["threads", "inline", "processes"])
+def test_a_text_the_tokenizer_cannot_encode_is_a_data_error_naming_its_row(runner: str) -> None:
+    """The backend's bare ``Exception`` named no dataset, shard or row, and ended the run
+    under ``bad_rows="skip"`` too."""
+    with pytest.raises(DataError, match=r"row 2: field 'text' cannot be encoded") as raised:
+        list(colours("raise", refused="red purple", runner=runner))
+    assert (raised.value.dataset, raised.value.shard) == ("colours", "memory://colours/1")
+    assert "Missing [UNK] token" in str(raised.value.__cause__)
+
+
+def test_a_text_the_tokenizer_cannot_encode_is_skipped_as_an_empty_row() -> None:
+    skipping = colours("skip", refused="red purple")
+    with pytest.warns(UserWarning, match=r"row 2: field 'text' cannot be encoded"):
+        got = [batch.input_ids.tobytes() for batch in skipping]
+    emptied = [batch.input_ids.tobytes() for batch in colours("raise", refused="")]
+    assert got == emptied
+    assert skipping.stats()["skipped_documents"]["malformed"] == 1
