@@ -14,6 +14,16 @@ from typing import Any
 
 import numpy as np
 
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "StateMismatchError",
+    "StorageError",
+    "WorkerTraceback",
+    "ZephonError",
+    "ZephonWarning",
+]
+
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'|" + r'"(?:[^"\\\n]|\\.)*"'  # a str's repr
 # the last line of a worker's traceback that torch re-raises as text: "pkg.DataError: dataset
 # 'name', shard 'path', row 7: what" (shard and row only where known)

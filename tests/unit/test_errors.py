@@ -568,3 +568,19 @@ def test_numpy_integers_and_a_generator_of_datasets_are_taken(
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "1")
     assert small_pipeline(tokenizer).options(canonical_replicas=4, rank=1).lanes == [1]
+
+
+def test_the_errors_module_exports_its_exceptions_and_no_helper() -> None:
+    import inspect
+
+    from zephon_torch import errors
+
+    exceptions = sorted(
+        name
+        for name, value in vars(errors).items()
+        if inspect.isclass(value)
+        and issubclass(value, BaseException)
+        and value.__module__ == errors.__name__
+        and not name.startswith("_")
+    )
+    assert errors.__all__ == exceptions
