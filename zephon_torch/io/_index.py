@@ -139,17 +139,33 @@ def missing_shard(path: str, *, dataset: str) -> DataError:
     )
 
 
-def recorded_count(value: object, what: str, *, dataset: str, shard: str) -> int:
-    """A count `index.json` records for a shard (its samples, its bytes): a whole number >= 0.
+# the most items an MDS shard or LitData chunk can hold: both write the count in 4 bytes
+MAX_ITEMS = 2**32 - 1
+
+
+def recorded_count(
+    value: object, what: str, *, dataset: str, shard: str, most: int | None = None
+) -> int:
+    """A count `index.json` records for a shard (its samples, its bytes): a whole number >= 0,
+    and at most `most` where given.
 
     Raises:
         DataError: naming the shard, for a negative number or a value of another type (a
-            float, a string, a bool, null), which would be truncated or fail later.
+            float, a string, a bool, null), which would be truncated or fail later; or one
+            above `most` (a count past int64 was a bare OverflowError once a job laid out
+            its rows, and counts summed over shards must stay inside int64).
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DataError(
             f"{INDEX_FILE} records {value!r} {what} for this shard, where a count (a whole "
             "number >= 0) is expected",
+            dataset=dataset,
+            shard=shard,
+        )
+    if most is not None and value > most:
+        raise DataError(
+            f"{INDEX_FILE} records {value} {what} for this shard, more than the {most} its "
+            "file can hold (its header's count is 4 bytes)",
             dataset=dataset,
             shard=shard,
         )

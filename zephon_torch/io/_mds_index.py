@@ -14,7 +14,7 @@ from typing import Any
 
 from zephon_torch.io._compression import MDS_CODECS
 from zephon_torch.io._hashes import recorded_hashes
-from zephon_torch.io._index import check_listed_once, recorded_count, shard_path
+from zephon_torch.io._index import MAX_ITEMS, check_listed_once, recorded_count, shard_path
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,9 @@ def _entry(entry: Any, *, index_path: str, dataset: str) -> Entry:
         )
     return Entry(
         path=path,
-        samples=recorded_count(entry["samples"], "samples", dataset=dataset, shard=path),
+        samples=recorded_count(
+            entry["samples"], "samples", dataset=dataset, shard=path, most=MAX_ITEMS
+        ),
         raw_bytes=recorded_count(raw["bytes"], "raw bytes", dataset=dataset, shard=path),
         stored_bytes=None
         if packed is None or "bytes" not in packed

@@ -28,7 +28,13 @@ from zephon_torch.errors import DataError
 from zephon_torch.io import _litdata_format as fmt
 from zephon_torch.io._arrow import BadTokenRow, TokenColumn, column_bytes, row_columns
 from zephon_torch.io._cache import LruCache
-from zephon_torch.io._index import check_listed_once, load_index, recorded_count, shard_path
+from zephon_torch.io._index import (
+    MAX_ITEMS,
+    check_listed_once,
+    load_index,
+    recorded_count,
+    shard_path,
+)
 from zephon_torch.io._litdata_damage import (
     CORRUPT,
     Footer,
@@ -128,7 +134,7 @@ class LitDataReader(PickledAsSettings):
             count = partial(recorded_count, dataset=self.dataset)
             self._rows = {
                 path: (
-                    count(chunk["chunk_size"], "items", shard=path),
+                    count(chunk["chunk_size"], "items", shard=path, most=MAX_ITEMS),
                     count(chunk["chunk_bytes"], "bytes", shard=path),
                 )
                 for path, chunk in zip(paths, index["chunks"], strict=True)

@@ -289,6 +289,17 @@ def test_a_negative_item_or_byte_count_is_named_as_such(
     assert caught.value.shard == str(out / "chunk-0-1.bin")
 
 
+def test_an_item_count_no_chunk_can_hold_is_refused_at_open(
+    written: dict[str, Path], tmp_path: Path
+) -> None:
+    """A chunk's header holds its count in 4 bytes. A chunk_size of 2**64 opened, then ended
+    the first job to lay out its rows in a bare OverflowError (int64), naming nothing."""
+    edit = lambda index: index["chunks"][1].update(chunk_size=2**64)  # noqa: E731
+    out = copy_with_index(written["arrays"], tmp_path / "l", edit)
+    with pytest.raises(DataError, match=r"records 18446744073709551616 items .* more than the"):
+        Dataset.from_path("l", out)
+
+
 @pytest.mark.parametrize("value", [None, 2, {}, ["str"]])
 def test_a_data_format_entry_that_is_no_format_name_is_a_data_error_naming_the_index(
     written: dict[str, Path], tmp_path: Path, value: object

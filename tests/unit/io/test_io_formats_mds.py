@@ -388,6 +388,19 @@ def test_a_sample_or_byte_count_that_is_no_count_is_named_as_such(
     assert caught.value.shard == str(out / "shard.00000.mds")
 
 
+@pytest.mark.parametrize("value", [2**32, 2**64])
+def test_a_sample_count_no_shard_can_hold_is_refused_at_open(tmp_path: Path, value: int) -> None:
+    """A shard's header holds its count in 4 bytes. A count of 2**64 opened, then ended the
+    first job to lay out its rows in a bare OverflowError (int64), naming nothing."""
+    out = write_mds(tmp_path / "m", ROWS, COLUMNS, size_limit=1500)
+    edit_index(out, lambda index: index["shards"][0].update(samples=value))
+    with pytest.raises(
+        DataError, match=rf"records {value} samples for this shard, more than the 4294967295"
+    ) as caught:
+        Dataset.from_path("m", out)
+    assert caught.value.shard == str(out / "shard.00000.mds")
+
+
 def test_an_index_nested_too_deeply_to_parse_is_a_data_error_naming_it(tmp_path: Path) -> None:
     """JSON nested deeper than Python's parser goes was a bare RecursionError (detection
     refuses such an index first; the reader is reached directly, or for an index that
