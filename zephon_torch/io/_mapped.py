@@ -41,6 +41,7 @@ class NpyHeader(NamedTuple):
 
 
 MAX_HEADER_BYTES = 10_000  # numpy's own limit (`max_header_size`)
+_MAX_DIM = 2**63 - 1  # the most a dimension can be (numpy's intp)
 # One entry of a `.npy` header's dict, with its comma: a key, then a plain dtype string, a bool
 # or a tuple of ints (Python 2 wrote longs, `3L`). A structured dtype's list is not taken.
 _HEADER_ENTRY = re.compile(
@@ -103,6 +104,8 @@ def _parse_header(text: str) -> NpyHeader:
             f"the header's dtype {fields['descr']!r} is not a numpy dtype: {error}"
         ) from None
     shape = tuple(int(dim.strip().rstrip("L")) for dim in fields["shape"].split(",") if dim.strip())
+    if any(dim > _MAX_DIM for dim in shape):  # numpy's limit; a bare OverflowError at the map
+        raise ValueError(f"its header's shape {shape} has a dimension past {_MAX_DIM}")
     return NpyHeader(shape, dtype, fields["fortran_order"] == "True")
 
 

@@ -116,6 +116,11 @@ def test_headers_other_writers_lay_out_read_as_numpy_reads_them(text: str) -> No
             _file("{'descr': '<q9', 'fortran_order': False, 'shape': (2,), }"),
             "is not a numpy dtype",
         ),
+        # a bare OverflowError where the file was mapped (its size, 0, matched the header's)
+        (
+            _file(f"{{'descr': '<i4', 'fortran_order': False, 'shape': ({2**63}, 0), }}"),
+            f"has a dimension past {2**63 - 1}",
+        ),
     ],
 )
 def test_bytes_that_are_no_header_it_reads_are_a_value_error(data: bytes, message: str) -> None:
