@@ -32,7 +32,7 @@ from zephon_torch.io._mapped import MAX_HEADER_BYTES, read_header
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._stall import cat_range
-from zephon_torch.io.npy import offsets_path, unused_offsets
+from zephon_torch.io.npy import check_row_length, offsets_path, unused_offsets
 from zephon_torch.io.parquet import ESTIMATE_VERSION, group_sizes
 
 _ROW_COUNTS = "remote-rows"  # folder of remembered row counts, in the index cache folder
@@ -143,6 +143,7 @@ def npy_rows(
     header = _npy_header(url, objects, fs=fs, policy=policy, dataset=dataset, shard=url)
     partner = offsets_path(url)
     if header is not None and len(header[0]) == 2:
+        check_row_length(url, header[0], dataset=dataset)
         if partner in objects and partner not in companions:  # named: see `Listing`
             raise unused_offsets(url, header[0], dataset=dataset)
         return header[0][0]

@@ -118,6 +118,19 @@ def test_npy_rows_are_counted_from_headers_without_downloading_tokens(tmp_path: 
 
 
 @pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_2d_token_file_of_rows_of_no_token_is_refused_at_open(tmp_path: Path, where: str) -> None:
+    """Its 128 bytes of header, no data, claimed 10**18 rows, each read and skipped as an
+    empty document: a job read it for ever (about 160,000 rows a second)."""
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
+    np.save(folder / "b.npy", np.zeros((10**18, 0), dtype=np.int32))
+    path = str(folder) if where == "local" else _put(folder)
+    with pytest.raises(DataError, match=r"shape \(1000000000000000000, 0\): 10+ documents of no t"):
+        Dataset.from_path("n", path, io_options=_options(tmp_path))
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
 def test_a_2d_token_file_with_an_offsets_file_beside_it_is_refused(
     tmp_path: Path, where: str
 ) -> None:
