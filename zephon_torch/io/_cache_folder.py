@@ -64,14 +64,18 @@ _CACHED_NAME = re.compile(rf"[0-9a-f]{{{_DIGEST}}}-.")
 def cached_name(key: str, url: str) -> str:
     """The name of the cached file of `key`: a digest of it, then the end of `url`'s basename
     (which keeps the extension, which readers use to tell compression apart)."""
-    return f"{hashlib.sha256(key.encode()).hexdigest()[:_DIGEST]}-{_base(url)}"
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
+    return f"{digest}-{_base(url)}"
 
 
 def _base(url: str) -> str:
     """The end of `url`'s basename (which keeps its extension), for a file name: at most
-    `_MAX_BASE` bytes in UTF-8, as NAME_MAX counts bytes (a CJK character takes 3)."""
+    `_MAX_BASE` bytes in UTF-8, as NAME_MAX counts bytes (a CJK character takes 3). A NUL
+    or a lone surrogate, which no file name holds (an object's name may: a bare ValueError
+    at every use of the cached file), is a `?`: the digest before it tells names apart."""
     base = (url.rstrip("/").rsplit("/", 1)[-1] or "shard")[-_MAX_BASE:]
-    while len(base.encode("utf-8", "surrogatepass")) > _MAX_BASE:
+    base = base.replace("\0", "?").encode("utf-8", "replace").decode("utf-8")
+    while len(base.encode("utf-8")) > _MAX_BASE:
         base = base[1:]
     return base
 

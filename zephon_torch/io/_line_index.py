@@ -141,11 +141,13 @@ def cache_file(cache_dir: str, path: str, name: str | None = None) -> str:
         what = _digest(f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_ctime_ns}")
         return os.path.join(cache_dir, where, f"{what}.npy")
     key = f"{_INDEX_VERSION}\0named\0{name}"
-    return os.path.join(cache_dir, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
+    return os.path.join(cache_dir, f"{_digest(key, 32)}.npy")
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def _digest(text: str, digits: int = 16) -> str:
+    """A digest of `text`; a path's undecodable bytes (surrogates, as os.listdir gives a
+    name that is not UTF-8) are hashed as they are, not a bare UnicodeEncodeError."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:digits]
 
 
 def load_or_build(

@@ -236,6 +236,19 @@ def test_compressed_files_are_indexed_once_too(
     assert reopened.read_rows(0, [4, 0]) == [{"a": 4}, {"a": 0}]
 
 
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_file_whose_name_is_not_utf8_is_indexed_and_read(
+    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan, compression: str | None
+) -> None:
+    """A name of Latin-1 bytes (an old file system's, a tar's), as os.listdir gives it (with
+    surrogates), was a bare UnicodeEncodeError where its index's cache name was made."""
+    name = os.fsdecode(b"caf\xe9.jsonl" + (b".gz" if compression else b""))
+    path = write_jsonl(tmp_path / name, [{"a": i} for i in range(5)], compression=compression)
+    assert Dataset.from_path("d", tmp_path).read_rows(0, [4, 0]) == [{"a": 4}, {"a": 0}]
+    assert Dataset.from_path("d", path).num_rows == 5
+    assert counting_scan.calls == 1
+
+
 def test_the_default_cache_is_under_zephon_torch_cache(
     tmp_path: Path, write_jsonl: Any, _private_cache: Path
 ) -> None:

@@ -562,6 +562,20 @@ def test_a_shard_with_a_long_non_ascii_basename_is_cached(tmp_path: Path) -> Non
         assert Path(local).read_bytes() == b"m"
 
 
+@pytest.mark.parametrize("base", ["a\0b.jsonl", "a\ud800b.jsonl"])
+def test_a_shard_whose_name_no_file_name_can_hold_is_cached(tmp_path: Path, base: str) -> None:
+    """An object named with a NUL (or a lone surrogate, as a JSON index may name a shard)
+    failed with a bare "ValueError: embedded null byte" (a UnicodeEncodeError) at the first
+    use of its cached file, whatever the format."""
+    cache = ShardCache(str(tmp_path / "c"), max_bytes=1000)
+    item = CachedObject(url=f"memory://bucket/{base}", size=10, version="v1")
+    path = cache.ensure(item, lambda target: Path(target).write_bytes(b"0123456789"), pin=False)
+    assert Path(path).read_bytes() == b"0123456789" and path.endswith("a?b.jsonl")
+    assert cache.touch(item)
+    other = CachedObject(url="memory://bucket/a?b.jsonl", size=10, version="v1")
+    assert cache.path(other) != path  # told apart by the digest of the whole URL
+
+
 def test_a_cache_folder_deleted_during_a_run_is_made_again(tmp_path: Path) -> None:
     """A tmp cleaner (or `rm -rf ~/.cache`) removed the folder: every later download failed
     with a bare FileNotFoundError on a lock file, and an npy read blamed the data."""
