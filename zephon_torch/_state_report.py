@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from zephon_torch._packed_rows import mixpack_of, unpack_lanes
 from zephon_torch._state import check_shape
-from zephon_torch.errors import ConfigError, StateMismatchError
+from zephon_torch.errors import ConfigError, StateMismatchError, shown
 
 _KEYS = ("version", "fingerprint", "lanes")
 # torch.save writes a zip archive (a pickle, before torch 1.6)
@@ -51,6 +51,8 @@ def load_saved(path: str, *, trusted: bool = False) -> Any:
         not_json = "not text"
     except json.JSONDecodeError as error:
         not_json = str(error)
+    except RecursionError:  # JSON, but deeper than Python's parser goes
+        raise ConfigError(f"{path}: its JSON nests too deeply to parse") from None
     if not data.startswith(_PICKLE):
         raise ConfigError(f"{path}: neither JSON ({not_json}) nor a torch checkpoint")
     return _torch_load(io.BytesIO(data), path, trusted=trusted)
@@ -81,18 +83,37 @@ def _torch_load(source: str | io.BytesIO, path: str, *, trusted: bool) -> Any:
         ) from None
 
 
-def find_states(saved: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+def find_states(saved: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every zephon_torch state in ``saved``, with where it lies (``['zephon']``), outermost
-    first; a state's own parts are not searched."""
-    if isinstance(saved, dict):
-        if all(key in saved for key in _KEYS):
-            yield where, saved
-            return
-        for key, value in saved.items():
-            yield from find_states(value, f"{where}[{key!r}]")
-    elif isinstance(saved, (list, tuple)):
-        for index, value in enumerate(saved):
-            yield from find_states(value, f"{where}[{index}]")
+    first; a state's own parts are not searched.
+
+    Walked with a stack, each other list, tuple and dict once: a checkpoint's pickle may nest
+    deeper than Python recurses (a RecursionError), or hold a list within itself, or one
+    list at two places in each of 60 levels (2**60 ways down)."""
+    seen: set[int] = set()
+    # (value, its place): a place is (the parent's place, the key's text), joined on demand
+    stack: list[tuple[Any, tuple[Any, str] | None]] = [(saved, None)]
+    while stack:
+        value, place = stack.pop()
+        if isinstance(value, dict) and all(key in value for key in _KEYS):
+            yield _where(place), value  # at each place it lies
+            continue
+        if not isinstance(value, dict | list | tuple) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            parts = [(item, f"[{key!r}]") for key, item in value.items()]
+        else:
+            parts = [(item, f"[{index}]") for index, item in enumerate(value)]
+        stack.extend((item, (place, text)) for item, text in reversed(parts))
+
+
+def _where(place: tuple[Any, str] | None) -> str:
+    texts = []
+    while place is not None:
+        place, text = place
+        texts.append(text)
+    return "".join(reversed(texts))
 
 
 def report(state: dict[str, Any], out: TextIO) -> None:
@@ -207,8 +228,15 @@ def run_state(path: str, *, as_json: bool, trusted: bool, out: TextIO) -> int:
             {"where": where or "(the whole file)", "state": _unpacked(state)}
             for where, state in found
         ]
-        json.dump(unpacked if len(unpacked) > 1 else unpacked[0]["state"], out, indent=1)
-        print(file=out)
+        try:
+            text = json.dumps(unpacked if len(unpacked) > 1 else unpacked[0]["state"], indent=1)
+        except RecursionError:  # a checkpoint's pickle may nest at any depth
+            raise ConfigError(
+                f"{path}: a damaged zephon_torch state: a part of it nests too deeply to print"
+            ) from None
+        except ValueError as error:  # a part holding itself ("Circular reference detected")
+            raise ConfigError(f"{path}: a damaged zephon_torch state: {error}") from None
+        print(text, file=out)
         return 0
     for number, (where, state) in enumerate(found):
         text = _reported(state, f"{path}{where}")
@@ -239,7 +267,7 @@ def _check_shape(state: dict[str, Any], where: str) -> None:
         check_shape(state)
     except StateMismatchError as error:
         parts = "; ".join(
-            f"{key} is {_cut(repr(saved))}, not {wanted}"
+            f"{key} is {_cut(shown(saved))}, not {wanted}"
             for key, (saved, wanted) in error.mismatches.items()
         )
         raise ConfigError(f"{where}: a damaged zephon_torch state: {parts}") from None

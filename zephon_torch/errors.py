@@ -117,13 +117,22 @@ class StateMismatchError(ZephonError, ValueError):
         self.mismatches = dict(mismatches)
         self.note = note
         lines = "\n".join(
-            f"  {key}: saved {saved!r}, live {live!r}"
+            f"  {key}: saved {shown(saved)}, live {shown(live)}"
             for key, (saved, live) in sorted(mismatches.items())
         )
         super().__init__(
             f"state does not match this pipeline in {len(mismatches)} setting(s):\n{lines}"
             + (f"\n{note}" if note else "")
         )
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, or what it is where it nests too deeply for repr (a state unpickled
+    from a checkpoint may nest at any depth: a bare RecursionError where its error was made)."""
+    try:
+        return repr(value)
+    except RecursionError:
+        return f"a {type(value).__name__} nested too deeply to show"
 
 
 def integer_setting(value: Any, name: str) -> int:

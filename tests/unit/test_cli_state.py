@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,79 @@ def test_a_large_checkpoint_is_read_without_loading_its_tensors_into_memory(
     )
     assert done.stdout.startswith("state version 4")
     assert int(done.stdout.split()[-1]) < 128  # MB more at its peak
+
+
+_DEEP = 100_000  # levels of lists: past Python's recursion, not past pickle's (it loops)
+
+
+def _text(value: str) -> bytes:
+    """A str in pickle's opcodes (BINUNICODE)."""
+    data = value.encode()
+    return b"X" + len(data).to_bytes(4, "little") + data
+
+
+def _deep_list() -> bytes:
+    """A list nested `_DEEP` lists deep, in pickle's opcodes (EMPTY_LIST, then APPENDs): what
+    no pickler writes (it recurses), but a checkpoint's bytes may hold."""
+    return b"]" * _DEEP + b"a" * (_DEEP - 1)
+
+
+def _checkpoint(path: Path, pickled: bytes) -> Path:
+    """A torch checkpoint (weights_only reads it) whose object is the pickle ``pickled``."""
+    torch.save({}, path)
+    with zipfile.ZipFile(path) as saved:
+        parts = [(info.filename, saved.read(info.filename)) for info in saved.infolist()]
+    with zipfile.ZipFile(path, "w") as rewritten:
+        for name, data in parts:
+            rewritten.writestr(
+                name, b"\x80\x02" + pickled + b"." if name.endswith("data.pkl") else data
+            )
+    return path
+
+
+def _state_with(key: str, value: bytes) -> bytes:
+    """A state dict whose `key` is the pickled ``value``, the rest of its frame empty."""
+    parts = {"version": b"K\x04", "fingerprint": b"}", "lanes": b"}", key: value}
+    return b"}(" + b"".join(_text(name) + part for name, part in parts.items()) + b"u"
+
+
+@pytest.mark.parametrize(
+    ("saved", "said"),
+    [
+        ("deep.json", "its JSON nests too deeply to parse"),
+        (_deep_list(), "no zephon_torch state in it"),
+        (b"]q\x00h\x00a", "no zephon_torch state in it"),  # a list holding itself
+        (
+            _state_with("lanes", _deep_list()),
+            "a damaged zephon_torch state: lanes is a list nested",
+        ),
+    ],
+    ids=["json", "checkpoint", "circular", "state"],
+)
+def test_a_file_nesting_past_python_s_recursion_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], saved: str | bytes, said: str
+) -> None:
+    """Each was a bare RecursionError traceback: JSON's parser, the search for states (a
+    checkpoint's unpickler builds any depth, and a list holding itself), the error's repr."""
+    if isinstance(saved, str):
+        path = tmp_path / saved
+        path.write_text("[" * _DEEP + "]" * _DEEP)
+    else:
+        path = _checkpoint(tmp_path / "last.ckpt", saved)
+    for json_flag in ([], ["--json"]):
+        assert main(["state", str(path), *json_flag]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"zephon-torch state: error: {path}: {said}"), err
+
+
+def test_a_state_holding_parts_too_deep_to_print_is_named_under_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lane = {"turn": b"K\x00", "done": b"\x89", "pack": b"}(" + _text("x") + _deep_list() + b"u"}
+    lanes = b"}(" + _text("0") + b"}(" + b"".join(_text(k) + v for k, v in lane.items()) + b"uu"
+    path = _checkpoint(tmp_path / "last.ckpt", _state_with("lanes", lanes))
+    assert main(["state", str(path)]) == 0
+    assert "lane 0: turn 0" in capsys.readouterr().out
+    assert main(["state", str(path), "--json"]) == 2
+    said = f"{path}: a damaged zephon_torch state: a part of it nests too deeply to print"
+    assert said in capsys.readouterr().err
