@@ -426,23 +426,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     p.add_argument("--bins", type=int, nargs="+", default=[8, 64], help="bin packers' num_bins")
     p.add_argument("--corpora", nargs="+", choices=_CORPORA, default=list(_CORPORA))
-    p.add_argument("--repeats", type=int, default=3, help="timed passes (and baseline runs)")
+    p.add_argument("--repeats", type=int, help="timed passes (and baseline runs); default 3")
     p.add_argument("--max-code-docs", type=int, default=None, help="code docs, spread evenly")
-    p.add_argument("--prose-passes", type=int, default=30)
-    p.add_argument("--paras-passes", type=int, default=10)
+    p.add_argument("--prose-passes", type=int, help="default 30")
+    p.add_argument("--paras-passes", type=int, help="default 10")
     p.add_argument("--chunk-docs", type=int, default=256, help="docs per baseline call")
     p.add_argument(
         "--quick",
         action="store_true",
         help=f"{_QUICK_CODE_DOCS} code docs, {_QUICK_PROSE_PASSES} prose and "
-        f"{_QUICK_PARAS_PASSES} paras passes, 1 repeat",
+        f"{_QUICK_PARAS_PASSES} paras passes, 1 repeat, where those flags are not given",
     )
     args = p.parse_args(argv)
+    # a flag given beside --quick is kept: --quick only changes the defaults
+    defaults = {"max_code_docs": None, "prose_passes": 30, "paras_passes": 10, "repeats": 3}
     if args.quick:
-        args.max_code_docs = args.max_code_docs or _QUICK_CODE_DOCS
-        args.prose_passes = _QUICK_PROSE_PASSES
-        args.paras_passes = _QUICK_PARAS_PASSES
-        args.repeats = 1
+        defaults = {
+            "max_code_docs": _QUICK_CODE_DOCS,
+            "prose_passes": _QUICK_PROSE_PASSES,
+            "paras_passes": _QUICK_PARAS_PASSES,
+            "repeats": 1,
+        }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 

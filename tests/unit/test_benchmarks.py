@@ -1,0 +1,51 @@
+"""The benchmark scripts' command lines do what their help and `benchmarks/README.md` say (no
+timing here: the scripts print their own ratios)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module (its folder on the path, as when run)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+def test_packing_quick_sets_only_the_settings_not_given() -> None:
+    """`--quick --repeats 3` ran one repeat: --quick overwrote the repeats and passes given
+    beside it (but not --max-code-docs)."""
+    packing = benchmark("packing")
+    quick = packing.parse_args(["--quick"])
+    assert (quick.repeats, quick.prose_passes, quick.paras_passes) == (1, 5, 2)
+    assert quick.max_code_docs == 300
+    given = packing.parse_args(
+        ["--quick", "--repeats", "3", "--prose-passes", "7", "--paras-passes", "4"]
+    )
+    assert (given.repeats, given.prose_passes, given.paras_passes) == (3, 7, 4)
+    assert packing.parse_args(["--quick", "--max-code-docs", "50"]).max_code_docs == 50
+    full = packing.parse_args([])
+    assert (full.repeats, full.prose_passes, full.paras_passes, full.max_code_docs) == (
+        3,
+        30,
+        10,
+        None,
+    )
