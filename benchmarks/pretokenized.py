@@ -462,7 +462,40 @@ def _rate(tokens: int, seconds: float) -> str:
     return f"{tokens / seconds / 1e6:8.2f} M tok/s"
 
 
+_KEPT = "settings.json"
+
+
+def kept_settings(root: pathlib.Path, args: argparse.Namespace, *, write: bool) -> None:
+    """Refuse stored formats under ``root`` written with other data settings (reused, they
+    were measured under this run's labels: another dtype or document cut gives the same token
+    count, so no check downstream sees it); with ``write``, record this run's settings."""
+    settings = {"copies": args.copies, "doc_tokens": args.doc_tokens, "dtype": args.dtype}
+    marker = root / _KEPT
+    if write:
+        marker.write_text(json.dumps(settings, sort_keys=True) + "\n")
+        return
+    if not any((root / kind).exists() for kind in _KINDS):
+        return
+    if not marker.is_file():
+        raise SystemExit(
+            f"{root} holds stored formats but no {_KEPT} naming their settings (written by an "
+            "older script, or cut short): remove them or give another --keep folder"
+        )
+    kept = json.loads(marker.read_text())
+    if kept != settings:
+        differ = ", ".join(
+            f"--{k.replace('_', '-')} {kept.get(k)} (asked {v})"
+            for k, v in settings.items()
+            if kept.get(k) != v
+        )
+        raise SystemExit(
+            f"{root} holds stored formats written with {differ}: reuse them with those "
+            "settings, or give another --keep folder"
+        )
+
+
 def run(root: pathlib.Path, args: argparse.Namespace) -> int:
+    kept_settings(root, args, write=False)
     t0 = time.perf_counter()
     docs = tokenized_corpus() * args.copies
     if args.doc_tokens:
@@ -485,6 +518,8 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     written = [kind for kind in _KINDS if not (root / kind).exists()]  # --keep: reuse the rest
     for kind in written:
         writers[kind](docs, root / kind)
+    if written:
+        kept_settings(root, args, write=True)
     print(
         f"wrote {', '.join(written) or 'nothing'} under {root} in {time.perf_counter() - t0:.1f} s"
     )
@@ -610,8 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keep",
         help="write the stored formats here instead of a temporary folder, or reuse the ones "
-        "already there (same --copies and --doc-tokens; for profiling: reused files are no "
-        "verdict)",
+        "already there (written with the same --copies, --doc-tokens and --dtype, else the run "
+        "stops; for profiling: reused files are no verdict)",
     )
     args = p.parse_args(argv)
     if args.keep:

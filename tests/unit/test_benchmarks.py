@@ -3,10 +3,13 @@ timing here: the scripts print their own ratios)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -49,3 +52,20 @@ def test_packing_quick_sets_only_the_settings_not_given() -> None:
         10,
         None,
     )
+
+
+def test_pretokenized_keep_refuses_formats_written_with_other_settings(tmp_path: Path) -> None:
+    """`--keep DIR --dtype uint16 --doc-tokens 480` after a default run measured the int32,
+    uncut files already in DIR while printing "uint16 ids stored" and 480-token documents (the
+    same token count, so no mismatch showed)."""
+    pretokenized = benchmark("pretokenized")
+    first = argparse.Namespace(copies=1, doc_tokens=0, dtype="int32")
+    pretokenized.kept_settings(tmp_path, first, write=False)  # an empty folder: nothing kept
+    (tmp_path / "npy").mkdir()
+    with pytest.raises(SystemExit, match=r"no settings\.json"):
+        pretokenized.kept_settings(tmp_path, first, write=False)
+    pretokenized.kept_settings(tmp_path, first, write=True)
+    pretokenized.kept_settings(tmp_path, first, write=False)  # the same settings: reused
+    other = argparse.Namespace(copies=1, doc_tokens=480, dtype="uint16")
+    with pytest.raises(SystemExit, match=r"--doc-tokens 0 \(asked 480\), --dtype int32"):
+        pretokenized.kept_settings(tmp_path, other, write=False)
