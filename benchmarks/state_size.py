@@ -81,7 +81,7 @@ def _grown(state: dict[str, Any], factor: int) -> dict[str, Any]:
 def _row(label: str, sizes: tuple[int, int]) -> None:
     written, lists = sizes
     print(
-        f"{label:<44} {written / 1024:8.1f} KiB  {lists / 1024:8.1f} KiB  x{lists / written:5.1f}"
+        f"{label:<52} {written / 1024:8.1f} KiB  {lists / 1024:8.1f} KiB  x{lists / written:5.1f}"
     )
 
 
