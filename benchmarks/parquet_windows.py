@@ -12,9 +12,11 @@ window (4):
 - **whole shards** (the behaviour before blocks, forced here by raising `WINDOW_BLOCK_BYTES`
   above every shard): a window holds 4 whole shards, far more than the cache.
 
-Both read the same number of real tokens (the same shards, another order). Prints tokens/s of
-each, the row-group decodes per group read, and the ratio blocks / whole shards; the ratio is
-the speed-up a user of such shards sees. Exit 0 always.
+Both read the same shards in another order, up to `--batches` batches or `--max-seconds`,
+whichever comes first (the time limit may stop whole shards long before its batches, as at
+`--batches 10000 --max-seconds 20`: then the sides' token counts differ, and the rates are per
+token read). Prints tokens/s of each, the row-group decodes per group read, and the ratio
+blocks / whole shards; the ratio is the speed-up a user of such shards sees. Exit 0 always.
 
     .venv/bin/python benchmarks/parquet_windows.py [--shards 4] [--shard-mib 160] [--batches 2000]
 """
