@@ -248,7 +248,9 @@ def _align_accumulation(trainer: L.Trainer, pipeline: Pipeline, state: dict[str,
     shift = steps * trainer.accumulate_grad_batches + begun - progress.current.ready
     if not shift:
         return
-    progress.increment_by(shift)  # ready, started, processed and completed; total too
+    # ready, started, processed and completed, total too; Lightning's increment_by also sets
+    # is_last_batch, whose saved value (a save at an epoch's end) ends the resumed epoch
+    progress.increment_by(shift, is_last_batch=progress.is_last_batch)
 
 
 def _warn_if_mid_step(pipeline: Pipeline, state: dict[str, Any], accumulate: int) -> None:

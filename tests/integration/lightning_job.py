@@ -5,7 +5,10 @@ went into and a digest of its ids. ``accumulate_grad_batches`` is L/W (one globa
 optimizer step), and a checkpoint is saved every ``--every`` steps (at step ends).
 
     torchrun --nproc_per_node=W tests/integration/lightning_job.py --tokenizer T --out DIR
-        [--lanes 4] [--max-steps 6] [--every 3] [--ckpt PATH]
+        [--lanes 4] [--max-steps 6] [--every 3] [--ckpt PATH] [--epoch-steps N]
+
+With ``--epoch-steps N`` the fit runs by epochs of N optimizer steps (``limit_train_batches``
+of N x L/W a rank, ``max_epochs`` of max-steps / N, no ``max_steps``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--every", type=int, default=3)
     parser.add_argument("--ckpt", default=None)
+    parser.add_argument("--epoch-steps", type=int, default=None)
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     pipeline = small_pipeline(
@@ -61,6 +65,13 @@ def main() -> None:
         datasets=two_sources(40, 30, shard_size=8),
     )
     torch.manual_seed(0)
+    accumulate = args.lanes // world
+    limits: dict[str, Any] = {"max_steps": args.max_steps}
+    if args.epoch_steps:
+        limits = {
+            "max_epochs": args.max_steps // args.epoch_steps,
+            "limit_train_batches": args.epoch_steps * accumulate,
+        }
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=args.out, every_n_train_steps=args.every, save_top_k=-1
     )
@@ -72,9 +83,9 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=args.out,
-        max_steps=args.max_steps,
-        accumulate_grad_batches=args.lanes // world,
+        accumulate_grad_batches=accumulate,
         callbacks=[checkpoints],
+        **limits,
     )
     trainer.fit(Recorder(args.out), datamodule=PipelineDataModule(pipeline), ckpt_path=args.ckpt)
 

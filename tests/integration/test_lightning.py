@@ -483,6 +483,23 @@ def test_a_checkpoint_of_a_data_module_of_another_name_resumes_on_fewer_devices_
     assert resumed == {step: reference[step] for step in (3, 4, 5)}
 
 
+def test_an_epoch_end_checkpoint_resumes_on_fewer_devices_in_the_next_epoch(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Epochs of 2 steps (limit_train_batches): the W=2 checkpoint at epoch 0's last step,
+    resumed on W=1. Realigning Lightning's batch count dropped its mark of the epoch's last
+    batch, so the resumed fit ran epoch 0 again on the next batches: 2 steps past the
+    uninterrupted run's 6, every later epoch shifted by one."""
+    tokenizer_path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(tokenizer_path))
+    epochs = ("--epoch-steps", "2", "--every", "2")
+    reference = _lightning_run(2, tmp_path / "w2", tokenizer_path, *epochs)
+    assert sorted(reference) == list(range(6)) and all(len(v) == 4 for v in reference.values())
+    checkpoint = str(tmp_path / "w2" / "epoch=0-step=2.ckpt")
+    resumed = _lightning_run(1, tmp_path / "w1", tokenizer_path, *epochs, "--ckpt", checkpoint)
+    assert resumed == {step: reference[step] for step in range(2, 6)}
+
+
 class _Counting(TinyLM):
     def __init__(self) -> None:
         super().__init__()
