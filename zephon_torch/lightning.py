@@ -238,10 +238,14 @@ def _align_accumulation(trainer: L.Trainer, pipeline: Pipeline, state: dict[str,
     if not trainer.lightning_module.automatic_optimization:
         return  # the user's training step decides when to step
     loop = trainer.fit_loop.epoch_loop
-    steps = loop.automatic_optimization.optim_progress.optimizer.step.current.completed
+    optimizer = loop.automatic_optimization.optim_progress.optimizer
+    steps = optimizer.step.current.completed  # this epoch's, as the batch count is
     turns = _lane_turns(pipeline, state)
     begun = sum(turn > min(turns) for turn in turns) if turns else 0
-    one_step = trainer.accumulate_grad_batches == len(turns) and steps == min(turns)
+    # the turns count the fit's steps, not the epoch's (it compared those: a later epoch's
+    # mid-step state was left unaligned)
+    done = optimizer.step.total.completed
+    one_step = trainer.accumulate_grad_batches == len(turns) and done == min(turns)
     if begun and not one_step:  # mid-step: only where an optimizer step is one global step
         return
     progress = loop.batch_progress

@@ -500,6 +500,26 @@ def test_an_epoch_end_checkpoint_resumes_on_fewer_devices_in_the_next_epoch(
     assert resumed == {step: reference[step] for step in range(2, 6)}
 
 
+def test_a_checkpoint_saved_again_mid_step_in_a_later_epoch_resumes_in_step_on_one_device(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Epochs of 2 steps: the W=2 fit resumed from step 3 (epoch 1) saves that checkpoint
+    again after the step's first micro-batch. Its step was told as one global step by the
+    epoch's optimizer steps (1) against the lanes' turns (3), so it was left unaligned: on
+    one process step 3 got 1 of the 2 micro-batches left, and every later step straddled
+    two global batches."""
+    tokenizer_path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(tokenizer_path))
+    epochs = ("--epoch-steps", "2", "--every", "3")
+    reference = _lightning_run(2, tmp_path / "w2", tokenizer_path, *epochs)
+    step_end = str(tmp_path / "w2" / "epoch=1-step=3.ckpt")
+    again = _lightning_run(2, tmp_path / "again", tokenizer_path, *epochs, "--ckpt", step_end)
+    assert again == {step: reference[step] for step in (3, 4, 5)}
+    mid_step = str(tmp_path / "again" / "epoch=1-step=3.ckpt")  # lanes 0 and 2 of step 3 done
+    resumed = _lightning_run(1, tmp_path / "mid", tokenizer_path, *epochs, "--ckpt", mid_step)
+    assert resumed == {3: reference[3][1::2], 4: reference[4], 5: reference[5]}
+
+
 class _Counting(TinyLM):
     def __init__(self) -> None:
         super().__init__()
