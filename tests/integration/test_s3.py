@@ -695,7 +695,7 @@ def test_shards_held_open_are_sized_to_the_disk_where_it_is_smaller_than_max_byt
     with CacheDiskFullError (a review's 2 MiB tmpfs, at shard 13)."""
     import shutil
 
-    from zephon_torch.io import _cache_folder, _remote_sizing
+    from zephon_torch.io import _remote_sizing
 
     endpoint, _ = s3_server
     _write_corpus(tmp_path / "local", "jsonl", shards=4)
@@ -706,7 +706,7 @@ def test_shards_held_open_are_sized_to_the_disk_where_it_is_smaller_than_max_byt
         "d", "s3://bucket/open/", storage_options=_storage(endpoint), io_options={"cache": cache}
     )
     reader = remote._reader
-    assert _cache_folder.disk_size(str(tmp_path / "no" / "such")) == (
+    assert _remote_sizing.disk_size(str(tmp_path / "no" / "such")) == (
         shutil.disk_usage(tmp_path).total
     )
     monkeypatch.setattr(_remote_sizing, "disk_size", lambda folder: 64 << 30)

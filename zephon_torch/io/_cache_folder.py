@@ -27,7 +27,6 @@ import fcntl
 import hashlib
 import os
 import re
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -364,19 +363,6 @@ def _marker_size(marker: str) -> int:
     """The bytes a reservation's marker (a path or a name) records."""
     size = os.path.basename(marker).split("-", 1)[0]
     return int(size) if size.isdigit() else 0
-
-
-def disk_size(folder: str) -> int:
-    """The size of the disk `folder` (or its nearest existing parent) is on; unbounded where
-    that cannot be told."""
-    path = os.path.abspath(folder)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    try:
-        found = os.statvfs(path)
-    except OSError:
-        return sys.maxsize
-    return found.f_blocks * found.f_frsize
 
 
 def mark_used(path: str) -> bool:

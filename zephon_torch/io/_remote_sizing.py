@@ -8,10 +8,11 @@ disk, where that is smaller). Pure functions of the listed sizes and the cache s
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from zephon_torch.io._cache_folder import disk_size
 from zephon_torch.io.formats import COMPRESSION_ENDINGS
 
 if TYPE_CHECKING:
@@ -57,3 +58,16 @@ def max_open(objects: Mapping[str, tuple[str, CachedObject]], cache: CacheOption
     room = min(cache.max_bytes, disk_size(cache.directory))
     fitting = room // _MAPPED_SHARE // max(largest, 1)
     return max(_MIN_OPEN, min(_MAX_OPEN, fitting))
+
+
+def disk_size(folder: str) -> int:
+    """The size of the disk `folder` (or its nearest existing parent) is on; unbounded where
+    that cannot be told."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return sys.maxsize
+    return found.f_blocks * found.f_frsize
