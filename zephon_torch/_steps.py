@@ -225,6 +225,7 @@ class RecipeSteps:
             min_document_length: drop (and count) documents with fewer tokens.
             pad_token_id: padding id; default the tokenizer's EOS, else 0.
         """
+        self._check_not_packed("pack_flat")
         if self._tokenize is None and self._pretokenized is None:
             raise ConfigError(
                 "`pack_flat` needs token ids: call `tokenize` (or `pretokenized`) first"
@@ -295,6 +296,7 @@ class RecipeSteps:
             raise ConfigError(
                 "`pack_sequences` needs token ids: call `tokenize` (or `pretokenized`) first"
             )
+        self._check_not_packed("pack_sequences")
         if algorithm not in ("best_fit", "first_fit"):
             raise ConfigError(
                 f"`pack_sequences` keeps documents whole: `algorithm` must be 'best_fit' or "
@@ -328,6 +330,16 @@ class RecipeSteps:
             )
         microbatch_size = positive_setting(microbatch_size, "`microbatch_size`")
         return self._with(_microbatch_size=microbatch_size)
+
+    def _check_not_packed(self, what: str) -> None:
+        """A second packing replaced the first without a word (and `pack_flat` after
+        `pack_sequences` dropped its payloads and its whole documents)."""
+        if self._pack is not None:
+            have = "pack_sequences" if self._pack.whole else "pack_flat"
+            raise ConfigError(
+                f"a pipeline packs once and this one has `{have}` already, so `{what}` cannot "
+                "follow; to pack otherwise, call it on the pipeline as it was before packing"
+            )
 
     def _check_before_tokenize(self, what: str) -> None:
         if self._tokenize is None and self._pretokenized is None:

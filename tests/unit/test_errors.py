@@ -391,6 +391,33 @@ def test_a_second_token_stage_is_refused_with_what_to_do_instead(tokenizer: Any)
         tokenized.map(dict)
 
 
+def test_a_second_packing_is_refused_not_put_in_the_first_s_place(tokenizer: Any) -> None:
+    """`.pack_flat(8).pack_flat(16)` packed by 16 without a word, and `pack_flat` after
+    `pack_sequences` dropped its payloads and kept documents whole no longer."""
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a"], "meta": [1]})])
+    tokenized = Pipeline(source).tokenize(tokenizer=tokenizer)
+    once = "a pipeline packs once and this one has `{}` already, so `{}` cannot follow"
+    with pytest.raises(ConfigError, match=once.format("pack_flat", "pack_flat")):
+        tokenized.pack_flat(8).pack_flat(16)
+    with pytest.raises(ConfigError, match=once.format("pack_flat", "pack_sequences")):
+        tokenized.pack_flat(8).batch(1).pack_sequences(16, payload_fields=["meta"])
+    sequences = tokenized.pack_sequences(8, payload_fields=["meta"])
+    with pytest.raises(ConfigError, match=once.format("pack_sequences", "pack_flat")):
+        sequences.pack_flat(16)
+    assert sequences.shuffle(2).batch(1).explain()  # what may follow packing still does
+
+
+def test_to_training_flags_must_be_bools(tokenizer: Any) -> None:
+    """`to_training(mask_document_boundaries="false")` masked the boundaries: any string was
+    taken as true, where `to_torch` refuses it."""
+    source = StaticMixtureWorkSource([Dataset.from_dict("d", {"text": ["a b c"]})])
+    batch = next(iter(Pipeline(source).tokenize(tokenizer=tokenizer).pack_flat(8).batch(1)))
+    with pytest.raises(ConfigError, match="`mask_document_boundaries` must be True or False"):
+        batch.to_training(mask_document_boundaries="false")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="`attention_mask` must be True or False"):
+        batch.to_training(attention_mask="yes")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

@@ -16,7 +16,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_flag, state_int
-from zephon_torch.errors import StateMismatchError, ZephonError
+from zephon_torch.errors import StateMismatchError, ZephonError, flag_setting
 from zephon_torch.ops._row_layout import RowLayout
 from zephon_torch.ops._wrap_blocks import RowBlock
 from zephon_torch.ops.pack import MixPack, PackedRow
@@ -109,8 +109,10 @@ class Batch:
             self.lengths,
             self.sources,
             trainable=self.trainable,
-            mask_document_boundaries=mask_document_boundaries,
-            attention_mask=attention_mask,
+            mask_document_boundaries=flag_setting(
+                mask_document_boundaries, "`mask_document_boundaries`"
+            ),
+            attention_mask=flag_setting(attention_mask, "`attention_mask`"),
         )
 
     def row_sources(self) -> list[list[str]]:
