@@ -11,6 +11,7 @@ from zephon_torch.io._narrowing import NarrowedOrWhole
 from zephon_torch.torch.dataset import workers_used
 
 if TYPE_CHECKING:
+    from zephon_torch._specs import PackSpec
     from zephon_torch.pipeline import Pipeline
 
 
@@ -34,16 +35,7 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
         )
     chain = ["fetch", *(_step(op.fingerprint()) for op in doc_ops(pipeline))]
     lines.append(f"  per document (in order): {' -> '.join(chain)}")
-    packing = [pack.algorithm, f"max_length={pack.max_length}"]
-    if pack.algorithm != "wrap":
-        packing.append(f"num_bins={pack.num_bins}")
-    if pack.max_sequences_per_bin is not None:
-        packing.append(f"max_sequences_per_bin={pack.max_sequences_per_bin}")
-    if pack.long_documents != "split" and not pack.whole:
-        packing.append(f"long_documents={pack.long_documents!r}")
-    if pack.min_document_length:
-        packing.append(f"min_document_length={pack.min_document_length}")
-    serial = [f"mix+pack({', '.join(packing)})"]
+    serial = [_packing(pack)]
     serial += [f"stateful_filter({name})" for _, name in pipeline._stateful]
     if pipeline._shuffle_window:
         serial.append(f"shuffle(window={pipeline._shuffle_window})")
@@ -110,3 +102,19 @@ def _share(weight: float) -> str:
     """A target share as a percentage: one decimal, or two significant digits below 0.1%
     (a weight of 1e-3 beside 3 showed as "0.0% target")."""
     return f"{weight:.1%}" if weight >= 0.001 else f"{weight * 100:.2g}%"
+
+
+def _packing(pack: PackSpec) -> str:
+    """The packing step as explain names it, with every setting in the fingerprint."""
+    packing = [pack.algorithm, f"max_length={pack.max_length}"]
+    if pack.algorithm != "wrap":
+        packing.append(f"num_bins={pack.num_bins}")
+    if pack.max_sequences_per_bin is not None:
+        packing.append(f"max_sequences_per_bin={pack.max_sequences_per_bin}")
+    if pack.long_documents != "split" and not pack.whole:
+        packing.append(f"long_documents={pack.long_documents!r}")
+    if pack.min_document_length:
+        packing.append(f"min_document_length={pack.min_document_length}")
+    if pack.whole:  # pack_sequences: whole documents, their payloads carried
+        packing.append(f"payload_fields={list(pack.payload_fields)}")
+    return f"mix+{'pack_sequences' if pack.whole else 'pack'}({', '.join(packing)})"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import small_pipeline
+from tests.helpers import small_pipeline, two_sources
 from zephon_torch.io import Dataset
 
 
@@ -28,6 +28,13 @@ def test_explain_separates_the_recipe_from_performance_knobs(tokenizer: Any) -> 
     text = Pipeline(skewed).tokenize(tokenizer=tokenizer).pack_flat(64).batch(2).explain()
     assert "dataset 'short': 0.033% target" in text  # not "0.0% target"
     assert "dataset 'long': 100.0% target" in text
+    payloads = [Dataset.from_dict(n, {"text": ["a b"], "meta": [1]}) for n in ("long", "short")]
+    sequences = StaticMixtureWorkSource(payloads, seed=7)
+    recipe_of = Pipeline(sequences).tokenize(tokenizer=tokenizer)
+    shown = recipe_of.pack_sequences(64, payload_fields=["meta"]).batch(2).explain()
+    assert "mix+pack_sequences(best_fit, max_length=64, num_bins=8, payload_fields=['meta'])" in (
+        shown
+    )  # it read as pack_flat's line, the payloads unsaid
     assert "fetch -> tokenize(field='text', special_tokens='eos')" in recipe
     # every packing setting in the fingerprint (num_bins was left out: trial C)
     assert "mix+pack(best_fit, max_length=64, num_bins=8)" in recipe
@@ -105,8 +112,13 @@ def test_operator_figures_of_processes_are_none_not_zeros(tokenizer: Any) -> Non
 
 
 def test_skipped_documents_are_reported(tokenizer: Any) -> None:
+    from zephon_torch import Pipeline
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    source = StaticMixtureWorkSource(two_sources(), {"long": 0.6, "short": 0.4}, seed=7)
     pipeline = (
-        small_pipeline(tokenizer, max_length=32)
+        Pipeline(source)
+        .tokenize(tokenizer=tokenizer)
         .pack_flat(32, "best_fit", long_documents="drop")
         .batch(2)
     )
