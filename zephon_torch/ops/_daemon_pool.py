@@ -110,5 +110,9 @@ def _run(
         result = fn(*args, **kwargs)
     except BaseException as error:  # a SystemExit too: its future must settle
         future.set_exception(error)
+        # the error's traceback holds this frame: its future (which holds the error) made a
+        # cycle that kept the pipeline that raised, and its datasets' open files, until a
+        # full garbage collection
+        del future
     else:
         future.set_result(result)

@@ -341,10 +341,21 @@ def _terminate(executor: ProcessPoolExecutor) -> None:
 
 
 def _done(chain: Chain, source: int, span: PointerSpan) -> Future[Chunk]:
-    """The chunk run now, as a finished future (its error, if any, raised by ``result``)."""
-    future: Future[Chunk] = Future()
+    """The chunk run now, as a finished future (its error, if any, raised by ``result``).
+
+    The error's traceback holds this frame: it keeps no future (made by `_finished`), which
+    made a cycle (error, traceback, frame, future) that kept the pipeline that raised, and its
+    datasets' open files, until a full garbage collection."""
     try:
-        future.set_result(chain(source, span))
+        return _finished(chain(source, span), None)
     except Exception as exc:
-        future.set_exception(exc)
+        return _finished(None, exc)
+
+
+def _finished(chunk: Chunk | None, error: Exception | None) -> Future[Chunk]:
+    future: Future[Chunk] = Future()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(chunk)  # type: ignore[arg-type]
     return future

@@ -78,7 +78,10 @@ class Prefetcher(Generic[T]):
             raise RuntimeError("the prefetcher was closed: it gives no more items")
         if isinstance(item, _Failure):
             self._queue.put(item)
-            raise item.exc
+            try:
+                raise item.exc
+            finally:  # the error's traceback holds this frame: no cycle through it
+                del item
         return item  # type: ignore[return-value]
 
     def queued(self) -> int:

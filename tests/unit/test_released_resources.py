@@ -1,0 +1,94 @@
+"""What an ended iteration lets go of at once, without waiting for the garbage collector: a
+training process of millions of objects runs a full collection rarely, so what only a
+collection frees builds up (open files, mapped line indexes) with every pipeline left."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zephon_torch import DataError, Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+
+@pytest.fixture
+def no_collection() -> Iterator[None]:
+    """The cyclic garbage collector off: only reference counts free objects."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def open_files_settled(most: int, within: float) -> int:
+    """The open descriptors once at most ``most``, or after ``within`` seconds: a process pool
+    shut down closes its pipes once its processes have ended (3-4 s after a start cut short)."""
+    deadline = time.monotonic() + within
+    while open_files() > most and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return open_files()
+
+
+def corpus_with_a_bad_row(folder: Path) -> Path:
+    """Eight JSONL shards; shard 5's row 17 is not JSON."""
+    folder.mkdir()
+    for shard in range(8):
+        lines = [json.dumps({"text": f"shard {shard} row {row} " * 20}) for row in range(30)]
+        if shard == 5:
+            lines[17] = "{not json"
+        (folder / f"part-{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def failing_pipeline(folder: Path, tokenizer: Any, runner: str, index: Path) -> Pipeline:
+    dataset = Dataset.from_path("bad", folder, index_cache_dir=str(index))
+    source = StaticMixtureWorkSource(
+        [dataset], seed=1, token_estimation=TokenEstimation(calibration_documents=4)
+    )
+    return (
+        Pipeline(source)
+        .tokenize(tokenizer=tokenizer, parallelism=2, runner=runner)  # type: ignore[arg-type]
+        .pack_flat(64)
+        .batch(2)
+    )
+
+
+@pytest.mark.parametrize(("runner", "cycles"), [("threads", 10), ("inline", 10), ("processes", 1)])
+def test_a_pipeline_whose_iteration_raised_is_freed_with_its_open_files(
+    tmp_path: Path, tokenizer: Any, no_collection: None, runner: str, cycles: int
+) -> None:
+    """A frame of the error's traceback held the future (or the prefetcher's item) that held
+    the error: a cycle through the frames up to the pipeline's, so a pipeline that raised a
+    DataError kept its datasets' shard files and line indexes open (16 descriptors here) until
+    a full collection, and an evaluation loop that went on after such errors ran out of them."""
+    folder = corpus_with_a_bad_row(tmp_path / "data")
+    before = open_files()
+    for _ in range(cycles):
+        pipeline = failing_pipeline(folder, tokenizer, runner, tmp_path / "index")
+        freed = weakref.ref(pipeline)
+        try:
+            for _ in pipeline:
+                pass
+        except DataError as error:
+            assert "malformed JSON" in str(error)
+        else:
+            pytest.fail("the bad row raised nothing")
+        del pipeline
+        assert freed() is None
+    most = before + (runner == "processes")  # multiprocessing's resource tracker
+    assert open_files_settled(most, within=30 if runner == "processes" else 0) <= most
