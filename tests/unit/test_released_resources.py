@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from zephon_torch import DataError, Pipeline
@@ -92,3 +94,41 @@ def test_a_pipeline_whose_iteration_raised_is_freed_with_its_open_files(
         assert freed() is None
     most = before + (runner == "processes")  # multiprocessing's resource tracker
     assert open_files_settled(most, within=30 if runner == "processes" else 0) <= most
+
+
+def parquet_with_a_damaged_shard(folder: Path) -> Dataset:
+    """Eight Parquet shards, opened, then shard 5's metadata overwritten (same size)."""
+    folder.mkdir()
+    for shard in range(8):
+        texts = [f"shard {shard} row {row} " * 20 for row in range(30)]
+        pq.write_table(pa.table({"text": texts}), folder / f"part-{shard}.parquet")
+    dataset = Dataset.from_path("damaged", folder)
+    damaged = folder / "part-5.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[-200:-8] = b"\xff" * 192  # the footer, before its length and magic
+    damaged.write_bytes(bytes(data))
+    return dataset
+
+
+@pytest.mark.parametrize("runner", ["threads", "inline"])
+def test_a_pipeline_that_met_a_damaged_shard_is_freed_with_its_open_files(
+    tmp_path: Path, tokenizer: Any, no_collection: None, runner: str
+) -> None:
+    """The shard cache's frame that loaded a shard held the error the load raised (kept for
+    other threads waiting on the same shard): the same cycle, through the reader's frames."""
+    before = open_files()
+    dataset = parquet_with_a_damaged_shard(tmp_path / "data")
+    source = StaticMixtureWorkSource([dataset], seed=1)  # no calibration: read by the runner
+    pipeline = (
+        Pipeline(source)
+        .tokenize(tokenizer=tokenizer, parallelism=2, runner=runner)  # type: ignore[arg-type]
+        .pack_flat(64)
+        .batch(2)
+    )
+    freed = weakref.ref(pipeline)
+    with pytest.raises(DataError, match=r"part-5\.parquet"):
+        for _ in pipeline:
+            pass
+    del pipeline, dataset, source
+    assert freed() is None
+    assert open_files() <= before

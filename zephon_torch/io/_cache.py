@@ -92,11 +92,19 @@ class LruCache(Generic[V]):
             if pending is None:
                 pending = _Pending()
                 state.pending[key] = pending
+        # The error's traceback holds this frame, which lets go of ``pending`` (and so of the
+        # error) before raising: the cycle kept what the failed read's frames hold (a pipeline
+        # and its datasets' open files) until a full garbage collection.
         if not owner:
             pending.done.wait()
-            if pending.error is not None:
-                raise pending.error
-            return cast("V", pending.value)
+            error, loaded = pending.error, pending.value
+            del pending
+            if error is None:
+                return cast("V", loaded)
+            try:
+                raise error
+            finally:
+                del error
         try:
             value = load()
         except BaseException as error:
@@ -104,6 +112,7 @@ class LruCache(Generic[V]):
             with state.lock:
                 del state.pending[key]
             pending.done.set()
+            del pending
             raise
         with state.lock:
             self._insert(state, key, value)
