@@ -126,9 +126,9 @@ class RemoteReader(PickledAsSettings):
             dataset=self.dataset,
             objects=self.objects,
             options=self.options,
-            files_of=self._files_of,
-            filesystem=self._filesystem,
-            shard_cache=self._shard_cache,
+            files_of=_weakly(self._files_of),
+            filesystem=_weakly(self._filesystem),
+            shard_cache=_weakly(self._shard_cache),
             index=self.index,
         )
         _LIVE.add(self)
@@ -304,7 +304,7 @@ class RemoteReader(PickledAsSettings):
                     dataset=self.dataset,
                     index_cache_dir=self.index_cache_dir,
                     projection=self.projection,
-                    locate=self._locate,
+                    locate=_weakly(self._locate),
                     max_open=max_open(self.objects, self.options.cache),
                     row_group_cache_bytes=self.options.parquet.row_group_cache_bytes,
                     cache=self.options.cache,
@@ -384,6 +384,22 @@ class _LostCopy(DataError):
             f"{error})",
             dataset=dataset,
         )
+
+
+def _weakly(method: Callable[..., T]) -> Callable[..., T]:
+    """``method`` through a weak reference to its reader, for the parts the reader holds (its
+    downloads, its local reader): held strongly, the cycle kept a remote dataset let go, with
+    its open shard files, until a full garbage collection. Called after the reader is gone (a
+    prefetch still queued), it raises ReferenceError."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> T:
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the remote dataset's reader is gone")
+        return bound(*args)
+
+    return call
 
 
 _LIVE: weakref.WeakSet[RemoteReader] = weakref.WeakSet()
