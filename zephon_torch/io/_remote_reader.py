@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from zephon_torch._weak import weakly
 from zephon_torch.errors import ConfigError, DataError, StorageError, ZephonError
 from zephon_torch.io._arrow import check_columns
 from zephon_torch.io._filesystems import open_filesystem
@@ -48,6 +49,8 @@ from zephon_torch.io.npy import offsets_path
 from zephon_torch.io.parquet import window_blocks
 
 T = TypeVar("T")
+# what a prefetch still queued when its remote dataset was let go meets (logged, dropped)
+_GONE = "the remote dataset's reader is gone"
 
 
 class RemoteReader(PickledAsSettings):
@@ -126,9 +129,9 @@ class RemoteReader(PickledAsSettings):
             dataset=self.dataset,
             objects=self.objects,
             options=self.options,
-            files_of=_weakly(self._files_of),
-            filesystem=_weakly(self._filesystem),
-            shard_cache=_weakly(self._shard_cache),
+            files_of=weakly(self._files_of, gone=_GONE),
+            filesystem=weakly(self._filesystem, gone=_GONE),
+            shard_cache=weakly(self._shard_cache, gone=_GONE),
             index=self.index,
         )
         _LIVE.add(self)
@@ -304,7 +307,7 @@ class RemoteReader(PickledAsSettings):
                     dataset=self.dataset,
                     index_cache_dir=self.index_cache_dir,
                     projection=self.projection,
-                    locate=_weakly(self._locate),
+                    locate=weakly(self._locate, gone=_GONE),
                     max_open=max_open(self.objects, self.options.cache),
                     row_group_cache_bytes=self.options.parquet.row_group_cache_bytes,
                     cache=self.options.cache,
@@ -384,22 +387,6 @@ class _LostCopy(DataError):
             f"{error})",
             dataset=dataset,
         )
-
-
-def _weakly(method: Callable[..., T]) -> Callable[..., T]:
-    """``method`` through a weak reference to its reader, for the parts the reader holds (its
-    downloads, its local reader): held strongly, the cycle kept a remote dataset let go, with
-    its open shard files, until a full garbage collection. Called after the reader is gone (a
-    prefetch still queued), it raises ReferenceError."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: Any) -> T:
-        bound = ref()
-        if bound is None:
-            raise ReferenceError("the remote dataset's reader is gone")
-        return bound(*args)
-
-    return call
 
 
 _LIVE: weakref.WeakSet[RemoteReader] = weakref.WeakSet()

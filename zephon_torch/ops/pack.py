@@ -14,7 +14,6 @@ the carries and the packer's open rows (all as pointers) are the whole state.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,6 +23,7 @@ import numpy.typing as npt
 from torchdata.nodes import BaseNode
 
 from zephon_torch._caller import warn
+from zephon_torch._weak import weakly
 from zephon_torch.errors import DataError
 from zephon_torch.ops._barren_run import BarrenRun
 from zephon_torch.ops._pack_skips import SKIP_REASONS, SkipAccounting
@@ -156,9 +156,9 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
                 # a stateful filter's rejection is no pure fact of the row: it may let the
                 # document through later (a curriculum), so it ends the run's proof, not its
                 # dry spell (`_rejected`; the filter's own check covers a state that cycles)
-                plain.on_rejected = _weakly(self._rejected, source)
+                plain.on_rejected = weakly(self._rejected, source)
                 plain = plain.reader
-            plain.on_filtered = _weakly(self._dropped, source)
+            plain.on_filtered = weakly(self._dropped, source)
         # per source, its current token chunk and the documents _admit refuses there
         self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
         # documents come as columns: a lone active source's are taken a chunk at a time
@@ -309,20 +309,6 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
         reader = self.readers[source]
         reader.check_position(pass_index, pos, document=True)
         return reader.fetch(pass_index, pos)
-
-
-def _weakly(method: Callable[..., None], *first: Any) -> Callable[..., None]:
-    """``method(*first, ...)`` through a weak reference to its object: a reader that tells the
-    packer of events must not keep it alive, as the cycle would hold the whole pipeline (its
-    decoded data with it) until the garbage collector runs."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*rest: Any) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(*first, *rest)
-
-    return call
 
 
 def _to_row(pieces: list[Piece]) -> PackedRow:
