@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,20 @@ _CHILD = textwrap.dedent(
 )
 
 
+def _child(code: str, folder: Path) -> dict[str, Any]:
+    """What the child process running ``code`` over ``folder`` printed last, as JSON."""
+    child = subprocess.run(
+        [sys.executable, "-c", code, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).parents[3],
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    return json.loads(child.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def _write(folder: Path, kind: str) -> Path:
     rows = [{"text": f"document {i}"} for i in range(40)]
     if kind == "parquet":
@@ -74,17 +89,7 @@ def _write(folder: Path, kind: str) -> Path:
 
 @pytest.mark.parametrize("kind", ["parquet", "npy", "mds", "litdata", "vortex"])
 def test_too_many_open_files_is_not_reported_as_a_corrupt_shard(tmp_path: Path, kind: str) -> None:
-    folder = _write(tmp_path / kind, kind)
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=Path(__file__).parents[3],
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    result = json.loads(child.stdout.strip().splitlines()[-1])
+    result = _child(_CHILD, _write(tmp_path / kind, kind))
     assert result["again"] == 1  # the shard was healthy all along
     assert not result["seen"].startswith("DataError"), result["seen"]
     assert "Too many open files" in result["seen"]
@@ -139,15 +144,6 @@ def test_no_memory_to_decode_a_parquet_row_group_is_not_reported_as_a_corrupt_sh
     table = pa.table({"text": ["x" * 1_000_000 + str(i) for i in range(300)]})
     pq.write_table(table, tmp_path / "0-big.parquet", compression="zstd")
     pq.write_table(pa.table({"text": ["a", "b"], "n": [1, 2]}), tmp_path / "1-small.parquet")
-    child = subprocess.run(
-        [sys.executable, "-c", _DECODE_CHILD, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=Path(__file__).parents[3],
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    result = json.loads(child.stdout.strip().splitlines()[-1])
+    result = _child(_DECODE_CHILD, tmp_path)
     assert result["again"] == 1_000_003  # the shard was healthy all along
     assert result["seen"].startswith(("ArrowMemoryError", "MemoryError")), result["seen"]
