@@ -1,12 +1,15 @@
 """Errors of the worker processes of `runner="processes"`: a user's exception, a process
-that dies, a script without a main guard, a full temporary folder, a killed run's chain file;
-each reaches the caller named, with what to check."""
+that dies (also halfway through sending a chunk), a script without a main guard, a full
+temporary folder, a killed run's chain file; each reaches the caller named, with what to
+check."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing.connection
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,8 +20,12 @@ from typing import Any
 import pytest
 
 from zephon_torch import ConfigError, DataError, Pipeline
+from zephon_torch._token_stage import doc_ops
 from zephon_torch.errors import WorkerTraceback
 from zephon_torch.io import Dataset
+from zephon_torch.ops._doc_chain import DocChain
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work import StaticMixtureWorkSource
 
 
@@ -61,6 +68,47 @@ def test_a_process_of_the_processes_runner_that_dies_is_named_with_what_to_check
     pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
     with pytest.raises(BrokenProcessPool, match=r"runner='processes' ended abruptly: .*killed"):
         list(pipeline.batch(1))
+
+
+def killed_while_sending(row: dict[str, Any]) -> dict[str, Any]:
+    """At row 1, this worker process is killed halfway through sending its chunk back (the
+    out-of-memory killer ends the largest process: often one sending a large chunk)."""
+    if row["n"] == 1:
+        send = multiprocessing.connection.Connection._send
+
+        def send_half(self: Any, buf: bytes, *args: Any) -> None:
+            if len(buf) > 16384:  # the chunk, sent after its length
+                send(self, buf[: len(buf) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            send(self, buf, *args)
+
+        multiprocessing.connection.Connection._send = send_half  # type: ignore[method-assign]
+    return row
+
+
+def test_a_process_killed_while_sending_its_chunk_breaks_the_pool_instead_of_hanging() -> None:
+    """The pool's thread had read the chunk's length and waited for the rest for ever: the
+    pipe's other writers (the parent itself, the other workers) kept it open, and the process
+    that died was not looked at while it waited. Every reader then waited for ever."""
+    data = Dataset.from_dict("d", {"ids": [list(range(9000))] * 4, "n": [0, 1, 2, 3]})
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).map(killed_while_sending).pretokenized("ids", runner="processes")
+    runner = Runner(
+        DocChain(FetchOp(source.datasets), doc_ops(recipe)), parallelism=1, kind="processes"
+    )
+    layout = source.layouts[0]
+    try:
+        chunks = [
+            runner.submit(0, layout.span(pass_index=0, lane=0, num_lanes=1, start=row, count=1))
+            for row in range(4)
+        ]
+        assert len(chunks[0].result(timeout=60)) == 1
+        for chunk in chunks[1:]:  # its chunk, and those queued after it, fail
+            error = chunk.exception(timeout=60)
+            assert isinstance(error, BrokenProcessPool), error
+            assert "runner='processes' ended abruptly: it was killed" in str(error)
+    finally:
+        runner.close()
 
 
 _UNGUARDED = """

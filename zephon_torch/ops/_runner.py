@@ -29,6 +29,7 @@ from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops._daemon_pool import DaemonPool
 from zephon_torch.ops._doc_chain import DocChain
+from zephon_torch.ops._pool_watch import PoolWatch
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import Document
 from zephon_torch.work.pointers import PointerSpan
@@ -159,12 +160,12 @@ def _unpicklable(chain: DocChain, docs: list[Document]) -> DataError | None:
     return None
 
 
-def _broken(error: BrokenProcessPool) -> BrokenProcessPool:
+def _broken(error: BrokenProcessPool, ended: bool = False) -> BrokenProcessPool:
     """The pool's error, saying what is known of what broke it: the pool's cause where it
-    gives one (it failed to take a result), else what may have ended a process and what to
-    do."""
+    gives one (it failed to take a result) and no process was seen to end (``ended``: see
+    `PoolWatch`), else what may have ended a process and what to do."""
     cause = error.__cause__
-    if cause is not None:
+    if cause is not None and not ended:
         lines = [line.strip() for line in str(cause).splitlines()]
         said = [line for line in lines if line not in ("", "'''")]
         reason = said[-1] if said else type(cause).__name__
@@ -180,8 +181,9 @@ def _broken(error: BrokenProcessPool) -> BrokenProcessPool:
     return clear
 
 
-def _raising(pending: Future[bytes]) -> Future[Chunk]:
-    """`pending`'s outcome, unpickled, with a returned `_Raised` as the error it holds.
+def _raising(pending: Future[bytes], ended: threading.Event) -> Future[Chunk]:
+    """`pending`'s outcome, unpickled, with a returned `_Raised` as the error it holds
+    (``ended``: whether a process of the pool was seen to end, see `_broken`).
 
     Cancelling the result leaves `pending` to run (its outcome is then not unpickled): only
     the pool's own thread may cancel its futures (see `Runner.close`)."""
@@ -196,7 +198,7 @@ def _raising(pending: Future[bytes]) -> Future[Chunk]:
         error = done.exception()
         value: Chunk | _Raised | None = None
         if isinstance(error, BrokenProcessPool):
-            error = _broken(error)
+            error = _broken(error, ended.is_set())
         elif error is None:
             try:
                 value = pickle.loads(done.result())
@@ -234,6 +236,7 @@ class Runner:
         self._executor: Executor | None = None
         self._removal: Callable[[], object] | None = None  # removes the chain's file
         self._pending: set[Future[bytes]] = set()  # the processes' chunks not yet done
+        self._watch: PoolWatch | None = None  # of the processes, where they are used
         if kind == "inline":
             pass
         elif kind == "threads":
@@ -261,6 +264,7 @@ class Runner:
                 initializer=_init_worker,
                 initargs=(path, os.getpid()),
             )
+            self._watch = PoolWatch(self._executor)
             _OPEN_RUNNERS.add(self)
 
     def submit(self, source: int, span: PointerSpan) -> Future[Chunk]:
@@ -271,16 +275,16 @@ class Runner:
         """
         if self._executor is None:
             return _done(self.chain, source, span)
-        if self.kind == "threads":
+        if self._watch is None:
             return self._executor.submit(self.chain, source, span)
         try:
             pending = self._executor.submit(_run_in_worker, source, span)
         except BrokenProcessPool as error:
             broke = self._breaking(error)
-            raise _broken(broke) from broke
+            raise _broken(broke, self._watch.ended.is_set()) from broke
         self._pending.add(pending)
         pending.add_done_callback(self._pending.discard)
-        return _raising(pending)
+        return _raising(pending, self._watch.ended)
 
     def _breaking(self, refused: BrokenProcessPool) -> BrokenProcessPool:
         """The error that broke the pool, which has just ``refused`` a chunk: the one it gives
@@ -308,6 +312,8 @@ class Runner:
         manager = getattr(self._executor, "_executor_manager_thread", None)  # shutdown drops it
         if isinstance(manager, threading.Thread):
             _CLOSED_POOLS.add(manager)  # joined at exit (see _join_closed_pools)
+        if self._watch is not None:
+            self._watch.stop()
         if isinstance(self._executor, ProcessPoolExecutor):
             busy = any(not f.done() for f in list(self._pending))
             self._pending.clear()
