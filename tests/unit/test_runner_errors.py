@@ -12,7 +12,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,54 @@ def test_a_process_killed_while_sending_its_chunk_breaks_the_pool_instead_of_han
             assert "runner='processes' ended abruptly: it was killed" in str(error)
     finally:
         runner.close()
+
+
+def _waits_on_a_pipe(pid: int) -> bool:
+    """Whether process ``pid`` is blocked reading a pipe (its kernel wait channel)."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/wchan") as wchan:
+        return "pipe" in wchan.read()
+    return False
+
+
+def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> None:
+    """An idle worker waits for its next chunk holding the call queue's read lock, and the
+    others wait for that lock. One killed there (out of memory) just before the runner closed,
+    before the pool's thread saw it, left the pool to shut down as if nothing had happened:
+    it sent each worker its stop and joined them, and a worker waiting for the dead one's lock
+    never took it. The pool's thread waited for ever, and the interpreter, which joins it at
+    exit, with it. Here the worker holding the lock is stopped until the pool joins it."""
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).pretokenized("ids", runner="processes")
+    runner = Runner(
+        DocChain(FetchOp(source.datasets), doc_ops(recipe)), parallelism=2, kind="processes"
+    )
+    layout = source.layouts[0]
+    executor = runner._executor
+    assert isinstance(executor, ProcessPoolExecutor)
+    try:
+        spans = [layout.span(pass_index=0, lane=0, num_lanes=1, start=r, count=1) for r in range(8)]
+        for chunk in [runner.submit(0, span) for span in spans]:  # both workers start
+            chunk.result(timeout=60)
+        processes = list(executor._processes.values())
+        manager = executor._executor_manager_thread
+        assert len(processes) == 2 and manager is not None
+        deadline = time.monotonic() + 60
+        while not (reading := [p for p in processes if _waits_on_a_pipe(p.pid)]):
+            if time.monotonic() > deadline:
+                pytest.skip("no worker is seen waiting on the call queue's pipe (/proc/PID/wchan)")
+            time.sleep(0.01)
+        os.kill(reading[0].pid, signal.SIGSTOP)
+    finally:
+        runner.close()
+    deadline = time.monotonic() + 60
+    while "join_executor_internals" not in _stack(manager) and manager.is_alive():
+        assert time.monotonic() < deadline, "the pool's thread did not go on to join its workers"
+        time.sleep(0.01)
+    os.kill(reading[0].pid, signal.SIGKILL)  # it dies holding the lock
+    manager.join(60)
+    assert not manager.is_alive()
+    assert all(not process.is_alive() for process in processes)
 
 
 _UNGUARDED = """
@@ -253,6 +303,16 @@ def test_a_chain_file_left_by_a_killed_process_is_removed_by_the_next_runner(
     release(path, lock)
     release(other, other_lock)
     assert list(temp.iterdir()) == []
+
+
+def _stack(thread: threading.Thread) -> list[str]:
+    """The functions ``thread`` is in, innermost first."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
 
 
 def _children(parent: int) -> list[int]:

@@ -300,10 +300,10 @@ class Runner:
         return self.chain(source, span)
 
     def close(self) -> None:
-        """Stop the workers; pending chunks are cancelled, and the processes are ended where a
-        chunk is not done (its result would be thrown away, and a stuck map would hold the
-        process at exit); threads that run one end once it returns, without holding the
-        process.
+        """Stop the workers; pending chunks are cancelled, and the processes are ended (a
+        chunk's result would be thrown away, a stuck map would hold the process at exit, and
+        an idle worker killed just before holds the lock the others wait on for their stop);
+        threads that run one end once it returns, without holding the process.
 
         The pool's futures are left to its own thread to cancel (``cancel_futures``), which
         drops them from its table as it does: one cancelled here stayed there, and where that
@@ -315,10 +315,8 @@ class Runner:
         if self._watch is not None:
             self._watch.stop()
         if isinstance(self._executor, ProcessPoolExecutor):
-            busy = any(not f.done() for f in list(self._pending))
             self._pending.clear()
-            if busy:
-                _terminate(self._executor)
+            _terminate(self._executor)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if isinstance(self._executor, DaemonPool):  # a chunk running ends in moments, or
