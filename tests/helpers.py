@@ -211,3 +211,13 @@ def bound_by_modes(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     if os.geteuid() == 0 and "setpriv:" in done.stderr:
         pytest.skip(f"setpriv cannot drop capabilities here: {done.stderr.strip()}")
     return done
+
+
+def thread_stack(thread: threading.Thread) -> list[str]:
+    """The functions ``thread`` is in, innermost first."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names

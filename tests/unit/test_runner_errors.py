@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import thread_stack
 from zephon_torch import ConfigError, DataError, Pipeline
 from zephon_torch._token_stage import doc_ops
 from zephon_torch.errors import WorkerTraceback
@@ -152,7 +152,7 @@ def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> Non
     finally:
         runner.close()
     deadline = time.monotonic() + 60
-    while "join_executor_internals" not in _stack(manager) and manager.is_alive():
+    while "join_executor_internals" not in thread_stack(manager) and manager.is_alive():
         assert time.monotonic() < deadline, "the pool's thread did not go on to join its workers"
         time.sleep(0.01)
     os.kill(reading[0].pid, signal.SIGKILL)  # it dies holding the lock
@@ -303,16 +303,6 @@ def test_a_chain_file_left_by_a_killed_process_is_removed_by_the_next_runner(
     release(path, lock)
     release(other, other_lock)
     assert list(temp.iterdir()) == []
-
-
-def _stack(thread: threading.Thread) -> list[str]:
-    """The functions ``thread`` is in, innermost first."""
-    frame = sys._current_frames().get(thread.ident or 0)
-    names = []
-    while frame is not None:
-        names.append(frame.f_code.co_name)
-        frame = frame.f_back
-    return names
 
 
 def _children(parent: int) -> list[int]:

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import prose_documents
+from tests.helpers import thread_stack
 from zephon_torch import DataError, Pipeline
 from zephon_torch._token_stage import doc_ops
 from zephon_torch.io import Dataset
@@ -167,16 +168,6 @@ def test_a_chunk_submitted_to_a_broken_pool_gets_the_explained_error() -> None:
         runner.close()
 
 
-def _stack(thread: threading.Thread) -> list[str]:
-    """The functions ``thread`` is in, innermost first."""
-    frame = sys._current_frames().get(thread.ident or 0)
-    names = []
-    while frame is not None:
-        names.append(frame.f_code.co_name)
-        frame = frame.f_back
-    return names
-
-
 def _wait_for(what: str, ready: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 60
     while not ready():
@@ -228,7 +219,7 @@ def test_closing_a_busy_pool_lets_its_thread_end_cleanly_whatever_it_sees_first(
         "chunk 1 to wait in the call queue (running, for the pool)",
         lambda: (
             all(f.running() for f in list(runner._pending))
-            and "wait_result_broken_or_wakeup" in _stack(manager)
+            and "wait_result_broken_or_wakeup" in thread_stack(manager)
         ),
     )
     holding = executor._call_queue._notempty
@@ -236,7 +227,7 @@ def test_closing_a_busy_pool_lets_its_thread_end_cleanly_whatever_it_sees_first(
         chunks.append(chunk(2))  # the pool's thread puts it in the call queue: held there
         _wait_for(
             "the pool's thread to wait for the call queue's lock",
-            lambda: _stack(manager)[:3] == ["__enter__", "put", "add_call_item_to_queue"],
+            lambda: thread_stack(manager)[:3] == ["__enter__", "put", "add_call_item_to_queue"],
         )
         chunks += [chunk(3), chunk(4)]  # pending: the call queue is full
         runner.close()
@@ -302,6 +293,7 @@ import os, sys, time
 from pathlib import Path
 
 from tests.conftest import prose_documents
+from tests.helpers import thread_stack
 from zephon_torch import Pipeline
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
