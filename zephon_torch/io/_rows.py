@@ -59,6 +59,25 @@ def rust_machine_fault(error: BaseException) -> OSError | None:
     return OSError(number, f"{os.strerror(number)} ({str(error).strip().splitlines()[0]})")
 
 
+def utf8_name(path: str, *, dataset: str, library: str) -> None:
+    """Refuses a local file whose name is not UTF-8 (its bytes come as surrogates from
+    `os.listdir`) before a `library` that opens files only by UTF-8 names (pyarrow,
+    vortex-data) fails on it with a message that blames the file's contents.
+
+    Raises:
+        DataError: naming the shard, saying to rename it.
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(
+            f"the file's name is not valid UTF-8, and {library} opens files only by UTF-8 "
+            "names: rename the file (its contents were not read)",
+            dataset=dataset,
+            shard=path,
+        ) from None
+
+
 def as_row_array(rows: Rows) -> npt.NDArray[np.int64]:
     """Returns `rows` as a one-dimensional int64 array.
 

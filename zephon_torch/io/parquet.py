@@ -40,7 +40,14 @@ from zephon_torch.io._arrow import (
 from zephon_torch.io._cache import LruCache
 from zephon_torch.io._pickled import PickledAsSettings
 from zephon_torch.io._projection import Projection
-from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range, machine_fault
+from zephon_torch.io._rows import (
+    CHANGED_NOTE,
+    Rows,
+    as_row_array,
+    check_in_range,
+    machine_fault,
+    utf8_name,
+)
 
 WINDOW_BLOCK_BYTES = 32 << 20
 """A Parquet shard whose row groups hold more than this many bytes (see `decoded_bytes`) is
@@ -242,6 +249,7 @@ class ParquetReader(PickledAsSettings):
     def _open(self, path: str) -> _OpenFile:
         # A corrupt footer fails in pyarrow (ArrowException, OSError) or, a name that is not
         # UTF-8, as a UnicodeDecodeError (a ValueError) when the schema or a column is read.
+        utf8_name(path, dataset=self.dataset, library="pyarrow")
         try:
             size = os.stat(path).st_size
             # pages written with checksums are verified (none written: nothing to verify)

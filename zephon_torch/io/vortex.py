@@ -29,6 +29,7 @@ from zephon_torch.io._rows import (
     check_in_range,
     machine_fault,
     rust_machine_fault,
+    utf8_name,
 )
 
 VORTEX_HINT = "pip install 'zephon-torch[vortex]'"
@@ -149,6 +150,7 @@ class VortexReader(PickledAsSettings):
 
     def _open(self, path: str) -> Any:
         vortex = vortex_module()
+        utf8_name(path, dataset=self.dataset, library="vortex-data")
         try:
             file = vortex.open(path)
             schema = file.dtype.to_arrow_schema()

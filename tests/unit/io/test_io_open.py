@@ -557,3 +557,31 @@ def test_a_resume_on_another_hub_commit_says_to_pin_the_saved_one(
     with pytest.raises(StateMismatchError, match=rf"and no hub commit is read now: {pin}"):
         pipeline(None).load_state_dict(state)
     pipeline("a" * 40).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "library"), [(".parquet", "pyarrow"), (".vortex", "vortex-data")]
+)
+def test_a_file_whose_name_is_not_utf8_is_refused_by_name_not_blamed_as_unreadable(
+    tmp_path: Path, suffix: str, library: str
+) -> None:
+    """pyarrow and vortex-data open files only by UTF-8 names: a Latin-1 name (as os.listdir
+    gives it, with surrogates) failed there, and the DataError said the file was not a
+    readable Parquet (or Vortex) file, sending the user to rebuild healthy data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.unit.io.test_io_formats_writers import write_vortex
+
+    written = tmp_path / f"written{suffix}"
+    table = pa.table({"text": ["a", "b"]})
+    if suffix == ".parquet":
+        pq.write_table(table, written)
+    else:
+        write_vortex(written, table)
+    path = os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9" + suffix.encode())
+    os.rename(written, path)
+    with pytest.raises(DataError, match=rf"name is not valid UTF-8, and {library}") as caught:
+        Dataset.from_path("latin", tmp_path)
+    assert (caught.value.dataset, caught.value.shard) == ("latin", path)
+    assert "readable" not in str(caught.value)
