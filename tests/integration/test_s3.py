@@ -165,34 +165,52 @@ def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
 
 
 def test_a_read_that_waited_on_a_failed_prefetch_raises_its_error_without_retrying_again(
-    s3_server: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+    s3_server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The store dead, a read waiting (on the object's lock) for a prefetch of its shard
-    retried from scratch once the prefetch gave up: about twice the policy's `timeout`."""
-    endpoint, server = s3_server
+    """The store down, a read waiting (on the object's lock) for a prefetch of its shard
+    retried from scratch once the prefetch gave up: twice the requests of one read's retries.
+    Counted, not timed (a bound on the time failed once under load)."""
+    import s3fs
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # one request per attempt
+    endpoint, _ = s3_server
     _write_corpus(tmp_path / "local", "parquet", shards=3)
     upload(endpoint, tmp_path / "local", "bucket", "dead")
-    timeout = 3.0  # each try is refused at once: retries go on until the timeout
-    options = {
-        "cache": {"dir": str(tmp_path / "cache")},
-        "retry": {"attempts": 1000, "initial_delay": 0.2, "max_delay": 0.2, "timeout": timeout},
-    }
-    remote = Dataset.from_path(
-        "c", "s3://bucket/dead", storage_options=_storage(endpoint), io_options=options
-    )
-    server.kill()
-    server.wait(10)
-    remote.prefetch([1])
-    locks = tmp_path / "cache" / ".name_locks"  # a name's lock file exists while it is held
-    deadline = time.monotonic() + 10
-    while not (locks.is_dir() and any(locks.iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert locks.is_dir() and any(locks.iterdir())
-    start = time.monotonic()  # the prefetch holds the shard's lock, retrying
-    with pytest.raises(StorageError) as caught:
-        remote.read_rows(1, [0])
-    assert time.monotonic() - start < timeout + 1.5  # its own retries would take `timeout`
-    assert caught.value.url == "s3://bucket/dead/part-001.parquet"
+    down, gate = threading.Event(), threading.Event()
+    asked: list[str] = []
+
+    def store(method: str, path: str, headers: dict[str, str]) -> None:
+        if down.is_set():
+            gate.wait(30)  # the prefetch's first request waits until the read waits on it
+            asked.append(os.path.basename(path.split("?", maxsplit=1)[0]))
+            raise ConnectionResetError("the store is down")
+
+    def dataset(proxy: str, cache: str) -> Dataset:
+        options = {
+            "cache": {"dir": str(tmp_path / cache)},
+            "retry": {"attempts": 4, "initial_delay": 0.01, "max_delay": 0.01, "timeout": 60},
+        }
+        return Dataset.from_path(
+            "c", "s3://bucket/dead", storage_options=_storage(proxy), io_options=options
+        )
+
+    with hooked_proxy(endpoint, store) as proxy:
+        remote, alone = dataset(proxy, "cache"), dataset(proxy, "other_cache")
+        down.set()
+        remote.prefetch([1])
+        locks = tmp_path / "cache" / ".name_locks"  # a name's lock file exists while it is held
+        deadline = time.monotonic() + 10
+        while not (locks.is_dir() and any(locks.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert locks.is_dir() and any(locks.iterdir())
+        threading.Timer(1.0, gate.set).start()  # the read below waits on the held lock by then
+        with pytest.raises(StorageError) as caught:
+            remote.read_rows(1, [0])
+        assert caught.value.url == "s3://bucket/dead/part-001.parquet"
+        with pytest.raises(StorageError):  # a read alone, for the requests of its retries
+            alone.read_rows(2, [0])
+    assert asked.count("part-002.parquet") >= 4
+    assert asked.count("part-001.parquet") == asked.count("part-002.parquet")  # none again
 
 
 def test_a_failed_download_stops_the_prefetches_until_a_download_succeeds(
