@@ -31,6 +31,7 @@ from zephon_torch._lane_split import MID_STEP
 from zephon_torch.elastic import rank_turns
 from zephon_torch.errors import ConfigError
 from zephon_torch.torch import DataLoader, to_device
+from zephon_torch.torch._arguments import checked_workers
 
 
 class PipelineDataModule(L.LightningDataModule):
@@ -60,6 +61,13 @@ class PipelineDataModule(L.LightningDataModule):
         multiprocessing_context: str | None = None,
     ) -> None:
         super().__init__()
+        # checked here, not when Lightning first asks for a loader (after the model is set up)
+        for name, given in (("pipeline", pipeline), ("val_pipeline", val_pipeline)):
+            if not isinstance(given, Pipeline) and (name == "pipeline" or given is not None):
+                raise ConfigError(f"`{name}` must be a zephon_torch Pipeline, got {given!r}")
+        num_workers = checked_workers(num_workers, None)[0]
+        if not isinstance(pin_memory, bool):
+            raise ConfigError(f"`pin_memory` must be True or False, got {pin_memory!r}")
         self.pipeline = pipeline
         self.val_pipeline = val_pipeline
         self.num_workers = num_workers

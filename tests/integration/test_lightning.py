@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -244,6 +245,28 @@ def test_a_validation_pipeline_that_never_ends_needs_a_batch_limit(
     limited.fit(model, datamodule=data())
     assert [len(run) for run in model.validations] == [2, 3, 3]  # the sanity check, steps 2, 4
     assert model.validations[1] == model.validations[2]
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"pipeline": "data/train"}, "`pipeline` must be a zephon_torch Pipeline"),
+        ({"val_pipeline": [1]}, "`val_pipeline` must be a zephon_torch Pipeline"),
+        ({"num_workers": -1}, "`num_workers` must be >= 0"),
+        ({"num_workers": 2.0}, "`num_workers`"),
+        ({"pin_memory": "yes"}, "`pin_memory` must be True or False"),
+    ],
+)
+def test_a_data_module_refuses_bad_arguments_when_made(
+    tokenizer: Any, given: dict[str, Any], named: str
+) -> None:
+    """They were found only when Lightning first asked for a loader, after the model's set-up
+    and the sanity check's start."""
+    from zephon_torch import ConfigError
+
+    arguments: dict[str, Any] = {"pipeline": small_pipeline(tokenizer)} | given
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        PipelineDataModule(**arguments)
 
 
 def test_importing_zephon_torch_does_not_import_lightning() -> None:
