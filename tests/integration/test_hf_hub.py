@@ -1135,3 +1135,29 @@ def test_offline_a_split_file_whose_blob_the_cache_lost_is_named_as_missing(
             f"ConfigError: the hub cache holds only part of {url!r}: the links of 1 of its "
             f"files lead to no file in its blobs/ ({lost})"
         ) in done.stderr
+
+
+def test_offline_a_card_whose_blob_the_cache_lost_is_named_not_read_past(tmp_path: Path) -> None:
+    """Where the hub cache keeps no listing of the commit (files fetched by `hf_hub_download`,
+    as most clients do), a card's link to a lost blob left its `configs:` unread: the split
+    was found by file names, `data/train.jsonl` read in place of the card's `custom/*.jsonl`."""
+    cache = tmp_path / "hub"
+    snapshot = _snapshot(cache, "org/card", "main", "a" * 40)
+    _parquet(snapshot / "custom" / "x.parquet", "card", 3)
+    _parquet(snapshot / "data" / "train.parquet", "by name", 2)
+    card = (
+        "---\nconfigs:\n- config_name: default\n  data_files:\n    train: custom/*.parquet\n---\n"
+    )
+    blob = cache / "datasets--org--card" / "blobs" / "1f2e"
+    blob.parent.mkdir()
+    blob.write_text(card)
+    (snapshot / "README.md").symlink_to(os.path.relpath(blob, snapshot))
+    read = _read_offline(cache, "hf://org/card/train", tmp_path)
+    assert [row["text"] for row in read["rows"]] == ["card 0", "card 1", "card 2"]
+    blob.unlink()
+    done = _run_offline(cache, "hf://org/card/train", tmp_path)
+    assert done.returncode != 0
+    assert (
+        "ConfigError: the hub cache holds only part of 'hf://org/card/train': the link of the "
+        "dataset card README.md of org/card at commit aaaaaaaaaaaa"
+    ) in done.stderr

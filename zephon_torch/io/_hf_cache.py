@@ -68,6 +68,8 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
         ):
             continue
         readme = os.path.join(folder, "README.md")
+        if not converted:
+            _check_card_blob(url, repo, commit, readme)
         in_card = []
         if not converted and os.path.isfile(readme):
             with open(readme, encoding="utf-8", errors="replace") as f:
@@ -227,6 +229,20 @@ def _check_blobs(url: str, repo: str, commit: str, folder: str, files: list[str]
             f"lead to no file in its blobs/ ({shown}); download them again (online, or `hf "
             f"download {repo} --repo-type dataset --revision {commit} --include ...` naming "
             "them) before reading it offline"
+        )
+
+
+def _check_card_blob(url: str, repo: str, commit: str, readme: str) -> None:
+    """ConfigError where the snapshot's link to the dataset card leads to no blob. Where the
+    cache keeps no listing of the commit (`hf_hub_download`'s downloads, older clients),
+    huggingface_hub returns the snapshot all the same, and the split was found by file names,
+    its card's `configs:` unread: other files than online, silently."""
+    if _dangling(readme):
+        raise ConfigError(
+            f"the hub cache holds only part of {url!r}: the link of the dataset card README.md "
+            f"of {repo} at commit {commit[:12]}, which says which files make up each split, "
+            f"leads to no file in its blobs/; download it again (online, or `hf download {repo} "
+            f"README.md --repo-type dataset --revision {commit}`) before reading it offline"
         )
 
 
