@@ -1161,3 +1161,24 @@ def test_offline_a_card_whose_blob_the_cache_lost_is_named_not_read_past(tmp_pat
         "ConfigError: the hub cache holds only part of 'hf://org/card/train': the link of the "
         "dataset card README.md of org/card at commit aaaaaaaaaaaa"
     ) in done.stderr
+
+
+def test_a_config_folder_the_repo_lacks_is_named_with_the_folders_there(tmp_path: Path) -> None:
+    """`hf://org/name/de/train` on a repo without a card whose configs are its folders said
+    "no config folder 'de'" alone, online and offline: which names a URL takes went unsaid."""
+    repo = tmp_path / "repo"
+    for config in ("en", "fr"):
+        _parquet(repo / config / "train-00000-of-00001.parquet", config, 2)
+    _parquet(repo / "_extra" / "train.parquet", "hidden", 1)
+    (repo / "README.md").write_text("# card")
+    hub = Hub()
+    hub.add("org/langs", "main", repo)
+    cache = tmp_path / "cache"
+    shutil.copytree(repo, _snapshot(cache, "org/langs", "main", "a" * 40), dirs_exist_ok=True)
+    offline = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    with serve(hub) as endpoint:
+        for env in ({"HF_ENDPOINT": endpoint}, offline):
+            said = _open("hf://org/langs/de/train", None, tmp_path, **env)
+            assert (
+                "main: no config folder 'de' (its folders with data files: ['en', 'fr'])" in said
+            ), said

@@ -27,6 +27,7 @@ from zephon_torch.io._hf_card import card_configs
 from zephon_torch.io._hf_splits import (
     CONVERTED_REVISION,
     find_split,
+    folders_note,
     parse_hf_url,
     pinned_layout,
     pinned_revision,
@@ -121,7 +122,8 @@ def list_hf(
             tried.append(f"{revision or 'main'}: no such revision")
             continue
         except FileNotFoundError:  # the config folder
-            tried.append(f"{revision or 'main'}: no config folder {configs!r}")
+            note = _folders(fs, root, where, once)
+            tried.append(f"{revision or 'main'}: no config folder {configs!r}{note}")
             continue
         except (_NoAnswer, StorageError) as error:
             cause = error.__cause__ or error
@@ -184,6 +186,18 @@ def _find(fs: Any, under: str, root: str, where: str, policy: RetryPolicy) -> di
     if not found and under != root:
         raise FileNotFoundError(under)
     return found
+
+
+def _folders(fs: Any, root: str, where: str, policy: RetryPolicy) -> str:
+    """The commit's folders holding data files (`folders_note`), for the error of a config
+    folder it lacks; nothing where they could not be listed (only words for a message)."""
+    try:
+        found = _find(fs, root, root, where, policy)
+    except Exception:
+        return ""
+    return folders_note(
+        [path[len(root) + 1 :] for path, info in found.items() if info["type"] == "file"]
+    )
 
 
 def _check_repo_id(url: str, repo: str) -> None:

@@ -26,10 +26,10 @@ has in the listing of the whole commit that huggingface_hub keeps with its downl
 `.offsets.npy` that listing has beside a token file; else a numbered shard `-00001-of-00004`)
 is an error naming it: the cache holds only part of the split. A split of an MDS or LitData
 dataset (an `index.json` beside its shard files), or one read with such a `format`, is an
-error: hf:// reads data files. A split not found is
-an error naming the configs or splits there are, where the card or the converted layout
-says; a card whose `configs:` are of other types than the hub reads (a number for a glob,
-`[z-a]`) is an error naming the card.
+error: hf:// reads data files. A split not found is an error naming the configs or splits
+there are, where the card or the converted layout says (else the folders with data files,
+for a config folder not there); a card whose `configs:` are of other types than the hub reads
+(a number for a glob, `[z-a]`) is an error naming the card.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def find_split(
     found = split_files(files, config, split, configs)
     why = f"no files of split {split!r}"
     if not configs and config is not None and not any(f.startswith(f"{config}/") for f in files):
-        why = f"no config folder {config!r}"
+        why = f"no config folder {config!r}{folders_note(files)}"
     elif not found and not configs:
         named = _named_splits(files, config)
         if named:
@@ -154,6 +154,21 @@ def find_split(
             name = chosen.get("config_name", "default")
             why += f"; the card's config {name!r} has splits {card_splits(chosen)}"
     return found, why
+
+
+def folders_note(files: Sequence[str]) -> str:
+    """The folders at the top of a commit (`files`: its repo-relative paths) that hold data
+    files, a config each to a URL, for an error naming a config folder the commit lacks."""
+    folders = sorted(
+        {
+            f.split("/", 1)[0]
+            for f in files
+            if "/" in f
+            and detect_format(f) is not None
+            and not any(p.startswith((".", "_")) for p in f.split("/"))
+        }
+    )
+    return f" (its folders with data files: {folders})" if folders else " (nor any folder)"
 
 
 def _converted_split(files: Sequence[str], config: str | None, split: str) -> tuple[list[str], str]:
