@@ -145,9 +145,11 @@ def find_split(
     if not configs and config is not None and not any(f.startswith(f"{config}/") for f in files):
         why = f"no config folder {config!r}{folders_note(files)}"
     elif not found and not configs:
-        named = _named_splits(files, config)
+        named, folders = _named_splits(files, config)
         if named:
             why += f"; its files' names read as splits {named}"
+        if folders:  # `data/train/0000.jsonl`: split "train", the names read as "0000"
+            why += f"; its folders' names read as splits {folders}"
     if not found and configs:
         chosen = card_config(configs, config)
         if chosen.get("data_files") is not None:
@@ -215,13 +217,14 @@ def _by_name(files: Sequence[str], folder: str | None, split: str) -> list[str]:
     return sorted(chosen)
 
 
-def _named_splits(files: Sequence[str], folder: str | None) -> list[str]:
-    """The split names the data files under `folder` read as (`_by_name`'s rules, inverted):
-    a name's part before `-` or `_` and a digit, or before its ending; for an error to list."""
+def _named_splits(files: Sequence[str], folder: str | None) -> tuple[list[str], list[str]]:
+    """The split names the data files under `folder` read as (`_by_name`'s rules, inverted),
+    for an error to list: by their names (a name's part before `-` or `_` and a digit, or
+    before its ending), and by the folders holding them below `folder`."""
     endings = "|".join(re.escape(ending) for ending in sorted(EXTENSIONS, key=len, reverse=True))
     pattern = re.compile(rf"^(.+?)(?:[-_][0-9].*|(?i:{endings}))$")
     prefix = [] if folder is None else folder.split("/")
-    names = set()
+    names, folders = set(), set()
     for file in files:
         parts = file.split("/")
         if parts[: len(prefix)] != prefix or detect_format(file) is None:
@@ -229,10 +232,11 @@ def _named_splits(files: Sequence[str], folder: str | None) -> list[str]:
         parts = parts[len(prefix) :]
         if any(p.startswith((".", "_")) for p in parts):
             continue
+        folders.update(parts[:-1])
         matched = pattern.match(parts[-1])
         if matched:
             names.add(matched.group(1))
-    return sorted(names)
+    return sorted(names), sorted(folders)
 
 
 def refuse_indexed(

@@ -102,11 +102,29 @@ def test_a_split_of_no_files_is_named_with_the_splits_the_file_names_read_as() -
     found, why = find_split(files, None, "test2", ())
     assert found == []
     named = "['test', 'train', 'validation']"
-    assert why == f"no files of split 'test2'; its files' names read as splits {named}"
+    assert why == (
+        f"no files of split 'test2'; its files' names read as splits {named}; its folders' "
+        "names read as splits ['data', 'en']"
+    )
     assert find_split(files, "en", "train", ())[1] == (
         "no files of split 'train'; its files' names read as splits ['test']"
     )
     assert find_split(files, None, "train", ())[1] == "no files of split 'train'"  # found
+
+
+def test_a_split_of_no_files_is_named_with_the_splits_the_folder_names_read_as() -> None:
+    """Files in split folders (`data/train/0000.jsonl`) had their names listed as the splits
+    there ('0000', '0001'), the folders' splits 'train' and 'test' left unsaid."""
+    files = ["data/train/0000.jsonl", "data/train/0001.jsonl", "data/test/0000.jsonl"]
+    assert find_split(files, None, "validation", ())[1] == (
+        "no files of split 'validation'; its files' names read as splits ['0000', '0001']; "
+        "its folders' names read as splits ['data', 'test', 'train']"
+    )
+    assert find_split(files, None, "test", ())[0] == ["data/test/0000.jsonl"]
+    assert find_split(["en/train/a.jsonl", "en/_x/b.jsonl"], "en", "test", ())[1] == (
+        "no files of split 'test'; its files' names read as splits ['a']; its folders' names "
+        "read as splits ['train']"
+    )
 
 
 @pytest.mark.parametrize(
