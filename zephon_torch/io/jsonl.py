@@ -86,9 +86,10 @@ class JsonlReader:
 
     def _open_caches(self) -> None:
         self._indexes: LruCache[LineIndex] = LruCache(self.max_open)
-        # each plain local shard's size, inode and mtime when first indexed here (a few ints a
+        # each local shard's size, inode and mtime when first indexed here (a few ints a
         # shard, never evicted: a shard read again after both its LRU entries went must still
-        # be the file first indexed; downloads and decompressed files are never rewritten)
+        # be the file first indexed; a compressed one's file too, as its index and decompressed
+        # copy leave their LRUs apart; downloads and decompressed files are never rewritten)
         self._identities: dict[str, tuple[int, int, int]] = {}
         self._files: LruCache[Descriptor] = LruCache(self.max_open)  # plain shards, read by pread
         # mapped files of evicted shards hold their disk space until unmapped: an eighth of
@@ -244,13 +245,14 @@ class JsonlReader:
 
     def _load_index(self, path: str) -> LineIndex:
         download = self._download(path)
-        if download is None and self._compression_of(path) is None:
-            # before the scan: a change during it is seen at the reads
+        if download is None:
+            # before the scan: a change during it is seen at the reads (a compressed shard's
+            # as it is decompressed again)
             self._check_identity(path, identity(os.stat(path)))
         return load_or_build(path, self.index_cache_dir, lambda: self._whole(path), name=download)
 
     def _check_identity(self, path: str, now: tuple[int, int, int]) -> None:
-        """``DataError`` when the plain shard at ``path`` is not the file first indexed here
+        """``DataError`` when the local shard at ``path`` is not the file first indexed here
         (``now``: its size, inode and mtime): rewritten in place, appended to or replaced, its
         lines lie elsewhere, and its rows are not those the dataset was opened with."""
         first = self._identities.setdefault(path, now)
@@ -297,7 +299,7 @@ class JsonlReader:
         # the file object itself, not its number: another thread may evict it from the LRU
         # meanwhile, and the number, closed, would be reused by the next shard opened
         handle = self._files.get_or_load(path, partial(Descriptor, path))
-        if path in self._identities:  # a plain local shard (set as its index loaded)
+        if path in self._identities:  # a local shard (set as its index loaded)
             self._check_identity(path, identity(os.fstat(handle.fileno())))
         return lambda starts, ends: read_spans(handle.fileno(), starts, ends)
 
@@ -327,6 +329,7 @@ class JsonlReader:
             held = os.path.getsize(path)
         else:
             stat = os.stat(path)
+            self._check_identity(path, identity(stat))  # not a later version than the index
             version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_ctime_ns}"
             key = f"decompressed\0{source}\0{version}"  # a copy with `cp -p` is another
         room = self.cache.max_bytes - held

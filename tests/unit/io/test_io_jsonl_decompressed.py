@@ -218,6 +218,29 @@ def test_a_shard_replaced_by_one_of_the_same_size_and_mtime_is_decompressed_agai
     ]
 
 
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_compressed_shard_changed_after_its_decompressed_copy_went_is_refused(
+    tmp_path: Path, write_jsonl: WriteJsonl, compression: str
+) -> None:
+    """Plain shards kept their first identity, compressed ones did not: once a shard's
+    decompressed copy left its LRU while its line index stayed, the new version was
+    decompressed and sliced at the old offsets, and a DataLoader worker (a pickled reader)
+    indexed it anew; both read its new rows without a word as the rows first opened."""
+    first, second = (tmp_path / f"{name}.jsonl" for name in "ab")
+    for shard in (first, second):
+        write_jsonl(shard, [{"text": f"alpha {i}"} for i in range(10)], compression=compression)
+    reader = _reader(tmp_path, max_decompressed=1)
+    assert reader.read(str(first), [3]) == [{"text": "alpha 3"}]
+    worker = pickle.loads(pickle.dumps(reader))
+    write_jsonl(first, [{"text": f"bravo {i}"} for i in range(10)], compression=compression)
+    os.utime(first, ns=(1, 10**18))  # a new version, whatever the clock's resolution
+    reader.read(str(second), [0])  # the first shard's copy goes; its index stays
+    for reading in (reader, worker):
+        with pytest.raises(DataError, match="since it was first read here") as caught:
+            reading.read(str(first), [3])
+        assert (caught.value.dataset, caught.value.shard) == ("d", str(first))
+
+
 def test_pipeline_io_options_choose_where_a_local_dataset_decompresses(
     tmp_path: Path, write_jsonl: WriteJsonl, tokenizer: Any
 ) -> None:
