@@ -31,14 +31,35 @@ _OPTIONAL_MDS_CODECS = {"br": ("brotli", "brotli"), "snappy": ("snappy", "python
 MDS_CODECS = ("bz2", "gz", "zstd", *_OPTIONAL_MDS_CODECS)
 
 
+# compressions that JSON Lines is not read in, by their magic bytes (none can start JSON text);
+# bz2's is followed by its block size, a digit
+_FOREIGN = {b"\xfd7zXZ\x00": "xz", b"\x04\x22\x4d\x18": "lz4", b"PK\x03\x04": "zip"}
+_FOREIGN.update({b"BZh%d" % size: "bz2" for size in range(1, 10)})
+
+
+class ForeignError(Exception):
+    """The file is compressed, but neither with gzip nor with zstd."""
+
+
 def compression_of(path: str) -> Compression | None:
-    """Returns the compression of the file at `path`, or None for a plain file."""
+    """Returns the compression of the file at `path`, or None for a plain file.
+
+    Raises:
+        ForeignError: for a file compressed with bz2, xz, lz4 or zip: read as plain text, it
+            was a malformed first row that asked whether the file was cut short.
+    """
     with open(path, "rb") as handle:
-        head = handle.read(4)
+        head = handle.read(6)
     if head.startswith(_GZIP_MAGIC):
         return "gzip"
-    if head.startswith(_ZSTD_MAGIC) or _skippable(head):
+    if head.startswith(_ZSTD_MAGIC) or _skippable(head[:4]):
         return "zstd"
+    for magic, name in _FOREIGN.items():
+        if head.startswith(magic):
+            raise ForeignError(
+                f"the file is {name}-compressed, which no reader here reads: recompress it "
+                "with gzip or zstd"
+            )
     return None
 
 

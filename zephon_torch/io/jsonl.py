@@ -30,6 +30,7 @@ from zephon_torch.io._cache_folder import CacheFolderError
 from zephon_torch.io._compression import (
     Compression,
     CorruptError,
+    ForeignError,
     TooLargeError,
     compression_of,
     decompress_bytes,
@@ -306,7 +307,10 @@ class JsonlReader:
     def _compression_of(self, path: str) -> Compression | None:
         if path in self._compression:
             return self._compression[path]
-        compression = self._compression[path] = compression_of(path)
+        try:
+            compression = self._compression[path] = compression_of(path)
+        except ForeignError as error:
+            raise DataError(str(error), dataset=self.dataset, shard=path) from None
         return compression
 
     def _buffer(self, path: str) -> mmap.mmap | bytes:

@@ -188,6 +188,22 @@ def test_every_shard_of_a_folder_is_read_or_named_as_left_out(tmp_path: Path) ->
     assert (found.format, len(found.shards), found.num_rows) == ("parquet", 3, 12)
 
 
+@pytest.mark.parametrize("codec", ["bz2", "lzma"])
+def test_a_shard_compressed_as_no_reader_reads_is_a_data_error_saying_so(
+    tmp_path: Path, codec: str
+) -> None:
+    """Read with `format="jsonl"`, a `.jsonl.bz2` or `.jsonl.xz` shard was taken for plain
+    text: its first "row" was malformed JSON asking whether the file was cut short, and under
+    `bad_rows="skip"` a shard of 200 rows went as 2 skipped malformed ones."""
+    import importlib
+
+    (tmp_path / "part-0.jsonl").write_bytes(_lines(0, 10))
+    packed = importlib.import_module(codec).compress(_lines(10, 10))
+    (tmp_path / "part-1.jsonl.packed").write_bytes(packed)
+    with pytest.raises(DataError, match=r"is (bz2|xz)-compressed.*recompress it with gzip or zstd"):
+        Dataset.from_path("web", tmp_path, format="jsonl")
+
+
 @pytest.mark.parametrize("left", ["0-index.json", "0.index.json"])
 def test_a_litdata_folder_whose_write_did_not_merge_its_index_is_refused(
     tmp_path: Path, left: str
