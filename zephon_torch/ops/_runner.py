@@ -30,6 +30,7 @@ from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops._daemon_pool import DaemonPool
 from zephon_torch.ops._doc_chain import DocChain
 from zephon_torch.ops._pool_watch import PoolWatch
+from zephon_torch.ops._spawn_main import check_main
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import Document
 from zephon_torch.work.pointers import PointerSpan
@@ -43,10 +44,11 @@ Chunk = list[Document] | TokenChunk  # a chain's documents for one span, in stre
 
 Chain = DocChain | TokenChain
 _WORKER_CHAIN: Chain | None = None
+_WORKER_LOAD_ERROR: ConfigError | None = None  # why this worker could not load its chain
 
 
 def _init_worker(path: str, parent: int) -> None:
-    global _WORKER_CHAIN  # noqa: PLW0603 - one chain per worker process, set once at start-up
+    global _WORKER_CHAIN, _WORKER_LOAD_ERROR  # noqa: PLW0603 - one chain per worker process
     # Ctrl-C reaches the whole process group; it is the parent's to act on (a loop may take
     # it as "stop after the next checkpoint" and go on). Each worker printed its own
     # KeyboardInterrupt traceback, and died; a parent that leaves ends them (`_end_at_exit`).
@@ -59,6 +61,24 @@ def _init_worker(path: str, parent: int) -> None:
             _WORKER_CHAIN = pickle.load(handle)
     except FileNotFoundError:  # the runner closed before this process started: no task comes
         pass
+    except (AttributeError, ImportError) as error:  # a function this process cannot find
+        # told to each task, not raised: a failed initializer breaks the pool, whose error
+        # could only guess (a missing main guard) at what a process printed
+        _WORKER_LOAD_ERROR = _unloadable(error)
+
+
+def _unloadable(error: Exception) -> ConfigError:
+    """The error of a worker that could not unpickle its chain (``error``): a function or
+    class it names that the spawned process cannot import."""
+    failure = ConfigError(
+        "the processes of runner='processes' could not load the pipeline's functions: "
+        f"{error}. They are spawned and import each function by its module and name; one of "
+        "the main script is found only where the script defines it at its top level, not "
+        'under `if __name__ == "__main__":`, inside a function or in code run by exec: '
+        "define it there, or in a module of its own, or use runner='threads'"
+    )
+    failure.__cause__ = error
+    return failure
 
 
 _OPEN_RUNNERS: weakref.WeakSet[Runner] = weakref.WeakSet()
@@ -120,6 +140,8 @@ def _run_in_worker(source: int, span: PointerSpan) -> bytes:
     Left to the pool, multiprocessing's pickler would send it, on which torch registers
     reductions that pass each tensor as a shared-memory file descriptor: the parent held one
     open per tensor read ahead (thousands), and past `ulimit -n` the pool broke."""
+    if _WORKER_LOAD_ERROR is not None:
+        return pickle.dumps(_Raised(_WORKER_LOAD_ERROR), protocol=5)
     if _WORKER_CHAIN is None:
         raise RuntimeError("worker process was started without its document chain")
     try:
@@ -249,6 +271,9 @@ class Runner:
                 "runner='threads' or 'inline' with DataLoader workers, or no workers"
             )
         else:
+            check_main(
+                chain, what="the processes of runner='processes'", instead="use runner='threads'"
+            )
             try:
                 payload = pickle.dumps(chain)
             except (pickle.PicklingError, AttributeError, TypeError) as exc:

@@ -28,6 +28,7 @@ from zephon_torch._turn_order import (
     spent_at,
 )
 from zephon_torch.errors import ConfigError
+from zephon_torch.ops._spawn_main import check_main
 from zephon_torch.torch._arguments import checked_workers, refuse_torch_arguments
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
@@ -224,19 +225,21 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
     def _started_workers(self) -> Iterator[Any]:
         """torch's iterator, whose workers (if any) start here; a pipeline that a worker
-        started by spawn or forkserver cannot receive (a lambda, a closure) is a ConfigError
-        saying so, not pickle's bare error from inside torch."""
+        started by spawn or forkserver cannot receive (a lambda, a closure; a function of a
+        `python -c` command, `check_main`) is a ConfigError saying so, not a bare error."""
+        method = (self.multiprocessing_context or multiprocessing.get_context()).get_start_method()
+        workers = f"DataLoader workers started by {method!r}"
+        if self.num_workers > 0 and method != "fork":
+            check_main(self.pipeline_dataset, what=f"the {workers}", instead="use 'fork'")
         try:
             return super().__iter__()
         except (pickle.PicklingError, AttributeError, TypeError) as error:
             if "pickle" not in str(error).lower():
                 raise
-            context = self.multiprocessing_context or multiprocessing.get_context()
             raise ConfigError(
-                f"DataLoader workers started by {context.get_start_method()!r} get the "
-                "pipeline pickled, and "
-                "it holds what cannot be (use module-level functions, not lambdas or "
-                f"closures, in map, filter and the rest; or fork): {error}"
+                f"{workers} get the pipeline pickled, and it holds what cannot be (use "
+                "module-level functions, not lambdas or closures, in map, filter and the rest; "
+                f"or fork): {error}"
             ) from error
 
     def _lane_turns(self) -> dict[int, int]:
