@@ -58,7 +58,8 @@ class RecipeSteps:
 
     def filter(self, fn: Callable[[Row], bool], *, name: str | None = None) -> Pipeline:
         """Keep documents whose row satisfies ``fn`` (by the truth value of its result; None
-        or a callable is refused, naming the row); evaluated before tokenizing."""
+        or a callable is refused, naming the row); evaluated before tokenizing, on a copy of
+        the row (what ``fn`` changes there is not kept: a ``map`` changes rows)."""
         self._check_before_tokenize("filter")
         return self._with(_user_ops=(*self._user_ops, FilterOp(fn, name=name)))
 

@@ -33,6 +33,12 @@ class FilterOp(UserOp):
     def __call__(self, docs: list[Document]) -> list[Document]:
         return [doc for doc in docs if doc.data is not None and self.apply(self._keep, doc)]
 
+    def given(self, doc: Document) -> Row:
+        """A copy of the document's row: a filter decides, and what it changes in its row is
+        not kept (it was where the row held no nested value, which `owned` copies, only)."""
+        row = super().given(doc)
+        return dict(row) if row is doc.data else row
+
     def _keep(self, row: Row) -> bool:
         # within `apply`: a result with no truth value, or refused, names its row
         return decision(self.fn(row), self._what)

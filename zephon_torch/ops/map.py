@@ -38,10 +38,15 @@ class UserOp:
         out.where = where
         return out
 
+    def given(self, doc: Document) -> Row:
+        """The row ``fn`` is called with: the document's, which it may change in place (see
+        `owned`)."""
+        return owned(doc.data)  # type: ignore[no-any-return]
+
     def apply(self, fn: Callable[[Row], R], doc: Document) -> R:
         """``fn(doc.data)``; once located, an error other than a ZephonError becomes a
         DataError naming the document (``call_user``)."""
-        row = owned(doc.data)  # the function may change it in place (see `owned`)
+        row = self.given(doc)
         if self.where is None:
             return fn(row)
         names, paths = self.where
