@@ -161,6 +161,36 @@ def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> Non
     assert all(not process.is_alive() for process in processes)
 
 
+def test_a_pool_broken_by_its_own_thread_ends_its_workers_that_ignore_sigterm() -> None:
+    """Workers ignore SIGTERM (a scheduler's, sent to the whole job, is the parent's to act
+    on), and the pool's own thread, finding a worker dead, ends the others with `terminate`
+    and then joins them: it must end them by SIGKILL, or it waits for ever. The watch, which
+    ends them itself, is stopped here so that the pool's thread sees the death alone."""
+    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
+    source = StaticMixtureWorkSource([data], shuffle=False)
+    recipe = Pipeline(source).pretokenized("ids", runner="processes")
+    runner = Runner(
+        DocChain(FetchOp(source.datasets), doc_ops(recipe)), parallelism=2, kind="processes"
+    )
+    layout = source.layouts[0]
+    executor, watch = runner._executor, runner._watch
+    assert isinstance(executor, ProcessPoolExecutor) and watch is not None
+    try:
+        spans = [layout.span(pass_index=0, lane=0, num_lanes=1, start=r, count=1) for r in range(8)]
+        for chunk in [runner.submit(0, span) for span in spans]:  # both workers start
+            chunk.result(timeout=60)
+        processes = list(executor._processes.values())
+        manager = executor._executor_manager_thread
+        assert len(processes) == 2 and manager is not None
+        watch.stop()
+        os.kill(processes[0].pid, signal.SIGKILL)
+        manager.join(30)
+        assert not manager.is_alive(), thread_stack(manager)
+        assert not processes[1].is_alive()
+    finally:
+        runner.close()
+
+
 _UNGUARDED = """
 import functools
 

@@ -49,10 +49,13 @@ _WORKER_LOAD_ERROR: ConfigError | None = None  # why this worker could not load 
 
 def _init_worker(path: str, parent: int) -> None:
     global _WORKER_CHAIN, _WORKER_LOAD_ERROR  # noqa: PLW0603 - one chain per worker process
-    # Ctrl-C reaches the whole process group; it is the parent's to act on (a loop may take
-    # it as "stop after the next checkpoint" and go on). Each worker printed its own
-    # KeyboardInterrupt traceback, and died; a parent that leaves ends them (`_end_at_exit`).
+    # Ctrl-C, and a scheduler's SIGTERM before its SIGKILL (Slurm's preemption), reach the
+    # whole process group; they are the parent's to act on (a loop may take them as "stop
+    # after the next checkpoint" and go on). Each worker printed its own KeyboardInterrupt
+    # traceback, or died of SIGTERM, and the next chunk broke the pool; a parent that leaves
+    # ends them (`_end_at_exit`, `_end_with`), by SIGKILL
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the parent's pid from the parent: read here, after seconds of start-up, it is already
     # init's (1) where the parent was killed meanwhile, and the watch below never fired
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
@@ -79,6 +82,19 @@ def _unloadable(error: Exception) -> ConfigError:
     )
     failure.__cause__ = error
     return failure
+
+
+class _WorkerProcess(multiprocessing.context.SpawnProcess):
+    """A pool process, ended by SIGKILL: it ignores SIGTERM (see `_init_worker`), and the
+    pool (a broken one, as `PoolWatch` and `_terminate` too) terminates its processes, then
+    waits for them to end."""
+
+    def terminate(self) -> None:
+        self.kill()
+
+
+class _SpawnContext(multiprocessing.context.SpawnContext):
+    Process = _WorkerProcess
 
 
 _OPEN_RUNNERS: weakref.WeakSet[Runner] = weakref.WeakSet()
@@ -285,7 +301,7 @@ class Runner:
             self._removal = weakref.finalize(self, release, path, lock)
             self._executor = ProcessPoolExecutor(
                 parallelism,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=_SpawnContext(),
                 initializer=_init_worker,
                 initargs=(path, os.getpid()),
             )

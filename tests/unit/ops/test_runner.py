@@ -360,8 +360,9 @@ def marked(row):
 
 if __name__ == "__main__":
     stopping = []
-    if os.environ.get("OWN_HANDLER"):  # Ctrl-C: stop after the next checkpoint
-        signal.signal(signal.SIGINT, lambda *_: stopping.append(time.monotonic()))
+    if os.environ.get("OWN_HANDLER"):  # Ctrl-C, or SIGTERM: stop after the next checkpoint
+        signum = getattr(signal, os.environ["OWN_HANDLER"])
+        signal.signal(signum, lambda *_: stopping.append(time.monotonic()))
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
     recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat")).map(marked)
     pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8).batch(1)
@@ -374,10 +375,13 @@ if __name__ == "__main__":
 """
 
 
-def _interrupt(script: Path, ready: Callable[[], bool], **env: str) -> tuple[int, str, str]:
+def _interrupt(
+    script: Path, ready: Callable[[], bool], signum: int = signal.SIGINT, **env: str
+) -> tuple[int, str, str]:
     """Runs ``script`` as a terminal's job (its own process group), waits for its "ready"
-    line and then for ``ready()``, and sends the group SIGINT, as Ctrl-C does: the job's pid
-    (its group's id) and what it wrote to stdout after "ready", and to stderr."""
+    line and then for ``ready()``, and sends the group ``signum``, as Ctrl-C (or Slurm, before
+    its SIGKILL) does: the job's pid (its group's id) and what it wrote to stdout after
+    "ready", and to stderr."""
     environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3]), **env}
     job = subprocess.Popen(
         [sys.executable, str(script)],
@@ -393,7 +397,7 @@ def _interrupt(script: Path, ready: Callable[[], bool], **env: str) -> tuple[int
         while not ready() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ready()
-        os.killpg(job.pid, signal.SIGINT)
+        os.killpg(job.pid, signum)
         out, err = job.communicate(timeout=30)
     finally:
         if job.poll() is None:
@@ -491,14 +495,19 @@ def test_ctrl_c_in_the_training_step_ends_a_job_whose_worker_is_in_a_slow_map(
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
 
 
-def test_a_loop_that_takes_ctrl_c_itself_goes_on_to_its_checkpoint(tmp_path: Path) -> None:
-    """Its own SIGINT handler ("stop after the next checkpoint") kept the loop going, but the
-    workers had died of the same Ctrl-C: the next chunk raised BrokenProcessPool."""
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_loop_that_takes_the_signal_itself_goes_on_to_its_checkpoint(
+    tmp_path: Path, name: str
+) -> None:
+    """Its own handler of Ctrl-C, or of the SIGTERM a scheduler sends the job's group before
+    its SIGKILL ("stop after the next checkpoint"), kept the loop going, but the workers had
+    died of the same signal: the next chunk raised BrokenProcessPool (blaming memory)."""
     script = tmp_path / "graceful.py"
     script.write_text(_ITERATE_UNTIL_INTERRUPTED)
 
-    marks = str(tmp_path / "worker")
-    _, out, err = _interrupt(script, _both(tmp_path, "worker"), WORKER_MARK=marks, OWN_HANDLER="1")
+    marks, signum = str(tmp_path / "worker"), getattr(signal, name)
+    ready = _both(tmp_path, "worker")
+    _, out, err = _interrupt(script, ready, signum, WORKER_MARK=marks, OWN_HANDLER=name)
     assert out == "checkpointed\n" and err == "", err
 
 
