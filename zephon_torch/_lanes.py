@@ -43,6 +43,8 @@ from zephon_torch.ops.read import DocumentReader
 from zephon_torch.ops.shuffle import ShuffleNode
 from zephon_torch.ops.stateful import FilteredReader, made_filter
 
+_LEAVE_S = 1.0  # how long leaving a loop waits, in all, for calls still running
+
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
 
@@ -368,10 +370,16 @@ def _line_of(
 
 
 def stop_iteration(prefetcher: Prefetcher[Batch] | None, runtime: LaneRuntime) -> None:
-    """Stop an iteration's threads (again, harmlessly, where it ran to its end)."""
+    """Stop an iteration's threads (again, harmlessly, where it ran to its end), waiting about
+    a second in all for those still in a call: the prefetch thread and then the runner's
+    threads each waited a second of their own (two, leaving a loop while a map ran)."""
+    deadline = time.monotonic() + _LEAVE_S
     if prefetcher is not None:
-        prefetcher.close()
-    runtime.close()
+        prefetcher.stop()  # first: the runner's chunks, cancelled, let it end
+    runtime.runner.close(deadline)
+    if prefetcher is not None:
+        prefetcher.close(deadline)
+    runtime.close()  # its readers, once the prefetch thread has left them
 
 
 def _check_current(pipeline: Pipeline, iteration: int, error: BaseException | None = None) -> None:

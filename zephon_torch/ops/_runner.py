@@ -275,6 +275,7 @@ class Runner:
         self._removal: Callable[[], object] | None = None  # removes the chain's file
         self._pending: set[Future[bytes]] = set()  # the processes' chunks not yet done
         self._watch: PoolWatch | None = None  # of the processes, where they are used
+        self._closed = False
         if kind == "inline":
             pass
         elif kind == "threads":
@@ -340,16 +341,21 @@ class Runner:
         """Run one chunk on the calling thread (used to rebuild open bins on restore)."""
         return self.chain(source, span)
 
-    def close(self) -> None:
+    def close(self, deadline: float | None = None) -> None:
         """Stop the workers; pending chunks are cancelled, and the processes are ended (a
         chunk's result would be thrown away, a stuck map would hold the process at exit, and
         an idle worker killed just before holds the lock the others wait on for their stop);
-        threads that run one end once it returns, without holding the process.
+        threads that run one end once it returns, without holding the process (waited for
+        until ``deadline``, a `time.monotonic` time; default: a second from now). Closing
+        again does nothing: it waited again for a thread still running its chunk.
 
         The pool's futures are left to its own thread to cancel (``cancel_futures``), which
         drops them from its table as it does: one cancelled here stayed there, and where that
         thread then found the processes ended before it saw the shutdown, Python < 3.12 failed
         on it (InvalidStateError) and the thread died, skipping the pool's clean-up."""
+        if self._closed:
+            return
+        self._closed = True
         manager = getattr(self._executor, "_executor_manager_thread", None)  # shutdown drops it
         if isinstance(manager, threading.Thread):
             _CLOSED_POOLS.add(manager)  # joined at exit (see _join_closed_pools)
@@ -361,7 +367,10 @@ class Runner:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if isinstance(self._executor, DaemonPool):  # a chunk running ends in moments, or
-            self._executor.join(_JOIN_S)  # (a map that never returns) is left behind
+            # (a map that never returns) is left behind
+            self._executor.join(
+                _JOIN_S if deadline is None else max(0.0, deadline - time.monotonic())
+            )
         _OPEN_RUNNERS.discard(self)
         if self._removal is not None:
             self._removal()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -88,18 +89,25 @@ class Prefetcher(Generic[T]):
         """Items ready ahead of the consumer (approximate)."""
         return self._queue.qsize()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Tell the producer to stop after the item it is making (`close` waits for it)."""
+        self._stop.set()
+
+    def close(self, deadline: float | None = None) -> None:
         """Stop the producer; the items it made are dropped, and every later (or waiting)
         ``next`` raises instead of waiting for one that never comes. Waits a moment for its
-        thread: one still making an item (a slow map, a read retrying) finishes it on its own
-        and drops it, so that leaving a loop (``break``, an error, Ctrl-C) does not wait for
-        it. Closing again does nothing."""
+        thread (until ``deadline``, a `time.monotonic` time; default: a second from now): one
+        still making an item (a slow map, a read retrying) finishes it on its own and drops
+        it, so that leaving a loop (``break``, an error, Ctrl-C) does not wait for it.
+        Closing again does nothing."""
         with self._closing:
             if self._closed:
                 return
             self._closed = True
         self._stop.set()
-        self._thread.join(timeout=_JOIN_S)
+        if deadline is None:
+            deadline = time.monotonic() + _JOIN_S
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         while True:  # a put of the producer (if the join timed out) may land in between
             try:
                 while True:

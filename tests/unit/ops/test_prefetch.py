@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +141,52 @@ def test_closing_does_not_wait_for_an_item_still_being_made_and_twice_is_once() 
     release.set()
     prefetcher._thread.join(5)
     assert not prefetcher._thread.is_alive()  # it finished its item and stopped
+
+
+class Interrupted(Exception):
+    """Raised by the test's timer, as Ctrl-C raises KeyboardInterrupt (which pytest takes)."""
+
+
+def blocked_from_row_forty(row: dict[str, Any]) -> dict[str, Any]:
+    if row["ids"][0] >= 40:
+        Path(os.environ["BLOCKED_MARK"]).touch()
+        time.sleep(5)  # a huge document, a remote lookup
+    return row
+
+
+@pytest.mark.parametrize(("runner", "prefetch"), [("threads", 0), ("threads", 2), ("processes", 2)])
+def test_leaving_a_loop_while_a_map_runs_waits_about_a_second_in_all(
+    runner: str, prefetch: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's "about a second": interrupted while waiting for a batch whose map runs,
+    the loop waited a second for the prefetch thread (blocked on the map's chunk), then one
+    for the runner's threads, and one again when the iterator's finalizer closed the runner
+    a second time: 2-3 s to leave it."""
+    from zephon_torch import Pipeline
+    from zephon_torch.io import Dataset
+    from zephon_torch.work import StaticMixtureWorkSource
+
+    mark = tmp_path / "blocked"
+    monkeypatch.setenv("BLOCKED_MARK", str(mark))  # before the processes start
+    data = Dataset.from_dict("d", {"ids": [[i, 2, 2] for i in range(200)]}, shard_size=8)
+    recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat", shuffle=False))
+    recipe = recipe.map(blocked_from_row_forty).options(read_ahead=64, prefetch=prefetch)
+    pipeline = recipe.pretokenized("ids", runner=runner, parallelism=2).pack_flat(8).batch(1)
+    raised: list[float] = []
+
+    def interrupt(*_: object) -> None:
+        raised.append(time.monotonic())
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pytest.raises(Interrupted):
+            for _ in pipeline:
+                if mark.exists() and not raised:
+                    signal.setitimer(signal.ITIMER_REAL, 0.5)  # the loop waits by then
+                    raised.append(0.0)
+        left = time.monotonic() - raised[-1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert left < 1.6, left
