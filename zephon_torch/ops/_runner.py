@@ -47,6 +47,9 @@ _WORKER_CHAIN: Chain | None = None
 _WORKER_LOAD_ERROR: ConfigError | None = None  # why this worker could not load its chain
 
 
+_LEFT_TO_PARENT = {signal.SIGINT, signal.SIGTERM}  # a worker ignores them (`_init_worker`)
+
+
 def _init_worker(path: str, parent: int) -> None:
     global _WORKER_CHAIN, _WORKER_LOAD_ERROR  # noqa: PLW0603 - one chain per worker process
     # Ctrl-C, and a scheduler's SIGTERM before its SIGKILL (Slurm's preemption), reach the
@@ -54,8 +57,9 @@ def _init_worker(path: str, parent: int) -> None:
     # after the next checkpoint" and go on). Each worker printed its own KeyboardInterrupt
     # traceback, or died of SIGTERM, and the next chunk broke the pool; a parent that leaves
     # ends them (`_end_at_exit`, `_end_with`), by SIGKILL
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in _LEFT_TO_PARENT:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _LEFT_TO_PARENT)  # held back until now
     # the parent's pid from the parent: read here, after seconds of start-up, it is already
     # init's (1) where the parent was killed meanwhile, and the watch below never fired
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
@@ -88,6 +92,15 @@ class _WorkerProcess(multiprocessing.context.SpawnProcess):
     """A pool process, ended by SIGKILL: it ignores SIGTERM (see `_init_worker`), and the
     pool (a broken one, as `PoolWatch` and `_terminate` too) terminates its processes, then
     waits for them to end."""
+
+    def start(self) -> None:
+        """Start it with Ctrl-C and SIGTERM blocked, as `_init_worker` unblocks them: a group
+        signal in its seconds of imports before then killed it, and the pool broke."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _LEFT_TO_PARENT)
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def terminate(self) -> None:
         self.kill()

@@ -366,8 +366,11 @@ if __name__ == "__main__":
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 200}, shard_size=8)
     recipe = Pipeline(StaticMixtureWorkSource([data], exhaustion="repeat")).map(marked)
     pipeline = recipe.pretokenized("ids", runner="processes", parallelism=2).pack_flat(8).batch(1)
+    starting = os.environ.get("READY") == "starting"  # the signal lands as the processes start
+    if starting:
+        print("ready", flush=True)
     for step, batch in enumerate(pipeline):
-        if step == 100:
+        if step == 100 and not starting:
             print("ready", flush=True)
         if stopping and time.monotonic() - stopping[0] > 3:  # the steps to the checkpoint
             print("checkpointed", flush=True)
@@ -376,12 +379,12 @@ if __name__ == "__main__":
 
 
 def _interrupt(
-    script: Path, ready: Callable[[], bool], signum: int = signal.SIGINT, **env: str
+    script: Path, ready: Callable[[int], bool], signum: int = signal.SIGINT, **env: str
 ) -> tuple[int, str, str]:
     """Runs ``script`` as a terminal's job (its own process group), waits for its "ready"
-    line and then for ``ready()``, and sends the group ``signum``, as Ctrl-C (or Slurm, before
-    its SIGKILL) does: the job's pid (its group's id) and what it wrote to stdout after
-    "ready", and to stderr."""
+    line and then for ``ready(pid)`` (the job's), and sends the group ``signum``, as Ctrl-C
+    (or Slurm, before its SIGKILL) does: the job's pid (its group's id) and what it wrote to
+    stdout after "ready", and to stderr."""
     environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3]), **env}
     job = subprocess.Popen(
         [sys.executable, str(script)],
@@ -394,9 +397,9 @@ def _interrupt(
     try:
         assert job.stdout is not None and job.stdout.readline() == "ready\n"
         deadline = time.monotonic() + 60
-        while not ready() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ready()
+        while not ready(job.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ready(job.pid)
         os.killpg(job.pid, signum)
         out, err = job.communicate(timeout=30)
     finally:
@@ -405,10 +408,16 @@ def _interrupt(
     return job.pid, out, err
 
 
-def _both(folder: Path, mark: str) -> Callable[[], bool]:
+def _both(folder: Path, mark: str) -> Callable[[int], bool]:
     """Whether both workers have left their marks (started; a worker still importing when
     Ctrl-C lands prints its own traceback, its handler not yet set)."""
-    return lambda: len(list(folder.glob(f"{mark}.*"))) == 2
+    return lambda _: len(list(folder.glob(f"{mark}.*"))) == 2
+
+
+def _spawned(job: int) -> bool:
+    """Whether both worker processes of ``job`` are spawned: they import for seconds then."""
+    command = ["pgrep", "-P", str(job), "-f", "spawn_main"]
+    return len(subprocess.run(command, capture_output=True, check=False).stdout.split()) == 2
 
 
 def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_path: Path) -> None:
@@ -496,18 +505,20 @@ def test_ctrl_c_in_the_training_step_ends_a_job_whose_worker_is_in_a_slow_map(
 
 
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("when", ["started", "starting"])
 def test_a_loop_that_takes_the_signal_itself_goes_on_to_its_checkpoint(
-    tmp_path: Path, name: str
+    tmp_path: Path, name: str, when: str
 ) -> None:
     """Its own handler of Ctrl-C, or of the SIGTERM a scheduler sends the job's group before
     its SIGKILL ("stop after the next checkpoint"), kept the loop going, but the workers had
-    died of the same signal: the next chunk raised BrokenProcessPool (blaming memory)."""
+    died of the same signal: the next chunk raised BrokenProcessPool (blaming memory). So
+    did workers still importing (seconds), before they could ignore it."""
     script = tmp_path / "graceful.py"
     script.write_text(_ITERATE_UNTIL_INTERRUPTED)
 
     marks, signum = str(tmp_path / "worker"), getattr(signal, name)
-    ready = _both(tmp_path, "worker")
-    _, out, err = _interrupt(script, ready, signum, WORKER_MARK=marks, OWN_HANDLER=name)
+    ready = _both(tmp_path, "worker") if when == "started" else _spawned
+    _, out, err = _interrupt(script, ready, signum, WORKER_MARK=marks, OWN_HANDLER=name, READY=when)
     assert out == "checkpointed\n" and err == "", err
 
 
