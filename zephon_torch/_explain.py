@@ -69,7 +69,10 @@ def explain(pipeline: Pipeline, *, num_workers: int = 0) -> str:
                 f"the rows{whole})"
             )
     where = "inline (the packer's thread)" if runner == "inline" else f"{runner} x {parallelism}"
-    lines.append(f"  runner: {where}; read-ahead {options.read_ahead} chunks per reader")
+    lines.append(
+        f"  runner: {where}; read-ahead {options.read_ahead} chunks per reader (fewer for a "
+        "source of under 25%)"
+    )
     depth = prefetch_depth(pipeline)
     why = ""
     if options.prefetch == "auto":

@@ -181,6 +181,7 @@ class LaneRuntime:
                 runner=self.runner,
                 chunk_docs=chunk_docs[i],
                 ahead=pipeline._options.read_ahead,
+                share=source.weights[i],
             )
             for i, layout in enumerate(source.layouts)
         ]

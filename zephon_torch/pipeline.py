@@ -141,7 +141,9 @@ class Pipeline(RecipeSteps):
                 asks). ``"auto"`` (the default): none for pre-tokenized data (packing stored
                 ids holds the GIL, so the thread could not overlap it, and handing micro-batches
                 over cost more than half of making them), else 8.
-            read_ahead: chunks of documents each reader keeps in flight (default 4).
+            read_ahead: chunks of documents each reader keeps in flight (default 4): the
+                reader of a source of under a quarter of the mixture keeps fewer, in
+                proportion, and at least one.
             stats_every: call ``on_stats(pipeline.stats())`` every this many micro-batches;
                 0 turns a hook set before off.
             on_stats: the periodic stats hook (e.g. a logger).
