@@ -127,3 +127,38 @@ def test_a_forked_child_does_not_wait_on_a_lock_a_parent_thread_held_at_the_fork
     holder.join()
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_a_mixture_of_hundreds_of_datasets_computes_each_layout_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """300 datasets read in turn: at most 256 datasets were kept, so a mixture of more,
+    read in turn, computed a layout (O(shards)) again at every use."""
+    made: list[str] = []
+    real = pointers.stable_key
+
+    def counting(*parts: Any) -> int:
+        if parts[3:4] == ("shards",):
+            made.append(parts[1])
+        return real(*parts)
+
+    monkeypatch.setattr(pointers, "stable_key", counting)
+    pointers._pass_layout.cache_clear()
+    layouts = [_layout(f"d{i}", 10) for i in range(300)]
+    for _ in range(3):
+        for layout in layouts:
+            _touch(layout, 0)
+    pointers._pass_layout.cache_clear()
+    assert sorted(made) == sorted(f"d{i}" for i in range(300))
+
+
+def test_pass_cache_lets_the_least_recent_keys_go_past_its_weight() -> None:
+    cache = PassCache(lambda key, pass_index: (key, pass_index), weigh=lambda v: 2, max_weight=5)
+    for key in "abc":
+        cache(key, 0)
+    assert list(cache.held()) == ["b", "c"]  # 6 > 5: "a" went
+    cache("b", 1)  # "b" holds 4 now, "c" 2: "c" goes, the key just used stays
+    assert cache.held() == {"b": [0, 1]}
+    cache("b", 2)
+    cache("b", 3)  # one key is kept whatever it weighs
+    assert cache.held() == {"b": [0, 1, 2, 3]}

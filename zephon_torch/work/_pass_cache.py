@@ -6,7 +6,9 @@ O(shards) each. A plain LRU over (dataset, pass) let one long ``exhaustion="repe
 every slot with past passes of one dataset (64 passes of a 100,000-shard dataset held 147 MiB in
 every rank and worker), while a mixture of more datasets than slots computed each dataset's
 layout again at every use. Here each dataset keeps only its most recently used passes, and
-datasets are evicted least recently used first.
+datasets are evicted least recently used first, bounded by the size of what is held (a
+layout's shard blocks) rather than only by their number: a bound of 256 datasets made a
+mixture of 300, read in turn, compute a layout, O(shards), at every chunk it read.
 """
 
 from __future__ import annotations
@@ -22,15 +24,25 @@ V = TypeVar("V")
 
 class PassCache(Generic[V]):
     """``make(key, pass_index)`` memoised: per ``key``, the ``passes`` most recently used pass
-    indices; at most ``keys`` keys, least recently used first out. Thread-safe; ``make`` runs
-    outside the lock (it is pure: two threads computing the same value keep either)."""
+    indices; at most ``keys`` keys, and values of at most ``max_weight`` in all (``weigh``
+    each; the key just used stays), least recently used keys first out. Thread-safe; ``make``
+    runs outside the lock (it is pure: two threads computing the same value keep either)."""
 
     def __init__(
-        self, make: Callable[[Hashable, int], V], *, passes: int = 4, keys: int = 256
+        self,
+        make: Callable[[Hashable, int], V],
+        *,
+        passes: int = 4,
+        keys: int = 256,
+        weigh: Callable[[V], int] = lambda value: 1,
+        max_weight: int | None = None,
     ) -> None:
         self._make = make
         self._passes = passes
         self._keys = keys
+        self._weigh = weigh
+        self._max_weight = max_weight
+        self._weight = 0  # of every value held
         self._held: OrderedDict[Hashable, OrderedDict[int, V]] = OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -55,12 +67,19 @@ class PassCache(Generic[V]):
         with self._lock:
             passes = self._held.setdefault(key, OrderedDict())
             self._held.move_to_end(key)
+            if pass_index in passes:  # another thread made it meanwhile
+                self._weight -= self._weigh(passes[pass_index])
             passes[pass_index] = value
+            self._weight += self._weigh(value)
             passes.move_to_end(pass_index)
             while len(passes) > self._passes:
-                passes.popitem(last=False)
-            while len(self._held) > self._keys:
-                self._held.popitem(last=False)
+                self._weight -= self._weigh(passes.popitem(last=False)[1])
+            limit = self._max_weight
+            while len(self._held) > self._keys or (
+                limit is not None and self._weight > limit and len(self._held) > 1
+            ):
+                _, evicted = self._held.popitem(last=False)
+                self._weight -= sum(map(self._weigh, evicted.values()))
         return value
 
     def held(self) -> dict[Hashable, list[int]]:
@@ -80,3 +99,4 @@ class PassCache(Generic[V]):
         self._forked()
         with self._lock:
             self._held.clear()
+            self._weight = 0

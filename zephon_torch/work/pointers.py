@@ -249,8 +249,16 @@ def _make_pass_layout(settings: Any, pass_index: int) -> _PassLayout:
 
 # each dataset's 4 most recently used passes (lanes straddle one pass end, prefetch looks into
 # the next pass): 4 x 24 B a shard block, where a plain LRU of 64 (dataset, pass) entries had
-# held 64 past passes of one dataset
-_pass_layout: PassCache[_PassLayout] = PassCache(_make_pass_layout, passes=4, keys=256)
+# held 64 past passes of one dataset; up to 2**23 blocks (about 200 MB, a layout's arrays
+# weighed as 32 more) of up to 4,096 datasets, so that a mixture of hundreds keeps every
+# layout it reads
+_pass_layout: PassCache[_PassLayout] = PassCache(
+    _make_pass_layout,
+    passes=4,
+    keys=4096,
+    weigh=lambda layout: len(layout.block_shards) + 32,
+    max_weight=1 << 23,
+)
 
 
 def _ordered_blocks(
