@@ -68,8 +68,12 @@ def test_a_process_of_the_processes_runner_that_dies_is_named_with_what_to_check
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8, "n": list(range(8))}, shard_size=4)
     recipe = Pipeline(StaticMixtureWorkSource([data], shuffle=False)).map(exit_at_row_five)
     pipeline = recipe.pretokenized("ids", runner="processes", parallelism=1).pack_flat(8)
-    with pytest.raises(BrokenProcessPool, match=r"runner='processes' ended abruptly: .*killed"):
+    with pytest.raises(BrokenProcessPool) as caught:
         list(pipeline.batch(1))
+    # how it ended, and no guess at memory: the message said "killed (out of memory?)" for any
+    text = str(caught.value)
+    assert "runner='processes' ended abruptly (exited with code 3): its code failed" in text
+    assert "out of memory" not in text
 
 
 def killed_while_sending(row: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +112,8 @@ def test_a_process_killed_while_sending_its_chunk_breaks_the_pool_instead_of_han
         for chunk in chunks[1:]:  # its chunk, and those queued after it, fail
             error = chunk.exception(timeout=60)
             assert isinstance(error, BrokenProcessPool), error
-            assert "runner='processes' ended abruptly: it was killed" in str(error)
+            said = "ended abruptly (killed by SIGKILL): it was killed (out of memory?)"
+            assert said in str(error)
     finally:
         runner.close()
 

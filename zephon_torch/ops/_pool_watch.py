@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.connection
+import multiprocessing.process
+import signal
 import threading
 import weakref
 from concurrent.futures import ProcessPoolExecutor
@@ -28,10 +30,33 @@ class PoolWatch:
 
     def __init__(self, executor: ProcessPoolExecutor) -> None:
         self.ended = threading.Event()
+        self.how = ""  # how the process that ended did: "killed by SIGKILL", "exited with 3"
         self._stopped = threading.Event()
         self._lock = threading.Lock()  # the watch's and `stop`'s hands on the pool, one at a time
-        pool = weakref.ref(executor)
+        pool = self._pool = weakref.ref(executor)
         threading.Thread(target=self._watch, args=(pool,), daemon=True, name="zephon-watch").start()
+
+    def seen_end(self) -> str | None:
+        """How a process of the pool ended ("" where that cannot be read), or None where none
+        did: the one this watch saw end, else one the pool's own thread saw end first (any
+        still there that exited other than by SIGKILL, which the pool sends the rest)."""
+        if self.ended.is_set():
+            return self.how
+        executor = self._pool()
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        try:  # a process's sentinel is ready a moment before its exit code can be read
+            sentinels = [process.sentinel for process in processes]
+            ready = multiprocessing.connection.wait(sentinels, timeout=0)
+        except (ValueError, OSError):  # closed meanwhile: the pool is closing
+            return None
+        ended = [
+            how
+            for process, sentinel in zip(processes, sentinels)
+            if sentinel in ready and (how := _how_it_ended(process, wait=1))
+        ]
+        if not ended:
+            return None
+        return next((how for how in ended if how != "killed by SIGKILL"), ended[0])
 
     def stop(self) -> None:
         """End the watch (the pool is being closed): a process ending from now is no fault."""
@@ -51,7 +76,8 @@ class PoolWatch:
                 return
             if not sentinels:
                 self._stopped.wait(_WATCH_S)
-            elif multiprocessing.connection.wait(sentinels, timeout=_WATCH_S):
+            elif ready := multiprocessing.connection.wait(sentinels, timeout=_WATCH_S):
+                self.how = _how_it_ended(processes[sentinels.index(ready[0])], wait=1)
                 self._break(pool)
                 return
 
@@ -74,3 +100,20 @@ class PoolWatch:
             writer = getattr(getattr(executor, "_result_queue", None), "_writer", None)
             if writer is not None:
                 writer.close()
+
+
+def _how_it_ended(process: multiprocessing.process.BaseProcess, *, wait: float) -> str:
+    """How ``process`` ended: the signal that killed it, or its exit code ("" where it has not
+    ended within ``wait`` seconds, or that cannot be read)."""
+    try:
+        process.join(wait)
+        code = process.exitcode
+    except (ValueError, AssertionError):  # closed meanwhile: the pool is closing
+        return ""
+    if code is None:
+        return ""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exited with code {code}"

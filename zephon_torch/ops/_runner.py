@@ -211,30 +211,33 @@ def _unpicklable(chain: DocChain, docs: list[Document]) -> DataError | None:
     return None
 
 
-def _broken(error: BrokenProcessPool, ended: bool = False) -> BrokenProcessPool:
+def _broken(error: BrokenProcessPool, how: str | None = None) -> BrokenProcessPool:
     """The pool's error, saying what is known of what broke it: the pool's cause where it
-    gives one (it failed to take a result) and no process was seen to end (``ended``: see
-    `PoolWatch`), else what may have ended a process and what to do."""
+    gives one (it failed to take a result) and no process was seen to end (``how`` None: see
+    `PoolWatch`), else how a process ended, what may have ended it and what to do."""
     cause = error.__cause__
-    if cause is not None and not ended:
+    if cause is not None and how is None:
         lines = [line.strip() for line in str(cause).splitlines()]
         said = [line for line in lines if line not in ("", "'''")]
         reason = said[-1] if said else type(cause).__name__
         clear = BrokenProcessPool(f"the process pool of runner='processes' broke: {reason}")
     else:
+        ended = f" ({how})" if how else ""
+        killed = how in (None, "", "killed by SIGKILL")  # the out-of-memory killer's signal
+        why = "it was killed (out of memory?)" if killed else "its code failed or it was stopped"
         clear = BrokenProcessPool(
-            "a process of runner='processes' ended abruptly: it was killed (out of memory?) or "
-            "failed as it started (its error is printed above). The processes are spawned, so "
-            "they import the main script again: a script must run the pipeline under "
+            f"a process of runner='processes' ended abruptly{ended}: {why}, or failed as it "
+            "started (its error is printed above). The processes are spawned, so they import "
+            "the main script again: a script must run the pipeline under "
             '`if __name__ == "__main__":`'
         )
     clear.__cause__ = error
     return clear
 
 
-def _raising(pending: Future[bytes], ended: threading.Event) -> Future[Chunk]:
+def _raising(pending: Future[bytes], watch: PoolWatch) -> Future[Chunk]:
     """`pending`'s outcome, unpickled, with a returned `_Raised` as the error it holds
-    (``ended``: whether a process of the pool was seen to end, see `_broken`).
+    (``watch``: whether and how a process of the pool was seen to end, see `_broken`).
 
     Cancelling the result leaves `pending` to run (its outcome is then not unpickled): only
     the pool's own thread may cancel its futures (see `Runner.close`)."""
@@ -249,7 +252,7 @@ def _raising(pending: Future[bytes], ended: threading.Event) -> Future[Chunk]:
         error = done.exception()
         value: Chunk | _Raised | None = None
         if isinstance(error, BrokenProcessPool):
-            error = _broken(error, ended.is_set())
+            error = _broken(error, watch.seen_end())
         elif error is None:
             try:
                 value = pickle.loads(done.result())
@@ -336,10 +339,10 @@ class Runner:
             pending = self._executor.submit(_run_in_worker, source, span)
         except BrokenProcessPool as error:
             broke = self._breaking(error)
-            raise _broken(broke, self._watch.ended.is_set()) from broke
+            raise _broken(broke, self._watch.seen_end()) from broke
         self._pending.add(pending)
         pending.add_done_callback(self._pending.discard)
-        return _raising(pending, self._watch.ended)
+        return _raising(pending, self._watch)
 
     def _breaking(self, refused: BrokenProcessPool) -> BrokenProcessPool:
         """The error that broke the pool, which has just ``refused`` a chunk: the one it gives
