@@ -1,11 +1,12 @@
 """Which files a `Dataset.from_path` path names, and in which format.
 
 A path is a file, a directory (searched recursively) or a glob; files come back absolute and
-sorted by path, so shard order, and with it every pointer stream, does not depend on the order
-the file system lists them in. Names starting with "." or "_" are skipped in directories (hidden
-files, `_SUCCESS` and `_metadata` files that Spark and Hadoop leave next to the data), as is the
-line-index cache when it lies inside the data. Remote listings keep the same files
-(`visible_files`).
+sorted by the bytes of their paths (not by Python's text of them, which orders names that are
+not UTF-8 by the locale), so shard order, and with it every pointer stream, depends on neither
+the order the file system lists them in nor the locale. Names starting with "." or "_" are
+skipped in directories (hidden files, `_SUCCESS` and `_metadata` files that Spark and Hadoop
+leave next to the data), as is the line-index cache when it lies inside the data. Remote
+listings keep the same files (`visible_files`).
 """
 
 from __future__ import annotations
@@ -150,10 +151,13 @@ def _walk(directory: str, exclude: str | Sequence[str]) -> list[str]:
     """The files under ``directory``, through linked folders too, each folder once (see
     ``_tree``); names starting with "." or "_" are left out."""
     return sorted(
-        os.path.abspath(os.path.join(root, name))
-        for root, _, names in _tree(directory, _skipped(exclude), _visible, once=True)
-        for name in names
-        if not name.startswith(SKIPPED_PREFIXES)
+        (
+            os.path.abspath(os.path.join(root, name))
+            for root, _, names in _tree(directory, _skipped(exclude), _visible, once=True)
+            for name in names
+            if not name.startswith(SKIPPED_PREFIXES)
+        ),
+        key=os.fsencode,
     )
 
 
@@ -177,7 +181,7 @@ def _tree(
     for root, folders, names in os.walk(top, onerror=_unlisted, followlinks=True):
         where, above = below.pop(root)
         kept = []
-        for folder in sorted(folders):
+        for folder in sorted(folders, key=os.fsencode):
             real = os.path.realpath(os.path.join(root, folder))
             if real in skipped or real in above or (once and real in entered):
                 continue
@@ -216,7 +220,8 @@ def _glob(pattern: str, exclude: str | Sequence[str]) -> list[str]:
         matches = [m for m in glob.glob(pattern) if not os.path.realpath(m).startswith(inside)]
     first: dict[str, str] = {}  # real folder -> the path its files are read by
     files = []
-    for match in sorted(os.path.abspath(m) for m in matches if not os.path.isdir(m)):
+    found = (os.path.abspath(m) for m in matches if not os.path.isdir(m))
+    for match in sorted(found, key=os.fsencode):
         folder = os.path.dirname(match)
         if first.setdefault(os.path.realpath(folder), folder) == folder:
             files.append(match)

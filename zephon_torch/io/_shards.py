@@ -3,7 +3,9 @@
 The fingerprint is a pure function of the dataset's name, format, shards and hub revision: each
 shard's path below the deepest folder holding them all, its row count and its window blocks,
 hashed, so a changed dataset is noticed without reading data, while moving its files to another
-folder or machine keeps the fingerprint.
+folder or machine keeps the fingerprint. Local names count as the text of their bytes read as
+UTF-8, whatever encoding Python decodes file names with there (ASCII under a C locale without
+UTF-8 mode gives `é` as two surrogates).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def fingerprint_of(
 ) -> dict[str, Any]:
     """`Dataset.fingerprint` of the dataset named ``dataset``, of format ``format_``, with
     ``shards``, read at hub commit ``revision`` (see there)."""
-    names = _below_common_folder([shard.path for shard in shards])
+    names = [_utf8_text(name) for name in _below_common_folder([s.path for s in shards])]
     listing = [[name, shard.num_rows] for name, shard in zip(names, shards)]
     out = {
         "name": dataset,
@@ -65,6 +67,17 @@ def _below_common_folder(paths: list[str]) -> list[str]:
     while depth < deepest and len({p[depth] for p in parts}) == 1:
         depth += 1
     return ["/".join(p[depth:]) for p in parts]
+
+
+def _utf8_text(name: str) -> str:
+    """``name`` as the text of its bytes read as UTF-8 (bytes that are not UTF-8 as
+    surrogates): Python's own text of a local name where it decodes names as UTF-8, and what
+    that would be where it decodes them otherwise. A URL's text, which no file system gave
+    and which may not encode so, is kept."""
+    try:
+        return os.fsencode(name).decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return name
 
 
 def _digest(value: object) -> str:
