@@ -59,17 +59,21 @@ def rust_machine_fault(error: BaseException) -> OSError | None:
     return OSError(number, f"{os.strerror(number)} ({str(error).strip().splitlines()[0]})")
 
 
-def utf8_name(path: str, *, dataset: str, library: str) -> None:
-    """Refuses a local file whose name is not UTF-8 (its bytes come as surrogates from
-    `os.listdir`) before a `library` that opens files only by UTF-8 names (pyarrow,
-    vortex-data) fails on it with a message that blames the file's contents.
+def utf8_name(path: str, *, dataset: str, library: str) -> str:
+    """``path`` as the text a ``library`` that opens files only by UTF-8 names (pyarrow,
+    vortex-data) opens it by: the text of its bytes read as UTF-8. That is ``path`` itself
+    where Python decodes file names as UTF-8; under another file-system encoding (ASCII under
+    a C locale without UTF-8 mode) Python's text of a UTF-8 name holds surrogates, which the
+    library cannot open. A name that is not UTF-8 (its bytes come as surrogates from
+    `os.listdir`) is refused before the library fails on it with a message that blames the
+    file's contents.
 
     Raises:
         DataError: naming the shard, saying to rename it.
     """
     try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8")
+    except UnicodeError:
         raise DataError(
             f"the file's name is not valid UTF-8, and {library} opens files only by UTF-8 "
             "names: rename the file (its contents were not read)",

@@ -249,11 +249,11 @@ class ParquetReader(PickledAsSettings):
     def _open(self, path: str) -> _OpenFile:
         # A corrupt footer fails in pyarrow (ArrowException, OSError) or, a name that is not
         # UTF-8, as a UnicodeDecodeError (a ValueError) when the schema or a column is read.
-        utf8_name(path, dataset=self.dataset, library="pyarrow")
+        name = utf8_name(path, dataset=self.dataset, library="pyarrow")
         try:
             size = os.stat(path).st_size
             # pages written with checksums are verified (none written: nothing to verify)
-            file = pq.ParquetFile(path, page_checksum_verification=True)
+            file = pq.ParquetFile(name, page_checksum_verification=True)
             self._check_columns(path, file.schema_arrow)
             metadata = file.metadata
             groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]

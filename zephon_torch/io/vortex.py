@@ -150,9 +150,9 @@ class VortexReader(PickledAsSettings):
 
     def _open(self, path: str) -> Any:
         vortex = vortex_module()
-        utf8_name(path, dataset=self.dataset, library="vortex-data")
+        name = utf8_name(path, dataset=self.dataset, library="vortex-data")
         try:
-            file = vortex.open(path)
+            file = vortex.open(name)
             schema = file.dtype.to_arrow_schema()
         except BaseException as error:
             if not _unreadable(error):

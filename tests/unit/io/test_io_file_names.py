@@ -90,3 +90,41 @@ def test_the_order_and_fingerprint_hold_where_python_decodes_names_as_ascii(
     fingerprint, shards = _ascii_child(tmp_path / "data")
     assert shards == [os.fsencode(shard.path) for shard in here.shards]
     assert fingerprint == here.fingerprint()
+
+
+_READING = (
+    "import json, os, sys, warnings\n"
+    "warnings.simplefilter('ignore')\n"
+    "from zephon_torch.io import Dataset\n"
+    "d = Dataset.from_path('d', os.fsdecode(bytes.fromhex(sys.argv[1])))\n"
+    "print(json.dumps([sys.getfilesystemencoding(), d.num_rows, d.read_rows(0, [0, 1])]))"
+)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".vortex"])
+def test_parquet_and_vortex_files_of_utf8_names_read_where_python_decodes_names_as_ascii(
+    tmp_path: Path, suffix: str
+) -> None:
+    """pyarrow and vortex-data open files by UTF-8 names, and Python's ASCII text of a UTF-8
+    name (surrogates) is none: a healthy `Ünïcode.parquet` was a DataError saying its name was
+    not valid UTF-8, under a C locale without UTF-8 mode."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.unit.io.test_io_formats_writers import write_vortex
+
+    path = tmp_path / "data" / f"Ünïcode{suffix}"
+    table = pa.table({"text": ["a", "b", "c"]})
+    if suffix == ".parquet":
+        path.parent.mkdir()
+        pq.write_table(table, path)
+    else:
+        write_vortex(path, table)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **_ASCII_NAMES}
+    cmd = [sys.executable, "-c", _READING, os.fsencode(path.parent).hex()]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    encoding, rows, read = json.loads(done.stdout)
+    if encoding != "ascii":
+        pytest.skip(f"Python decodes file names as {encoding} under {_ASCII_NAMES} here")
+    assert (rows, read) == (3, [{"text": "a"}, {"text": "b"}])
