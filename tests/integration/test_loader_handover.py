@@ -163,3 +163,27 @@ def test_a_worker_init_fn_runs_in_each_worker_and_leaves_the_data_as_it_is(
     loader = DataLoader(_build(tokenizer), num_workers=2, worker_init_fn=started)
     assert _ids(loader, 6) == plain
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1"]
+
+
+def _meta_default(worker_id: int) -> None:
+    """A `worker_init_fn` setting the default device, as a worker forked from a script that
+    set `torch.set_default_device("cuda")` has it (the meta device stands in for a GPU)."""
+    torch.set_default_device("meta")
+
+
+def test_workers_under_another_default_device_still_deliver_cpu_batches(
+    tokenizer: Any,
+) -> None:
+    """Each worker made its micro-batch's max_seqlen and transfer buffer on the default
+    device: on a GPU a forked worker cannot start CUDA, and no batch came."""
+    plain = [
+        {k: v for k, v in item.items() if isinstance(v, torch.Tensor)}
+        for _, item in zip(range(4), DataLoader(_build(tokenizer).to_torch(attention_mask=True)))
+    ]
+    loader = DataLoader(
+        _build(tokenizer).to_torch(attention_mask=True), num_workers=2, worker_init_fn=_meta_default
+    )
+    delivered = [item for _, item in zip(range(4), loader)]
+    assert len(delivered) == len(plain) == 4
+    for want, got in zip(plain, delivered, strict=True):
+        assert all(torch.equal(got[k], v) and got[k].device.type == "cpu" for k, v in want.items())

@@ -37,6 +37,19 @@ def test_a_training_item_round_trips_through_one_buffer() -> None:
     assert unpack({"input_ids": ids}) == {"input_ids": ids}  # an item never packed
 
 
+def test_an_item_packed_under_another_default_device_travels_on_the_cpu() -> None:
+    """A worker that inherits the script's `torch.set_default_device` (forked, or spawned
+    from a script that sets it on import) made the buffer there: on a GPU a forked worker
+    cannot start CUDA, and no item came (the meta device stands in for a GPU)."""
+    ids = np.arange(2 * 9, dtype=np.int64).reshape(2, 9)
+    item = training_tensors(ids, [[4, 3], [9]], [[0, 1], [1]])
+    with torch.device("meta"):
+        packed = pack(dict(item))
+    assert packed[PACKED_KEY].device.type == "cpu" and packed[PACKED_KEY].is_shared()
+    back = unpack(packed)
+    assert all(torch.equal(back[name], value) for name, value in item.items())
+
+
 def test_ranks_recipes_are_compared_by_setting_naming_each_rank() -> None:
     """The check the loader's gathered state makes: equal recipes pass (a NaN figure too, not
     equal to itself), and each differing setting is named with rank 0's value and the rank's."""

@@ -3,7 +3,8 @@
 Everything derives from the row layout (segment lengths per row): a segment is one document's
 piece in a row, so attention and positions restart at each one. Built with a few numpy passes
 over the whole flattened batch (each row's padding is one more segment); no per-token Python
-work.
+work. Every tensor is made on the CPU, whatever default device the training script set
+(`torch.set_default_device`, a `with torch.device(...)` block): moving them is `to_device`'s.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def training_tensors(
         "document_ids": torch.from_numpy(document_ids),
         "source_ids": torch.from_numpy(source_ids),
         "cu_seqlens": torch.from_numpy(cu),
-        "max_seqlen": torch.tensor(int(np.diff(cu).max(initial=0)), dtype=torch.int64),
+        "max_seqlen": torch.tensor(
+            int(np.diff(cu).max(initial=0)), dtype=torch.int64, device="cpu"
+        ),
         "num_valid_tokens": (labels_t != IGNORE_INDEX).sum(),
     }
     if attention_mask:
@@ -110,6 +113,6 @@ def block_causal_mask(document_ids: npt.NDArray[np.int64]) -> torch.Tensor:
     width = docs.shape[1]
     same = docs[:, :, None] == docs[:, None, :]
     real = (docs >= 0)[:, :, None] & (docs >= 0)[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    eye = torch.eye(width, dtype=torch.bool)
+    causal = torch.ones(width, width, dtype=torch.bool, device="cpu").tril()
+    eye = torch.eye(width, dtype=torch.bool, device="cpu")
     return ((same & real & causal) | eye)[:, None, :, :]

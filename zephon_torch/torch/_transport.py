@@ -29,7 +29,8 @@ def pack(item: dict[str, Any]) -> dict[str, Any]:
         dtype = str(tensor.dtype).removeprefix("torch.")
         layout.append((name, dtype, list(tensor.shape), offset, size))
         offset += -(-size // _ALIGN) * _ALIGN
-    buffer = torch.empty(offset, dtype=torch.uint8)
+    # on the CPU whatever default device the script set (a forked worker inherits it)
+    buffer = torch.empty(offset, dtype=torch.uint8, device="cpu")
     buffer.share_memory_()  # type: ignore[no-untyped-call]  # then torch sends it as is
     for (_, _, _, start, size), tensor in zip(layout, tensors.values(), strict=True):
         buffer[start : start + size] = tensor.reshape(-1).view(torch.uint8)

@@ -152,6 +152,20 @@ def test_to_device_moves_every_field_but_max_seqlen(tokenizer: Any) -> None:
     assert all(v.device.type == "meta" for k, v in moved.items() if k != "max_seqlen")
 
 
+def test_the_tensors_are_made_on_the_cpu_under_another_default_device(tokenizer: Any) -> None:
+    """Under `torch.set_default_device` (or a `with torch.device(...)` block) max_seqlen was
+    made on that device, which README keeps on the host, and the attention mask failed,
+    mixing the device's tensors with the CPU's (the meta device stands in for a GPU)."""
+    batch = next(iter(small_pipeline(tokenizer)))
+    item = batch.to_training(attention_mask=True)
+    with torch.device("meta"):
+        made = batch.to_training(attention_mask=True)
+    assert made.keys() == item.keys()
+    for name, value in made.items():
+        assert value.device.type == "cpu", name
+        assert torch.equal(value, item[name]), name
+
+
 def test_the_labels_give_a_hugging_face_model_its_loss_as_shift_labels(tokenizer: Any) -> None:
     """The README's advice: labels are shifted already, so a Hugging Face causal LM takes them
     as `shift_labels=` (with `labels=`, which it needs to compute a loss at all); as `labels=`
