@@ -223,3 +223,20 @@ def test_a_loader_iterated_on_one_rank_says_to_make_it_its_own(
     assert again[0] == first[0] and again[1] < 1.0  # the failure, at once, not another group
     one = small_pipeline(tokenizer, lanes=2, exhaustion="repeat")
     assert got["alone"] == _digest(next(iter(one)).to_training())
+
+
+def test_the_end_of_stream_all_reduce_runs_on_the_cpu_under_another_default_device() -> None:
+    """Under `torch.set_default_device("cuda")` the flag the ranks all-reduce each step to end
+    a `stop` stream together was made on the GPU, where it waits for the training's queued
+    work, which the loader's collectives never do (the meta device stands in for a GPU: there
+    the flag could not be read at all)."""
+    from zephon_torch.torch.distributed import equal_ending
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        items = iter([{"n": 3}, {"n": 0}, {"n": 0}, {"n": 2}, {"n": 0}, {"n": 0}])
+        with torch.device("meta"):
+            got = list(equal_ending(items, lanes_per_turn=2, tokens=lambda item: item["n"]))
+    finally:
+        dist.destroy_process_group()
+    assert got == [{"n": 3}, {"n": 0}, {"n": 0}, {"n": 2}]

@@ -388,7 +388,9 @@ def equal_ending(
         yield next(items)
     while True:
         turn = [next(items) for _ in range(lanes_per_turn)]
-        flag = torch.tensor([int(any(tokens(item) > 0 for item in turn))])
+        # on the CPU whatever default device the script set: a GPU flag would wait for the
+        # training's queued work at every step
+        flag = torch.tensor([int(any(tokens(item) > 0 for item in turn))], device="cpu")
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         except RuntimeError as error:
