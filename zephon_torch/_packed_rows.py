@@ -49,7 +49,8 @@ def pack_rows(packer: dict[str, Any]) -> dict[str, Any]:
     columns = pieces.T.copy()
     columns[2] = np.diff(columns[2], prepend=0)  # positions: from the piece before
     columns[4] -= columns[3]  # ends: as lengths
-    encoded = base64.b64encode(zlib.compress(columns.tobytes(), 6)).decode("ascii")
+    # little-endian whatever the machine: a state saved here resumes on any host
+    encoded = base64.b64encode(zlib.compress(columns.astype("<i8").tobytes(), 6)).decode("ascii")
     out = {k: v for k, v in packer.items() if k not in ("bins", "ready")}
     out.update(rows=[len(row) for row in rows], open=len(bins), pieces=encoded)
     return out
@@ -79,7 +80,7 @@ def unpack_rows(packer: Any) -> Any:
         raise _unreadable(packer, f"zlib in base64 ({error})") from None
     if len(raw) != size:
         raise _unreadable(packer, f"{total} pieces of 5 int64, not {len(raw)} bytes")
-    columns = np.frombuffer(raw, dtype=np.int64).reshape(5, total).copy()
+    columns = np.frombuffer(raw, dtype="<i8").reshape(5, total).astype(np.int64)
     columns[2] = np.cumsum(columns[2])
     columns[4] += columns[3]
     flat = columns.T.tolist()

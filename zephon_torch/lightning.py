@@ -29,7 +29,7 @@ from zephon_torch import Pipeline
 from zephon_torch._caller import warn
 from zephon_torch._lane_split import MID_STEP
 from zephon_torch.elastic import rank_turns
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, flag_setting
 from zephon_torch.torch import DataLoader, to_device
 from zephon_torch.torch._arguments import checked_workers
 
@@ -49,6 +49,9 @@ class PipelineDataModule(L.LightningDataModule):
         num_workers: DataLoader workers (a performance knob), for both.
         pin_memory: pin batches for asynchronous copies to the accelerator.
         multiprocessing_context: e.g. ``"spawn"``.
+        mask_document_boundaries: no label crosses a document's end (``Batch.to_training``).
+        attention_mask: each item also holds a [B, 1, S, S] bool mask, True where a token may
+            attend: causal within its document (``Batch.to_training``), for both pipelines.
     """
 
     def __init__(
@@ -59,6 +62,8 @@ class PipelineDataModule(L.LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         multiprocessing_context: str | None = None,
+        mask_document_boundaries: bool = False,
+        attention_mask: bool = False,
     ) -> None:
         super().__init__()
         # checked here, not when Lightning first asks for a loader (after the model is set up)
@@ -66,13 +71,18 @@ class PipelineDataModule(L.LightningDataModule):
             if not isinstance(given, Pipeline) and (name == "pipeline" or given is not None):
                 raise ConfigError(f"`{name}` must be a zephon_torch Pipeline, got {given!r}")
         num_workers = checked_workers(num_workers, None)[0]
-        if not isinstance(pin_memory, bool):
-            raise ConfigError(f"`pin_memory` must be True or False, got {pin_memory!r}")
+        flag_setting(pin_memory, "`pin_memory`")
         self.pipeline = pipeline
         self.val_pipeline = val_pipeline
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.multiprocessing_context = multiprocessing_context
+        self._flags = {  # what each item holds: checked here, as the loaders would
+            "mask_document_boundaries": flag_setting(
+                mask_document_boundaries, "`mask_document_boundaries`"
+            ),
+            "attention_mask": flag_setting(attention_mask, "`attention_mask`"),
+        }
         self._loader: _Loader | None = None
         self._pending: dict[str, Any] | None = None
         self._restored = False  # a checkpoint's state came: Lightning's counter to align
@@ -92,7 +102,7 @@ class PipelineDataModule(L.LightningDataModule):
                 "limit_val_batches=<a number of batches>"
             )
         return DataLoader(
-            self.val_pipeline,
+            self.val_pipeline.to_torch(**self._flags),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             multiprocessing_context=self.multiprocessing_context,
@@ -107,7 +117,7 @@ class PipelineDataModule(L.LightningDataModule):
             self._pending = self._loader.state_dict()
         self._loader = _Loader(
             self,
-            self.pipeline,
+            self.pipeline.to_torch(**self._flags),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             multiprocessing_context=self.multiprocessing_context,

@@ -254,7 +254,8 @@ def test_a_validation_pipeline_that_never_ends_needs_a_batch_limit(
         ({"val_pipeline": [1]}, "`val_pipeline` must be a zephon_torch Pipeline"),
         ({"num_workers": -1}, "`num_workers` must be >= 0"),
         ({"num_workers": 2.0}, "`num_workers`"),
-        ({"pin_memory": "yes"}, "`pin_memory` must be True or False"),
+        ({"pin_memory": "yes"}, "`pin_memory`"),
+        ({"attention_mask": 1}, "`attention_mask`"),
     ],
 )
 def test_a_data_module_refuses_bad_arguments_when_made(
@@ -600,6 +601,23 @@ def test_the_data_module_moves_batches_as_to_device_does(tokenizer: Any) -> None
     assert moved["max_seqlen"].device.type == "cpu"
     assert moved["input_ids"].device.type == "meta" and moved["labels"].device.type == "meta"
     assert data.transfer_batch_to_device([item["input_ids"]], torch.device("meta"), 0)[0].is_meta
+
+
+def test_the_data_module_hands_out_the_masks_asked_for(tokenizer: Any) -> None:
+    """`to_training`'s two flags had no way through the data module: a Lightning model with
+    sdpa could get no attention mask, and labels crossed documents' ends."""
+    pipeline = small_pipeline(tokenizer, lanes=2, exhaustion="repeat")
+    flags = {"mask_document_boundaries": True, "attention_mask": True}
+    validation = small_pipeline(tokenizer, lanes=2, exhaustion="stop")
+    data = PipelineDataModule(pipeline, val_pipeline=validation, **flags)
+    loaders = [data.train_dataloader(), data.val_dataloader()]
+    expected = next(iter(pipeline)).to_training(**flags)
+    for item in (next(iter(loader)) for loader in loaders):
+        assert item["attention_mask"].shape == expected["attention_mask"].shape
+        assert torch.equal(item["attention_mask"], expected["attention_mask"])
+        assert torch.equal(item["labels"], expected["labels"])
+    plain = next(iter(PipelineDataModule(pipeline).train_dataloader()))
+    assert "attention_mask" not in plain and not torch.equal(plain["labels"], expected["labels"])
 
 
 def test_a_warning_during_fit_points_at_the_fit_line(tokenizer: Any, tmp_path: Path) -> None:
