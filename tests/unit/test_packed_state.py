@@ -187,3 +187,21 @@ def test_a_piece_to_its_document_s_end_starting_past_it_is_named_by_its_start() 
     with pytest.raises(ChangedDocument, match="up to token 7, but it has 3 tokens"):
         pieces_from_state([[[0, 0, 0, 7, -1]]], fetch)
     assert [(p.start, p.end) for p in pieces_from_state([[[0, 0, 0, 1, -1]]], fetch)[0]] == [(1, 3)]
+
+
+def test_packed_rows_are_little_endian_whatever_the_machine() -> None:
+    """The packed pieces were written in the machine's byte order: a state saved on a
+    big-endian host would read back elsewhere as other numbers (this one's pins the format)."""
+    import base64
+    import zlib
+
+    import numpy as np
+
+    from zephon_torch._packed_rows import pack_rows, unpack_rows
+
+    packer = {"bins": [[[0, 1, 7, 0, 300]]], "ready": [[[1, 2, 9, 5, 6]]], "kind": "best_fit"}
+    packed = pack_rows(packer)
+    raw = zlib.decompress(base64.b64decode(packed["pieces"]))
+    columns = [[0, 1], [1, 2], [7, 2], [0, 5], [300, 1]]  # positions as steps, ends as lengths
+    assert raw == np.array(columns, dtype="<i8").tobytes()
+    assert unpack_rows(packed) == packer
