@@ -632,3 +632,20 @@ def test_a_jsonl_id_past_int64_is_named_as_written(tmp_path: Path, token_columns
     wide = Dataset.from_dict("w", {"ids": [[np.int64(1), 2**64 - 1]]})
     with pytest.raises(DataError, match=r"holds token id 18446744073709551615;"):
         list(recipe_one(wide).pretokenized("ids").pack_flat(2).batch(1))
+
+
+def test_many_datasets_with_fewer_documents_than_lanes_are_warned_of_at_once() -> None:
+    """A mixture of hundreds of small sources gave a warning each (300 sources: 125 of them)."""
+    big = Dataset.from_dict("big", {"ids": [[1000 + d] * 30 for d in range(200)]})
+    smalls = [Dataset.from_dict(f"s{n}", {"ids": [[9] * 40] * (1 + n % 7)}) for n in range(9)]
+    source = StaticMixtureWorkSource([big, *smalls], seed=0, exhaustion="repeat")
+    pipeline = Pipeline(source).options(canonical_replicas=8).pretokenized("ids")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(itertools.islice(pipeline.pack_flat(16).batch(1), 8))
+    few = [str(w.message) for w in caught if "fewer documents than the 8 lanes" in str(w.message)]
+    assert len(few) == 1, few
+    named = "'s0' (1), 's1' (2), 's2' (3), 's3' (4), 's4' (5) and 4 more"
+    assert few[0].startswith(
+        f"9 datasets have fewer documents than the 8 lanes (canonical_replicas): {named}."
+    )
