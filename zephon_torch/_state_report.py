@@ -179,6 +179,9 @@ def _by_source(
         )
 
 
+_SHOWN_SOURCES = 8  # the sources whose positions a lane's line names
+
+
 def _lane_line(lane_state: Any, names: list[str]) -> str:
     if not isinstance(lane_state, dict):
         return "not begun"
@@ -196,6 +199,9 @@ def _lane_line(lane_state: Any, names: list[str]) -> str:
         if isinstance(reader, dict):
             name = names[source] if source < len(names) else f"source {source}"
             positions.append(f"{name} pass {reader.get('pass')} pos {reader.get('pos')}")
+    more = len(positions) - _SHOWN_SOURCES
+    if more > 0:  # a mixture of hundreds of sources: a line each lane, not pages
+        positions[_SHOWN_SOURCES:] = [f"and {more} more sources (--json shows them)"]
     parts = [head, "read: " + ", ".join(positions)]
     carried = sum(1 for row in mixpack.get("carry", []) if row)
     if carried:

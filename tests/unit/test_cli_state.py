@@ -308,3 +308,26 @@ def test_a_state_holding_parts_too_deep_to_print_is_named_under_json(
     assert main(["state", str(path), "--json"]) == 2
     said = f"{path}: a damaged zephon_torch state: a part of it nests too deeply to print"
     assert said in capsys.readouterr().err
+
+
+def test_a_state_of_many_sources_names_eight_a_lane(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each lane's line named every source's position: 385 KB for 300 sources on 64 lanes."""
+    data = [Dataset.from_dict(f"s{n}", {"ids": [[n + 1] * 5] * 20}) for n in range(12)]
+    source = StaticMixtureWorkSource(data, seed=1, exhaustion="repeat")
+    pipeline = Pipeline(source).options(canonical_replicas=2).pretokenized("ids")
+    pipeline = pipeline.pack_flat(16).batch(1)
+    batches = iter(pipeline)
+    for _ in range(6):
+        next(batches)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(pipeline.state_dict()))
+    assert main(["state", str(path)]) == 0
+    out = capsys.readouterr().out
+    lanes = [line for line in out.splitlines() if line.startswith("  lane ")]
+    assert len(lanes) == 2
+    for line in lanes:
+        assert " s7 pass " in line and " s8 pass " not in line
+        assert "and 4 more sources (--json shows them)" in line
+    assert all(f"    s{n} " in out for n in range(12))  # the counts by source: every one
