@@ -82,14 +82,14 @@ def load_index(index_path: str, *, dataset: str, locate: Locate = local_file) ->
     return index
 
 
-def shard_path(index_path: str, name: str, *, dataset: str) -> str:
+def shard_path(index_path: str, name: str, *, dataset: str, must_exist: bool = True) -> str:
     """Returns the path of a shard an index lists: absolute, or a URL next to a remote index.
 
     The name must stay inside the index's folder once normalised (subfolders are fine; `..`
     past the folder and absolute names are refused), so an index reads no other files; the
     name is checked, not where a symlink leads, so shards linked in from elsewhere read. A
     local shard file must exist; a remote one is checked against the listing by the remote
-    reader (see `missing_shard`).
+    reader (see `missing_shard`); `must_exist=False` leaves the local file unchecked.
 
     Raises:
         DataError: naming the shard, when its name leads outside the folder or its local
@@ -108,7 +108,7 @@ def shard_path(index_path: str, name: str, *, dataset: str) -> str:
             dataset=dataset,
             shard=path,
         )
-    if not remote and not os.path.isfile(path):
+    if must_exist and not remote and not os.path.isfile(path):
         raise missing_shard(path, dataset=dataset)
     return path
 

@@ -172,6 +172,16 @@ _LEAVES: dict[str, Decoder] = {
 }
 
 
+def decompressed_name(name: str, compression: object) -> str | None:
+    """The name litdata's own reader gives a chunk file that it decompresses in place
+    (`chunk-0-0.zstd.bin` becomes `chunk-0-0.bin`, the `compression` named in index.json
+    dropped), or None for a chunk not compressed whole."""
+    suffix = f".{compression}.bin"
+    if not isinstance(compression, str) or not compression or not name.endswith(suffix):
+        return None
+    return name[: -len(suffix)] + ".bin"
+
+
 def leaf_dtype(name: str) -> np.dtype[Any] | None:
     """The value type of a headerless array leaf (`no_header_numpy:<n>`,
     `no_header_tensor:<n>`), else None."""

@@ -14,6 +14,7 @@ hook that downloads them into the shard cache (see `_locate`). litdata is not im
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -122,14 +123,13 @@ class LitDataReader(PickledAsSettings):
 
     def _open_caches(self) -> None:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
+        self._copies: dict[str, str] = {}  # a chunk's listed path -> the file read in its place
         try:
             self._configure(index["config"])
             if not index["chunks"]:
                 raise ValueError("it lists no chunks")
-            paths = [
-                shard_path(self.index_path, chunk["filename"], dataset=self.dataset)
-                for chunk in index["chunks"]
-            ]
+            compression = index["config"].get("compression")
+            paths = [self._chunk_path(chunk["filename"], compression) for chunk in index["chunks"]]
             check_listed_once(paths, dataset=self.dataset)
             count = partial(recorded_count, dataset=self.dataset)
             self._rows = {
@@ -197,6 +197,20 @@ class LitDataReader(PickledAsSettings):
                 and dtype.kind not in "iu"
             ):
                 raise ValueError(f"token column {name!r} holds arrays of {dtype}, not integer ids")
+
+    def _chunk_path(self, name: str, compression: object) -> str:
+        """The path of a chunk the index lists. litdata's own reader of a local dataset
+        replaces each compressed chunk it reads with its decompressed copy (and removes the
+        compressed file): where the listed file is gone, that copy is read in its place, and
+        the chunk keeps its listed name (so a state's fingerprint still matches)."""
+        copy = fmt.decompressed_name(name, compression)
+        if copy is not None and "://" not in self.index_path:
+            listed = shard_path(self.index_path, name, dataset=self.dataset, must_exist=False)
+            copy_path = shard_path(self.index_path, copy, dataset=self.dataset, must_exist=False)
+            if not os.path.isfile(listed) and os.path.isfile(copy_path):
+                self._copies[listed] = copy_path
+                return listed
+        return shard_path(self.index_path, name, dataset=self.dataset)
 
     @property
     def shard_paths(self) -> list[str]:
@@ -356,7 +370,7 @@ class LitDataReader(PickledAsSettings):
     def _load(self, path: str) -> Chunk:
         items, size = self._rows[path]
         # Outside the try: a failed download is a StorageError, not bad data.
-        with self.locate(path) as local:
+        with self.locate(self._copies.get(path, path)) as local:
             return self._parse(path, local, items, size)
 
     def _parse(self, path: str, local: str, items: int, size: int) -> Chunk:
