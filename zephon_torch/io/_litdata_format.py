@@ -172,6 +172,16 @@ _LEAVES: dict[str, Decoder] = {
 }
 
 
+def not_read(field: str, leaf: str) -> str:
+    """The message for a field holding a leaf format that is not read (pickle, images and
+    other media: a pickle would run code from the data)."""
+    read = ", ".join((*sorted(_LEAVES), "no_header_numpy", "no_header_tensor"))
+    return (
+        f"field {field!r} holds leaf format {leaf!r}, which is not read (read: {read}); "
+        "leave such a field of dict items out with `columns=`"
+    )
+
+
 def decompressed_name(name: str, compression: object) -> str | None:
     """The name litdata's own reader gives a chunk file that it decompresses in place
     (`chunk-0-0.zstd.bin` becomes `chunk-0-0.bin`, the `compression` named in index.json

@@ -184,7 +184,7 @@ class LitDataReader(PickledAsSettings):
             for leaf in range(*spans[name]):
                 decoder = fmt.leaf_decoder(formats[leaf])
                 if decoder is None:
-                    raise ValueError(f"column {name!r} has leaf format {formats[leaf]!r}")
+                    raise self._error(fmt.not_read(name, formats[leaf]), self.index_path)
                 self._decoders[leaf] = decoder
             first, end = spans[name]
             kind = formats[first].partition(":")[0] if end > first else "json"

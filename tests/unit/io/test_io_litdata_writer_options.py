@@ -1,6 +1,6 @@
 """LitData datasets as litdata.optimize and litdata's own reader leave them: chunks that reader
 decompressed in place (it replaces each compressed chunk of a local dataset it reads with the
-decompressed copy and removes the compressed file)."""
+decompressed copy and removes the compressed file), and leaf formats that are not read."""
 
 from __future__ import annotations
 
@@ -78,3 +78,24 @@ def test_a_chunk_gone_with_no_decompressed_copy_is_still_missing(tmp_path: Path)
     with pytest.raises(DataError, match="the shard file is missing") as caught:
         Dataset.from_path("l", out)
     assert caught.value.shard == str(out / "chunk-0-1.zstd.bin")
+
+
+def pickled_items(index: int) -> dict[str, Any]:
+    return {"text": f"doc {index}", "tags": {"a", str(index)}}  # a set: litdata pickles it
+
+
+def test_a_field_of_a_leaf_format_not_read_is_refused_naming_it_and_can_be_left_out(
+    tmp_path: Path,
+) -> None:
+    """It was "cannot read this LitData index: column 'tags' has leaf format 'pickle'", as
+    if the index were damaged, with no way around it said."""
+    out = write_litdata(tmp_path / "pickled", range(20), fn=pickled_items)
+    with pytest.raises(
+        DataError,
+        match=r"field 'tags' holds leaf format 'pickle', which is not read \(read: bool, "
+        r".*\); leave such a field of dict items out with `columns=`",
+    ) as caught:
+        Dataset.from_path("l", out)
+    assert caught.value.shard == str(out / "index.json")
+    dataset = Dataset.from_path("l", out, columns=["text"])
+    assert every_row(dataset) == [{"text": f"doc {i}"} for i in range(20)]
