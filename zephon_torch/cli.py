@@ -177,7 +177,8 @@ def _add_verify(commands: Any) -> None:
         "a --plot picture that could not be written (after the verdict); 3 INCOMPLETE (no "
         "divergence, but a configuration FAILED TO RUN for a reason of setup, such as a "
         "function spawned workers cannot pickle, or of the machine: an OSError, MemoryError; "
-        "or no configuration gave a step to compare)",
+        "or no configuration gave a step to compare, or the settings left only the reference "
+        "to run)",
     )
     check.add_argument("recipe", help="a Python file defining pipeline() -> Pipeline")
     check.add_argument(
