@@ -47,7 +47,9 @@ def train_tokenizer(root: Path) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     texts = [json.loads(line)["text"] for line in (root / "wiki" / "part-0.jsonl").open()]
     texts += pq.read_table(root / "code").column("text").to_pylist()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<|endoftext|>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000, special_tokens=["<|endoftext|>"], show_progress=False
+    )
     tokenizer.train_from_iterator(texts, trainer)
     return tokenizer
 
