@@ -15,7 +15,8 @@ def demo_command(args: argparse.Namespace) -> int:
     from zephon_torch._progress import progress
     from zephon_torch.demo import DEMO_MIXTURE, demo_pipeline, run_demo
 
-    print("building the demo corpus and tokenizer (cached after the first run) ...", flush=True)
+    built = "corpus" if args.tokenizer else "corpus and tokenizer"  # a tokenizer given: no training
+    print(f"building the demo {built} (cached after the first run) ...", flush=True)
     pipeline = demo_pipeline(
         tokenizer_id=args.tokenizer,
         canonical_replicas=args.lanes,
