@@ -268,8 +268,8 @@ def _report(
         print(f"  {found.empty:,} {are} empty (they give no tokens)", file=out)
     if found.smallest is not None:
         print(
-            f"  token ids from {found.smallest:,} to {found.largest:,} (a run refuses ids "
-            "outside [0, vocab_size) of its tokenizer or model)",
+            f"  token ids from {found.smallest:,} to {found.largest:,} in the rows without error "
+            "(a run refuses ids outside [0, vocab_size) of its tokenizer or model)",
             file=out,
         )
     for error in found.errors:
