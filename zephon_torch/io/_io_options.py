@@ -35,7 +35,8 @@ class CacheOptions:
             evict each other's prefetched shards. At most half of `max_bytes`; where the node's
             processes together would pass that half, each prefetches its part of it (a warning
             says so).
-        prefetch_threads: background download threads per process.
+        prefetch_threads: background download threads per process; each lets a reader walk
+            512 shards ahead, within `prefetch_bytes` (tiny shards are many to a budget).
         enabled: accepted for the pipeline's `{"cache": {"enabled": True}}`; remote shards
             always go through the cache, so False is refused.
     """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.unit.io.test_io_remote import (
 )
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
+from zephon_torch.io._shard_downloads import AHEAD_PER_THREAD
 from zephon_torch.ops._runner import Runner
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.read import DocumentReader
@@ -175,6 +177,29 @@ def test_the_shuffle_window_warning_reads_the_same_whichever_window_meets_it_fir
     assert len(texts) == 2
     assert texts[0] == texts[1]
     assert f"(up to {sum(sizes[-3:])} bytes, read at once)" in texts[0]
+
+
+def test_a_walk_past_many_tiny_shards_stops_at_a_count_however_large_the_byte_budget(
+    tmp_path: Path,
+) -> None:
+    """Tiny shards (a document a file) left the byte budget unspent to the end of the pass:
+    each reader's walk, once a chunk, went through (and stat'ed) every shard left, O(shards^2)
+    a pass. It now stops at `AHEAD_PER_THREAD` shards a download thread."""
+    root, _ = _equal_parquet_shards(3)
+    options = _options(tmp_path, max_bytes=1 << 30)  # a budget of 256 MiB: shards of 500 B
+    options["cache"]["prefetch_threads"] = 2
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
+    walked = 0
+
+    def upcoming() -> Iterator[int]:  # passes of the 3 shards, as a long run lists them
+        nonlocal walked
+        for number in range(20_000):
+            walked += 1
+            yield number % 3
+
+    dataset.prefetch(upcoming())
+    assert walked == 2 * AHEAD_PER_THREAD + 2  # the shard read, those ahead, the one let go
+    assert _cached_shards(tmp_path / "cache", 3) == {f"{n}.parquet" for n in range(3)}
 
 
 def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
