@@ -156,17 +156,23 @@ class CacheFolder:
                 add_to_ledger(self.directory, _marker_size(marker))
             os.unlink(marker)
 
-    def evict_to_free(self, size: int) -> None:
-        """Evicts LRU unpinned shards until `size` bytes are free on the disk."""
+    def evict_to_free(self, size: int, name: str = "") -> bool:
+        """Evicts LRU unpinned shards until `size` bytes are free on the disk for the file
+        `name`, with what the other downloads under way have still to write: they take the
+        room freed for one file alone (downloads racing on a full disk each freed room for
+        their own, which the others filled, and failed with shards left to evict). False
+        when that room could not be made."""
         with self._folder_locked():
+            need = size + self._unwritten(name)
             entries = self.entries()
             total = sum(entry_size for _, entry_size, _ in entries)
             for path, entry_size, _ in sorted(entries, key=lambda entry: entry[2]):
-                if self.free_bytes() >= size:
+                if self.free_bytes() >= need:
                     break
                 if self._evict(path):
                     total -= entry_size
             write_ledger(self.directory, total, 0)
+            return self.free_bytes() >= need
 
     def free_bytes(self) -> int:
         """The bytes free to this process on the folder's disk."""
@@ -302,6 +308,21 @@ class CacheFolder:
     def reserved_bytes(self, mine: tuple[str, str]) -> int:
         """Under the folder lock: the bytes reserved by downloads and makes under way, once
         the leftovers of dead processes are swept (see `sweep`)."""
+        return sum(_marker_size(m) for found in self._reservations(mine).values() for m in found)
+
+    def _unwritten(self, own: str) -> int:
+        """Under the folder lock, held by the caller of `own` (whose temporary file is gone):
+        the bytes the downloads under way for other names have reserved and not written."""
+        unwritten = 0
+        for name, found in self._reservations(("", "")).items():  # `own`'s lock is held
+            if name != own:
+                written = sum(size for _, size, _ in self._partial(name))
+                unwritten += max(0, sum(map(_marker_size, found)) - written)
+        return unwritten
+
+    def _reservations(self, mine: tuple[str, str]) -> dict[str, list[str]]:
+        """Under the folder lock: the reservations' markers by the name of the file they are
+        for, once the leftovers of dead processes are swept (see `sweep`)."""
         markers: dict[str, list[str]] = {}
         for marker in os.listdir(os.path.join(self.directory, _RESERVE)):
             markers.setdefault(marker.split("-", 2)[-1], []).append(marker)
@@ -309,7 +330,7 @@ class CacheFolder:
         for temp in os.listdir(os.path.join(self.directory, _TMP)):
             temps.setdefault(temp.rsplit(".", 1)[0], []).append(temp)
         self.sweep(markers, temps, mine)
-        return sum(_marker_size(m) for found in markers.values() for m in found)
+        return markers
 
     def sweep(
         self, markers: dict[str, list[str]], temps: dict[str, list[str]], mine: tuple[str, str]

@@ -46,6 +46,7 @@ from zephon_torch.io._retry import disk_full
 
 _FULL_POLL_S = 0.05
 _MAKE_WAIT_S = 5.0  # how long a made file (decompressed shard) waits for room
+_DISK_FULL_TRIES = 8  # downloads of one object into a full disk, evicting before each again
 
 
 class CacheFullError(OSError):
@@ -218,12 +219,16 @@ class ShardCache:
     ) -> None:
         """Under `item`'s name's lock: `download(temp)`. A disk that fills first (before
         `max_bytes`, 64 GiB by default, as many nodes' disks do) has unpinned shards evicted,
-        least recently used first, until the object fits, and the download is made once more.
+        least recently used first, until the object fits, and the download is made once more:
+        again while each eviction makes the room (a download started meanwhile by another
+        process may take it), up to `_DISK_FULL_TRIES` downloads in all.
 
         Raises:
-            CacheDiskFullError: (a ConfigError) when the disk stays full.
+            CacheDiskFullError: (a ConfigError) when the disk stays full: a download fails
+                after an eviction that could not make the room, or as often as that.
         """
-        for again in (False, True):
+        room = True
+        for attempt in range(1, _DISK_FULL_TRIES + 1):
             try:
                 download(temp)
                 return
@@ -232,8 +237,8 @@ class ShardCache:
                     raise
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp)
-                if not again:
-                    self._folder.evict_to_free(item.size)
+                if room and attempt < _DISK_FULL_TRIES:
+                    room = self._folder.evict_to_free(item.size, item.name)
                     continue
                 raise CacheDiskFullError(
                     f"the disk of the shard cache folder {self.directory!r} is full "

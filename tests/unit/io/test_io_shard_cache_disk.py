@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +73,79 @@ def test_a_disk_full_of_shards_in_use_is_a_config_error_naming_the_folder_and_li
     assert str(small_disk / "cache") in str(caught.value)
     assert "s3://bucket/c.parquet" in str(caught.value)
     assert os.listdir(small_disk / "cache" / ".downloading") == []
+
+
+def test_a_download_racing_another_on_a_full_disk_evicts_room_for_both(
+    small_disk: Path,
+) -> None:
+    """Each download that found the disk full evicted room for its own shard alone: another
+    process's download under way then wrote into that room, and the one that had evicted
+    failed with a ConfigError (the disk full) while the cache still held a shard no one read
+    (six processes of a node on a nearly full disk lost one or two of them, run after run)."""
+    cache = ShardCache(str(small_disk / "cache"), max_bytes=1 << 30)
+    cache.ensure(_item("a.parquet"), _download, pin=False)
+    cache.ensure(_item("b.parquet"), _download, pin=False)
+    os.utime(cache.path(_item("a.parquet")), (1, 1))  # the least recently used
+    started, go, written = threading.Event(), threading.Event(), threading.Event()
+
+    def other(target: str) -> None:  # another process's, paused after its first bytes
+        with open(target, "wb") as handle:
+            handle.write(b"o" * 4_000)
+            handle.flush()
+            started.set()
+            go.wait(10)
+            handle.write(b"o" * (_SHARD - 4_000))
+        written.set()
+
+    tries = []
+
+    def mine(target: str) -> None:
+        tries.append(target)
+        if len(tries) == 2:  # after the eviction, the other download writes on first
+            go.set()
+            written.wait(10)
+        _download(target)
+
+    errors: list[BaseException] = []
+
+    def run_other() -> None:
+        try:
+            cache.ensure(_item("c.parquet"), other, pin=False)
+        except BaseException as error:  # reported by the test
+            errors.append(error)
+
+    thread = threading.Thread(target=run_other)
+    thread.start()
+    assert started.wait(10)
+    try:
+        path = cache.ensure(_item("d.parquet"), mine, pin=False)
+    finally:
+        go.set()
+        thread.join(10)
+    assert errors == []
+    assert os.path.getsize(path) == _SHARD
+    assert os.path.getsize(cache.path(_item("c.parquet"))) == _SHARD
+    assert len(tries) == 2  # the eviction made room for both: one download again, no more
+
+
+def test_a_download_whose_room_another_took_evicts_again(small_disk: Path) -> None:
+    """A download that began after an eviction (no reservation to count then) took the room
+    freed for another, which then failed with a ConfigError at its second try, with a shard
+    still to evict."""
+    cache = ShardCache(str(small_disk / "cache"), max_bytes=1 << 30)
+    cache.ensure(_item("a.parquet"), _download, pin=False)
+    cache.ensure(_item("b.parquet"), _download, pin=False)
+    os.utime(cache.path(_item("a.parquet")), (1, 1))  # the least recently used
+    tries = []
+
+    def mine(target: str) -> None:
+        tries.append(target)
+        if len(tries) == 2:  # another download, begun after the eviction, takes the room
+            cache.ensure(_item("c.parquet"), _download, pin=False)
+        _download(target)
+
+    path = cache.ensure(_item("d.parquet"), mine, pin=False)
+    assert os.path.getsize(path) == _SHARD
+    assert os.path.getsize(cache.path(_item("c.parquet"))) == _SHARD
+    assert not os.path.exists(cache.path(_item("b.parquet")))
+    assert len(tries) == 3
