@@ -41,6 +41,7 @@ from zephon_torch.io._json_line import one_document, parse, preview
 from zephon_torch.io._line_index import LineIndex, load_or_build
 from zephon_torch.io._mapped import check_whole, map_file
 from zephon_torch.io._pread import Descriptor, identity, read_spans
+from zephon_torch.io._remote_sizing import disk_size
 from zephon_torch.io._rows import CHANGED_NOTE, Rows, as_row_array, check_in_range
 from zephon_torch.io._shard_cache import ShardCache
 
@@ -64,8 +65,8 @@ class JsonlReader:
         index_cache_dir: where line indexes are cached (see `_line_index`).
         max_open: how many plain shards (descriptors) and line indexes to keep open.
         max_decompressed: how many decompressed shards to keep mapped, at most an eighth of the
-            cache's `max_bytes` of them (an evicted one's disk space is freed when no process
-            maps it any more).
+            cache's `max_bytes` (or of its disk, where smaller) of them (an evicted one's disk
+            space is freed when no process maps it any more).
         cache: the shard cache decompressed shards go to; None: the default one.
     """
 
@@ -94,9 +95,10 @@ class JsonlReader:
         self._identities: dict[str, tuple[int, int, int]] = {}
         self._files: LruCache[Descriptor] = LruCache(self.max_open)  # plain shards, read by pread
         # mapped files of evicted shards hold their disk space until unmapped: an eighth of
-        # the cache at most, as remote readers keep open
+        # the cache (or of its disk, where smaller) at most, as remote readers keep open
+        room = min(self.cache.max_bytes, disk_size(self.cache.directory))
         self._decompressed: LruCache[mmap.mmap | bytes] = LruCache(
-            self.max_decompressed, max_weight=max(1, self.cache.max_bytes // 8), weigh=len
+            self.max_decompressed, max_weight=max(1, room // 8), weigh=len
         )
         self._compression: dict[str, Compression | None] = {}
         self._shard_cache: tuple[int, ShardCache] | None = None  # (pid, cache)

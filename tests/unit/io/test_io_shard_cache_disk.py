@@ -4,6 +4,7 @@ and the limit. The disk is a real 64 KiB tmpfs, which only root can mount: skipp
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import threading
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from zephon_torch.errors import ConfigError
+from zephon_torch.io import Dataset
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
+from zephon_torch.io.jsonl import JsonlReader
 
 _SHARD = 25_000  # two fit on the disk, a third does not
 
@@ -149,3 +152,23 @@ def test_a_download_whose_room_another_took_evicts_again(small_disk: Path) -> No
     assert os.path.getsize(cache.path(_item("c.parquet"))) == _SHARD
     assert not os.path.exists(cache.path(_item("b.parquet")))
     assert len(tries) == 3
+
+
+def test_decompressed_shards_kept_mapped_take_an_eighth_of_a_smaller_disk(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The README's bound on the evicted files a dataset keeps mapped, an eighth of `max_bytes`
+    or of the disk where smaller, was an eighth of `max_bytes` alone (8 GiB by default): on a
+    small disk, each process kept four decompressed shards mapped, their space held however
+    often the cache evicted them."""
+    (tmp_path / "data").mkdir()
+    for shard in range(3):
+        lines = "".join(f'{{"text": "{shard} {i} {"x" * 100}"}}\n' for i in range(100))
+        (tmp_path / "data" / f"{shard}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    options = {"cache": {"dir": str(small_disk / "cache")}}  # max_bytes 64 GiB
+    dataset = Dataset.from_path("d", tmp_path / "data", io_options=options)
+    for shard in range(3):
+        assert dataset.read_rows(shard, [99])[0]["text"].startswith(f"{shard} 99 ")
+    reader = dataset._reader
+    assert isinstance(reader, JsonlReader)
+    assert len(reader._decompressed) == 1  # each of ~11 KB, above 64 KiB / 8: the newest only
