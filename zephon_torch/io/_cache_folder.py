@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,6 +32,7 @@ from collections.abc import Iterator
 from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._cache_ledger import add_to_ledger, read_ledger, write_ledger
+from zephon_torch.io._cache_names import CACHED_NAME
 from zephon_torch.io._locks import close_tracked, flock, lock_file, open_tracked, release_file
 
 # New names for the lock-based bookkeeping: versions that named the owner's pid kept theirs in
@@ -46,37 +45,11 @@ _FOLDER_LOCK = ".lock"
 _RESCAN_EVERY = 1024  # reservations between listings, for writers that keep no ledger
 _FEW_FILES = 64  # a listing of more files than this frees a margin when it evicts
 _MARGIN = 32  # that margin: 1/32 of max_bytes
-# The basename kept in a cached file's name: with the digest, the temporary file's and the
-# reservation's suffixes, names stay under NAME_MAX (255) however long the URL's basename.
-_MAX_BASE = 100
 # Waiting for a name's lock: polled, from the first interval doubling to the last, and warned
 # of each STALL_S seconds the holder writes nothing (a live holder writes, or waits for room in
 # a cache full of shards in use, up to `ShardCache`'s full_timeout: the warning names both)
 _FIRST_POLL_S, _LAST_POLL_S = 0.002, 0.05
 STALL_S = 60.0
-
-
-_DIGEST = 24  # hex digits of a cached file's name (`cached_name`)
-_CACHED_NAME = re.compile(rf"[0-9a-f]{{{_DIGEST}}}-.")
-
-
-def cached_name(key: str, url: str) -> str:
-    """The name of the cached file of `key`: a digest of it, then the end of `url`'s basename
-    (which keeps the extension, which readers use to tell compression apart)."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
-    return f"{digest}-{_base(url)}"
-
-
-def _base(url: str) -> str:
-    """The end of `url`'s basename (which keeps its extension), for a file name: at most
-    `_MAX_BASE` bytes in UTF-8, as NAME_MAX counts bytes (a CJK character takes 3). A NUL
-    or a lone surrogate, which no file name holds (an object's name may: a bare ValueError
-    at every use of the cached file), is a `?`: the digest before it tells names apart."""
-    base = (url.rstrip("/").rsplit("/", 1)[-1] or "shard")[-_MAX_BASE:]
-    base = base.replace("\0", "?").encode("utf-8", "replace").decode("utf-8")
-    while len(base.encode("utf-8")) > _MAX_BASE:
-        base = base[1:]
-    return base
 
 
 class CacheFolderError(ConfigError):
@@ -296,7 +269,7 @@ class CacheFolder:
         found = []
         with os.scandir(self.directory) as listing:
             for entry in listing:
-                if not _CACHED_NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
+                if not CACHED_NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
                     continue
                 try:
                     stat = entry.stat(follow_symlinks=False)

@@ -37,10 +37,10 @@ from zephon_torch.errors import ConfigError, StorageError, ZephonError
 from zephon_torch.io._cache_folder import (
     CacheFolder,
     CacheFolderError,
-    cached_name,
     delete_unpinned,
     mark_used,
 )
+from zephon_torch.io._cache_names import cached_name
 from zephon_torch.io._pins import Pins
 from zephon_torch.io._retry import disk_full
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import zephon_torch.io._cache_folder as folder_module
-from zephon_torch.io._cache_folder import CacheFolder, cached_name
+from zephon_torch.io._cache_folder import CacheFolder
 from zephon_torch.io._cache_ledger import LEDGER
+from zephon_torch.io._cache_names import cached_name
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 
 
