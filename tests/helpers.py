@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -175,6 +176,49 @@ def run_torchrun(
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return run_group(cmd, env=env, timeout=timeout)
+
+
+def interrupt_group(
+    script: Path, ready: Callable[[int], bool], signum: int = signal.SIGINT, **env: str
+) -> tuple[int, str, str]:
+    """Runs ``script`` as a terminal's job (its own process group), waits for its "ready"
+    line and then for ``ready(pid)`` (the job's), and sends the group ``signum``, as Ctrl-C
+    (or Slurm, before its SIGKILL) does: the job's pid (its group's id) and what it wrote to
+    stdout after "ready", and to stderr."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    job = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        start_new_session=True,
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 60
+        while not ready(job.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ready(job.pid)
+        os.killpg(job.pid, signum)
+        out, err = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    return job.pid, out, err
+
+
+def group_ended(group: int, *, within: float = 20) -> bool:
+    """Whether every process of ``group`` (a job's, see ``interrupt_group``) ends ``within``
+    seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)  # a process of the group is left
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def memory_copy(folder: Path) -> str:

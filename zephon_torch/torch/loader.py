@@ -30,6 +30,7 @@ from zephon_torch._turn_order import (
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._spawn_main import check_main
 from zephon_torch.torch._arguments import checked_workers, refuse_torch_arguments
+from zephon_torch.torch._signals import leaving_signals
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
 from zephon_torch.torch.dataset import (
@@ -224,9 +225,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         return self._strip(items, self._generation, self._counters, resumed=resumed)
 
     def _started_workers(self) -> Iterator[Any]:
-        """torch's iterator, whose workers (if any) start here; a pipeline that a worker
-        started by spawn or forkserver cannot receive (a lambda, a closure; a function of a
-        `python -c` command, `check_main`) is a ConfigError saying so, not a bare error."""
+        """torch's iterator, whose workers (if any) start here, leaving the job's Ctrl-C and
+        SIGTERM to this process (`_signals`); a pipeline that a worker started by spawn or
+        forkserver cannot receive (a lambda, a closure; a function of a `python -c` command,
+        `check_main`) is a ConfigError saying so, not a bare error."""
+        if self.num_workers > 0:  # chosen here, as torch does: the default may be set late
+            self.multiprocessing_context = leaving_signals(self.multiprocessing_context)
         method = (self.multiprocessing_context or multiprocessing.get_context()).get_start_method()
         workers = f"DataLoader workers started by {method!r}"
         if self.num_workers > 0 and method != "fork":

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import prose_documents
-from tests.helpers import thread_stack
+from tests.helpers import group_ended, interrupt_group, thread_stack
 from zephon_torch import DataError, Pipeline
 from zephon_torch._token_stage import doc_ops
 from zephon_torch.io import Dataset
@@ -379,36 +379,6 @@ if __name__ == "__main__":
 """
 
 
-def _interrupt(
-    script: Path, ready: Callable[[int], bool], signum: int = signal.SIGINT, **env: str
-) -> tuple[int, str, str]:
-    """Runs ``script`` as a terminal's job (its own process group), waits for its "ready"
-    line and then for ``ready(pid)`` (the job's), and sends the group ``signum``, as Ctrl-C
-    (or Slurm, before its SIGKILL) does: the job's pid (its group's id) and what it wrote to
-    stdout after "ready", and to stderr."""
-    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3]), **env}
-    job = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-        start_new_session=True,
-    )
-    try:
-        assert job.stdout is not None and job.stdout.readline() == "ready\n"
-        deadline = time.monotonic() + 60
-        while not ready(job.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ready(job.pid)
-        os.killpg(job.pid, signum)
-        out, err = job.communicate(timeout=30)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-    return job.pid, out, err
-
-
 def _both(folder: Path, mark: str) -> Callable[[int], bool]:
     """Whether both workers have left their marks (started; a worker still importing when
     Ctrl-C lands prints its own traceback, its handler not yet set)."""
@@ -428,18 +398,11 @@ def test_ctrl_c_under_processes_gives_one_traceback_and_leaves_no_process(tmp_pa
     script = tmp_path / "interrupted.py"
     script.write_text(_ITERATE_UNTIL_INTERRUPTED)
 
-    group, _, err = _interrupt(
+    group, _, err = interrupt_group(
         script, _both(tmp_path, "worker"), WORKER_MARK=str(tmp_path / "worker")
     )
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(group, 0)  # a process of the group is left
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise AssertionError("a worker process outlived the interrupted loop")
+    assert group_ended(group), "a worker process outlived the interrupted loop"
 
 
 def test_a_worker_ends_when_its_parent_died_before_the_worker_started() -> None:
@@ -501,7 +464,7 @@ def test_ctrl_c_in_the_training_step_ends_a_job_whose_worker_is_in_a_slow_map(
     script = tmp_path / "step.py"
     script.write_text(_INTERRUPTED_IN_THE_STEP)
 
-    _, _, err = _interrupt(script, _both(tmp_path, "slow"), SLOW_MARK=str(tmp_path / "slow"))
+    _, _, err = interrupt_group(script, _both(tmp_path, "slow"), SLOW_MARK=str(tmp_path / "slow"))
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
 
 
@@ -519,7 +482,8 @@ def test_a_loop_that_takes_the_signal_itself_goes_on_to_its_checkpoint(
 
     marks, signum = str(tmp_path / "worker"), getattr(signal, name)
     ready = _both(tmp_path, "worker") if when == "started" else _spawned
-    _, out, err = _interrupt(script, ready, signum, WORKER_MARK=marks, OWN_HANDLER=name, READY=when)
+    mark = {"WORKER_MARK": marks, "OWN_HANDLER": name, "READY": when}
+    _, out, err = interrupt_group(script, ready, signum, **mark)
     assert out == "checkpointed\n" and err == "", err
 
 

@@ -1,0 +1,125 @@
+"""DataLoader workers that leave the job's Ctrl-C and SIGTERM to the main process.
+
+A terminal's Ctrl-C and a scheduler's SIGTERM before its SIGKILL (Slurm's preemption) reach the
+whole process group. A torch worker died of either, and a loop whose own handler goes on to a
+checkpoint then raised "DataLoader worker exited unexpectedly". Here a worker starts with both
+blocked, ignores SIGINT and keeps SIGTERM blocked: one thread takes SIGTERM and ends the worker
+only where the main process sent it (torch's ``terminate()``, at shutdown or at exit), as torch's
+own handler does, and ends it within a second of its parent's death. Needs ``sigtimedwait``
+(Linux; not macOS, whose workers keep torch's handling).
+"""
+
+from __future__ import annotations
+
+import multiprocessing.context
+import os
+import signal
+import threading
+from typing import Any
+
+_HELD = {signal.SIGINT, signal.SIGTERM}
+SUPPORTED = hasattr(signal, "sigtimedwait")
+_PARENT_POLL_S = 1.0  # how soon a worker whose parent was killed ends
+
+
+class _LeavingSignals(multiprocessing.process.BaseProcess):
+    """A worker process that leaves the group's Ctrl-C and SIGTERM to its starter."""
+
+    _starter = 0
+    _direct = True  # the starter is the parent (not a forkserver)
+
+    def start(self) -> None:
+        """Start it with both signals blocked (the child inherits the mask): a signal in its
+        seconds of imports (spawn) killed it before it could leave them."""
+        self._starter = os.getpid()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def run(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # ignored from now
+        # SIGTERM stays blocked here and in every thread this process starts: none but the
+        # watch takes it (torch's handler, set next, would end the worker on anyone's). The
+        # parent to watch is the starter, which a forkserver's child learns from the server
+        parent = self._starter if self._direct else os.getppid()
+        watch = threading.Thread(
+            target=_watch, args=(self._starter, parent), daemon=True, name="zephon-sigterm"
+        )
+        watch.start()
+        os.register_at_fork(after_in_child=_as_before)
+        super().run()
+
+
+def _as_before() -> None:
+    """A process forked from a worker (`os.fork` in the user's map) takes both signals again. One
+    started by exec (``subprocess``, spawn) keeps SIGTERM blocked and SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+
+
+def _watch(starter: int, parent: int) -> None:
+    """End this worker, as torch's handler does, on the SIGTERM its starter sends (torch's
+    ``terminate()``, and multiprocessing's at exit: ignored, that one waited for ever); and
+    once its parent has gone. torch's watchdog looks only between batches: one that took
+    minutes kept an orphan that the group's SIGTERM had ended."""
+    while os.getppid() == parent:
+        taken = signal.sigtimedwait({signal.SIGTERM}, _PARENT_POLL_S)
+        if taken is not None and taken.si_pid == starter:
+            os._exit(0)
+    os._exit(1)
+
+
+class _Fork(_LeavingSignals, multiprocessing.context.ForkProcess):
+    pass
+
+
+class _Spawn(_LeavingSignals, multiprocessing.context.SpawnProcess):
+    pass
+
+
+class _ForkServer(_LeavingSignals, multiprocessing.context.ForkServerProcess):
+    _direct = False
+
+
+class _ForkContext(multiprocessing.context.ForkContext):
+    Process = _Fork
+
+
+class _SpawnContext(multiprocessing.context.SpawnContext):
+    Process = _Spawn
+
+
+class _ForkServerContext(multiprocessing.context.ForkServerContext):
+    Process = _ForkServer
+
+
+_CONTEXTS: dict[str, type[multiprocessing.context.BaseContext]] = {
+    "fork": _ForkContext,
+    "spawn": _SpawnContext,
+    "forkserver": _ForkServerContext,
+}
+_STOCK = (
+    multiprocessing.context.ForkContext,
+    multiprocessing.context.SpawnContext,
+    multiprocessing.context.ForkServerContext,
+    multiprocessing.context.DefaultContext,
+)
+
+
+def leaving_signals(context: Any) -> Any:
+    """``context`` (a start method's name, a multiprocessing context or None: the default),
+    whose processes leave the group's signals to the main process; a context of the user's own
+    making (its own Process class) is kept as it is."""
+    if not SUPPORTED:
+        return context
+    if context is None:
+        context = multiprocessing.get_context()
+    if isinstance(context, str):
+        context = multiprocessing.get_context(context)
+    if type(context) not in _STOCK:  # ours already, or the user's own
+        return context
+    return _CONTEXTS[context.get_start_method()]()
