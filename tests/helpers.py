@@ -143,16 +143,28 @@ def serve_without_versions(folder: Path) -> Iterator[str]:
 
 
 def run_group(
-    cmd: list[str], *, env: dict[str, str] | None = None, timeout: float
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float,
+    sigterm_at: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd)`` with its output captured, in a session of its own: past
     ``timeout`` every process of it is killed and the test fails saying so. A plain timeout
     killed torchrun alone and left its ranks (and their DataLoader workers) waiting in a
-    collective for good."""
+    collective for good. With ``sigterm_at``, the group gets SIGTERM (Slurm's, before its
+    SIGKILL) once that file exists."""
     with subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     ) as job:  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while sigterm_at and not sigterm_at.exists() and time.monotonic() < deadline:
+            if job.poll() is not None:
+                break
+            time.sleep(0.05)
+        if sigterm_at and job.poll() is None:
+            os.killpg(job.pid, signal.SIGTERM)
         try:
             out, err = job.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -166,7 +178,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_torchrun(
-    script: str, nproc: int, *args: str, timeout: float = 300
+    script: str, nproc: int, *args: str, timeout: float = 300, sigterm_at: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``tests/integration/<script>`` run by torchrun on ``nproc`` ranks of this machine (gloo,
     one thread each), in a session of its own (see ``run_group``)."""
@@ -175,7 +187,7 @@ def run_torchrun(
         str(ROOT / "tests" / "integration" / script), *args,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return run_group(cmd, env=env, timeout=timeout)
+    return run_group(cmd, env=env, timeout=timeout, sigterm_at=sigterm_at)
 
 
 def interrupt_group(

@@ -213,3 +213,26 @@ def test_a_loader_starting_from_its_ranks_own_lanes_goes_on_as_one_process(
     one = torchrun(1, tmp_path / "one", tokenizer_path, "--steps", "4")
     peek = ("--peek-steps", "1", "--peek-then", then)
     assert torchrun(2, tmp_path / "two", tokenizer_path, "--steps", "4", *peek) == one
+
+
+def test_a_sigterm_to_the_job_stops_ranks_with_workers_at_one_step_and_their_state_resumes(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """torchrun passes a SIGTERM (Slurm's, before its SIGKILL) on to each rank's process
+    group, DataLoader workers included, which died of it: the ranks' handlers went on to their
+    checkpoint, and gathering the state failed ("DataLoader worker (pid ...) is killed by
+    signal: Terminated"). The job ends with every process of it (its output pipes close)."""
+    out = tmp_path / "cut"
+    out.mkdir()
+    args = ("--tokenizer", str(tokenizer_path), "--out", str(out), "--steps", "0")
+    until = ("--workers", "2", "--until-sigterm")
+    done = run_torchrun("torchrun_job.py", 2, *args, *until, sigterm_at=out / "ready")
+    assert "SignalException" in done.stderr  # torchrun's own ending, whatever the ranks do
+    stop = json.loads((out / "state.json").read_text())["step"]
+    cut = json.loads((out / "steps.json").read_text())
+    assert stop > 10 and len(cut) == stop, done.stderr[-3000:]
+    fresh = torchrun(1, tmp_path / "fresh", tokenizer_path, "--steps", str(stop + 4))
+    assert cut == {k: v for k, v in fresh.items() if int(k) < stop}
+    load = ("--load", str(out / "state.json"))
+    resumed = torchrun(1, tmp_path / "resumed", tokenizer_path, "--steps", str(stop + 4), *load)
+    assert resumed == {k: v for k, v in fresh.items() if int(k) >= stop}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,15 @@ def main() -> None:
         default="pipeline",
         help="after peeking: the loader takes the pipeline, or loads its (this rank's) state",
     )
+    parser.add_argument(
+        "--until-sigterm",
+        action="store_true",
+        help="take SIGTERM as 'stop after the next step': touch DIR/ready at step 10, save then",
+    )
     args = parser.parse_args()
+    stopping: list[int] = []
+    if args.until_sigterm:
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(0))
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -104,10 +113,17 @@ def main() -> None:
         except StopIteration:  # with exhaustion="stop": every rank must stop at the same step
             break
         steps[step] = _global_digest(mine, world)
+        if args.until_sigterm and rank == 0 and step == 10:
+            Path(args.out, "ready").touch()
+        # every rank stops at one step: the one after the signal's (a step's batches still come)
+        if args.until_sigterm and args.save_at < 0 and _any_rank(bool(stopping)):
+            args.save_at = step + 2
         if step + 1 == args.save_at:
             state = loader.state_dict()  # a collective: every rank calls it
             if rank == 0:
                 Path(args.out, "state.json").write_text(json.dumps(state))
+            if args.until_sigterm:
+                break
     if args.save_final:
         state = loader.state_dict()  # a collective: every rank calls it
         if rank == 0:
@@ -116,6 +132,13 @@ def main() -> None:
         Path(args.out, "steps.json").write_text(json.dumps(steps))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is set on any rank."""
+    flags = torch.tensor([int(flag)])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags.item())
 
 
 def _global_digest(mine: torch.Tensor, world: int) -> str:
