@@ -15,7 +15,6 @@ import contextlib
 import multiprocessing
 import os
 import pickle
-import signal
 import sys
 import threading
 import time
@@ -25,89 +24,23 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Literal
 
-from zephon_torch.errors import ConfigError, DataError, ZephonError
+from zephon_torch.errors import ConfigError
 from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops._daemon_pool import DaemonPool
-from zephon_torch.ops._doc_chain import DocChain
 from zephon_torch.ops._pool_watch import PoolWatch
+from zephon_torch.ops._runner_worker import (
+    Chain,
+    Chunk,
+    Raised,
+    SpawnContext,
+    init_worker,
+    run_in_worker,
+)
 from zephon_torch.ops._spawn_main import check_main
-from zephon_torch.ops.columns import TokenChain, TokenChunk
-from zephon_torch.ops.document import Document
 from zephon_torch.work.pointers import PointerSpan
-
-_PARENT_POLL_S = 1.0  # how soon a worker whose parent was killed ends
 
 RunnerKind = Literal["threads", "processes", "inline"]
 RUNNERS = ("threads", "processes", "inline")
-Chunk = list[Document] | TokenChunk  # a chain's documents for one span, in stream order
-
-
-Chain = DocChain | TokenChain
-_WORKER_CHAIN: Chain | None = None
-_WORKER_LOAD_ERROR: ConfigError | None = None  # why this worker could not load its chain
-
-
-_LEFT_TO_PARENT = {signal.SIGINT, signal.SIGTERM}  # a worker ignores them (`_init_worker`)
-
-
-def _init_worker(path: str, parent: int) -> None:
-    global _WORKER_CHAIN, _WORKER_LOAD_ERROR  # noqa: PLW0603 - one chain per worker process
-    # Ctrl-C, and a scheduler's SIGTERM before its SIGKILL (Slurm's preemption), reach the
-    # whole process group; they are the parent's to act on (a loop may take them as "stop
-    # after the next checkpoint" and go on). Each worker printed its own KeyboardInterrupt
-    # traceback, or died of SIGTERM, and the next chunk broke the pool; a parent that leaves
-    # ends them (`_end_at_exit`, `_end_with`), by SIGKILL
-    for signum in _LEFT_TO_PARENT:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _LEFT_TO_PARENT)  # held back until now
-    # the parent's pid from the parent: read here, after seconds of start-up, it is already
-    # init's (1) where the parent was killed meanwhile, and the watch below never fired
-    threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
-    try:
-        with open(path, "rb") as handle:
-            _WORKER_CHAIN = pickle.load(handle)
-    except FileNotFoundError:  # the runner closed before this process started: no task comes
-        pass
-    except (AttributeError, ImportError) as error:  # a function this process cannot find
-        # told to each task, not raised: a failed initializer breaks the pool, whose error
-        # could only guess (a missing main guard) at what a process printed
-        _WORKER_LOAD_ERROR = _unloadable(error)
-
-
-def _unloadable(error: Exception) -> ConfigError:
-    """The error of a worker that could not unpickle its chain (``error``): a function or
-    class it names that the spawned process cannot import."""
-    failure = ConfigError(
-        "the processes of runner='processes' could not load the pipeline's functions: "
-        f"{error}. They are spawned and import each function by its module and name; one of "
-        "the main script is found only where the script defines it at its top level, not "
-        'under `if __name__ == "__main__":`, inside a function or in code run by exec: '
-        "define it there, or in a module of its own, or use runner='threads'"
-    )
-    failure.__cause__ = error
-    return failure
-
-
-class _WorkerProcess(multiprocessing.context.SpawnProcess):
-    """A pool process, ended by SIGKILL: it ignores SIGTERM (see `_init_worker`), and the
-    pool (a broken one, as `PoolWatch` and `_terminate` too) terminates its processes, then
-    waits for them to end."""
-
-    def start(self) -> None:
-        """Start it with Ctrl-C and SIGTERM blocked, as `_init_worker` unblocks them: a group
-        signal in its seconds of imports before then killed it, and the pool broke."""
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _LEFT_TO_PARENT)
-        try:
-            super().start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-    def terminate(self) -> None:
-        self.kill()
-
-
-class _SpawnContext(multiprocessing.context.SpawnContext):
-    Process = _WorkerProcess
 
 
 _OPEN_RUNNERS: weakref.WeakSet[Runner] = weakref.WeakSet()
@@ -148,69 +81,6 @@ getattr(threading, "_register_atexit", lambda _hook: None)(_end_at_exit)
 os.register_at_fork(after_in_child=_OPEN_RUNNERS.clear)
 
 
-def _end_with(parent: int) -> None:
-    """End this worker once its parent has gone: a parent killed by SIGKILL (the out-of-memory
-    killer) closes no pool, and its workers waited for a task for ever, orphaned."""
-    while os.getppid() == parent:
-        time.sleep(_PARENT_POLL_S)
-    os._exit(1)
-
-
-class _Raised:
-    """A worker's zephon_torch error, returned as a value: raised, the pool would replace its
-    cause (the user's exception, see `ZephonError`) with the pool's own traceback text."""
-
-    def __init__(self, error: ZephonError) -> None:
-        self.error = error
-
-
-def _run_in_worker(source: int, span: PointerSpan) -> bytes:
-    """The chunk, or the zephon_torch error it raised, pickled here by the standard pickler.
-    Left to the pool, multiprocessing's pickler would send it, on which torch registers
-    reductions that pass each tensor as a shared-memory file descriptor: the parent held one
-    open per tensor read ahead (thousands), and past `ulimit -n` the pool broke."""
-    if _WORKER_LOAD_ERROR is not None:
-        return pickle.dumps(_Raised(_WORKER_LOAD_ERROR), protocol=5)
-    if _WORKER_CHAIN is None:
-        raise RuntimeError("worker process was started without its document chain")
-    try:
-        outcome: Chunk | _Raised = _WORKER_CHAIN(source, span)
-    except ZephonError as error:
-        outcome = _Raised(error)
-    try:
-        return pickle.dumps(outcome, protocol=5)
-    except Exception:
-        found = None
-        if isinstance(_WORKER_CHAIN, DocChain) and isinstance(outcome, list):
-            found = _unpicklable(_WORKER_CHAIN, outcome)
-        if found is None:
-            raise
-        return pickle.dumps(_Raised(found), protocol=5)
-
-
-def _unpicklable(chain: DocChain, docs: list[Document]) -> DataError | None:
-    """A DataError naming the first of ``docs`` that holds a value pickle cannot take (one a
-    map returned: a memoryview, an open file), and its field; None where none does."""
-    for doc in docs:
-        for kind, values in (("payload field", doc.payload), ("field", doc.data)):
-            for name, value in (values or {}).items():
-                try:
-                    pickle.dumps(value, protocol=5)
-                except Exception as error:
-                    dataset = chain.datasets[doc.source]
-                    found = DataError(
-                        f"{kind} {name!r} holds a {type(value).__name__}, which pickle cannot "
-                        f"take ({error}): with runner='processes' the values a map returns "
-                        "must be picklable, to come back from its worker process",
-                        dataset=dataset.name,
-                        shard=dataset.shards[doc.shard].path,
-                        row=doc.row,
-                    )
-                    found.__cause__ = error
-                    return found
-    return None
-
-
 def _broken(error: BrokenProcessPool, how: str | None = None) -> BrokenProcessPool:
     """The pool's error, saying what is known of what broke it: the pool's cause where it
     gives one (it failed to take a result) and no process was seen to end (``how`` None: see
@@ -236,7 +106,7 @@ def _broken(error: BrokenProcessPool, how: str | None = None) -> BrokenProcessPo
 
 
 def _raising(pending: Future[bytes], watch: PoolWatch) -> Future[Chunk]:
-    """`pending`'s outcome, unpickled, with a returned `_Raised` as the error it holds
+    """`pending`'s outcome, unpickled, with a returned `Raised` as the error it holds
     (``watch``: whether and how a process of the pool was seen to end, see `_broken`).
 
     Cancelling the result leaves `pending` to run (its outcome is then not unpickled): only
@@ -250,7 +120,7 @@ def _raising(pending: Future[bytes], watch: PoolWatch) -> Future[Chunk]:
         if not result.set_running_or_notify_cancel():
             return  # nobody waits for it: not unpickled
         error = done.exception()
-        value: Chunk | _Raised | None = None
+        value: Chunk | Raised | None = None
         if isinstance(error, BrokenProcessPool):
             error = _broken(error, watch.seen_end())
         elif error is None:
@@ -258,7 +128,7 @@ def _raising(pending: Future[bytes], watch: PoolWatch) -> Future[Chunk]:
                 value = pickle.loads(done.result())
             except Exception as exc:  # this chunk's own failure (out of memory): its reader's
                 error = exc
-        if isinstance(value, _Raised):
+        if isinstance(value, Raised):
             error = value.error
         if error is not None:
             result.set_exception(error)
@@ -318,8 +188,8 @@ class Runner:
             self._removal = weakref.finalize(self, release, path, lock)
             self._executor = ProcessPoolExecutor(
                 parallelism,
-                mp_context=_SpawnContext(),
-                initializer=_init_worker,
+                mp_context=SpawnContext(),
+                initializer=init_worker,
                 initargs=(path, os.getpid()),
             )
             self._watch = PoolWatch(self._executor)
@@ -336,7 +206,7 @@ class Runner:
         if self._watch is None:
             return self._executor.submit(self.chain, source, span)
         try:
-            pending = self._executor.submit(_run_in_worker, source, span)
+            pending = self._executor.submit(run_in_worker, source, span)
         except BrokenProcessPool as error:
             broke = self._breaking(error)
             raise _broken(broke, self._watch.seen_end()) from broke

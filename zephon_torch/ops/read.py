@@ -20,7 +20,8 @@ from torchdata.nodes import BaseNode
 from zephon_torch._state import state_dict_of, state_int
 from zephon_torch.errors import DataError, StateMismatchError
 from zephon_torch.ops._barren_run import BarrenRun, gave_up_error
-from zephon_torch.ops._runner import Chunk, Runner
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops._runner_worker import Chunk
 from zephon_torch.ops.columns import TokenChain, TokenChunk
 from zephon_torch.ops.document import Document
 from zephon_torch.work.mixture import Exhaustion

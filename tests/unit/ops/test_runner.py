@@ -410,8 +410,8 @@ def test_a_worker_ends_when_its_parent_died_before_the_worker_started() -> None:
     that window was already gone (the pid read was init's), and the worker lived on for ever.
     The pid now comes from the parent; here one that is not this worker's parent."""
     script = (
-        "import time; from zephon_torch.ops import _runner; "
-        "_runner._init_worker('/nonexistent/chain', 2**22 + 1); time.sleep(60)"
+        "import time; from zephon_torch.ops import _runner_worker; "
+        "_runner_worker.init_worker('/nonexistent/chain', 2**22 + 1); time.sleep(60)"
     )
     environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
     start = time.monotonic()
