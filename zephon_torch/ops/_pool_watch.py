@@ -15,6 +15,7 @@ import multiprocessing.connection
 import multiprocessing.process
 import signal
 import threading
+import time
 import weakref
 from concurrent.futures import ProcessPoolExecutor
 
@@ -104,10 +105,17 @@ class PoolWatch:
 
 def _how_it_ended(process: multiprocessing.process.BaseProcess, *, wait: float) -> str:
     """How ``process`` ended: the signal that killed it, or its exit code ("" where it has not
-    ended within ``wait`` seconds, or that cannot be read)."""
+    ended within ``wait`` seconds, or that cannot be read).
+
+    The pool's own thread may reap the process first: its status is then read here only once
+    that thread has recorded it (our own wait finds no child), so it is asked again a while."""
+    deadline = time.monotonic() + wait
     try:
         process.join(wait)
         code = process.exitcode
+        while code is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            code = process.exitcode
     except (ValueError, AssertionError):  # closed meanwhile: the pool is closing
         return ""
     if code is None:
