@@ -29,6 +29,7 @@ from zephon_torch.ops._doc_chain import DocChain
 from zephon_torch.ops._runner import Runner
 from zephon_torch.ops.fetch import FetchOp
 from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work.pointers import PointerSpan
 
 
 def test_a_data_error_in_a_worker_process_reaches_the_caller_intact(
@@ -125,13 +126,8 @@ def _waits_on_a_pipe(pid: int) -> bool:
     return False
 
 
-def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> None:
-    """An idle worker waits for its next chunk holding the call queue's read lock, and the
-    others wait for that lock. One killed there (out of memory) just before the runner closed,
-    before the pool's thread saw it, left the pool to shut down as if nothing had happened:
-    it sent each worker its stop and joined them, and a worker waiting for the dead one's lock
-    never took it. The pool's thread waited for ever, and the interpreter, which joins it at
-    exit, with it. Here the worker holding the lock is stopped until the pool joins it."""
+def _two_workers_and_eight_spans() -> tuple[Runner, list[PointerSpan]]:
+    """A processes runner of two workers, and eight one-row spans of pre-tokenized rows."""
     data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
     source = StaticMixtureWorkSource([data], shuffle=False)
     recipe = Pipeline(source).pretokenized("ids", runner="processes")
@@ -139,10 +135,21 @@ def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> Non
         DocChain(FetchOp(source.datasets), doc_ops(recipe)), parallelism=2, kind="processes"
     )
     layout = source.layouts[0]
+    spans = [layout.span(pass_index=0, lane=0, num_lanes=1, start=r, count=1) for r in range(8)]
+    return runner, spans
+
+
+def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> None:
+    """An idle worker waits for its next chunk holding the call queue's read lock, and the
+    others wait for that lock. One killed there (out of memory) just before the runner closed,
+    before the pool's thread saw it, left the pool to shut down as if nothing had happened:
+    it sent each worker its stop and joined them, and a worker waiting for the dead one's lock
+    never took it. The pool's thread waited for ever, and the interpreter, which joins it at
+    exit, with it. Here the worker holding the lock is stopped until the pool joins it."""
+    runner, spans = _two_workers_and_eight_spans()
     executor = runner._executor
     assert isinstance(executor, ProcessPoolExecutor)
     try:
-        spans = [layout.span(pass_index=0, lane=0, num_lanes=1, start=r, count=1) for r in range(8)]
         for chunk in [runner.submit(0, span) for span in spans]:  # both workers start
             chunk.result(timeout=60)
         processes = list(executor._processes.values())
@@ -171,17 +178,10 @@ def test_a_pool_broken_by_its_own_thread_ends_its_workers_that_ignore_sigterm() 
     on), and the pool's own thread, finding a worker dead, ends the others with `terminate`
     and then joins them: it must end them by SIGKILL, or it waits for ever. The watch, which
     ends them itself, is stopped here so that the pool's thread sees the death alone."""
-    data = Dataset.from_dict("d", {"ids": [[1, 2, 3]] * 8})
-    source = StaticMixtureWorkSource([data], shuffle=False)
-    recipe = Pipeline(source).pretokenized("ids", runner="processes")
-    runner = Runner(
-        DocChain(FetchOp(source.datasets), doc_ops(recipe)), parallelism=2, kind="processes"
-    )
-    layout = source.layouts[0]
+    runner, spans = _two_workers_and_eight_spans()
     executor, watch = runner._executor, runner._watch
     assert isinstance(executor, ProcessPoolExecutor) and watch is not None
     try:
-        spans = [layout.span(pass_index=0, lane=0, num_lanes=1, start=r, count=1) for r in range(8)]
         for chunk in [runner.submit(0, span) for span in spans]:  # both workers start
             chunk.result(timeout=60)
         processes = list(executor._processes.values())
