@@ -44,6 +44,7 @@ from zephon_torch.ops.shuffle import ShuffleNode
 from zephon_torch.ops.stateful import FilteredReader, made_filter
 
 _LEAVE_S = 1.0  # how long leaving a loop waits, in all, for calls still running
+_NAMED = 5  # the datasets a warning of many names
 
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
@@ -277,9 +278,6 @@ def warn_if_fewer_rows_than_lanes(source: StaticMixtureWorkSource, num_lanes: in
             f"(canonical_replicas): {named}{more}. The lanes past a dataset's document count "
             f"never read it, so {effect}. Split them into more documents or use fewer lanes.",
         )
-
-
-_NAMED = 5  # the datasets a warning of many names
 
 
 def warn_if_spent(resumed: bool, delivered: int) -> None:

@@ -50,7 +50,9 @@ def pack_rows(packer: dict[str, Any]) -> dict[str, Any]:
     columns[2] = np.diff(columns[2], prepend=0)  # positions: from the piece before
     columns[4] -= columns[3]  # ends: as lengths
     # little-endian whatever the machine: a state saved here resumes on any host
-    encoded = base64.b64encode(zlib.compress(columns.astype("<i8").tobytes(), 6)).decode("ascii")
+    encoded = base64.b64encode(
+        zlib.compress(columns.astype("<i8", copy=False).tobytes(), 6)
+    ).decode("ascii")
     out = {k: v for k, v in packer.items() if k not in ("bins", "ready")}
     out.update(rows=[len(row) for row in rows], open=len(bins), pieces=encoded)
     return out

@@ -6,12 +6,14 @@ them with (blocking both signals until a process can ignore them; ended by SIGKI
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.context
 import os
 import pickle
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 from zephon_torch.errors import ConfigError, DataError, ZephonError
 from zephon_torch.ops._doc_chain import DocChain
@@ -29,7 +31,18 @@ _WORKER_CHAIN: Chain | None = None
 _WORKER_LOAD_ERROR: ConfigError | None = None  # why this worker could not load its chain
 
 
-_LEFT_TO_PARENT = {signal.SIGINT, signal.SIGTERM}  # a worker ignores them (`init_worker`)
+LEFT_TO_PARENT = {signal.SIGINT, signal.SIGTERM}  # a worker ignores them (`init_worker`)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM blocked in this thread meanwhile: a process started meanwhile starts
+    with them blocked (spawn's fork and exec keep the mask) until it can take or ignore them."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_PARENT)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def init_worker(path: str, parent: int) -> None:
@@ -39,9 +52,9 @@ def init_worker(path: str, parent: int) -> None:
     # after the next checkpoint" and go on). Each worker printed its own KeyboardInterrupt
     # traceback, or died of SIGTERM, and the next chunk broke the pool; a parent that leaves
     # ends them (`_runner._end_at_exit`, `_end_with`), by SIGKILL
-    for signum in _LEFT_TO_PARENT:
+    for signum in LEFT_TO_PARENT:
         signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _LEFT_TO_PARENT)  # held back until now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)  # held back until now
     # the parent's pid from the parent: read here, after seconds of start-up, it is already
     # init's (1) where the parent was killed meanwhile, and the watch below never fired
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="zephon-parent").start()
@@ -71,18 +84,15 @@ def _unloadable(error: Exception) -> ConfigError:
 
 
 class _WorkerProcess(multiprocessing.context.SpawnProcess):
-    """A pool process, ended by SIGKILL: it ignores SIGTERM (see `init_worker`), and the
-    pool (a broken one, as `PoolWatch` and `_runner._terminate` too) terminates its processes, then
+    """A pool process, ended by SIGKILL: it ignores SIGTERM (see `init_worker`), and the pool
+    (a broken one, as `PoolWatch` and `_runner._terminate` too) terminates its processes, then
     waits for them to end."""
 
     def start(self) -> None:
         """Start it with Ctrl-C and SIGTERM blocked, as `init_worker` unblocks them: a group
         signal in its seconds of imports before then killed it, and the pool broke."""
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _LEFT_TO_PARENT)
-        try:
+        with signals_held():
             super().start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def terminate(self) -> None:
         self.kill()

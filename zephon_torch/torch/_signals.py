@@ -17,7 +17,8 @@ import signal
 import threading
 from typing import Any
 
-_HELD = {signal.SIGINT, signal.SIGTERM}
+from zephon_torch.ops._runner_worker import LEFT_TO_PARENT, signals_held
+
 SUPPORTED = hasattr(signal, "sigtimedwait")
 _PARENT_POLL_S = 1.0  # how soon a worker whose parent was killed ends
 
@@ -32,11 +33,8 @@ class _LeavingSignals(multiprocessing.process.BaseProcess):
         """Start it with both signals blocked (the child inherits the mask): a signal in its
         seconds of imports (spawn) killed it before it could leave them."""
         self._starter = os.getpid()
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
-        try:
+        with signals_held():
             super().start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def run(self) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -58,7 +56,7 @@ def _as_before() -> None:
     started by exec (``subprocess``, spawn) keeps SIGTERM blocked and SIGINT ignored."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)
 
 
 def _watch(starter: int, parent: int) -> None:
