@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -139,6 +140,18 @@ def _two_workers_and_eight_spans() -> tuple[Runner, list[PointerSpan]]:
     return runner, spans
 
 
+def _both_started(
+    runner: Runner, spans: list[PointerSpan], executor: ProcessPoolExecutor
+) -> tuple[list[Any], threading.Thread]:
+    """Run ``spans``, which starts both workers; their processes and the pool's thread."""
+    for chunk in [runner.submit(0, span) for span in spans]:
+        chunk.result(timeout=60)
+    processes = list(executor._processes.values())
+    manager = executor._executor_manager_thread
+    assert len(processes) == 2 and manager is not None
+    return processes, manager
+
+
 def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> None:
     """An idle worker waits for its next chunk holding the call queue's read lock, and the
     others wait for that lock. One killed there (out of memory) just before the runner closed,
@@ -150,11 +163,7 @@ def test_a_pool_closed_after_an_idle_worker_died_ends_its_other_workers() -> Non
     executor = runner._executor
     assert isinstance(executor, ProcessPoolExecutor)
     try:
-        for chunk in [runner.submit(0, span) for span in spans]:  # both workers start
-            chunk.result(timeout=60)
-        processes = list(executor._processes.values())
-        manager = executor._executor_manager_thread
-        assert len(processes) == 2 and manager is not None
+        processes, manager = _both_started(runner, spans, executor)
         deadline = time.monotonic() + 60
         while not (reading := [p for p in processes if _waits_on_a_pipe(p.pid)]):
             if time.monotonic() > deadline:
@@ -182,11 +191,7 @@ def test_a_pool_broken_by_its_own_thread_ends_its_workers_that_ignore_sigterm() 
     executor, watch = runner._executor, runner._watch
     assert isinstance(executor, ProcessPoolExecutor) and watch is not None
     try:
-        for chunk in [runner.submit(0, span) for span in spans]:  # both workers start
-            chunk.result(timeout=60)
-        processes = list(executor._processes.values())
-        manager = executor._executor_manager_thread
-        assert len(processes) == 2 and manager is not None
+        processes, manager = _both_started(runner, spans, executor)
         watch.stop()
         os.kill(processes[0].pid, signal.SIGKILL)
         manager.join(30)
