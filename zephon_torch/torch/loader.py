@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data
 
 from zephon_torch._caller import warn
-from zephon_torch._lanes import calibrated, warn_if_spent
+from zephon_torch._lane_warnings import warn_if_spent
+from zephon_torch._lanes import calibrated
 from zephon_torch._stats import RunCounters, loader_stats
 from zephon_torch._turn_order import (
     cut_at_empty_turn,
