@@ -3,7 +3,9 @@
 Each global batch's SHA-256 becomes a number in [0, 1) (its first 12 hex digits), so identical
 batches draw one curve and any difference jumps. The optional tiny model (token ids hashed into
 a 512-entry vocabulary, a 32-wide embedding and a linear next-token head, plain SGD) trains in
-seconds on CPU; identical batches give bit-identical loss curves. matplotlib is imported only
+seconds on CPU on each batch's labels (their -100 positions, padding and masked document
+boundaries, left out of the loss; the next token where a run gives no labels); identical
+batches give bit-identical loss curves. matplotlib is imported only
 here, only when drawing, with the Agg backend (no display needed).
 """
 
@@ -30,12 +32,14 @@ __all__ = [
     "render",
     "token_ids",
     "train_losses",
+    "training_pair",
 ]
 
 REFERENCE = 16
 OTHERS = (8, 32, 64)
 VOCAB = 512
 DIM = 32
+IGNORED = -100  # a label the loss leaves out
 
 
 def fingerprint_value(digest: str) -> float:
@@ -70,20 +74,41 @@ def token_ids(parts: list[dict[str, torch.Tensor]]) -> torch.Tensor:
     return torch.cat([p["input_ids"] for p in parts]).remainder(VOCAB)
 
 
+def training_pair(parts: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One global batch as the tiny model's ``(inputs, targets)``, both hashed into ``VOCAB``:
+    the targets are the batch's labels (-100 kept), or, where its parts carry none (the
+    standard loader's), each row's next token with the last position left out."""
+    ids = token_ids(parts)
+    if all("labels" in p for p in parts):
+        labels = torch.cat([p["labels"] for p in parts])
+        return ids, torch.where(labels == IGNORED, IGNORED, labels.remainder(VOCAB))
+    targets = torch.full_like(ids, IGNORED)
+    targets[:, :-1] = ids[:, 1:]
+    return ids, targets
+
+
 def train_losses(
-    batches: list[torch.Tensor], *, lr: float = 10.0, seed: int = 0, max_seconds: float = 120.0
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    lr: float = 10.0,
+    seed: int = 0,
+    max_seconds: float = 120.0,
 ) -> list[float]:
-    """Train the tiny next-token model on ``batches`` (one SGD step each, the same start for
-    every call) and return the loss of each step; stops early after ``max_seconds``."""
+    """Train the tiny next-token model on ``batches`` of ``(inputs, targets)`` (one SGD step
+    each, the same start for every call; targets of -100 left out) and return the loss of each
+    step; stops early after ``max_seconds``."""
     generator = torch.Generator().manual_seed(seed)
     embed = torch.nn.Parameter(torch.randn(VOCAB, DIM, generator=generator) * 0.1)
     head = torch.nn.Parameter(torch.randn(DIM, VOCAB, generator=generator) * 0.1)
     optimizer = torch.optim.SGD([embed, head], lr=lr)
     losses = []
     deadline = time.perf_counter() + max_seconds
-    for ids in batches:
-        logits = embed[ids[:, :-1]] @ head
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+    for ids, targets in batches:
+        logits = embed[ids] @ head
+        counted = int((targets != IGNORED).sum())  # none: a batch of padding, no step taken
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=IGNORED, reduction="sum"
+        ) / max(counted, 1)
         optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()

@@ -284,7 +284,7 @@ def compare(
     ``_plot.train_losses``), at most ``train_seconds`` each. A configuration other than the
     reference that fails is a run with its error, as for ``verify``.
     """
-    from zephon_torch._plot import plot_world_sizes, token_ids, train_losses
+    from zephon_torch._plot import plot_world_sizes, train_losses, training_pair
 
     if not 0 <= fault_step < steps:
         raise ConfigError(
@@ -325,8 +325,8 @@ def compare(
     losses: dict[str, list[float]] = {}
     if train:
         for run in track(runs, "training the tiny model"):
-            ids = [token_ids(parts) for parts in batches[run.name]]
-            losses[run.name] = train_losses(ids, max_seconds=train_seconds)
+            pairs = [training_pair(parts) for parts in batches[run.name]]
+            losses[run.name] = train_losses(pairs, max_seconds=train_seconds)
     return Comparison(runs, losses, fault_step, note)
 
 

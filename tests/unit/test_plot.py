@@ -183,3 +183,32 @@ def test_a_resumed_run_that_fails_under_plot_is_a_diverges_verdict_with_the_pict
     text = capsys.readouterr().out
     assert "zephon W=4 fault@2 -> W=1: DIVERGES: the run failed: DataError:" in text
     assert "verdict: zephon_torch DIVERGES" in text and png_size(out)[0] > 0
+
+
+def test_the_tiny_model_learns_from_the_labels_and_leaves_their_masked_positions_out() -> None:
+    import torch
+
+    from zephon_torch._plot import IGNORED, VOCAB, train_losses, training_pair
+
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    labels = torch.tensor([[6, IGNORED, 8, IGNORED], [10, 11, 12 + VOCAB, IGNORED]])
+    inputs, targets = training_pair(
+        [{"input_ids": ids[:1], "labels": labels[:1]}, {"input_ids": ids[1:], "labels": labels[1:]}]
+    )
+    assert torch.equal(inputs, ids)
+    assert targets.tolist() == [[6, IGNORED, 8, IGNORED], [10, 11, 12, IGNORED]]
+    # a run without labels (the standard loader's) learns each row's next token
+    _, shifted = training_pair([{"input_ids": ids}])
+    assert shifted.tolist() == [[6, 7, 8, IGNORED], [10, 11, 12, IGNORED]]
+
+    # the masked positions (a document boundary, padding) are not learnt as the next token is
+    assert train_losses([(inputs, targets)] * 2) != train_losses([(inputs, shifted)] * 2)
+    changed = targets.clone()
+    changed[1, 3] = 13  # a masked position counted
+    assert train_losses([(inputs, changed)] * 2) != train_losses([(inputs, targets)] * 2)
+    # a batch of padding alone counts no loss and takes no step
+    padding = torch.full_like(targets, IGNORED)
+    assert train_losses([(inputs, padding), (inputs, targets)]) == [
+        0.0,
+        train_losses([(inputs, targets)])[0],
+    ]
