@@ -230,12 +230,16 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         SIGTERM to this process (`_signals`); a pipeline that a worker started by spawn or
         forkserver cannot receive (a lambda, a closure; a function of a `python -c` command,
         `check_main`) is a ConfigError saying so, not a bare error."""
+        workers = "DataLoader workers"
         if self.num_workers > 0:  # chosen here, as torch does: the default may be set late
             self.multiprocessing_context = leaving_signals(self.multiprocessing_context)
-        method = (self.multiprocessing_context or multiprocessing.get_context()).get_start_method()
-        workers = f"DataLoader workers started by {method!r}"
-        if self.num_workers > 0 and method != "fork":
-            check_main(self.pipeline_dataset, what=f"the {workers}", instead="use 'fork'")
+            # only with workers: asking the default context its method fixes it, and a later
+            # `multiprocessing.set_start_method` (after a loop of no workers) was refused
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            method = context.get_start_method()
+            workers = f"DataLoader workers started by {method!r}"
+            if method != "fork":
+                check_main(self.pipeline_dataset, what=f"the {workers}", instead="use 'fork'")
         try:
             return super().__iter__()
         except (pickle.PicklingError, AttributeError, TypeError) as error:

@@ -131,3 +131,25 @@ def test_a_map_defined_under_the_main_guard_is_named_as_one_spawned_processes_ca
     ), done.stdout + done.stderr
     assert 'not under `if __name__ == "__main__":`' in done.stdout
     assert "BrokenProcessPool" not in done.stderr
+
+
+def test_a_loader_without_workers_leaves_the_start_method_to_be_set_later(
+    tmp_path: Path,
+) -> None:
+    """Looking for what spawned workers could not find asked the default context its start
+    method at every loop, which fixes it: a later `multiprocessing.set_start_method` (a quick
+    look at the data first, then the training set-up) was 'context has already been set'."""
+    code = _RECIPE + (
+        "\nimport multiprocessing\n"
+        "print(sum(1 for _ in DataLoader(Pipeline(StaticMixtureWorkSource("
+        "[Dataset.from_dict('d', {'ids': [[1, 2, 3]] * 8})]))"
+        ".pretokenized('ids').pack_flat(8).batch(1), num_workers=0)))\n"
+        "multiprocessing.set_start_method('spawn')\n"
+        "print(multiprocessing.get_start_method())\n"
+    )
+    script = tmp_path / "late_start_method.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.stdout == "3\nspawn\n", done.stdout + done.stderr
