@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tracemalloc
+from collections.abc import Hashable
 from typing import Any
 
 import pytest
@@ -162,3 +163,27 @@ def test_pass_cache_lets_the_least_recent_keys_go_past_its_weight() -> None:
     cache("b", 2)
     cache("b", 3)  # one key is kept whatever it weighs
     assert cache.held() == {"b": [0, 1, 2, 3]}
+
+
+def test_pass_cache_keeps_a_heavy_key_beside_light_ones_up_to_its_min_keys() -> None:
+    """One dataset whose passes weigh near the bound, read in turn with small ones: each small
+    one's turn evicted it, and each of its own computed it again (every lookup a miss)."""
+    made: list[tuple[str, int]] = []
+
+    def make(key: Hashable, pass_index: int) -> str:
+        made.append((str(key), pass_index))
+        return str(key)
+
+    def weigh(value: str) -> int:
+        return 90 if value == "big" else 1
+
+    cache = PassCache(make, weigh=weigh, max_weight=100, min_keys=8)
+    for _ in range(5):
+        for key in ["big", *"abcde"]:
+            cache(key, 0)
+            cache(key, 1)  # the big one's two passes weigh 180, past the bound alone
+    assert len(made) == 12  # each (key, pass) once
+    # past min_keys the bound applies again, least recently used first
+    for key in "fgh":
+        cache(key, 0)
+    assert "big" not in cache.held() and len(cache.held()) == 8

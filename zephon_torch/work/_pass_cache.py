@@ -8,7 +8,10 @@ every rank and worker), while a mixture of more datasets than slots computed eac
 layout again at every use. Here each dataset keeps only its most recently used passes, and
 datasets are evicted least recently used first, bounded by the size of what is held (a
 layout's shard blocks) rather than only by their number: a bound of 256 datasets made a
-mixture of 300, read in turn, compute a layout, O(shards), at every chunk it read.
+mixture of 300, read in turn, compute a layout, O(shards), at every chunk it read. The bound
+by size applies only past ``min_keys`` datasets: one dataset whose passes weigh near it, read
+beside a few small ones, was otherwise evicted at each small one's turn and computed again at
+its own (every lookup a miss).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ V = TypeVar("V")
 
 class PassCache(Generic[V]):
     """``make(key, pass_index)`` memoised: per ``key``, the ``passes`` most recently used pass
-    indices; at most ``keys`` keys, and values of at most ``max_weight`` in all (``weigh``
-    each; the key just used stays), least recently used keys first out. Thread-safe; ``make``
-    runs outside the lock (it is pure: two threads computing the same value keep either)."""
+    indices; at most ``keys`` keys, and, past ``min_keys`` keys, values of at most
+    ``max_weight`` in all (``weigh`` each; the key just used stays), least recently used keys
+    first out. Thread-safe; ``make`` runs outside the lock (it is pure: two threads computing
+    the same value keep either)."""
 
     def __init__(
         self,
@@ -36,12 +40,14 @@ class PassCache(Generic[V]):
         keys: int = 256,
         weigh: Callable[[V], int] = lambda value: 1,
         max_weight: int | None = None,
+        min_keys: int = 1,
     ) -> None:
         self._make = make
         self._passes = passes
         self._keys = keys
         self._weigh = weigh
         self._max_weight = max_weight
+        self._min_keys = max(1, min_keys)
         self._weight = 0  # of every value held
         self._held: OrderedDict[Hashable, OrderedDict[int, V]] = OrderedDict()
         self._lock = threading.Lock()
@@ -76,7 +82,7 @@ class PassCache(Generic[V]):
                 self._weight -= self._weigh(passes.popitem(last=False)[1])
             limit = self._max_weight
             while len(self._held) > self._keys or (
-                limit is not None and self._weight > limit and len(self._held) > 1
+                limit is not None and self._weight > limit and len(self._held) > self._min_keys
             ):
                 _, evicted = self._held.popitem(last=False)
                 self._weight -= sum(map(self._weigh, evicted.values()))

@@ -260,6 +260,7 @@ _pass_layout: PassCache[_PassLayout] = PassCache(
     keys=4096,
     weigh=lambda layout: len(layout.block_shards) + 32,
     max_weight=1 << 23,
+    min_keys=256,
 )
 
 
