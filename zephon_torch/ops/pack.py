@@ -14,6 +14,7 @@ the carries and the packer's open rows (all as pointers) are the whole state.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -180,6 +181,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
             self.carry = [None] * len(self.readers)
             self.skipped = dict.fromkeys(SKIP_REASONS, 0)
             self.packer.clear()
+            self._share_out()
             return
         state = checked_pack_state(initial_state, len(self.readers))
         for reader, reader_state in zip(self.readers, state["readers"]):
@@ -187,6 +189,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
         self.tokens = [t for t, _ in state["delivered"]]
         self.documents = [d for _, d in state["delivered"]]
         self.active = list(state["active"])
+        self._share_out()
         self.skipped = {**dict.fromkeys(SKIP_REASONS, 0), **state["skipped"]}
         try:
             carries = pieces_from_state(initial_state["carry"], self._fetch)
@@ -265,6 +268,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
         Each warning names no lane and is given once an iteration (the lanes share
         ``warned``), whatever the warnings filter: with "always" it came once a lane."""
         self.active[source] = False
+        self._share_out()
         reader = self.readers[source]
         if self.tokens[source] == 0 and reader.lane_rows > 0:
             if not self._first_warning("no token", source):
@@ -287,6 +291,18 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
                 "exhaustion='repeat' with a step budget to keep the shares",
                 once=self._once_key("ran out", source),
             )
+
+    def _share_out(self) -> None:
+        """Each active source's reader reads ahead by its share among the active sources: a
+        small source left alone once the others are spent (``exhaustion="stop"``) kept the
+        read-ahead of its share of the whole mixture, one chunk in flight at 1%."""
+        total = math.fsum(w for w, on in zip(self.weights, self.active, strict=True) if on)
+        for reader, weight, on in zip(self.readers, self.weights, self.active, strict=True):
+            plain: Any = reader
+            while not isinstance(plain, DocumentReader):  # beneath the stateful filters
+                plain = plain.reader
+            if on and total > 0:
+                plain.set_share(weight / total)
 
     def _to_come(self) -> tuple[float, float]:
         """What the lane's active sources still have to give, and what all its sources give

@@ -88,8 +88,7 @@ class DocumentReader(BaseNode[Document]):
         self.passes = passes
         self.runner = runner
         self.chunk_docs = max(1, chunk_docs)
-        scale = read_ahead_scale(share)
-        self.ahead = max(1, round(max(1, ahead) * scale))
+        self._full_ahead = max(1, ahead)
         self._lane_rows = lane_length(num_rows=layout.num_rows, lane=lane, num_lanes=num_lanes)
         self._futures: deque[Future[Chunk]] = deque()
         self._spans: deque[PointerSpan] = deque()  # where each future's chunk was read from
@@ -103,7 +102,7 @@ class DocumentReader(BaseNode[Document]):
         # inline chunks of stored views cost no copy: they grow further (see _top_up)
         views = self.columnar and runner.chain.eos_token_id is None  # type: ignore[union-attr]
         self._views = runner.kind == "inline" and views
-        self._growth = max(1, round((_VIEW_GROWTH if self._views else 8) * scale))
+        self.set_share(share)
         self._seen = [0, 0]  # documents and tokens of the view chunks returned so far
         self._next: tuple[int, int] = (0, 0)  # next document to return
         self.filtered = 0  # documents the plain filters dropped before it
@@ -113,6 +112,14 @@ class DocumentReader(BaseNode[Document]):
         self._walked: tuple[int, int] | None = None  # where _prefetch_ahead last walked from
         # documents a saved state's open rows hold, read ahead on the runner (see `fetch`)
         self._refetched: dict[tuple[int, int], Future[Chunk]] = {}
+
+    def set_share(self, share: float) -> None:
+        """Read ahead (chunks in flight, how far chunks grow) as a source of ``share`` of the
+        mixture does (``read_ahead_scale``). The lane's packer sets a source's share among
+        those not spent: one left alone at the end of a run reads fully ahead."""
+        scale = read_ahead_scale(share)
+        self.ahead = max(1, round(self._full_ahead * scale))
+        self._growth = max(1, round((_VIEW_GROWTH if self._views else 8) * scale))
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start at the beginning, or at the saved stream position."""

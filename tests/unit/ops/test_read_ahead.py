@@ -6,8 +6,10 @@ import itertools
 from typing import Any
 
 import numpy as np
+import pytest
 
 from zephon_torch import Pipeline
+from zephon_torch.errors import ZephonWarning
 from zephon_torch.io import Dataset
 from zephon_torch.ops.estimate import DEFAULT_CHUNK_DOCS
 from zephon_torch.work import StaticMixtureWorkSource
@@ -61,3 +63,43 @@ def test_a_source_of_a_quarter_or_more_keeps_the_full_read_ahead() -> None:
     assert pipeline._runtime is not None
     big, small = pipeline._runtime.readers
     assert (big.ahead, big._growth) == (small.ahead, small._growth) == (4, 8)
+
+
+def test_a_small_source_left_alone_reads_fully_ahead_and_so_does_its_resume() -> None:
+    """Once the other sources are spent (exhaustion="stop"), a small source is the whole lane:
+    it kept the read-ahead of its 1% share, one chunk in flight, to the end of the run."""
+    datasets = [
+        Dataset.from_dict("big", {"ids": [np.full(3, 1, dtype=np.int32)] * 40}),
+        Dataset.from_dict("small", {"ids": [np.full(3, 2, dtype=np.int32)] * 4000}),
+    ]
+
+    def pipeline() -> Pipeline:
+        source = StaticMixtureWorkSource(
+            datasets, {"big": 0.99, "small": 0.01}, seed=1, exhaustion="stop"
+        )
+        return (
+            Pipeline(source)
+            .options(canonical_replicas=1)
+            .pretokenized("ids", eos_token_id=0)
+            .pack_flat(64)
+            .batch(2)
+        )
+
+    run = pipeline()
+    batches = iter(run)
+    next(batches)
+    assert run._runtime is not None
+    small = run._runtime.readers[1]
+    assert (small.ahead, small._growth) == (1, 1)  # 1% of the mixture
+    state = None
+    with pytest.warns(ZephonWarning, match="'big' ran out"):
+        for batch in batches:
+            if batch.documents_by_source().get("big", 0) == 0:  # big is spent
+                state = run.state_dict()
+                break
+    assert state is not None and (small.ahead, small._growth) == (4, 8)
+    resumed = pipeline()
+    resumed.load_state_dict(state)
+    next(iter(resumed))
+    assert resumed._runtime is not None
+    assert (resumed._runtime.readers[1].ahead, resumed._runtime.readers[1]._growth) == (4, 8)
