@@ -31,7 +31,7 @@ from zephon_torch._lane_split import MID_STEP
 from zephon_torch.elastic import rank_turns
 from zephon_torch.errors import ConfigError, flag_setting
 from zephon_torch.torch import DataLoader, to_device
-from zephon_torch.torch._arguments import checked_workers
+from zephon_torch.torch._arguments import checked_context, checked_workers
 
 
 class PipelineDataModule(L.LightningDataModule):
@@ -72,6 +72,7 @@ class PipelineDataModule(L.LightningDataModule):
                 raise ConfigError(f"`{name}` must be a zephon_torch Pipeline, got {given!r}")
         num_workers = checked_workers(num_workers, None)[0]
         flag_setting(pin_memory, "`pin_memory`")
+        checked_context(multiprocessing_context)
         self.pipeline = pipeline
         self.val_pipeline = val_pipeline
         self.num_workers = num_workers

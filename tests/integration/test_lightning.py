@@ -256,6 +256,8 @@ def test_a_validation_pipeline_that_never_ends_needs_a_batch_limit(
         ({"num_workers": 2.0}, "`num_workers`"),
         ({"pin_memory": "yes"}, "`pin_memory`"),
         ({"attention_mask": 1}, "`attention_mask`"),
+        ({"multiprocessing_context": "spwan", "num_workers": 2}, "`multiprocessing_context`"),
+        ({"multiprocessing_context": 3}, "`multiprocessing_context` must be one of"),
     ],
 )
 def test_a_data_module_refuses_bad_arguments_when_made(

@@ -529,6 +529,10 @@ def _source(**kwargs: Any) -> StaticMixtureWorkSource:
             lambda tok: DataLoader(small_pipeline(tok), num_workers=2, prefetch_factor="2"),  # type: ignore[arg-type]
             "`prefetch_factor` must be an integer, got '2'",
         ),
+        (  # torch's ValueError only where workers start; taken without them
+            lambda tok: DataLoader(small_pipeline(tok), multiprocessing_context="spwan"),
+            r"`multiprocessing_context` must be one of \[.*got 'spwan'",
+        ),
         (
             lambda tok: small_pipeline(tok).explain(num_workers=-1),
             "`num_workers` must be >= 0, got -1",

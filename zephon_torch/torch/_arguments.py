@@ -3,6 +3,7 @@ refused with the reason and the setting that does the job, not Python's bare Typ
 
 from __future__ import annotations
 
+import multiprocessing.context
 from typing import Any
 
 from zephon_torch.errors import ConfigError, integer_setting
@@ -45,3 +46,17 @@ def checked_workers(num_workers: object, prefetch_factor: object) -> tuple[int, 
     if factor < 1:
         raise ConfigError(f"`prefetch_factor` must be >= 1, got {factor}")
     return workers, factor
+
+
+def checked_context(context: object) -> None:
+    """A ``ConfigError`` for a ``multiprocessing_context`` that is neither None, a start method
+    this platform has, nor a multiprocessing context: a Lightning data module took any and
+    failed only when the trainer first asked for a loader, after setting up the model."""
+    if context is None or isinstance(context, multiprocessing.context.BaseContext):
+        return
+    methods = multiprocessing.get_all_start_methods()
+    if not isinstance(context, str) or context not in methods:
+        raise ConfigError(
+            f"`multiprocessing_context` must be one of {methods} or a multiprocessing "
+            f"context, got {context!r}"
+        )

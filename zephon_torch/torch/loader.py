@@ -30,7 +30,11 @@ from zephon_torch._turn_order import (
 )
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._spawn_main import check_main
-from zephon_torch.torch._arguments import checked_workers, refuse_torch_arguments
+from zephon_torch.torch._arguments import (
+    checked_context,
+    checked_workers,
+    refuse_torch_arguments,
+)
 from zephon_torch.torch._signals import leaving_signals
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
@@ -110,6 +114,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             if not isinstance(flag, bool):
                 raise ConfigError(f"`{name}` must be True or False, got {flag!r}")
         num_workers, prefetch_factor = checked_workers(num_workers, prefetch_factor)
+        checked_context(multiprocessing_context)
         if persistent_workers:
             raise ConfigError(
                 "`persistent_workers=True` is not supported: a persistent worker would resume "
