@@ -7,12 +7,15 @@ start). With ``OWN_HANDLER=SIGINT`` or ``SIGTERM`` it takes that signal itself (
 next checkpoint"): it goes on for 3 micro-batches and to a step's end, writes what it received
 and the loader's state to ``SAVED``, prints "checkpointed" and stops. With ``SLOW`` set to a
 folder, its workers mark themselves there and take 300 s over each document once the file
-``SLOW/go`` exists, and the loop touches ``SLOW/received`` at each micro-batch.
+``SLOW/go`` exists, and the loop touches ``SLOW/received`` at each micro-batch. With
+``PROGRAM_FORKSERVER`` set, it first runs a Pool of multiprocessing's fork server, which it thus
+starts itself (an earlier step of the job).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import time
@@ -52,6 +55,9 @@ def main() -> None:
     if os.environ.get("OWN_HANDLER"):
         signum = getattr(signal, os.environ["OWN_HANDLER"])
         signal.signal(signum, lambda *_: stopping.append(0))
+    if os.environ.get("PROGRAM_FORKSERVER"):
+        with multiprocessing.get_context("forkserver").Pool(1) as pool:
+            pool.map(abs, [-1])
     loader = DataLoader(pipeline(), num_workers=2, multiprocessing_context=os.environ["START"])
     starting = os.environ.get("READY") == "starting"  # the signal lands as the workers start
     if starting:

@@ -5,15 +5,18 @@ checkpoints and stops, and the workers end with it."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, group_ended, interrupt_group
+from tests.helpers import ROOT, group_ended, interrupt_group, run_group
 from tests.integration.signalled_job import pipeline
 from zephon_torch.torch import DataLoader
 
@@ -41,10 +44,29 @@ def test_a_loop_that_takes_the_signal_itself_checkpoints_and_resumes_exactly(
     kept the loop going, but each worker had died of the same signal (still importing, too):
     "DataLoader worker (pid ...) exited unexpectedly" (SIGTERM), or an EOFError from
     multiprocessing's resource_sharer (SIGINT), and no state was saved."""
-    saved = tmp_path / "saved.json"
     ready = _workers_spawning if when == "starting" else _at_once
-    env = {"START": start, "SAVED": str(saved), "OWN_HANDLER": name, "READY": when}
-    group, out, err = interrupt_group(JOB, ready, getattr(signal, name), **env)
+    env = {"START": start, "OWN_HANDLER": name, "READY": when}
+    _checkpoints_and_resumes_exactly(tmp_path, ready, getattr(signal, name), **env)
+
+
+def test_a_loop_that_takes_sigterm_checkpoints_where_the_program_started_the_fork_server(
+    tmp_path: Path,
+) -> None:
+    """multiprocessing's fork server, started by the program itself (an earlier Pool here),
+    died of the group's SIGTERM, and the workers it had forked then ended (their parent gone):
+    "DataLoader worker (pid(s) ...) exited unexpectedly", and no state was saved. The workers
+    now come from a fork server of the loader's own, which leaves both signals to the loop."""
+    env = {"START": "forkserver", "OWN_HANDLER": "SIGTERM", "PROGRAM_FORKSERVER": "1"}
+    _checkpoints_and_resumes_exactly(tmp_path, _at_once, signal.SIGTERM, **env)
+
+
+def _checkpoints_and_resumes_exactly(
+    tmp_path: Path, ready: Callable[[int], bool], signum: int, **env: str
+) -> None:
+    """`signalled_job` run with ``env``, sent ``signum`` once ``ready``: it checkpoints, leaves
+    no process, and its state resumes where it stopped."""
+    saved = tmp_path / "saved.json"
+    group, out, err = interrupt_group(JOB, ready, signum, SAVED=str(saved), **env)
     assert out == "checkpointed\n" and err == "", err
     assert group_ended(group), "a worker outlived the loop"
 
@@ -55,6 +77,39 @@ def test_a_loop_that_takes_the_signal_itself_checkpoints_and_resumes_exactly(
     resumed = DataLoader(pipeline())
     resumed.load_state_dict(job["state"])
     assert [b["input_ids"].tolist() for b in islice(resumed, 6)] == expected[count:]
+
+
+_A_POOL_AFTER_THE_LOADER = """
+import multiprocessing, time
+from itertools import islice
+
+from tests.integration.signalled_job import pipeline
+from zephon_torch.torch import DataLoader
+
+if __name__ == "__main__":
+    loader = DataLoader(pipeline(), num_workers=2, multiprocessing_context="forkserver")
+    print(len(list(islice(loader, 4))), flush=True)
+    own = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(300,))
+    own.start()
+    own.terminate()  # as a Pool's at the end of its `with` block
+    own.join(20)
+    print(own.exitcode, flush=True)
+    own.kill()
+"""
+
+
+def test_the_program_s_own_fork_server_processes_after_the_loader_s_take_sigterm(
+    tmp_path: Path,
+) -> None:
+    """The loader started multiprocessing's fork server with SIGINT and SIGTERM blocked, which
+    every process the program started from it later inherited: one of the program's own ignored
+    its terminate() (a Pool's at the end of its `with` block, whose join then waited for ever).
+    """
+    script = tmp_path / "pool_after.py"
+    script.write_text(_A_POOL_AFTER_THE_LOADER)
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = run_group([sys.executable, str(script)], env=environment, timeout=90)
+    assert done.returncode == 0 and done.stdout == "4\n-15\n", done.stderr
 
 
 def _stalled(folder: Path) -> bool:

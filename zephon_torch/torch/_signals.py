@@ -6,12 +6,19 @@ checkpoint then raised "DataLoader worker exited unexpectedly". Here a worker st
 blocked, ignores SIGINT and keeps SIGTERM blocked: one thread takes SIGTERM and ends the worker
 only where the main process sent it (torch's ``terminate()``, at shutdown or at exit), as torch's
 own handler does, and ends it within a second of its parent's death. Needs ``sigtimedwait``
-(Linux; not macOS, whose workers keep torch's handling).
+(Linux; not macOS, whose workers keep torch's handling). Under forkserver the workers come from a
+fork server of the loader's own, started with both blocked, as its children start.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing.context
+import multiprocessing.forkserver
+import multiprocessing.popen_forkserver
+import multiprocessing.reduction
+import multiprocessing.spawn
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -81,6 +88,47 @@ class _Spawn(_LeavingSignals, multiprocessing.context.SpawnProcess):
 
 class _ForkServer(_LeavingSignals, multiprocessing.context.ForkServerProcess):
     _direct = False
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _ForkServerPopen(process_obj)
+
+
+# The loader's fork server, not multiprocessing's: one the program started itself (an earlier
+# Pool, a plain DataLoader) took the group's SIGTERM, and its children, the workers, then ended
+# (their parent gone); one the loader started held both signals blocked in every process the
+# program forked from it later (a Pool of its own, whose terminate() then waited for ever)
+_SERVER = multiprocessing.forkserver.ForkServer()
+
+
+class _ForkServerPopen(multiprocessing.popen_forkserver.Popen):
+    """multiprocessing's start of a process by a fork server, from `_SERVER` (its ``_launch``
+    with `_SERVER` for the module's server)."""
+
+    def _launch(self, process_obj: Any) -> None:
+        preload = getattr(multiprocessing.forkserver._forkserver, "_preload_modules", None)
+        if preload is not None:  # the program's `set_forkserver_preload`, for a server to start
+            _SERVER.set_forkserver_preload(preload)
+        prep_data = multiprocessing.spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        multiprocessing.context.set_spawning_popen(self)
+        try:
+            multiprocessing.reduction.dump(prep_data, buf)
+            multiprocessing.reduction.dump(process_obj, buf)
+        finally:
+            multiprocessing.context.set_spawning_popen(None)
+        self.sentinel, w = _SERVER.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
+        # the child's sentinel of its parent: a duplicate of the data pipe's write end
+        parent_w = os.dup(w)
+        self.finalizer = multiprocessing.util.Finalize(self, _close, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 class _ForkContext(multiprocessing.context.ForkContext):
