@@ -102,28 +102,36 @@ _SERVER = multiprocessing.forkserver.ForkServer()
 
 
 class _ForkServerPopen(multiprocessing.popen_forkserver.Popen):
-    """multiprocessing's start of a process by a fork server, from `_SERVER` (its ``_launch``
-    with `_SERVER` for the module's server)."""
+    """A worker started by `_SERVER` in multiprocessing's fork-server protocol: the child's
+    preparation data and the process, pickled with this start as the spawning one (which
+    gathers the descriptors they hold in ``_fds``), go down a new connection whose other end
+    answers the child's pid, and later its exit code."""
 
     def _launch(self, process_obj: Any) -> None:
-        preload = getattr(multiprocessing.forkserver._forkserver, "_preload_modules", None)
-        if preload is not None:  # the program's `set_forkserver_preload`, for a server to start
-            _SERVER.set_forkserver_preload(preload)
-        prep_data = multiprocessing.spawn.get_preparation_data(process_obj._name)
-        buf = io.BytesIO()
-        multiprocessing.context.set_spawning_popen(self)
-        try:
-            multiprocessing.reduction.dump(prep_data, buf)
-            multiprocessing.reduction.dump(process_obj, buf)
-        finally:
-            multiprocessing.context.set_spawning_popen(None)
-        self.sentinel, w = _SERVER.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
-        # the child's sentinel of its parent: a duplicate of the data pipe's write end
-        parent_w = os.dup(w)
-        self.finalizer = multiprocessing.util.Finalize(self, _close, (parent_w, self.sentinel))
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
+        program = getattr(multiprocessing.forkserver._forkserver, "_preload_modules", None)
+        if program is not None:  # the program's `set_forkserver_preload`, for a server to start
+            _SERVER.set_forkserver_preload(program)
+        payload = _for_the_child(self, process_obj)
+        self.sentinel, data = _SERVER.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
+        # the child takes its parent for alive while a copy of the data end stays open here
+        kept = os.dup(data)
+        self.finalizer = multiprocessing.util.Finalize(self, _close, (kept, self.sentinel))
+        with open(data, "wb") as sent:
+            sent.write(payload)
         self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+
+
+def _for_the_child(popen: Any, process_obj: Any) -> bytes:
+    """What a fork server's child reads: its preparation data, then the process object."""
+    preparation = multiprocessing.spawn.get_preparation_data(process_obj._name)
+    out = io.BytesIO()
+    multiprocessing.context.set_spawning_popen(popen)
+    try:
+        for part in (preparation, process_obj):
+            multiprocessing.reduction.dump(part, out)
+    finally:
+        multiprocessing.context.set_spawning_popen(None)
+    return out.getvalue()
 
 
 def _close(*fds: int) -> None:
