@@ -177,6 +177,23 @@ def test_a_lambda_in_a_pipeline_for_spawned_workers_is_a_config_error_saying_so(
     assert take(DataLoader(pipeline, num_workers=1, multiprocessing_context="fork"), 1)
 
 
+def test_forkserver_workers_come_from_the_loader_s_own_server_with_the_same_batches(
+    tokenizer: Any,
+) -> None:
+    """Forkserver workers are started by a fork server of the loader's (see torch/_signals.py),
+    not multiprocessing's, which stays the program's to start; the batches are those of fork."""
+    import multiprocessing.forkserver
+
+    from zephon_torch.torch import _signals
+
+    shared = multiprocessing.forkserver._forkserver
+    before = shared._forkserver_pid  # type: ignore[attr-defined]
+    got = take(DataLoader(build(tokenizer), num_workers=2, multiprocessing_context="forkserver"))
+    assert got == take(DataLoader(build(tokenizer), num_workers=0))
+    assert _signals._SERVER._forkserver_pid is not None  # type: ignore[attr-defined]
+    assert shared._forkserver_pid == before  # type: ignore[attr-defined]
+
+
 def test_a_pipeline_given_to_torch_s_own_loader_says_how_to_load_it(tokenizer: Any) -> None:
     """torch's DataLoader takes what is not an IterableDataset for a map-style dataset and
     asked a Pipeline for its length: a bare "object of type 'Pipeline' has no len()"."""
