@@ -30,11 +30,7 @@ from zephon_torch._turn_order import (
 )
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._spawn_main import check_main
-from zephon_torch.torch._arguments import (
-    checked_context,
-    checked_workers,
-    refuse_torch_arguments,
-)
+from zephon_torch.torch._arguments import checked_context, checked_workers, refuse_torch_arguments
 from zephon_torch.torch._signals import leaving_signals
 from zephon_torch.torch._transport import unpack
 from zephon_torch.torch._warnings import WARNINGS_KEY, give
