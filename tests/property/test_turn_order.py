@@ -63,6 +63,15 @@ def test_the_stream_ends_at_the_first_turn_without_tokens_and_keeps_padding_of_l
     assert ended == []  # the items ran out: no turn was cut
 
 
+def test_a_turn_s_held_padding_goes_out_once_before_its_first_tokens() -> None:
+    """Padding waits for its turn's tokens, and goes out once: later batches of the turn with
+    tokens do not repeat it."""
+    items = [(0, 0), (0, 2), (0, 1), (0, 0), (1, 0), (2, 1)]
+    ended: list[tuple[int, int]] = []
+    assert _cut(items, ended=ended) == items[:4]
+    assert ended == [(1, 0)]
+
+
 def test_turns_below_ahead_are_kept_whole_even_without_tokens() -> None:
     items = [(0, 0), (1, 0), (2, 0), (2, 0), (3, 1)]
     assert _cut(items, ahead=2) == [(0, 0), (1, 0)]
@@ -116,3 +125,10 @@ def test_spent_lanes_far_behind_move_up_and_the_turn_in_progress_is_kept(
         assert after is not None and after["done"] and after["pack"] == state["pack"]
         expected = state["turn"] if state["turn"] >= ahead - 1 else ahead
         assert after["turn"] == expected
+
+
+def test_spent_lanes_a_turn_behind_keep_their_turn_and_those_further_behind_move_up() -> None:
+    turns = [5, 4, 3, 2, 5]
+    states = {str(i): {"turn": t, "done": True, "pack": {}} for i, t in enumerate(turns)}
+    moved = skip_spent_turns(states)
+    assert [moved[str(i)]["turn"] for i in range(len(turns))] == [5, 4, 5, 5, 5]  # type: ignore[index]
