@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -168,6 +169,8 @@ def test_best_fit_puts_a_piece_in_the_tightest_open_row() -> None:
     out = rows(node)
     # 6 -> bin A, 7 -> bin B, 3 fits A (4 left) and B (3 left): B is tighter and becomes full
     assert out[0].lengths == [7, 3]
+    # 6 -> A, 6 -> B; 3 fits both as tightly: the first open row takes it
+    assert [r.lengths for r in rows(build([[6, 6, 3]], "best_fit", 10, 3))] == [[6, 3], [6]]
 
 
 @given(
@@ -204,6 +207,44 @@ def test_first_fit_takes_the_first_open_row_that_fits() -> None:
     out = rows(build([[6, 7, 3]], "first_fit", 10, 3))
     # 6 -> A, 7 -> B, 3 fits A (first) though B is tighter
     assert [r.lengths for r in out] == [[6, 3], [7]]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "expected"),
+    [("best_fit", [[7], [6, 4], [5]]), ("first_fit", [[6], [7], [5, 4]])],
+)
+def test_a_piece_that_fits_no_open_row_closes_the_fullest_or_the_oldest(
+    algorithm: str, expected: list[list[int]]
+) -> None:
+    out = rows(build([[6, 7, 5, 4]], algorithm, 10, 2))
+    # 6 -> A, 7 -> B; 5 fits neither and both rows are open: best_fit closes the fullest (B),
+    # first_fit the oldest (A), and 5 opens row C; 4 then fits A and C (best_fit: A, the
+    # tighter) or only C (first_fit: B holds 7)
+    assert [r.lengths for r in out] == expected
+
+
+def test_best_fit_wrap_cuts_into_the_roomiest_row_and_puts_the_rest_where_it_fits() -> None:
+    out = rows(build([[5, 6, 7]], "best_fit_wrap", 10, 2))
+    # 5 -> A (5 left), 6 -> B (4 left); 7 fits neither: its first 5 fill A, the roomiest, and
+    # its last 2 go to B, where they fit, not to a new row
+    assert [r.lengths for r in out] == [[5, 5], [6, 2]]
+    # a single token of room is filled too, not closed with padding
+    assert [r.lengths for r in rows(build([[9, 3]], "best_fit_wrap", 10, 1))] == [[9, 1], [2]]
+
+
+@given(
+    sources=lengths_st,
+    max_length=st.integers(1, 32),
+    algorithm=st.sampled_from(["best_fit", "first_fit", "best_fit_wrap"]),
+    bins=st.integers(1, 4),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_bin_packer_never_holds_more_than_num_bins_open_rows(
+    sources: list[list[int]], max_length: int, algorithm: str, bins: int
+) -> None:
+    node = build(sources, algorithm, max_length, bins)
+    for _ in node:
+        assert len(node.packer.get_state()["bins"]) <= bins
 
 
 def test_long_and_short_documents_are_dropped_and_counted_when_asked() -> None:
