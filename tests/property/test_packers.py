@@ -300,3 +300,16 @@ def test_a_bin_packer_s_written_state_at_a_random_cut_resumes_exactly(
     restored.reset(state)
     counts_match(restored)
     assert [r.tokens.tolist() for r in rows(restored)] == full[cut:]
+
+
+def test_a_state_holding_a_closed_row_not_yet_emitted_resumes_with_it() -> None:
+    # 5 -> A, 7 -> B; 8 fits neither: its first 5 fill A and its last 3 fill B, so two rows
+    # close at once, and the state after the first holds the second, closed but not emitted
+    first = build([[5, 7, 8]], "best_fit_wrap", 10, 2)
+    assert next(iter(first)).lengths == [5, 5]
+    state = json.loads(json.dumps(first.get_state()))
+    assert state["packer"]["ready"] and not state["packer"]["bins"]
+    state["packer"] = unpack_rows(json.loads(json.dumps(pack_rows(state["packer"]))))
+    restored = build([[5, 7, 8]], "best_fit_wrap", 10, 2)
+    restored.reset(state)
+    assert [r.lengths for r in rows(restored)] == [[7, 3]]
