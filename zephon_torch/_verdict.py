@@ -14,10 +14,9 @@ step to compare or only the reference ran, else IDENTICAL (0); errors of the set
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, cannot_pickle
 
 EXIT_IDENTICAL = 0
 EXIT_DIVERGES = 1
@@ -56,11 +55,9 @@ def is_setup_error(error: BaseException) -> bool:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(
-            current, ConfigError | ImportError | pickle.PicklingError | OSError | MemoryError
-        ):
+        if isinstance(current, ConfigError | ImportError | OSError | MemoryError):
             return True
-        if isinstance(current, AttributeError | TypeError) and "pickle" in str(current):
+        if cannot_pickle(current):  # a lambda or a closure for spawned processes
             return True
         current = current.__cause__
     return False

@@ -245,6 +245,19 @@ def row_fault(error: DataError) -> bool:
     return error.row is not None and not error.shard_wide and error.rows_fault
 
 
+def cannot_pickle(error: BaseException) -> bool:
+    """Whether ``error`` is pickle's refusal of what it cannot send: a ``PicklingError``, or
+    the AttributeError or TypeError it raises for a local function or a lock ("Can't pickle
+    local object", from Python 3.13 "Can't get local object"; "cannot pickle '_thread.lock'
+    object"), which name no pickling in 3.13's words."""
+    if isinstance(error, pickle.PicklingError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, AttributeError | TypeError) and (
+        "pickle" in text or "local object" in text
+    )
+
+
 # a URL query value that is a credential: an OAuth token (gcsfs asks Google's tokeninfo with
 # `?access_token=`), an Azure SAS signature, a signed URL's parts
 _SECRET_QUERY = re.compile(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_progress import FakeTerminal
+from zephon_torch._verdict import is_setup_error
 from zephon_torch.errors import ConfigError
 from zephon_torch.verify import Run, load_recipe, standard_run, table, verdict, verify
 
@@ -455,6 +457,26 @@ def test_a_configuration_that_cannot_run_is_reported_as_failed_to_run_not_diverg
     assert "zephon W=1 loader workers=2 fault@1 -> W=2: FAILED TO RUN" in text
     assert "verdict: INCOMPLETE: 2 of 5 configurations failed to run" in text
     assert "DIVERGES" not in text
+
+
+def test_pickle_s_refusal_of_a_local_function_is_a_setup_error_in_every_python_s_words() -> None:
+    """Python 3.13 words pickle's refusal of a local function "Can't get local object" (3.11
+    and 3.12: "Can't pickle local object"): there, a recipe with a closure that spawned workers
+    could not receive read DIVERGES, and the DataLoader raised pickle's bare AttributeError."""
+
+    def local() -> None:
+        pass
+
+    with pytest.raises(AttributeError) as caught:
+        pickle.dumps(local)
+    assert is_setup_error(caught.value)
+    for words in (
+        "Can't pickle local object 'f.<locals>.g'",
+        "Can't get local object 'f.<locals>.g'",
+    ):
+        assert is_setup_error(AttributeError(words))
+    assert is_setup_error(TypeError("cannot pickle '_thread.lock' object"))
+    assert not is_setup_error(AttributeError("'NoneType' object has no attribute 'text'"))
 
 
 OS_ERROR_IN_WORKERS = """

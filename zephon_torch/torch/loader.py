@@ -28,7 +28,7 @@ from zephon_torch._turn_order import (
     skip_spent_turns,
     spent_at,
 )
-from zephon_torch.errors import ConfigError
+from zephon_torch.errors import ConfigError, cannot_pickle
 from zephon_torch.ops._spawn_main import check_main
 from zephon_torch.torch._arguments import checked_context, checked_workers, refuse_torch_arguments
 from zephon_torch.torch._signals import leaving_signals
@@ -244,7 +244,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         try:
             return super().__iter__()
         except (pickle.PicklingError, AttributeError, TypeError) as error:
-            if "pickle" not in str(error).lower():
+            if not cannot_pickle(error):
                 raise
             raise ConfigError(
                 f"{workers} get the pipeline pickled, and it holds what cannot be (use "
