@@ -7,18 +7,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+# Writers for test fixtures only: their declared dependencies would pull torchvision,
+# numpy<2.2 and transformers<5, so they are installed without them.
+FIXTURE_WRITERS := litdata==0.2.76 mosaicml-streaming==0.13.0
+# Azurite, Azure's storage emulator, for the az:// tests (with the machine's Node.js)
+AZURITE := npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.35.0
+
+.PHONY: install demo test lint bench clean test-newest
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
-	# Writers for test fixtures only: their declared dependencies would pull torchvision,
-	# numpy<2.2 and transformers<5, so they are installed without them.
-	$(BIN)/python -m pip install -q -c constraints.txt --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0
-	# Azurite, Azure's storage emulator, for the az:// tests (with the machine's Node.js)
-	npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.35.0
+	$(BIN)/python -m pip install -q -c constraints.txt --no-deps $(FIXTURE_WRITERS)
+	$(AZURITE)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,8 +39,28 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The suite on $(PYTHON) with the newest release of every dependency, upgraded at each run in
+# .venv-newest (torch: the newest pip may take; moto kept at constraints.txt's pin; the fixture
+# writers as above). Not part of `make test` nor CI: `PYTHON=python3.13 make test-newest`.
+NEWEST := .venv-newest
+
+$(NEWEST)/bin/python:
+	$(PYTHON) -m venv $(NEWEST)
+
+test-newest: $(NEWEST)/bin/python
+	$(NEWEST)/bin/python -m pip install -q --upgrade pip
+	grep -v '^torch' constraints.txt > $(NEWEST)/constraints.txt
+	$(NEWEST)/bin/python -m pip install -q --upgrade torch
+	$(NEWEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager \
+		-c $(NEWEST)/constraints.txt -e '.[dev]'
+	$(NEWEST)/bin/python -m pip install -q --no-deps $(FIXTURE_WRITERS)
+	test -d .azurite/node_modules || $(AZURITE)
+	$(NEWEST)/bin/python --version
+	$(NEWEST)/bin/python -m pip freeze | grep -iE '^(torch|torchdata|numpy|pyarrow|tokenizers|transformers|huggingface.hub|fsspec|s3fs|gcsfs|adlfs|lightning|vortex-data|zstandard|hypothesis|moto)=='
+	$(NEWEST)/bin/python -m pytest -q -n 2 tests -p no:cacheprovider
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) .azurite .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(NEWEST) .azurite .pytest_cache .mypy_cache .ruff_cache
