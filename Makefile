@@ -57,6 +57,9 @@ test-newest: $(NEWEST)/bin/python
 	test -d .azurite/node_modules || $(AZURITE)
 	$(NEWEST)/bin/python --version
 	$(NEWEST)/bin/python -m pip freeze | grep -iE '^(torch|torchdata|numpy|pyarrow|tokenizers|transformers|huggingface.hub|fsspec|s3fs|gcsfs|adlfs|lightning|vortex-data|zstandard|hypothesis|moto)=='
+	# mypy for the Python it runs on: numpy 2.5's stubs (Python >= 3.12) read as 3.10's fail
+	$(NEWEST)/bin/mypy --python-version $$($(NEWEST)/bin/python -c \
+		'import sys; print("%d.%d" % sys.version_info[:2])')
 	$(NEWEST)/bin/python -m pytest -q -n 2 tests -p no:cacheprovider
 
 bench: $(STAMP)
