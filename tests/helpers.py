@@ -31,6 +31,26 @@ from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
+def _pydoc_text_digest() -> str:
+    import hashlib
+
+    from zephon_torch._corpus import pydoc_prose_documents
+
+    text = json.dumps(pydoc_prose_documents(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# The tests' text and tokenizer come from the running Python's pydoc topics, which each Python
+# release rewrites. A few tests build their scenario from where lanes run out on the text of
+# CPython 3.11.7, the CI Python (a rank a turn behind, lanes spent at given turns): on another
+# release's text the same data runs out elsewhere, and the scenario is not there to test.
+MEASURED_TEXT = "42013c0f9d9218e47180e68fe4c59f86ff121ec06e553b138d89be12def98d52"
+on_measured_text = pytest.mark.skipif(
+    _pydoc_text_digest() != MEASURED_TEXT,
+    reason="its scenario is built on CPython 3.11.7's pydoc topics; this Python's differ",
+)
+
+
 def two_sources(rows_a: int = 60, rows_b: int = 40, *, shard_size: int = 13) -> list[Dataset]:
     """Two in-memory datasets of real prose with different length profiles."""
     a = prose_documents(rows_a, seed=1, max_words=300)

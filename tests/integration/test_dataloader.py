@@ -18,7 +18,7 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from tests.helpers import small_pipeline, two_sources
+from tests.helpers import on_measured_text, small_pipeline, two_sources
 from zephon_torch import ConfigError, DataError, Pipeline, StateMismatchError, merge_states
 from zephon_torch.errors import WorkerTraceback
 from zephon_torch.io import Dataset
@@ -600,6 +600,7 @@ def test_a_stale_loader_iterator_stops_its_workers_at_once(
         next(held[-1])
 
 
+@on_measured_text
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_the_final_states_of_per_rank_loaders_merge(tokenizer: Any, num_workers: int) -> None:
     """A lane whose last micro-batch was full read "not done" in the loader's final state, so

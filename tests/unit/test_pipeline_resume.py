@@ -17,6 +17,7 @@ from tests.helpers import (
     as_lists,
     assert_resumes_at_every_step,
     key,
+    on_measured_text,
     small_pipeline,
     two_sources,
 )
@@ -560,6 +561,7 @@ def test_a_spent_lane_pads_in_step_while_a_lane_of_its_rank_has_data(tokenizer: 
     assert spent_then_padding and all(b.state["done"] for b in spent_then_padding)
 
 
+@on_measured_text
 def test_ranks_a_turn_apart_are_refused_where_spent_lanes_would_hide_it(tokenizer: Any) -> None:
     """Spent lanes were left out of the comparison: rank 0's states of step 8 and rank 1's of
     step 7 merged (lane 0 and lane 3, at the offsets that show it, spent), and a state saved
@@ -587,6 +589,7 @@ def test_ranks_a_turn_apart_are_refused_where_spent_lanes_would_hide_it(tokenize
             _tail(tokenizer, world_size=2, rank=rank).load_state_dict(copy.deepcopy(state))
 
 
+@on_measured_text
 def test_a_rank_whose_lanes_are_all_spent_may_end_turns_before_the_others(tokenizer: Any) -> None:
     """Its stream ended where it had no more data: per-rank pipelines' final states merge and
     load, giving no more data, but the padding that completes the turn in progress."""
@@ -610,6 +613,7 @@ def test_a_rank_whose_lanes_are_all_spent_may_end_turns_before_the_others(tokeni
     assert [(b.lane, b.turn, b.num_tokens) for b in again] == [(2, 26, 0), (3, 26, 0)]
 
 
+@on_measured_text
 def test_a_rank_that_ended_merges_with_a_rank_going_on_at_its_step(tokenizer: Any) -> None:
     """Per-rank pipelines under "stop": rank 1's stream ended at step 16, rank 0 saved at step
     18 with data to come. Merged, the ended rank's spent lanes stayed at turn 16, and loaded on
