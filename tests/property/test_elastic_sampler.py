@@ -192,6 +192,9 @@ def test_a_state_outside_the_epoch_is_refused_and_so_is_a_step_count_past_it() -
     assert set(err.value.mismatches) == {"global_batches", "epoch"}
     with pytest.raises(ConfigError, match=r"`consumed_global_batches` must be in \[0, 8\]"):
         s.state_dict(consumed_global_batches=9)
+    with pytest.raises(ConfigError, match=r"must be in \[0, 8\] \(the global .* got -1"):
+        s.state_dict(consumed_global_batches=-1)
+    assert s.state_dict(consumed_global_batches=8)["global_batches"] == 8
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,31 @@ def test_a_pass_started_before_a_load_or_a_later_pass_is_stale() -> None:
     assert list(s) == _epoch(1)
 
 
+def test_a_pass_begun_before_a_load_and_a_change_of_epoch_is_stale() -> None:
+    """Every move of the position makes older passes stale, however many moves there were."""
+    s = sampler()
+    old = iter(s)
+    next(old)
+    s.load_state_dict(s.state_dict(consumed_global_batches=2))
+    s.set_epoch(5)
+    with pytest.raises(RuntimeError, match="stale"):
+        next(old)
+    assert list(s) == _epoch(5)
+
+
+def test_a_new_pass_that_has_not_drawn_is_the_state_at_once() -> None:
+    """A StatefulDataLoader snapshots the sampler as it makes an iterator: the new pass's
+    start, not what a discarded pass had drawn."""
+    s = sampler()
+    discarded = iter(s)
+    for _ in range(8):  # two shares: global batches 0 and 1
+        next(discarded)
+    assert s.state_dict()["global_batches"] == 2
+    fresh = iter(s)
+    assert s.state_dict()["global_batches"] == 0
+    assert list(fresh) == _epoch(0)
+
+
 def test_a_stale_pass_leaves_the_position_of_the_newest_alone() -> None:
     """A stale pass raises at its first index as at any other, before it touches the sampler:
     the newest pass's count of consumed global batches stays."""
