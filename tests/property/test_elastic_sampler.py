@@ -190,6 +190,8 @@ def test_a_state_outside_the_epoch_is_refused_and_so_is_a_step_count_past_it() -
     with pytest.raises(StateMismatchError) as err:
         s.load_state_dict(s.state_dict() | {"global_batches": 9, "epoch": -1})
     assert set(err.value.mismatches) == {"global_batches", "epoch"}
+    with pytest.raises(StateMismatchError, match="global_batches"):
+        s.load_state_dict(s.state_dict() | {"global_batches": -1})
     with pytest.raises(ConfigError, match=r"`consumed_global_batches` must be in \[0, 8\]"):
         s.state_dict(consumed_global_batches=9)
     with pytest.raises(ConfigError, match=r"must be in \[0, 8\] \(the global .* got -1"):
