@@ -120,6 +120,8 @@ def test_a_state_out_of_step_is_refused_naming_its_turns_and_the_world_sizes_it_
     one_ahead = {"0": lane(2), "1": lane(1), "2": lane(2), "3": lane(1)}
     with pytest.raises(StateMismatchError, match=r"it is in step on: \[1, 2\]"):
         check_in_step(one_ahead, canonical_replicas=4, world_size=4)
+    with pytest.raises(StateMismatchError, match=r"it is in step on: \[1\]\)"):
+        check_in_step({"0": lane(2), "1": lane(1)}, canonical_replicas=2, world_size=2)
 
 
 def test_a_rank_whose_lanes_are_all_spent_is_not_compared_and_a_missing_lane_is_not_begun() -> None:
