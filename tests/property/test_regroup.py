@@ -66,3 +66,14 @@ def test_lanes_not_begun_and_the_size_in_an_older_fingerprint_are_regrouped_too(
     out = regroup(state, size)
     assert out["lanes"] == {"0": None, "1": None} and out["step"] == 0
     assert "microbatch_size" not in out["fingerprint"] and out["microbatch_size"] == size
+
+
+def test_a_lane_whose_rows_do_not_divide_is_refused_where_the_step_s_rows_do() -> None:
+    """Lanes mid-step at turns 3 and 2 of 2 rows: 6 and 4 rows, the step's 4. In micro-batches
+    of 4 the step divides and lane 0 does not; the sizes offered divide every lane's rows."""
+    state = _state(2, [3, 2])
+    with pytest.raises(StateMismatchError) as caught:
+        regroup(state, 4)
+    saved, expected = caught.value.mismatches["microbatch_size"]
+    assert saved == "2, rows a lane so far: lane 0: 6"
+    assert "micro-batch sizes that divide them: [1, 2] (" in expected
