@@ -32,7 +32,8 @@ from zephon_torch.io._rows import (
     utf8_name,
 )
 
-VORTEX_HINT = "pip install 'zephon-torch[vortex]'"
+# vortex-data is built for Python 3.11 and newer only: on 3.10 pip finds no `[vortex]` to install
+VORTEX_HINT = "pip install 'zephon-torch[vortex]' (vortex-data needs Python 3.11 or newer)"
 
 
 def vortex_module() -> ModuleType:

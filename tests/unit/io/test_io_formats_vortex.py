@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,17 @@ def test_format_vortex_reads_a_file_whatever_its_name(vortex_dir: Path, tmp_path
     odd.write_bytes((vortex_dir / "b.vortex").read_bytes())
     dataset = Dataset.from_path("v", odd, format="vortex")
     assert dataset.read_rows(0, [0])[0]["id"] == 300
+
+
+def test_without_vortex_data_opening_a_vortex_file_names_the_extra_and_its_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vortex-data is built for Python 3.11 and newer only, so on 3.10 pip cannot install
+    `[vortex]`: the hint names that, where it named the extra alone."""
+    monkeypatch.setitem(sys.modules, "vortex", None)  # as where vortex-data is not installed
+    (tmp_path / "a.vortex").write_bytes(b"not read")
+    with pytest.raises(ImportError, match=r"zephon-torch\[vortex\]'.*Python 3\.11 or newer"):
+        Dataset.from_path("v", tmp_path)
 
 
 def test_a_projection_reads_only_the_requested_columns(vortex_dir: Path) -> None:
