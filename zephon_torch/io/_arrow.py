@@ -60,6 +60,14 @@ class TokenColumn:
         return self.values[self.offsets[row] : self.offsets[row + 1]]
 
 
+# the list-view layouts came with pyarrow 16: pyarrow 15 (the lowest supported) has none to test
+_LIST_VIEWS = tuple(
+    check
+    for check in (getattr(pa.types, name, None) for name in ("is_list_view", "is_large_list_view"))
+    if check is not None
+)
+
+
 def is_integer_list(kind: pa.DataType) -> bool:
     """Whether an Arrow type is a list (any layout) of integers, or of nulls: what a writer
     infers for a column of empty lists alone (a shard of empty documents) without a type."""
@@ -67,8 +75,7 @@ def is_integer_list(kind: pa.DataType) -> bool:
         pa.types.is_list(kind)
         or pa.types.is_large_list(kind)
         or pa.types.is_fixed_size_list(kind)
-        or pa.types.is_list_view(kind)
-        or pa.types.is_large_list_view(kind)
+        or any(is_view(kind) for is_view in _LIST_VIEWS)
     )
     value = kind.value_type if lists else None
     return bool(lists and (pa.types.is_integer(value) or pa.types.is_null(value)))
