@@ -6,6 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make test-oldest`: the suite on the lowest Python and dependency versions the project
+# declares (constraints-oldest.txt), in a virtual environment of its own; not run by CI
+OLDEST_PYTHON ?= python3.10
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed
 
 # Writers for test fixtures only: their declared dependencies would pull torchvision,
 # numpy<2.2 and transformers<5, so they are installed without them.
@@ -13,7 +18,7 @@ FIXTURE_WRITERS := litdata==0.2.76 mosaicml-streaming==0.13.0
 # Azurite, Azure's storage emulator, for the az:// tests (with the machine's Node.js)
 AZURITE := npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.35.0
 
-.PHONY: install demo test lint bench clean test-newest
+.PHONY: install demo test test-oldest test-newest lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +29,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(AZURITE)
 	touch $(STAMP)
 
+$(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
+	$(OLDEST_PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST)/bin/python -m pip install -q -c constraints-oldest.txt 'torch==2.4.*'
+	$(OLDEST)/bin/python -m pip install -q -c constraints-oldest.txt -e '.[dev]'
+	$(OLDEST)/bin/python -m pip install -q -c constraints-oldest.txt --no-deps $(FIXTURE_WRITERS)
+	test -d .azurite/node_modules || $(AZURITE)
+	touch $(OLDEST_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -33,6 +47,9 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n 2 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST)/bin/python -m pytest -q -n 2 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -66,4 +83,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST) .azurite .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) $(NEWEST) .azurite .pytest_cache .mypy_cache .ruff_cache
