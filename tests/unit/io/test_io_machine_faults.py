@@ -74,7 +74,7 @@ def _write(folder: Path, kind: str) -> Path:
         for number in range(2):
             np.save(folder / f"part-{number}.npy", np.arange(10, dtype=np.int32).reshape(2, 5))
     elif kind == "vortex":
-        import vortex
+        vortex = pytest.importorskip("vortex")  # vortex-data: Python 3.11+
 
         folder.mkdir()
         for number in range(2):
