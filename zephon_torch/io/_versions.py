@@ -94,7 +94,9 @@ def _settled(version: str, now: float) -> bool:
         when = email.utils.parsedate_to_datetime(version).timestamp()
     if when is None:
         with contextlib.suppress(ValueError, OverflowError):
-            when = datetime.datetime.fromisoformat(version).timestamp()
+            # Python 3.10's fromisoformat refuses a "Z" for UTC, which 3.11 reads
+            utc = version[:-1] + "+00:00" if version[-1:] in ("Z", "z") else version
+            when = datetime.datetime.fromisoformat(utc).timestamp()
     return when is None or not when.is_integer() or now >= when + SETTLE_S
 
 

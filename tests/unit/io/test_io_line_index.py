@@ -565,3 +565,17 @@ def _count_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(os, "scandir", counted)
     return listed
+
+
+def test_a_recent_whole_second_version_written_with_z_for_utc_is_not_settled() -> None:
+    """A same-size rewrite within such a version's second looks the same: it is not settled
+    until `SETTLE_S` later. Python 3.10 read the "Z" form as no time at all (settled)."""
+    import datetime
+
+    from zephon_torch.io._versions import SETTLE_S, _settled
+
+    when = datetime.datetime(2026, 12, 6, 10, 0, 0, tzinfo=datetime.timezone.utc).timestamp()
+    for version in ("2026-12-06T10:00:00Z", "2026-12-06T10:00:00+00:00"):
+        assert not _settled(version, when + 1)
+        assert _settled(version, when + SETTLE_S)
+    assert _settled("2026-12-06T10:00:00.250Z", when + 1)  # a finer time tells rewrites apart
