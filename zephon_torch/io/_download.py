@@ -261,10 +261,13 @@ def _present(fs: Any, fs_path: str, retry: RetryPolicy) -> bool | None:
 
 def _same(item: CachedObject, info: Mapping[str, Any]) -> bool:
     """Whether ``info`` (with a size) gives ``item``'s size, and its version where both have
-    one."""
+    one. An ETag is the same quoted or not: adlfs 2023.8 and 2024.12 list it bare and give it
+    quoted by ``info`` (every az:// read was "changed since it was listed")."""
     now = identity(item.url, info)
-    listed = listed_version(item)
-    return now.size == item.size and not (listed and now.version and now.version != listed)
+    listed = listed_version(item).strip('"')
+    return now.size == item.size and not (
+        listed and now.version and now.version.strip('"') != listed
+    )
 
 
 class _PastListedSize(Exception):

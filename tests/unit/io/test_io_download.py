@@ -377,3 +377,18 @@ def test_the_rate_floor_is_judged_over_each_window_and_by_a_deadline_of_the_size
     assert not never.overdue()
     with pytest.raises(ConfigError, match="`rate_window` must be more than 0"):
         RetryPolicy(rate_window=0)
+
+
+def test_an_etag_listed_bare_is_the_same_as_the_one_given_quoted() -> None:
+    """adlfs 2023.8 and 2024.12 list an Azure blob's ETag bare and give it quoted through
+    `info`: every az:// download was "changed since it was listed". Another tag still is."""
+    from zephon_torch.io._download import _same
+    from zephon_torch.io._shard_cache import CachedObject
+
+    listed = CachedObject(url="az://b/part-0.jsonl", size=10, version="0x8DC1")
+    assert _same(listed, {"size": 10, "etag": '"0x8DC1"'})
+    assert _same(
+        CachedObject(url="s3://b/k", size=10, version='"abc"'), {"size": 10, "ETag": "abc"}
+    )
+    assert not _same(listed, {"size": 10, "etag": '"0x8DC2"'})
+    assert not _same(listed, {"size": 11, "etag": '"0x8DC1"'})
