@@ -366,7 +366,8 @@ def url_namer(fs: Any, url: str) -> Callable[[str], str]:
     target = getattr(fs, "fs", None) if "::" in url else None  # a caching wrapper's target
     protocol = (target if target is not None else fs).protocol
     protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
-    if scheme not in protocols[1:]:
+    # adlfs before 2024 has the one protocol "abfs", az:// mapped to it by fsspec's registry
+    if not scheme or scheme == protocols[0]:
         return fs.unstrip_protocol  # type: ignore[no-any-return]
 
     def name(path: str) -> str:
