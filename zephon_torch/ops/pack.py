@@ -151,6 +151,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
         # per source, the rows skipped as malformed before one read well, and the first; None
         # once one did (see `_check_bad_start`)
         self._bad_start: list[tuple[int, str] | None] = [(0, "")] * len(readers)
+        self._plain: list[DocumentReader] = []  # each source's reader beneath its filters
         for source, reader in enumerate(readers):
             plain: Any = reader
             while not isinstance(plain, DocumentReader):  # beneath the stateful filters
@@ -160,6 +161,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
                 plain.on_rejected = weakly(self._rejected, source)
                 plain = plain.reader
             plain.on_filtered = weakly(self._dropped, source)
+            self._plain.append(plain)
         # per source, its current token chunk and the documents _admit refuses there
         self._refusals: list[tuple[TokenChunk, list[int]] | None] = [None] * len(readers)
         # documents come as columns: a lone active source's are taken a chunk at a time
@@ -297,10 +299,7 @@ class MixPack(SkipAccounting, WrapBlocks, BaseNode[PackedRow]):
         small source left alone once the others are spent (``exhaustion="stop"``) kept the
         read-ahead of its share of the whole mixture, one chunk in flight at 1%."""
         total = math.fsum(w for w, on in zip(self.weights, self.active, strict=True) if on)
-        for reader, weight, on in zip(self.readers, self.weights, self.active, strict=True):
-            plain: Any = reader
-            while not isinstance(plain, DocumentReader):  # beneath the stateful filters
-                plain = plain.reader
+        for plain, weight, on in zip(self._plain, self.weights, self.active, strict=True):
             if on and total > 0:
                 plain.set_share(weight / total)
 
