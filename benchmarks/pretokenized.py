@@ -16,12 +16,14 @@ per-document work, no shuffling, no state; `memmap, fresh arrays` copies into a 
 batch, as a loader must hand them out (the target is still judged against the baseline). A second
 reference, the piece loop, copies the same documents one Python slice assignment per piece
 (no mixing, no state); another, the shuffled copy, copies them in a random order with one
-`np.concatenate` and one id check a batch (what shuffling costs before any pipeline work); the
+checked copy a batch, as the pipeline copies (what shuffling costs before any pipeline work); the
 batch floor adds what any loader that hands out batch objects with their states pays on top
 (a `Batch`, its layout, a state dict, the delivery counters), documents found by a search in
 their running sums, as a packer working a chunk at a time would; a third, per Parquet
 variant, is pyarrow's decode of the token column alone, the most any Parquet reader built on
-it can deliver on one thread. Token counts must
+it can deliver on one thread. Batches are copied by the
+compiled `zephon_torch._copy` where it is built; `npy, numpy copy` is the `.npy` pipeline with
+numpy's copy instead, as where it is not. Token counts must
 match the baseline's (no EOS is added), else exit code 2. Target: each format at least 0.5 of
 the baseline (best of `--repeats`); a missed target still exits 0. Each repeat's own ratios
 (every side over that repeat's memmap rate) are printed too, as their median and range: they
@@ -64,6 +66,8 @@ from zephon_torch import Pipeline
 from zephon_torch._corpus import cache_dir, demo_corpus, demo_tokenizer
 from zephon_torch._stats import RunCounters
 from zephon_torch.io import Dataset
+from zephon_torch.ops import _copy
+from zephon_torch.ops._copy import fill
 from zephon_torch.ops._row_layout import RowLayout
 from zephon_torch.ops.batch import Batch
 from zephon_torch.work import StaticMixtureWorkSource
@@ -75,6 +79,8 @@ _MDS_SHARD_BYTES = 1 << 24
 _PARQUET_ROW_GROUP = 512
 _MISMATCH_EXIT = 2
 _KINDS = ("npy", "mds", "litdata", "parquet", "parquet_plain")
+_INT32_TOP = 2**31 - 1
+_NUMPY_COPY = "npy, numpy copy"
 _STREAMING_PARENTS = ("streaming", "streaming.base", "streaming.base.format")
 Tokens = npt.NDArray[np.int32]
 
@@ -287,11 +293,34 @@ def piece_loop(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     return tokens
 
 
+def checked_copy(parts: list[npt.NDArray[Any]], batch: npt.NDArray[np.int64]) -> None:
+    """`parts` copied into `batch` and its ids checked below 2**31 as the pipeline copies and
+    checks them: the compiled copy where it is built (`zephon_torch.ops._copy`), else one
+    `np.concatenate` and one maximum over the batch."""
+    flat = batch.reshape(-1)
+    if fill(parts, flat, _INT32_TOP) and np.maximum.reduce(flat.view(np.uint64)) > _INT32_TOP:
+        raise SystemExit("an id out of range")
+
+
+def numpy_copied(run: Callable[[], int]) -> Callable[[], int]:
+    """`run` with batches copied by numpy (`np.concatenate`, then the id check's pass), as
+    where the compiled copy is not built."""
+
+    def wrapped() -> int:
+        held, _copy._native = _copy._native, None
+        try:
+            return run()
+        finally:
+            _copy._native = held
+
+    return wrapped
+
+
 def shuffled_copy(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
     """What any shuffled pipeline pays before its own work: the documents of the `.npy` files,
-    in a seeded random order, copied into [B, S] int64 batches by one `np.concatenate` a batch
-    (documents cut at batch ends), each batch's ids checked by one maximum over it, as the
-    pipeline checks them; no mixing, no state, no objects."""
+    in a seeded random order, copied into [B, S] int64 batches one call a batch (documents cut
+    at batch ends), their ids checked as the pipeline checks them (`checked_copy`); no mixing,
+    no state, no objects."""
     docs: list[npt.NDArray[Any]] = []
     for mapped, bounds in npy_files(root):
         data = mapped.view(np.ndarray)
@@ -307,9 +336,7 @@ def shuffled_copy(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
             parts.append(doc[:room])
             doc = doc[room:]
             batch = np.empty(shape, dtype=np.int64)
-            np.concatenate(parts, out=batch.reshape(-1))
-            if np.maximum.reduce(batch.reshape(-1).view(np.uint64)) > np.iinfo(np.int32).max:
-                raise SystemExit("an id out of range")
+            checked_copy(parts, batch)
             tokens += size
             parts, room = [], size
         if len(doc):
@@ -359,9 +386,7 @@ def batch_floor(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
         if tokens < size:
             parts.append(padding[: size - tokens])
         ids = np.empty(shape, dtype=np.int64)
-        np.concatenate(parts, out=ids.reshape(-1))
-        if np.maximum.reduce(ids.reshape(-1).view(np.uint64)) > np.iinfo(np.int32).max:
-            raise SystemExit("an id out of range")
+        checked_copy(parts, ids)
         turn += 1
         begun = first + (cut > 0)  # documents begun: a cut one's rest is the carry
         carry = [[0, 0, first, cut, sizes[first]]] if cut else []
@@ -545,6 +570,11 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         for kind in kinds:
             built = partial(build_pipeline, _dataset(root, kind), args)
             sides.append((kind, lambda b=built: partial(pipeline_tokens, b(), shape)))
+        if _copy.NATIVE:  # the same pipeline where the compiled copy is not built
+            built = partial(build_pipeline, _dataset(root, "npy"), args)
+            sides.append(
+                (_NUMPY_COPY, lambda b=built: numpy_copied(partial(pipeline_tokens, b(), shape)))
+            )
         for name, make in sides:
             tokens, seconds = timed(make())
             if tokens != total:
@@ -574,7 +604,7 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
     print(
         f"{'shuffled copy':<18}{_rate(int(best['shuffled copy']), 1.0)}  ratio "
         f"{best['shuffled copy'] / best['memmap']:.3f}  (documents in a random order, one "
-        "concatenate and one id check a batch: a shuffled pipeline's floor)"
+        "checked copy a batch: a shuffled pipeline's floor)"
     )
     print(
         f"{'batch floor':<18}{_rate(int(best['batch floor']), 1.0)}  ratio "
@@ -596,10 +626,19 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
             f"{kind + ' pipeline':<18}{_rate(int(best[kind]), 1.0)}  ratio {ratio:.3f}  "
             f"target {TARGET_RATIO}: {verdict}; {best[kind] / floor:.2f} of the {what}"
         )
+    if _NUMPY_COPY in best:
+        ratio = best[_NUMPY_COPY] / best["memmap"]
+        print(
+            f"{_NUMPY_COPY:<18}{_rate(int(best[_NUMPY_COPY]), 1.0)}  ratio {ratio:.3f}  "
+            f"(the npy pipeline where zephon_torch._copy is not built; "
+            f"{best['npy'] / best[_NUMPY_COPY]:.2f}x with it)"
+        )
+    else:
+        print("zephon_torch._copy is not built: every side copied by numpy")
     # Best over best pairs each side's luckiest repeat; on a machine whose speed drifts
     # between repeats, a repeat's own ratio is the steadier measure.
     print("paired ratios (each repeat's rate over the same repeat's memmap; median, range):")
-    for name in ["shuffled copy", "batch floor", *kinds]:
+    for name in ["shuffled copy", "batch floor", *kinds, *[n for n in [_NUMPY_COPY] if n in best]]:
         ratios = sorted(paired[name])
         print(f"  {name:<16}{statistics.median(ratios):.3f}  ({ratios[0]:.3f}-{ratios[-1]:.3f})")
     for kind in args.profile:

@@ -17,6 +17,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_flag, state_int
 from zephon_torch.errors import StateMismatchError, ZephonError, flag_setting
+from zephon_torch.ops._copy import NO_CHECK, fill
 from zephon_torch.ops._row_layout import RowLayout
 from zephon_torch.ops._wrap_blocks import RowBlock
 from zephon_torch.ops.pack import MixPack, PackedRow
@@ -160,6 +161,7 @@ class BatchNode(BaseNode[Batch]):
         # sliced, never written: a row's padding, and a batch's rest after its last part
         self._padding = np.full(max_length, pad_id, dtype=np.int64)
         self._padding_all = np.full(microbatch_size * max_length, pad_id, dtype=np.int64)
+        self._top = NO_CHECK if id_check is None else id_check.limit - 1
         # wrap rows of plain documents come as one block per batch (see MixPack.wrap_rows)
         self._blocks = (
             plain and isinstance(source, MixPack) and isinstance(source.packer, WrapPacker)
@@ -282,9 +284,8 @@ class BatchNode(BaseNode[Batch]):
         rest = len(flat) - (tokens if filled is None else filled)
         if rest:
             parts.append(self._padding_all[:rest])
-        np.concatenate(parts, out=flat)
-        if self.id_check is not None:
-            self.id_check.check(ids, parts, owners)
+        if fill(parts, flat, self._top) and self.id_check is not None:
+            self.id_check.check(ids, parts, owners)  # raises naming the document
         batch = Batch(
             input_ids=ids,
             layout=layout,

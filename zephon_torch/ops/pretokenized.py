@@ -2,8 +2,9 @@
 
 Accepts a 1-D integer numpy array (MDS/LitData token columns, ``.npy`` files) or a list of ints
 (JSON, Parquet list columns), kept in its stored integer type. Whether every id lies in
-``[0, 2**31)`` is checked once the ids are in their batch (``IdCheck``): one pass over
-the int64 buffer the batch was just copied into, instead of a second read of each document.
+``[0, 2**31)`` is checked as the ids are copied into their batch (``ops._copy.fill``); where
+numpy copies them, ``IdCheck`` reads the int64 buffer the batch was just copied into once,
+instead of a second read of each document.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ class IdCheck:
         """Raise ``DataError`` naming the document when an id of the batch ``ids`` lies
         outside ``[0, limit)`` (``2**31``, or the ``vocab_size`` given).
 
-        ``ids`` was filled with ``parts`` in order, the i-th owned by ``owners[i]`` (None:
+        Called where ``ops._copy.fill`` found such an id, or did not look. ``ids`` was filled
+        with ``parts`` in order, the i-th owned by ``owners[i]`` (None:
         padding, which comes after the owned parts of its row). Copied into int64, any stored
         id that does not fit int32 (negative, too large, or an unsigned 64-bit id that wrapped
         around) reads above 2**31 - 1 as unsigned: one pass over a buffer still in cache. A

@@ -16,9 +16,20 @@ from tests.helpers import assert_resumes_at_every_step, keys
 from tests.unit.ops.test_stateful_filter import Stateless
 from zephon_torch import DataError, Pipeline
 from zephon_torch.io import Dataset
+from zephon_torch.ops import _copy
 from zephon_torch.ops.pretokenized import with_eos
 from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def copy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches copied by the compiled module (which checks the ids as it copies), or by numpy
+    (``IdCheck`` then reads the batch): the same batches and the same errors."""
+    if request.param == "numpy":
+        monkeypatch.setattr(_copy, "_native", None)
+    else:
+        assert _copy._native is not None, "zephon_torch._copy was not built"
 
 
 def sources(tokenizer: Any) -> list[Dataset]:
@@ -40,6 +51,7 @@ def recipe(datasets: list[Dataset]) -> Pipeline:
     return Pipeline(source).options(canonical_replicas=2)
 
 
+@pytest.mark.usefixtures("copy")
 def test_token_ids_in_a_field_give_the_batches_of_tokenizing_the_text(tokenizer: Any) -> None:
     datasets = sources(tokenizer)
     eos = tokenizer.token_to_id("<|endoftext|>")
@@ -50,6 +62,7 @@ def test_token_ids_in_a_field_give_the_batches_of_tokenizing_the_text(tokenizer:
     assert keys(given) == keys(tokenized)
 
 
+@pytest.mark.usefixtures("copy")
 def test_pretokenized_pipelines_resume_at_every_step(tokenizer: Any) -> None:
     datasets = sources(tokenizer)
     assert_resumes_at_every_step(
@@ -156,6 +169,7 @@ def test_an_inline_runner_raises_bad_ids_where_the_document_is_read() -> None:
     ],
 )
 @pytest.mark.parametrize("how", ["columns", "bins", "mapped"])
+@pytest.mark.usefixtures("copy")
 def test_an_id_outside_int32_is_refused_naming_its_document_on_every_path(
     stored: Any, shown: str, how: str
 ) -> None:
@@ -176,6 +190,7 @@ def test_an_id_outside_int32_is_refused_naming_its_document_on_every_path(
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32, np.int64])
 @pytest.mark.parametrize("how", ["columns", "bins", "mapped"])
+@pytest.mark.usefixtures("copy")
 def test_an_id_past_vocab_size_is_refused_naming_its_document(dtype: Any, how: str) -> None:
     """An id past the model's vocabulary went into batches, to fail in the embedding naming
     no dataset, shard or row (review H, F8). uint8 and uint16 ids, which skip the int32
@@ -222,6 +237,7 @@ def test_eos_and_pad_ids_past_vocab_size_are_config_errors() -> None:
 
 
 @pytest.mark.parametrize("how", ["columns", "bins"])
+@pytest.mark.usefixtures("copy")
 def test_uint16_ids_need_no_check_but_a_wider_document_among_them_is_still_checked(
     how: str,
 ) -> None:

@@ -1,0 +1,112 @@
+"""A batch's copy (``ops._copy.fill``): the compiled one gives exactly numpy's int64 cast of
+every stored integer type, byte order and stride, and says whether an id exceeds the bound
+exactly when one does; bad arguments are refused, not copied past the buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_torch.ops import _copy
+from zephon_torch.ops._copy import NO_CHECK, fill
+
+INTEGERS = ["i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"]
+
+
+def compiled() -> Any:
+    """The compiled module: `make install` builds it, so its absence is a failure here."""
+    from zephon_torch import _copy as module
+
+    return module
+
+
+@st.composite
+def stored_part(draw: st.DrawFn) -> np.ndarray[Any, Any]:
+    """A 1-D integer array as a reader may hand one over: any width and signedness, either
+    byte order, contiguous or a strided (possibly reversed) view."""
+    code = draw(st.sampled_from(INTEGERS))
+    order = draw(st.sampled_from(["=", "<", ">"]))
+    dtype = np.dtype(order + code)
+    info = np.iinfo(dtype)
+    values = draw(st.lists(st.integers(int(info.min), int(info.max)), max_size=40))
+    step = draw(st.sampled_from([1, 1, 2, 3, -1, -2]))
+    base = np.zeros(max(1, len(values) * abs(step)), dtype=dtype)
+    view = base[:: abs(step)][: len(values)] if values else base[:0]
+    view[:] = values
+    return view if step > 0 else view[::-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(stored_part(), max_size=6),
+    top=st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 2**31 - 1, 65535, NO_CHECK])),
+)
+def test_the_compiled_copy_is_numpy_s_cast_and_finds_every_id_above_the_bound(
+    parts: list[np.ndarray[Any, Any]], top: int
+) -> None:
+    expected = np.empty(sum(p.size for p in parts), dtype=np.int64)
+    np.concatenate([*parts, np.zeros(0, np.int64)], out=expected)  # what batches were copied by
+    over = bool(expected.size) and int(expected.view(np.uint64).max()) > top
+    out = np.full(expected.size, -7, dtype=np.int64)
+    native = all(p.dtype.isnative for p in parts)
+    if native:
+        assert compiled().fill(parts, out, top) is over
+        assert out.tolist() == expected.tolist()
+    else:  # byte-swapped values are numpy's to cast
+        with pytest.raises(TypeError, match="does not hold native integers"):
+            compiled().fill(parts, out, top)
+    out[:] = -7
+    # through the wrapper: the compiled copy where it can, numpy's otherwise, same ids
+    said = fill(parts, out, top)
+    assert out.tolist() == expected.tolist()
+    assert said is (over if native else top != NO_CHECK)
+
+
+def test_numpy_s_copy_gives_the_same_ids_and_leaves_the_check_to_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_copy, "_native", None)
+    parts = [np.array([1, 2], np.uint16), np.array([-1], np.int8), np.arange(3, dtype=">i4")]
+    out = np.empty(6, dtype=np.int64)
+    assert fill(parts, out, 10) is True  # not looked at: the caller's IdCheck reads them
+    assert out.tolist() == [1, 2, -1, 0, 1, 2]
+    assert fill(parts, out, NO_CHECK) is False
+
+
+def test_the_compiled_copy_is_built_and_used() -> None:
+    """`make install` builds the module; without it every batch is copied by numpy."""
+    assert compiled().fill([np.array([3], np.int32)], np.empty(1, np.int64), 2) is True
+    assert _copy.NATIVE
+
+
+@pytest.mark.parametrize(
+    ("parts", "out", "error", "message"),
+    [
+        ([np.arange(3)], np.empty(2, np.int64), ValueError, "longer than `out`"),
+        ([np.arange(3)], np.empty(4, np.int64), ValueError, "shorter than `out`"),
+        ([np.arange(4).reshape(2, 2)], np.empty(4, np.int64), ValueError, "not 1-D"),
+        ([np.arange(2)], np.empty(4, np.int64)[::2], ValueError, "contiguous int64"),
+        ([np.arange(2)], np.empty(2, np.int32), ValueError, "contiguous int64"),
+        ([np.arange(2)], np.empty(2, np.uint64), ValueError, "contiguous int64"),
+        ([np.arange(2.0)], np.empty(2, np.int64), TypeError, "part 0 does not hold native"),
+        ([np.arange(2, dtype=bool)], np.empty(2, np.int64), TypeError, "does not hold"),
+        (np.arange(2), np.empty(2, np.int64), ValueError, "part 0 is not 1-D"),
+        (7, np.empty(2, np.int64), TypeError, "must be a sequence"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_written_past_the_buffer(
+    parts: Any, out: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        compiled().fill(parts, out, 0)
+
+
+def test_a_read_only_output_is_refused() -> None:
+    out = np.empty(2, np.int64)
+    out.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):
+        compiled().fill([np.arange(2)], out, 0)

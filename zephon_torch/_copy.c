@@ -1,0 +1,169 @@
+/* zephon_torch._copy: a batch's token ids copied into its int64 buffer, checked on the way.
+ *
+ * fill(parts, out, top) copies the 1-D integer arrays `parts` end to end into `out` (a
+ * C-contiguous int64 buffer exactly as long as all of them), each id converted as numpy's
+ * int64 cast converts it (signed types sign-extended, unsigned ones zero-extended, unsigned
+ * 64-bit ones wrapped), and returns True when any converted id, read as unsigned 64-bit,
+ * exceeds `top`. One pass over the stored ids instead of numpy's concatenate and then a second
+ * pass over the batch to check it (see zephon_torch/ops/_copy.py, which falls back to that).
+ *
+ * A part whose buffer format is not a native-order integer raises TypeError (the caller then
+ * copies with numpy); a part that is not 1-D, or lengths that do not add up to `out`'s,
+ * raise ValueError. The GIL is held: a batch's copy takes microseconds.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* x86-64 with GCC: the copy loops are built for AVX-512, AVX2 and the baseline, the best the
+ * CPU has chosen when the module loads (glibc's ifunc); elsewhere, the compiler's default. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+/* One loop per stored type: `n` ids from `src`, `stride` bytes apart, into `dst`; returns
+ * whether any exceeds `top` as unsigned. Contiguous parts take a loop the compiler
+ * vectorizes. */
+#define COPY_LOOP(NAME, T)                                                                  \
+    CLONES static int NAME(const char *src, Py_ssize_t stride, Py_ssize_t n, int64_t *dst, \
+                           uint64_t top) {                                                  \
+        int over = 0;                                                                       \
+        if (stride == (Py_ssize_t)sizeof(T)) {                                              \
+            const T *p = (const T *)src;                                                    \
+            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+                int64_t v = (int64_t)p[i];                                                  \
+                dst[i] = v;                                                                 \
+                over |= (uint64_t)v > top;                                                  \
+            }                                                                               \
+        } else {                                                                            \
+            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+                T value;                                                                    \
+                memcpy(&value, src + i * stride, sizeof(T));                                \
+                int64_t v = (int64_t)value;                                                 \
+                dst[i] = v;                                                                 \
+                over |= (uint64_t)v > top;                                                  \
+            }                                                                               \
+        }                                                                                   \
+        return over;                                                                        \
+    }
+
+COPY_LOOP(copy_i8, int8_t)
+COPY_LOOP(copy_u8, uint8_t)
+COPY_LOOP(copy_i16, int16_t)
+COPY_LOOP(copy_u16, uint16_t)
+COPY_LOOP(copy_i32, int32_t)
+COPY_LOOP(copy_u32, uint32_t)
+COPY_LOOP(copy_i64, int64_t)
+COPY_LOOP(copy_u64, uint64_t)
+
+typedef int (*copy_fn)(const char *, Py_ssize_t, Py_ssize_t, int64_t *, uint64_t);
+
+/* The loop for a buffer's struct format and item size; NULL for anything but a native-order
+ * integer. */
+static copy_fn loop_for(const char *format, Py_ssize_t itemsize) {
+    char order = format[0];
+    if (order == '@' || order == '=' || order == '<' || order == '>' || order == '!') {
+#if PY_BIG_ENDIAN
+        if (order == '<') return NULL;
+#else
+        if (order == '>' || order == '!') return NULL;
+#endif
+        format++;
+    }
+    if (format[0] == '\0' || format[1] != '\0') return NULL;
+    int is_signed;
+    switch (format[0]) {
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n':
+        is_signed = 1;
+        break;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N':
+        is_signed = 0;
+        break;
+    default:
+        return NULL;
+    }
+    switch (itemsize) {
+    case 1: return is_signed ? copy_i8 : copy_u8;
+    case 2: return is_signed ? copy_i16 : copy_u16;
+    case 4: return is_signed ? copy_i32 : copy_u32;
+    case 8: return is_signed ? copy_i64 : copy_u64;
+    default: return NULL;
+    }
+}
+
+static PyObject *fill(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *parts, *target;
+    Py_buffer out;
+    unsigned long long top;
+    if (!PyArg_ParseTuple(args, "OOK:fill", &parts, &target, &top)) return NULL;
+    if (PyObject_GetBuffer(target, &out, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return NULL;
+    PyObject *seq = NULL;
+    if (out.itemsize != 8 || out.len % 8 != 0 || !PyBuffer_IsContiguous(&out, 'C') ||
+        loop_for(out.format ? out.format : "B", out.itemsize) != copy_i64) {
+        PyErr_SetString(PyExc_ValueError, "fill: `out` must be a contiguous int64 buffer");
+        goto fail;
+    }
+    seq = PySequence_Fast(parts, "fill: `parts` must be a sequence");
+    if (seq == NULL) goto fail;
+    int64_t *dst = (int64_t *)out.buf;
+    Py_ssize_t room = out.len / 8;
+    int over = 0;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_buffer part;
+        if (PyObject_GetBuffer(items[k], &part, PyBUF_STRIDES | PyBUF_FORMAT) < 0) goto fail;
+        copy_fn loop = loop_for(part.format ? part.format : "B", part.itemsize);
+        if (loop == NULL) {
+            PyBuffer_Release(&part);
+            PyErr_Format(PyExc_TypeError, "fill: part %zd does not hold native integers", k);
+            goto fail;
+        }
+        if (part.ndim != 1) {
+            PyBuffer_Release(&part);
+            PyErr_Format(PyExc_ValueError, "fill: part %zd is not 1-D", k);
+            goto fail;
+        }
+        Py_ssize_t n = part.shape[0];
+        if (n > room) {
+            PyBuffer_Release(&part);
+            PyErr_SetString(PyExc_ValueError, "fill: the parts are longer than `out`");
+            goto fail;
+        }
+        over |= loop((const char *)part.buf, part.strides[0], n, dst, (uint64_t)top);
+        PyBuffer_Release(&part);
+        dst += n;
+        room -= n;
+    }
+    if (room != 0) {
+        PyErr_SetString(PyExc_ValueError, "fill: the parts are shorter than `out`");
+        goto fail;
+    }
+    Py_DECREF(seq);
+    PyBuffer_Release(&out);
+    return PyBool_FromLong(over);
+fail:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"fill", fill, METH_VARARGS,
+     "fill(parts, out, top) -> bool: copy the 1-D integer arrays `parts` end to end into the "
+     "contiguous int64 buffer `out`; True when an id, read as unsigned 64-bit, exceeds `top`."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "zephon_torch._copy",
+    "A batch's token ids copied into its int64 buffer and checked in one pass.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__copy(void) { return PyModule_Create(&module); }
