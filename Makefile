@@ -20,7 +20,7 @@ AZURITE := npm install --prefix .azurite --no-audit --no-fund --silent azurite@3
 
 .PHONY: install demo test test-oldest test-newest lint bench clean
 
-$(STAMP): pyproject.toml constraints.txt setup.py zephon_torch/_copy.c
+$(STAMP): pyproject.toml constraints.txt setup.py zephon_torch/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
@@ -83,4 +83,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) $(NEWEST) .azurite .pytest_cache .mypy_cache .ruff_cache build zephon_torch/_copy.*.so
+	rm -rf $(VENV) $(OLDEST) $(NEWEST) .azurite .pytest_cache .mypy_cache .ruff_cache build zephon_torch/_native.*.so

@@ -22,8 +22,8 @@ batch floor adds what any loader that hands out batch objects with their states 
 their running sums, as a packer working a chunk at a time would; a third, per Parquet
 variant, is pyarrow's decode of the token column alone, the most any Parquet reader built on
 it can deliver on one thread. Batches are copied by the
-compiled `zephon_torch._copy` where it is built; `npy, numpy copy` is the `.npy` pipeline with
-numpy's copy instead, as where it is not. Token counts must
+compiled `zephon_torch._native` where it is built; `npy, numpy only` is the `.npy` pipeline with
+numpy in place of its loops, as where it is not. Token counts must
 match the baseline's (no EOS is added), else exit code 2. Target: each format at least 0.5 of
 the baseline (best of `--repeats`); a missed target still exits 0. Each repeat's own ratios
 (every side over that repeat's memmap rate) are printed too, as their median and range: they
@@ -70,7 +70,7 @@ from zephon_torch.ops import _copy
 from zephon_torch.ops._copy import fill
 from zephon_torch.ops._row_layout import RowLayout
 from zephon_torch.ops.batch import Batch
-from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work import StaticMixtureWorkSource, _permutation
 
 TARGET_RATIO = 0.5
 _SHAPE = (8, 2048)  # [B, S]
@@ -80,7 +80,7 @@ _PARQUET_ROW_GROUP = 512
 _MISMATCH_EXIT = 2
 _KINDS = ("npy", "mds", "litdata", "parquet", "parquet_plain")
 _INT32_TOP = 2**31 - 1
-_NUMPY_COPY = "npy, numpy copy"
+_NUMPY_COPY = "npy, numpy only"
 _STREAMING_PARENTS = ("streaming", "streaming.base", "streaming.base.format")
 Tokens = npt.NDArray[np.int32]
 
@@ -295,23 +295,24 @@ def piece_loop(root: pathlib.Path, shape: tuple[int, int] = _SHAPE) -> int:
 
 def checked_copy(parts: list[npt.NDArray[Any]], batch: npt.NDArray[np.int64]) -> None:
     """`parts` copied into `batch` and its ids checked below 2**31 as the pipeline copies and
-    checks them: the compiled copy where it is built (`zephon_torch.ops._copy`), else one
+    checks them: the compiled copy where it is built (`zephon_torch._native`), else one
     `np.concatenate` and one maximum over the batch."""
     flat = batch.reshape(-1)
     if fill(parts, flat, _INT32_TOP) and np.maximum.reduce(flat.view(np.uint64)) > _INT32_TOP:
         raise SystemExit("an id out of range")
 
 
-def numpy_copied(run: Callable[[], int]) -> Callable[[], int]:
-    """`run` with batches copied by numpy (`np.concatenate`, then the id check's pass), as
-    where the compiled copy is not built."""
+def without_native(run: Callable[[], int]) -> Callable[[], int]:
+    """`run` with numpy in place of the compiled loops (the batch's copy and check, the
+    shuffle's permutation), as where `zephon_torch._native` is not built."""
 
     def wrapped() -> int:
-        held, _copy._native = _copy._native, None
+        held = _copy._native, _permutation._native
+        _copy._native = _permutation._native = None
         try:
             return run()
         finally:
-            _copy._native = held
+            _copy._native, _permutation._native = held
 
     return wrapped
 
@@ -570,10 +571,10 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         for kind in kinds:
             built = partial(build_pipeline, _dataset(root, kind), args)
             sides.append((kind, lambda b=built: partial(pipeline_tokens, b(), shape)))
-        if _copy.NATIVE:  # the same pipeline where the compiled copy is not built
+        if _copy._native is not None:  # the same pipeline where the compiled copy is not built
             built = partial(build_pipeline, _dataset(root, "npy"), args)
             sides.append(
-                (_NUMPY_COPY, lambda b=built: numpy_copied(partial(pipeline_tokens, b(), shape)))
+                (_NUMPY_COPY, lambda b=built: without_native(partial(pipeline_tokens, b(), shape)))
             )
         for name, make in sides:
             tokens, seconds = timed(make())
@@ -630,11 +631,11 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         ratio = best[_NUMPY_COPY] / best["memmap"]
         print(
             f"{_NUMPY_COPY:<18}{_rate(int(best[_NUMPY_COPY]), 1.0)}  ratio {ratio:.3f}  "
-            f"(the npy pipeline where zephon_torch._copy is not built; "
+            f"(the npy pipeline where zephon_torch._native is not built; "
             f"{best['npy'] / best[_NUMPY_COPY]:.2f}x with it)"
         )
     else:
-        print("zephon_torch._copy is not built: every side copied by numpy")
+        print("zephon_torch._native is not built: numpy runs every side's loops")
     # Best over best pairs each side's luckiest repeat; on a machine whose speed drifts
     # between repeats, a repeat's own ratio is the steadier measure.
     print("paired ratios (each repeat's rate over the same repeat's memmap; median, range):")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from zephon_torch import Pipeline
 from zephon_torch.io import Dataset
-from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation, pointers
+from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation, _permutation, pointers
 from zephon_torch.work._hashing import stable_key, stable_key_grid, stable_keys
 from zephon_torch.work._permutation import permute, permute_runs
 from zephon_torch.work.pointers import PointerLayout, lane_length
@@ -66,14 +67,56 @@ def reference_span(
     return out
 
 
-@given(n=st.integers(0, 3000), key=st.integers(0, 2**64 - 1), data=st.data())
+def each_walk() -> Iterator[str]:
+    """The compiled walk (``zephon_torch._native``), then numpy's, as where it is not built."""
+    assert _permutation._native is not None, "zephon_torch._native was not built"
+    yield "compiled"
+    held, _permutation._native = _permutation._native, None
+    try:
+        yield "numpy"
+    finally:
+        _permutation._native = held
+
+
+@given(
+    n=st.one_of(st.integers(0, 3000), st.integers(2**62, 2**63 - 1)),
+    key=st.integers(0, 2**64 - 1),
+    data=st.data(),
+)
 @settings(max_examples=150, deadline=None)
 def test_permute_is_the_feistel_network_spelled_out_on_python_ints(
     n: int, key: int, data: st.DataObject
 ) -> None:
     picks = data.draw(st.lists(st.integers(0, n - 1), max_size=30)) if n else []
-    got = permute(np.asarray(picks, dtype=np.int64), n, key).tolist()
-    assert got == [reference_permute(i, n, key) for i in picks]
+    for _ in each_walk():
+        got = permute(np.asarray(picks, dtype=np.int64), n, key).tolist()
+        assert got == [reference_permute(i, n, key) for i in picks]
+
+
+def test_the_compiled_walk_refuses_what_would_never_walk_back_into_range() -> None:
+    from zephon_torch import _native
+
+    params = np.array([[5], [2], [3], [1], [2], [3], [4]], dtype=np.uint64)  # n 5, 4-bit domain
+    values = np.arange(5, dtype=np.uint64)
+    expected = [_permutation._walk(values, params).tolist() for walk in each_walk()]
+    _native.walk(values, params)
+    assert values.tolist() == expected[0] == expected[1]
+    assert sorted(expected[0]) == [0, 1, 2, 3, 4]
+    bad = [
+        (np.array([5], np.uint64), params, "value 0 lies outside"),  # not below n
+        (np.array([1], np.uint64), params.astype(np.int64), "`params` must be"),
+        (np.array([1], np.int64), params, "`values` must be"),
+        (np.array([1, 2, 3], np.uint64), np.repeat(params, 2, axis=1), "`params` must be"),
+        (np.array([1], np.uint64), params[:2], "`params` must be"),
+    ]
+    wide = params.copy()
+    wide[0, 0] = 17  # beyond the 4-bit domain: a cycle of values above n would never end
+    bad.append((np.array([16], np.uint64), wide, "value 0 lies outside"))
+    for values, table, message in bad:
+        with pytest.raises(ValueError, match=message):
+            _native.walk(values, table)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _native.walk(np.arange(4, dtype=np.uint64)[::2], params)
 
 
 runs = st.lists(
@@ -93,19 +136,20 @@ def test_permute_runs_maps_each_run_as_permute_of_its_size_and_key(
 ) -> None:
     """Sizes of one row, a few rows (walks of several steps) and 2**40 rows side by side."""
     index = [p % size for size, _, picks in runs for p in picks]
-    got = permute_runs(
-        np.asarray(index, dtype=np.int64),
-        [len(picks) for _, _, picks in runs],
-        [size for size, _, _ in runs],
-        [key for _, key, _ in runs],
-    ).tolist()
     expected = [reference_permute(p % size, size, key) for size, key, picks in runs for p in picks]
-    assert got == expected
-    singly = [
-        permute(np.asarray([p % size for p in picks], dtype=np.int64), size, key).tolist()
-        for size, key, picks in runs
-    ]
-    assert got == list(itertools.chain.from_iterable(singly))
+    for _ in each_walk():
+        got = permute_runs(
+            np.asarray(index, dtype=np.int64),
+            [len(picks) for _, _, picks in runs],
+            [size for size, _, _ in runs],
+            [key for _, key, _ in runs],
+        ).tolist()
+        assert got == expected
+        singly = [
+            permute(np.asarray([p % size for p in picks], dtype=np.int64), size, key).tolist()
+            for size, key, picks in runs
+        ]
+        assert got == list(itertools.chain.from_iterable(singly))
 
 
 @given(

@@ -17,6 +17,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
+from zephon_torch._compiled import native as _native
 from zephon_torch.work._hashing import mix64_inplace, stable_key, stable_key_grid
 
 _ROUNDS = 4
@@ -59,7 +60,13 @@ def _params(n: int, round_keys: Sequence[int]) -> list[int]:
 
 def _walk(idx: npt.NDArray[np.uint64], params: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     """Encrypt ``idx`` until each entry is inside its range; ``params`` has one column (shared
-    by every entry) or one per entry, rows as ``_params`` gives them."""
+    by every entry) or one per entry, rows as ``_params`` gives them. Compiled where it was
+    built (``zephon_torch._compiled``): numpy takes a dozen calls a round, and the longest
+    walk of a few hundred entries is about ten rounds."""
+    if _native is not None:
+        out = np.array(idx, dtype=np.uint64)  # a copy, walked in place
+        _native.walk(out, np.ascontiguousarray(params, dtype=np.uint64))
+        return out.astype(np.int64)
     out = _encrypt(idx, params)
     todo = np.flatnonzero(out >= params[0])
     shared = params.shape[1] == 1

@@ -29,7 +29,7 @@ def copy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Non
     if request.param == "numpy":
         monkeypatch.setattr(_copy, "_native", None)
     else:
-        assert _copy._native is not None, "zephon_torch._copy was not built"
+        assert _copy._native is not None, "zephon_torch._native was not built"
 
 
 def sources(tokenizer: Any) -> list[Dataset]:

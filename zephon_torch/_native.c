@@ -1,15 +1,21 @@
-/* zephon_torch._copy: a batch's token ids copied into its int64 buffer, checked on the way.
+/* zephon_torch._native: the two loops that numpy runs slowest here, compiled.
  *
- * fill(parts, out, top) copies the 1-D integer arrays `parts` end to end into `out` (a
- * C-contiguous int64 buffer exactly as long as all of them), each id converted as numpy's
- * int64 cast converts it (signed types sign-extended, unsigned ones zero-extended, unsigned
- * 64-bit ones wrapped), and returns True when any converted id, read as unsigned 64-bit,
- * exceeds `top`. One pass over the stored ids instead of numpy's concatenate and then a second
- * pass over the batch to check it (see zephon_torch/ops/_copy.py, which falls back to that).
+ * fill(parts, out, top): a batch's token ids copied into its int64 buffer, checked on the way.
+ * Copies the 1-D integer arrays `parts` end to end into `out` (a C-contiguous int64 buffer
+ * exactly as long as all of them), each id converted as numpy's int64 cast converts it (signed
+ * types sign-extended, unsigned ones zero-extended, unsigned 64-bit ones wrapped), and returns
+ * True when any converted id, read as unsigned 64-bit, exceeds `top`. One pass over the stored
+ * ids instead of numpy's concatenate and then a second pass over the batch to check it (see
+ * zephon_torch/ops/_copy.py, which falls back to that). A part whose buffer format is not a
+ * native-order integer raises TypeError (the caller then copies with numpy); a part that is
+ * not 1-D, or lengths that do not add up to `out`'s, raise ValueError.
  *
- * A part whose buffer format is not a native-order integer raises TypeError (the caller then
- * copies with numpy); a part that is not 1-D, or lengths that do not add up to `out`'s,
- * raise ValueError. The GIL is held: a batch's copy takes microseconds.
+ * walk(values, params): the shuffle's keyed permutation (zephon_torch/work/_permutation.py,
+ * whose numpy version it mirrors operation for operation): each value encrypted by the Feistel
+ * network its column of `params` describes, again until it lies below that column's range,
+ * in place. numpy pays a dozen calls a round for every round of the longest walk.
+ *
+ * The GIL is held: each call takes microseconds.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -153,17 +159,95 @@ fail:
     return NULL;
 }
 
+/* SplitMix64's finaliser (zephon_torch/work/_hashing.py's mix64_inplace). */
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* One pass of the Feistel network: `p` points at a column's rows (n, shift, mask, round keys
+ * ...), `step` entries apart. */
+static inline uint64_t encrypt(uint64_t x, const uint64_t *p, Py_ssize_t step, Py_ssize_t rounds) {
+    uint64_t shift = p[step], mask = p[2 * step];
+    uint64_t left = x >> shift, right = x & mask;
+    for (Py_ssize_t r = 0; r < rounds; r++) {
+        uint64_t scrambled = ((mix64(right ^ p[(3 + r) * step]) & mask) ^ left);
+        left = right;
+        right = scrambled;
+    }
+    return (left << shift) | right;
+}
+
+static PyObject *walk(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *values_obj, *params_obj;
+    if (!PyArg_ParseTuple(args, "OO:walk", &values_obj, &params_obj)) return NULL;
+    Py_buffer values, params;
+    if (PyObject_GetBuffer(values_obj, &values, PyBUF_ND | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(params_obj, &params, PyBUF_ND | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&values);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t count = values.ndim == 1 ? values.shape[0] : -1;
+    Py_ssize_t rows = params.ndim == 2 ? params.shape[0] : 0;
+    Py_ssize_t columns = params.ndim == 2 ? params.shape[1] : 0;
+    if (count < 0 || loop_for(values.format, values.itemsize) != copy_u64) {
+        PyErr_SetString(PyExc_ValueError, "walk: `values` must be a contiguous 1-D uint64 array");
+    } else if (rows < 3 || loop_for(params.format, params.itemsize) != copy_u64 ||
+               (columns != 1 && columns != count)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "walk: `params` must be a contiguous uint64 array of 3 rows and the round "
+                        "keys, one column or one per value");
+    } else {
+        uint64_t *x = (uint64_t *)values.buf;
+        const uint64_t *p = (const uint64_t *)params.buf;
+        Py_ssize_t rounds = rows - 3, step = columns;
+        Py_ssize_t i = 0;
+        for (; i < count; i++) {
+            const uint64_t *column = columns == 1 ? p : p + i;
+            uint64_t n = column[0], shift = column[step], mask = column[2 * step];
+            /* a value outside the domain, or a domain the shift and mask do not cover, would
+             * never walk back below n */
+            if (x[i] >= n || shift == 0 || shift > 32 || mask != (1ULL << shift) - 1 ||
+                (shift < 32 && n > (1ULL << (2 * shift))))
+                break;
+            uint64_t y = x[i];
+            do {
+                y = encrypt(y, column, step, rounds);
+            } while (y >= n);
+            x[i] = y;
+        }
+        if (i < count)
+            PyErr_Format(PyExc_ValueError, "walk: value %zd lies outside its permutation's range", i);
+        else
+            result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&params);
+    PyBuffer_Release(&values);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS,
      "fill(parts, out, top) -> bool: copy the 1-D integer arrays `parts` end to end into the "
      "contiguous int64 buffer `out`; True when an id, read as unsigned 64-bit, exceeds `top`."},
+    {"walk", walk, METH_VARARGS,
+     "walk(values, params): each uint64 value through the keyed permutation its column of "
+     "`params` (n, shift, mask, round keys) describes, in place."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "zephon_torch._copy",
-    "A batch's token ids copied into its int64 buffer and checked in one pass.", -1, methods,
+    PyModuleDef_HEAD_INIT, "zephon_torch._native",
+    "Compiled loops: a batch's checked copy (fill) and the shuffle's permutation (walk).", -1,
+    methods,
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__copy(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
