@@ -46,6 +46,10 @@ def demo_command(args: argparse.Namespace) -> int:
         f"time to first batch: {report.time_to_first_batch:.3f} s; "
         f"state: {report.state_bytes:,} bytes"
     )
+    from zephon_torch._compiled import NATIVE
+
+    built = "built" if NATIVE else "not built (or ZEPHON_TORCH_NO_NATIVE set): numpy runs them"
+    print(f"compiled loops (zephon_torch._native): {built}")
     return 0
 
 

@@ -4,6 +4,9 @@ exactly when one does; bad arguments are refused, not copied past the buffer."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -110,3 +113,20 @@ def test_a_read_only_output_is_refused() -> None:
     out.flags.writeable = False
     with pytest.raises((BufferError, ValueError)):
         compiled().fill([np.arange(2)], out, 0)
+
+
+@pytest.mark.parametrize(("setting", "native"), [(None, True), ("0", True), ("1", False)])
+def test_zephon_torch_no_native_takes_numpy_s_loops(setting: str | None, native: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ZEPHON_TORCH_NO_NATIVE"}
+    if setting is not None:
+        env["ZEPHON_TORCH_NO_NATIVE"] = setting
+    code = (
+        "from zephon_torch._compiled import NATIVE\n"
+        "from zephon_torch.ops import _copy\n"
+        "from zephon_torch.work import _permutation\n"
+        "print(NATIVE, _copy._native is not None, _permutation._native is not None)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [str(native)] * 3
