@@ -367,6 +367,33 @@ def test_index_json_is_read_once_and_the_listing_file_system_is_reused(
     assert len(made) == 1  # the shards came through the file system that listed them
 
 
+def test_narrowed_and_reconfigured_copies_read_through_the_listing_file_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline reads a dataset narrowed to its fields (`reading`), or with its own
+    `io_options`: each copy made a file system of its own at its first read (with s3fs, a
+    client: 0.1-0.2 s of CPU in the middle of the run)."""
+    url = _put(write_mds(tmp_path / "mds", sample_rows(30), COLUMNS, size_limit=1 << 10))
+    made = []
+    original_url_to_fs = fsspec.core.url_to_fs
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        made.append(args[0])
+        return original_url_to_fs(*args, **kw)
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", counted)
+    options = {**_options(tmp_path), "retry": {"attempts": 2}}
+    remote = Dataset.from_path("m", url, io_options=options)
+    assert len(made) == 1
+    local = Dataset.from_path("m", tmp_path / "mds")
+    narrowed = remote.reading(["tokens"], "tokens")
+    retried = remote.with_io_options({"retry": {"attempts": 3}})
+    assert narrowed is not remote and retried is not remote
+    assert _every_row(narrowed) == _every_row(local.reading(["tokens"], "tokens"))
+    assert _every_row(retried) == _every_row(local)
+    assert len(made) == 1
+
+
 @pytest.mark.parametrize(
     "content",
     [
