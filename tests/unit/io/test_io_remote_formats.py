@@ -335,6 +335,19 @@ def test_a_short_read_of_an_npy_offset_is_a_data_error_not_retried(
     assert len([read for read in reads if read[1]]) == 1  # the value, once (headers: from 0)
 
 
+def file_systems_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The URLs each fsspec file system is made for from now on (through `url_to_fs`)."""
+    made: list[str] = []
+    original_url_to_fs = fsspec.core.url_to_fs
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        made.append(args[0])
+        return original_url_to_fs(*args, **kw)
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", counted)
+    return made
+
+
 def test_index_json_is_read_once_and_the_listing_file_system_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -349,14 +362,7 @@ def test_index_json_is_read_once_and_the_listing_file_system_is_reused(
             return _call(self, path, *args, **kw)
 
         monkeypatch.setattr(memory, method, recorded)
-    made = []
-    original_url_to_fs = fsspec.core.url_to_fs
-
-    def counted(*args: Any, **kw: Any) -> Any:
-        made.append(args[0])
-        return original_url_to_fs(*args, **kw)
-
-    monkeypatch.setattr(fsspec.core, "url_to_fs", counted)
+    made = file_systems_made(monkeypatch)
     remote = Dataset.from_path("m", url, io_options=_options(tmp_path))
     assert remote.num_rows == 30
     assert reads == ["index.json"]  # told the format, then went into the cache as it was
@@ -374,14 +380,7 @@ def test_narrowed_and_reconfigured_copies_read_through_the_listing_file_system(
     `io_options`: each copy made a file system of its own at its first read (with s3fs, a
     client: 0.1-0.2 s of CPU in the middle of the run)."""
     url = _put(write_mds(tmp_path / "mds", sample_rows(30), COLUMNS, size_limit=1 << 10))
-    made = []
-    original_url_to_fs = fsspec.core.url_to_fs
-
-    def counted(*args: Any, **kw: Any) -> Any:
-        made.append(args[0])
-        return original_url_to_fs(*args, **kw)
-
-    monkeypatch.setattr(fsspec.core, "url_to_fs", counted)
+    made = file_systems_made(monkeypatch)
     options = {**_options(tmp_path), "retry": {"attempts": 2}}
     remote = Dataset.from_path("m", url, io_options=options)
     assert len(made) == 1
