@@ -119,11 +119,14 @@ static PyObject *fill(PyObject *module, PyObject *args) {
     int64_t *dst = (int64_t *)out.buf;
     Py_ssize_t room = out.len / 8;
     int over = 0;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t k = 0; k < count; k++) {
+    /* A list's items are read one at a time, each held while its buffer is taken: a part's
+     * __buffer__ (Python 3.12) may run code that changes the list. */
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
         Py_buffer part;
-        if (PyObject_GetBuffer(items[k], &part, PyBUF_STRIDES | PyBUF_FORMAT) < 0) goto fail;
+        PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, k));
+        int taken = PyObject_GetBuffer(item, &part, PyBUF_STRIDES | PyBUF_FORMAT);
+        Py_DECREF(item); /* a buffer holds its own reference */
+        if (taken < 0) goto fail;
         copy_fn loop = loop_for(part.format ? part.format : "B", part.itemsize);
         if (loop == NULL) {
             PyBuffer_Release(&part);

@@ -4,6 +4,7 @@ exactly when one does; bad arguments are refused, not copied past the buffer."""
 
 from __future__ import annotations
 
+import array
 import os
 import subprocess
 import sys
@@ -106,6 +107,25 @@ def test_bad_arguments_are_refused_before_anything_is_written_past_the_buffer(
 ) -> None:
     with pytest.raises(error, match=message):
         compiled().fill(parts, out, 0)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="Python classes export buffers from 3.12")
+def test_a_part_that_empties_the_list_as_its_buffer_is_taken_leaves_nothing_read_freed() -> None:
+    """A part's ``__buffer__`` runs Python code: the list of parts it changes is read afresh
+    (an item held from before would be freed, and read after)."""
+    parts: list[Any] = []
+
+    class Emptying:
+        def __buffer__(self, flags: int) -> memoryview:
+            parts.clear()  # the rest of the list, and the list's own array, freed
+            [array.array("q", [9] * 4) for _ in range(1000)]  # and their memory reused
+            return memoryview(array.array("q", [1, 2]))
+
+    parts += [Emptying(), array.array("i", [3, 4])]
+    out = array.array("q", [0] * 4)
+    with pytest.raises(ValueError, match="shorter than `out`"):
+        compiled().fill(parts, out, NO_CHECK)
+    assert out.tolist() == [1, 2, 0, 0]
 
 
 def test_a_read_only_output_is_refused() -> None:
