@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt setup.py zephon_torch/_native.c
 	$(AZURITE)
 	touch $(STAMP)
 
-$(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
+$(OLDEST_STAMP): pyproject.toml constraints-oldest.txt setup.py zephon_torch/_native.c
 	$(OLDEST_PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install -q --upgrade pip
 	$(OLDEST)/bin/python -m pip install -q -c constraints-oldest.txt 'torch==2.4.*'
