@@ -32,15 +32,17 @@
 
 /* One loop per stored type: `n` ids from `src`, `stride` bytes apart, into `dst`; returns
  * whether any exceeds `top` as unsigned. Contiguous parts take a loop the compiler
- * vectorizes. */
+ * vectorizes. Ids are read with memcpy: a part need not be aligned to its type (an MDS
+ * sample's array lies wherever the sample's bytes put it). */
 #define COPY_LOOP(NAME, T)                                                                  \
     CLONES static int NAME(const char *src, Py_ssize_t stride, Py_ssize_t n, int64_t *dst, \
                            uint64_t top) {                                                  \
         int over = 0;                                                                       \
         if (stride == (Py_ssize_t)sizeof(T)) {                                              \
-            const T *p = (const T *)src;                                                    \
             for (Py_ssize_t i = 0; i < n; i++) {                                            \
-                int64_t v = (int64_t)p[i];                                                  \
+                T value;                                                                    \
+                memcpy(&value, src + i * (Py_ssize_t)sizeof(T), sizeof(T));                 \
+                int64_t v = (int64_t)value;                                                 \
                 dst[i] = v;                                                                 \
                 over |= (uint64_t)v > top;                                                  \
             }                                                                               \

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import array
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -126,6 +130,43 @@ def test_a_part_that_empties_the_list_as_its_buffer_is_taken_leaves_nothing_read
     with pytest.raises(ValueError, match="shorter than `out`"):
         compiled().fill(parts, out, NO_CHECK)
     assert out.tolist() == [1, 2, 0, 0]
+
+
+UNALIGNED = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import _native
+raw = np.arange(4096, dtype=np.uint8)
+for code in ["i2", "u2", "i4", "u4", "i8", "u8"]:
+    for offset in range(1, np.dtype(code).itemsize):
+        ids = np.frombuffer(raw, code, count=200, offset=offset)  # as an MDS sample's array
+        parts = [ids, ids[::3], ids[::-1]]
+        out = np.empty(sum(map(len, parts)), np.int64)
+        _native.fill(parts, out, 0)
+        assert out.tolist() == np.concatenate(parts).astype(np.int64).tolist(), code
+"""
+
+
+def test_ids_at_any_address_are_read_without_undefined_behaviour(tmp_path: Path) -> None:
+    """An MDS sample's array lies wherever the sample's bytes put it: its ids are read as
+    bytes, where a load of a misaligned pointer is undefined (the sanitizer aborts on one)."""
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    runtime = ""
+    if shutil.which(cc[0]):
+        ask = [*cc, "-print-file-name=libubsan.so"]
+        runtime = subprocess.run(ask, capture_output=True, text=True, check=False).stdout.strip()
+    if not os.path.isabs(runtime):  # a bare name: the compiler has no sanitizer runtime
+        pytest.skip("needs a C compiler with the undefined behaviour sanitizer")
+    source = Path(_copy.__file__).parents[1] / "_native.c"
+    module = tmp_path / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+    flags = ["-O3", "-fPIC", "-shared", "-fsanitize=undefined", "-fno-sanitize-recover=all"]
+    include = f"-I{sysconfig.get_path('include')}"
+    subprocess.run([*cc, *flags, include, str(source), "-o", str(module)], check=True)
+    env = {**os.environ, "LD_PRELOAD": runtime}
+    run = [sys.executable, "-c", UNALIGNED, str(tmp_path)]
+    done = subprocess.run(run, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_read_only_output_is_refused() -> None:
