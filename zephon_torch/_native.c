@@ -15,7 +15,9 @@
  * network its column of `params` describes, again until it lies below that column's range,
  * in place. numpy pays a dozen calls a round for every round of the longest walk.
  *
- * The GIL is held: each call takes microseconds.
+ * fill holds the GIL (a batch's copy takes microseconds); walk lets it go over more than
+ * WALK_ALONE values (the elastic sampler's whole dataset: about a second for 20 million), not
+ * below, where taking it back could wait on a busy thread for longer than the walk took.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,8 +25,9 @@
 #include <string.h>
 
 /* x86-64 with GCC: the copy loops are built for AVX-512, AVX2 and the baseline, the best the
- * CPU has chosen when the module loads (glibc's ifunc); elsewhere, the compiler's default. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+ * CPU has chosen when the module loads (glibc's ifunc); elsewhere (musl has no ifunc), the
+ * compiler's default. */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CLONES
@@ -106,8 +109,11 @@ static PyObject *fill(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *parts, *target;
     Py_buffer out;
-    unsigned long long top;
-    if (!PyArg_ParseTuple(args, "OOK:fill", &parts, &target, &top)) return NULL;
+    PyObject *top_obj;
+    if (!PyArg_ParseTuple(args, "OOO!:fill", &parts, &target, &PyLong_Type, &top_obj))
+        return NULL;
+    unsigned long long top = PyLong_AsUnsignedLongLong(top_obj);  /* refuses < 0 and >= 2**64 */
+    if (top == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     if (PyObject_GetBuffer(target, &out, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
         return NULL;
     PyObject *seq = NULL;
@@ -187,6 +193,8 @@ static inline uint64_t encrypt(uint64_t x, const uint64_t *p, Py_ssize_t step, P
     return (left << shift) | right;
 }
 
+#define WALK_ALONE 65536
+
 static PyObject *walk(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *values_obj, *params_obj;
@@ -214,6 +222,7 @@ static PyObject *walk(PyObject *module, PyObject *args) {
         const uint64_t *p = (const uint64_t *)params.buf;
         Py_ssize_t rounds = rows - 3, step = columns;
         Py_ssize_t i = 0;
+        PyThreadState *released = count > WALK_ALONE ? PyEval_SaveThread() : NULL;
         for (; i < count; i++) {
             const uint64_t *column = columns == 1 ? p : p + i;
             uint64_t n = column[0], shift = column[step], mask = column[2 * step];
@@ -228,6 +237,7 @@ static PyObject *walk(PyObject *module, PyObject *args) {
             } while (y >= n);
             x[i] = y;
         }
+        if (released != NULL) PyEval_RestoreThread(released);
         if (i < count)
             PyErr_Format(PyExc_ValueError, "walk: value %zd lies outside its permutation's range", i);
         else

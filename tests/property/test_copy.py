@@ -191,3 +191,12 @@ def test_zephon_torch_no_native_takes_numpy_s_loops(setting: str | None, native:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == [str(native)] * 3
+
+
+@pytest.mark.parametrize(("top", "error"), [(-1, OverflowError), (2**64, OverflowError)])
+def test_a_bound_outside_64_bits_is_refused_not_wrapped(top: Any, error: type) -> None:
+    """Parsed as C's unsigned long long, -1 read as no bound and 2**64 as 0."""
+    with pytest.raises(error):
+        compiled().fill([np.arange(2)], np.empty(2, np.int64), top)
+    with pytest.raises(TypeError):
+        compiled().fill([np.arange(2)], np.empty(2, np.int64), 1.5)

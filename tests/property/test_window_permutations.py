@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -291,3 +293,37 @@ def test_a_chunk_over_a_thousand_windows_is_located_without_a_call_a_window(
     span = layout.span(pass_index=0, lane=5, num_lanes=16, start=0, count=1000)
     assert len(set(span.shards.tolist())) == 1000
     assert calls == []
+
+
+def test_a_long_walk_lets_other_threads_run() -> None:
+    """The elastic sampler permutes a whole dataset at once (about a second for 20 million
+    rows): held through it, the GIL stopped every other thread of the process that long."""
+    from zephon_torch import _native
+
+    count, stop = [0], threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        time.sleep(0.05)
+        before, start = count[0], time.perf_counter()
+        time.sleep(0.1)
+        rate = (count[0] - before) / (time.perf_counter() - start)
+        n = 1 << 22
+        values = np.arange(n, dtype=np.uint64)
+        params = np.array([[n], [11], [(1 << 11) - 1], [1], [2], [3], [4]], dtype=np.uint64)
+        before, start = count[0], time.perf_counter()
+        _native.walk(values, params)
+        took = time.perf_counter() - start
+        spun = count[0] - before
+    finally:
+        stop.set()
+        spinner.join()
+    assert sorted(values[:1000].tolist()) != list(range(1000))  # walked
+    assert took > 0.02, "too fast to tell on this machine"
+    # held, the spinner runs a switch interval (5 ms) at most
+    assert spun > 0.25 * rate * took, (spun, rate, took)
