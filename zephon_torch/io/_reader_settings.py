@@ -50,7 +50,7 @@ def with_io_options(
             if sets_cache and format_ == "jsonl":
                 reader = with_jsonl_cache(reader, io_options)
         return reader
-    return reader.with_options(reader.options.merged(io_options))
+    return reader.with_settings(options=reader.options.merged(io_options))
 
 
 def narrowed(

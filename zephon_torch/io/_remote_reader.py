@@ -150,14 +150,11 @@ class RemoteReader(PickledAsSettings):
         if self._cache is not None:
             self._cache.after_fork()
 
-    def with_options(self, options: IoOptions) -> RemoteReader:
-        """A reader of the same shards with other cache and retry settings."""
-        return self.with_settings(options=options)
-
     def with_settings(self, **changes: Any) -> RemoteReader:
-        """As `PickledAsSettings.with_settings`, sharing this reader's file system where the
-        URL and storage options stay: a pipeline narrows its datasets to the fields it reads,
-        and each copy made its own client (an S3 one: 0.1-0.2 s of CPU) at its first read."""
+        """As `PickledAsSettings.with_settings` (other cache and retry `options`, say), sharing
+        this reader's file system where the URL and storage options stay: a pipeline narrows
+        its datasets to the fields it reads, and each copy made its own client (an S3 one:
+        0.1-0.2 s of CPU) at its first read."""
         clone = super().with_settings(**changes)
         if clone.url == self.url and clone.storage_options == self.storage_options:
             clone._fs = self._fs
