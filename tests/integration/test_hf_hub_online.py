@@ -29,6 +29,7 @@ from tests.hf_repos import (
 from tests.hub_server import Hub, serve
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
+from zephon_torch.io._hf import backs_off_listings
 
 pytest.importorskip("huggingface_hub")
 
@@ -284,6 +285,25 @@ def test_online_a_busy_hub_is_retried(tmp_path: Path) -> None:
     with serve(hub) as endpoint:
         result = read_online("hf://org/plain/train", endpoint, tmp_path)
     assert len(result["rows"]) == 500 and hub.fail == {"revision": [], "tree": []}
+
+
+def test_the_listing_is_retried_here_where_huggingface_hub_does_not_back_it_off() -> None:
+    """Before huggingface_hub 2.1 a listing's first page was asked without its backoff, and
+    the listing was asked once here: one 429 failed the open (the test above, on 1.25)."""
+    import inspect
+
+    import huggingface_hub
+    from huggingface_hub.utils import _pagination
+
+    # the first page asked through a plain session.get: no backoff
+    asked_once = "session.get(" in inspect.getsource(_pagination)
+    assert backs_off_listings(huggingface_hub.__version__) == (not asked_once)
+    assert [backs_off_listings(v) for v in ("0.25.2", "2.0.0", "2.1.1", "10.0")] == [
+        False,
+        False,
+        True,
+        True,
+    ]
 
 
 def test_online_a_commit_that_leaves_the_shards_alone_downloads_nothing_again(

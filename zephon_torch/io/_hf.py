@@ -15,6 +15,7 @@ Which files make up a split: see `_hf_splits`.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -55,6 +56,14 @@ def hub() -> Any:
     return huggingface_hub
 
 
+def backs_off_listings(version: str) -> bool:
+    """Whether huggingface_hub at `version` retries a file listing's 429 and 5xx answers
+    itself: from 2.1 (before, its listing's first page was asked once, and a hub answering
+    one 429 there failed the open, the listing not retried here either)."""
+    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+    return (major, minor) >= (2, 1)
+
+
 def list_hf(
     url: str,
     *,
@@ -87,7 +96,8 @@ def list_hf(
         return None
     fs = module.HfFileSystem(**storage_options)
     api = module.HfApi(endpoint=fs.endpoint, token=fs.token)
-    once = replace(retry, attempts=1)
+    # the listings' questions are retried by huggingface_hub's own backoff where it has one
+    once = replace(retry, attempts=1) if backs_off_listings(module.__version__) else retry
     tried = []
     conversions = cache(  # asked for once, and only where a revision is pinned
         partial(
