@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from tests.helpers import small_pipeline, two_sources
+from tests.helpers import on_measured_text, small_pipeline, two_sources
 from zephon_torch.elastic import ElasticDistributedSampler
 from zephon_torch.lightning import PipelineDataModule
 
@@ -387,6 +387,7 @@ def test_a_checkpoint_taken_mid_step_on_several_ranks_is_warned_of(tokenizer: An
         module.state_dict()  # at a step end
 
 
+@on_measured_text
 def test_a_checkpoint_taken_mid_step_where_a_spent_lane_is_ahead_is_warned_of(
     tokenizer: Any,
 ) -> None:
