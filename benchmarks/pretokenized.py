@@ -80,7 +80,7 @@ _PARQUET_ROW_GROUP = 512
 _MISMATCH_EXIT = 2
 _KINDS = ("npy", "mds", "litdata", "parquet", "parquet_plain")
 _INT32_TOP = 2**31 - 1
-_NUMPY_COPY = "npy, numpy only"
+_NUMPY_ONLY = "npy, numpy only"
 _STREAMING_PARENTS = ("streaming", "streaming.base", "streaming.base.format")
 Tokens = npt.NDArray[np.int32]
 
@@ -571,10 +571,10 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
         for kind in kinds:
             built = partial(build_pipeline, _dataset(root, kind), args)
             sides.append((kind, lambda b=built: partial(pipeline_tokens, b(), shape)))
-        if _copy._native is not None:  # the same pipeline where the compiled copy is not built
+        if _copy._native is not None:  # the same pipeline where the compiled loops are not built
             built = partial(build_pipeline, _dataset(root, "npy"), args)
             sides.append(
-                (_NUMPY_COPY, lambda b=built: without_native(partial(pipeline_tokens, b(), shape)))
+                (_NUMPY_ONLY, lambda b=built: without_native(partial(pipeline_tokens, b(), shape)))
             )
         for name, make in sides:
             tokens, seconds = timed(make())
@@ -627,19 +627,20 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
             f"{kind + ' pipeline':<18}{_rate(int(best[kind]), 1.0)}  ratio {ratio:.3f}  "
             f"target {TARGET_RATIO}: {verdict}; {best[kind] / floor:.2f} of the {what}"
         )
-    if _NUMPY_COPY in best:
-        ratio = best[_NUMPY_COPY] / best["memmap"]
+    if _NUMPY_ONLY in best:
+        ratio = best[_NUMPY_ONLY] / best["memmap"]
         print(
-            f"{_NUMPY_COPY:<18}{_rate(int(best[_NUMPY_COPY]), 1.0)}  ratio {ratio:.3f}  "
+            f"{_NUMPY_ONLY:<18}{_rate(int(best[_NUMPY_ONLY]), 1.0)}  ratio {ratio:.3f}  "
             f"(the npy pipeline where zephon_torch._native is not built; "
-            f"{best['npy'] / best[_NUMPY_COPY]:.2f}x with it)"
+            f"{best['npy'] / best[_NUMPY_ONLY]:.2f}x with it)"
         )
     else:
         print("zephon_torch._native is not built: numpy runs every side's loops")
     # Best over best pairs each side's luckiest repeat; on a machine whose speed drifts
     # between repeats, a repeat's own ratio is the steadier measure.
     print("paired ratios (each repeat's rate over the same repeat's memmap; median, range):")
-    for name in ["shuffled copy", "batch floor", *kinds, *[n for n in [_NUMPY_COPY] if n in best]]:
+    numpy_only = [_NUMPY_ONLY] if _NUMPY_ONLY in best else []
+    for name in ["shuffled copy", "batch floor", *kinds, *numpy_only]:
         ratios = sorted(paired[name])
         print(f"  {name:<16}{statistics.median(ratios):.3f}  ({ratios[0]:.3f}-{ratios[-1]:.3f})")
     for kind in args.profile:

@@ -66,7 +66,7 @@ def _walk(idx: npt.NDArray[np.uint64], params: npt.NDArray[np.uint64]) -> npt.ND
     if _native is not None:
         out = np.array(idx, dtype=np.uint64)  # a copy, walked in place
         _native.walk(out, np.ascontiguousarray(params, dtype=np.uint64))
-        return out.astype(np.int64)
+        return out.view(np.int64)  # each below its n, itself below 2**63: the same numbers
     out = _encrypt(idx, params)
     todo = np.flatnonzero(out >= params[0])
     shared = params.shape[1] == 1
