@@ -35,15 +35,18 @@ class TypedViews:
     ) -> list[npt.NDArray[Any]]:
         """For each row, the ``counts[i]`` values of ``dtype`` from byte ``begins[i]`` on; the
         caller has checked that they lie within the buffer."""
-        itemsize = dtype.itemsize
-        shifts = begins % itemsize
-        firsts = (begins - shifts) // itemsize
-        views = [self._view(dtype, shift) for shift in range(itemsize)]
+        shifts, firsts, stops = places(dtype, begins, counts)
+        return self.pieces(dtype, shifts.tolist(), firsts.tolist(), stops.tolist())
+
+    def pieces(
+        self, dtype: np.dtype[Any], shifts: list[int], firsts: list[int], stops: list[int]
+    ) -> list[npt.NDArray[Any]]:
+        """For each row, values ``firsts[i]`` to ``stops[i]`` of the view of ``dtype``
+        shifted by ``shifts[i]`` bytes (see ``places``)."""
+        views = [self._view(dtype, shift) for shift in range(dtype.itemsize)]
         return [
-            views[shift][first : first + count]
-            for shift, first, count in zip(
-                shifts.tolist(), firsts.tolist(), counts.tolist(), strict=True
-            )
+            views[shift][first:stop]
+            for shift, first, stop in zip(shifts, firsts, stops, strict=True)
         ]
 
     def _view(self, dtype: np.dtype[Any], shift: int) -> npt.NDArray[Any]:
@@ -54,3 +57,14 @@ class TypedViews:
             raw = np.frombuffer(self._data, np.uint8)
             found = self._views[key] = raw[shift : shift + usable].view(dtype)
         return found
+
+
+def places(
+    dtype: np.dtype[Any], begins: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Where ``counts[i]`` values of ``dtype`` from byte ``begins[i]`` on lie among the
+    shifted views: each row's byte shift, and its first and end value in that view."""
+    itemsize = dtype.itemsize
+    shifts = begins % itemsize
+    firsts = (begins - shifts) // itemsize
+    return shifts, firsts, firsts + counts

@@ -29,7 +29,7 @@ from zephon_torch.io._hashes import HashMismatch, ShardHashes
 from zephon_torch.io._index import load_index
 from zephon_torch.io._locate import Locate, local_file
 from zephon_torch.io._mapped import check_whole, map_file
-from zephon_torch.io._mds_bulk import BULK_ROWS, one_array, read_arrays
+from zephon_torch.io._mds_bulk import BULK_ROWS, ShardArrays, one_array
 from zephon_torch.io._mds_columns import SUPPORTED, Decoder, array_config, decoder
 from zephon_torch.io._mds_index import shard_entries
 from zephon_torch.io._mds_samples import SampleLayout, columns_disagree, decode_sample
@@ -58,14 +58,25 @@ class _ShardInfo:
 
 @dataclass(frozen=True)
 class _Shard:
-    """A shard's bytes (a memory map or decompressed bytes) and its sample offsets."""
+    """A shard's bytes (a memory map or decompressed bytes) and its sample offsets; its one
+    array column, read in bulk, where the rows keep only that (`one_array`)."""
 
     data: memoryview
     offsets: npt.NDArray[np.int64]
+    layout: SampleLayout
     views: TypedViews = field(init=False, compare=False)
+    arrays: ShardArrays | None = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "views", TypedViews(self.data))
+        views = TypedViews(self.data)
+        object.__setattr__(self, "views", views)
+        spec, layout = self.layout.one_array, self.layout
+        arrays = (
+            None
+            if spec is None
+            else ShardArrays(views, self.offsets, spec, layout.variable, layout.fixed)
+        )
+        object.__setattr__(self, "arrays", arrays)
 
 
 class MdsReader(PickledAsSettings):
@@ -156,7 +167,7 @@ class MdsReader(PickledAsSettings):
                 decode, naming it too.
         """
         info, positions, shard = self._open_rows(path, rows)
-        arrays = self._arrays(info, positions, shard)
+        arrays = self._arrays(positions, shard)
         if arrays is not None:
             name = info.layout.one_array.name  # type: ignore[union-attr]
             return [{name: array} for array in arrays]
@@ -208,7 +219,7 @@ class MdsReader(PickledAsSettings):
         if one is None or one.name != field or one.dtype.kind not in "iu":
             return None
         info, positions, shard = self._open_rows(path, rows)
-        arrays = self._arrays(info, positions, shard)
+        arrays = self._arrays(positions, shard)
         if arrays is None:
             arrays = [row[field] for row in self._decoded(path, info, positions, shard)]
             if any(array.ndim != 1 for array in arrays):
@@ -224,18 +235,14 @@ class MdsReader(PickledAsSettings):
         check_whole(shard.data, dataset=self.dataset, shard=path)
         return info, positions, shard
 
-    def _arrays(
-        self, info: _ShardInfo, positions: npt.NDArray[np.int64], shard: _Shard
-    ) -> list[TokenIds] | None:
+    def _arrays(self, positions: npt.NDArray[np.int64], shard: _Shard) -> list[TokenIds] | None:
         """The rows' one array each, read in bulk; None when the layout has no single array
-        column, the request is short, or a sample needs the per-sample decoder (which names
-        it)."""
-        layout = info.layout
-        if layout.one_array is None or len(positions) < BULK_ROWS:
+        column, the request is short (until the shard's places are found), or a sample needs
+        the per-sample decoder (which names it)."""
+        arrays = shard.arrays
+        if arrays is None or (len(positions) < BULK_ROWS and not arrays.found):
             return None
-        return read_arrays(
-            shard.views, shard.offsets, positions, layout.one_array, layout.variable, layout.fixed
-        )
+        return arrays.read(positions)
 
     def _read_index(self) -> dict[str, _ShardInfo]:
         index = load_index(self.index_path, dataset=self.dataset, locate=self.locate)
@@ -378,7 +385,7 @@ class MdsReader(PickledAsSettings):
                 dataset=self.dataset,
                 shard=path,
             )
-        return _Shard(data=memoryview(data), offsets=offsets)
+        return _Shard(data=memoryview(data), offsets=offsets, layout=info.layout)
 
 
 def _read(path: str, info: _ShardInfo, check: Callable[[Any], None] | None) -> mmap.mmap | bytes:

@@ -475,9 +475,12 @@ def test_a_pickled_dataset_travels_without_its_shards_and_reads_the_same(mds_dir
 
 @pytest.mark.parametrize("damage", ["short_sample", "long_column", "short_shape"])
 def test_a_sample_that_does_not_decode_is_a_data_error_naming_shard_and_row(
-    tmp_path: Path, damage: str
+    tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = write_mds(tmp_path / "mds", sample_rows(6), {"tokens": "ndarray:int32"})
+    """...and the shard's other samples are still read in bulk: its places are then found
+    request by request, each request that avoids the damaged sample in one go."""
+    rows = sample_rows(6)
+    out = write_mds(tmp_path / "mds", rows, {"tokens": "ndarray:int32"})
     shard = out / "shard.00000.mds"
     data = bytearray(shard.read_bytes())
     count = int.from_bytes(data[:4], "little")
@@ -500,6 +503,36 @@ def test_a_sample_that_does_not_decode_is_a_data_error_naming_shard_and_row(
             dataset.read_rows(0, request)
         with pytest.raises(DataError, match=r"shard\.00000\.mds.*row 3.*does not decode"):
             dataset.read_tokens(0, request, "tokens")  # as views of the stored ids
+    monkeypatch.setattr(MdsReader, "_decoded", _refuse_decoding)
+    others = [0, 1, 2, 5] * 10  # short_sample moved row 4's start too
+    arrays = dataset.read_tokens(0, others, "tokens")
+    assert arrays is not None
+    assert [a.tolist() for a in arrays] == [rows[i]["tokens"].tolist() for i in others]
+    with pytest.raises(AssertionError, match="decoded sample by sample"):
+        dataset.read_tokens(0, [0, 1, 2, 5], "tokens")  # short: no bulk read of its own
+
+
+def _refuse_decoding(*_: Any) -> None:
+    raise AssertionError("decoded sample by sample")
+
+
+def test_once_a_shard_is_read_in_bulk_its_short_requests_are_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first request of 32 rows or more finds every sample's array in the shard; from
+    then on a request of any size is read in bulk (a chunk's few rows of a shard, a resumed
+    document), not decoded sample by sample, and gives the same arrays."""
+    rows = sample_rows(40)
+    out = write_mds(tmp_path / "mds", rows, {"text": "str", "tokens": "ndarray:int32"})
+    dataset = Dataset.from_path("m", out, columns=["tokens"])
+    every = dataset.read_tokens(0, list(range(40)), "tokens")
+    assert every is not None
+    monkeypatch.setattr(MdsReader, "_decoded", _refuse_decoding)
+    for request in ([7], [39, 0, 7], [5, 5]):
+        arrays = dataset.read_tokens(0, request, "tokens")
+        assert arrays is not None
+        assert [a.tolist() for a in arrays] == [rows[i]["tokens"].tolist() for i in request]
+        assert all(not a.flags.writeable for a in arrays)
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
@@ -681,10 +714,7 @@ def test_rows_keeping_one_array_beside_variable_columns_are_read_in_bulk(
             writer.write({"text": "x" * i, "tok": np.arange(1 + i % 7, dtype=np.int32), "n": i})
     dataset = Dataset.from_path("m", tmp_path, columns=["tok"])
 
-    def refuse(*_: Any) -> None:
-        raise AssertionError("decoded sample by sample")
-
-    monkeypatch.setattr(MdsReader, "_decoded", refuse)
+    monkeypatch.setattr(MdsReader, "_decoded", _refuse_decoding)
     arrays = dataset.read_tokens(0, list(range(40)), "tok")
     assert arrays is not None
     assert [a.tolist() for a in arrays] == [list(range(1 + i % 7)) for i in range(40)]
