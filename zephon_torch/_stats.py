@@ -39,9 +39,22 @@ class RunCounters:
     count_documents: bool = False  # documents per source too (a mixture of document shares)
 
     def delivered(self, batch: Batch, waited: float, queued: int | None) -> None:
-        """Record one micro-batch handed to the consumer after ``waited`` seconds."""
-        documents = batch.documents_by_source() if self.count_documents else {}
-        self.received(batch.input_ids.shape, batch.tokens_by_source(), documents, waited)
+        """Record one micro-batch handed to the consumer after ``waited`` seconds (as
+        ``received`` does, counted from the batch's layout without a dict a batch: this runs
+        for every batch, and made 5% of a pre-tokenized pipeline's time)."""
+        self._shaped(batch.input_ids.shape, waited)
+        names, layout = batch.source_names, batch.layout
+        if len(names) == 1:  # the usual case, without a list or a zip
+            name = names[0]
+            tokens = self.tokens_by_source
+            tokens[name] = tokens.get(name, 0) + batch.num_tokens
+            if self.count_documents:
+                documents = self.documents_by_source
+                documents[name] = documents.get(name, 0) + layout.documents_by_source(1)[0]
+        else:
+            _add(self.tokens_by_source, names, layout.tokens_by_source(len(names)))
+            if self.count_documents:
+                _add(self.documents_by_source, names, layout.documents_by_source(len(names)))
         if queued is not None:
             self.queue_samples += 1
             self.queue_total += queued
@@ -55,15 +68,22 @@ class RunCounters:
     ) -> None:
         """Record one micro-batch of ``shape`` [rows, width] holding ``tokens`` (and beginning
         ``documents``) per source, which the consumer waited ``waited`` seconds for."""
+        self._shaped(shape, waited)
+        _add(self.tokens_by_source, tokens, tokens.values())
+        _add(self.documents_by_source, documents, documents.values())
+
+    def _shaped(self, shape: tuple[int, ...], waited: float) -> None:
         self.batches += 1
         rows, width = shape
         self.rows += rows
         self.row_capacity += rows * width
-        for name, n in tokens.items():
-            self.tokens_by_source[name] = self.tokens_by_source.get(name, 0) + n
-        for name, n in documents.items():
-            self.documents_by_source[name] = self.documents_by_source.get(name, 0) + n
         self.consumer_waited += waited
+
+
+def _add(counts: dict[str, int], names: Iterable[str], values: Iterable[int]) -> None:
+    """Add ``values`` to ``counts`` under ``names``, in pairs."""
+    for name, n in zip(names, values):
+        counts[name] = counts.get(name, 0) + n
 
 
 def report(
