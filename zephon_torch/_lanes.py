@@ -263,7 +263,8 @@ def deliver(
             counters = RunCounters(count_documents=pipeline._source.mixing == "documents")
             pipeline._runtime, pipeline._counters = runtime, counters
         while True:
-            _check_current(pipeline, iteration)
+            if pipeline._iteration != iteration:  # checked here first: this runs every batch
+                _check_current(pipeline, iteration)
             start = time.perf_counter() if counting else 0.0
             try:
                 batch = next(stream, None)
@@ -276,7 +277,8 @@ def deliver(
                 raise
             # ended meanwhile, ``stream`` may still have made a batch: its state would be
             # recorded over the loaded one
-            _check_current(pipeline, iteration)
+            if pipeline._iteration != iteration:
+                _check_current(pipeline, iteration)
             if batch is None:
                 # each lane's state after the empty turn that ended the stream: spent, so
                 # the per-rank states of a run that ended (ranks turns apart) merge

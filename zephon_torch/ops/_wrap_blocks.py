@@ -128,7 +128,12 @@ class WrapBlocks:
         chunk, i = got
         refused = self._refused(source, chunk)
         count = len(chunk)
-        while i < count and taken < want:
+        if not refused:  # the usual case: one search takes what the chunk gives
+            more, i = self._take(
+                source, chunk, i, count, want - taken, parts, owners, sizes, starts
+            )
+            taken += more
+        while i < count and taken < want:  # documents refused: taken around them
             at = bisect.bisect_left(refused, i)
             stop = refused[at] if at < len(refused) else count  # the next refused document
             if stop > i:  # kept documents i..stop-1: taken by a search, not one by one

@@ -205,8 +205,9 @@ class BatchNode(BaseNode[Batch]):
         size, width = self.microbatch_size, self.max_length
         if self._blocks:
             assert isinstance(self.source, MixPack)
-            block = RowBlock([], [], [], [], [], 0)
-            if not self.done:
+            if self.done:
+                block = RowBlock([], [], [], [], [], 0)
+            else:
                 block = self.source.wrap_rows(size)
                 # as row by row: done once a row was asked for and none came
                 self.done = -(-block.tokens // width) < size

@@ -71,7 +71,7 @@ class TokenChunk:
             self.rows[i],
             None,
             self.tokens[i],
-            error=self.error_of(i),
+            error=self.bad.get(i) if self.bad else None,  # error_of(i), without a call
         )
 
     def error_of(self, i: int) -> str | None:
