@@ -151,35 +151,30 @@ def array_bounds(
     ends = offsets[positions + 1]
 
     def little(at: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.int64]:
-        # little-endian unsigned ints of `width` (1, 2, 4 or 8) bytes at byte offsets `at`,
-        # gathered at once (clipped to the buffer: a sample too short for them is refused
-        # below); 8-byte values of 2**63 or more come out negative
-        gathered = raw[np.minimum(at[:, None] + _STEPS[:width], last)]
+        # little-endian unsigned ints of `width` (1, 2, 4 or 8) bytes at byte offsets `at`
+        # (of any shape), gathered at once, flat (clipped to the buffer: a sample too short
+        # for them is refused below); 8-byte values of 2**63 or more come out negative
+        gathered = raw[np.minimum(at[..., None] + _STEPS[:width], last)]
         values: npt.NDArray[np.int64] = gathered.view(f"<u{width}").reshape(-1).astype(np.int64)
         return values
 
     if (ends - starts < 4 * variable).any():
         return None
+    # each sample's `variable` leading lengths, read at once: [samples, variable]
+    lengths = little(starts[:, None] + 4 * np.arange(variable), 4).reshape(len(starts), variable)
     # every sample is its columns end to end: one the index says more or less of is damaged
     # (an index of another write: each row would lose its last ids, or gain another's)
-    whole = starts + 4 * variable + fixed
-    for place in range(variable):
-        whole = whole + little(starts + 4 * place, 4)
-    if (whole != ends).any():
+    if (starts + 4 * variable + fixed + lengths.sum(axis=1) != ends).any():
         return None
-    column = starts + 4 * variable
-    variable_seen = 0
-    for size in spec.before:
-        if size is None:
-            column = column + little(starts + 4 * variable_seen, 4)
-            variable_seen += 1
-        else:
-            column = column + size
+    before = spec.before
+    earlier = sum(size is None for size in before)  # variable columns before it
+    column = starts + 4 * variable + sum(size or 0 for size in before)
+    column = column + lengths[:, :earlier].sum(axis=1)
     itemsize = spec.dtype.itemsize
     if spec.length_at is None:
         column_end = column + (spec.size or 0)
     else:
-        column_end = column + little(starts + 4 * spec.length_at, 4)
+        column_end = column + lengths[:, spec.length_at]
     if (column_end > ends).any():
         return None
     if spec.count is None:  # a shape header per sample: one byte, then one dimension
@@ -188,12 +183,14 @@ def array_bounds(
         shape_byte = raw[column].astype(np.int64)
         if (shape_byte >> 2 != 1).any():
             return None
-        widths = 1 << (shape_byte & 3)
+        codes = shape_byte & 3
+        widths = 1 << codes
         begin = column + 1 + widths
         counts = np.zeros(len(positions), dtype=np.int64)
-        for width in np.unique(widths).tolist():
-            chosen = widths == width
-            counts[chosen] = little(column[chosen] + 1, width)
+        # the widths present, counted rather than sorted (np.unique was a sixth of the time)
+        for code in np.flatnonzero(np.bincount(codes, minlength=4)).tolist():
+            chosen = codes == code
+            counts[chosen] = little(column[chosen] + 1, 1 << code)
     else:
         begin = column
         counts = np.full(len(positions), spec.count, dtype=np.int64)
