@@ -194,9 +194,14 @@ class WrapBlocks:
             owners += zip(
                 itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
             )
-        if taken < room and last < stop:  # cut: the rest waits as the carry
-            whole_doc = Piece(chunk[last], 0, chunk.sizes[last])
-            taken += _add(self._cut(source, whole_doc, room - taken), parts, owners, sizes, starts)
+        if taken < room and last < stop:  # cut (as `_cut` cuts it): the rest waits as the carry
+            cut = room - taken
+            self.carry[source] = Piece(chunk[last], cut, chunk.sizes[last])
+            parts.append(chunk.tokens[last][:cut])
+            owners.append((source, chunk.shards[last], chunk.rows[last]))
+            sizes.append(cut)
+            starts.append(True)
+            taken = room
             last += 1
         if last > first:
             self.documents[source] += last - first
