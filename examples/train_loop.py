@@ -167,6 +167,9 @@ def main() -> None:
     if args.out and (not distributed or dist.get_rank() == 0):
         Path(args.out).write_text(json.dumps(log))
     if distributed:
+        # every rank leaves together: on torch before about 2.8, a rank destroying its gloo
+        # group while another still finishes its step deadlocked in the group's destructor
+        dist.barrier()
         dist.destroy_process_group()
 
 
