@@ -136,7 +136,8 @@ def test_an_azure_token_request_that_failed_in_transit_is_retried_a_refused_one_
         "tenant",
         "client",
         "secret",
-        authority="127.0.0.1:9",  # nothing listens there
+        authority="https://127.0.0.1:9",  # nothing listens there (a bare host:port parses
+        # as a URL scheme on Python 3.10, which azure-identity refuses)
         disable_instance_discovery=True,
         retry_total=0,
     )
