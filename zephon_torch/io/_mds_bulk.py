@@ -35,6 +35,7 @@ class OneArray:
 # fewer rows are decoded one by one until a shard's places are found (`ShardArrays`): a request
 # of its own costs about as much as decoding 30 rows
 BULK_ROWS = 32
+_FIND_ALL_SHARE = 8  # a shard's places are found at once once an eighth of it was asked for
 _STEPS = np.arange(8, dtype=np.int64)
 
 
@@ -65,14 +66,16 @@ class ShardArrays:
     """``spec``'s column of one shard's samples (which lead with ``variable`` lengths and
     hold ``fixed`` bytes of fixed-size columns), read for a whole request at once.
 
-    Where each sample's array lies is found for every sample of the shard on the first
-    request, with numpy, and kept (9 bytes a sample): a request is then a slice of a typed
-    view a row. Found per request, it cost 3 times the slicing (a pass over MDS shards spent
-    0.54 us a document where `.npy` spent 0.17). A shard holding a sample that is not as the
-    encoding says keeps nothing: its requests are then found one at a time (`read_arrays`),
-    in bulk where they avoid that sample."""
+    Where each sample's array lies is found for every sample of the shard once this process
+    has asked for an eighth of its samples, with numpy, and kept (9 bytes a sample): a request
+    is then a slice of a typed view a row. Found per request, it cost 3 times the slicing (a
+    pass over MDS shards spent 0.54 us a document where `.npy` spent 0.17); found for the
+    whole shard where a process reads few of its rows (one lane of many), it cost far more
+    than the rows read (0.1 us a sample: 32 ms for 300,000, for a lane of 64 reading 4,688).
+    Before that, and for good where the shard holds a sample that is not as the encoding says,
+    each request finds its own (`read_arrays`), in bulk where it avoids that sample."""
 
-    __slots__ = ("_fixed", "_found", "_offsets", "_spec", "_variable", "_views")
+    __slots__ = ("_asked", "_fixed", "_found", "_offsets", "_spec", "_variable", "_views")
 
     def __init__(
         self,
@@ -85,6 +88,7 @@ class ShardArrays:
         self._views, self._offsets, self._spec = views, offsets, spec
         self._variable, self._fixed = variable, fixed
         self._found: tuple[npt.NDArray[Any], ...] | bool | None = None  # False: a bad sample
+        self._asked = 0  # the rows asked for while not found (as threads count them: about)
 
     @property
     def found(self) -> bool:
@@ -96,13 +100,15 @@ class ShardArrays:
         """The arrays at ``positions`` (in range), as read-only views of the shard; None when
         one of them is not as the encoding says (the per-sample decoder then names it)."""
         found = self._found
-        if found is None:  # two threads may both find them: the same places either way
-            found = self._found = self._find_all()
-        if found is False:
+        if found is None:
+            self._asked += len(positions)
+            if self._asked * _FIND_ALL_SHARE >= len(self._offsets) - 1:
+                # two threads may both find them: the same places either way
+                found = self._found = self._find_all()
+        if not isinstance(found, tuple):
             return read_arrays(
                 self._views, self._offsets, positions, self._spec, self._variable, self._fixed
             )
-        assert isinstance(found, tuple)
         shifts, firsts, stops = (column[positions].tolist() for column in found)
         return self._views.pieces(self._spec.dtype, shifts, firsts, stops)
 
