@@ -22,7 +22,7 @@ from zephon_torch.io._views import TypedViews, places
 @dataclass(frozen=True)
 class OneArray:
     """Rows that keep one `ndarray` column of a stated dtype and one dimension (a token
-    column, typically): read for a whole request at once by `read_arrays`."""
+    column, typically): read for a whole request at once by `ShardArrays`."""
 
     name: str
     dtype: np.dtype[Any]
@@ -73,7 +73,7 @@ class ShardArrays:
     whole shard where a process reads few of its rows (one lane of many), it cost far more
     than the rows read (0.1 us a sample: 32 ms for 300,000, for a lane of 64 reading 4,688).
     Before that, and for good where the shard holds a sample that is not as the encoding says,
-    each request finds its own (`read_arrays`), in bulk where it avoids that sample."""
+    each request finds its own (`array_bounds`), in bulk where it avoids that sample."""
 
     __slots__ = ("_asked", "_fixed", "_found", "_offsets", "_spec", "_variable", "_views")
 
@@ -106,9 +106,10 @@ class ShardArrays:
                 # two threads may both find them: the same places either way
                 found = self._found = self._find_all()
         if not isinstance(found, tuple):
-            return read_arrays(
+            bounds = array_bounds(
                 self._views, self._offsets, positions, self._spec, self._variable, self._fixed
             )
+            return None if bounds is None else self._views.slices(self._spec.dtype, *bounds)
         shifts, firsts, stops = (column[positions].tolist() for column in found)
         return self._views.pieces(self._spec.dtype, shifts, firsts, stops)
 
@@ -122,20 +123,6 @@ class ShardArrays:
         shifts, firsts, stops = places(self._spec.dtype, *bounds)
         # a shard's offsets are 4-byte (MDS): its values' places fit in 32 bits
         return shifts.astype(np.uint8), firsts.astype(np.uint32), stops.astype(np.uint32)
-
-
-def read_arrays(
-    views: TypedViews,
-    offsets: npt.NDArray[np.int64],
-    positions: npt.NDArray[np.int64],
-    spec: OneArray,
-    variable: int,
-    fixed: int,
-) -> list[npt.NDArray[Any]] | None:
-    """The arrays of ``spec``'s column at ``positions``, as read-only views of the shard
-    (see ``array_bounds``); None when any of those samples is not as the encoding says."""
-    bounds = array_bounds(views, offsets, positions, spec, variable, fixed)
-    return None if bounds is None else views.slices(spec.dtype, *bounds)
 
 
 def array_bounds(

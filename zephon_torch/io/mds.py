@@ -212,7 +212,7 @@ class MdsReader(PickledAsSettings):
     def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
         """The rows' arrays where rows keep one 1-D integer array column, `field`; else None.
 
-        Read in bulk (see `read_arrays`), else sample by sample (a short request, or a sample
+        Read in bulk (see `ShardArrays`), else sample by sample (a short request, or a sample
         the bulk read does not take: the per-sample decoder names one that does not decode).
         """
         one = self._infos[path].layout.one_array
