@@ -51,6 +51,19 @@ on_measured_text = pytest.mark.skipif(
 )
 
 
+def destroy_process_group() -> None:
+    """`torch.distributed.destroy_process_group()`, after 0.2 s without the GIL on torch before
+    2.8, whose gloo destructor joins a thread that may still wait for the GIL to free the last
+    collective's tensors (see `leave_process_group` in examples/train_loop.py)."""
+    import torch
+    import torch.distributed as dist
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(torch.__version__) < (2, 8):
+        time.sleep(0.2)
+    dist.destroy_process_group()
+
+
 def two_sources(rows_a: int = 60, rows_b: int = 40, *, shard_size: int = 13) -> list[Dataset]:
     """Two in-memory datasets of real prose with different length profiles."""
     a = prose_documents(rows_a, seed=1, max_words=300)

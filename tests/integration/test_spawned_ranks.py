@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import torch.utils.data
 from tokenizers import Tokenizer
 
-from tests.helpers import small_pipeline, two_sources
+from tests.helpers import destroy_process_group, small_pipeline, two_sources
 
 _ITEMS = 8
 
@@ -56,7 +56,7 @@ def _rank(rank: int, world_size: int, folder: str) -> None:
     ):
         got[name] = [_digest(item) for _, item in zip(range(_ITEMS), loader)]
     Path(folder, f"rank{rank}.json").write_text(json.dumps(got))
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 def test_spawned_workers_of_ranks_without_the_environment_read_their_rank_s_lanes(
@@ -101,7 +101,7 @@ def _lone_state_rank(rank: int, world_size: int, folder: str) -> None:
     dist.all_reduce(total)
     got["sum"] = total.item()
     made = weakref.ref(loader_group())  # the group the loader made at its first iteration
-    dist.destroy_process_group()
+    destroy_process_group()
     got["freed"] = made() is None
     Path(folder, f"rank{rank}.json").write_text(json.dumps(got))
 
@@ -155,7 +155,7 @@ def _data_parallel_rank(process: int, processes: int, folder: str) -> None:
         got["alone_lanes"] = sorted(alone.state_dict()["lanes"])
     dist.barrier()
     Path(folder, f"rank{process}.json").write_text(json.dumps(got))
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 def test_replicas_of_a_data_parallel_rank_get_its_batches_and_one_state(
@@ -207,7 +207,7 @@ def _lone_loader_rank(rank: int, world_size: int, folder: str) -> None:
         time.sleep(_LONE_TIMEOUT_S + 1)
     dist.barrier()
     Path(folder, f"rank{rank}.json").write_text(json.dumps(got))
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 def test_a_loader_iterated_on_one_rank_says_to_make_it_its_own(
@@ -238,5 +238,5 @@ def test_the_end_of_stream_all_reduce_runs_on_the_cpu_under_another_default_devi
         with torch.device("meta"):
             got = list(equal_ending(items, lanes_per_turn=2, tokens=lambda item: item["n"]))
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
     assert got == [{"n": 3}, {"n": 0}, {"n": 0}, {"n": 2}]

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer
 
-from tests.helpers import small_pipeline, two_sources
+from tests.helpers import destroy_process_group, small_pipeline, two_sources
 from zephon_torch.torch import DataLoader
 
 
@@ -131,7 +131,7 @@ def main() -> None:
     if rank == 0:
         Path(args.out, "steps.json").write_text(json.dumps(steps))
     dist.barrier()
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 def _any_rank(flag: bool) -> bool:
