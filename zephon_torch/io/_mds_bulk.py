@@ -106,18 +106,20 @@ class ShardArrays:
                 # two threads may both find them: the same places either way
                 found = self._found = self._find_all()
         if not isinstance(found, tuple):
-            bounds = array_bounds(
-                self._views, self._offsets, positions, self._spec, self._variable, self._fixed
-            )
+            bounds = self._bounds(positions)
             return None if bounds is None else self._views.slices(self._spec.dtype, *bounds)
         shifts, firsts, stops = (column[positions].tolist() for column in found)
         return self._views.pieces(self._spec.dtype, shifts, firsts, stops)
 
-    def _find_all(self) -> tuple[npt.NDArray[Any], ...] | bool:
-        every = np.arange(len(self._offsets) - 1, dtype=np.int64)
-        bounds = array_bounds(
-            self._views, self._offsets, every, self._spec, self._variable, self._fixed
+    def _bounds(
+        self, positions: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+        return array_bounds(
+            self._views, self._offsets, positions, self._spec, self._variable, self._fixed
         )
+
+    def _find_all(self) -> tuple[npt.NDArray[Any], ...] | bool:
+        bounds = self._bounds(np.arange(len(self._offsets) - 1, dtype=np.int64))
         if bounds is None:
             return False
         shifts, firsts, stops = places(self._spec.dtype, *bounds)

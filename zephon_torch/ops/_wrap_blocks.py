@@ -128,12 +128,7 @@ class WrapBlocks:
         chunk, i = got
         refused = self._refused(source, chunk)
         count = len(chunk)
-        if not refused:  # the usual case: one search takes what the chunk gives
-            more, i = self._take(
-                source, chunk, i, count, want - taken, parts, owners, sizes, starts
-            )
-            taken += more
-        while i < count and taken < want:  # documents refused: taken around them
+        while i < count and taken < want:
             at = bisect.bisect_left(refused, i)
             stop = refused[at] if at < len(refused) else count  # the next refused document
             if stop > i:  # kept documents i..stop-1: taken by a search, not one by one
@@ -194,14 +189,9 @@ class WrapBlocks:
             owners += zip(
                 itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
             )
-        if taken < room and last < stop:  # cut (as `_cut` cuts it): the rest waits as the carry
-            cut = room - taken
-            self.carry[source] = Piece(chunk[last], cut, chunk.sizes[last])
-            parts.append(chunk.tokens[last][:cut])
-            owners.append((source, chunk.shards[last], chunk.rows[last]))
-            sizes.append(cut)
-            starts.append(True)
-            taken = room
+        if taken < room and last < stop:  # cut: the rest waits as the carry
+            whole_doc = Piece(chunk[last], 0, chunk.sizes[last])
+            taken += _add(self._cut(source, whole_doc, room - taken), parts, owners, sizes, starts)
             last += 1
         if last > first:
             self.documents[source] += last - first
