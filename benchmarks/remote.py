@@ -18,7 +18,13 @@ pipeline: serving bytes costs CPU the pipeline would otherwise use) and measured
   default prefetch (readers ask the dataset to download the shards they read next, as far
   ahead as the cache's `prefetch_bytes` reaches);
 - remote, no prefetch: the same with `io_options={"cache": {"prefetch_bytes": 0}}`, so each
-  shard is downloaded by the read that first needs it.
+  shard is downloaded by the read that first needs it;
+- local beside a download (the control): the local pass while another process downloads
+  every object of the prefix from the same server with s3fs's `get_file`, one after another,
+  as a remote pass must: what the transfer alone costs the pass on these cores, with nothing
+  of the library's remote path in it. remote+prefetch over this side is printed too: near 1,
+  the library adds nothing to the remote pass beyond the transfer's CPU; well under 1, its
+  remote path (prefetch, cache, waits) is what loses.
 
 Each side's indexes (JSONL line indexes, remembered row counts) are built once before the
 timed passes, as `zephon-torch index` does ahead of a job, so a timed open lists the objects
@@ -43,6 +49,7 @@ import os
 import pathlib
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +71,7 @@ _BATCH = 8
 _BUCKET = "bench"
 _MISMATCH_EXIT = 2
 _SERVER_START_S = 30.0
+_CONTROL = "local beside a download"
 
 
 def storage_options(endpoint: str) -> dict[str, Any]:
@@ -120,6 +128,55 @@ def run_pass(workload: Workload, dataset: Dataset, args: argparse.Namespace) -> 
     options = {"canonical_replicas": args.lanes, "prefetch": args.prefetch}
     pipeline = workload.build(Pipeline(source).options(**options))
     return pipeline_tokens(pipeline.pack_flat(_SEQ, "wrap").batch(_BATCH))
+
+
+def download_all(endpoint: str, url: str, folder: str) -> None:
+    """The control's other process: lists `url`, says `ready`, waits for a line on stdin, then
+    downloads every object into `folder` one after another and prints its seconds and CPU."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", **storage_options(endpoint))
+    paths = fs.find(url)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start, used = time.perf_counter(), cpu_seconds()
+    for path in paths:
+        fs.get_file(path, os.path.join(folder, os.path.basename(path)))
+    print(f"{time.perf_counter() - start:.3f} {cpu_seconds() - used:.3f}", flush=True)
+
+
+class DownloadBeside:
+    """The control's other process (`download_all`), started and listing: `go()` starts its
+    downloads into `folder`, `finish()` waits for them and returns their seconds and CPU."""
+
+    def __init__(self, endpoint: str, url: str, folder: pathlib.Path) -> None:
+        folder.mkdir()
+        command = [sys.executable, __file__, "--download-beside", endpoint, url, str(folder)]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        if self._line() != "ready":
+            self._failed()
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def finish(self) -> tuple[float, float]:
+        report = self._line().split()
+        if self.process.wait() or len(report) != 2:
+            self._failed()
+        seconds, used = map(float, report)
+        return seconds, used
+
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def _failed(self) -> None:
+        self.process.kill()
+        raise SystemExit(f"the control's download process failed (exit {self.process.wait()})")
 
 
 def timed(
@@ -210,10 +267,12 @@ def measure(
         "local": local,
         "remote+prefetch": remote(True),
         "remote, no prefetch": remote(False),
+        _CONTROL: local,
     }
     best: dict[str, float] = {}
     opens: dict[str, float] = {}
-    cpu: dict[str, tuple[float, float, float]] = {}  # the best pass's CPU: ours, server's; wall
+    # the best pass's CPU: ours, the server's, the control's download process's; its wall time
+    cpu: dict[str, tuple[float, float, float, float]] = {}
     iterate: dict[str, float] = {}
     expected: int | None = None
     deadline = time.monotonic() + args.budget_s
@@ -225,8 +284,12 @@ def measure(
         line = []
         for name, open_dataset in sides.items():
             scratch.mkdir()
+            beside = DownloadBeside(endpoint, url, scratch / "beside") if name == _CONTROL else None
             used = cpu_seconds(), cpu_seconds(server)
+            if beside is not None:
+                beside.go()
             tokens, seconds, opened = timed(workload, open_dataset, args)
+            downloaded, download_cpu = (0.0, 0.0) if beside is None else beside.finish()
             used = cpu_seconds() - used[0], cpu_seconds(server) - used[1]
             shutil.rmtree(scratch)
             expected = tokens if expected is None else expected
@@ -234,9 +297,11 @@ def measure(
                 print(f"MISMATCH: {name} gave {tokens:,} tokens, local gave {expected:,}")
                 raise SystemExit(_MISMATCH_EXIT)
             if tokens / seconds > best.get(name, 0.0):
-                best[name], opens[name], cpu[name] = tokens / seconds, opened, (*used, seconds)
+                best[name], opens[name] = tokens / seconds, opened
+                cpu[name] = (*used, download_cpu, seconds)
             iterate[name] = max(iterate.get(name, 0.0), tokens / (seconds - opened))
-            line.append(f"{name} {tokens / seconds / 1e6:.2f} M tok/s (open {opened:.2f} s)")
+            note = f"open {opened:.2f} s" if beside is None else f"download {downloaded:.2f} s"
+            line.append(f"{name} {tokens / seconds / 1e6:.2f} M tok/s ({note})")
         done += 1
         print(f"repeat {repeat + 1}: " + ", ".join(line), flush=True)
     print(
@@ -246,15 +311,16 @@ def measure(
     for name, rate in best.items():
         ratio = rate / best["local"]
         print(
-            f"  {name:<20}{rate / 1e6:8.2f} M tok/s  ratio {ratio:.3f}  (open "
+            f"  {name:<24}{rate / 1e6:8.2f} M tok/s  ratio {ratio:.3f}  (open "
             f"{opens[name]:.2f} s; after opening {iterate[name] / 1e6:.2f} M tok/s, ratio "
             f"{iterate[name] / iterate['local']:.3f})"
         )
-    print("  CPU of each best pass (this process, all threads; the server's):")
-    for name, (ours, served, wall) in cpu.items():
+    print("  CPU of each best pass (this process, all threads; the server's; the control's):")
+    for name, (ours, served, download_cpu, wall) in cpu.items():
         print(
-            f"    {name:<20}{ours:6.2f} s ({ours / wall:.2f} cores busy)"
+            f"    {name:<24}{ours:6.2f} s ({ours / wall:.2f} cores busy)"
             + ("" if name == "local" else f", server {served:.2f} s")
+            + (f", download process {download_cpu:.2f} s" if name == _CONTROL else "")
         )
     ratio = best["remote+prefetch"] / best["local"]
     streaming = iterate["remote+prefetch"] / iterate["local"]
@@ -263,6 +329,11 @@ def measure(
         print(f"  target {TARGET_RATIO} (remote+prefetch / local), {what}: {verdict} ({value:.3f})")
     effect = best["remote+prefetch"] / best["remote, no prefetch"]
     print(f"  prefetch effect (remote+prefetch / remote, no prefetch): {effect:.3f}")
+    control = best["remote+prefetch"] / best[_CONTROL]
+    print(
+        f"  remote+prefetch / {_CONTROL}: {control:.3f} (near 1: what the remote pass loses "
+        f"is the transfer's CPU on these cores, not the library's remote path)"
+    )
     return ratio
 
 
@@ -277,6 +348,10 @@ def run(root: pathlib.Path, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--download-beside"]:  # the control's other process (see DownloadBeside)
+        download_all(*argv[1:])
+        return 0
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workload", choices=("pretokenized", "text", "both"), default="both")

@@ -69,3 +69,25 @@ def test_pretokenized_keep_refuses_formats_written_with_other_settings(tmp_path:
     other = argparse.Namespace(copies=1, doc_tokens=480, dtype="uint16")
     with pytest.raises(SystemExit, match=r"--doc-tokens 0 \(asked 480\), --dtype int32"):
         pretokenized.kept_settings(tmp_path, other, write=False)
+
+
+def test_remote_control_downloads_every_object_once_told_to(tmp_path: Path) -> None:
+    """The control side of `remote.py` (the local pass beside a download) measures what the
+    transfer costs only if its other process downloads the prefix's objects, all of them, and
+    only after `go()`: started early, it would cost the pass nothing it measures."""
+    from zephon_torch._moto import moto_server, upload
+
+    remote = benchmark("remote")
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(3):
+        (data / f"part-{k}.bin").write_bytes(bytes([k]) * (1000 + k))
+    with moto_server() as (endpoint, _):
+        upload(endpoint, data, "bench", "x")
+        beside = remote.DownloadBeside(endpoint, "s3://bench/x/", tmp_path / "beside")
+        assert list((tmp_path / "beside").iterdir()) == []  # listed, not yet downloading
+        beside.go()
+        seconds, cpu = beside.finish()
+    assert seconds > 0 and cpu > 0
+    got = {p.name: p.read_bytes() for p in (tmp_path / "beside").iterdir()}
+    assert got == {p.name: p.read_bytes() for p in data.iterdir()}
