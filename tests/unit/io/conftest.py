@@ -1,11 +1,14 @@
-"""Fixtures for the io tests: real files written with json, gzip, zstandard and pyarrow."""
+"""Fixtures for the io tests: real files written with json, gzip, zstandard and pyarrow, and a
+folder served over http on loopback."""
 
 from __future__ import annotations
 
+import functools
 import gzip
+import http.server
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from tests.loopback import serve_in_thread
+
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -21,6 +26,17 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "_cache"
     monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(cache))
     return cache / "index"
+
+
+@pytest.fixture
+def http_folder(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A folder served by python's http.server on loopback (no ETag, no range requests)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    with serve_in_thread(handler) as url:
+        yield folder, url
 
 
 def encode_lines(text: str | bytes, compression: str | None) -> bytes:

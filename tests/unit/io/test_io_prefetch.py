@@ -15,12 +15,7 @@ import pyarrow as pa
 import pytest
 
 from tests.helpers import prefetch_threads
-from tests.unit.io.test_io_remote import (
-    _equal_parquet_shards,
-    _options,
-    _put_parquet,
-    _root,
-)
+from tests.memory_store import equal_parquet_shards, fresh_root, put_parquet, remote_options
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
 from zephon_torch.io._shard_downloads import AHEAD_PER_THREAD
@@ -32,10 +27,10 @@ from zephon_torch.work.pointers import PointerLayout, PointerSpan
 
 def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(2):
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=remote_options(tmp_path))
     dataset.prefetch([1, 0])
     deadline = time.monotonic() + 10
     cached: list[Path] = []
@@ -47,8 +42,8 @@ def test_prefetch_fills_the_cache_in_the_background(tmp_path: Path) -> None:
 
 
 def test_prefetch_reaches_as_far_ahead_as_its_byte_budget_and_slides(tmp_path: Path) -> None:
-    root, size = _equal_parquet_shards(6)
-    options = _options(tmp_path)
+    root, size = equal_parquet_shards(6)
+    options = remote_options(tmp_path)
     options["cache"]["prefetch_bytes"] = 2 * size + size // 2  # two ahead of the one read
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
 
@@ -72,11 +67,11 @@ def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
     """Each walk stats the shards ahead (up to the byte budget); it gives the same shards for
     every chunk of a window, so the reader walks again only when it enters the next one."""
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(6):
         ids = [[number * 100 + i] * 3 for i in range(10)]
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": ids}))
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=_options(tmp_path))
+        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": ids}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=remote_options(tmp_path))
     walks: list[list[int]] = []
     prefetch = dataset.prefetch
 
@@ -124,11 +119,11 @@ def test_a_shuffle_window_larger_than_the_cache_is_warned_of(tmp_path: Path, win
     """Its shards evicted each other while their rows were read, each downloaded about five
     times, silently."""
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(6):
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number]] * 10}))
+        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number]] * 10}))
     size = fs.size(f"{root}/0.parquet")
-    options = _options(tmp_path, max_bytes=2 * size + size // 2)
+    options = remote_options(tmp_path, max_bytes=2 * size + size // 2)
     dataset = Dataset.from_path("p", f"memory://{root}", token_columns=["ids"], io_options=options)
     layout = PointerLayout(
         name="p", shard_rows=(10,) * 6, seed=3, window_shards=window, shuffle=True
@@ -159,13 +154,13 @@ def test_the_shuffle_window_warning_reads_the_same_whichever_window_meets_it_fir
     filter showed it once per worker and epoch through a long run (10 warnings in 12 epochs
     of a soak), not once."""
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(6):
         # shards of different sizes, so windows of different sizes
         table = pa.table({"text": ["x" * 1000 * (number + 1)] * (5 + 5 * number)})
-        _put_parquet(fs, f"{root}/{number}.parquet", table)
+        put_parquet(fs, f"{root}/{number}.parquet", table)
     sizes = sorted(fs.size(f"{root}/{number}.parquet") for number in range(6))
-    options = _options(tmp_path, max_bytes=sizes[0] + sizes[1])
+    options = remote_options(tmp_path, max_bytes=sizes[0] + sizes[1])
     texts = []
     for window in ([0, 1, 2], [3, 4, 5]):  # as two workers, each with its first window
         dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
@@ -185,8 +180,8 @@ def test_a_walk_past_many_tiny_shards_stops_at_a_count_however_large_the_byte_bu
     """Tiny shards (a document a file) left the byte budget unspent to the end of the pass:
     each reader's walk, once a chunk, went through (and stat'ed) every shard left, O(shards^2)
     a pass. It now stops at `AHEAD_PER_THREAD` shards a download thread."""
-    root, _ = _equal_parquet_shards(3)
-    options = _options(tmp_path, max_bytes=1 << 30)  # a budget of 256 MiB: shards of 500 B
+    root, _ = equal_parquet_shards(3)
+    options = remote_options(tmp_path, max_bytes=1 << 30)  # a budget of 256 MiB: shards of 500 B
     options["cache"]["prefetch_threads"] = 2
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     walked = 0
@@ -204,10 +199,10 @@ def test_a_walk_past_many_tiny_shards_stops_at_a_count_however_large_the_byte_bu
 
 def test_prefetch_bytes_zero_downloads_nothing_ahead(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(3):
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
-    options = _options(tmp_path)
+        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"n": [number] * 10}))
+    options = remote_options(tmp_path)
     options["cache"]["prefetch_bytes"] = 0
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch(iter([0, 1, 2]))
@@ -226,8 +221,8 @@ def test_a_budget_past_half_the_cache_is_refused_or_shared_by_the_node_s_process
 ) -> None:
     """A budget as large as the cache evicted prefetched shards before they were read, which
     the next window fetched again: each shard was downloaded about ten times."""
-    root, size = _equal_parquet_shards(6)
-    options = _options(tmp_path, max_bytes=4 * size)
+    root, size = equal_parquet_shards(6)
+    options = remote_options(tmp_path, max_bytes=4 * size)
     options["cache"]["prefetch_bytes"] = 4 * size
     with pytest.raises(ConfigError, match=r"`prefetch_bytes` must be at most half of `max_b"):
         Dataset.from_path("p", f"memory://{root}", io_options=options)
@@ -251,8 +246,8 @@ def test_a_budget_given_later_is_checked_against_the_dataset_s_own_cache_size(
     from zephon_torch import Pipeline
     from zephon_torch.work import StaticMixtureWorkSource
 
-    root, _ = _equal_parquet_shards(2)
-    options = _options(tmp_path, max_bytes=200 << 30)
+    root, _ = equal_parquet_shards(2)
+    options = remote_options(tmp_path, max_bytes=200 << 30)
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     later = {"cache": {"prefetch_bytes": 40 << 30}}
     assert dataset.with_io_options(later).read_rows(1, [0]) == [{"n": 7}]
@@ -262,8 +257,8 @@ def test_a_budget_given_later_is_checked_against_the_dataset_s_own_cache_size(
 
 
 def test_datasets_prefetching_together_share_the_byte_budget(tmp_path: Path) -> None:
-    root, size = _equal_parquet_shards(4)
-    options = _options(tmp_path)
+    root, size = equal_parquet_shards(4)
+    options = remote_options(tmp_path)
     options["cache"]["prefetch_bytes"] = 4 * size + size // 2  # four ahead alone, two shared
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch(iter([3, 2, 1, 0]), share=2)
@@ -293,8 +288,8 @@ def test_a_shard_fetched_ahead_is_not_the_first_evicted_when_others_were_read_si
 ) -> None:
     """The LRU went by the download time: a shard prefetched and not yet read looked older
     than those other processes read since, and was evicted first, then downloaded again."""
-    root, size = _equal_parquet_shards(4)
-    options = _options(tmp_path, max_bytes=3 * size + size // 2)  # holds three shards
+    root, size = equal_parquet_shards(4)
+    options = remote_options(tmp_path, max_bytes=3 * size + size // 2)  # holds three shards
     options["cache"]["prefetch_bytes"] = size + size // 2
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch([0])  # shard 0 comes next for this reader
@@ -310,8 +305,8 @@ def test_a_shard_fetched_ahead_is_not_the_first_evicted_when_others_were_read_si
 def test_the_default_budget_is_shared_by_the_node_s_ranks(tmp_path: Path, monkeypatch: Any) -> None:
     """Each process took a quarter of the cache: eight ranks prefetched twice what it holds
     and evicted each other's shards before they were read."""
-    root, size = _equal_parquet_shards(6)
-    options = _options(tmp_path, max_bytes=16 * size + size // 2)  # a quarter: four shards
+    root, size = equal_parquet_shards(6)
+    options = remote_options(tmp_path, max_bytes=16 * size + size // 2)  # a quarter: four shards
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two each
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch(range(6))  # the one read, and two ahead
@@ -321,8 +316,8 @@ def test_the_default_budget_is_shared_by_the_node_s_ranks(tmp_path: Path, monkey
 def test_the_next_shard_is_fetched_whatever_the_budget(tmp_path: Path, monkeypatch: Any) -> None:
     """Sixteen processes to a node gave each a default budget smaller than a shard: the
     shard being read counted against it, and nothing was ever fetched ahead."""
-    root, size = _equal_parquet_shards(4)
-    options = _options(tmp_path, max_bytes=16 * size)  # a quarter: four shards per node
+    root, size = equal_parquet_shards(4)
+    options = remote_options(tmp_path, max_bytes=16 * size)  # a quarter: four shards per node
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     dataset.prefetch([2, 0, 3])
@@ -340,13 +335,13 @@ def test_a_shard_a_reader_keeps_open_and_reads_all_the_time_is_not_evicted_first
     import numpy as np
 
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(5):
         buffer = io.BytesIO()
         np.save(buffer, np.full((200, 10), number, dtype=np.int32))  # 2-D: one file a shard
         fs.pipe(f"{root}/{number}.npy", buffer.getvalue())
     size = fs.size(f"{root}/0.npy")
-    options = _options(tmp_path, max_bytes=3 * size)
+    options = remote_options(tmp_path, max_bytes=3 * size)
     options["cache"]["prefetch_bytes"] = 0
     dataset = Dataset.from_path("t", f"memory://{root}", io_options=options)
     assert dataset.format == "npy"
@@ -379,11 +374,11 @@ def test_the_prefetch_budget_counts_from_the_oldest_chunk_still_unread_not_the_r
     of the chunks in flight, not yet read, came on top of the budget (5-8 shards downloaded
     and unread with a budget of 3 in a review's run)."""
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(8):
-        _put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number] * 3] * 10}))
+        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number] * 3] * 10}))
     size = max(fs.size(f"{root}/{number}.parquet") for number in range(8))
-    options = _options(tmp_path)
+    options = remote_options(tmp_path)
     options["cache"]["prefetch_bytes"] = size + size // 2  # one shard ahead of the one read
     dataset = Dataset.from_path("p", f"memory://{root}", io_options=options)
     release = threading.Event()
@@ -424,9 +419,9 @@ def _failing_downloads(
     from fsspec.implementations.memory import MemoryFileSystem
 
     fs = fsspec.filesystem("memory")
-    root = _root()
+    root = fresh_root()
     for number in range(shards):
-        _put_parquet(
+        put_parquet(
             fs,
             f"{root}/part-{number}.parquet",
             pa.table({"n": [number * 100 + i for i in range(5)]}),

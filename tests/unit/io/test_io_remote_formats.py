@@ -10,18 +10,12 @@ import fsspec
 import numpy as np
 import pytest
 
+from tests.memory_store import remote_options
 from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_mds
 from zephon_torch.errors import ConfigError, DataError
 from zephon_torch.io import Dataset
 
 COLUMNS = {"text": "str", "id": "int", "tokens": "ndarray:int32"}
-
-
-def _options(tmp_path: Path, max_bytes: int = 1 << 20) -> dict[str, Any]:
-    return {
-        "cache": {"dir": str(tmp_path / "cache"), "max_bytes": max_bytes},
-        "retry": {"attempts": 2, "initial_delay": 0.01},
-    }
 
 
 def _put(local: Path) -> str:
@@ -48,16 +42,19 @@ def test_an_index_url_stands_for_its_folder_and_a_named_format_must_match_it(
 ) -> None:
     url = _put(write_mds(tmp_path / "mds", sample_rows(60), COLUMNS, size_limit=1 << 10))
     local = Dataset.from_path("m", tmp_path / "mds")
-    remote = Dataset.from_path("m", f"{url}/index.json", io_options=_options(tmp_path))
+    remote = Dataset.from_path("m", f"{url}/index.json", io_options=remote_options(tmp_path))
     assert remote.format == "mds" and remote.fingerprint() == local.fingerprint()
     assert remote.shards[0].path == f"{url}/shard.00000.mds"
     assert _cached(tmp_path) == ["index.json"]  # counts come from the index
     assert _every_row(remote) == _every_row(local)
     with pytest.raises(ConfigError, match=r"`format` is 'litdata' but .* holds a mds index"):
-        Dataset.from_path("m", url, format="litdata", io_options=_options(tmp_path))
+        Dataset.from_path("m", url, format="litdata", io_options=remote_options(tmp_path))
     with pytest.raises(ConfigError, match=r"`path` must be a directory holding index\.json"):
-        Dataset.from_path("m", f"{url}/*.mds", format="mds", io_options=_options(tmp_path))
-    assert Dataset.from_path("m", url, format="mds", io_options=_options(tmp_path)).num_rows == 60
+        Dataset.from_path("m", f"{url}/*.mds", format="mds", io_options=remote_options(tmp_path))
+    assert (
+        Dataset.from_path("m", url, format="mds", io_options=remote_options(tmp_path)).num_rows
+        == 60
+    )
 
 
 def test_a_folder_holding_several_indexed_datasets_is_refused(tmp_path: Path) -> None:
@@ -65,14 +62,14 @@ def test_a_folder_holding_several_indexed_datasets_is_refused(tmp_path: Path) ->
         write_mds(tmp_path / "many" / name, sample_rows(5), COLUMNS)
     url = _put(tmp_path / "many")
     with pytest.raises(ConfigError, match=r"holds 2 MDS/LitData datasets in subfolders"):
-        Dataset.from_path("m", url, io_options=_options(tmp_path))
+        Dataset.from_path("m", url, io_options=remote_options(tmp_path))
 
 
 def test_an_mds_dataset_reads_through_a_cache_smaller_than_itself(tmp_path: Path) -> None:
     out = write_mds(tmp_path / "mds", sample_rows(200), COLUMNS, size_limit=1 << 11)
     largest = max(path.stat().st_size for path in out.iterdir())
     limit = 3 * largest
-    remote = Dataset.from_path("m", _put(out), io_options=_options(tmp_path, limit))
+    remote = Dataset.from_path("m", _put(out), io_options=remote_options(tmp_path, limit))
     local = Dataset.from_path("m", out)
     assert len(remote.shards) > 6
     for _ in range(2):  # evicted shards stay readable through the reader's open maps
@@ -100,7 +97,7 @@ def test_remote_readers_keep_open_only_the_shards_an_eighth_of_the_cache_holds(
     largest = max(path.stat().st_size for path in out.iterdir())
     url = _put(out)
     for max_bytes, expected in ((3 * largest, 2), (8 * 5 * largest, 5), (1 << 40, 16)):
-        remote = Dataset.from_path("m", url, io_options=_options(tmp_path, max_bytes))
+        remote = Dataset.from_path("m", url, io_options=remote_options(tmp_path, max_bytes))
         assert remote._reader._open()[0].max_open == expected  # type: ignore[attr-defined]
 
 
@@ -110,7 +107,7 @@ def test_npy_rows_are_counted_from_headers_without_downloading_tokens(tmp_path: 
     np.save(folder / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
     np.save(folder / "b.npy", np.arange(100, 110, dtype=np.uint16))
     np.save(folder / "b.offsets.npy", np.array([0, 3, 3, 10]))
-    remote = Dataset.from_path("n", _put(folder), io_options=_options(tmp_path))
+    remote = Dataset.from_path("n", _put(folder), io_options=remote_options(tmp_path))
     assert [shard.num_rows for shard in remote.shards] == [8, 3]
     assert not (tmp_path / "cache").exists()
     assert remote.read_rows(1, [2])[0]["input_ids"].tolist() == list(range(103, 110))
@@ -127,7 +124,7 @@ def test_a_2d_token_file_of_rows_of_no_token_is_refused_at_open(tmp_path: Path, 
     np.save(folder / "b.npy", np.zeros((10**18, 0), dtype=np.int32))
     path = str(folder) if where == "local" else _put(folder)
     with pytest.raises(DataError, match=r"shape \(1000000000000000000, 0\): 10+ documents of no t"):
-        Dataset.from_path("n", path, io_options=_options(tmp_path))
+        Dataset.from_path("n", path, io_options=remote_options(tmp_path))
 
 
 @pytest.mark.parametrize("where", ["local", "remote"])
@@ -142,9 +139,9 @@ def test_a_2d_token_file_with_an_offsets_file_beside_it_is_refused(
     np.save(folder / "a.offsets.npy", np.array([0, 7, 40]))
     path = str(folder) if where == "local" else _put(folder)
     with pytest.raises(DataError, match=r"shape \(8, 5\) \(rows of fixed length\), but 'a.offs"):
-        Dataset.from_path("n", path, io_options=_options(tmp_path))
+        Dataset.from_path("n", path, io_options=remote_options(tmp_path))
     # named alone, the token file is what was asked for, there and here alike
-    alone = Dataset.from_path("n", f"{path}/a.npy", io_options=_options(tmp_path))
+    alone = Dataset.from_path("n", f"{path}/a.npy", io_options=remote_options(tmp_path))
     assert alone.num_rows == 8
 
 
@@ -163,7 +160,7 @@ def test_a_1d_token_file_named_alone_reads_with_the_offsets_beside_it(
     np.save(folder / "a.offsets.npy", np.array([0, 3, 3, 10]))
     np.save(folder / "b.npy", np.arange(10, dtype=np.int32))  # not read: another file
     path = str(folder) if where == "local" else _put(folder)
-    alone = Dataset.from_path("n", f"{path}/a.npy", io_options=_options(tmp_path))
+    alone = Dataset.from_path("n", f"{path}/a.npy", io_options=remote_options(tmp_path))
     assert [shard.path for shard in alone.shards] == [f"{path}/a.npy"]
     assert alone.num_rows == 3
     for dataset in (alone, pickle.loads(pickle.dumps(alone))):
@@ -185,8 +182,8 @@ def test_npy_columns_without_input_ids_are_refused_at_the_open(tmp_path: Path, w
     np.save(folder / "a.npy", np.arange(40, dtype=np.int32).reshape(8, 5))
     path = str(folder) if where == "local" else _put(folder)
     with pytest.raises(DataError, match=r"a\.npy'?: has no column 'text'; its columns are \['in"):
-        Dataset.from_path("n", path, columns=["text"], io_options=_options(tmp_path))
-    kept = Dataset.from_path("n", path, columns=["input_ids"], io_options=_options(tmp_path))
+        Dataset.from_path("n", path, columns=["text"], io_options=remote_options(tmp_path))
+    kept = Dataset.from_path("n", path, columns=["input_ids"], io_options=remote_options(tmp_path))
     assert kept.read_rows(0, [7])[0]["input_ids"].tolist() == list(range(35, 40))
 
 
@@ -209,7 +206,7 @@ def test_a_glob_naming_1d_token_files_reads_the_offsets_beside_them(
     np.save(folder / "sub" / "c.npy", np.arange(7, dtype=np.int64))
     np.save(folder / "sub" / "c.offsets.npy", np.array([0, 2, 7]))
     path = str(folder) if where == "local" else _put(folder)
-    dataset = Dataset.from_path("n", f"{path}/{pattern}", io_options=_options(tmp_path))
+    dataset = Dataset.from_path("n", f"{path}/{pattern}", io_options=remote_options(tmp_path))
     expected = {
         "?.npy": {"a.npy": 8, "b.npy": 3},
         "**/?.npy": {"a.npy": 8, "b.npy": 3, "sub/c.npy": 2},
@@ -243,7 +240,7 @@ def test_bad_npy_offsets_raise_a_data_error_naming_the_url(
         np.save(folder / "flat.offsets.npy", offsets)
     url = _put(folder)
     with pytest.raises(DataError, match=message) as caught:
-        dataset = Dataset.from_path("n", url, io_options=_options(tmp_path))
+        dataset = Dataset.from_path("n", url, io_options=remote_options(tmp_path))
         dataset.read_rows(0, [0])  # offsets are checked on the first read
     assert caught.value.shard == f"{url}/flat.npy"
 
@@ -260,7 +257,7 @@ def test_npy_offsets_that_miss_the_token_count_are_refused_at_open(
     np.save(folder / "flat.offsets.npy", offsets)
     url = _put(folder)
     with pytest.raises(DataError, match=r"offsets in 'flat\.offsets\.npy' must rise") as caught:
-        Dataset.from_path("n", url, io_options=_options(tmp_path))  # no read needed
+        Dataset.from_path("n", url, io_options=remote_options(tmp_path))  # no read needed
     assert caught.value.shard == f"{url}/flat.npy"
 
 
@@ -300,7 +297,7 @@ def test_npy_files_shorter_than_their_headers_say_are_a_data_error_at_open(
     np.save(folder / "rows.npy", np.arange(30, dtype=np.int32).reshape(6, 5))
     spoil(folder)
     url = _put(folder)
-    wait = {**_options(tmp_path), "retry": {"attempts": 2, "initial_delay": 30.0}}
+    wait = {**remote_options(tmp_path), "retry": {"attempts": 2, "initial_delay": 30.0}}
     with pytest.raises(
         DataError, match=rf"{named} is shorter than its \.npy header says"
     ) as caught:
@@ -328,7 +325,7 @@ def test_a_short_read_of_an_npy_offset_is_a_data_error_not_retried(
         return original(self, path, start=start, end=end, **kw)[:-1]
 
     monkeypatch.setattr(memory, "cat_file", cut)
-    wait = {**_options(tmp_path), "retry": {"attempts": 2, "initial_delay": 30.0}}
+    wait = {**remote_options(tmp_path), "retry": {"attempts": 2, "initial_delay": 30.0}}
     with pytest.raises(DataError, match=r"'flat\.offsets\.npy' gave 7 of the 8 bytes") as caught:
         Dataset.from_path("n", url, io_options=wait)
     assert caught.value.shard == f"{url}/flat.npy"
@@ -363,7 +360,7 @@ def test_index_json_is_read_once_and_the_listing_file_system_is_reused(
 
         monkeypatch.setattr(memory, method, recorded)
     made = file_systems_made(monkeypatch)
-    remote = Dataset.from_path("m", url, io_options=_options(tmp_path))
+    remote = Dataset.from_path("m", url, io_options=remote_options(tmp_path))
     assert remote.num_rows == 30
     assert reads == ["index.json"]  # told the format, then went into the cache as it was
     assert _cached(tmp_path) == ["index.json"]
@@ -381,7 +378,7 @@ def test_narrowed_and_reconfigured_copies_read_through_the_listing_file_system(
     client: 0.1-0.2 s of CPU in the middle of the run)."""
     url = _put(write_mds(tmp_path / "mds", sample_rows(30), COLUMNS, size_limit=1 << 10))
     made = file_systems_made(monkeypatch)
-    options = {**_options(tmp_path), "retry": {"attempts": 2}}
+    options = {**remote_options(tmp_path), "retry": {"attempts": 2}}
     remote = Dataset.from_path("m", url, io_options=options)
     assert len(made) == 1
     local = Dataset.from_path("m", tmp_path / "mds")
@@ -419,7 +416,7 @@ def test_a_remote_file_that_is_not_parquet_is_the_local_data_error(
     errors = []
     for where in (str(local), f"{url}/part-0.parquet"):
         with pytest.raises(DataError) as raised:
-            Dataset.from_path("odd", where, io_options=_options(tmp_path))
+            Dataset.from_path("odd", where, io_options=remote_options(tmp_path))
         errors.append(str(raised.value).replace(where, "SHARD"))
     assert errors[0].startswith("dataset 'odd', shard 'SHARD': not a readable Parquet file: ")
     assert errors[1] == errors[0]
