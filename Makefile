@@ -17,6 +17,10 @@ OLDEST_STAMP := $(OLDEST)/.installed
 FIXTURE_WRITERS := litdata==0.2.76 mosaicml-streaming==0.13.0
 # Azurite, Azure's storage emulator, for the az:// tests (with the machine's Node.js)
 AZURITE := npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.35.0
+# The hf extra's lowest huggingface_hub (what transformers 4.x takes), beside the suite's newer
+# one: the tests that read hf:// with it put it first on PYTHONPATH in their subprocesses
+HUB_LOWEST := .hub-lowest
+HUB_LOWEST_PIP := -m pip install -q --no-deps --target $(HUB_LOWEST) huggingface_hub==0.34.0
 
 .PHONY: install demo test test-oldest test-newest lint bench clean
 
@@ -27,6 +31,7 @@ $(STAMP): pyproject.toml constraints.txt setup.py zephon_torch/_native.c
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	$(BIN)/python -m pip install -q -c constraints.txt --no-deps $(FIXTURE_WRITERS)
 	$(AZURITE)
+	rm -rf $(HUB_LOWEST) && $(BIN)/python $(HUB_LOWEST_PIP)
 	touch $(STAMP)
 
 $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt setup.py zephon_torch/_native.c
@@ -44,11 +49,13 @@ demo: $(STAMP)
 	$(BIN)/zephon-torch demo
 
 test: $(STAMP)
+	test -d $(HUB_LOWEST)/huggingface_hub || $(BIN)/python $(HUB_LOWEST_PIP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n 2 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-oldest: $(OLDEST_STAMP)
+	test -d $(HUB_LOWEST)/huggingface_hub || $(OLDEST)/bin/python $(HUB_LOWEST_PIP)
 	$(OLDEST)/bin/python -m pytest -q -n 2 tests
 
 lint: $(STAMP)
@@ -72,6 +79,7 @@ test-newest: $(NEWEST)/bin/python
 		-c $(NEWEST)/constraints.txt -e '.[dev]'
 	$(NEWEST)/bin/python -m pip install -q --no-deps $(FIXTURE_WRITERS)
 	test -d .azurite/node_modules || $(AZURITE)
+	test -d $(HUB_LOWEST)/huggingface_hub || $(NEWEST)/bin/python $(HUB_LOWEST_PIP)
 	$(NEWEST)/bin/python --version
 	$(NEWEST)/bin/python -m pip freeze | grep -iE '^(torch|torchdata|numpy|pyarrow|tokenizers|transformers|huggingface.hub|fsspec|s3fs|gcsfs|adlfs|lightning|vortex-data|zstandard|hypothesis|moto)=='
 	# mypy for the Python it runs on: numpy 2.5's stubs (Python >= 3.12) read as 3.10's fail
@@ -83,4 +91,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) $(NEWEST) .azurite .pytest_cache .mypy_cache .ruff_cache build zephon_torch/_native.*.so
+	rm -rf $(VENV) $(OLDEST) $(NEWEST) .azurite $(HUB_LOWEST) .pytest_cache .mypy_cache .ruff_cache build zephon_torch/_native.*.so

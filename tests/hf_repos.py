@@ -49,12 +49,16 @@ def read_offline(cache: Path, url: str, tmp_path: Path) -> dict[str, Any]:
     return {**result, "stderr": done.stderr}
 
 
-def run_offline(cache: Path, url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_offline(
+    cache: Path, url: str, tmp_path: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Reads `url` offline from the hub cache `cache` in a fresh interpreter (with `env`)."""
     env = {
         **os.environ,
         "HF_HUB_CACHE": str(cache),
         "HF_HUB_OFFLINE": "1",
         "ZEPHON_TORCH_CACHE": str(tmp_path / "zt"),
+        **env,
     }
     return subprocess.run(
         [sys.executable, "-c", _READ, url],

@@ -1,7 +1,10 @@
 """`hf://` offline: a split's files found in the local hub cache (`HF_HUB_OFFLINE=1`, or no
 answer from the hub), nothing downloaded, checked against the listing of the whole commit that
 huggingface_hub keeps with its downloads (a split cached in part is an error naming what is
-missing). Which files make up a split: see `_hf_splits`; reading from the hub: `_hf`.
+missing). huggingface_hub keeps that listing from 1.23; with an older one (transformers 4.x
+requires one before 1.0) the hub cache is not read: a split cached in part, or without its card,
+would read as other files than online. Which files make up a split: see `_hf_splits`; reading
+from the hub: `_hf`.
 """
 
 from __future__ import annotations
@@ -35,10 +38,20 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
 
     Raises:
         ImportError: when huggingface_hub is not installed.
-        ConfigError: for a bad URL, or a split with no data files in either revision's
-            cached snapshot.
+        ConfigError: for a bad URL, a split with no data files in either revision's cached
+            snapshot, or a huggingface_hub that keeps no listing of cached commits.
     """
-    snapshot_download = hub().snapshot_download
+    module = hub()
+    if not hasattr(module, "get_cached_repo_tree"):
+        raise ConfigError(
+            f"{url!r}: reading hf:// from the local hub cache (offline, or with the hub not "
+            f"answering) needs huggingface_hub 1.25 or newer, which keeps the listing of each "
+            f"cached commit: without it, a split cached in part or without its dataset card "
+            f"would read as other files than online. huggingface_hub {module.__version__} is "
+            f"installed (transformers 4.x requires one before 1.0): read the split online, or "
+            f"download its files and read them by their local path"
+        )
+    snapshot_download = module.snapshot_download
     repo, config, split = parse_hf_url(url)
     tried = []
     refs = _cached_refs(repo)
@@ -166,12 +179,10 @@ def _cached_revisions(repo: str) -> str:
 
 def _cached_tree(repo: str, commit: str) -> list[str] | None:
     """Every file of the commit, as the listing huggingface_hub keeps in its cache when it
-    downloads (`get_cached_repo_tree`); None where it kept none (or is too old to)."""
-    get_tree = getattr(hub(), "get_cached_repo_tree", None)
-    if get_tree is None:
-        return None
+    downloads (`get_cached_repo_tree`); None where it kept none (`hf_hub_download`'s of one
+    file keeps none)."""
     try:
-        tree = get_tree(repo, repo_type="dataset", revision=commit)
+        tree = hub().get_cached_repo_tree(repo, repo_type="dataset", revision=commit)
     except Exception as error:  # none cached for this commit
         if type(error).__name__ != "CachedRepoTreeNotFoundError":
             raise
