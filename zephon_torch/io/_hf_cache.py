@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from zephon_torch._caller import warn
 from zephon_torch.errors import ConfigError
 from zephon_torch.io._hf import SLASH_NOTE, hub
 from zephon_torch.io._hf_card import card_configs
@@ -25,6 +26,7 @@ from zephon_torch.io._hf_splits import (
     pinned_revision,
     refuse_indexed,
     revisions,
+    unnumbered,
     warn_if_partial,
 )
 
@@ -100,6 +102,7 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
             listed = _cached_tree(repo, commit)
             if listed is None:
                 check_complete(url, files)
+                _warn_unlisted(url, repo, commit, files, card=converted or os.path.isfile(readme))
             else:
                 whole = find_split(listed, configs, split, in_card, converted=converted)
                 _check_held(url, repo, commit, files, whole, _partners(whole[0], listing, listed))
@@ -134,6 +137,32 @@ def _not_held(url: str, repo: str, revision: str | None, converted: bool, error:
     if absent:  # the hub's own text would advise `local_files_only=False`, no setting here
         return f"{revision or 'main'}: not in the hub cache ({type(error).__name__})"
     return f"{revision or 'main'}: {type(error).__name__}: {error}"
+
+
+def _warn_unlisted(url: str, repo: str, commit: str, files: list[str], *, card: bool) -> None:
+    """Warns where the hub cache keeps no listing of the commit (its files were downloaded one
+    by one, or written by hand) and nothing else vouches for the split read from it: files
+    without shard numbers, a part of which reads as the whole, or no dataset card, which, where
+    the repository has one, may give the split other files (`card`: one is cached, or the
+    converted layout, which has none, is read)."""
+    loose = unnumbered(files)
+    doubts = []
+    if loose:
+        doubts.append(
+            f"that its {len(files)} cached file(s) are all of the split cannot be checked "
+            f"({len(loose)} carry no shard number, e.g. {loose[0]!r})"
+        )
+    if not card:
+        doubts.append(
+            "no dataset card is cached, and where the repository has one its `configs:` may "
+            "give the split other files"
+        )
+    if doubts:
+        warn(
+            f"{url!r}: the hub cache keeps no listing of commit {commit[:12]} (its files were "
+            f"downloaded one by one), so {'; and '.join(doubts)}. A snapshot download keeps the "
+            f"listing: hf download {repo} --repo-type dataset"
+        )
 
 
 def _check_one_reading(

@@ -305,6 +305,12 @@ def check_complete(url: str, files: Sequence[str]) -> None:
             )
 
 
+def unnumbered(files: Sequence[str]) -> list[str]:
+    """The files among `files` that carry no shard number (`-00001-of-00004`): a cache holding
+    part of them cannot be told by their names."""
+    return [file for file in files if _NUMBERED.match(file) is None]
+
+
 # `train-00000-of-00002.parquet`, or with a suffix of its own (`...-of-00002-1a2b3c.parquet`)
 _NUMBERED = re.compile(
     r"^(?P<stem>.*)-(?P<index>[0-9]+)-of-(?P<total>[0-9]+)(?:-[0-9A-Za-z]+)?"
