@@ -88,6 +88,11 @@ EDITS: dict[str, tuple[Edit, str]] = {
         lambda s: _pack(s).update(carry=[[[7, 0, 0, 0, 10]], []]),
         r"lane 0 pack.carry\[0\]",
     ),
+    # sources are numbered from 0: of two, 2 is the first past them
+    "carry of the source after the last": (
+        lambda s: _pack(s).update(carry=[[[2, 0, 0, 0, 10]], []]),
+        r"lane 0 pack.carry\[0\]",
+    ),
     "carry ending before it starts": (
         lambda s: _pack(s).update(carry=[[[0, 0, 0, 10, 5]], []]),
         r"lane 0 pack.carry\[0\]",
@@ -97,6 +102,25 @@ EDITS: dict[str, tuple[Edit, str]] = {
     "carry to its document's end": (
         lambda s: _pack(s).update(carry=[[[0, 0, 0, 0, -1]], []]),
         r"lane 0 pack.carry\[0\]",
+    ),
+    # a carry is one piece: unchecked, a second would be dropped unsaid as the lane restores
+    "carry of two pieces": (
+        lambda s: _pack(s).update(carry=[[[0, 0, 0, 0, 5], [0, 0, 1, 0, 5]], []]),
+        r"lane 0 pack.carry\[0\]",
+    ),
+    # a piece is five ints: unchecked, one short or not a list would be a bare IndexError
+    "piece one value short": (
+        lambda s: _pack(s).update(packer={"bins": [[[0, 0, 0, 0]]], "ready": []}),
+        "lane 0 pack.packer.bins",
+    ),
+    "piece a number": (
+        lambda s: _pack(s).update(packer={"bins": [[5]], "ready": []}),
+        "lane 0 pack.packer.bins",
+    ),
+    # only the int -1 runs to the document's end: -1.0 is no end a release writes
+    "piece ending at -1.0": (
+        lambda s: _pack(s).update(packer={"bins": [[[0, 0, 0, 0, -1.0]]], "ready": []}),
+        "lane 0 pack.packer.bins",
     ),
     # an empty row said to hold tokens: a bare IndexError naming no field
     "tokens of an empty row": (
