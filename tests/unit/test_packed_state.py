@@ -129,7 +129,7 @@ def test_a_later_release_s_state_is_refused_for_its_version_not_its_packing(
         assert "saved by a later zephon_torch release" in str(refused.value)
 
 
-def test_per_source_counts_are_written_packed_and_states_of_versions_2_and_3_still_load(
+def test_per_source_counts_are_written_packed_and_states_of_versions_2_to_4_still_load(
     tokenizer: Any,
 ) -> None:
     rng = random.Random(5)
@@ -167,7 +167,14 @@ def test_per_source_counts_are_written_packed_and_states_of_versions_2_and_3_sti
     for lane in version_3["lanes"].values():
         readers = lane["pack"]["readers"]
         lane["pack"]["readers"] = {k: [r[k] for r in readers] for k in ("pass", "pos", "filtered")}
-    for saved in (state, {**version_3, "version": 3}, {**as_lists, "version": 2}):
+    # version 4 named as such: the version this packing was first written under, which a
+    # later release's bump of STATE_VERSION must go on reading
+    for saved in (
+        state,
+        {**state, "version": 4},
+        {**version_3, "version": 3},
+        {**as_lists, "version": 2},
+    ):
         resumed = build()
         resumed.load_state_dict(saved)
         assert [key(batch) for _, batch in zip(range(8), resumed)] == reference
