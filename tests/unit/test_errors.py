@@ -210,6 +210,13 @@ def test_a_state_of_another_version_is_refused(tokenizer: Any) -> None:
         DataLoader(small_pipeline(tokenizer)).load_state_dict(state)
     # the note travels with the error (from a DataLoader worker, say)
     assert pickle.loads(pickle.dumps(refused.value)).note == refused.value.note
+    # as releases of version 1 wrote it, the micro-batch size in the fingerprint: refused for
+    # its version alone, that size no difference of the recipe's
+    fingerprint = {**state["fingerprint"], "microbatch_size": 2}
+    as_written = {k: v for k, v in state.items() if k != "microbatch_size"}
+    with pytest.raises(StateMismatchError) as refused:
+        small_pipeline(tokenizer).load_state_dict({**as_written, "fingerprint": fingerprint})
+    assert set(refused.value.mismatches) == {"version"}
     # a later release's, or none's (the note had said the mixer of an earlier one differed)
     for saved, note in (
         (live + 1, f"saved by a later zephon_torch release (state version {live + 1}"),
