@@ -365,11 +365,14 @@ def test_a_state_of_other_canonical_replicas_is_refused_for_that_alone() -> None
         pipeline = Pipeline(StaticMixtureWorkSource(data, seed=3))
         return pipeline.options(canonical_replicas=lanes).pretokenized("ids").pack_flat(8).batch(2)
 
-    saved = recipe(2)
-    batches = iter(saved)
-    for _ in range(4):
-        next(batches)
-    with pytest.raises(StateMismatchError) as raised:
-        recipe(4).load_state_dict(saved.state_dict())
-    assert set(raised.value.mismatches) == {"canonical_replicas"}
-    assert "merge_states" not in str(raised.value)
+    # fewer lanes than the new L, and more: lanes 2 and 3 of four are past two lanes' numbers,
+    # which says nothing the differing L does not
+    for saved_lanes, live_lanes in ((2, 4), (4, 2)):
+        saved = recipe(saved_lanes)
+        batches = iter(saved)
+        for _ in range(4):
+            next(batches)
+        with pytest.raises(StateMismatchError) as raised:
+            recipe(live_lanes).load_state_dict(saved.state_dict())
+        assert set(raised.value.mismatches) == {"canonical_replicas"}
+        assert "merge_states" not in str(raised.value)
