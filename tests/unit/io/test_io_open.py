@@ -558,6 +558,10 @@ def test_a_resume_on_another_hub_commit_says_to_pin_the_saved_one(
     with pytest.raises(StateMismatchError, match=rf"and no hub commit is read now: {pin}"):
         pipeline(None).load_state_dict(state)
     pipeline("a" * 40).load_state_dict(state)
+    # a state saved on no hub commit names none to pin: the revision's difference says it
+    with pytest.raises(StateMismatchError, match="revision") as refused:
+        pipeline("b" * 40).load_state_dict(pipeline(None).state_dict())
+    assert "hub commit" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
