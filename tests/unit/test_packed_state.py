@@ -180,6 +180,26 @@ def test_per_source_counts_are_written_packed_and_states_of_versions_2_to_4_stil
         assert [key(batch) for _, batch in zip(range(8), resumed)] == reference
 
 
+def test_a_version_1_state_of_one_dataset_resumes_as_its_own_version() -> None:
+    """One dataset is picked alike under both versions' rules (there is no other), so such a
+    state of version 1 is taken, and continues as later versions'."""
+
+    def recipe() -> Pipeline:
+        data = [Dataset.from_dict("d", {"ids": [[1 + i] * (3 + i % 5) for i in range(40)]})]
+        source = StaticMixtureWorkSource(data, seed=3, exhaustion="repeat")
+        return Pipeline(source).options(canonical_replicas=2).pretokenized("ids").pack_flat(8)
+
+    pipeline = recipe().batch(2)
+    batches = iter(pipeline)
+    for _ in range(4):  # two steps of the two lanes
+        next(batches)
+    state = pipeline.state_dict()
+    expected = [key(next(batches)) for _ in range(8)]
+    resumed = recipe().batch(2)
+    resumed.load_state_dict({**state, "version": 1})
+    assert [key(batch) for _, batch in zip(range(8), resumed)] == expected
+
+
 def test_a_piece_to_its_document_s_end_starting_past_it_is_named_by_its_start() -> None:
     """A piece saved with end -1 (to the document's end) whose document is re-read shorter
     than its start: the message said 'up to token 3, but it has 3 tokens'."""
