@@ -83,6 +83,11 @@ EDITS: dict[str, tuple[Edit, str]] = {
         lambda s: _pack(s)["delivered"][0].__setitem__(0, -5),
         r"lane 0 pack.delivered\[0\]",
     ),
+    # counts are below 2**48: the first past it, in a count no other check reads
+    "delivered 2**48": (
+        lambda s: _pack(s)["delivered"][0].__setitem__(0, 2**48),
+        r"lane 0 pack.delivered\[0\]",
+    ),
     "active one short": (lambda s: _pack(s)["active"].pop(), "lane 0 pack.active"),
     "carry of another source": (
         lambda s: _pack(s).update(carry=[[[7, 0, 0, 0, 10]], []]),
