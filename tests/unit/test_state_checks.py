@@ -47,6 +47,10 @@ EDITS: dict[str, tuple[Edit, str]] = {
     "turn 10**30": (lambda s: _lane(s).update(turn=10**30), "lane 0 turn"),
     "done 'no'": (lambda s: _lane(s).update(done="no"), "lane 0 done"),
     "pack None": (lambda s: _lane(s).update(pack=None), "lane 0 pack"),
+    # a lane state no dict, or without its turn: refused as such, where the step is compared
+    # with the lanes' turns only once every lane reads well
+    "lane a number": (lambda s: s["lanes"].update({"0": 3}), "lane 0"),
+    "turn lost": (lambda s: _lane(s).pop("turn"), "lane 0"),
     "int lane key": (lambda s: s["lanes"].update({0: s["lanes"].pop("0")}), "lane 0"),
     "estimation NaN": (lambda s: s.update(estimation={"long": {"x": float("nan")}}), "estimation"),
     # an int past the largest float: math.isfinite raised OverflowError, not the state's error
