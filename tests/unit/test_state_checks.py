@@ -290,6 +290,11 @@ NOT_STATES: dict[str, tuple[Edit, str]] = {
         _stateful_dataloader_state,
         r"a dict with keys \['_.*\(and \d+ more\)",
     ),
+    # four keys are all shown, with no "(and 0 more)"
+    "a training checkpoint of four entries": (
+        lambda s: {"model": 1, "optimizer": 2, "epoch": 3, "lr": 4},
+        r"a dict with keys \['model', 'optimizer', 'epoch', 'lr'\]\"",
+    ),
     "the state as JSON text": (json.dumps, r"a str.*json\.loads"),
     "None": (lambda s: None, "a NoneType"),
 }
