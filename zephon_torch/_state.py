@@ -252,10 +252,10 @@ def check_shape(state: Any) -> None:
                 state_dict_of(lane_state["pack"], (), f"lane {lane} pack")
             except StateMismatchError as error:
                 problems.update(error.mismatches)
-    step = state.get("step", 0)  # derived from the lanes, and read by `merge_states`
+    step = state.get("step", 0)  # derived from the lanes (absent: `saved_step`)
     if type(step) is not int or step < 0:
         problems["step"] = (step, "absent, or an int (the lowest turn of the lanes)")
-    elif isinstance(lanes, dict) and not problems:
+    elif isinstance(lanes, dict) and not problems and "step" in state:
         # a rank's lowest turn; merged, the furthest rank's: between its lanes' turns
         turns = [0 if s is None else s["turn"] for s in lanes.values()] or [0]
         if not min(turns) <= step <= max(turns):
@@ -322,6 +322,12 @@ def state_step(lanes: dict[str, Any]) -> int:
     return min(((0 if s is None else int(s["turn"])) for s in lanes.values()), default=0)
 
 
+def saved_step(state: dict[str, Any]) -> int:
+    """``state``'s ``step`` (checked by ``check_shape``), or where absent the one a state
+    saves, its lanes' lowest turn (``state_step``), not 0."""
+    return int(state["step"]) if "step" in state else state_step(state["lanes"])
+
+
 def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Combine the per-rank states of one step (each holding its own lanes) into a global one.
     States of replicas (processes of one data-parallel rank) may all be given: they hold the
@@ -343,7 +349,7 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for state in states:
         check_state(state, first["fingerprint"], [], live_order=first.get("datasets"))
     ended = [rank_turns(list(state["lanes"].values())) is None for state in states]
-    going_on = [state.get("step", 0) for state, done in zip(states, ended) if not done]
+    going_on = [saved_step(state) for state, done in zip(states, ended) if not done]
     if going_on:  # a finished rank's lanes pad in step with the ranks going on
         states = [
             {**state, "lanes": padded_to(state["lanes"], max(going_on))} if done else state
@@ -359,7 +365,7 @@ def merge_states(states: Iterable[dict[str, Any]]) -> dict[str, Any]:
     merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
     # in step, the ranks' steps are one; ranks of a finished run under "stop" end apart, and
     # the run's step is then the last rank's
-    merged["step"] = max((s.get("step", 0) for s in states), default=0)
+    merged["step"] = max((saved_step(s) for s in states), default=0)
     total = first["fingerprint"].get("canonical_replicas")
     # replicas of one data-parallel rank (tensor-parallel peers) hold one set of lanes
     ranks = len({tuple(sorted(state["lanes"])) for state in states})

@@ -181,6 +181,25 @@ def test_an_edited_state_is_refused_naming_the_field(
         next(iter(pipeline))
 
 
+def test_a_state_without_its_step_resumes_as_saved(
+    tokenizer: Any, saved: tuple[dict[str, Any], list[Any]]
+) -> None:
+    """``step`` is derived from the lanes' turns: a state without it loads and resumes where
+    the state with it does."""
+    state, expected = saved
+    state = copy.deepcopy(state)
+    del state["step"]
+    pipeline = small_pipeline(tokenizer, lanes=2, exhaustion="repeat", prefetch=0)
+    pipeline.load_state_dict(state)
+    assert keys(pipeline, limit=6) == expected
+    # merged, the ranks' steps are their lanes' (not 0, refused beside lanes at turn 2)
+    merged = merge_states([state])
+    assert merged["step"] == saved[0]["step"]
+    pipeline = small_pipeline(tokenizer, lanes=2, exhaustion="repeat", prefetch=0)
+    pipeline.load_state_dict(merged)
+    assert keys(pipeline, limit=6) == expected
+
+
 def test_a_shuffled_lane_s_edited_state_is_refused_naming_where_the_field_lies() -> None:
     """Under ``shuffle`` a lane's packing state lies under ``pack.start``: errors name that
     path (they said ``pack.readers``, a key the state does not have there)."""
