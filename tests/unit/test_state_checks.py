@@ -200,6 +200,32 @@ def test_a_state_without_its_step_resumes_as_saved(
     assert keys(pipeline, limit=6) == expected
 
 
+def test_a_state_saved_before_the_first_batch_resumes_from_the_start(tokenizer: Any) -> None:
+    """Its lanes are null (not begun, at turn 0) and its step 0: it loads, and the run starts
+    where a fresh one does."""
+
+    def build() -> Pipeline:
+        return small_pipeline(tokenizer, lanes=2, exhaustion="repeat", prefetch=0)
+
+    state = json.loads(json.dumps(build().state_dict()))
+    assert set(state["lanes"].values()) == {None} and state["step"] == 0
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert keys(resumed, limit=4) == keys(build(), limit=4)
+
+
+def test_a_count_at_the_last_value_below_2_48_loads(
+    tokenizer: Any, saved: tuple[dict[str, Any], list[Any]]
+) -> None:
+    """Counts and positions are ints in [0, 2**48): 2**48 - 1 is taken (2**48 is refused,
+    ``EDITS``)."""
+    state = copy.deepcopy(saved[0])
+    _pack(state)["delivered"][0][0] = 2**48 - 1
+    pipeline = small_pipeline(tokenizer, lanes=2, exhaustion="repeat", prefetch=0)
+    pipeline.load_state_dict(state)
+    next(iter(pipeline))
+
+
 def test_a_shuffled_lane_s_edited_state_is_refused_naming_where_the_field_lies() -> None:
     """Under ``shuffle`` a lane's packing state lies under ``pack.start``: errors name that
     path (they said ``pack.readers``, a key the state does not have there)."""
