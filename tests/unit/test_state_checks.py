@@ -435,3 +435,21 @@ def test_a_state_of_other_canonical_replicas_is_refused_for_that_alone() -> None
             recipe(live_lanes).load_state_dict(saved.state_dict())
         assert set(raised.value.mismatches) == {"canonical_replicas"}
         assert "merge_states" not in str(raised.value)
+
+
+def test_ranks_states_merged_in_stages_are_those_merged_at_once(tokenizer: Any) -> None:
+    """Two ranks' lanes of four (half the lanes) merge alone: they are no world's ranks to
+    compare for step, and their merge with the other half's is the merge of all four."""
+
+    def ranked(rank: int) -> Pipeline:
+        return small_pipeline(tokenizer, lanes=4, world_size=4, rank=rank, prefetch=0)
+
+    states = []
+    for rank in range(4):
+        pipeline = ranked(rank)
+        batches = iter(pipeline)
+        for _ in range(2):
+            next(batches)
+        states.append(pipeline.state_dict())
+    staged = merge_states([merge_states(states[:2]), merge_states(states[2:])])
+    assert staged == merge_states(states)
