@@ -203,10 +203,25 @@ def download_patterns(
         "snapshot_download(sys.argv[1], repo_type='dataset', revision=sys.argv[2], "
         "allow_patterns=sys.argv[3:])"
     )
+    _client(endpoint, cache, code, [repo, revision, *patterns])
+
+
+def download_files(endpoint: str, cache: Path, repo: str, files: list[str]) -> None:
+    """`hf_hub_download` of each of `files`: the hub cache holds them, and no listing."""
+    code = (
+        "import sys; from huggingface_hub import hf_hub_download\n"
+        "for name in sys.argv[2:]:\n"
+        "    hf_hub_download(sys.argv[1], name, repo_type='dataset')"
+    )
+    _client(endpoint, cache, code, [repo, *files])
+
+
+def _client(endpoint: str, cache: Path, code: str, args: list[str]) -> None:
+    """Runs `code` (with `args`) in a fresh interpreter whose huggingface_hub asks the hub at
+    `endpoint` and downloads into `cache`."""
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(cache)}
     env.pop("HF_HUB_OFFLINE", None)
-    command = [sys.executable, "-c", code, repo, revision, *patterns]
-    subprocess.run(command, env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code, *args], env=env, check=True, timeout=60)
 
 
 _READ_TOKENS = """

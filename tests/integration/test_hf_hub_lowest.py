@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.hf_repos import download_patterns, plain_hub, read_online, run_offline, write_split
+from tests.hf_repos import (
+    download_patterns,
+    plain_hub,
+    read_online,
+    run_offline,
+    script_repo,
+    write_split,
+)
 from tests.hub_server import Hub, serve
 
 pytest.importorskip("huggingface_hub")
@@ -58,12 +65,9 @@ def test_the_lowest_hub_client_reads_the_converted_parquet_online(tmp_path: Path
     """The auto-converted layout is another revision (`refs/convert/parquet`), asked for by
     name: the old client's revision handling reads it too."""
     hub = Hub()
-    (tmp_path / "main").mkdir()
-    (tmp_path / "main" / "README.md").write_text("# a dataset with a loading script")
-    (tmp_path / "main" / "conv.py").write_text("# builder")
     converted = tmp_path / "converted"
     write_split(converted / "wiki" / "train" / "0000.parquet", "wiki-train", 3)
-    hub.add("org/conv", "main", tmp_path / "main")
+    hub.add("org/conv", "main", script_repo(tmp_path / "main"))
     hub.add("org/conv", "refs/convert/parquet", converted)
     with serve(hub) as endpoint:
         train = read_online("hf://org/conv/wiki/train", endpoint, tmp_path, **lowest())

@@ -5,31 +5,16 @@ else vouches for it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.hf_repos import download_patterns, read_offline, write_split
+from tests.hf_repos import download_files, download_patterns, read_offline, write_split
 from tests.hub_server import Hub, serve
 
 pytest.importorskip("huggingface_hub")
 
 NO_LISTING = "the hub cache keeps no listing of commit"
-
-
-def download_files(endpoint: str, cache: Path, repo: str, files: list[str]) -> None:
-    """`hf_hub_download` of each of `files`: the hub cache holds them, and no listing."""
-    code = (
-        "import sys; from huggingface_hub import hf_hub_download\n"
-        "for name in sys.argv[2:]:\n"
-        "    hf_hub_download(sys.argv[1], name, repo_type='dataset')"
-    )
-    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(cache)}
-    env.pop("HF_HUB_OFFLINE", None)
-    subprocess.run([sys.executable, "-c", code, repo, *files], env=env, check=True, timeout=60)
 
 
 def loose_hub(folder: Path) -> Hub:
