@@ -26,16 +26,16 @@ pipeline: serving bytes costs CPU the pipeline would otherwise use) and measured
   the library adds nothing to the remote pass beyond the transfer's CPU; well under 1, its
   remote path (prefetch, cache, waits) is what loses.
 
-Each side's indexes (JSONL line indexes, remembered row counts) are built once before the
-timed passes, as `zephon-torch index` does ahead of a job, so a timed open lists the objects
-and downloads nothing; times include that open. Each remote pass starts with an empty shard
-cache, so every shard is downloaded during the pass, and every pass after a `gc.collect()`.
-Target: remote+prefetch at least 0.8 of local (best of `--repeats`), judged twice: on the streaming rate after opening
-(what a long run sees) and on the whole pass with its cold open (which weighs by how short the
-pass is: `--copies` sets the pre-tokenized pass length, 24 copies being about 1.5 s locally).
-Each best pass's CPU seconds are printed too (this process, all threads, and the server's):
-on a machine whose cores the local pass already keeps busy, what a remote pass adds (the
-downloads' writes into the page cache, most of it) comes out of the same cores.
+Each side's indexes (JSONL line indexes, remembered row counts) are built once before the timed
+passes, as `zephon-torch index` does ahead of a job, so a timed open lists the objects and
+downloads nothing; times include that open. Each remote pass starts with an empty shard cache,
+so every shard is downloaded during the pass, and every pass after a `gc.collect()`. Target:
+remote+prefetch at least 0.8 of local (best of `--repeats`), judged twice: on the streaming rate
+after opening (what a long run sees) and on the whole pass with its cold open (which weighs by
+how short the pass is: `--copies` sets the pre-tokenized pass length, 24 copies being about 1.5
+s locally). Each best pass's CPU seconds are printed too (this process, all threads, and the
+server's): on a machine whose cores the local pass already keeps busy, what a remote pass adds
+(the downloads' writes into the page cache, most of it) comes out of the same cores.
 Loopback only; the run stops by itself (a deadline skips the remaining repeats). Exit code 0
 whether or not the target is met; 2 when a side delivers another token count than local.
 
