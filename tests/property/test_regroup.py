@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon_torch._regroup import _MOST_TRIED, _divisors, regroup
+from zephon_torch._regroup import _MOST_TRIED, _divisors, as_loaded, regroup
 from zephon_torch.errors import StateMismatchError
 
 
@@ -159,3 +159,23 @@ def test_lanes_that_are_not_a_dict_are_left_to_the_shape_check(lanes: Any) -> No
     state = _state(2, [1]) | {"lanes": lanes}
     out = regroup(state, 1)
     assert out["lanes"] is lanes and out["microbatch_size"] == 1
+
+
+def test_a_state_mid_step_with_lanes_not_begun_is_refused_with_a_smaller_size() -> None:
+    """Lanes not begun stand at turn 0: beside a lane at turn 1 of 2 rows they are a turn
+    apart, two turns in micro-batches of 1."""
+    with pytest.raises(StateMismatchError, match="saved mid-step") as caught:
+        as_loaded(_state(2, [None, 1]), 1)
+    assert "would stand 2 turns apart" in caught.value.mismatches["microbatch_size"][1]
+
+
+def test_a_finished_lane_a_turn_behind_does_not_make_a_state_mid_step() -> None:
+    state = _state(2, [1, 2])
+    state["lanes"]["0"]["done"] = True
+    out = as_loaded(state, 1)
+    assert [out["lanes"][lane]["turn"] for lane in ("0", "1")] == [2, 4]
+
+
+@pytest.mark.parametrize("state", [None, [1], {"fingerprint": {}, "lanes": "lanes"}])
+def test_as_loaded_returns_what_is_not_a_state_s_dict_as_it_is(state: Any) -> None:
+    assert as_loaded(state, 2) == state
