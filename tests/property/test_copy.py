@@ -85,6 +85,22 @@ def test_numpy_s_copy_gives_the_same_ids_and_leaves_the_check_to_the_caller(
     assert fill(parts, out, NO_CHECK) is False
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_a_batch_s_two_dimensional_buffer_is_filled_row_after_row(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches are copied straight into their [B, S] buffer: rows one after another, as into
+    its flat view, by either copy."""
+    if not native:
+        monkeypatch.setattr(_copy, "_native", None)
+    parts = [np.arange(5, dtype=np.int32), np.array([9, 8, 7], np.uint16)]
+    out = np.full((2, 4), -1, dtype=np.int64)
+    assert fill(parts, out, 8) is True
+    assert out.tolist() == [[0, 1, 2, 3], [4, 9, 8, 7]]
+    with pytest.raises(ValueError, match="contiguous int64"):  # a column of a wider buffer
+        compiled().fill(parts, np.empty((8, 2), np.int64).T[:, :4], 8)
+
+
 def test_the_compiled_copy_is_built_and_used() -> None:
     """`make install` builds the module; without it every batch is copied by numpy."""
     assert compiled().fill([np.array([3], np.int32)], np.empty(1, np.int64), 2) is True

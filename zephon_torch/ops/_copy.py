@@ -19,15 +19,15 @@ NO_CHECK = (1 << 64) - 1  # ``top`` where the ids are not checked
 
 
 def fill(parts: Sequence[npt.NDArray[Any]], out: npt.NDArray[np.int64], top: int) -> bool:
-    """Copy the 1-D integer arrays ``parts`` end to end into ``out`` (contiguous int64, as
-    long as all of them), each id cast as numpy casts it to int64. Returns whether an id may
-    exceed ``top`` read as unsigned 64-bit (negative ids do): False means none does; True, from
-    the compiled copy, that one does, and from numpy's, which does not look, that the ids were
-    not checked (unless ``top`` is ``NO_CHECK``)."""
+    """Copy the 1-D integer arrays ``parts`` end to end into ``out`` (C-contiguous int64 of
+    any shape, as long as all of them), each id cast as numpy casts it to int64. Returns
+    whether an id may exceed ``top`` read as unsigned 64-bit (negative ids do): False means
+    none does; True, from the compiled copy, that one does, and from numpy's, which does not
+    look, that the ids were not checked (unless ``top`` is ``NO_CHECK``)."""
     if _native is not None:
         try:
             return bool(_native.fill(parts, out, top))
         except TypeError:  # a part of byte-swapped (or not integer) values: numpy casts it
             pass
-    np.concatenate(parts, out=out)
+    np.concatenate(parts, out=out.reshape(-1))  # a view: ``out`` is contiguous
     return top != NO_CHECK

@@ -280,12 +280,12 @@ class BatchNode(BaseNode[Batch]):
         """The batch whose ``parts`` (of ``owners``) lay out its rows end to end over the first
         ``filled`` positions (default: ``tokens``); the rest is padding, and everything is
         copied into the ``[microbatch_size, max_length]`` buffer at once."""
+        padding = self._padding_all
         ids = np.empty((self.microbatch_size, self.max_length), dtype=np.int64)
-        flat = ids.reshape(-1)
-        rest = len(flat) - (tokens if filled is None else filled)
+        rest = len(padding) - (tokens if filled is None else filled)
         if rest:
-            parts.append(self._padding_all[:rest])
-        if fill(parts, flat, self._top) and self.id_check is not None:
+            parts.append(padding[:rest])
+        if fill(parts, ids, self._top) and self.id_check is not None:
             self.id_check.check(ids, parts, owners)  # raises naming the document
         batch = Batch(
             input_ids=ids,
