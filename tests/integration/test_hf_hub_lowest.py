@@ -90,7 +90,7 @@ def test_with_the_lowest_hub_client_the_hub_cache_is_refused_naming_its_version(
     assert old.returncode != 0
     assert (
         "reading hf:// from the local hub cache (offline, or with the hub not answering) needs "
-        "huggingface_hub 1.25 or newer" in old.stderr
+        "huggingface_hub 1.23 or newer" in old.stderr
     )
     assert f"huggingface_hub {LOWEST_VERSION} is installed" in old.stderr
     new = run_offline(cache, "hf://org/plain/train", tmp_path)

@@ -47,7 +47,7 @@ def resolve_hf(url: str, format_: str | None = None) -> tuple[str, list[str], st
     if not hasattr(module, "get_cached_repo_tree"):
         raise ConfigError(
             f"{url!r}: reading hf:// from the local hub cache (offline, or with the hub not "
-            f"answering) needs huggingface_hub 1.25 or newer, which keeps the listing of each "
+            f"answering) needs huggingface_hub 1.23 or newer, which keeps the listing of each "
             f"cached commit: without it, a split cached in part or without its dataset card "
             f"would read as other files than online. huggingface_hub {module.__version__} is "
             f"installed (transformers 4.x requires one before 1.0): read the split online, or "
