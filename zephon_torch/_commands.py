@@ -117,6 +117,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         validate=args.validate,
         text_field=args.text_field,
         token_field=args.token_field,
+        chat_field=args.chat_field,
         vocab_size=args.vocab_size,
         show_errors=args.show_errors,
     )

@@ -47,6 +47,7 @@ def run_inspect(
     validate: bool = False,
     text_field: str | None = None,
     token_field: str | None = None,
+    chat_field: str | None = None,
     vocab_size: int | None = None,
     show_errors: int = 10,
     out: TextIO | None = None,
@@ -62,10 +63,11 @@ def run_inspect(
         storage_options: passed to the fsspec file system of a URL.
         columns: the fields to read (default all): leaves out one that is not read, such as
             an MDS `pkl` column.
-        validate: then read every row, checking `text_field` or `token_field` (its ids in
-            `[0, vocab_size)`, else `[0, 2**31)`) in each (see `zephon_torch._validate`), and
-            print each bad row (up to `show_errors`); a path that does not open as a whole
-            for a damaged file is read file by file, the damaged ones reported.
+        validate: then read every row, checking `text_field`, `token_field` (its ids in
+            `[0, vocab_size)`, else `[0, 2**31)`) or `chat_field` (conversations) in each
+            (see `zephon_torch._validate`), and print each bad row (up to `show_errors`); a
+            path that does not open as a whole for a damaged file is read file by file, the
+            damaged ones reported.
         out: where to print (default stdout); errors go to stderr.
 
     Returns:
@@ -83,6 +85,7 @@ def run_inspect(
                 datasets,
                 text_field=text_field,
                 token_field=token_field,
+                chat_field=chat_field,
                 vocab_size=vocab_size,
                 unopened=unopened,
                 shown=show_errors,

@@ -3,7 +3,8 @@
 A job stops at its first bad row (or, under ``bad_rows="skip"``, counts it): hours in, on a row
 that one pass over the data would have shown. This pass reads every row of every shard as a
 pipeline's reading does, and, given the field the job takes (``--text-field`` for ``tokenize``,
-``--token-field`` for ``pretokenized``), checks it as the pipeline will. It reports each bad row
+``--token-field`` for ``pretokenized``, ``--chat-field`` for ``tokenize_chat``), checks it as the
+pipeline will. It reports each bad row
 and each unreadable shard by dataset, shard, row (and a JSONL row's line), and goes on: the rows
 of a chunk that holds a bad one are read one by one. Storage errors past the retries still end
 it (exit code 2, as any error of the command).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -24,6 +26,7 @@ from zephon_torch.errors import DataError, row_fault
 from zephon_torch.io import Dataset
 from zephon_torch.io._projection import field_error, id_limit, text_of, token_ids
 from zephon_torch.io._rows import name_line
+from zephon_torch.ops.chat import CHATML_ROLES, conversation_problem
 
 CHUNK_ROWS = 4096  # rows read at once: a bad row costs its chunk a few more reads
 VALIDATION_FAILED_EXIT = 1  # bad rows or shards found (2: the command itself failed)
@@ -40,10 +43,20 @@ class Findings:
     errors: list[str] = field(default_factory=list)  # the first `shown`, in reading order
     smallest: int | None = None  # of the token ids, over the rows read
     largest: int | None = None
+    roles: Counter[str] = field(default_factory=Counter)  # conversations' messages by role
+    untrained: int = 0  # conversations without an assistant message
 
     def add_error(self, error: DataError, shown: int) -> None:
         if len(self.errors) < shown:
             self.errors.append(" ".join(str(error).split()))
+
+    def add_conversation(self, messages: list[dict[str, Any]]) -> None:
+        if not messages:
+            self.empty += 1
+            return
+        roles = [message["role"] for message in messages]
+        self.roles.update(roles)
+        self.untrained += "assistant" not in roles
 
     def add_ids(self, ids: np.ndarray[Any, Any]) -> None:
         if not ids.size:
@@ -59,6 +72,7 @@ def validate(
     *,
     text_field: str | None = None,
     token_field: str | None = None,
+    chat_field: str | None = None,
     vocab_size: int | None = None,
     unopened: Sequence[DataError] = (),
     shown: int = 10,
@@ -66,8 +80,9 @@ def validate(
 ) -> int:
     """Read every row of ``datasets`` (one dataset, or its files opened one by one, those
     that did not open given as ``unopened``) and check ``text_field`` (a string, or UTF-8
-    bytes) or ``token_field`` (a 1-D list of integer ids in ``[0, vocab_size)``, else ``[0,
-    2**31)``) in each; print what was found. Returns 0 where every row read and checked, else
+    bytes), ``token_field`` (a 1-D list of integer ids in ``[0, vocab_size)``, else ``[0,
+    2**31)``) or ``chat_field`` (a list of ``{"role": str, "content": str}``; its messages
+    counted by role) in each; print what was found. Returns 0 where every row read and checked, else
     ``VALIDATION_FAILED_EXIT``."""
     found = Findings()
     for error in unopened:
@@ -75,13 +90,14 @@ def validate(
         found.add_error(error, shown)
     started = time.perf_counter()
     shards = 0
-    check = _checker(text_field, token_field, vocab_size)
+    check = _checker(text_field, token_field, chat_field, vocab_size)
     for dataset in datasets:
         for shard in range(len(dataset.shards)):
             _validate_shard(dataset, shard, check, token_field, found, shown)
         shards += len(dataset.shards)
     seconds = time.perf_counter() - started
-    _report(shards + len(unopened), found, text_field or token_field, seconds, shown, out)
+    checked = text_field or token_field or chat_field
+    _report(shards + len(unopened), found, checked, seconds, shown, out)
     return VALIDATION_FAILED_EXIT if found.bad_rows or found.bad_shards else 0
 
 
@@ -218,10 +234,14 @@ def _shard_failed(error: DataError, dataset: Dataset, found: Findings, shown: in
 
 
 def _checker(
-    text_field: str | None, token_field: str | None, vocab_size: int | None
+    text_field: str | None,
+    token_field: str | None,
+    chat_field: str | None,
+    vocab_size: int | None,
 ) -> Callable[[Any, Findings], str | None]:
-    """What is wrong with a row (a dict, or stored ids), as tokenize or pretokenized would
-    find it; None where nothing is, its text or ids then counted in the findings."""
+    """What is wrong with a row (a dict, or stored ids), as tokenize, pretokenized or
+    tokenize_chat would find it; None where nothing is, its text, ids or messages then counted
+    in the findings."""
     limit, bound = id_limit(vocab_size)
 
     def check(value: Any, found: Findings) -> str | None:
@@ -241,6 +261,11 @@ def _checker(
                 found.empty += not text_of(value, text_field)
             except ValueError as error:
                 return str(error)
+        elif chat_field is not None:
+            problem = conversation_problem(chat_field, value)
+            if problem is not None:
+                return problem
+            found.add_conversation(value[chat_field])
         return None
 
     return check
@@ -272,8 +297,32 @@ def _report(
             "(a run refuses ids outside [0, vocab_size) of its tokenizer or model)",
             file=out,
         )
+    if found.roles:
+        _report_roles(found, out)
     for error in found.errors:
         print(f"  {error}", file=out)
     more = found.bad_rows + found.bad_shards - len(found.errors)
     if more > 0:
         print(f"  ... and {more:,} more (--show-errors sets how many are printed)", file=out)
+
+
+def _report_roles(found: Findings, out: TextIO) -> None:
+    """The conversations' messages by role, the roles the built-in chatml template (the
+    default) refuses, and the conversations it would train on nothing of."""
+    by_role = ", ".join(f"{role!r} {n:,}" for role, n in found.roles.most_common())
+    print(f"  messages by role: {by_role}", file=out)
+    unknown = [role for role in found.roles if role not in CHATML_ROLES]
+    if unknown:
+        print(
+            f"  roles the built-in chatml template (tokenize_chat's default) refuses: "
+            f"{', '.join(map(repr, unknown))}; rename them with a map before tokenize_chat, "
+            "or pass a template of your own",
+            file=out,
+        )
+    if found.untrained:
+        have = "conversation has" if found.untrained == 1 else "conversations have"
+        print(
+            f"  {found.untrained:,} {have} no 'assistant' message: with chatml nothing of "
+            "them is trained on (every label -100)",
+            file=out,
+        )

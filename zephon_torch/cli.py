@@ -294,6 +294,13 @@ def _add_dataset_commands(commands: Any) -> None:
                 help="with --validate: check that each row holds this field as token ids, as "
                 "pretokenized(field) takes them (and print the ids' range)",
             )
+            checked.add_argument(
+                "--chat-field",
+                default=None,
+                help="with --validate: check that each row holds this field as a conversation, "
+                "a list of {'role': str, 'content': str}, as tokenize_chat(field=...) takes it "
+                "(and count its messages by role)",
+            )
             command.add_argument(
                 "--vocab-size",
                 type=_positive_int,
@@ -320,6 +327,7 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             for option, value in (
                 ("--text-field", args.text_field),
                 ("--token-field", args.token_field),
+                ("--chat-field", args.chat_field),
                 ("--vocab-size", args.vocab_size),
             )
             if value is not None

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from zephon_torch import DataError, Pipeline
 from zephon_torch._validate import CHUNK_ROWS, VALIDATION_FAILED_EXIT, validate
 from zephon_torch.cli import main
 from zephon_torch.io import Dataset
+from zephon_torch.work import StaticMixtureWorkSource
 
 
 @pytest.fixture(autouse=True)
@@ -265,3 +269,87 @@ def test_npy_files_open_with_their_offsets_and_files_without_rows_are_left_out(
     assert "validate: 1 shard unreadable past an error: read 0 rows of 1 shard" in (
         capsys.readouterr().out
     )
+
+
+def _turn(role: str, content: object = "hi") -> dict[str, object]:
+    return {"role": role, "content": content}
+
+
+def test_conversations_are_checked_as_tokenize_chat_takes_them_and_counted_by_role(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = [_turn("system"), _turn("user"), _turn("assistant")]
+    rows: list[object] = [{"messages": good} for _ in range(8)]
+    rows[1] = {"text": "no conversation"}  # field missing
+    rows[2] = {"messages": "hi"}  # not a list
+    rows[3] = {"messages": [_turn("user"), _turn("assistant", 7)]}  # content an int
+    rows[4] = {"messages": []}  # empty: no error, no tokens
+    rows[5] = {"messages": [_turn("human"), _turn("gpt")]}  # roles chatml refuses
+    rows[6] = {"messages": [_turn("user")]}  # nothing to train on
+    folder = _jsonl(tmp_path / "sft", [[json.dumps(row) for row in rows]])
+    code = main(["inspect", str(folder), "--validate", "--chat-field", "messages", "--rows", "1"])
+    out = capsys.readouterr().out
+    assert code == VALIDATION_FAILED_EXIT
+    report = out[out.index("validate:") :].splitlines()
+    assert report[0].startswith("validate: 3 bad rows: read 8 rows of 1 shard in ")
+    assert report[0].endswith("field 'messages' checked in each")
+    shard = f"dataset 'sft', shard '{folder / 'part-0.jsonl'}'"
+    assert [line.strip() for line in report[1:]] == [
+        "1 row is empty (they give no tokens)",
+        "messages by role: 'user' 3, 'system' 2, 'assistant' 2, 'human' 1, 'gpt' 1",
+        "roles the built-in chatml template (tokenize_chat's default) refuses: 'human', "
+        "'gpt'; rename them with a map before tokenize_chat, or pass a template of your own",
+        "2 conversations have no 'assistant' message: with chatml nothing of them is trained "
+        "on (every label -100)",
+        f"{shard}, row 1: field 'messages' is missing; the row has fields ['text'] (line 2 of "
+        "the file)",
+        f"{shard}, row 2: field 'messages' must be a list of {{'role': str, 'content': str}}: "
+        "it is a str (line 3 of the file)",
+        f"{shard}, row 3: field 'messages' must be a list of {{'role': str, 'content': str}}: "
+        "message 1's 'content' is an int (line 4 of the file)",
+    ]
+
+
+def test_a_bad_conversation_is_reported_as_the_run_would_stop_on_it(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """The same words for the same row as the pipeline's error: what validate passes,
+    tokenize_chat takes."""
+    rows = [[_turn("user"), _turn("assistant")], [_turn("user"), {"content": "no role"}]]
+    table = pa.table({"messages": rows})  # a list<struct> column, as SFT sets are stored
+    pq.write_table(table, tmp_path / "sft.parquet")
+    dataset = Dataset.from_path("sft", tmp_path / "sft.parquet")
+    out = io.StringIO()
+    assert validate([dataset], chat_field="messages", out=out) == VALIDATION_FAILED_EXIT
+    said = out.getvalue().splitlines()[-1].strip()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the test tokenizer has no chatml markers
+        pipeline = Pipeline(StaticMixtureWorkSource([dataset], shuffle=False)).tokenize_chat(
+            tokenizer=tokenizer
+        )
+    with pytest.raises(DataError) as raised:
+        list(pipeline.pack_flat(64).batch(1))
+    # the run adds how to skip such rows
+    assert " ".join(str(raised.value).split()).startswith(said)
+    assert "row 1: field 'messages' must be a list of" in said
+    assert "message 1's 'role' is None" in said  # Parquet's struct fills the missing key
+
+
+def test_a_clean_chat_dataset_exits_0_and_chat_checks_need_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"messages": [_turn("user"), _turn("assistant", f"answer {i}")]} for i in range(5)]
+    folder = _jsonl(tmp_path / "clean", [[json.dumps(row) for row in rows]])
+    assert main(["inspect", str(folder), "--validate", "--chat-field", "messages"]) == 0
+    out = capsys.readouterr().out
+    assert "validate: no bad row: read 5 rows of 1 shard in " in out
+    assert "messages by role: 'user' 5, 'assistant' 5" in out
+    assert "refuses" not in out and "no 'assistant' message" not in out
+    with pytest.raises(SystemExit) as caught:
+        main(["inspect", str(folder), "--chat-field", "messages"])
+    assert caught.value.code == 2
+    assert "--chat-field applies with --validate" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        main(["inspect", str(folder), "--validate", "--chat-field", "m", "--text-field", "t"])
+    assert caught.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -89,6 +89,17 @@ def resolve_template(
     return template, function_name(template, name)
 
 
+def conversation_problem(field: str, data: dict[str, Any]) -> str | None:
+    """Why row ``data``'s ``field`` is not a conversation ``tokenize_chat`` takes, a list of
+    ``{"role": str, "content": str}`` (None: it is one)."""
+    if field not in data:
+        return missing_field(field, data)
+    fault = _malformed(data[field])
+    if fault is None:
+        return None
+    return f"field {field!r} must be a list of {{'role': str, 'content': str}}: {fault}"
+
+
 def _malformed(messages: Any) -> str | None:
     """What keeps ``messages`` from being a list of ``{"role": str, "content": str}`` (None:
     nothing), naming the first message at fault."""
@@ -177,19 +188,12 @@ class TokenizeChatOp:
 
     def _segments(self, doc: Document) -> list[tuple[str, bool]]:
         data = doc.data if doc.data is not None else {}
-        messages = data.get(self.field)
-        problem = None
-        if self.field not in data:
-            problem = missing_field(self.field, data)
-        elif (fault := _malformed(messages)) is not None:
-            problem = (
-                f"field {self.field!r} must be a list of {{'role': str, 'content': str}}: {fault}"
-            )
+        problem = conversation_problem(self.field, data)
         if problem is not None:
             raise document_error(
                 doc, problem, dataset_names=self.dataset_names, shard_paths=self.shard_paths
             )
-        assert isinstance(messages, list)
+        messages = data[self.field]
         return call_user(  # read twice (text, then flags): a generator is listed
             lambda m: _checked_segments(self.template(m)),
             owned(messages),  # the template may change them in place (see `owned`)
