@@ -1,8 +1,10 @@
 """The examples: the training loop gives the same data and loss on 1 and 4 ranks and resumes
-on 2; the quickstart runs offline and resumes exactly."""
+on 2; the quickstart runs offline and resumes exactly; the SFT example trains on assistant turns
+alone and resumes exactly."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -12,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import run_group
+from zephon_torch import Pipeline
+from zephon_torch.io import Dataset
+from zephon_torch.ops.chat import chatml
+from zephon_torch.work import StaticMixtureWorkSource
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_loop.py")
@@ -103,3 +109,38 @@ def test_the_curriculum_example_shows_short_documents_first() -> None:
     # the lane's filter has seen about 100 documents by its first micro-batch: cap about 330
     assert all(kept < without for kept, without in pairs), pairs
     assert max(kept for kept, _ in pairs[:2]) < 400 < min(without for _, without in pairs)
+
+
+def test_the_sft_example_trains_on_assistant_turns_alone_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    example = ROOT / "examples" / "sft_chat.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--out", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "validate: no bad row: read 600 rows of 2 shards" in done.stdout
+    assert "all of them assistant text or its end marker" in done.stdout
+    assert "resumed exactly: True" in done.stdout
+    share = float(done.stdout.split("x [4, 256]: ")[1].split("%")[0]) / 100
+    assert 0.3 < share < 0.9, share  # assistant answers are the longer turns
+    # its check would see a template that trains on every turn
+    spec = importlib.util.spec_from_file_location("sft_chat", example)
+    assert spec is not None and spec.loader is not None
+    sft = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sft)
+    tokenizer = sft.train_tokenizer(tmp_path / "data")
+
+    def everything(messages: list[dict[str, str]]) -> list[tuple[str, bool]]:
+        return [(text, True) for text, _ in chatml(messages)]
+
+    source = StaticMixtureWorkSource([Dataset.from_path("sft", tmp_path / "data" / "sft")])
+    pipeline = Pipeline(source).tokenize_chat(tokenizer=tokenizer, chat_template=everything)
+    batch = next(iter(pipeline.pack_flat(256, "best_fit").batch(4)))
+    labels = batch.to_training()["labels"].tolist()
+    stray = set().union(*(sft.trained_words(tokenizer, row) for row in labels))
+    assert {"<|im_start|>", "user", "assistant"} <= stray - {*sft.ASSISTANT_WORDS, "<|im_end|>"}
