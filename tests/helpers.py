@@ -1,4 +1,5 @@
-"""Helpers shared by tests: build small pipelines, compare streams, resume at every step."""
+"""Helpers shared by tests: build small pipelines, compare streams, resume at every step, and
+the stateful filters the filter tests share."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import fsspec
+import numpy.typing as npt
 import pytest
 
 from tests.conftest import prose_documents
@@ -28,6 +30,7 @@ from zephon_torch import Batch, Pipeline
 from zephon_torch._lane_split import MID_STEP
 from zephon_torch._packed_rows import unpack_lanes
 from zephon_torch.io import Dataset
+from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
 
@@ -310,3 +313,63 @@ def thread_stack(thread: threading.Thread) -> list[str]:
         names.append(frame.f_code.co_name)
         frame = frame.f_back
     return names
+
+
+# Stateful filters and a pipeline the stateful-filter tests share.
+
+
+class KeepUnseen(StatefulFilter):
+    """Deduplicates: keeps a document only the first time its ids are seen."""
+
+    name = "keep_unseen"
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.seen: list[list[int]] = []
+        self.calls, self.limit = 0, limit
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.calls += 1
+        assert self.calls < self.limit, "read on and on: the endless rejection was not caught"
+        if tokens.tolist() in self.seen:
+            return False
+        self.seen.append(tokens.tolist())
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = [list(ids) for ids in state["seen"]]
+
+
+class Warmup(StatefulFilter):
+    """Skips the first ``skip`` documents; updates in place the dict it returns as state."""
+
+    name = "warmup"
+
+    def __init__(self, skip: int) -> None:
+        self.skip, self.state = skip, {"seen": 0}
+
+    def keep(self, tokens: npt.NDArray[Any], source: str) -> bool:
+        self.state["seen"] += 1
+        return self.state["seen"] > self.skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = dict(state)
+
+
+def repeating_pipeline(rows: int) -> Pipeline:
+    """`rows` documents of three equal ids each (1s, 2s, ...) under `exhaustion="repeat"`, read
+    as pre-tokenized ids and packed three tokens a row."""
+    ids = [[i + 1] * 3 for i in range(rows)]
+    dataset = Dataset.from_dict("d", {"ids": ids})
+    source = StaticMixtureWorkSource([dataset], exhaustion="repeat")
+    return Pipeline(source).pretokenized("ids").pack_flat(3)
+
+
+def not_five(row: dict[str, Any]) -> bool:
+    """A plain filter that drops the documents whose first id is 5."""
+    return bool(row["ids"][0] != 5)
