@@ -1,5 +1,5 @@
 """Helpers shared by tests: build small pipelines, compare streams, resume at every step, and
-the stateful filters the filter tests share."""
+the stateful filters and shard cache objects that families of tests share."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from zephon_torch import Batch, Pipeline
 from zephon_torch._lane_split import MID_STEP
 from zephon_torch._packed_rows import unpack_lanes
 from zephon_torch.io import Dataset
+from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 
@@ -373,3 +374,30 @@ def repeating_pipeline(rows: int) -> Pipeline:
 def not_five(row: dict[str, Any]) -> bool:
     """A plain filter that drops the documents whose first id is 5."""
     return bool(row["ids"][0] != 5)
+
+
+# Shard cache objects, downloads and contents the shard cache tests share.
+
+
+def cache_item(name: str, size: int, version: str = "v1") -> CachedObject:
+    """The shard cache's record of the object `s3://bucket/{name}`."""
+    return CachedObject(url=f"s3://bucket/{name}", size=size, version=version)
+
+
+def cache_writer(content: bytes, delay: float = 0.0) -> Callable[[str], None]:
+    """A shard cache download writing `content` in two halves, `delay` seconds apart."""
+
+    def download(target: str) -> None:
+        with open(target, "wb") as handle:
+            half = len(content) // 2
+            handle.write(content[:half])
+            handle.flush()
+            time.sleep(delay)
+            handle.write(content[half:])
+
+    return download
+
+
+def cached_files(directory: Path) -> dict[str, bytes]:
+    """The contents of the files in a shard cache folder, by name (its bookkeeping left out)."""
+    return {p.name: p.read_bytes() for p in directory.iterdir() if not p.name.startswith(".")}
