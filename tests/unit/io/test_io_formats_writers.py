@@ -125,6 +125,11 @@ def sample_rows(count: int) -> list[dict[str, Any]]:
     ]
 
 
+# The columns and rows the MDS format tests write (text, an int id, int32 tokens).
+MDS_COLUMNS = {"text": "str", "id": "int", "tokens": "ndarray:int32"}
+MDS_ROWS = sample_rows(120)
+
+
 def plain(row: dict[str, Any]) -> dict[str, Any]:
     """A row with numpy arrays turned into (dtype, nested lists), comparable with `==`."""
     return {
