@@ -1,9 +1,13 @@
-"""Shared fixtures: a real BPE tokenizer trained locally and small real-text datasets."""
+"""Shared fixtures: a real BPE tokenizer trained locally, small real-text datasets, and moto's S3
+server with a per-test cache folder for the S3 tests."""
 
 from __future__ import annotations
 
 import os
 import random
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 # One torch thread per process, set before torch is imported: two test workers (and their
 # DataLoader workers and torchrun ranks) share the machine's cores, and OpenMP threads that
@@ -14,6 +18,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from zephon_torch._corpus import pydoc_prose_documents, small_tokenizer
+from zephon_torch._moto import moto_server
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
@@ -36,3 +41,16 @@ def prose_documents(
         start = rng.randrange(0, len(words) - n)
         out.append(" ".join(words[start : start + n]))
     return out
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps the default shard cache and index folder (remembered row counts) per test."""
+    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+
+
+@pytest.fixture
+def s3_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """moto's standalone S3 server on loopback: its endpoint and its process."""
+    with moto_server() as running:
+        yield running

@@ -4,21 +4,30 @@ Each runs as its own process on a free port and is killed on exit: `gcp-storage-
 (a pip package, in the dev extras) for GCS, read through the real gcsfs client, and Azurite
 (Microsoft's emulator, installed with npm into `.azurite/` by the Makefile) for Azure, read
 through the real adlfs client. `Store` gives the URL, the storage options and an upload for
-each, so a test reads either one the same way.
+each, so a test reads either one the same way. The S3 tests (moto, see `tests/conftest.py`)
+share the rest: storage options, a corpus written in a format, and a read that dies naming a URL.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
 from zephon_torch._moto import free_port, serving
+from zephon_torch.errors import StorageError
+from zephon_torch.io import Dataset
 
 # gcsfs asks a GCS endpoint over gRPC whether a bucket is zonal or hierarchical, which the
 # emulator does not serve (a 60 s timeout per bucket); read when gcsfs is first imported.
@@ -91,3 +100,63 @@ def azure_store() -> Iterator[Store]:
         )
         options = {"connection_string": connection, "skip_instance_cache": True}
         yield Store("az", process, options)
+
+
+# Helpers the S3 and other object-store tests share.
+
+
+def s3_storage(endpoint: str) -> dict[str, Any]:
+    """s3fs storage options for moto at `endpoint`: one try per request, short timeouts."""
+    return {
+        "key": "x",
+        "secret": "x",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "config_kwargs": {
+            "retries": {"max_attempts": 1},
+            "connect_timeout": 1,
+            "read_timeout": 2,
+        },
+        "skip_instance_cache": True,
+    }
+
+
+def write_corpus(folder: Path, kind: str, shards: int = 4, rows: int = 50) -> None:
+    """`shards` files of `rows` documents each (text, id) as jsonl, parquet or vortex."""
+    folder.mkdir()
+    for shard in range(shards):
+        docs = [
+            {"text": f"shard {shard} doc {i} " * 8, "id": shard * rows + i} for i in range(rows)
+        ]
+        if kind == "jsonl":
+            lines = "".join(json.dumps(doc) + "\n" for doc in docs)
+            (folder / f"part-{shard:03d}.jsonl").write_text(lines)
+        elif kind == "vortex":
+            from tests.unit.io.test_io_formats_writers import write_vortex
+
+            write_vortex(folder / f"part-{shard:03d}.vortex", pa.Table.from_pylist(docs))
+        else:
+            pq.write_table(pa.Table.from_pylist(docs), folder / f"part-{shard:03d}.parquet")
+
+
+def all_rows(dataset: Dataset) -> list[list[dict[str, Any]]]:
+    """Every row of `dataset`, shard by shard."""
+    return [
+        dataset.read_rows(number, list(range(shard.num_rows)))
+        for number, shard in enumerate(dataset.shards)
+    ]
+
+
+def dies_naming(
+    remote: Dataset, server: subprocess.Popen[bytes], url: str, *, bound: float
+) -> None:
+    """Shard 0 read, the server killed: reading shard 1 raises a StorageError naming `url`
+    within `bound` seconds, and shard 0, cached, still reads."""
+    assert remote.read_rows(0, [0])[0]["id"] == 0
+    server.kill()
+    server.wait(10)
+    start = time.monotonic()
+    with pytest.raises(StorageError) as caught:
+        remote.read_rows(1, [0])
+    assert time.monotonic() - start < bound
+    assert caught.value.url == url
+    assert remote.read_rows(0, [1])[0]["id"] == 1

@@ -14,8 +14,16 @@ from typing import Any
 import pytest
 
 from tests.helpers import keys
-from tests.integration.test_s3 import _plain_rows, _write_corpus, _write_format, dies_naming
-from tests.object_stores import AZURE_ACCOUNT, AZURE_KEY, Store, azure_store, gcs_store
+from tests.integration.test_s3 import _plain_rows, _write_format
+from tests.object_stores import (
+    AZURE_ACCOUNT,
+    AZURE_KEY,
+    Store,
+    azure_store,
+    dies_naming,
+    gcs_store,
+    write_corpus,
+)
 from tests.unit.io.test_io_formats_writers import plain
 from zephon_torch import Pipeline
 from zephon_torch.io import Dataset
@@ -49,7 +57,7 @@ def _open(store: Store, bucket: str, prefix: str, tmp_path: Path, **options: Any
 
 def test_every_format_reads_the_same_rows_as_the_local_copy(store: Store, tmp_path: Path) -> None:
     for kind in ("jsonl", "parquet"):
-        _write_corpus(tmp_path / kind, kind, shards=3, rows=20)
+        write_corpus(tmp_path / kind, kind, shards=3, rows=20)
     for kind in ("mds-zstd", "litdata", "npy"):
         _write_format(tmp_path / kind, kind)
     for kind in ("jsonl", "parquet", "mds-zstd", "litdata", "npy"):
@@ -68,7 +76,7 @@ def test_every_format_reads_the_same_rows_as_the_local_copy(store: Store, tmp_pa
 
 
 def test_a_url_naming_one_object_reads_it(store: Store, tmp_path: Path) -> None:
-    _write_corpus(tmp_path / "one", "jsonl", shards=2, rows=5)
+    write_corpus(tmp_path / "one", "jsonl", shards=2, rows=5)
     store.upload(tmp_path / "one", "bucket", "one")
     remote = _open(store, "bucket", "one/part-001.jsonl", tmp_path)
     local = Dataset.from_path("one", tmp_path / "one" / "part-001.jsonl")
@@ -84,7 +92,7 @@ def test_a_folder_named_with_glob_characters_reads_as_the_local_one(
     `what`, and was 'no files found ... the path does not exist' where the local folder reads
     (and a folder `what` would have been read in its place)."""
     for name in ("what?", "run[2]", "what"):
-        _write_corpus(tmp_path / name, "jsonl", shards=1, rows=3 if name == "what" else 4)
+        write_corpus(tmp_path / name, "jsonl", shards=1, rows=3 if name == "what" else 4)
         store.upload(tmp_path / name, "bucket", f"odd/{name}")
     for name in ("what?", "what?/", "run[2]", "what?/part-000.jsonl"):
         remote = _open(store, "bucket", f"odd/{name}", tmp_path)
@@ -96,7 +104,7 @@ def test_a_folder_named_with_glob_characters_reads_as_the_local_one(
 
 
 def test_a_chained_url_names_its_shards_in_the_scheme_written(store: Store, tmp_path: Path) -> None:
-    _write_corpus(tmp_path / "c", "jsonl", shards=2, rows=5)
+    write_corpus(tmp_path / "c", "jsonl", shards=2, rows=5)
     store.upload(tmp_path / "c", "bucket", "c")
     remote = Dataset.from_path(
         "c",
@@ -113,7 +121,7 @@ def test_a_chained_url_names_its_shards_in_the_scheme_written(store: Store, tmp_
 def test_pipelines_give_the_batches_of_the_local_copy(
     store: Store, tmp_path: Path, tokenizer: Any
 ) -> None:
-    _write_corpus(tmp_path / "text", "jsonl", shards=4, rows=30)
+    write_corpus(tmp_path / "text", "jsonl", shards=4, rows=30)
     _write_format(tmp_path / "tokens", "npy")
     store.upload(tmp_path / "text", "bucket", "text")
     store.upload(tmp_path / "tokens", "bucket", "tokens")
@@ -148,7 +156,7 @@ def test_a_dead_endpoint_raises_a_storage_error_naming_the_url_in_bounded_time(
     ours, before its tries were cut to 2), the Azure SDK did for 86 s, before the retry
     policy saw the error: a download receiving nothing over a `rate_window` is now cut
     short."""
-    _write_corpus(tmp_path / "local", "parquet", shards=3)
+    write_corpus(tmp_path / "local", "parquet", shards=3)
     store.upload(tmp_path / "local", "bucket", "dying")
     retry = {"attempts": 1, "initial_delay": 0.1, "timeout": 5, "rate_window": 5}
     remote = _open(store, "bucket", "dying", tmp_path, retry=retry)
@@ -239,7 +247,7 @@ def test_gcs_requests_have_a_time_limit_unless_one_is_given(tmp_path: Path) -> N
     """gcsfs waits for an answer with no limit by default: a store that took the connection
     and never answered held the run for ever (no error at 590 s). Every gs:// file system,
     a DataLoader worker's copy's too, now limits a request to 60 s unless told otherwise."""
-    _write_corpus(tmp_path / "c", "jsonl", shards=2, rows=5)
+    write_corpus(tmp_path / "c", "jsonl", shards=2, rows=5)
     with gcs_store() as store:
         store.upload(tmp_path / "c", "bucket", "c")
         opened = _open(store, "bucket", "c", tmp_path)
@@ -351,7 +359,7 @@ def test_a_refused_gcs_download_is_one_storage_error_with_gcsfs_s_logs_demoted(
     from tests.hooked_proxy import hooked_proxy
     from zephon_torch import StorageError
 
-    _write_corpus(tmp_path / "c", "parquet", shards=2, rows=5)
+    write_corpus(tmp_path / "c", "parquet", shards=2, rows=5)
     refusing: list[bool] = []
 
     def store_answer(method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes] | None:
