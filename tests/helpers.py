@@ -1,5 +1,5 @@
 """Helpers shared by tests: build small pipelines, compare streams, resume at every step, and
-the stateful filters and shard cache objects that families of tests share."""
+the stateful filters, shard cache objects and loader pipelines that families of tests share."""
 
 from __future__ import annotations
 
@@ -401,3 +401,43 @@ def cache_writer(content: bytes, delay: float = 0.0) -> Callable[[str], None]:
 def cached_files(directory: Path) -> dict[str, bytes]:
     """The contents of the files in a shard cache folder, by name (its bookkeeping left out)."""
     return {p.name: p.read_bytes() for p in directory.iterdir() if not p.name.startswith(".")}
+
+
+# Pipelines and item digests the DataLoader tests share.
+
+
+# The loader tests' two sources: 40 long and 30 short documents, shards of 8.
+LOADER_DATASETS = two_sources(40, 30, shard_size=8)
+
+
+def loader_pipeline(tokenizer: Any, **kw: Any) -> Any:
+    """`small_pipeline` over LOADER_DATASETS on 4 lanes unless told otherwise."""
+    kw.setdefault("lanes", 4)
+    kw.setdefault("datasets", LOADER_DATASETS)
+    return small_pipeline(tokenizer, **kw)
+
+
+def item_bytes(item: dict[str, Any]) -> bytes:
+    """A loader item's ids, labels, positions and sequence bounds as one bytes value."""
+    return b"".join(
+        item[k].numpy().tobytes() for k in ("input_ids", "labels", "position_ids", "cu_seqlens")
+    )
+
+
+def take(loader: Any, n: int | None = None) -> list[bytes]:
+    """The `item_bytes` of a loader's first `n` items (of all of them without `n`)."""
+    out = []
+    for item in loader:
+        out.append(item_bytes(item))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def uneven_lanes(**options: Any) -> Any:
+    """Lane 0 of 4 gets every long document, so it runs for many turns after the others."""
+    rows = [{"input_ids": [i + 1] * (40 if i % 4 == 0 else 3)} for i in range(40)]
+    dataset = Dataset.from_dict("d", rows)
+    source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop", shuffle=False)
+    pipeline = Pipeline(source).options(canonical_replicas=4, **options)
+    return pipeline.pretokenized("input_ids").pack_flat(16, "best_fit").batch(2)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_dataloader import DATASETS, build, take
+from tests.helpers import LOADER_DATASETS, loader_pipeline, take
 from zephon_torch import Pipeline
 from zephon_torch.torch import DataLoader
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
@@ -18,7 +18,7 @@ from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
 def skipping(tokenizer: Any) -> Pipeline:
     """Two sources on 4 lanes, where the length rules skip documents of both kinds."""
     source = StaticMixtureWorkSource(
-        DATASETS, {"long": 0.6, "short": 0.4}, seed=7, token_estimation=TokenEstimation()
+        LOADER_DATASETS, {"long": 0.6, "short": 0.4}, seed=7, token_estimation=TokenEstimation()
     )
     return (
         Pipeline(source)
@@ -77,7 +77,7 @@ def test_loader_stats_after_a_break_stay_as_they_were_with_the_state_s_size(
     """The loop's clock ran on after a `break` (a step budget's end): tokens/s fell towards 0
     the longer stats() was called after the loop. The state's size counted a state of step 0,
     digits short from step 10 on."""
-    loader = DataLoader(build(tokenizer, lanes=1, exhaustion="repeat"))
+    loader = DataLoader(loader_pipeline(tokenizer, lanes=1, exhaustion="repeat"))
     for step, _ in enumerate(loader):
         if step == 11:
             break
@@ -90,7 +90,7 @@ def test_loader_stats_after_a_break_stay_as_they_were_with_the_state_s_size(
 
 def test_loader_stats_follow_options_stats_false(tokenizer: Any) -> None:
     """It counts nothing, as `Pipeline.stats()` does for the option (it counted all)."""
-    pipeline = build(tokenizer, lanes=1, exhaustion="repeat").options(stats=False)
+    pipeline = loader_pipeline(tokenizer, lanes=1, exhaustion="repeat").options(stats=False)
     loader = DataLoader(pipeline)
     assert len(take(loader, 5)) == 5
     stats = loader.stats()
