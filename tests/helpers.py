@@ -138,6 +138,12 @@ def keys(batches: Iterator[Batch] | list[Batch], limit: int | None = None) -> li
     return out
 
 
+def next_batches(pipeline: Pipeline, count: int) -> list[Any]:
+    """The first `count` batches of a new iteration of `pipeline`."""
+    batches = iter(pipeline)
+    return [next(batches) for _ in range(count)]
+
+
 def assert_resumes_at_every_step(build: Callable[[], Pipeline], *, max_steps: int = 10_000) -> int:
     """Record the state after each delivered batch; each, restored into a fresh pipeline, must
     give exactly the rest of the uninterrupted stream. Returns the stream length."""
