@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from tests.object_stores import all_rows, s3_storage, write_corpus
-from tests.unit.io.test_io_formats_writers import plain, sample_rows, write_litdata, write_mds
+from tests.unit.io.test_io_formats_writers import (
+    MDS_COLUMNS,
+    plain,
+    sample_rows,
+    write_litdata,
+    write_mds,
+)
 from zephon_torch._moto import client, upload
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
@@ -129,9 +135,6 @@ def test_a_pipeline_over_s3_gives_the_batches_of_the_local_copy_and_prefetches(
     assert build(local).stats()["cache"] is None
     cached = [p for p in cache.rglob("*.jsonl")]
     assert len(cached) == 6
-
-
-MDS_COLUMNS = {"text": "str", "id": "int", "tokens": "ndarray:int32"}
 
 
 def _write_format(folder: Path, kind: str, rows: int = 120) -> Path:
