@@ -5,7 +5,8 @@ Each runs as its own process on a free port and is killed on exit: `gcp-storage-
 (Microsoft's emulator, installed with npm into `.azurite/` by the Makefile) for Azure, read
 through the real adlfs client. `Store` gives the URL, the storage options and an upload for
 each, so a test reads either one the same way. The S3 tests (moto, see `tests/conftest.py`)
-share the rest: storage options, a corpus written in a format, and a read that dies naming a URL.
+share the rest: storage options, a corpus written in a format, its rows, and a read that dies
+naming a URL.
 """
 
 from __future__ import annotations
@@ -21,10 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.unit.io.test_io_formats_writers import (
+    MDS_COLUMNS,
+    plain,
+    sample_rows,
+    write_litdata,
+    write_mds,
+    write_vortex,
+)
 from zephon_torch._moto import free_port, serving
 from zephon_torch.errors import StorageError
 from zephon_torch.io import Dataset
@@ -131,11 +141,28 @@ def write_corpus(folder: Path, kind: str, shards: int = 4, rows: int = 50) -> No
             lines = "".join(json.dumps(doc) + "\n" for doc in docs)
             (folder / f"part-{shard:03d}.jsonl").write_text(lines)
         elif kind == "vortex":
-            from tests.unit.io.test_io_formats_writers import write_vortex
-
             write_vortex(folder / f"part-{shard:03d}.vortex", pa.Table.from_pylist(docs))
         else:
             pq.write_table(pa.Table.from_pylist(docs), folder / f"part-{shard:03d}.parquet")
+
+
+def write_format(folder: Path, kind: str, rows: int = 120) -> Path:
+    """Writes `rows` rows, several shards, with the format's real writer: MDS (`mds`,
+    `mds-zstd`), LitData (`litdata`), or `.npy` (`npy`: two 1-D token files with offsets and
+    one 2-D file)."""
+    data = sample_rows(rows)
+    if kind in ("mds", "mds-zstd"):
+        compression = "zstd" if kind == "mds-zstd" else None
+        return write_mds(folder, data, MDS_COLUMNS, compression=compression, size_limit=1 << 11)
+    if kind == "litdata":
+        return write_litdata(folder, data, chunk_bytes=1 << 11)
+    folder.mkdir()
+    arrays = [row["tokens"] for row in data]
+    for number, part in enumerate((arrays[: rows // 3], arrays[rows // 3 : 2 * rows // 3])):
+        np.save(folder / f"{number}.npy", np.concatenate(part))
+        np.save(folder / f"{number}.offsets.npy", np.cumsum([0] + [len(a) for a in part]))
+    np.save(folder / "2.npy", np.arange(rows // 3 * 5, dtype=np.uint16).reshape(-1, 5))
+    return folder
 
 
 def all_rows(dataset: Dataset) -> list[list[dict[str, Any]]]:
@@ -144,6 +171,11 @@ def all_rows(dataset: Dataset) -> list[list[dict[str, Any]]]:
         dataset.read_rows(number, list(range(shard.num_rows)))
         for number, shard in enumerate(dataset.shards)
     ]
+
+
+def plain_rows(dataset: Dataset) -> list[list[dict[str, Any]]]:
+    """Every row of `dataset`, shard by shard, with numpy arrays made comparable (`plain`)."""
+    return [[plain(row) for row in shard] for shard in all_rows(dataset)]
 
 
 def dies_naming(

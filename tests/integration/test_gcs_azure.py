@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from tests.helpers import keys
-from tests.integration.test_s3 import _plain_rows, _write_format
 from tests.object_stores import (
     AZURE_ACCOUNT,
     AZURE_KEY,
@@ -22,7 +21,9 @@ from tests.object_stores import (
     azure_store,
     dies_naming,
     gcs_store,
+    plain_rows,
     write_corpus,
+    write_format,
 )
 from tests.unit.io.test_io_formats_writers import plain
 from zephon_torch import Pipeline
@@ -59,7 +60,7 @@ def test_every_format_reads_the_same_rows_as_the_local_copy(store: Store, tmp_pa
     for kind in ("jsonl", "parquet"):
         write_corpus(tmp_path / kind, kind, shards=3, rows=20)
     for kind in ("mds-zstd", "litdata", "npy"):
-        _write_format(tmp_path / kind, kind)
+        write_format(tmp_path / kind, kind)
     for kind in ("jsonl", "parquet", "mds-zstd", "litdata", "npy"):
         store.upload(tmp_path / kind, "bucket", kind)
         remote = _open(store, "bucket", kind, tmp_path)
@@ -68,7 +69,7 @@ def test_every_format_reads_the_same_rows_as_the_local_copy(store: Store, tmp_pa
         assert len(remote.shards) > 1
         assert remote.shards[0].path.startswith(f"{store.scheme}://bucket/{kind}/")
         assert remote.fingerprint() == local.fingerprint()
-        assert _plain_rows(remote) == _plain_rows(local), kind
+        assert plain_rows(remote) == plain_rows(local), kind
         copy = pickle.loads(pickle.dumps(remote))  # as a DataLoader worker gets it
         assert [plain(row) for row in copy.read_rows(1, [1, 0])] == [
             plain(row) for row in local.read_rows(1, [1, 0])
@@ -81,7 +82,7 @@ def test_a_url_naming_one_object_reads_it(store: Store, tmp_path: Path) -> None:
     remote = _open(store, "bucket", "one/part-001.jsonl", tmp_path)
     local = Dataset.from_path("one", tmp_path / "one" / "part-001.jsonl")
     assert [shard.path for shard in remote.shards] == [store.url("bucket", "one/part-001.jsonl")]
-    assert _plain_rows(remote) == _plain_rows(local)
+    assert plain_rows(remote) == plain_rows(local)
 
 
 def test_a_folder_named_with_glob_characters_reads_as_the_local_one(
@@ -100,7 +101,7 @@ def test_a_folder_named_with_glob_characters_reads_as_the_local_one(
         assert [shard.path for shard in remote.shards] == [
             store.url("bucket", f"odd/{name.split('/')[0]}/part-000.jsonl")
         ], name
-        assert _plain_rows(remote) == _plain_rows(local), name
+        assert plain_rows(remote) == plain_rows(local), name
 
 
 def test_a_chained_url_names_its_shards_in_the_scheme_written(store: Store, tmp_path: Path) -> None:
@@ -115,14 +116,14 @@ def test_a_chained_url_names_its_shards_in_the_scheme_written(store: Store, tmp_
     assert [shard.path for shard in remote.shards] == [
         store.url("bucket", f"c/part-{n:03d}.jsonl") for n in range(2)
     ]
-    assert _plain_rows(remote) == _plain_rows(Dataset.from_path("c", tmp_path / "c"))
+    assert plain_rows(remote) == plain_rows(Dataset.from_path("c", tmp_path / "c"))
 
 
 def test_pipelines_give_the_batches_of_the_local_copy(
     store: Store, tmp_path: Path, tokenizer: Any
 ) -> None:
     write_corpus(tmp_path / "text", "jsonl", shards=4, rows=30)
-    _write_format(tmp_path / "tokens", "npy")
+    write_format(tmp_path / "tokens", "npy")
     store.upload(tmp_path / "text", "bucket", "text")
     store.upload(tmp_path / "tokens", "bucket", "tokens")
 

@@ -10,17 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from tests.object_stores import all_rows, s3_storage, write_corpus
-from tests.unit.io.test_io_formats_writers import (
-    MDS_COLUMNS,
-    plain,
-    sample_rows,
-    write_litdata,
-    write_mds,
-)
+from tests.object_stores import all_rows, plain_rows, s3_storage, write_corpus, write_format
+from tests.unit.io.test_io_formats_writers import plain
 from zephon_torch._moto import client, upload
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
@@ -137,35 +130,14 @@ def test_a_pipeline_over_s3_gives_the_batches_of_the_local_copy_and_prefetches(
     assert len(cached) == 6
 
 
-def _write_format(folder: Path, kind: str, rows: int = 120) -> Path:
-    """Writes `rows` rows, several shards, with the format's real writer."""
-    data = sample_rows(rows)
-    if kind in ("mds", "mds-zstd"):
-        compression = "zstd" if kind == "mds-zstd" else None
-        return write_mds(folder, data, MDS_COLUMNS, compression=compression, size_limit=1 << 11)
-    if kind == "litdata":
-        return write_litdata(folder, data, chunk_bytes=1 << 11)
-    folder.mkdir()  # npy: two 1-D token files with offsets, and one 2-D file
-    arrays = [row["tokens"] for row in data]
-    for number, part in enumerate((arrays[: rows // 3], arrays[rows // 3 : 2 * rows // 3])):
-        np.save(folder / f"{number}.npy", np.concatenate(part))
-        np.save(folder / f"{number}.offsets.npy", np.cumsum([0] + [len(a) for a in part]))
-    np.save(folder / "2.npy", np.arange(rows // 3 * 5, dtype=np.uint16).reshape(-1, 5))
-    return folder
-
-
 def _open_both(endpoint: str, tmp_path: Path, kind: str) -> tuple[Dataset, Dataset]:
-    local = _write_format(tmp_path / kind, kind)
+    local = write_format(tmp_path / kind, kind)
     upload(endpoint, local, "bucket", kind)
     options = {"cache": {"dir": str(tmp_path / "cache")}}
     remote = Dataset.from_path(
         kind, f"s3://bucket/{kind}", storage_options=s3_storage(endpoint), io_options=options
     )
     return remote, Dataset.from_path(kind, local)
-
-
-def _plain_rows(dataset: Dataset) -> list[list[dict[str, Any]]]:
-    return [[plain(row) for row in shard] for shard in all_rows(dataset)]
 
 
 @pytest.mark.parametrize("kind", ["mds", "mds-zstd", "litdata", "npy"])
@@ -178,7 +150,7 @@ def test_mds_litdata_and_npy_on_s3_read_the_same_rows_as_the_local_copy(
     assert len(remote.shards) > 1
     assert all(shard.path.startswith(f"s3://bucket/{kind}/") for shard in remote.shards)
     assert remote.fingerprint() == local.fingerprint()
-    assert _plain_rows(remote) == _plain_rows(local)
+    assert plain_rows(remote) == plain_rows(local)
     copy = pickle.loads(pickle.dumps(remote))  # as a DataLoader worker gets it
     assert [plain(row) for row in copy.read_rows(1, [2, 0])] == [
         plain(row) for row in local.read_rows(1, [2, 0])
@@ -211,7 +183,7 @@ def test_an_index_listing_a_shard_the_bucket_lacks_is_a_data_error_naming_it(
     s3_server: tuple[str, Any], tmp_path: Path
 ) -> None:
     endpoint, _ = s3_server
-    local = _write_format(tmp_path / "mds", "mds")
+    local = write_format(tmp_path / "mds", "mds")
     upload(endpoint, local, "bucket", "mds")
     client(endpoint).delete_object(Bucket="bucket", Key="mds/shard.00001.mds")
     with pytest.raises(DataError, match=r"missing, though index\.json lists it") as caught:
@@ -249,7 +221,7 @@ def test_a_truncated_shard_on_s3_is_a_data_error_naming_its_url(
     s3_server: tuple[str, Any], tmp_path: Path, kind: str
 ) -> None:
     endpoint, _ = s3_server
-    local = _write_format(tmp_path / kind, kind)
+    local = write_format(tmp_path / kind, kind)
     name = "shard.00001.mds" if kind == "mds" else "1.npy"
     data = (local / name).read_bytes()
     (local / name).write_bytes(data[: len(data) // 2])
