@@ -36,9 +36,7 @@ pytest.importorskip("adlfs")
 STORES: dict[str, Callable[[], Any]] = {"gs": gcs_store, "az": azure_store}
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture(params=sorted(STORES))

@@ -29,10 +29,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keeps the default shard cache and index folder (remembered row counts) per test."""
-    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture(scope="module")

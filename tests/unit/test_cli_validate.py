@@ -20,10 +20,7 @@ from zephon_torch.cli import main
 from zephon_torch.io import Dataset
 from zephon_torch.work import StaticMixtureWorkSource
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _jsonl(folder: Path, shards: list[list[str]]) -> Path:
