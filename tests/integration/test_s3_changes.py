@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.hooked_proxy import hooked_proxy
+from tests.object_stores import s3_storage
 from zephon_torch._moto import client, moto_server, upload
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset, _opening
@@ -36,17 +37,6 @@ pytestmark = pytest.mark.usefixtures("private_cache")
 def s3_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     with moto_server() as running:
         yield running
-
-
-def _storage(endpoint: str, **more: Any) -> dict[str, Any]:
-    return {
-        "key": "x",
-        "secret": "x",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
-        "skip_instance_cache": True,
-        **more,
-    }
 
 
 def _options(tmp_path: Path) -> dict[str, Any]:
@@ -126,7 +116,7 @@ def test_an_object_changed_between_the_listing_and_its_range_reads_is_a_data_err
         Dataset.from_path(
             "d",
             f"s3://bucket/{prefix}/",
-            storage_options=_storage(endpoint),
+            storage_options=s3_storage(endpoint),
             io_options=_options(tmp_path),
         )
     assert (caught.value.dataset, caught.value.shard) == ("d", f"s3://bucket/{prefix}/{shard}")
@@ -149,7 +139,7 @@ def test_a_shard_shrunk_during_its_ranged_download_is_a_data_error_naming_it(
             client(endpoint).put_object(Bucket="bucket", Key="ranged/part-0.parquet", Body=small)
 
     with hooked_proxy(endpoint, shrink_at_the_first_range_get) as proxy:
-        storage = _storage(proxy, default_block_size=32 << 10)
+        storage = {**s3_storage(proxy), "default_block_size": 32 << 10}
         remote = Dataset.from_path(
             "d", "s3://bucket/ranged/", storage_options=storage, io_options=_options(tmp_path)
         )
@@ -179,7 +169,7 @@ def test_a_footer_read_from_a_rewrite_after_the_listing_is_not_remembered_for_th
         s3.put_object(Bucket="bucket", Key="rewritten/part-1.parquet", Body=body)
 
     def open_it() -> Dataset:
-        storage = _storage(endpoint)
+        storage = s3_storage(endpoint)
         options = _options(tmp_path)
         return Dataset.from_path(
             "d", "s3://bucket/rewritten/", storage_options=storage, io_options=options
@@ -225,7 +215,7 @@ def test_an_object_rewritten_larger_after_the_listing_is_not_downloaded_whole(
     listed = (local / "part-0.jsonl").stat().st_size
     options = _options(tmp_path)
     remote = Dataset.from_path(
-        "d", "s3://bucket/grown/", storage_options=_storage(endpoint), io_options=options
+        "d", "s3://bucket/grown/", storage_options=s3_storage(endpoint), io_options=options
     )
     shutil.rmtree(options["cache"]["dir"])  # the open's copy (it counted the rows) goes
     grown = b'{"text": "a much longer document"}\n' * 250_000  # 9 MB
