@@ -9,8 +9,7 @@ own HEAD and its range GETs by a proxy that runs it before it forwards the first
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 
 from tests.hooked_proxy import hooked_proxy
 from tests.object_stores import s3_storage
-from zephon_torch._moto import client, moto_server, upload
+from zephon_torch._moto import client, upload
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset, _opening
 
@@ -31,12 +30,6 @@ pytest.importorskip("moto.server")
 
 
 pytestmark = pytest.mark.usefixtures("private_cache")
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    with moto_server() as running:
-        yield running
 
 
 def _options(tmp_path: Path) -> dict[str, Any]:
