@@ -8,25 +8,13 @@ import os
 import threading
 import time
 import types
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import cache_item, cache_writer
 from zephon_torch.io import _cache_folder
-from zephon_torch.io._shard_cache import CachedObject, ShardCache
-
-
-def _item(name: str, size: int) -> CachedObject:
-    return CachedObject(url=f"s3://bucket/{name}", size=size, version="v1")
-
-
-def _writer(content: bytes) -> Callable[[str], None]:
-    def download(target: str) -> None:
-        with open(target, "wb") as handle:
-            handle.write(content)
-
-    return download
+from zephon_torch.io._shard_cache import ShardCache
 
 
 def test_a_child_forked_while_a_thread_evicts_a_shard_does_not_keep_its_lock(
@@ -37,8 +25,8 @@ def test_a_child_forked_while_a_thread_evicts_a_shard_does_not_keep_its_lock(
     before waited for the lock (holding the pins of its process) until the worker exited, and
     the deleted shard's disk space stayed taken as long."""
     cache = ShardCache(str(tmp_path / "c"), max_bytes=150, full_timeout=2)
-    old = _item("a.bin", 100)
-    cache.ensure(old, _writer(b"a" * 100), pin=False)
+    old = cache_item("a.bin", 100)
+    cache.ensure(old, cache_writer(b"a" * 100), pin=False)
     locked, go = threading.Event(), threading.Event()
     real = fcntl.flock
 
@@ -56,7 +44,9 @@ def test_a_child_forked_while_a_thread_evicts_a_shard_does_not_keep_its_lock(
         ),
     )
     evicter = threading.Thread(
-        target=cache.ensure, args=(_item("b.bin", 100), _writer(b"b" * 100)), kwargs={"pin": False}
+        target=cache.ensure,
+        args=(cache_item("b.bin", 100), cache_writer(b"b" * 100)),
+        kwargs={"pin": False},
     )
     evicter.start()
     assert locked.wait(10)
@@ -68,7 +58,7 @@ def test_a_child_forked_while_a_thread_evicts_a_shard_does_not_keep_its_lock(
         read: list[float] = []
 
         def reader() -> None:  # opens the shard, then waits for the evicter's lock
-            with cache.open(old, _writer(b"a" * 100)) as path:
+            with cache.open(old, cache_writer(b"a" * 100)) as path:
                 assert Path(path).read_bytes() == b"a" * 100
                 read.append(time.monotonic())
 

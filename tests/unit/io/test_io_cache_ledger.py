@@ -12,21 +12,11 @@ from pathlib import Path
 import pytest
 
 import zephon_torch.io._cache_folder as folder_module
+from tests.helpers import cache_item, cache_writer
 from zephon_torch.io._cache_folder import CacheFolder
 from zephon_torch.io._cache_ledger import LEDGER
 from zephon_torch.io._cache_names import cached_name
-from zephon_torch.io._shard_cache import CachedObject, ShardCache
-
-
-def _item(name: str, size: int) -> CachedObject:
-    return CachedObject(url=f"s3://bucket/{name}", size=size, version="v1")
-
-
-def _writer(size: int) -> Callable[[str], None]:
-    def download(target: str) -> None:
-        Path(target).write_bytes(b"x" * size)
-
-    return download
+from zephon_torch.io._shard_cache import ShardCache
 
 
 def _fill(directory: Path, files: int, size: int) -> None:
@@ -64,7 +54,7 @@ def test_shards_that_fit_are_placed_without_listing_the_folder(
     calls = _count_listings(monkeypatch)
     cache = ShardCache(str(tmp_path), max_bytes=10_000)
     for i in range(100):
-        cache.ensure(_item(f"new-{i}.bin", 10), _writer(10), pin=False)
+        cache.ensure(cache_item(f"new-{i}.bin", 10), cache_writer(b"x" * 10), pin=False)
     assert len(calls) == 1
     assert _cached_bytes(tmp_path) == 6000
 
@@ -78,7 +68,7 @@ def test_a_full_cache_of_many_files_lists_its_folder_once_per_margin_not_per_sha
     calls = _count_listings(monkeypatch)
     cache = ShardCache(str(tmp_path), max_bytes=10_000)
     for i in range(100):
-        cache.ensure(_item(f"new-{i}.bin", 10), _writer(10), pin=False)
+        cache.ensure(cache_item(f"new-{i}.bin", 10), cache_writer(b"x" * 10), pin=False)
         assert _cached_bytes(tmp_path) <= 10_000
     assert len(calls) == 4  # shards 0, 33, 66 and 99
     assert _cached_bytes(tmp_path) == 10_000 - 330 + 10  # 33 evicted, one placed
@@ -93,13 +83,14 @@ def test_a_file_whose_process_died_before_releasing_its_reservation_is_counted(
     shard to the ledger; the sweep of its reservation must, or the cache would count too
     little and grow past its limit without ever listing its folder."""
     cache = ShardCache(str(tmp_path), max_bytes=1000)
-    cache.ensure(_item("first.bin", 100), _writer(100), pin=False)  # a ledger now exists
+    # a ledger now exists
+    cache.ensure(cache_item("first.bin", 100), cache_writer(b"x" * 100), pin=False)
     pid = os.fork()
     if pid == 0:  # killed right after the shard is placed, holding its reservation
         try:
             CacheFolder.release = lambda *_, **__: os._exit(0)  # type: ignore[method-assign]
             ShardCache(str(tmp_path), max_bytes=1000).ensure(
-                _item("dead.bin", 500), _writer(500), pin=False
+                cache_item("dead.bin", 500), cache_writer(b"x" * 500), pin=False
             )
         finally:
             os._exit(1)
@@ -117,9 +108,9 @@ def test_a_ledger_cut_short_or_unreadable_has_the_folder_listed(
     and the next reservation counts the files themselves."""
     cache = ShardCache(str(tmp_path), max_bytes=300)
     for name in ("a.bin", "b.bin", "c.bin"):
-        cache.ensure(_item(name, 100), _writer(100), pin=False)
+        cache.ensure(cache_item(name, 100), cache_writer(b"x" * 100), pin=False)
     (tmp_path / LEDGER).write_bytes(ledger)
-    cache.ensure(_item("d.bin", 100), _writer(100), pin=False)
+    cache.ensure(cache_item("d.bin", 100), cache_writer(b"x" * 100), pin=False)
     assert _cached_bytes(tmp_path) == 300
 
 
@@ -127,12 +118,12 @@ def test_a_ledger_counting_files_a_cleaner_deleted_evicts_nothing_more(tmp_path:
     """A ledger may count too much; the listing it leads to sets it right before evicting."""
     cache = ShardCache(str(tmp_path), max_bytes=300)
     for name in ("a.bin", "b.bin", "c.bin"):
-        cache.ensure(_item(name, 100), _writer(100), pin=False)
+        cache.ensure(cache_item(name, 100), cache_writer(b"x" * 100), pin=False)
         time.sleep(0.01)
     for path in tmp_path.iterdir():
         if path.name.endswith(("-a.bin", "-b.bin")):
             path.unlink()  # a cleaner's work: the ledger still says 300
-    cache.ensure(_item("d.bin", 100), _writer(100), pin=False)
+    cache.ensure(cache_item("d.bin", 100), cache_writer(b"x" * 100), pin=False)
     names = {p.name.split("-", 1)[1] for p in tmp_path.iterdir() if not p.name.startswith(".")}
     assert names == {"c.bin", "d.bin"}
 
@@ -162,14 +153,14 @@ def test_the_limit_holds_through_random_cleaners_deaths_and_ledger_damage(
                 try:
                     CacheFolder.release = lambda *_, **__: os._exit(0)  # type: ignore[method-assign]
                     ShardCache(str(tmp_path), max_bytes=limit).ensure(
-                        _item(f"dead-{step}.bin", 300), _writer(300), pin=False
+                        cache_item(f"dead-{step}.bin", 300), cache_writer(b"x" * 300), pin=False
                     )
                 finally:
                     os._exit(1)
             os.waitpid(pid, 0)
         size = rng.randint(1, 400)
-        item = _item(f"shard-{step}.bin", size)
-        path = rng.choice(caches).ensure(item, _writer(size), pin=False)
+        item = cache_item(f"shard-{step}.bin", size)
+        path = rng.choice(caches).ensure(item, cache_writer(b"x" * size), pin=False)
         assert os.path.getsize(path) == size
         assert _cached_bytes(tmp_path) <= limit, f"over the limit at step {step}"
 
@@ -193,12 +184,13 @@ def test_a_process_killed_as_it_releases_its_placed_file_leaves_it_counted(
     ledger is written: the placed file is counted nowhere (no marker left to sweep), and the
     cache grows past its limit without listing its folder."""
     cache = ShardCache(str(tmp_path), max_bytes=1000)
-    cache.ensure(_item("first.bin", 100), _writer(100), pin=False)  # a ledger now exists
+    # a ledger now exists
+    cache.ensure(cache_item("first.bin", 100), cache_writer(b"x" * 100), pin=False)
 
     def killed_in_release() -> None:
         monkeypatch.setattr(folder_module, "add_to_ledger", lambda *_: os._exit(0))
         ShardCache(str(tmp_path), max_bytes=1000).ensure(
-            _item("dead.bin", 500), _writer(500), pin=False
+            cache_item("dead.bin", 500), cache_writer(b"x" * 500), pin=False
         )
 
     _die_in_child(killed_in_release)
@@ -213,18 +205,18 @@ def test_a_reservation_killed_after_sweeping_a_dead_one_leaves_its_file_counted(
     its marker, and is itself killed before it writes the ledger: the swept bytes (the dead
     process's file) must not be lost with it."""
     cache = ShardCache(str(tmp_path), max_bytes=1000)
-    cache.ensure(_item("first.bin", 100), _writer(100), pin=False)
+    cache.ensure(cache_item("first.bin", 100), cache_writer(b"x" * 100), pin=False)
 
     def killed_before_release() -> None:
         CacheFolder.release = lambda *_, **__: os._exit(0)  # type: ignore[method-assign]
         ShardCache(str(tmp_path), max_bytes=1000).ensure(
-            _item("dead.bin", 500), _writer(500), pin=False
+            cache_item("dead.bin", 500), cache_writer(b"x" * 500), pin=False
         )
 
     def killed_after_sweeping() -> None:
         monkeypatch.setattr(folder_module, "read_ledger", lambda *_: os._exit(0))
         ShardCache(str(tmp_path), max_bytes=1000).ensure(
-            _item("sweeper.bin", 100), _writer(100), pin=False
+            cache_item("sweeper.bin", 100), cache_writer(b"x" * 100), pin=False
         )
 
     _die_in_child(killed_before_release)
@@ -239,14 +231,14 @@ def test_a_placed_file_whose_marker_a_cleaner_deleted_is_counted(tmp_path: Path)
     download runs: the release then finds no marker to delete, and must count the placed
     file all the same."""
     cache = ShardCache(str(tmp_path), max_bytes=1000)
-    cache.ensure(_item("first.bin", 100), _writer(100), pin=False)
+    cache.ensure(cache_item("first.bin", 100), cache_writer(b"x" * 100), pin=False)
 
     def download(target: str) -> None:
         for marker in (tmp_path / ".reserved").iterdir():
             marker.unlink()  # the cleaner's work, during the download
         Path(target).write_bytes(b"x" * 500)
 
-    cache.ensure(_item("slow.bin", 500), download, pin=False)
+    cache.ensure(cache_item("slow.bin", 500), download, pin=False)
     assert _cached_bytes(tmp_path) == 600
     _more_stay_within_the_limit(cache, tmp_path)
 
@@ -256,7 +248,7 @@ def test_a_listing_due_evicts_nothing_when_the_shard_fits(tmp_path: Path) -> Non
     is due (or missing), evicted shards down to 31/32 of the limit all the same."""
     _fill(tmp_path, 100, 10)  # 1,000 bytes of 1,010
     cache = ShardCache(str(tmp_path), max_bytes=1010)
-    cache.ensure(_item("new.bin", 10), _writer(10), pin=False)
+    cache.ensure(cache_item("new.bin", 10), cache_writer(b"x" * 10), pin=False)
     assert _cached_bytes(tmp_path) == 1010  # nothing evicted: it fits
 
 
@@ -270,15 +262,15 @@ def test_a_file_placed_in_the_folder_made_again_under_its_download_is_counted(
     import shutil
 
     cache = ShardCache(str(tmp_path), max_bytes=1000)
-    cache.ensure(_item("first.bin", 100), _writer(100), pin=False)
+    cache.ensure(cache_item("first.bin", 100), cache_writer(b"x" * 100), pin=False)
 
     def download(target: str) -> None:
         shutil.rmtree(tmp_path)  # the cleaner
         other = ShardCache(str(tmp_path), max_bytes=1000)  # makes the folder again
-        other.ensure(_item("other.bin", 100), _writer(100), pin=False)
+        other.ensure(cache_item("other.bin", 100), cache_writer(b"x" * 100), pin=False)
         Path(target).write_bytes(b"x" * 500)
 
-    cache.ensure(_item("slow.bin", 500), download, pin=False)
+    cache.ensure(cache_item("slow.bin", 500), download, pin=False)
     assert _cached_bytes(tmp_path) == 600
     _more_stay_within_the_limit(cache, tmp_path)
 
@@ -299,7 +291,7 @@ def test_files_placed_by_a_version_before_the_ledger_are_counted(tmp_path: Path)
 
     cache = ShardCache(str(tmp_path), max_bytes=1000)
     for i in range(2):
-        cache.ensure(_item(f"new-{i}.bin", 100), _writer(100), pin=False)
+        cache.ensure(cache_item(f"new-{i}.bin", 100), cache_writer(b"x" * 100), pin=False)
 
     def old_release(self: CacheFolder, marker: str, **_: object) -> None:  # ae8ec7e's
         with contextlib.suppress(OSError), flock(self._lock, fcntl.LOCK_EX):
@@ -309,18 +301,18 @@ def test_files_placed_by_a_version_before_the_ledger_are_counted(tmp_path: Path)
         CacheFolder.release = old_release  # type: ignore[method-assign]
         old = ShardCache(str(tmp_path), max_bytes=1000)
         for i in range(8):
-            old.ensure(_item(f"old-{i}.bin", 100), _writer(100), pin=False)
+            old.ensure(cache_item(f"old-{i}.bin", 100), cache_writer(b"x" * 100), pin=False)
         os._exit(0)
 
     _die_in_child(old_job)
     assert _cached_bytes(tmp_path) == 1000
     for i in range(2, 10):
-        cache.ensure(_item(f"new-{i}.bin", 100), _writer(100), pin=False)
+        cache.ensure(cache_item(f"new-{i}.bin", 100), cache_writer(b"x" * 100), pin=False)
         assert _cached_bytes(tmp_path) <= 1000
 
 
 def _more_stay_within_the_limit(cache: ShardCache, folder: Path) -> None:
     """Eight more shards of 100 bytes keep ``folder`` within its 1,000-byte limit."""
     for i in range(8):
-        cache.ensure(_item(f"more-{i}.bin", 100), _writer(100), pin=False)
+        cache.ensure(cache_item(f"more-{i}.bin", 100), cache_writer(b"x" * 100), pin=False)
         assert _cached_bytes(folder) <= 1000
