@@ -44,9 +44,12 @@ def prose_documents(
 
 
 @pytest.fixture
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keeps the default shard cache and index folder (remembered row counts) per test."""
-    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(tmp_path / "_cache"))
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keeps the default shard cache and index folder (remembered row counts) per test;
+    returns that index folder."""
+    cache = tmp_path / "_cache"
+    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(cache))
+    return cache / "index"
 
 
 @pytest.fixture

@@ -21,12 +21,7 @@ from zephon_torch.cli import main
 from zephon_torch.io import Dataset, _line_index
 from zephon_torch.io._line_index import scan_lines
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "_cache"
-    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(cache))
-    return cache / "index"
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def write_jsonl_shards(folder: Path, shards: int, rows: int) -> Path:
@@ -173,11 +168,11 @@ def test_index_uses_the_default_cache_that_from_path_reads(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-    _private_cache: Path,
+    private_cache: Path,
 ) -> None:
     folder = write_jsonl_shards(tmp_path / "corpus", shards=2, rows=3)
     assert main(["index", str(folder)]) == 0
-    assert str(_private_cache) in capsys.readouterr().out
+    assert str(private_cache) in capsys.readouterr().out
     counter = _CountingScan()
     monkeypatch.setattr(_line_index, "scan_lines", counter)
     assert Dataset.from_path("c", folder).num_rows == 6
@@ -372,7 +367,7 @@ def test_index_into_a_cache_that_cannot_be_written_is_an_error_not_a_success(
     )
 
 
-def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, _private_cache: Path) -> None:
+def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, private_cache: Path) -> None:
     """`zephon-torch inspect ... | head` ended in a BrokenPipeError traceback. The preview
     (about 250 KB) outgrows a pipe's buffer (64 KiB): with 50 KB the command could write it
     all and exit 0 before `head` closed the pipe."""
@@ -385,7 +380,7 @@ def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, _private_cache: Pa
         f"{sys.executable} -c 'import sys; from zephon_torch.cli import main; sys.exit(main())' "
         f"inspect {folder} --rows 4000 | head -c 10 > /dev/null; echo ${{PIPESTATUS[0]}}"
     )
-    env = {**os.environ, "ZEPHON_TORCH_CACHE": str(_private_cache.parent)}
+    env = {**os.environ, "ZEPHON_TORCH_CACHE": str(private_cache.parent)}
     done = subprocess.run(
         ["bash", "-c", script], check=True, capture_output=True, text=True, env=env, timeout=120
     )

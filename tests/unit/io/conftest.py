@@ -21,11 +21,8 @@ from tests.loopback import serve_in_thread
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _every_test_has_a_private_cache(private_cache: Path) -> None:
     """Keeps every test's default index cache out of the home folder."""
-    cache = tmp_path / "_cache"
-    monkeypatch.setenv("ZEPHON_TORCH_CACHE", str(cache))
-    return cache / "index"
 
 
 @pytest.fixture

@@ -250,10 +250,10 @@ def test_a_file_whose_name_is_not_utf8_is_indexed_and_read(
 
 
 def test_the_default_cache_is_under_zephon_torch_cache(
-    tmp_path: Path, write_jsonl: Any, _private_cache: Path
+    tmp_path: Path, write_jsonl: Any, private_cache: Path
 ) -> None:
     Dataset.from_path("d", write_jsonl(tmp_path / "data.jsonl", [{"a": 1}]))
-    assert len(list(_private_cache.rglob("*.npy"))) == 1
+    assert len(list(private_cache.rglob("*.npy"))) == 1
 
 
 def test_a_corrupt_cache_file_is_rebuilt(
