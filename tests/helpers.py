@@ -30,6 +30,7 @@ from zephon_torch import Batch, Pipeline
 from zephon_torch._lane_split import MID_STEP
 from zephon_torch._packed_rows import unpack_lanes
 from zephon_torch.io import Dataset
+from zephon_torch.io._line_index import scan_lines
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
@@ -380,6 +381,21 @@ def repeating_pipeline(rows: int) -> Pipeline:
 def not_five(row: dict[str, Any]) -> bool:
     """A plain filter that drops the documents whose first id is 5."""
     return bool(row["ids"][0] != 5)
+
+
+# A line scanner the line index and CLI tests count the scans of.
+
+
+class CountingScan:
+    """The line index's scanner, counting its calls: set in place of `_line_index.scan_lines`
+    to count the files an open scans."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, buffer: Any) -> Any:
+        self.calls += 1
+        return scan_lines(buffer)
 
 
 # Shard cache objects, downloads and contents the shard cache tests share.

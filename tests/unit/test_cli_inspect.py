@@ -7,7 +7,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import numpy as np
@@ -15,11 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import bound_by_modes
+from tests.helpers import CountingScan, bound_by_modes
 from zephon_torch import _inspect
 from zephon_torch.cli import main
 from zephon_torch.io import Dataset, _line_index
-from zephon_torch.io._line_index import scan_lines
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -118,15 +116,6 @@ def test_a_field_nested_hundreds_of_lists_deep_is_inspected_and_validated(
     assert "validate: no bad row: read 2 rows" in out
 
 
-class _CountingScan:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, buffer: Any) -> Any:
-        self.calls += 1
-        return scan_lines(buffer)
-
-
 def test_one_row_and_one_shard_are_said_in_the_singular(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -144,7 +133,7 @@ def test_index_caches_every_shard_so_the_next_open_scans_nothing(
 ) -> None:
     folder = write_jsonl_shards(tmp_path / "corpus", shards=3, rows=4)
     cache = tmp_path / "idx"
-    counter = _CountingScan()
+    counter = CountingScan()
     monkeypatch.setattr(_line_index, "scan_lines", counter)
     assert main(["index", str(folder), "--index-cache-dir", str(cache)]) == 0
     out = capsys.readouterr().out
@@ -173,7 +162,7 @@ def test_index_uses_the_default_cache_that_from_path_reads(
     folder = write_jsonl_shards(tmp_path / "corpus", shards=2, rows=3)
     assert main(["index", str(folder)]) == 0
     assert str(private_cache) in capsys.readouterr().out
-    counter = _CountingScan()
+    counter = CountingScan()
     monkeypatch.setattr(_line_index, "scan_lines", counter)
     assert Dataset.from_path("c", folder).num_rows == 6
     assert counter.calls == 0

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import CountingScan
 from zephon_torch.io import Dataset, _line_index
 from zephon_torch.io._line_index import load_or_build, scan_lines
 
@@ -103,24 +104,15 @@ def test_the_index_finds_exactly_the_non_blank_lines(
     assert _lines(buffer) == expected
 
 
-class _CountingScan:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, buffer: Any) -> Any:
-        self.calls += 1
-        return scan_lines(buffer)
-
-
 @pytest.fixture
-def counting_scan(monkeypatch: pytest.MonkeyPatch) -> _CountingScan:
-    counter = _CountingScan()
+def counting_scan(monkeypatch: pytest.MonkeyPatch) -> CountingScan:
+    counter = CountingScan()
     monkeypatch.setattr(_line_index, "scan_lines", counter)
     return counter
 
 
 def test_a_second_open_of_the_same_file_reuses_the_cached_index(
-    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+    tmp_path: Path, write_jsonl: Any, counting_scan: CountingScan
 ) -> None:
     path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
     cache = tmp_path / "cache"
@@ -133,7 +125,7 @@ def test_a_second_open_of_the_same_file_reuses_the_cached_index(
 
 
 def test_the_index_is_rebuilt_when_the_file_changes(
-    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+    tmp_path: Path, write_jsonl: Any, counting_scan: CountingScan
 ) -> None:
     path = write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(10)])
     cache = str(tmp_path / "cache")
@@ -148,7 +140,7 @@ def test_the_index_is_rebuilt_when_the_file_changes(
 
 
 def test_indexes_of_other_versions_go_once_unused_for_a_week(
-    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+    tmp_path: Path, write_jsonl: Any, counting_scan: CountingScan
 ) -> None:
     """Each version of a file left its index for ever: a shard rewritten daily (or only
     `chmod`-ed, which moves its ctime) grew the index cache by one index a day. Versions in
@@ -204,7 +196,7 @@ def test_indexes_of_downloads_go_once_unused_for_a_week(
 
 
 def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_indexed_again(
-    tmp_path: Path, counting_scan: _CountingScan
+    tmp_path: Path, counting_scan: CountingScan
 ) -> None:
     """`cp -p`, `rsync -a` or a tar extraction keep a file's mtime: one of the same size was
     read with the other's cached line offsets, its last row silently lost."""
@@ -227,7 +219,7 @@ def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_indexed_again(
 
 
 def test_compressed_files_are_indexed_once_too(
-    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+    tmp_path: Path, write_jsonl: Any, counting_scan: CountingScan
 ) -> None:
     path = write_jsonl(tmp_path / "data.jsonl.gz", [{"a": i} for i in range(5)], compression="gzip")
     Dataset.from_path("d", path)
@@ -238,7 +230,7 @@ def test_compressed_files_are_indexed_once_too(
 
 @pytest.mark.parametrize("compression", [None, "gzip"])
 def test_a_file_whose_name_is_not_utf8_is_indexed_and_read(
-    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan, compression: str | None
+    tmp_path: Path, write_jsonl: Any, counting_scan: CountingScan, compression: str | None
 ) -> None:
     """A name of Latin-1 bytes (an old file system's, a tar's), as os.listdir gives it (with
     surrogates), was a bare UnicodeEncodeError where its index's cache name was made."""
@@ -257,7 +249,7 @@ def test_the_default_cache_is_under_zephon_torch_cache(
 
 
 def test_a_corrupt_cache_file_is_rebuilt(
-    tmp_path: Path, write_jsonl: Any, counting_scan: _CountingScan
+    tmp_path: Path, write_jsonl: Any, counting_scan: CountingScan
 ) -> None:
     path = str(write_jsonl(tmp_path / "data.jsonl", [{"a": i} for i in range(3)]))
     cache = str(tmp_path / "cache")
