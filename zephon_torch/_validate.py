@@ -21,12 +21,12 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from zephon_torch._conversations import CHATML_ROLES, conversation_problem
 from zephon_torch._words import counted
 from zephon_torch.errors import DataError, row_fault
 from zephon_torch.io import Dataset
 from zephon_torch.io._projection import field_error, id_limit, text_of, token_ids
 from zephon_torch.io._rows import name_line
-from zephon_torch.ops.chat import CHATML_ROLES, conversation_problem
 
 CHUNK_ROWS = 4096  # rows read at once: a bad row costs its chunk a few more reads
 VALIDATION_FAILED_EXIT = 1  # bad rows or shards found (2: the command itself failed)

@@ -380,7 +380,8 @@ def test_inspect_piped_into_head_ends_quietly(tmp_path: Path, private_cache: Pat
 def test_reading_data_inspect_and_index_do_not_import_torch(tmp_path: Path) -> None:
     """`import zephon_torch` brought in torch (2-5 s of a start on this machine) for every
     `zephon-torch inspect`, `index` and a script that only reads rows; the package's
-    torch-bound names are now imported on first use, and still there."""
+    torch-bound names are now imported on first use, and still there. So did `inspect` once
+    its validation checked conversations with the chat step's own check."""
     folder = write_jsonl_shards(tmp_path / "corpus", shards=1, rows=3)
     script = (
         "import sys, zephon_torch\n"
@@ -388,12 +389,14 @@ def test_reading_data_inspect_and_index_do_not_import_torch(tmp_path: Path) -> N
         "from zephon_torch.io import Dataset\n"
         "rows = Dataset.from_path('d', sys.argv[1]).read_rows(0, [2])\n"
         "codes = [main(['inspect', sys.argv[1]]), main(['index', sys.argv[1]])]\n"
+        "codes.append(main(['inspect', sys.argv[1], '--validate', '--chat-field', 'm']))\n"
         "print(codes, rows[0]['id'], 'torch' in sys.modules)\n"
         "print(zephon_torch.Pipeline.__module__, 'Batch' in dir(zephon_torch), "
         "'torch' in sys.modules)\n"
     )
     printed = _python(script, str(folder))
-    assert printed.splitlines()[-2:] == ["[0, 0] 2 False", "zephon_torch.pipeline True True"]
+    # --validate's rows have no conversation: exit code 1
+    assert printed.splitlines()[-2:] == ["[0, 0, 1] 2 False", "zephon_torch.pipeline True True"]
 
 
 def _python(script: str, *args: str) -> str:

@@ -17,15 +17,14 @@ from typing import Any
 import numpy as np
 
 from zephon_torch._caller import warn
+from zephon_torch._conversations import CHATML_ROLES, conversation_problem
 from zephon_torch.errors import ConfigError, without_secrets
-from zephon_torch.io._projection import missing_field
 from zephon_torch.ops._tokenizer import ResolvedTokenizer
 from zephon_torch.ops.document import Document, call_user, document_error, encode_texts, owned
 from zephon_torch.ops.map import function_name
 
 ChatTemplate = Callable[[list[dict[str, Any]]], list[tuple[str, bool]]]
 _CHATML_START = "<|im_start|>"
-CHATML_ROLES = ("system", "user", "assistant", "tool")
 
 
 def chatml(messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
@@ -87,41 +86,6 @@ def resolve_template(
     if not callable(template):
         raise ConfigError(f"`chat_template` must be a callable or a name, got {template!r}")
     return template, function_name(template, name)
-
-
-def conversation_problem(field: str, data: dict[str, Any]) -> str | None:
-    """Why row ``data``'s ``field`` is not a conversation ``tokenize_chat`` takes, a list of
-    ``{"role": str, "content": str}`` (None: it is one)."""
-    if field not in data:
-        return missing_field(field, data)
-    fault = _malformed(data[field])
-    if fault is None:
-        return None
-    return f"field {field!r} must be a list of {{'role': str, 'content': str}}: {fault}"
-
-
-def _malformed(messages: Any) -> str | None:
-    """What keeps ``messages`` from being a list of ``{"role": str, "content": str}`` (None:
-    nothing), naming the first message at fault."""
-    if not isinstance(messages, list):
-        return f"it is {_a(messages)}"
-    for number, message in enumerate(messages):
-        if not isinstance(message, dict):
-            return f"message {number} is {_a(message)}"
-        for key in ("role", "content"):
-            value = message.get(key)
-            if not isinstance(value, str):
-                what = "missing" if key not in message else _a(value)
-                return f"message {number}'s {key!r} is {what}"
-    return None
-
-
-def _a(value: object) -> str:
-    """`value`'s type with its article ("an int", "a list"), or "None"."""
-    if value is None:
-        return "None"
-    name = type(value).__name__
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 class TokenizeChatOp:
