@@ -27,6 +27,7 @@ from typing import Literal
 from zephon_torch.errors import ConfigError
 from zephon_torch.ops._chain_file import release, write_chain
 from zephon_torch.ops._daemon_pool import DaemonPool
+from zephon_torch.ops._encodes import ENCODES
 from zephon_torch.ops._pool_watch import PoolWatch
 from zephon_torch.ops._runner_worker import (
     Chain,
@@ -65,12 +66,13 @@ _JOIN_S = 1.0  # how long closing a threads runner waits for a chunk still runni
 def _end_at_exit() -> None:
     """Close the runners still open as the interpreter exits: a loop left by ``break`` or an
     error (Ctrl-C) without closing its iterator left them open. concurrent.futures' own exit
-    hook then waited for a process worker's map to return, for ever if it was stuck; and a
-    thread still inside a tokenizer's native batch encode as the interpreter is torn down can
-    abort the process ("terminate called without an active exception"). Registered after
-    concurrent.futures' hook, so run before it."""
+    hook then waited for a process worker's map to return, for ever if it was stuck. Then wait
+    for the tokenizer encodes still running (see ``ops._encodes``): a thread inside one as the
+    interpreter is torn down can abort the process. Registered after concurrent.futures' hook,
+    so run before it."""
     for runner in list(_OPEN_RUNNERS):
         runner.close()
+    ENCODES.drain()
 
 
 # threading's exit hooks, not atexit's: concurrent.futures joins its pools in one, which runs

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zephon_torch.errors import DataError, ZephonError, row_fault
+from zephon_torch.ops._encodes import ENCODES
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -210,19 +211,20 @@ def encode_texts(
             unknown token and a word it does not hold), the tokenizer's error chained.
     """
     encode = backend.encode_batch if offsets else backend.encode_batch_fast
-    try:
-        return list(encode(texts, add_special_tokens=False))
-    except Exception:
-        for at, text in enumerate(texts):
-            problem, cause = _refusal(encode, text)
-            if problem is not None:
-                raise document_error(
-                    owner(at),
-                    f"field {field!r} {problem}",
-                    dataset_names=dataset_names,
-                    shard_paths=shard_paths,
-                ) from cause
-        raise
+    with ENCODES.running():  # waited for at exit (see ``ops._encodes``)
+        try:
+            return list(encode(texts, add_special_tokens=False))
+        except Exception:
+            for at, text in enumerate(texts):
+                problem, cause = _refusal(encode, text)
+                if problem is not None:
+                    raise document_error(
+                        owner(at),
+                        f"field {field!r} {problem}",
+                        dataset_names=dataset_names,
+                        shard_paths=shard_paths,
+                    ) from cause
+            raise
 
 
 def _refusal(encode: Callable[..., Any], text: str) -> tuple[str | None, BaseException | None]:
