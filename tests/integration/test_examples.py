@@ -72,22 +72,24 @@ def test_the_loop_trains_alike_with_smaller_micro_batches_and_resumes_with_them(
         assert same(resumed, one[3:]), rows
 
 
-def test_the_quickstart_runs_offline_meets_its_shares_and_resumes_exactly(tmp_path: Path) -> None:
-    quickstart = str(ROOT / "examples" / "quickstart.py")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def run_example(name: str, *args: str) -> str:
+    """What `examples/<name>` printed, run offline in its own interpreter; it must succeed."""
     done = subprocess.run(
-        [sys.executable, quickstart, "--out", str(tmp_path / "data")],
-        env=env,
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resumed exactly: True" in done.stdout
-    shares = json.loads(
-        done.stdout.split("token shares ")[1].split(" (target")[0].replace("'", '"')
-    )
+    return done.stdout
+
+
+def test_the_quickstart_runs_offline_meets_its_shares_and_resumes_exactly(tmp_path: Path) -> None:
+    printed = run_example("quickstart.py", "--out", str(tmp_path / "data"))
+    assert "resumed exactly: True" in printed
+    shares = json.loads(printed.split("token shares ")[1].split(" (target")[0].replace("'", '"'))
     assert abs(shares["wiki"] - 0.7) < 0.02, shares
 
 
@@ -95,12 +97,8 @@ def test_the_curriculum_example_shows_short_documents_first() -> None:
     """Its printout showed pieces capped by the row length, with and without the curriculum
     alike (a review read 512 everywhere); now each micro-batch's longest piece stays under
     the curriculum's cap and far under the same pipeline's without it."""
-    example = str(ROOT / "examples" / "curriculum_filter.py")
-    done = subprocess.run(
-        [sys.executable, example], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if "longest piece" in line]
+    printed = run_example("curriculum_filter.py")
+    lines = [line for line in printed.splitlines() if "longest piece" in line]
     assert len(lines) == 10
     pairs = [
         (int(line.split("longest piece")[1].split()[0]), int(line.split("curriculum")[1][:-1]))
@@ -114,22 +112,14 @@ def test_the_curriculum_example_shows_short_documents_first() -> None:
 def test_the_sft_example_trains_on_assistant_turns_alone_and_resumes_exactly(
     tmp_path: Path,
 ) -> None:
-    example = ROOT / "examples" / "sft_chat.py"
-    done = subprocess.run(
-        [sys.executable, str(example), "--out", str(tmp_path / "data")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "validate: no bad row: read 600 rows of 2 shards" in done.stdout
-    assert "all of them assistant text or its end marker" in done.stdout
-    assert "resumed exactly: True" in done.stdout
-    share = float(done.stdout.split("x [4, 256]: ")[1].split("%")[0]) / 100
+    printed = run_example("sft_chat.py", "--out", str(tmp_path / "data"))
+    assert "validate: no bad row: read 600 rows of 2 shards" in printed
+    assert "all of them assistant text or its end marker" in printed
+    assert "resumed exactly: True" in printed
+    share = float(printed.split("x [4, 256]: ")[1].split("%")[0]) / 100
     assert 0.3 < share < 0.9, share  # assistant answers are the longer turns
     # its check would see a template that trains on every turn
-    spec = importlib.util.spec_from_file_location("sft_chat", example)
+    spec = importlib.util.spec_from_file_location("sft_chat", ROOT / "examples" / "sft_chat.py")
     assert spec is not None and spec.loader is not None
     sft = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sft)
