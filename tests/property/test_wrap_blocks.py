@@ -27,12 +27,12 @@ def batch_node(
 ) -> BatchNode:
     """``plain``: wrap rows in blocks; ``columns``: documents come as token columns."""
     weights = mix.pop("weights", None)
-    count = mix.pop("count", "tokens")
+    mixing = mix.pop("mixing", "tokens")
     mixpack = build(sources, "wrap", width, 1, columns, **mix)
     if weights is not None:
         total = sum(weights[: len(sources)])
         mixpack.weights = tuple(w / total for w in weights[: len(sources)])
-    mixpack.count = count
+    mixpack.mixing = mixing
     return BatchNode(
         mixpack,
         microbatch_size=rows,
@@ -81,7 +81,7 @@ mixed_st = st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=8), min_si
     width=st.integers(1, 30),
     rows=st.integers(1, 5),
     weights=st.lists(st.integers(1, 5), min_size=4, max_size=4),
-    count=st.sampled_from(["tokens", "documents"]),
+    mixing=st.sampled_from(["tokens", "documents"]),
     drop_short=st.integers(0, 5),
     drop_long=st.one_of(st.none(), st.integers(0, 60)),
 )
@@ -90,13 +90,13 @@ def test_blocks_match_rows_and_either_resumes_from_the_others_states(
     width: int,
     rows: int,
     weights: list[int],
-    count: str,
+    mixing: str,
     drop_short: int,
     drop_long: int | None,
 ) -> None:
     mix = {
         "weights": weights,
-        "count": count,
+        "mixing": mixing,
         "drop_shorter_than": drop_short,
         "drop_longer_than": drop_long,
     }
