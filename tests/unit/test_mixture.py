@@ -110,6 +110,33 @@ def _furthest_below_target(
     return -max(deficits)[1] if deficits else -1
 
 
+def test_mixed_by_documents_each_pick_looks_one_document_ahead() -> None:
+    """Without a token estimation the weights are shares of documents, and the packer looks
+    ahead by one document (a row under token mixing): of shares 0.8 and 0.2, the second source
+    first comes third, not second (no look-ahead) nor fifth (two documents). Each row here
+    is one document, so the rows' sources are the picks."""
+    import itertools
+
+    from zephon_torch import Pipeline
+
+    datasets = [
+        Dataset.from_dict(name, {"ids": [[first + d] * 8 for d in range(30)]})
+        for name, first in (("a", 100), ("b", 500))
+    ]
+    source = StaticMixtureWorkSource(datasets, {"a": 0.8, "b": 0.2}, seed=0, exhaustion="repeat")
+    assert source.mixing == "documents"
+    pipeline = Pipeline(source).options(canonical_replicas=1).pretokenized("ids")
+    delivered = [0, 0]
+    picks = []
+    for batch in itertools.islice(pipeline.pack_flat(8, "wrap").batch(1), 40):
+        [[picked]] = batch.sources
+        assert picked == _furthest_below_target([0.8, 0.2], delivered, [True, True], 1)
+        delivered[picked] += 1
+        picks.append(picked)
+    assert picks[:3] == [0, 0, 1]
+    assert delivered == [32, 8]
+
+
 @settings(max_examples=500, deadline=None)
 @given(
     sources=st.lists(
