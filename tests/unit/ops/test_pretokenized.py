@@ -469,6 +469,26 @@ def test_a_weighted_dataset_with_fewer_documents_than_lanes_is_warned_of(exhaust
         first_batches(6)
 
 
+def test_a_lane_past_a_dataset_s_rows_is_not_told_it_gave_no_token() -> None:
+    """A lane past a dataset's row count reads none of it: its pass ends at once, with no
+    document read, so none was empty or dropped, and the lane gets all the tokens of the
+    other. Only the fewer-documents-than-lanes warning is given, not "gave a lane no token"
+    (which says every document the lane read was empty or dropped)."""
+    big = Dataset.from_dict("big", {"ids": [[1000 + d] * 30 for d in range(200)]})
+    small = Dataset.from_dict("small", {"ids": [[9] * 40] * 6})
+    source = StaticMixtureWorkSource(
+        [big, small], {"big": 0.5, "small": 0.5}, seed=0, exhaustion="stop"
+    )
+    pipeline = Pipeline(source).options(canonical_replicas=8).pretokenized("ids")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(pipeline.pack_flat(16).batch(1))
+    said = [str(w.message) for w in caught]
+    assert any("'small' has 6 documents, fewer than the 8 " in s for s in said), said
+    assert not [s for s in said if "gave a lane no token" in s], said
+    assert sum(b.num_tokens for b in batches) == 200 * 30 + 6 * 40
+
+
 def test_a_finite_source_whose_documents_are_all_dropped_just_ends_with_them_counted() -> None:
     short = Dataset.from_dict("short", {"ids": [[1, 2]] * 4})
     fine = Dataset.from_dict("fine", {"ids": [[3] * 5] * 4})
