@@ -30,7 +30,7 @@ the baseline (best of `--repeats`); a missed target still exits 0. Each repeat's
 cancel drift in the machine's speed between repeats, which best over best does not.
 
     .venv/bin/python benchmarks/pretokenized.py [--repeats 3] [--copies 4] [--seq 2048]
-        [--batch 8] [--doc-tokens 0] [--dtype int32] [--profile npy]
+        [--batch 8] [--doc-tokens 0] [--dtype int32] [--profile KIND]
 """
 
 from __future__ import annotations
