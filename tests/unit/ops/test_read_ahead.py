@@ -11,8 +11,12 @@ import pytest
 from zephon_torch import Pipeline
 from zephon_torch.errors import ZephonWarning
 from zephon_torch.io import Dataset
+from zephon_torch.ops._runner import Runner
+from zephon_torch.ops.columns import TokenChain
 from zephon_torch.ops.estimate import DEFAULT_CHUNK_DOCS
+from zephon_torch.ops.read import _VIEW_TOKENS, DocumentReader
 from zephon_torch.work import StaticMixtureWorkSource
+from zephon_torch.work.pointers import PointerLayout, PointerSpan
 
 
 def counted_read(count: itertools.count[int], row: dict[str, Any]) -> dict[str, Any]:
@@ -103,3 +107,65 @@ def test_a_small_source_left_alone_reads_fully_ahead_and_so_does_its_resume() ->
     next(iter(resumed))
     assert resumed._runtime is not None
     assert (resumed._runtime.readers[1].ahead, resumed._runtime.readers[1]._growth) == (4, 8)
+
+
+def _submitted_spans(
+    *, eos_token_id: int | None, rows: int, length: int, chunk_docs: int, passes: int = 1
+) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """A one-lane reader of ``rows`` documents of ``length`` ids (document i all ids i % 100),
+    read to the end through ``columns``/``advance`` with one chunk in flight: the (pass, pos,
+    count) of each chunk submitted to the runner, and each document's first id."""
+    ids = [np.full(length, i % 100, dtype=np.int32) for i in range(rows)]
+    dataset = Dataset.from_dict("d", {"ids": ids}, shard_size=rows)
+    runner = Runner(TokenChain((dataset,), "ids", eos_token_id), parallelism=1, kind="inline")
+    layout = PointerLayout(name="d", shard_rows=(rows,), seed=1, window_shards=1, shuffle=False)
+    reader = DocumentReader(
+        source=0,
+        layout=layout,
+        lane=0,
+        num_lanes=1,
+        exhaustion="stop",
+        passes=passes,
+        runner=runner,
+        chunk_docs=chunk_docs,
+        ahead=1,
+    )
+    spans: list[tuple[int, int, int]] = []
+    submit = runner.submit
+
+    def recorded(source: int, span: PointerSpan) -> Any:
+        spans.append((span.pass_index, span.pos, len(span)))
+        return submit(source, span)
+
+    runner.submit = recorded  # type: ignore[method-assign]
+    reader.reset()
+    seen: list[int] = []
+    while (found := reader.columns()) is not None:
+        chunk, index = found
+        seen.extend(int(tokens[0]) for tokens in chunk.tokens[index:])
+        reader.advance(len(chunk))
+    reader.close()
+    return spans, seen
+
+
+def test_chunks_double_from_chunk_docs_to_eight_times_it_and_end_at_the_lane_s_end() -> None:
+    """Small first chunks (a fast first batch), then 8x ``chunk_docs`` in the steady state;
+    the last chunk of a pass holds what is left of it, and the next pass starts anew at 0."""
+    spans, seen = _submitted_spans(eos_token_id=0, rows=70, length=3, chunk_docs=2, passes=2)
+    first = [(0, 0, 2), (0, 2, 4), (0, 6, 8), (0, 14, 16), (0, 30, 16), (0, 46, 16), (0, 62, 8)]
+    second = [(1, 0, 16), (1, 16, 16), (1, 32, 16), (1, 48, 16), (1, 64, 6)]
+    assert spans == first + second
+    assert seen == list(range(70)) * 2
+
+
+def test_chunks_of_stored_views_grow_further_but_hold_about_view_tokens_tokens() -> None:
+    """Token columns read inline without an EOS are views of the stored ids: their chunks grow
+    to 256x ``chunk_docs``, but once the documents' mean length is known, to no more than
+    about ``_VIEW_TOKENS`` tokens (here four documents of a quarter of it)."""
+    spans, _ = _submitted_spans(eos_token_id=None, rows=1100, length=4, chunk_docs=1)
+    assert [count for _, _, count in spans] == [1 << i for i in range(9)] + [256, 256, 77]
+    spans, seen = _submitted_spans(
+        eos_token_id=None, rows=24, length=_VIEW_TOKENS // 4, chunk_docs=1
+    )
+    assert [count for _, _, count in spans] == [1, 2, 4, 4, 4, 4, 4, 1]
+    assert seen == list(range(24))
