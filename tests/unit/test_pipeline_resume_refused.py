@@ -177,3 +177,39 @@ def test_a_held_document_a_filter_drops_on_resume_is_named_by_its_shard_path(
         dataset.shards[shard].path,
         row,
     )
+
+
+@pytest.mark.parametrize("exhaustion", ["stop", "repeat"])
+def test_a_reader_position_past_the_stream_is_refused_saying_the_positions_that_load(
+    exhaustion: str,
+) -> None:
+    """The refusal says the positions the lane has (its rows; for a finite stream, its
+    passes), so that a user who edited a state can put it right."""
+    from zephon_torch.errors import StateMismatchError
+
+    dataset = Dataset.from_dict("d", {"ids": [[1 + i] * 3 for i in range(10)]})
+
+    def pipeline() -> Pipeline:
+        source = StaticMixtureWorkSource(
+            [dataset],
+            seed=1,
+            exhaustion=exhaustion,  # type: ignore[arg-type]
+            passes=3 if exhaustion == "stop" else None,
+        )
+        pipeline = Pipeline(source).options(canonical_replicas=1)
+        return pipeline.pretokenized("ids").pack_flat(4).batch(1)
+
+    run = pipeline()
+    next_batches(run, 2)
+    state = as_lists(run.state_dict())
+    passes = " in pass 0 to 2" if exhaustion == "stop" else ""
+    past = [{"pos": 11}, {"pass": 3}] if exhaustion == "stop" else [{"pos": 11}]
+    for position in past:
+        bad = copy.deepcopy(state)
+        bad["lanes"]["0"]["pack"]["readers"][0].update(position)
+        resumed = pipeline()
+        with pytest.raises(StateMismatchError) as refused:
+            resumed.load_state_dict(bad)
+            next(iter(resumed))
+        said = f"a pos of 0 to 10 (this lane has 10 rows){passes}"
+        assert said in str(refused.value)
