@@ -4,10 +4,9 @@ A job stops at its first bad row (or, under ``bad_rows="skip"``, counts it): hou
 that one pass over the data would have shown. This pass reads every row of every shard as a
 pipeline's reading does, and, given the field the job takes (``--text-field`` for ``tokenize``,
 ``--token-field`` for ``pretokenized``, ``--chat-field`` for ``tokenize_chat``), checks it as the
-pipeline will. It reports each bad row
-and each unreadable shard by dataset, shard, row (and a JSONL row's line), and goes on: the rows
-of a chunk that holds a bad one are read one by one. Storage errors past the retries still end
-it (exit code 2, as any error of the command).
+pipeline will. It reports each bad row and each unreadable shard by dataset, shard, row (and a
+JSONL row's line), and goes on: the rows of a chunk that holds a bad one are read one by one.
+Storage errors past the retries still end it (exit code 2, as any error of the command).
 """
 
 from __future__ import annotations
@@ -82,8 +81,8 @@ def validate(
     that did not open given as ``unopened``) and check ``text_field`` (a string, or UTF-8
     bytes), ``token_field`` (a 1-D list of integer ids in ``[0, vocab_size)``, else ``[0,
     2**31)``) or ``chat_field`` (a list of ``{"role": str, "content": str}``; its messages
-    counted by role) in each; print what was found. Returns 0 where every row read and checked, else
-    ``VALIDATION_FAILED_EXIT``."""
+    counted by role) in each; print what was found. Returns 0 where every row read and
+    checked, else ``VALIDATION_FAILED_EXIT``."""
     found = Findings()
     for error in unopened:
         found.bad_shards += 1
