@@ -22,8 +22,17 @@ from zephon_torch.work import StaticMixtureWorkSource
 
 marks = open(sys.argv[1], "a")
 
-def watch(frame, event, arg):  # each encode's end, on the runner's thread
-    if event == "return" and frame.f_code.co_name == "encode_texts":
+calls = []
+second_started = threading.Event()
+
+def watch(frame, event, arg):  # each encode's start and end, on the runner's thread
+    if frame.f_code.co_name != "encode_texts":
+        return
+    if event == "call":
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            second_started.set()
+    elif event == "return":
         marks.write(f"encoded {time.monotonic()}\\n")
         marks.flush()
 
@@ -40,6 +49,10 @@ pipeline = (
 )
 threading.setprofile(watch)  # the runner's thread starts with the iteration
 for batch in pipeline.pack_flat(16).batch(1):
+    # the loop is left only once the long document's encode has begun (else, on a busy
+    # machine, the runner may not have started it yet and the exit has nothing to wait for)
+    if not second_started.wait(120):
+        sys.exit("the second chunk's encode never started")
     break
 marks.write(f"left {time.monotonic()}\\n")
 marks.flush()
