@@ -93,6 +93,56 @@ def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
     assert dataset.cache_counters()["misses"] == 6
 
 
+@pytest.mark.parametrize("num_lanes", [1, 25])
+def test_a_reader_walks_on_into_the_next_pass_s_shards_in_that_pass_s_order(
+    tmp_path: Path, num_lanes: int
+) -> None:
+    """The pointer stream is pure, so a lane's walk goes on past its pass's end into the
+    next pass's shards, from that pass's first window, in that pass's own (shuffled) order:
+    another pass's order, or a walk starting past its first window (one lane row a window
+    with 25 lanes), downloads shards not read next. The last pass walks into nothing."""
+    fs = fsspec.filesystem("memory")
+    root = fresh_root()
+    for number in range(6):
+        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number]] * 10}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=remote_options(tmp_path))
+    walks: list[list[int]] = []
+    prefetch = dataset.prefetch
+
+    def recorded(urls: Any, share: int = 1) -> None:
+        walks.append(list(urls))
+        prefetch(iter(walks[-1]), share=share)
+
+    dataset.prefetch = recorded  # type: ignore[method-assign]
+    layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
+    where = {"lane": 0, "num_lanes": num_lanes, "start": 0}
+    orders = [list(layout.upcoming_shards(pass_index=p, **where)) for p in (0, 1)]
+    assert orders[0] != orders[1]  # the passes' orders differ (the seed is chosen so)
+    reader = DocumentReader(
+        source=0,
+        layout=layout,
+        lane=0,
+        num_lanes=num_lanes,
+        exhaustion="stop",
+        passes=2,
+        runner=Runner(TokenChain((dataset,), "ids", None), parallelism=1, kind="inline"),
+        chunk_docs=1,
+        ahead=2,
+    )
+    seen = []
+    while (found := reader.columns()) is not None:
+        chunk, index = found
+        seen.extend(int(ids[0]) for ids in chunk.tokens[index:])
+        reader.advance(len(chunk))
+    assert len(seen) == 2 * reader.lane_rows
+    # the first walk: this pass's shards from the window the read-ahead reached, then all of
+    # the next pass's; the last pass's walks end with it
+    this_pass, next_pass = walks[0][: -len(orders[1])], walks[0][-len(orders[1]) :]
+    assert this_pass and this_pass == orders[0][-len(this_pass) :]
+    assert next_pass == orders[1]
+    assert walks[-1] == orders[1][-len(walks[-1]) :]
+
+
 def _read_all(dataset: Dataset, layout: PointerLayout) -> tuple[DocumentReader, list[int]]:
     """A lane reader over `dataset`'s "ids" column, one document a chunk, read to the end,
     and each document's first id."""
