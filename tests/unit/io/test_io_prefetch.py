@@ -12,6 +12,7 @@ from typing import Any
 
 import fsspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import prefetch_threads
@@ -141,6 +142,56 @@ def test_a_reader_walks_on_into_the_next_pass_s_shards_in_that_pass_s_order(
     assert this_pass and this_pass == orders[0][-len(this_pass) :]
     assert next_pass == orders[1]
     assert walks[-1] == orders[1][-len(walks[-1]) :]
+
+
+def test_a_reader_shares_the_budget_with_the_mixture_s_other_remote_datasets_only(
+    tmp_path: Path,
+) -> None:
+    """The remote datasets of a mixture download into one cache at once, so each reader
+    walks with its dataset's part of the byte budget (its share: the remote datasets'
+    count); a local dataset downloads nothing and takes no part."""
+    fs = fsspec.filesystem("memory")
+    remote = []
+    for name in ("a", "b"):
+        root = fresh_root()
+        for number in range(2):
+            put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number]] * 10}))
+        options = remote_options(tmp_path)
+        remote.append(Dataset.from_path(name, f"memory://{root}", io_options=options))
+    (tmp_path / "local").mkdir()
+    pq.write_table(pa.table({"ids": [[9]] * 10}), tmp_path / "local" / "0.parquet")
+    local = Dataset.from_path("local", str(tmp_path / "local"))
+    shares: list[int] = []
+    prefetch, check_window = remote[0].prefetch, remote[0].check_window
+
+    def recorded(urls: Any, share: int = 1) -> None:
+        shares.append(share)
+        prefetch(urls, share=share)
+
+    def checked(window: list[int], share: int = 1) -> None:
+        shares.append(share)
+        check_window(window, share=share)
+
+    remote[0].prefetch = recorded  # type: ignore[method-assign]
+    remote[0].check_window = checked  # type: ignore[method-assign]
+    layout = PointerLayout(name="a", shard_rows=(10, 10), seed=3, window_shards=1, shuffle=False)
+    chain = TokenChain((remote[0], local, remote[1]), "ids", None)
+    reader = DocumentReader(
+        source=0,
+        layout=layout,
+        lane=0,
+        num_lanes=1,
+        exhaustion="stop",
+        runner=Runner(chain, parallelism=1, kind="inline"),
+        chunk_docs=5,
+        ahead=2,
+    )
+    seen = 0
+    while (found := reader.columns()) is not None:
+        seen += len(found[0]) - found[1]
+        reader.advance(len(found[0]))
+    assert seen == 20
+    assert shares and set(shares) == {2}
 
 
 def _read_all(dataset: Dataset, layout: PointerLayout) -> tuple[DocumentReader, list[int]]:
