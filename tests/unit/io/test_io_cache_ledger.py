@@ -76,6 +76,30 @@ def test_a_full_cache_of_many_files_lists_its_folder_once_per_margin_not_per_sha
     assert {f"new-{i}.bin" for i in range(100)} <= names  # the oldest went, never the new
 
 
+def test_a_ledger_counting_too_little_is_set_right_by_every_rescan_every_th_reservation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files placed by a writer that keeps no ledger (a version before it) are not in the
+    ledger, so reservations that fit by it list nothing and the cache goes past its limit:
+    the listing every `_RESCAN_EVERY`-th reservation counts them and evicts back to it."""
+    monkeypatch.setattr(folder_module, "_RESCAN_EVERY", 4)
+    calls = _count_listings(monkeypatch)
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    cache.ensure(cache_item("new-0.bin", 100), cache_writer(b"x" * 100), pin=False)
+    assert len(calls) == 1  # no ledger yet: listed
+    _fill(tmp_path, 9, 100)  # behind the ledger's back: 1,000 bytes, the ledger says 100
+    for i in range(1, 4):  # the ledger says they fit, and is not due
+        cache.ensure(cache_item(f"new-{i}.bin", 100), cache_writer(b"x" * 100), pin=False)
+    assert len(calls) == 1
+    assert _cached_bytes(tmp_path) == 1300
+    cache.ensure(cache_item("new-4.bin", 100), cache_writer(b"x" * 100), pin=False)
+    assert len(calls) == 2  # the fourth since the listing: listed, and evicted
+    assert _cached_bytes(tmp_path) == 1000
+    names = {p.name.split("-", 1)[1] for p in tmp_path.iterdir() if not p.name.startswith(".")}
+    assert names == {f"new-{i}.bin" for i in range(5)} | {f"old-{i}.bin" for i in range(4, 9)}
+    _more_stay_within_the_limit(cache, tmp_path)
+
+
 def test_a_file_whose_process_died_before_releasing_its_reservation_is_counted(
     tmp_path: Path,
 ) -> None:
