@@ -169,3 +169,43 @@ def test_chunks_of_stored_views_grow_further_but_hold_about_view_tokens_tokens()
     )
     assert [count for _, _, count in spans] == [1, 2, 4, 4, 4, 4, 4, 1]
     assert seen == list(range(24))
+
+
+def test_a_document_fetched_again_is_the_one_its_pass_and_pos_hold_read_ahead_or_not() -> None:
+    """A resumed lane re-reads the documents its saved open rows hold: those read ahead
+    (``read_ahead_for_resume``) come from the runner, the others (one fetched a second time,
+    a document two saved rows hold pieces of) are read now; either way from their own pass,
+    whose shuffled order differs from the first's."""
+    rows = 40
+    ids = [np.full(2, i, dtype=np.int32) for i in range(rows)]
+    dataset = Dataset.from_dict("d", {"ids": ids}, shard_size=10)
+    layout = PointerLayout(name="d", shard_rows=(10,) * 4, seed=1, window_shards=2, shuffle=True)
+
+    def reader() -> DocumentReader:
+        return DocumentReader(
+            source=0,
+            layout=layout,
+            lane=0,
+            num_lanes=1,
+            exhaustion="stop",
+            passes=2,
+            runner=Runner(TokenChain((dataset,), "ids", None), parallelism=1, kind="inline"),
+            chunk_docs=4,
+            ahead=1,
+        )
+
+    streamed = reader()
+    seen: list[int] = []
+    while (found := streamed.columns()) is not None:
+        chunk, index = found
+        seen.extend(int(tokens[0]) for tokens in chunk.tokens[index:])
+        streamed.advance(len(chunk))
+    by_pass = [seen[:rows], seen[rows:]]
+    assert by_pass[0] != by_pass[1] and sorted(by_pass[1]) == list(range(rows))
+    resumed = reader()
+    resumed.read_ahead_for_resume([(1, 3), (0, 5)])
+    for pass_index, pos in [(1, 3), (0, 5), (1, 3), (1, 7)]:  # the last two read now
+        document = resumed.fetch(pass_index, pos)
+        assert (document.pass_index, document.pos) == (pass_index, pos)
+        assert document.tokens is not None
+        assert int(document.tokens[0]) == by_pass[pass_index][pos]
