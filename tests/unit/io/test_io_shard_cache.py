@@ -101,6 +101,26 @@ def test_a_shard_larger_than_the_limit_is_an_error_naming_it(tmp_path: Path) -> 
         cache.ensure(cache_item("huge.parquet", 11), cache_writer(b"x" * 11), pin=False)
 
 
+def test_a_shard_or_made_file_of_exactly_the_limit_is_cached_in_place_of_the_others(
+    tmp_path: Path,
+) -> None:
+    """`max_bytes` is the most the cache holds: a file of that size is refused only when
+    larger, and fits once every other shard (none in use) is evicted."""
+    cache = ShardCache(str(tmp_path), max_bytes=100)
+    cache.ensure(cache_item("small.parquet", 40), cache_writer(b"x" * 40), pin=False)
+    whole = cache_item("whole.parquet", 100)
+    path = cache.ensure(whole, cache_writer(b"y" * 100), pin=False)
+    assert Path(path).read_bytes() == b"y" * 100
+    assert [name.split("-", 1)[1] for name in cached_files(tmp_path)] == ["whole.parquet"]
+
+    def make(target: str) -> None:
+        Path(target).write_bytes(b"z" * 100)
+
+    with cache.open_made("made", "s3://bucket/made.jsonl.gz", make) as made:
+        assert Path(made).read_bytes() == b"z" * 100
+    assert cache.used_bytes() == 100
+
+
 def test_a_changed_remote_object_is_downloaded_again(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     fs.pipe("/changing/a.jsonl", b'{"v": 1}\n')
