@@ -4,6 +4,7 @@ and the limit. The disk is a real 64 KiB tmpfs, which only root can mount: skipp
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
-from zephon_torch.io._shard_cache import CachedObject, ShardCache
+from zephon_torch.io._shard_cache import _DISK_FULL_TRIES, CachedObject, ShardCache
 from zephon_torch.io.jsonl import JsonlReader
 
 _SHARD = 25_000  # two fit on the disk, a third does not
@@ -152,6 +153,29 @@ def test_a_download_whose_room_another_took_evicts_again(small_disk: Path) -> No
     assert os.path.getsize(cache.path(_item("c.parquet"))) == _SHARD
     assert not os.path.exists(cache.path(_item("b.parquet")))
     assert len(tries) == 3
+
+
+def test_a_download_the_disk_refuses_however_much_is_evicted_is_made_a_bounded_number_of_times(
+    tmp_path: Path,
+) -> None:
+    """Each eviction making the room (here, a disk with room to spare whose writes fail all
+    the same, as when other downloads keep taking it), the download is made again, up to
+    `_DISK_FULL_TRIES` times in all, then a ConfigError names the folder, not a loop for ever
+    nor a failure blaming the object; nothing is left behind."""
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1 << 30)
+    tries = []
+
+    def refused(target: str) -> None:
+        tries.append(target)
+        Path(target).write_bytes(b"x" * 10)  # a part written, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+
+    with pytest.raises(ConfigError, match=r"disk of the shard cache folder .*is full"):
+        cache.ensure(_item("a.parquet"), refused, pin=False)
+    assert len(tries) == _DISK_FULL_TRIES
+    assert not any(os.path.exists(target) for target in tries)
+    assert os.listdir(tmp_path / "cache" / ".downloading") == []
+    assert os.listdir(tmp_path / "cache" / ".reserved") == []
 
 
 def test_decompressed_shards_kept_mapped_take_an_eighth_of_a_smaller_disk(
