@@ -178,6 +178,26 @@ def test_a_download_the_disk_refuses_however_much_is_evicted_is_made_a_bounded_n
     assert os.listdir(tmp_path / "cache" / ".reserved") == []
 
 
+def test_a_download_failing_for_another_reason_than_a_full_disk_evicts_nothing(
+    tmp_path: Path,
+) -> None:
+    """Only a full disk has shards evicted and the download made again: another local error
+    (here EIO) is raised as it is, after one try, with the cached shards left in place."""
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1 << 30)
+    kept = cache.ensure(_item("a.parquet"), _download, pin=False)
+    tries = []
+
+    def failing(target: str) -> None:
+        tries.append(target)
+        raise OSError(errno.EIO, os.strerror(errno.EIO), target)
+
+    with pytest.raises(OSError) as caught:
+        cache.ensure(_item("b.parquet"), failing, pin=False)
+    assert caught.value.errno == errno.EIO and not isinstance(caught.value, ConfigError)
+    assert len(tries) == 1
+    assert os.path.getsize(kept) == _SHARD
+
+
 def test_decompressed_shards_kept_mapped_take_an_eighth_of_a_smaller_disk(
     small_disk: Path, tmp_path: Path
 ) -> None:
