@@ -100,6 +100,17 @@ def test_a_ledger_counting_too_little_is_set_right_by_every_rescan_every_th_rese
     _more_stay_within_the_limit(cache, tmp_path)
 
 
+def test_reservations_and_their_ledger_writes_leave_no_descriptor_open(tmp_path: Path) -> None:
+    """Each reservation and release writes the ledger: a descriptor left open by each write
+    would run a long run's process out of them (EMFILE) after about a thousand shards."""
+    cache = ShardCache(str(tmp_path), max_bytes=10_000)
+    cache.ensure(cache_item("first.bin", 10), cache_writer(b"x" * 10), pin=False)
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(50):
+        cache.ensure(cache_item(f"new-{i}.bin", 10), cache_writer(b"x" * 10), pin=False)
+    assert len(os.listdir("/proc/self/fd")) < before + 10  # not one (or two) a shard
+
+
 def test_a_file_whose_process_died_before_releasing_its_reservation_is_counted(
     tmp_path: Path,
 ) -> None:
