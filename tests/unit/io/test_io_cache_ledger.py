@@ -3,18 +3,20 @@ the cache count too little (a dead process's file, a ledger cut short, a cleaner
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import zephon_torch.io._cache_folder as folder_module
 from tests.helpers import cache_item, cache_writer
 from zephon_torch.io._cache_folder import CacheFolder
-from zephon_torch.io._cache_ledger import LEDGER
+from zephon_torch.io._cache_ledger import LEDGER, add_to_ledger, read_ledger, write_ledger
 from zephon_torch.io._cache_names import cached_name
 from zephon_torch.io._shard_cache import ShardCache
 
@@ -109,6 +111,28 @@ def test_reservations_and_their_ledger_writes_leave_no_descriptor_open(tmp_path:
     for i in range(50):
         cache.ensure(cache_item(f"new-{i}.bin", 10), cache_writer(b"x" * 10), pin=False)
     assert len(os.listdir("/proc/self/fd")) < before + 10  # not one (or two) a shard
+
+
+def test_a_ledger_that_cannot_be_written_is_deleted_not_left_counting_too_little(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails (a full disk, no descriptor left) before it truncated the ledger
+    would leave the old total, smaller than the new one: the ledger goes, and the next
+    reservation lists the folder."""
+    write_ledger(str(tmp_path), 100, 3)
+    assert read_ledger(str(tmp_path)) == (100, 3)
+    real_open = os.open
+
+    def failing(path: Any, *args: Any, **kwargs: Any) -> int:
+        if os.path.basename(path) == LEDGER:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing)
+    add_to_ledger(str(tmp_path), 50)
+    monkeypatch.setattr(os, "open", real_open)
+    assert read_ledger(str(tmp_path)) is None
+    assert not (tmp_path / LEDGER).exists()
 
 
 def test_a_file_whose_process_died_before_releasing_its_reservation_is_counted(
