@@ -121,6 +121,25 @@ def test_a_shard_or_made_file_of_exactly_the_limit_is_cached_in_place_of_the_oth
     assert cache.used_bytes() == 100
 
 
+def test_a_made_file_larger_than_the_limit_is_an_error_naming_it_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Its size is known once it is made: then refused as a shard is, not reserved (it can
+    never fit) and waited for until the cache is taken to be full of shards in use."""
+    cache = ShardCache(str(tmp_path), max_bytes=10)
+
+    def make(target: str) -> None:
+        Path(target).write_bytes(b"x" * 11)
+
+    with (
+        pytest.raises(ConfigError, match=r"s3://bucket/huge.jsonl.gz"),
+        cache.open_made("huge", "s3://bucket/huge.jsonl.gz", make),
+    ):
+        pass
+    assert not cached_files(tmp_path)
+    assert os.listdir(tmp_path / _TMP) == os.listdir(tmp_path / _RESERVE) == []
+
+
 def test_a_changed_remote_object_is_downloaded_again(tmp_path: Path) -> None:
     fs = fsspec.filesystem("memory")
     fs.pipe("/changing/a.jsonl", b'{"v": 1}\n')
