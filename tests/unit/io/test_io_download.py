@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import pytest
 
 from tests.loopback import serve_in_thread
 from zephon_torch.errors import ConfigError, DataError, StorageError
-from zephon_torch.io import Dataset
+from zephon_torch.io import Dataset, _stall
 from zephon_torch.io._download import read_listed
 from zephon_torch.io._retry import RetryPolicy
 from zephon_torch.io._shard_cache import CachedObject
@@ -341,38 +342,48 @@ def test_an_index_read_that_stalls_is_cut_short_then_a_storage_error(tmp_path: P
     _opening_stalls(tmp_path, "index.json", json.dumps({"version": 2, "shards": []}).encode())
 
 
-def test_the_rate_floor_is_judged_over_each_window_and_by_a_deadline_of_the_size() -> None:
+def test_the_rate_floor_is_judged_over_each_window_and_by_a_deadline_of_the_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Not before the client has an answer: a request waiting for one of the pool's
     connections, held by another download's parts, had been cut as a stall (a review). A
-    client that sets the size before each part's count (adlfs) is judged all the same."""
+    client that sets the size before each part's count (adlfs) is judged all the same. The
+    clock is the test's own: slept through, a loaded machine's late wake-up stretched a
+    window past what its bytes were due for (a stall where none was meant)."""
+    now = [0.0]
+    monkeypatch.setattr(_stall, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+
+    def wait(seconds: float) -> None:
+        now[0] += seconds
+
     pace = Pace(100, 0.05, 10)  # 100 bytes/s; a deadline of 0.05 + 10 / 100 s
-    time.sleep(0.06)
+    wait(0.06)
     pace.check(0)  # no answer yet: left to the deadline
     pace.begin()  # the answer came: from now on
     pace.check(0)  # within the first window: nothing to judge
-    time.sleep(0.06)
+    wait(0.06)
     pace.check(10)  # 10 bytes where 6 were due
     pace.begin()  # the size again (adlfs, each part): no new window
-    time.sleep(0.06)
+    wait(0.06)
     with pytest.raises(Stalled, match="2 bytes came in the last"):
         pace.check(12)
     pace.check(0)  # from byte 0 again (a restart): not a negative count, nor a stall
-    time.sleep(0.06)
+    wait(0.06)
     pace.check(20)
     late = Pace(100, 0.05, 10)
-    time.sleep(0.06)
+    wait(0.06)
     late.check(5)  # the first bytes, with no size reported: the window starts
-    time.sleep(0.06)
+    wait(0.06)
     with pytest.raises(Stalled, match="1 bytes came"):
         late.check(6)
     timed = Pace(100, 0.05, 10)
     assert not timed.overdue()
-    time.sleep(0.2)
+    wait(0.2)
     assert timed.overdue()
     with pytest.raises(Stalled, match=r"20 bytes came in 0\.\d s, past the 0\.\d s its size"):
         timed.raise_overdue(20)
     never = Pace(0, 0.05, 10)
-    time.sleep(0.06)
+    wait(0.06)
     never.check(0)  # a `min_rate` of 0: never a stall
     assert not never.overdue()
     with pytest.raises(ConfigError, match="`rate_window` must be more than 0"):
