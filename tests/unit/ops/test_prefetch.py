@@ -47,7 +47,10 @@ def test_the_producer_runs_at_most_depth_ahead() -> None:
     made: list[int] = []
     prefetcher = Prefetcher(lambda: counting(made), depth=3)
     assert next(prefetcher) == 0
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30  # a busy machine may not have run the producer yet
+    while len(made) < 1 + 3 + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # room for one more, were the bound not kept
     # three queued, one made and waiting for room: never more
     assert len(made) == 1 + 3 + 1
     prefetcher.close()
