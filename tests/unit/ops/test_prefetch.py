@@ -176,20 +176,34 @@ def test_leaving_a_loop_while_a_map_runs_waits_about_a_second_in_all(
     recipe = recipe.map(blocked_from_row_forty).options(read_ahead=64, prefetch=prefetch)
     pipeline = recipe.pretokenized("ids", runner=runner, parallelism=2).pack_flat(8).batch(1)
     raised: list[float] = []
+    ended = threading.Event()
 
     def interrupt(*_: object) -> None:
         raised.append(time.monotonic())
         raise Interrupted
 
-    previous = signal.signal(signal.SIGALRM, interrupt)
+    def interrupt_once_the_map_blocks() -> None:
+        # watched here, not in the loop's body: a busy machine let the loop take every batch
+        # made before the map began its long call, so the body saw the mark only with the
+        # next batch, once the map's chunk was done (minutes)
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline and not ended.wait(0.01):
+            pass
+        if not ended.wait(0.5):  # the loop waits by then
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)  # type: ignore[arg-type]
+
+    # not SIGALRM: pytest-timeout's, which this handler would take for the interrupt
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    watcher = threading.Thread(target=interrupt_once_the_map_blocks, daemon=True)
     try:
+        watcher.start()
         with pytest.raises(Interrupted):
             for _ in pipeline:
-                if mark.exists() and not raised:
-                    signal.setitimer(signal.ITIMER_REAL, 0.5)  # the loop waits by then
-                    raised.append(0.0)
+                pass
         left = time.monotonic() - raised[-1]
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        ended.set()
+        watcher.join(10)
+        signal.signal(signal.SIGUSR1, previous)
+    assert mark.exists(), "the map never reached its blocking row"
     assert left < 1.6, left
