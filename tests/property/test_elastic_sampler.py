@@ -141,6 +141,7 @@ def test_epochs_shuffle_differently_and_an_epoch_always_repeats_its_order(
     assert first == flat(global_steps(n, g, 1, epoch=min(epochs), seed=seed))
 
 
+@settings(deadline=None)
 @given(n=sizes, g=batches)
 def test_without_shuffle_the_order_is_natural_and_padding_wraps_to_the_start(
     n: int, g: int
@@ -149,6 +150,7 @@ def test_without_shuffle_the_order_is_natural_and_padding_wraps_to_the_start(
     assert stream == [p % n for p in range(len(stream))]
 
 
+@settings(deadline=None)
 @given(g=batches, w=st.integers(1, 60))
 def test_a_world_size_that_does_not_divide_the_global_batch_is_refused_with_the_supported_sizes(
     g: int, w: int
@@ -172,6 +174,7 @@ changed_settings = {
 }
 
 
+@settings(deadline=None)
 @given(keys=st.sets(st.sampled_from(sorted(changed_settings)), min_size=1))
 def test_a_state_with_other_settings_is_refused_with_every_mismatch(keys: set[str]) -> None:
     state = sampler(30, 4, 2, 1).state_dict()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_torch._lane_split import step_remainder
@@ -25,6 +25,7 @@ def lane(turn: int, done: bool = False) -> dict[str, Any]:
     return {"turn": turn, "done": done}
 
 
+@settings(deadline=None)
 @given(lanes=st.integers(1, 60), data=st.data())
 def test_the_ranks_own_contiguous_equal_blocks_that_cover_the_lanes_in_order(
     lanes: int, data: st.DataObject
@@ -77,6 +78,7 @@ def test_a_rank_s_turns_count_lanes_not_begun_as_turn_0_and_spent_lanes_while_on
     assert rank_turns([None, lane(2, done=True)]) == [0, 2]  # a lane not begun has data
 
 
+@settings(deadline=None)
 @given(
     per_rank=st.integers(1, 6),
     world=st.integers(1, 6),

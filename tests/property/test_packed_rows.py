@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_torch._packed_rows import (
@@ -35,6 +35,7 @@ _piece = st.tuples(
 _rows = st.lists(st.lists(_piece, max_size=12), max_size=8)
 
 
+@settings(deadline=None)
 @given(bins=_rows, ready=_rows)
 def test_packed_rows_read_back_exactly(bins: list[Any], ready: list[Any]) -> None:
     packer = {"bins": bins, "ready": ready}
@@ -86,6 +87,7 @@ _source = st.tuples(
 )
 
 
+@settings(deadline=None)
 @given(sources=st.lists(_source, min_size=1, max_size=40))
 def test_per_source_states_read_back_exactly(sources: list[Any]) -> None:
     readers, delivered, active, carry = (list(column) for column in zip(*sources, strict=True))
@@ -141,6 +143,7 @@ def test_a_damaged_per_source_packing_is_refused_naming_it(change: Any, said: st
         unpack_lanes(lanes)
 
 
+@settings(deadline=None)
 @given(
     readers=st.lists(
         st.fixed_dictionaries(

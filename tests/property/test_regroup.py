@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_torch._regroup import _MOST_TRIED, _divisors, as_loaded, regroup
@@ -31,6 +31,7 @@ def _state(size: int, turns: list[int | None]) -> dict[str, Any]:
     }
 
 
+@settings(deadline=None)
 @given(
     saved=st.integers(1, 16),
     size=st.integers(1, 16),
@@ -59,6 +60,7 @@ def test_regrouping_keeps_every_lane_s_rows_or_refuses(
     assert state == _state(saved, list(turns))  # the caller's state is left as it was
 
 
+@settings(deadline=None)
 @given(saved=st.integers(1, 16), size=st.integers(1, 16))
 def test_lanes_not_begun_and_the_size_in_an_older_fingerprint_are_regrouped_too(
     saved: int, size: int
@@ -81,6 +83,7 @@ def test_a_lane_whose_rows_do_not_divide_is_refused_where_the_step_s_rows_do() -
     assert "micro-batch sizes that divide them: [1, 2] (" in expected
 
 
+@settings(deadline=None)
 @given(uneven=st.integers(1, 9), even=st.integers(0, 3))
 def test_every_lane_whose_rows_do_not_divide_is_named_or_counted(uneven: int, even: int) -> None:
     """Lanes of 1 row (uneven in micro-batches of 2) and of 2 rows (even): the message names
@@ -96,6 +99,7 @@ def test_every_lane_whose_rows_do_not_divide_is_named_or_counted(uneven: int, ev
     assert more is None or int(more.group(1)) > 0
 
 
+@settings(deadline=None)
 @given(saved=st.integers(1, 12), turns=st.lists(st.integers(1, 30), min_size=1, max_size=5))
 def test_the_sizes_offered_are_the_smallest_that_divide_every_lane_s_rows(
     saved: int, turns: list[int]
@@ -113,6 +117,7 @@ def test_the_sizes_offered_are_the_smallest_that_divide_every_lane_s_rows(
     ][:12]
 
 
+@settings(deadline=None)
 @given(number=st.integers(1, 20_000) | st.integers(1, 140).map(lambda r: r * r))
 def test_divisors_are_every_divisor_once_ascending(number: int) -> None:
     assert _divisors(number) == [d for d in range(1, number + 1) if number % d == 0]

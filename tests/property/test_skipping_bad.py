@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_torch.errors import DataError
 from zephon_torch.ops.document import skipping_bad
 
 
+@settings(deadline=None)
 @given(
     items=st.lists(st.integers(0, 1000), min_size=1, max_size=200),
     bad=st.sets(st.integers(0, 1000)),
@@ -35,6 +36,7 @@ def test_bad_items_replaced_in_place_at_bounded_cost(items: list[int], bad: set[
     assert calls <= 1 + 2 * found * max(1, math.ceil(math.log2(len(items))))
 
 
+@settings(deadline=None)
 @given(
     items=st.lists(st.integers(0, 1000), min_size=1, max_size=200, unique=True),
     bad=st.sets(st.integers(0, 1000)),
