@@ -95,8 +95,9 @@ def _lone_state_rank(rank: int, world_size: int, folder: str) -> None:
             loader.state_dict()
         except ZephonError as error:
             got["error"] = str(error)
-    else:  # a longer step: its all-reduce starts after rank 0's wait, within its own timeout
-        time.sleep(_LONE_TIMEOUT_S + 1)
+        Path(folder, "rank0_done").touch()
+    else:  # a longer step: its all-reduce starts once rank 0's wait is over, within its timeout
+        _wait_for_rank_0(folder)
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
     got["sum"] = total.item()
@@ -107,6 +108,16 @@ def _lone_state_rank(rank: int, world_size: int, folder: str) -> None:
 
 
 _LONE_TIMEOUT_S = 6
+
+
+def _wait_for_rank_0(folder: str) -> None:
+    """Waits for rank 0's mark that its calls alone are over, so that this rank's next
+    collective meets rank 0's within the group's timeout: a sleep a second past that timeout
+    had guessed as much, which a loaded machine's rank 0, slow to build its loader, need
+    not have made true (at most 300 s)."""
+    deadline = time.monotonic() + 300
+    while not Path(folder, "rank0_done").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_a_state_taken_on_one_rank_fails_clearly_and_leaves_the_training_collectives_alone(
@@ -203,8 +214,9 @@ def _lone_loader_rank(rank: int, world_size: int, folder: str) -> None:
                 got[attempt] = [str(error), time.monotonic() - start]
         alone = small_pipeline(tokenizer, lanes=2, exhaustion="repeat").options(world_size=1)
         got["alone"] = _digest(next(iter(DataLoader(alone))))
+        Path(folder, "rank0_done").touch()
     else:
-        time.sleep(_LONE_TIMEOUT_S + 1)
+        _wait_for_rank_0(folder)
     dist.barrier()
     Path(folder, f"rank{rank}.json").write_text(json.dumps(got))
     destroy_process_group()
