@@ -193,9 +193,9 @@ class WrapBlocks:
             whole_doc = Piece(chunk[last], 0, chunk.sizes[last])
             taken += _add(self._cut(source, whole_doc, room - taken), parts, owners, sizes, starts)
             last += 1
-        if last > first:
-            self.documents[source] += last - first
-            self._barren_runs[source].clear()
+        # at least one document was taken: the first fits whole, or else it is cut (room > 0)
+        self.documents[source] += last - first
+        self._barren_runs[source].clear()
         return taken, last
 
 
