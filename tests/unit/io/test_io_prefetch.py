@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,20 +67,9 @@ def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
 ) -> None:
     """Each walk stats the shards ahead (up to the byte budget); it gives the same shards for
     every chunk of a window, so the reader walks again only when it enters the next one."""
-    fs = fsspec.filesystem("memory")
-    root = fresh_root()
-    for number in range(6):
-        ids = [[number * 100 + i] * 3 for i in range(10)]
-        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": ids}))
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=remote_options(tmp_path))
-    walks: list[list[int]] = []
-    prefetch = dataset.prefetch
-
-    def recorded(urls: Any, share: int = 1) -> None:
-        walks.append(list(urls))
-        prefetch(iter(walks[-1]), share=share)
-
-    dataset.prefetch = recorded  # type: ignore[method-assign]
+    dataset, walks = _walks_recorded(
+        tmp_path, lambda number: [[number * 100 + i] * 3 for i in range(10)]
+    )
     layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
     reader, seen = _read_all(dataset, layout)
     assert sorted(seen) == sorted(n * 100 + i for n in range(6) for i in range(10))
@@ -102,19 +91,7 @@ def test_a_reader_walks_on_into_the_next_pass_s_shards_in_that_pass_s_order(
     next pass's shards, from that pass's first window, in that pass's own (shuffled) order:
     another pass's order, or a walk starting past its first window (one lane row a window
     with 25 lanes), downloads shards not read next. The last pass walks into nothing."""
-    fs = fsspec.filesystem("memory")
-    root = fresh_root()
-    for number in range(6):
-        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": [[number]] * 10}))
-    dataset = Dataset.from_path("p", f"memory://{root}", io_options=remote_options(tmp_path))
-    walks: list[list[int]] = []
-    prefetch = dataset.prefetch
-
-    def recorded(urls: Any, share: int = 1) -> None:
-        walks.append(list(urls))
-        prefetch(iter(walks[-1]), share=share)
-
-    dataset.prefetch = recorded  # type: ignore[method-assign]
+    dataset, walks = _walks_recorded(tmp_path, lambda number: [[number]] * 10)
     layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
     where = {"lane": 0, "num_lanes": num_lanes, "start": 0}
     orders = [list(layout.upcoming_shards(pass_index=p, **where)) for p in (0, 1)]
@@ -192,6 +169,27 @@ def test_a_reader_shares_the_budget_with_the_mixture_s_other_remote_datasets_onl
         reader.advance(len(found[0]))
     assert seen == 20
     assert shares and set(shares) == {2}
+
+
+def _walks_recorded(
+    tmp_path: Path, ids_of: Callable[[int], list[list[int]]]
+) -> tuple[Dataset, list[list[int]]]:
+    """A remote dataset of six Parquet shards (shard n's "ids" column: `ids_of(n)`, 10 rows)
+    whose prefetch records each walk's shards, in order, before downloading them."""
+    fs = fsspec.filesystem("memory")
+    root = fresh_root()
+    for number in range(6):
+        put_parquet(fs, f"{root}/{number}.parquet", pa.table({"ids": ids_of(number)}))
+    dataset = Dataset.from_path("p", f"memory://{root}", io_options=remote_options(tmp_path))
+    walks: list[list[int]] = []
+    prefetch = dataset.prefetch
+
+    def recorded(urls: Any, share: int = 1) -> None:
+        walks.append(list(urls))
+        prefetch(iter(walks[-1]), share=share)
+
+    dataset.prefetch = recorded  # type: ignore[method-assign]
+    return dataset, walks
 
 
 def _read_all(dataset: Dataset, layout: PointerLayout) -> tuple[DocumentReader, list[int]]:
