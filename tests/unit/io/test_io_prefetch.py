@@ -66,10 +66,20 @@ def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
     tmp_path: Path,
 ) -> None:
     """Each walk stats the shards ahead (up to the byte budget); it gives the same shards for
-    every chunk of a window, so the reader walks again only when it enters the next one."""
+    every chunk of a window, so the reader walks again only when it enters the next one, and
+    then checks that window against the cache (each window in turn, not the pass's first
+    again: a later, larger window was not warned of)."""
     dataset, walks = _walks_recorded(
         tmp_path, lambda number: [[number * 100 + i] * 3 for i in range(10)]
     )
+    checked: list[list[int]] = []
+    check_window = dataset.check_window
+
+    def recorded(window: list[int], share: int = 1) -> None:
+        checked.append(sorted(window))
+        check_window(window, share=share)
+
+    dataset.check_window = recorded  # type: ignore[method-assign]
     layout = PointerLayout(name="p", shard_rows=(10,) * 6, seed=3, window_shards=2, shuffle=True)
     reader, seen = _read_all(dataset, layout)
     assert sorted(seen) == sorted(n * 100 + i for n in range(6) for i in range(10))
@@ -80,6 +90,8 @@ def test_a_reader_walks_the_upcoming_shards_once_per_window_not_per_chunk(
     assert walks[0] == order
     assert all(walk in suffixes for walk in walks)
     assert len({len(walk) for walk in walks}) == len(walks) <= 3 < reader._submitted
+    assert len(walks) > 1
+    assert checked == [sorted(walk[: layout.window_shards]) for walk in walks]
     assert dataset.cache_counters()["misses"] == 6
 
 
