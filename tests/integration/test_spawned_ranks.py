@@ -27,15 +27,29 @@ def _digest(item: dict[str, Any]) -> str:
 
 def _join(rank: int, world_size: int, folder: str, timeout_s: float | None = None) -> None:
     """Joins the process group through a file in `folder`, with no RANK/WORLD_SIZE in the
-    environment (as under `torch.multiprocessing.spawn`)."""
+    environment (as under `torch.multiprocessing.spawn`). With a `timeout_s`, once every rank
+    has come this far: gloo connects the ranks within the group's timeout, and a loaded
+    machine's spawned ranks, importing torch in 10 to 40 s, may come seconds apart."""
     import datetime
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(name, None)
+    if timeout_s is not None:
+        _wait_for_every_rank(rank, world_size, folder, "joining")
     timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
     dist.init_process_group(
         "gloo", init_method=f"file://{folder}/group", rank=rank, world_size=world_size, **timeout
     )
+
+
+def _wait_for_every_rank(rank: int, world_size: int, folder: str, mark: str) -> None:
+    """Leaves this rank's `mark` in `folder` and waits for every rank's (at most 300 s)."""
+    Path(folder, f"{mark}{rank}").touch()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if all(Path(folder, f"{mark}{other}").exists() for other in range(world_size)):
+            return
+        time.sleep(0.01)
 
 
 def _rank(rank: int, world_size: int, folder: str) -> None:
@@ -88,6 +102,7 @@ def _lone_state_rank(rank: int, world_size: int, folder: str) -> None:
     _join(rank, world_size, folder, _LONE_TIMEOUT_S)
     tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
     loader = DataLoader(small_pipeline(tokenizer, lanes=2, exhaustion="repeat"))
+    _wait_for_every_rank(rank, world_size, folder, "built")  # its group's set-up: the timeout
     next(iter(loader))
     got: dict[str, Any] = {}
     if rank == 0:
