@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-START_S = 30.0
+# a safety net while the server lives (one that exits is reported at once): Python servers
+# import for 10-40 s on a loaded two-core machine
+START_S = 120.0
 
 
 @contextmanager
@@ -64,8 +66,12 @@ def serving(
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
             except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"{command[0]} did not start") from None
+                code = server.poll()
+                if code is not None:
+                    said = f"{command[0]} exited with code {code} before serving"
+                    raise RuntimeError(said) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{command[0]} did not serve in {START_S:.0f} s") from None
                 time.sleep(0.1)
         yield server
     finally:
