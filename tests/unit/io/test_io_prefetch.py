@@ -108,22 +108,7 @@ def test_a_reader_walks_on_into_the_next_pass_s_shards_in_that_pass_s_order(
     where = {"lane": 0, "num_lanes": num_lanes, "start": 0}
     orders = [list(layout.upcoming_shards(pass_index=p, **where)) for p in (0, 1)]
     assert orders[0] != orders[1]  # the passes' orders differ (the seed is chosen so)
-    reader = DocumentReader(
-        source=0,
-        layout=layout,
-        lane=0,
-        num_lanes=num_lanes,
-        exhaustion="stop",
-        passes=2,
-        runner=Runner(TokenChain((dataset,), "ids", None), parallelism=1, kind="inline"),
-        chunk_docs=1,
-        ahead=2,
-    )
-    seen = []
-    while (found := reader.columns()) is not None:
-        chunk, index = found
-        seen.extend(int(ids[0]) for ids in chunk.tokens[index:])
-        reader.advance(len(chunk))
+    reader, seen = _read_all(dataset, layout, num_lanes=num_lanes, passes=2)
     assert len(seen) == 2 * reader.lane_rows
     # the first walk: this pass's shards from the window the read-ahead reached, then all of
     # the next pass's; the last pass's walks end with it
@@ -204,15 +189,18 @@ def _walks_recorded(
     return dataset, walks
 
 
-def _read_all(dataset: Dataset, layout: PointerLayout) -> tuple[DocumentReader, list[int]]:
-    """A lane reader over `dataset`'s "ids" column, one document a chunk, read to the end,
-    and each document's first id."""
+def _read_all(
+    dataset: Dataset, layout: PointerLayout, *, num_lanes: int = 1, passes: int = 1
+) -> tuple[DocumentReader, list[int]]:
+    """Lane 0's reader (of `num_lanes`) over `dataset`'s "ids" column, one document a chunk,
+    read to the end of its `passes`, and each document's first id."""
     reader = DocumentReader(
         source=0,
         layout=layout,
         lane=0,
-        num_lanes=1,
+        num_lanes=num_lanes,
         exhaustion="stop",
+        passes=passes,
         runner=Runner(TokenChain((dataset,), "ids", None), parallelism=1, kind="inline"),
         chunk_docs=1,
         ahead=2,
