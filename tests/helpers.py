@@ -18,7 +18,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import fsspec
 import numpy.typing as npt
@@ -34,6 +34,9 @@ from zephon_torch.io._line_index import scan_lines
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.ops.stateful import StatefulFilter
 from zephon_torch.work import StaticMixtureWorkSource, TokenEstimation
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
 
 
 def _pydoc_text_digest() -> str:
@@ -463,3 +466,16 @@ def uneven_lanes(**options: Any) -> Any:
     source = StaticMixtureWorkSource([dataset], seed=1, exhaustion="stop", shuffle=False)
     pipeline = Pipeline(source).options(canonical_replicas=4, **options)
     return pipeline.pretokenized("input_ids").pack_flat(16, "best_fit").batch(2)
+
+
+# A spawned child imports the package and torch: 10-40 s on a loaded two-core machine, so it
+# is waited for as long as it lives (bounded by far), not for a fixed time.
+CHILD_S = 300
+
+
+def until_ready_while_alive(ready: Callable[[], bool], child: BaseProcess) -> bool:
+    """Waits until `ready()`, while `child` lives (at most `CHILD_S`); returns `ready()`."""
+    deadline = time.monotonic() + CHILD_S
+    while not ready() and child.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ready()

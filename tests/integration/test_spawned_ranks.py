@@ -43,11 +43,16 @@ def _join(rank: int, world_size: int, folder: str, timeout_s: float | None = Non
 
 
 def _wait_for_every_rank(rank: int, world_size: int, folder: str, mark: str) -> None:
-    """Leaves this rank's `mark` in `folder` and waits for every rank's (at most 300 s)."""
+    """Leaves this rank's `mark` in `folder` and waits for every rank's."""
     Path(folder, f"{mark}{rank}").touch()
+    _wait_for_marks(folder, [f"{mark}{other}" for other in range(world_size)])
+
+
+def _wait_for_marks(folder: str, names: list[str]) -> None:
+    """Waits until every file of `names` is in `folder` (at most 300 s)."""
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if all(Path(folder, f"{mark}{other}").exists() for other in range(world_size)):
+    while not all(Path(folder, name).exists() for name in names):
+        if time.monotonic() > deadline:
             return
         time.sleep(0.01)
 
@@ -129,10 +134,8 @@ def _wait_for_rank_0(folder: str) -> None:
     """Waits for rank 0's mark that its calls alone are over, so that this rank's next
     collective meets rank 0's within the group's timeout: a sleep a second past that timeout
     had guessed as much, which a loaded machine's rank 0, slow to build its loader, need
-    not have made true (at most 300 s)."""
-    deadline = time.monotonic() + 300
-    while not Path(folder, "rank0_done").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    not have made true."""
+    _wait_for_marks(folder, ["rank0_done"])
 
 
 def test_a_state_taken_on_one_rank_fails_clearly_and_leaves_the_training_collectives_alone(

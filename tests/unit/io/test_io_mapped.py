@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.helpers import until_ready_while_alive
 from tests.unit.io.test_io_formats_writers import sample_rows, write_litdata, write_mds
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
@@ -242,11 +242,7 @@ def test_a_jsonl_shard_rewritten_after_the_open_is_named_as_changed_in_a_spawned
     out = context.Queue()
     child = context.Process(target=_read_ids, args=(dataset, out))
     child.start()
-    # a spawned child imports the package and torch: 10-40 s on a loaded two-core machine,
-    # so it is waited for while it lives (bounded by far), not for a fixed minute
-    deadline = time.monotonic() + 300
-    while out.empty() and child.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until_ready_while_alive(lambda: not out.empty(), child)
     got = out.get(timeout=10)
     child.join(timeout=60)
     assert "the shard file was rewritten or appended to" in got, got

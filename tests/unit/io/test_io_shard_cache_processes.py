@@ -13,12 +13,18 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import cache_item, cache_writer, cached_files
+from tests.helpers import (
+    CHILD_S,
+    cache_item,
+    cache_writer,
+    cached_files,
+    until_ready_while_alive,
+)
 from zephon_torch.io import _pins
 from zephon_torch.io._cache_folder import _LOCKS, _RESERVE, _TMP
 from zephon_torch.io._locks import lock_file, release_file
@@ -43,7 +49,7 @@ def test_two_processes_filling_one_cache_stay_within_the_limit(tmp_path: Path) -
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(_CHILD_S)
+        worker.join(CHILD_S)
     assert [worker.exitcode for worker in workers] == [0, 0, 0]
     files = cached_files(tmp_path)
     assert 0 < sum(len(content) for content in files.values()) <= 2500
@@ -54,19 +60,6 @@ def test_two_processes_filling_one_cache_stay_within_the_limit(tmp_path: Path) -
 
 def _bookkeeping(directory: Path) -> dict[str, list[str]]:
     return {sub: sorted(os.listdir(directory / sub)) for sub in (_LOCKS, _TMP, _RESERVE)}
-
-
-# A spawned child imports this module, and with it the package and torch: 10-40 s on a loaded
-# two-core machine, so its waits are as long as the child lives (bounded by far).
-_CHILD_S = 300
-
-
-def _until(ready: Callable[[], bool], child: multiprocessing.process.BaseProcess) -> bool:
-    """Waits until `ready()`, while `child` lives (at most `_CHILD_S`); returns `ready()`."""
-    deadline = time.monotonic() + _CHILD_S
-    while not ready() and child.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return ready()
 
 
 def _fetch_all(directory: str, order: list[int], log: str) -> None:
@@ -99,7 +92,7 @@ def test_processes_racing_for_the_same_shards_download_each_once_and_leave_no_lo
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(_CHILD_S)
+        worker.join(CHILD_S)
     assert [worker.exitcode for worker in workers] == [0] * len(workers)
     assert sorted(log.read_text().split()) == [str(n) for n in range(6)]  # each exactly once
     assert _bookkeeping(tmp_path / "c") == {_LOCKS: [], _TMP: [], _RESERVE: []}
@@ -129,7 +122,7 @@ def test_only_the_leftovers_of_a_dead_download_are_swept_whatever_their_pid(
     )
     child.start()
     try:
-        assert _until(started.exists, child)
+        assert until_ready_while_alive(started.exists, child)
         cache.ensure(
             cache_item("a.bin", 10), cache_writer(b"a" * 10), pin=False
         )  # sweeps: keeps the live
@@ -192,7 +185,7 @@ def test_a_restart_downloading_the_shard_its_killed_run_was_downloading_sweeps_t
         target=_killed_mid_download, args=(str(directory), 600, str(started))
     )
     child.start()
-    _until(started.exists, child)
+    until_ready_while_alive(started.exists, child)
     child.kill()
     child.join(10)
     assert started.exists()
@@ -358,7 +351,7 @@ def test_the_lock_file_of_a_process_killed_waiting_for_space_is_swept(tmp_path: 
             target=_wait_for_space, args=(str(directory), str(started))
         )
         child.start()
-        _until(lambda: bool(os.listdir(directory / _LOCKS)), child)
+        until_ready_while_alive(lambda: bool(os.listdir(directory / _LOCKS)), child)
         time.sleep(0.2)  # waiting in _reserve, holding b's lock
         child.kill()
         child.join(10)
