@@ -49,6 +49,9 @@ class NarrowedOrWhole(Dataset):
                 self._whole_shards.add(shard)
         return self.whole.read_tokens(shard, rows, field)
 
+    def maps_token_ids(self) -> bool:
+        return super().maps_token_ids() and self.whole.maps_token_ids()
+
     def cache_counters(self) -> dict[str, int] | None:
         """Both readers' counters, summed (None: not remote)."""
         counted = [c for c in (super().cache_counters(), self.whole.cache_counters()) if c]

@@ -228,6 +228,11 @@ class RemoteReader(PickledAsSettings):
             return None
         return self._with_reader(path, lambda _, local: reader.read_tokens(local, rows, field))
 
+    def maps_token_ids(self) -> bool:
+        """Never: the maps are of cached copies, whose disk space an eviction frees only once
+        no view of them is held."""
+        return False
+
     def line_of(self, path: str, row: int) -> str | None:
         """The local reader's place of the row in the cached copy (`where_in_file`); None
         where that copy cannot be had now."""

@@ -264,6 +264,15 @@ class Dataset:
             return None
         return reader.read_tokens(*self._checked_rows(shard, rows), field)
 
+    def maps_token_ids(self) -> bool:
+        """Whether `read_tokens` gives views of mapped files for every shard (`.npy` files,
+        uncompressed MDS and LitData shards, on local disk): a reader may then hold as many as
+        it likes, where views of decoded shards keep those shards in memory. False for the
+        other formats (rows are decoded), compressed shards and remote data (maps of cached
+        copies, whose disk space an eviction frees only once no view of them is held)."""
+        reader = token_reader(self._reader)
+        return reader is not None and reader.maps_token_ids()
+
     def line_of(self, path: str, row: int) -> str | None:
         """Where row `row` of the shard at `path` (as errors name it) lies in its file, for a
         message to say: "line 37 of the file" for JSONL (rows count its non-blank lines from

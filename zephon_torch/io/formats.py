@@ -112,6 +112,11 @@ class TokenReader(ShardReader, Protocol):
         otherwise (then `read` gives them, and names any row that does not decode)."""
         ...
 
+    def maps_token_ids(self) -> bool:
+        """Whether every shard's `read_tokens` arrays are views of a file mapped into memory:
+        holding them, however many, holds no decoded copy of a shard (see `Dataset`'s)."""
+        ...
+
 
 def token_reader(reader: ShardReader) -> TokenReader | None:
     """`reader` as a `TokenReader` when it is one, else None (a cheap check: it runs once per

@@ -156,6 +156,7 @@ class LitDataReader(PickledAsSettings):
         if self._loader not in ("PyTreeLoader", "TokensLoader"):
             raise ValueError(f"item_loader {self._loader} is not read")
         self._per_item_zstd = config.get("compression_level") == "sample"
+        self._compressed = config.get("compression") is not None
         formats = config["data_format"]
         # a damaged entry is no format name: the leaf decoders parse each one as a str
         if not isinstance(formats, list) or not all(isinstance(name, str) for name in formats):
@@ -220,6 +221,10 @@ class LitDataReader(PickledAsSettings):
     def num_rows(self, path: str) -> int:
         """Returns the chunk's item count from `index.json`; reads no chunk."""
         return self._rows[path][0]
+
+    def maps_token_ids(self) -> bool:
+        """Whether the chunks are not compressed (each is then mapped, see `_read`)."""
+        return not self._compressed
 
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns the given items of the chunk as row dicts, in the order asked.

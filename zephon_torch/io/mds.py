@@ -152,6 +152,10 @@ class MdsReader(PickledAsSettings):
         """Returns the shard's sample count from `index.json`; reads no shard."""
         return self._infos[path].samples
 
+    def maps_token_ids(self) -> bool:
+        """Whether no shard is compressed (each is then mapped, see `_read`)."""
+        return all(info.codec is None for info in self._infos.values())
+
     def read(self, path: str, rows: Rows) -> list[dict[str, Any]]:
         """Returns the given samples of the shard as dicts, in the order asked.
 

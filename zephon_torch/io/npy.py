@@ -160,6 +160,10 @@ class NpyReader(PickledAsSettings):
         """The rows' token ids (views of the map), for the field "input_ids"; else None."""
         return self._ids(path, rows) if field == TOKENS_FIELD else None
 
+    def maps_token_ids(self) -> bool:
+        """Always: the token files are mapped (`map_array`)."""
+        return True
+
     def _ids(self, path: str, rows: Rows) -> list[TokenIds]:
         file = self._file(path)
         positions = as_row_array(rows)

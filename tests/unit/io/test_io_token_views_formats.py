@@ -291,3 +291,55 @@ def test_remote_mds_and_litdata_views_equal_local(tmp_path: Path) -> None:
         want = read_token_span(local, span.shards, span.rows, TOKENS)
         assert got is not None and want is not None
         assert [g.tolist() for g in got] == [w.tolist() for w in want]
+
+
+# --- which views are of mapped files ---------------------------------------------------------
+
+
+def test_maps_token_ids_only_where_every_shard_is_a_local_map(tmp_path: Path) -> None:
+    """`Dataset.maps_token_ids` (chunks of such views may grow without a token cap): `.npy`
+    files and uncompressed MDS and LitData shards on local disk; not compressed shards, which
+    are decoded, formats that give no views, nor remote copies in the shard cache."""
+    docs = [d for d in _docs(60, seed=3) if len(d)]
+    npy = tmp_path / "npy"
+    npy.mkdir()
+    np.save(npy / "0.npy", np.concatenate(docs))
+    np.save(npy / "0.offsets.npy", np.cumsum([0] + [len(d) for d in docs]))
+    rows = [{TOKENS: d} for d in docs]
+    mds = {
+        codec: write_mds(
+            tmp_path / f"m-{codec}", rows, {TOKENS: "ndarray:int32"}, compression=codec
+        )
+        for codec in (None, "zstd")
+    }
+    lit = {
+        codec: write_litdata(
+            tmp_path / f"lit-{codec}",
+            docs,
+            chunk_bytes=1 << 10,
+            item_loader=tokens_loader(),
+            **({} if codec is None else {"compression": codec, "compression_level": "chunk"}),
+        )
+        for codec in (None, "zstd")
+    }
+    table = pa.table({TOKENS: pa.array([d.tolist() for d in docs], type=pa.list_(pa.int32()))})
+    (tmp_path / "pq").mkdir()
+    pq.write_table(table, tmp_path / "pq" / "t.parquet")
+    expected = {
+        "npy": (npy, True),
+        "mds": (mds[None], True),
+        "mds-zstd": (mds["zstd"], False),
+        "litdata": (lit[None], True),
+        "litdata-zstd": (lit["zstd"], False),
+        "parquet": (tmp_path / "pq", False),
+    }
+    for name, (path, mapped) in expected.items():
+        local = Dataset.from_path(name, path)
+        assert local.maps_token_ids() is mapped, name
+        if mapped:  # the same views, mapped
+            span = _span(local)
+            got = read_token_span(local, span.shards, span.rows, TOKENS)
+            assert got is not None and len(got) == len(docs)
+        remote = Dataset.from_path(name, _put(path), io_options=_options(tmp_path / name))
+        assert remote.maps_token_ids() is False, name
+    assert Dataset.from_dict("d", {TOKENS: docs}).maps_token_ids() is False

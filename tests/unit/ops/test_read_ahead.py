@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.unit.io.test_io_formats_writers import write_mds
 from zephon_torch import Pipeline
 from zephon_torch.errors import ZephonWarning
 from zephon_torch.io import Dataset
@@ -110,14 +112,23 @@ def test_a_small_source_left_alone_reads_fully_ahead_and_so_does_its_resume() ->
 
 
 def _submitted_spans(
-    *, eos_token_id: int | None, rows: int, length: int, chunk_docs: int, passes: int = 1
+    *,
+    eos_token_id: int | None,
+    rows: int,
+    length: int,
+    chunk_docs: int,
+    passes: int = 1,
+    stored: tuple[Dataset, str] | None = None,
 ) -> tuple[list[tuple[int, int, int]], list[int]]:
     """A one-lane reader of ``rows`` documents of ``length`` ids (document i all ids i % 100),
     read to the end through ``columns``/``advance`` with one chunk in flight: the (pass, pos,
-    count) of each chunk submitted to the runner, and each document's first id."""
-    ids = [np.full(length, i % 100, dtype=np.int32) for i in range(rows)]
-    dataset = Dataset.from_dict("d", {"ids": ids}, shard_size=rows)
-    runner = Runner(TokenChain((dataset,), "ids", eos_token_id), parallelism=1, kind="inline")
+    count) of each chunk submitted to the runner, and each document's first id. ``stored``:
+    those documents as a dataset of one shard and their field (default: a dict's)."""
+    if stored is None:
+        ids = [np.full(length, i % 100, dtype=np.int32) for i in range(rows)]
+        stored = (Dataset.from_dict("d", {"ids": ids}, shard_size=rows), "ids")
+    dataset, field = stored
+    runner = Runner(TokenChain((dataset,), field, eos_token_id), parallelism=1, kind="inline")
     layout = PointerLayout(name="d", shard_rows=(rows,), seed=1, window_shards=1, shuffle=False)
     reader = DocumentReader(
         source=0,
@@ -169,6 +180,50 @@ def test_chunks_of_stored_views_grow_further_but_hold_about_view_tokens_tokens()
     )
     assert [count for _, _, count in spans] == [1, 2, 4, 4, 4, 4, 4, 1]
     assert seen == list(range(24))
+
+
+@pytest.mark.parametrize("kind", ["npy", "mds", "mds-zstd"])
+def test_chunks_of_mapped_views_grow_eight_times_a_chunk_without_the_token_cap(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Views of mapped files (`.npy` files, uncompressed MDS shards) hold no decoded shard:
+    their chunks grow 8x a chunk to 256x ``chunk_docs``, whatever the documents' length; the
+    same documents in compressed MDS shards, decoded, keep to about ``_VIEW_TOKENS`` tokens
+    a chunk (here four documents of a quarter of it)."""
+    from zephon_torch.ops import read
+
+    rows, length = 1200, 100
+    monkeypatch.setattr(read, "_VIEW_TOKENS", 4 * length)
+    docs = np.repeat(np.arange(rows, dtype=np.int32) % 100, length).reshape(rows, length)
+    if kind == "npy":
+        (tmp_path / "npy").mkdir()
+        np.save(tmp_path / "npy" / "0.npy", docs)
+        dataset = Dataset.from_path("d", tmp_path / "npy")
+    else:
+        compression = "zstd" if kind == "mds-zstd" else None
+        out = write_mds(
+            tmp_path / "mds",
+            [{"input_ids": doc} for doc in docs],
+            {"input_ids": "ndarray:int32"},
+            compression=compression,
+            size_limit=1 << 30,
+        )
+        dataset = Dataset.from_path("d", out)
+    assert len(dataset.shards) == 1
+    assert dataset.maps_token_ids() == (kind != "mds-zstd")
+    spans, seen = _submitted_spans(
+        eos_token_id=None,
+        rows=rows,
+        length=length,
+        chunk_docs=1,
+        stored=(dataset, "input_ids"),
+    )
+    counts = [count for _, _, count in spans]
+    if kind == "mds-zstd":
+        assert counts == [1, 2] + [4] * 299 + [1]
+    else:
+        assert counts == [1, 8, 64, 256, 256, 256, 256, 103]
+    assert seen == [i % 100 for i in range(rows)]
 
 
 def test_a_document_fetched_again_is_the_one_its_pass_and_pos_hold_read_ahead_or_not() -> None:
