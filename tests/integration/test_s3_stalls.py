@@ -128,17 +128,22 @@ def test_a_store_that_stops_answering_after_a_download_ends_its_check_in_bounded
     object). A store frozen at that moment held the HEAD for s3fs's own timeouts and retries:
     over 9 minutes with its defaults on two torchrun ranks, the object's lock held all the
     while and the other rank waiting on it. The whole check now takes at most the policy's
-    `timeout` (4 s here), and ends in a StorageError naming the URL. Here every request after
-    the shard's GET waits until the test ends."""
-    endpoint, _, _ = corpus
+    `timeout` (4 s here), and ends in a StorageError naming the URL. Here the shard's GET is
+    answered without its ETag (which, where it is the listed one, makes the check needless),
+    and every request after it waits until the test ends."""
+    endpoint, _, local = corpus
     _open(endpoint, tmp_path, {"min_rate": 0})  # counts the rows, which later opens remember
     frozen, release = [], threading.Event()
 
-    def freeze_after_the_download(method: str, path: str, headers: dict[str, str]) -> None:
+    def freeze_after_the_download(
+        method: str, path: str, headers: dict[str, str]
+    ) -> tuple[int, bytes] | None:
         if frozen:
             release.wait(120)
         elif method == "GET" and path.split("?", maxsplit=1)[0].endswith("part-1.jsonl"):
-            frozen.append(path)  # this GET is forwarded: the download completes
+            frozen.append(path)  # the download completes
+            return 200, (local / "part-1.jsonl").read_bytes()
+        return None
 
     retry = {"attempts": 3, "initial_delay": 0.01, "timeout": 4, "rate_window": 1}
     try:

@@ -2,7 +2,9 @@
 
 The bytes kept are the listed version's or none: after a download the object's size and
 version are compared with its listing's (one HEAD; a fresh listing where that differs), since
-the cache, and the JSONL line index kept under its name, must not hold another version. A read
+the cache, and the JSONL line index kept under its name, must not hold another version; on S3,
+a download whose every GET was answered with the listed ETag needs no HEAD (see
+`_s3_answers`), its bytes being that version's. A read
 that fails for good asks the store the same, since stores answer a read of an object changed or
 gone since its listing in many ways (S3: a 416 for a range past a shrunk end, NoSuchKey, s3fs's
 FileExpired for another ETag): such an object is a `DataError` naming the shard, any other such
@@ -27,6 +29,7 @@ from zephon_torch.errors import DataError, StorageError, ZephonError, secret_fre
 from zephon_torch.io._remote import find_detailed, sized
 from zephon_torch.io._retry import RetryPolicy, call_with_retry, disk_full, quietly
 from zephon_torch.io._rows import CHANGED_NOTE
+from zephon_torch.io._s3_answers import answered_listed
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._stall import Pace, bounded, get_file
 from zephon_torch.io._versions import identity, listed_version
@@ -56,7 +59,13 @@ def fetch(
             `FileNotFoundError` where `target`'s folder went during the download).
     """
 
+    # the ETags S3 answered the last attempt's GETs with (a list of its own: a GET of an
+    # attempt let go may still end, and add to its list)
+    answers: list[str] = []
+
     def attempt() -> None:
+        nonlocal answers
+        answers = []
         with contextlib.suppress(FileNotFoundError):
             os.unlink(target)
         name = f"downloading {os.path.basename(fs_path)}"
@@ -64,7 +73,7 @@ def fetch(
             pace = Pace(retry.min_rate, retry.rate_window, item.size)
             capped = _Capped(item.size, bar if show and bar.active else None, pace)
             try:
-                get_file(fs, fs_path, target, capped, pace)
+                get_file(fs, fs_path, target, capped, pace, answers)
             except _PastListedSize:
                 check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)  # else retried
                 raise OSError(f"more than the {item.size} bytes listed came") from None
@@ -85,7 +94,8 @@ def fetch(
         folder=folder,
         stop=stop,
     )
-    check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)
+    if not answered_listed(answers, listed_version(item)):  # else the bytes are its own
+        check_unchanged(fs, fs_path, item, dataset=dataset, retry=retry)
 
 
 def read_listed(

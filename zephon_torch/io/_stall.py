@@ -28,6 +28,7 @@ from typing import Any
 from fsspec.exceptions import FSTimeoutError
 
 from zephon_torch.io._retry import RetryPolicy
+from zephon_torch.io._s3_answers import is_s3, recording
 
 _WATCH_S = 0.5  # how often the calling thread looks at an async transfer
 
@@ -122,10 +123,18 @@ def reports_each_read(fs: Any, size: int) -> bool:
     return False
 
 
-def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> None:
+def get_file(
+    fs: Any,
+    fs_path: str,
+    target: str,
+    callback: Any,
+    pace: Pace,
+    answers: list[str] | None = None,
+) -> None:
     """`fs.get_file(fs_path, target, callback=callback)` of an object of `pace.size` bytes,
     cut short as `Stalled` where it falls under `pace` (whose `check` `callback` calls with its
-    progress as bytes arrive).
+    progress as bytes arrive). `answers`: where given, the ETags of its GETs on S3 are added
+    to it (see `_s3_answers.recording`; nothing where the transfer is not watched).
 
     On an async file system the transfer runs on its event loop while this thread looks at it
     every half second, and cancels it once past `pace`'s deadline, or under its rate where the
@@ -137,6 +146,8 @@ def get_file(fs: Any, fs_path: str, target: str, callback: Any, pace: Pace) -> N
         fs.get_file(fs_path, target, callback=callback)
         return
     transfer = fs._get_file(fs_path, target, callback=callback)
+    if answers is not None and is_s3(fs):
+        transfer = recording(fs, fs.split_path(fs_path)[0], transfer, answers)
     judge_rate = reports_each_read(fs, pace.size)
     # s3fs's parallel parts hold their pooled connections past a cancel until they are
     # collected, and the retry would wait on the pool for them

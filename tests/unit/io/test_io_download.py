@@ -27,6 +27,7 @@ from zephon_torch.errors import ConfigError, DataError, StorageError
 from zephon_torch.io import Dataset, _stall
 from zephon_torch.io._download import read_listed
 from zephon_torch.io._retry import RetryPolicy
+from zephon_torch.io._s3_answers import answered_listed
 from zephon_torch.io._shard_cache import CachedObject
 from zephon_torch.io._stall import Pace, Stalled, cat_range
 from zephon_torch.io._versions import identity
@@ -403,3 +404,21 @@ def test_an_etag_listed_bare_is_the_same_as_the_one_given_quoted() -> None:
     )
     assert not _same(listed, {"size": 10, "etag": '"0x8DC2"'})
     assert not _same(listed, {"size": 11, "etag": '"0x8DC1"'})
+
+
+@pytest.mark.parametrize(
+    ("answers", "listed", "proof"),
+    [
+        (['"abc"'], '"abc"', True),
+        (["abc", '"abc"'], '"abc"', True),  # parts of one download, quoted or bare
+        (['"abc"', '"def"'], '"abc"', False),  # one part from a rewrite
+        ([], '"abc"', False),  # nothing recorded: the store is asked
+        ([""], "", False),  # no version listed
+        ([""], '"abc"', False),
+    ],
+)
+def test_a_download_proves_the_listed_version_only_where_every_get_named_it(
+    answers: list[str], listed: str, proof: bool
+) -> None:
+    """Where it does, `fetch` asks the store nothing after the download."""
+    assert answered_listed(answers, listed) is proof
