@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fsspec
@@ -323,3 +323,148 @@ def test_a_cache_folder_that_cannot_be_made_is_a_config_error_naming_it(tmp_path
     (tmp_path / "afile").write_text("")
     with pytest.raises(ConfigError, match=r"shard cache folder .*afile/cache.* Not a directory"):
         ShardCache(str(tmp_path / "afile" / "cache"), max_bytes=1000)
+
+
+def test_a_reservation_evicts_room_for_the_downloads_under_way_too(tmp_path: Path) -> None:
+    """Files, the reservations of downloads under way and the new one together fit in
+    `max_bytes`: eviction goes on until they do, not until the files and the new one do."""
+    cache = ShardCache(str(tmp_path), max_bytes=300, full_timeout=0.5)
+    for name in ("a.jsonl", "b.jsonl"):
+        cache.ensure(cache_item(name, 100), cache_writer(b"x" * 100), pin=False)
+        time.sleep(0.01)
+    under_way = cache_item("c.jsonl", 100)
+    with cache._folder.name_locked(under_way.name):  # another download, reserved
+        assert cache._folder.reserve(under_way.name, 100, "", 300) is not None
+        cache.ensure(cache_item("d.jsonl", 100), cache_writer(b"d" * 100), pin=False)
+    assert {name.split("-", 1)[1] for name in cached_files(tmp_path)} == {"b.jsonl", "d.jsonl"}
+
+
+def test_a_reservation_leaves_the_partial_file_of_a_download_under_way(tmp_path: Path) -> None:
+    """Only a name whose lock no one holds is a dead download's to sweep: the temporary file
+    of one under way (its name's lock held) stays, whatever its name's suffix."""
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    under_way = cache_item("slow.jsonl", 100)
+    with cache._folder.name_locked(under_way.name):
+        assert cache._folder.reserve(under_way.name, 100, "", 1000) is not None
+        partial = Path(cache._folder.temp(under_way.name))
+        partial.write_bytes(b"p" * 40)
+        cache.ensure(cache_item("a.jsonl", 100), cache_writer(b"a" * 100), pin=False)
+        assert partial.read_bytes() == b"p" * 40
+        assert len(os.listdir(tmp_path / _RESERVE)) == 1
+
+
+def test_a_link_with_a_cached_file_s_name_is_neither_counted_nor_evicted(tmp_path: Path) -> None:
+    """Only regular files are the cache's: a symbolic link lying in the folder, named as a
+    cached file would be, is a user's, as is what it points at."""
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"u" * 250)
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=200)
+    link = Path(cache.path(cache_item("linked.jsonl", 250)))
+    link.symlink_to(target)
+    os.utime(link, (1, 1), follow_symlinks=False)  # the least recently used, were it counted
+    assert cache.used_bytes() == 0
+    for name in ("a.jsonl", "b.jsonl"):
+        cache.ensure(cache_item(name, 100), cache_writer(b"x" * 100), pin=False)
+    assert link.is_symlink() and target.read_bytes() == b"u" * 250
+    assert cache.used_bytes() == 200
+
+
+def test_a_file_deleted_as_the_folder_is_listed_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaner deleting a cached file between its listing and its `stat`: the file is not
+    counted (nor the one listed before it counted twice)."""
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    gone, kept = cache_item("gone.jsonl", 100), cache_item("kept.jsonl", 60)
+    for item in (gone, kept):
+        cache.ensure(item, cache_writer(b"x" * item.size), pin=False)
+    listed = os.scandir
+
+    class Cleaned:
+        """The folder's listing, with `gone` deleted just as it is listed."""
+
+        def __init__(self, folder: str) -> None:
+            self.listing = listed(folder)
+
+        def __enter__(self) -> Iterator[os.DirEntry[str]]:
+            return self.entries()
+
+        def __exit__(self, *exc: object) -> None:
+            self.listing.close()
+
+        def entries(self) -> Iterator[os.DirEntry[str]]:
+            for entry in self.listing:
+                if entry.path == cache.path(gone):
+                    os.unlink(entry.path)
+                yield entry
+
+    monkeypatch.setattr(os, "scandir", Cleaned)
+    assert cache.used_bytes() == 60
+
+
+def _waiting_for_locks(cache: ShardCache, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once `cache` waits for a name's lock that another holds."""
+    waiting = threading.Event()
+    wait = cache._folder._wait_for_lock
+
+    def noted(name: str, path: str) -> int:
+        waiting.set()
+        return wait(name, path)
+
+    monkeypatch.setattr(cache._folder, "_wait_for_lock", noted)
+    return waiting
+
+
+def test_hits_misses_and_bytes_downloaded_count_each_use_of_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard or made file found (at once, or once another process that was placing it lets
+    its name's lock go) is a hit; one downloaded or made is a miss."""
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    other = ShardCache(str(tmp_path), max_bytes=1000)  # another process's
+    waiting = _waiting_for_locks(cache, monkeypatch)
+    assert (cache.hits, cache.misses, cache.bytes_downloaded) == (0, 0, 0)
+    shard, made = cache_item("a.jsonl", 60), ("k", "s3://bucket/b.jsonl.gz")
+
+    def placed_by_other(use: Callable[[], object]) -> None:
+        """`use` while `other` holds the name's lock, placing the file once `use` waits."""
+        begun = threading.Event()
+
+        def write(target: str) -> None:
+            begun.set()
+            assert waiting.wait(10)
+            Path(target).write_bytes(b"o" * 60)
+
+        def place() -> None:
+            if use is first_shard:
+                other.ensure(shard, write, pin=False)
+            else:
+                with other.open_made(*made, write):
+                    pass
+
+        placing = threading.Thread(target=place)
+        placing.start()
+        assert begun.wait(10)
+        use()
+        placing.join(10)
+        waiting.clear()
+
+    def first_shard() -> object:
+        return cache.ensure(shard, cache_writer(b"x" * 60), pin=False)
+
+    def first_made() -> object:
+        with cache.open_made(*made, lambda target: Path(target).write_bytes(b"m" * 30)):
+            return None
+
+    placed_by_other(first_shard)  # a hit, found under the lock
+    placed_by_other(first_made)
+    assert (cache.hits, cache.misses, cache.bytes_downloaded) == (2, 0, 0)
+    assert (other.hits, other.misses, other.bytes_downloaded) == (0, 2, 60)
+    first_shard()  # hits, found at once
+    first_made()
+    cache.ensure(cache_item("c.jsonl", 40), cache_writer(b"c" * 40), pin=False)
+    with cache.open_made(
+        "j", "s3://bucket/d.jsonl.gz", lambda target: Path(target).write_bytes(b"d")
+    ):
+        pass
+    assert (cache.hits, cache.misses, cache.bytes_downloaded) == (4, 2, 40)

@@ -4,6 +4,7 @@ and the limit. The disk is a real 64 KiB tmpfs, which only root can mount: skipp
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import os
@@ -16,6 +17,7 @@ import pytest
 
 from zephon_torch.errors import ConfigError
 from zephon_torch.io import Dataset
+from zephon_torch.io._cache_folder import CacheFolder
 from zephon_torch.io._shard_cache import _DISK_FULL_TRIES, CachedObject, ShardCache
 from zephon_torch.io.jsonl import JsonlReader
 
@@ -216,3 +218,21 @@ def test_decompressed_shards_kept_mapped_take_an_eighth_of_a_smaller_disk(
     reader = dataset._reader
     assert isinstance(reader, JsonlReader)
     assert len(reader._decompressed) == 1  # each of ~11 KB, above 64 KiB / 8: the newest only
+
+
+def test_room_made_on_a_full_disk_is_what_the_file_needs_and_others_have_still_to_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each other download under way will write what it reserved less what it has written,
+    and no less than nothing (one that wrote more than it reserved leaves the others' count
+    alone): the room is enough, to the byte, once the disk's free bytes reach that."""
+    folder = CacheFolder(str(tmp_path / "cache"))
+    folder.make()
+    with contextlib.ExitStack() as under_way:
+        for name, reserved, written in (("p", 100, 40), ("q", 50, 50), ("r", 10, 30)):
+            under_way.enter_context(folder.name_locked(name))  # another download's
+            assert folder.reserve(name, reserved, "", 1 << 30) is not None
+            Path(folder.temp(name)).write_bytes(b"w" * written)
+        for free, enough in ((1060, True), (1059, False)):  # 1000 + the 60 p has to write
+            monkeypatch.setattr(folder, "free_bytes", lambda free=free: free)
+            assert folder.evict_to_free(1000, "mine") is enough
