@@ -237,3 +237,29 @@ def test_a_long_wait_for_the_folder_lock_is_warned_of(
         warnings.simplefilter("always")
         folder.evict_to_free(0)
     assert not [w for w in caught if issubclass(w.category, ZephonWarning)]
+
+
+@pytest.mark.parametrize("deletions", [2, 3])
+def test_a_folder_is_made_up_to_three_times_while_a_cleaner_deletes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deletions: int
+) -> None:
+    """Deleted as it is made twice, the third make keeps it; deleted three times, the folder
+    is taken for one a cleaner keeps deleting, a CacheFolderError naming it."""
+    folder = CacheFolder(str(tmp_path / "cache"))
+    checked = os.access
+    deleted: list[str] = []
+
+    def cleaner(path: Any, mode: int) -> bool:
+        if len(deleted) < deletions and os.path.isdir(tmp_path / "cache"):
+            deleted.append(str(path))
+            shutil.rmtree(tmp_path / "cache")
+        return checked(path, mode)
+
+    monkeypatch.setattr(os, "access", cleaner)
+    if deletions == 3:
+        with pytest.raises(CacheFolderError, match=r"cache.* was deleted as it was made"):
+            folder.make()
+    else:
+        folder.make()
+        assert folder.intact()
+    assert len(deleted) == deletions

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,9 +18,10 @@ import fsspec
 import pytest
 
 from tests.helpers import cache_item, cache_writer, cached_files
-from zephon_torch.errors import ConfigError, StorageError
-from zephon_torch.io import Dataset
-from zephon_torch.io._cache_folder import _RESERVE, _TMP, CacheFolderError
+from zephon_torch.errors import ConfigError, StorageError, ZephonWarning
+from zephon_torch.io import Dataset, _cache_folder
+from zephon_torch.io._cache_folder import _RESERVE, _TMP, CacheFolder, CacheFolderError
+from zephon_torch.io._locks import lock_file, release_file
 from zephon_torch.io._shard_cache import CachedObject, ShardCache
 
 
@@ -353,6 +355,19 @@ def test_a_reservation_leaves_the_partial_file_of_a_download_under_way(tmp_path:
         assert len(os.listdir(tmp_path / _RESERVE)) == 1
 
 
+def test_a_reservation_sweeps_lock_files_no_one_holds_and_leaves_those_held(tmp_path: Path) -> None:
+    """A process killed holding a name's lock before it reserved (waiting for space) leaves
+    its lock file alone: the next reservation deletes it, and not a lock file held."""
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    left = Path(cache._folder.name_lock("dead.jsonl"))
+    left.touch()
+    held = cache_item("held.jsonl", 100)
+    with cache._folder.name_locked(held.name):
+        cache.ensure(cache_item("a.jsonl", 100), cache_writer(b"a" * 100), pin=False)
+        assert not left.exists()
+        assert Path(cache._folder.name_lock(held.name)).exists()
+
+
 def test_a_link_with_a_cached_file_s_name_is_neither_counted_nor_evicted(tmp_path: Path) -> None:
     """Only regular files are the cache's: a symbolic link lying in the folder, named as a
     cached file would be, is a user's, as is what it points at."""
@@ -468,3 +483,91 @@ def test_hits_misses_and_bytes_downloaded_count_each_use_of_the_cache(
     ):
         pass
     assert (cache.hits, cache.misses, cache.bytes_downloaded) == (4, 2, 40)
+
+
+def test_a_wait_for_a_name_s_lock_polls_ever_less_often_and_warns_once_per_stall_s_unwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a clock that each poll moves 10 s on: the holder writes at 30 s and 160 s, and lets
+    go at 260 s. The waiter warns at 90 s and 150 s (60 s without a write, then 60 s after the
+    last warning) and at 220 s (60 s after the second write), and polls at 2 ms, doubling up
+    to 50 ms."""
+    folder = CacheFolder(str(tmp_path))
+    folder.make()
+    name = cache_item("a.jsonl", 100).name
+    held = lock_file(folder.name_lock(name), wait=False)  # another process's download
+    assert held is not None
+    partial = Path(folder.temp(name))
+    partial.write_bytes(b"p")
+    now, polls = [0.0], []
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return now[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            polls.append(seconds)
+            now[0] += 10
+            if now[0] in (30, 160):
+                partial.write_bytes(partial.read_bytes() + b"p")
+            if now[0] == 260:
+                release_file(folder.name_lock(name), held)
+
+    monkeypatch.setattr(_cache_folder, "time", Clock)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with folder.name_locked(name):
+            assert now[0] == 260
+    said = [str(w.message) for w in caught if issubclass(w.category, ZephonWarning)]
+    assert [note.split(" s ")[0] for note in said] == ["waiting 60", "waiting 120", "waiting 60"]
+    assert name in said[0] and "SIGSTOP" in said[0]
+    assert polls[:7] == [0.002, 0.004, 0.008, 0.016, 0.032, 0.05, 0.05] and len(polls) == 26
+
+
+def test_touching_or_discarding_a_copy_not_there_says_whether_it_is_there_after(
+    tmp_path: Path,
+) -> None:
+    """`touch` is False for a copy not cached; `discard` is True for one already gone (a
+    cleaner deleted it), as for one it deleted."""
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    item = cache_item("a.jsonl", 10)
+    assert not cache.touch(item)
+    cache.ensure(item, cache_writer(b"a" * 10), pin=False)
+    assert cache.touch(item)
+    os.unlink(cache.path(item))  # a cleaner's
+    assert cache.discard(item) and not cache.touch(item)
+
+
+def test_a_copy_in_use_that_is_not_discarded_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """Each refused deletion (a reader holds the copy) closes what it opened: a descriptor
+    left open would keep the file's space for the process's life once it is deleted."""
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    item = cache_item("a.jsonl", 10)
+    with cache.open(item, cache_writer(b"a" * 10)):
+        before = len(os.listdir("/proc/self/fd"))
+        assert not any(cache.discard(item) for _ in range(5))
+        assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_copy_replaced_as_it_is_discarded_is_left_and_not_said_to_be_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file locked is not the one under the name then (another was placed there): the
+    name's file is left, and `discard` says it is not gone."""
+    cache = ShardCache(str(tmp_path), max_bytes=1000)
+    item = cache_item("a.jsonl", 10)
+    cache.ensure(item, cache_writer(b"a" * 10), pin=False)
+    opened = _cache_folder.open_tracked
+
+    def replaced_once_open(path: str, flags: int) -> int:
+        fd = opened(path, flags)
+        newer = tmp_path / "newer"
+        newer.write_bytes(b"b" * 10)
+        os.replace(newer, path)
+        return fd
+
+    monkeypatch.setattr(_cache_folder, "open_tracked", replaced_once_open)
+    assert not cache.discard(item)
+    assert Path(cache.path(item)).read_bytes() == b"b" * 10
