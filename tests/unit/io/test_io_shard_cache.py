@@ -4,6 +4,7 @@ cut short downloaded again, any object name cached, and a cache folder deleted o
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -285,6 +286,26 @@ def test_a_cache_folder_made_again_by_another_process_mid_download_is_made_again
 
     path = cache.ensure(cache_item("a.jsonl", 10), download, pin=False)
     assert Path(path).read_bytes() == b"x" * 10 and len(calls) == 2
+
+
+def test_a_download_made_once_more_in_a_folder_made_again_fails_with_its_own_error(
+    tmp_path: Path,
+) -> None:
+    """The folder deleted under the first download only: the second one's failure, for its
+    own reason (here EIO), is raised as it is, not taken for the folder deleted again."""
+    cache = ShardCache(str(tmp_path / "cache"), max_bytes=1000)
+    calls = []
+
+    def download(target: str) -> None:
+        calls.append(target)
+        if len(calls) == 1:
+            shutil.rmtree(tmp_path / "cache")  # a cleaner, mid-download
+            Path(target).write_bytes(b"x" * 10)
+        raise OSError(errno.EIO, os.strerror(errno.EIO), target)
+
+    with pytest.raises(OSError) as caught:
+        cache.ensure(cache_item("a.jsonl", 10), download, pin=False)
+    assert caught.value.errno == errno.EIO and len(calls) == 2
 
 
 @contextlib.contextmanager
