@@ -263,3 +263,21 @@ def test_a_folder_is_made_up_to_three_times_while_a_cleaner_deletes_it(
         folder.make()
         assert folder.intact()
     assert len(deleted) == deletions
+
+
+def test_a_folder_there_that_cannot_be_written_is_refused_after_one_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a folder deleted as it is made is made again: one there and unwritable is not
+    checked once more (it stays so)."""
+    folder = CacheFolder(str(tmp_path / "cache"))
+    checks: list[str] = []
+
+    def unwritable(path: Any, mode: int) -> bool:
+        checks.append(str(path))
+        return False
+
+    monkeypatch.setattr(os, "access", unwritable)
+    with pytest.raises(CacheFolderError, match=r"cannot be written"):
+        folder.make()
+    assert checks == [os.path.join(str(tmp_path / "cache"), "")]
