@@ -333,13 +333,17 @@ def test_a_cache_folder_that_cannot_be_written_is_a_config_error_naming_it(
     tmp_path: Path,
 ) -> None:
     """Its bookkeeping folders writable, the folder itself not: downloads landed in
-    `.downloading`, then a bare PermissionError came from moving them into the folder."""
+    `.downloading`, then a bare PermissionError came from moving them into the folder. It is
+    not taken for a folder a cleaner deleted (nothing is downloaded once more)."""
     cache = ShardCache(str(tmp_path / "cache"), max_bytes=1000)
     with (
         _unwritable(tmp_path / "cache"),
-        pytest.raises(ConfigError, match=r"shard cache folder .*cache.* cannot be written"),
+        pytest.raises(
+            ConfigError, match=r"shard cache folder .*cache.* cannot be written"
+        ) as caught,
     ):
         cache.ensure(cache_item("a.jsonl", 10), cache_writer(b"x" * 10), pin=False)
+    assert "deleted" not in str(caught.value)
 
 
 def test_a_cache_folder_that_cannot_be_made_is_a_config_error_naming_it(tmp_path: Path) -> None:
