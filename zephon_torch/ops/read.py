@@ -109,7 +109,6 @@ class DocumentReader(BaseNode[Document]):
             and isinstance(chain, TokenChain)
             and chain.datasets[source].maps_token_ids()
         )
-        self._step = 3 if self._mapped else 1  # chunks grow 2**step times a chunk
         self.set_share(share)
         self._seen = [0, 0]  # documents and tokens of the view chunks returned so far
         self._next: tuple[int, int] = (0, 0)  # next document to return
@@ -343,7 +342,8 @@ class DocumentReader(BaseNode[Document]):
             # of mapped files (`Dataset.maps_token_ids`) hold no decoded shard: their chunks
             # grow 8x a chunk, with no cap (a chunk of 858 documents of 4,887 tokens at the
             # cap against ones of up to 8,192: 23.0 against 21.4 us a [8, 2048] batch).
-            size = self.chunk_docs * min(self._growth, 1 << (self._submitted * self._step))
+            step = 3 if self._mapped else 1  # chunks grow 2**step times a chunk
+            size = self.chunk_docs * min(self._growth, 1 << (self._submitted * step))
             docs, tokens = self._seen
             if self._views and not self._mapped and tokens:  # hold about _VIEW_TOKENS tokens
                 size = min(size, max(self.chunk_docs, _VIEW_TOKENS * docs // tokens))
