@@ -83,7 +83,14 @@ class _Fork(_LeavingSignals, multiprocessing.context.ForkProcess):
 
 
 class _Spawn(_LeavingSignals, multiprocessing.context.SpawnProcess):
-    pass
+    def _bootstrap(self, parent_sentinel: Any = None) -> int:
+        """End as a forked worker does, with ``os._exit`` once multiprocessing's own ending is
+        done (its finalizers, threads, flushed streams), not through the interpreter's: that
+        stopped the queue's feeder thread mid-pickle of a tensor (torch's worker gives up
+        flushing it at shutdown), inside a C++ frame that cannot unwind, and the worker died
+        of "terminate called without an active exception" (SIGABRT), which the main process
+        then raised as "DataLoader worker (pid ...) is killed by signal: Aborted"."""
+        os._exit(super()._bootstrap(parent_sentinel))  # type: ignore[misc]
 
 
 class _ForkServer(_LeavingSignals, multiprocessing.context.ForkServerProcess):
