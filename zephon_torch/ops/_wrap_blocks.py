@@ -189,9 +189,14 @@ class WrapBlocks:
             owners += zip(
                 itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
             )
-        if taken < room and last < stop:  # cut: the rest waits as the carry
-            whole_doc = Piece(chunk[last], 0, chunk.sizes[last])
-            taken += _add(self._cut(source, whole_doc, room - taken), parts, owners, sizes, starts)
+        if taken < room and last < stop:  # cut (it does not fit whole): the rest is the carry
+            cut = room - taken  # as ``_cut`` cuts it, without the whole document's piece
+            self.carry[source] = Piece(chunk[last], cut, chunk.sizes[last])
+            parts.append(chunk.tokens[last][:cut])
+            owners.append((source, chunk.shards[last], chunk.rows[last]))
+            sizes.append(cut)
+            starts.append(True)
+            taken = room
             last += 1
         # at least one document was taken: the first fits whole, or else it is cut (room > 0)
         self.documents[source] += last - first

@@ -188,6 +188,22 @@ def test_an_id_outside_int32_is_refused_naming_its_document_on_every_path(
     assert [b.input_ids.tolist() for b in ok.batch(1)] == [[[1, 2, 3, 4, 5]]] * 3
 
 
+@pytest.mark.parametrize("packer", ["wrap", "best_fit"])
+@pytest.mark.usefixtures("copy")
+def test_a_bad_id_in_the_first_piece_of_a_document_cut_at_a_batch_end_names_it(
+    packer: str,
+) -> None:
+    """The documents before it fill the batch but 5 tokens: its first 5 (the bad id among
+    them) end the batch, its rest begins the next one."""
+    docs = [np.arange(1, 6, dtype=np.int32) for _ in range(9)]
+    docs[7] = np.array([1, 2, 3, -9, 5, 6, 7], dtype=np.int32)  # shard 1, row 3: tokens 35..
+    pipeline = recipe_one(Dataset.from_dict("d", {"ids": docs}, shard_size=4))
+    packed = pipeline.pretokenized("ids").pack_flat(4, packer).batch(2)  # 8 tokens a batch
+    where = r"shard 'memory://d/1', row 3: field 'ids' holds token id -9; ids must lie in"
+    with pytest.raises(DataError, match=where):
+        list(packed)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32, np.int64])
 @pytest.mark.parametrize("how", ["columns", "bins", "mapped"])
 @pytest.mark.usefixtures("copy")
