@@ -126,13 +126,16 @@ def test_a_damaged_compressed_frame_is_the_chunks_fault(tmp_path: Path) -> None:
         list(pipeline.batch(2))
 
 
-def rewrite_footer(out: Path, chunk: Path, data: bytearray, start: int, table: Any) -> None:
+def rewrite_footer(
+    out: Path, chunk: Path, data: bytearray, start: int, table: Any, *, stream: bool = False
+) -> None:
     """Put `table` in place of the Arrow footer at `start` of `chunk` (bytes `data`), one
-    record batch per batch of `table`, and record the chunk's new size in index.json."""
+    record batch per batch of `table` (an IPC file, or with `stream` an IPC stream), and
+    record the chunk's new size in index.json."""
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema) as writer:
         for batch in table.to_batches():
             writer.write_batch(batch)
     ipc = sink.getvalue().to_pybytes()
@@ -191,15 +194,8 @@ def test_rows_of_an_arrow_footer_with_record_batches_of_unequal_sizes_read_back(
 
     out, chunk, data, (start, length) = footer_chunk(tmp_path, 40)
     table = pa.ipc.open_file(pa.py_buffer(bytes(data[start : start + length]))).read_all()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        for first, end in ((0, 15), (15, 20), (20, 35), (35, 40)):
-            writer.write_table(table.slice(first, end - first))
-    ipc = sink.getvalue().to_pybytes()
-    chunk.write_bytes(bytes(data[:start]) + ipc + len(ipc).to_bytes(4, "little") + data[-8:])
-    index = json.loads((out / "index.json").read_text())
-    index["chunks"][0]["chunk_bytes"] = chunk.stat().st_size
-    (out / "index.json").write_text(json.dumps(index))
+    batches = [table.slice(first, rows) for first, rows in ((0, 15), (15, 5), (20, 15), (35, 5))]
+    rewrite_footer(out, chunk, data, start, pa.concat_tables(batches))
     dataset = Dataset.from_path("l", out)
     assert dataset.read_rows(0, [39, 30, 20, 19, 15, 14, 0]) == [
         {"text": f"text {i}"} for i in (39, 30, 20, 19, 15, 14, 0)
@@ -216,15 +212,8 @@ def test_an_arrow_footer_in_the_ipc_stream_format_reads_as_litdata_reads_it(
 
     out, chunk, data, (start, length) = footer_chunk(tmp_path, 40)
     table = pa.ipc.open_file(pa.py_buffer(bytes(data[start : start + length]))).read_all()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        for first, end in ((0, 15), (15, 40)):
-            writer.write_table(table.slice(first, end - first))
-    ipc = sink.getvalue().to_pybytes()
-    chunk.write_bytes(bytes(data[:start]) + ipc + len(ipc).to_bytes(4, "little") + data[-8:])
-    index = json.loads((out / "index.json").read_text())
-    index["chunks"][0]["chunk_bytes"] = chunk.stat().st_size
-    (out / "index.json").write_text(json.dumps(index))
+    halves = pa.concat_tables([table.slice(0, 15), table.slice(15, 25)])
+    rewrite_footer(out, chunk, data, start, halves, stream=True)
     expected = [{"text": f"text {i}"} for i in (39, 15, 14, 0)]
     theirs = pytest.importorskip("litdata").StreamingDataset(str(out))
     assert [theirs[i] for i in (39, 15, 14, 0)] == expected
