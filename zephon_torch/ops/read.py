@@ -102,13 +102,10 @@ class DocumentReader(BaseNode[Document]):
         self.columnar = isinstance(chain, TokenChain)  # chunks are TokenChunks
         # inline chunks of stored views cost no copy: they grow further (see _top_up), views
         # of mapped files, which hold no decoded shard, faster still and uncapped
-        views = isinstance(chain, TokenChain) and chain.eos_token_id is None
-        self._views = runner.kind == "inline" and views
-        self._mapped = (
-            self._views
-            and isinstance(chain, TokenChain)
-            and chain.datasets[source].maps_token_ids()
-        )
+        self._views = self._mapped = False
+        if isinstance(chain, TokenChain) and chain.eos_token_id is None:
+            self._views = runner.kind == "inline"
+            self._mapped = self._views and chain.datasets[source].maps_token_ids()
         self.set_share(share)
         self._seen = [0, 0]  # documents and tokens of the view chunks returned so far
         self._next: tuple[int, int] = (0, 0)  # next document to return
