@@ -1,4 +1,4 @@
-/* zephon_torch._native: the two loops that numpy runs slowest here, compiled.
+/* zephon_torch._native: the loops that numpy or the interpreter run slowest here, compiled.
  *
  * fill(parts, out, top): a batch's token ids copied into its int64 buffer, checked on the way.
  * Copies the 1-D integer arrays `parts` end to end into `out` (a C-contiguous int64 buffer
@@ -14,6 +14,11 @@
  * whose numpy version it mirrors operation for operation): each value encrypted by the Feistel
  * network its column of `params` describes, again until it lies below that column's range,
  * in place. numpy pays a dozen calls a round for every round of the longest walk.
+ *
+ * take(chunk, first, stop, room, source, parts, owners, sizes, starts): the block path's
+ * search for the documents of a token chunk that fill a micro-batch (see below), the steps of
+ * its Python version without the interpreter's cost (about 0.8 us of a pre-tokenized batch's
+ * 20 at [8, 2048]).
  *
  * fill holds the GIL (a batch's copy takes microseconds); walk lets it go over more than
  * WALK_ALONE values (the elastic sampler's whole dataset: about a second for 20 million), not
@@ -248,6 +253,112 @@ static PyObject *walk(PyObject *module, PyObject *args) {
     return result;
 }
 
+
+/* take(chunk, first, stop, room, source, parts, owners, sizes, starts): the block path's
+ * search in a TokenChunk (zephon_torch/ops/_wrap_blocks.py, WrapBlocks._take, whose Python
+ * version it mirrors step for step). Of `chunk`'s documents first..stop-1, the whole ones
+ * that fit in `room` tokens (found by bisect_right in `chunk.ends`), then, where room is left
+ * and a document remains, that document's first tokens to fill it: each appended as its token
+ * view, its owner (source, shard, row), its size and True (it begins its document). Returns
+ * (tokens taken, the index after the last document taken, the cut document's tokens taken,
+ * 0 where none was cut). */
+static PyObject *ENDS, *TOKENS, *SIZES, *SHARDS, *ROWS;
+
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL) return -1;
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "take: expected 9 arguments");
+        return NULL;
+    }
+    PyObject *chunk = args[0], *source = args[4];
+    PyObject *parts = args[5], *owners = args[6], *sizes_out = args[7], *starts = args[8];
+    Py_ssize_t first = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t room = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(parts) || !PyList_CheckExact(owners) ||
+        !PyList_CheckExact(sizes_out) || !PyList_CheckExact(starts)) {
+        PyErr_SetString(PyExc_TypeError, "take: the four outputs must be lists");
+        return NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *ends = PyObject_GetAttr(chunk, ENDS), *tokens = PyObject_GetAttr(chunk, TOKENS);
+    PyObject *sizes = PyObject_GetAttr(chunk, SIZES), *shards = PyObject_GetAttr(chunk, SHARDS);
+    PyObject *rows = PyObject_GetAttr(chunk, ROWS);
+    if (ends == NULL || tokens == NULL || sizes == NULL || shards == NULL || rows == NULL)
+        goto done;
+    if (!PyList_CheckExact(ends) || !PyList_CheckExact(tokens) || !PyList_CheckExact(sizes) ||
+        !PyList_CheckExact(shards) || !PyList_CheckExact(rows)) {
+        PyErr_SetString(PyExc_TypeError, "take: the chunk's columns must be lists");
+        goto done;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(tokens);
+    if (first < 0 || stop < first || stop > count || room <= 0 ||
+        PyList_GET_SIZE(ends) != count + 1 || PyList_GET_SIZE(sizes) != count ||
+        PyList_GET_SIZE(shards) != count || PyList_GET_SIZE(rows) != count) {
+        PyErr_SetString(PyExc_ValueError, "take: documents or columns out of range");
+        goto done;
+    }
+    Py_ssize_t base = PyLong_AsSsize_t(PyList_GET_ITEM(ends, first));
+    if (base == -1 && PyErr_Occurred()) goto done;
+    /* bisect_right(ends, base + room, first, stop + 1) - 1 */
+    Py_ssize_t lo = first, hi = stop + 1, bound = base + room;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        Py_ssize_t end = PyLong_AsSsize_t(PyList_GET_ITEM(ends, mid));
+        if (end == -1 && PyErr_Occurred()) goto done;
+        if (bound < end) hi = mid;
+        else lo = mid + 1;
+    }
+    Py_ssize_t last = lo - 1; /* at least `first` where the sums ascend */
+    Py_ssize_t taken = last < first ? -1 : PyLong_AsSsize_t(PyList_GET_ITEM(ends, last)) - base;
+    if (PyErr_Occurred()) goto done;
+    if (taken < 0) {
+        PyErr_SetString(PyExc_ValueError, "take: the chunk's running sums do not ascend");
+        goto done;
+    }
+    for (Py_ssize_t k = first; k < last; k++) {
+        if (PyList_Append(parts, PyList_GET_ITEM(tokens, k)) < 0 ||
+            PyList_Append(sizes_out, PyList_GET_ITEM(sizes, k)) < 0 ||
+            PyList_Append(starts, Py_True) < 0 ||
+            append_new(owners, PyTuple_Pack(3, source, PyList_GET_ITEM(shards, k),
+                                            PyList_GET_ITEM(rows, k))) < 0)
+            goto done;
+    }
+    Py_ssize_t cut = 0;
+    if (taken < room && last < stop) { /* the next document fills the room, its rest carried */
+        cut = room - taken;
+        PyObject *end = PyLong_FromSsize_t(cut);
+        PyObject *head = end == NULL ? NULL : PySlice_New(NULL, end, NULL);
+        PyObject *part = head == NULL ? NULL : PyObject_GetItem(PyList_GET_ITEM(tokens, last), head);
+        Py_XDECREF(head);
+        if (append_new(parts, part) < 0) {
+            Py_XDECREF(end);
+            goto done;
+        }
+        if (append_new(sizes_out, end) < 0 || PyList_Append(starts, Py_True) < 0 ||
+            append_new(owners, PyTuple_Pack(3, source, PyList_GET_ITEM(shards, last),
+                                            PyList_GET_ITEM(rows, last))) < 0)
+            goto done;
+        taken = room;
+        last += 1;
+    }
+    result = Py_BuildValue("(nnn)", taken, last, cut);
+done:
+    Py_XDECREF(ends);
+    Py_XDECREF(tokens);
+    Py_XDECREF(sizes);
+    Py_XDECREF(shards);
+    Py_XDECREF(rows);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS,
      "fill(parts, out, top) -> bool: copy the 1-D integer arrays `parts` end to end into the "
@@ -255,14 +366,27 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
      "walk(values, params): each uint64 value through the keyed permutation its column of "
      "`params` (n, shift, mask, round keys) describes, in place."},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL,
+     "take(chunk, first, stop, room, source, parts, owners, sizes, starts) -> (taken, last, "
+     "cut): the documents of a TokenChunk that fill `room` tokens, appended to the lists."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "zephon_torch._native",
-    "Compiled loops: a batch's checked copy (fill) and the shuffle's permutation (walk).", -1,
+    "Compiled loops: a batch's checked copy (fill), the shuffle's permutation (walk) and the "
+    "block path's search in a token chunk (take).", -1,
     methods,
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    ENDS = PyUnicode_InternFromString("ends");
+    TOKENS = PyUnicode_InternFromString("tokens");
+    SIZES = PyUnicode_InternFromString("sizes");
+    SHARDS = PyUnicode_InternFromString("shards");
+    ROWS = PyUnicode_InternFromString("rows");
+    if (ENDS == NULL || TOKENS == NULL || SIZES == NULL || SHARDS == NULL || ROWS == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -2,20 +2,25 @@
 token sums, ``_take``; refused ones counted one by one) gives exactly what a step per document
 gives (``loop_run`` below, the reference): the same blocks (parts, sizes, sources, starts,
 owners), the same state after every block (counts, skips, carries, reader positions), the same
-idle counts, and either resumes from the other's states."""
+idle counts, and either resumes from the other's states. ``_take`` runs compiled
+(``zephon_torch._native.take``) and as Python, as where the module is not built."""
 
 from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.property.test_packers import build as build_mixpack
+from zephon_torch.ops import _wrap_blocks
 from zephon_torch.ops._wrap_blocks import RowBlock
+from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.pack import MixPack
 from zephon_torch.ops.packers import Piece
 from zephon_torch.ops.read import DocumentReader
@@ -165,7 +170,22 @@ docs_st = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.fixture(params=["compiled", "python"])
+def take(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``_take`` compiled, or its Python version (as where ``zephon_torch._native`` is not
+    built). Not ``monkeypatch``: a function-scoped fixture that hypothesis would refuse."""
+    if request.param == "compiled":
+        assert _wrap_blocks._native is not None, "zephon_torch._native was not built"
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_wrap_blocks, "_native", None)
+        yield
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     sources=docs_st,
     width=st.integers(1, 40),
@@ -176,6 +196,7 @@ docs_st = st.lists(
     eos=st.one_of(st.none(), st.just(5)),
 )
 def test_take_is_the_loop(
+    take: None,
     sources: list[list[int]],
     width: int,
     rows: int,
@@ -198,7 +219,7 @@ def test_take_is_the_loop(
             assert [s[:7] + s[8:] for s in resumed] == [s[:7] + s[8:] for s in slow[cut + 1 :]]
 
 
-def test_every_branch_of_take_is_exercised() -> None:
+def test_every_branch_of_take_is_exercised(take: None) -> None:
     rng = random.Random(0)
     BRANCHES.clear()
     for _ in range(300):
@@ -243,3 +264,30 @@ def test_repeat_and_idle_counts_match(runner_kind: str) -> None:
             )
             out.append([snapshot(node, node.wrap_rows(3)) for _ in range(60)])
         assert out[0] == out[1]
+
+
+def test_the_compiled_take_refuses_what_is_not_a_chunk_s_columns() -> None:
+    native = _wrap_blocks._native
+    assert native is not None, "zephon_torch._native was not built"
+    chunk = TokenChunk(0, 0, 0, [np.arange(4), np.arange(3)], [0, 0], [5, 6])
+
+    def call(chunk: Any = chunk, first: int = 0, stop: int = 2, room: int = 5, **out: Any) -> Any:
+        lists = {"parts": [], "owners": [], "sizes": [], "starts": [], **out}
+        return native.take(chunk, first, stop, room, 0, *lists.values())
+
+    parts: list[Any] = []
+    assert call(parts=parts) == (5, 2, 1)  # the first whole, then the second cut to 1 token
+    assert [p.tolist() for p in parts] == [[0, 1, 2, 3], [0]]
+    with pytest.raises(TypeError, match="must be lists"):
+        call(owners=())
+    with pytest.raises(AttributeError):
+        call(chunk=object())
+    for first, stop, room in ((-1, 2, 5), (1, 0, 5), (0, 3, 5), (0, 2, 0)):
+        with pytest.raises(ValueError, match="out of range"):
+            call(first=first, stop=stop, room=room)
+    chunk.ends = [9, 4, 7]  # not running sums: refused, nothing read outside the lists
+    with pytest.raises(ValueError, match="do not ascend"):
+        call()
+    chunk.ends = [0, 4]  # one sum short of the documents
+    with pytest.raises(ValueError, match="out of range"):
+        call()

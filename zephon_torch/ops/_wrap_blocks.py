@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
+from zephon_torch._compiled import native as _native
 from zephon_torch.ops._barren_run import BarrenRun
 from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.packers import Packer, Piece, WrapPacker
@@ -178,30 +179,51 @@ class WrapBlocks:
         token sums: the whole documents that fit in ``room`` tokens, then the next one cut to
         fill it (its rest becoming the carry). Counts the documents; returns the tokens taken
         and the index of the next document."""
-        ends = chunk.ends
-        last = bisect.bisect_right(ends, ends[first] + room, first, stop + 1) - 1
-        whole = last - first  # documents first..last-1 fit whole
-        taken = ends[last] - ends[first]
-        if whole:
-            parts += chunk.tokens[first:last]
-            sizes += chunk.sizes[first:last]
-            starts += [True] * whole
-            owners += zip(
-                itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
-            )
-        if taken < room and last < stop:  # cut (it does not fit whole): the rest is the carry
-            cut = room - taken  # as ``_cut`` cuts it, without the whole document's piece
-            self.carry[source] = Piece(chunk[last], cut, chunk.sizes[last])
-            parts.append(chunk.tokens[last][:cut])
-            owners.append((source, chunk.shards[last], chunk.rows[last]))
-            sizes.append(cut)
-            starts.append(True)
-            taken = room
-            last += 1
+        search = _search if _native is None else _native.take  # the same steps, compiled
+        taken, last, cut = search(chunk, first, stop, room, source, parts, owners, sizes, starts)
+        if cut:  # the rest of the last document is the carry, as ``_cut`` would leave it
+            self.carry[source] = Piece(chunk[last - 1], cut, chunk.sizes[last - 1])
         # at least one document was taken: the first fits whole, or else it is cut (room > 0)
         self.documents[source] += last - first
         self._barren_runs[source].clear()
         return taken, last
+
+
+def _search(
+    chunk: TokenChunk,
+    first: int,
+    stop: int,
+    room: int,
+    source: int,
+    parts: list[npt.NDArray[Any]],
+    owners: list[Owner | None],
+    sizes: list[int],
+    starts: list[bool],
+) -> tuple[int, int, int]:
+    """``WrapBlocks._take``'s search, in Python where ``zephon_torch._native.take`` is not
+    built: of ``chunk``'s documents ``first``..``stop - 1``, the whole ones that fit in
+    ``room`` tokens (by a search in the running sums), then the next one's first tokens to
+    fill the room, appended as their views, owners, sizes and starts. Returns the tokens
+    taken, the index after the last document taken, and the cut one's tokens (0: none)."""
+    ends = chunk.ends
+    last = bisect.bisect_right(ends, ends[first] + room, first, stop + 1) - 1
+    whole = last - first  # documents first..last-1 fit whole
+    taken = ends[last] - ends[first]
+    if whole:
+        parts += chunk.tokens[first:last]
+        sizes += chunk.sizes[first:last]
+        starts += [True] * whole
+        owners += zip(
+            itertools.repeat(source, whole), chunk.shards[first:last], chunk.rows[first:last]
+        )
+    if taken < room and last < stop:  # cut (it does not fit whole)
+        cut = room - taken
+        parts.append(chunk.tokens[last][:cut])
+        owners.append((source, chunk.shards[last], chunk.rows[last]))
+        sizes.append(cut)
+        starts.append(True)
+        return room, last + 1, cut
+    return taken, last, 0
 
 
 def _add(
