@@ -1,7 +1,7 @@
 """The compiled loops (``zephon_torch._native``, from zephon_torch/_native.c), where they were
 built: a batch's checked copy (``ops._copy.fill``), the shuffle's permutation
-(``work._permutation``) and the ``wrap`` block path's search in a token chunk
-(``ops._wrap_blocks``).
+(``work._permutation``), the ``wrap`` block path's search in a token chunk
+(``ops._wrap_blocks``) and the places of an MDS shard's token arrays (``io._mds_bulk``).
 
 Built at install where a C compiler is found; without them, or with the environment variable
 ``ZEPHON_TORCH_NO_NATIVE=1`` set when zephon_torch is imported, numpy runs the same loops: the

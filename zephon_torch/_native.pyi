@@ -15,3 +15,12 @@ def take(
     starts: list[bool],
     /,
 ) -> tuple[int, int, int]: ...
+def places(
+    data: Any,
+    offsets: Any,
+    layout: tuple[int, ...],
+    shifts: Any,
+    firsts: Any,
+    stops: Any,
+    /,
+) -> bool: ...
