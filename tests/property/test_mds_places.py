@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_torch._compiled import native
-from zephon_torch.io._mds_bulk import OneArray, array_bounds, compiled_layout
+from zephon_torch.io import _mds_bulk
+from zephon_torch.io._mds_bulk import OneArray, ShardArrays, array_bounds, compiled_layout
 from zephon_torch.io._views import TypedViews, places
 
 pytestmark = pytest.mark.skipif(native is None, reason="zephon_torch._native was not built")
@@ -98,14 +99,27 @@ def with_numpy(raw: bytes, offsets: Any, spec: OneArray, variable: int, fixed: i
     return tuple(a.astype(t) for a, t in zip(found, (np.uint8, np.uint32, np.uint32), strict=True))
 
 
+def found_by_shard_arrays(
+    raw: bytes, offsets: Any, spec: OneArray, variable: int, fixed: int
+) -> Any:
+    """What ``ShardArrays`` keeps for the whole shard (None: a sample is not as encoded)."""
+    found = ShardArrays(TypedViews(memoryview(raw)), offsets, spec, variable, fixed)._find_all()
+    return found if isinstance(found, tuple) else None
+
+
 @settings(max_examples=400, deadline=None)
 @given(shard=shards())
 def test_the_compiled_places_are_numpy_s(shard: tuple[Any, ...]) -> None:
     expected, got = with_numpy(*shard), compiled(*shard)
-    assert (got is None) == (expected is None)
-    if got is not None:
-        for a, b in zip(got, expected, strict=True):
-            assert a.dtype == b.dtype and a.tolist() == b.tolist()
+    kept = [found_by_shard_arrays(*shard)]  # compiled, then numpy as where it is not built
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_mds_bulk, "_native", None)
+        kept.append(found_by_shard_arrays(*shard))
+    for other in (got, *kept):
+        assert (other is None) == (expected is None)
+        if other is not None:
+            for a, b in zip(other, expected, strict=True):
+                assert a.dtype == b.dtype and a.tolist() == b.tolist()
 
 
 def test_arrays_of_other_types_or_sizes_and_impossible_layouts_are_refused() -> None:

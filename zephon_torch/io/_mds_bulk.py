@@ -125,15 +125,10 @@ class ShardArrays:
     def _find_all(self) -> tuple[npt.NDArray[Any], ...] | bool:
         if _native is not None:  # the same checks and places, in one compiled pass
             count = len(self._offsets) - 1
-            found = (
-                np.empty(count, np.uint8),
-                np.empty(count, np.uint32),
-                np.empty(count, np.uint32),
-            )
+            found = tuple(np.empty(count, dtype) for dtype in (np.uint8, np.uint32, np.uint32))
             layout = compiled_layout(self._spec, self._variable, self._fixed)
-            return (
-                found if _native.places(self._views.raw(), self._offsets, layout, *found) else False
-            )
+            kept = _native.places(self._views.raw(), self._offsets, layout, *found)
+            return found if kept else False
         bounds = self._bounds(np.arange(len(self._offsets) - 1, dtype=np.int64))
         if bounds is None:
             return False
