@@ -67,8 +67,8 @@ import pyarrow.parquet as pq
 from zephon_torch import Pipeline
 from zephon_torch._corpus import cache_dir, demo_corpus, demo_tokenizer
 from zephon_torch._stats import RunCounters
-from zephon_torch.io import Dataset
-from zephon_torch.ops import _copy
+from zephon_torch.io import Dataset, _mds_bulk
+from zephon_torch.ops import _copy, _wrap_blocks
 from zephon_torch.ops._copy import fill
 from zephon_torch.ops._row_layout import RowLayout
 from zephon_torch.ops.batch import Batch
@@ -305,17 +305,23 @@ def checked_copy(parts: list[npt.NDArray[Any]], batch: npt.NDArray[np.int64]) ->
         raise SystemExit("an id out of range")
 
 
+_COMPILED_USERS = (_copy, _permutation, _wrap_blocks, _mds_bulk)  # modules holding `_native`
+
+
 def without_native(run: Callable[[], int]) -> Callable[[], int]:
-    """`run` with numpy in place of the compiled loops (the batch's copy and check, the
-    shuffle's permutation), as where `zephon_torch._native` is not built."""
+    """`run` with numpy and Python in place of the compiled loops (the batch's copy and check,
+    the shuffle's permutation, the block path's search, MDS places), as where
+    `zephon_torch._native` is not built."""
 
     def wrapped() -> int:
-        held = _copy._native, _permutation._native
-        _copy._native = _permutation._native = None
+        held = [module._native for module in _COMPILED_USERS]
+        for module in _COMPILED_USERS:
+            module._native = None
         try:
             return run()
         finally:
-            _copy._native, _permutation._native = held
+            for module, native in zip(_COMPILED_USERS, held, strict=True):
+                module._native = native
 
     return wrapped
 
