@@ -412,7 +412,9 @@ static PyObject *places(PyObject *module, PyObject *args) {
                         "`stops` 1-D uint8, uint32 and uint32 arrays of one less");
         goto done;
     }
-    if (variable < 0 || variable > 64 || fixed < 0 || before_fixed < 0 || earlier < 0 ||
+    /* any number of variable columns (MDS sets none), below 2**32: the sum of their 32-bit
+     * lengths then fits in 64 bits */
+    if (variable < 0 || variable > 0xFFFFFFFFLL || fixed < 0 || before_fixed < 0 || earlier < 0 ||
         earlier > variable || length_at >= variable || (length_at < 0 && size < 0) ||
         (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)) {
         PyErr_SetString(PyExc_ValueError, "places: an impossible layout");
@@ -423,21 +425,24 @@ static PyObject *places(PyObject *module, PyObject *args) {
     uint8_t *shift_out = (uint8_t *)shifts.buf;
     uint32_t *first_out = (uint32_t *)firsts.buf, *stop_out = (uint32_t *)stops.buf;
     int64_t length = data.len;
-    uint64_t lengths[64];
     Py_ssize_t i = 0;
     for (; i < n; i++) {
         int64_t start = at[i], end = at[i + 1];
         if (start < 0 || end > length || end - start < 4 * (int64_t)variable) break;
-        uint64_t total = 0;
+        /* the lengths: all of them, those of the variable columns before the array, its own */
+        uint64_t total = 0, prefix = 0, own = 0;
         for (Py_ssize_t j = 0; j < variable; j++) {
-            little_u64(raw + start + 4 * j, 4, &lengths[j]);
-            total += lengths[j];
+            uint64_t value;
+            little_u64(raw + start + 4 * j, 4, &value);
+            total += value;
+            if (j < earlier) prefix += value;
+            if (j == length_at) own = value;
         }
         int64_t column = start + 4 * (int64_t)variable;
         if ((uint64_t)(end - column) != (uint64_t)fixed + total) break; /* end - column >= 0 */
         column += before_fixed;
-        for (Py_ssize_t j = 0; j < earlier; j++) column += (int64_t)lengths[j];
-        int64_t column_end = column + (length_at < 0 ? size : (int64_t)lengths[length_at]);
+        column += (int64_t)prefix;
+        int64_t column_end = column + (length_at < 0 ? size : (int64_t)own);
         if (column_end > end) break; /* and so no byte is read past the sample */
         int64_t begin;
         uint64_t values;

@@ -145,3 +145,22 @@ def test_arrays_of_other_types_or_sizes_and_impossible_layouts_are_refused() -> 
     ):
         with pytest.raises(ValueError, match="impossible layout"):
             native.places(raw, offsets, impossible, *good)
+
+
+def test_samples_of_more_than_64_variable_columns_are_found_as_numpy_finds_them() -> None:
+    # MDS puts no bound on a row's columns: 70 of variable size (text, say) lead every sample
+    # with 70 lengths, the token array's shape header after the first 40 columns
+    variable, earlier = 70, 40
+    raw, offsets = bytearray(b"\x07"), [1]
+    for i in range(5):
+        columns = [b"x" * ((i + k) % 3) for k in range(variable - 1)]
+        columns.insert(earlier, bytes([4, i]) + bytes(range(2 * i)))  # i uint16 values
+        raw += b"".join(len(c).to_bytes(4, "little") for c in columns) + b"".join(columns)
+        offsets.append(len(raw))
+    spec = OneArray("tok", np.dtype("<u2"), (None,) * earlier, earlier, None, None)
+    shard = bytes(raw), np.asarray(offsets, dtype=np.int64), spec, variable, 0
+    expected = with_numpy(*shard)
+    assert expected is not None
+    for found in (compiled(*shard), found_by_shard_arrays(*shard)):
+        assert found is not None
+        assert [a.tolist() for a in found] == [a.tolist() for a in expected]
