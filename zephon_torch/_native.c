@@ -439,11 +439,18 @@ static PyObject *places(PyObject *module, PyObject *args) {
             if (j == length_at) own = value;
         }
         int64_t column = start + 4 * (int64_t)variable;
-        if ((uint64_t)(end - column) != (uint64_t)fixed + total) break; /* end - column >= 0 */
-        column += before_fixed;
-        column += (int64_t)prefix;
-        int64_t column_end = column + (length_at < 0 ? size : (int64_t)own);
-        if (column_end > end) break; /* and so no byte is read past the sample */
+        /* fixed + total == end - column (>= 0), compared without a sum that could wrap */
+        uint64_t left = (uint64_t)(end - column);
+        if (total > left || left - total != (uint64_t)fixed) break;
+        /* numpy: column_end > end. Each step checked against the bytes left, not added first:
+         * a layout's sizes (before_fixed, size) may be anything up to 2**63 - 1, and a sum
+         * past that would wrap below `end` (and `column` below the buffer) */
+        uint64_t skip = (uint64_t)before_fixed + prefix; /* prefix <= total <= left < 2**63 */
+        if (skip > left) break;
+        column += (int64_t)skip;
+        uint64_t span = length_at < 0 ? (uint64_t)size : own;
+        if (span > (uint64_t)(end - column)) break; /* and so no byte is read past the sample */
+        int64_t column_end = column + (int64_t)span;
         int64_t begin;
         uint64_t values;
         if (count < 0) { /* a shape header: one byte, then one dimension of 1, 2, 4 or 8 */

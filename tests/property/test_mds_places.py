@@ -164,3 +164,22 @@ def test_samples_of_more_than_64_variable_columns_are_found_as_numpy_finds_them(
     for found in (compiled(*shard), found_by_shard_arrays(*shard)):
         assert found is not None
         assert [a.tolist() for a in found] == [a.tolist() for a in expected]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        (0, 32, 2**63 - 1, 0, -1, 10, -1, 1),  # fixed-size bytes before the array past the end
+        (0, 32, 0, 0, -1, 2**63 - 8, 2**60 - 1, 8),  # an array's size past it
+    ],
+)
+def test_layout_sizes_past_a_sample_are_refused_reading_nothing_outside_it(
+    layout: tuple[int, ...],
+) -> None:
+    # sums of such sizes past 2**63 once wrapped below the sample's end: the first read a
+    # shape byte about 2**63 bytes before the buffer, the second kept 2**60 values of 8 bytes
+    # in a sample of 32
+    assert native is not None
+    raw, offsets = np.zeros(64, np.uint8), np.array([16, 48], np.int64)  # one 32-byte sample
+    out = np.empty(1, np.uint8), np.empty(1, np.uint32), np.empty(1, np.uint32)
+    assert not native.places(raw, offsets, layout, *out)
