@@ -275,6 +275,24 @@ static int append_new(PyObject *list, PyObject *item) {
     return failed;
 }
 
+/* Whether document `k` lies within each of the columns `take` reads per document. */
+static int holds(PyObject *tokens, PyObject *sizes, PyObject *shards, PyObject *rows,
+                 Py_ssize_t k) {
+    return k < PyList_GET_SIZE(tokens) && k < PyList_GET_SIZE(sizes) &&
+           k < PyList_GET_SIZE(shards) && k < PyList_GET_SIZE(rows);
+}
+
+/* (source, shards[k], rows[k]), the two held while the tuple is made (its allocation may run
+ * the collector, and a finalizer that empties the lists would free them). */
+static PyObject *owner_of(PyObject *source, PyObject *shards, PyObject *rows, Py_ssize_t k) {
+    PyObject *shard = Py_NewRef(PyList_GET_ITEM(shards, k));
+    PyObject *row = Py_NewRef(PyList_GET_ITEM(rows, k));
+    PyObject *owner = PyTuple_Pack(3, source, shard, row);
+    Py_DECREF(shard);
+    Py_DECREF(row);
+    return owner;
+}
+
 static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 9) {
@@ -327,33 +345,46 @@ static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "take: the chunk's running sums do not ascend");
         goto done;
     }
+    /* Code may run below and change the columns: a token view's slicing, or (Python 3.11,
+     * which collects on allocation) a finalizer run by the collector when an owner's tuple is
+     * made. So each document's place in the columns is checked before it is read, and its
+     * shard and row are held while their tuple is made. */
     for (Py_ssize_t k = first; k < last; k++) {
+        if (!holds(tokens, sizes, shards, rows, k)) goto changed;
         if (PyList_Append(parts, PyList_GET_ITEM(tokens, k)) < 0 ||
             PyList_Append(sizes_out, PyList_GET_ITEM(sizes, k)) < 0 ||
             PyList_Append(starts, Py_True) < 0 ||
-            append_new(owners, PyTuple_Pack(3, source, PyList_GET_ITEM(shards, k),
-                                            PyList_GET_ITEM(rows, k))) < 0)
+            append_new(owners, owner_of(source, shards, rows, k)) < 0)
             goto done;
     }
     Py_ssize_t cut = 0;
     if (taken < room && last < stop) { /* the next document fills the room, its rest carried */
+        if (!holds(tokens, sizes, shards, rows, last)) goto changed;
         cut = room - taken;
+        PyObject *document = Py_NewRef(PyList_GET_ITEM(tokens, last));
         PyObject *end = PyLong_FromSsize_t(cut);
         PyObject *head = end == NULL ? NULL : PySlice_New(NULL, end, NULL);
-        PyObject *part = head == NULL ? NULL : PyObject_GetItem(PyList_GET_ITEM(tokens, last), head);
+        PyObject *part = head == NULL ? NULL : PyObject_GetItem(document, head);
         Py_XDECREF(head);
+        Py_DECREF(document);
         if (append_new(parts, part) < 0) {
             Py_XDECREF(end);
             goto done;
         }
+        if (!holds(tokens, sizes, shards, rows, last)) { /* the slicing changed them */
+            Py_DECREF(end);
+            goto changed;
+        }
         if (append_new(sizes_out, end) < 0 || PyList_Append(starts, Py_True) < 0 ||
-            append_new(owners, PyTuple_Pack(3, source, PyList_GET_ITEM(shards, last),
-                                            PyList_GET_ITEM(rows, last))) < 0)
+            append_new(owners, owner_of(source, shards, rows, last)) < 0)
             goto done;
         taken = room;
         last += 1;
     }
     result = Py_BuildValue("(nnn)", taken, last, cut);
+    goto done;
+changed:
+    PyErr_SetString(PyExc_RuntimeError, "take: the chunk's columns changed during the call");
 done:
     Py_XDECREF(ends);
     Py_XDECREF(tokens);

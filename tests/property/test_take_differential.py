@@ -8,6 +8,8 @@ idle counts, and either resumes from the other's states. ``_take`` runs compiled
 from __future__ import annotations
 
 import collections
+import gc
+import itertools
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -291,3 +293,74 @@ def test_the_compiled_take_refuses_what_is_not_a_chunk_s_columns() -> None:
     chunk.ends = [0, 4]  # one sum short of the documents
     with pytest.raises(ValueError, match="out of range"):
         call()
+
+
+class _Columns:
+    """A chunk's columns as ``take`` reads them, any of them replaceable."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.tokens: list[Any] = [np.arange(n) for n in sizes]
+        self.sizes = list(sizes)
+        self.ends = [0, *itertools.accumulate(sizes)]
+        self.shards = [object() for _ in sizes]  # held by the lists alone
+        self.rows = [object() for _ in sizes]
+
+
+def test_the_compiled_take_refuses_columns_changed_while_it_runs() -> None:
+    # code that runs during the call (a token view's slicing, here) may empty the columns:
+    # refused, nothing read from the emptied lists (which once crashed the interpreter)
+    native = _wrap_blocks._native
+    assert native is not None, "zephon_torch._native was not built"
+    chunk = _Columns([3, 10])
+
+    class Emptying:
+        def __getitem__(self, key: Any) -> Any:
+            chunk.shards.clear()
+            chunk.rows.clear()
+            return np.arange(2)
+
+    chunk.tokens[1] = Emptying()
+    with pytest.raises(RuntimeError, match="changed"):
+        native.take(chunk, 0, 2, 5, 0, [], [], [], [])
+
+
+def test_the_compiled_take_survives_a_collection_that_empties_the_columns() -> None:
+    # Python 3.11 may run the collector on an allocation (an owner's tuple), and a finalizer
+    # may empty the columns mid-loop: refused, or (where the collector waits for the
+    # interpreter, 3.12 on) taken whole; never read from the emptied lists
+    native = _wrap_blocks._native
+    assert native is not None, "zephon_torch._native was not built"
+    count = 50
+    chunk = _Columns([1] * count)
+    out: tuple[list[Any], ...] = ([], [], [], [])
+
+    class Emptying:
+        armed = True
+
+        def __del__(self) -> None:
+            if not Emptying.armed:
+                return
+            if len(out[1]) >= 3:  # in the loop: the columns emptied
+                Emptying.armed = False
+                for column in (chunk.tokens, chunk.sizes, chunk.shards, chunk.rows):
+                    column.clear()
+            else:  # not yet: another for the next collection
+                again = Emptying()
+                again.me = again  # type: ignore[attr-defined]
+
+    first = Emptying()
+    first.me = first  # type: ignore[attr-defined]
+    del first
+    held = [(i, i, i) for i in range(5000)]  # the free 3-tuples in use: the owners allocate
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        got = native.take(chunk, 0, count, count, 0, *out)
+    except RuntimeError as error:
+        assert "changed" in str(error)
+    else:
+        assert got == (count, count, 0) and len(out[1]) == count
+    finally:
+        gc.set_threshold(*threshold)
+        Emptying.armed = False
+        del held
