@@ -301,19 +301,24 @@ static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *chunk = args[0], *source = args[4];
     PyObject *parts = args[5], *owners = args[6], *sizes_out = args[7], *starts = args[8];
-    Py_ssize_t first = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t room = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t first, stop, room; /* each converted only where the one before it was */
+    if ((first = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) return NULL;
+    if ((stop = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) return NULL;
+    if ((room = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred()) return NULL;
     if (!PyList_CheckExact(parts) || !PyList_CheckExact(owners) ||
         !PyList_CheckExact(sizes_out) || !PyList_CheckExact(starts)) {
         PyErr_SetString(PyExc_TypeError, "take: the four outputs must be lists");
         return NULL;
     }
     PyObject *result = NULL;
-    PyObject *ends = PyObject_GetAttr(chunk, ENDS), *tokens = PyObject_GetAttr(chunk, TOKENS);
-    PyObject *sizes = PyObject_GetAttr(chunk, SIZES), *shards = PyObject_GetAttr(chunk, SHARDS);
-    PyObject *rows = PyObject_GetAttr(chunk, ROWS);
-    if (ends == NULL || tokens == NULL || sizes == NULL || shards == NULL || rows == NULL)
+    /* each read only where the one before it was: an attribute's code (a property) must not
+     * run with an exception set, which it could lose */
+    PyObject *ends = NULL, *tokens = NULL, *sizes = NULL, *shards = NULL, *rows = NULL;
+    if ((ends = PyObject_GetAttr(chunk, ENDS)) == NULL ||
+        (tokens = PyObject_GetAttr(chunk, TOKENS)) == NULL ||
+        (sizes = PyObject_GetAttr(chunk, SIZES)) == NULL ||
+        (shards = PyObject_GetAttr(chunk, SHARDS)) == NULL ||
+        (rows = PyObject_GetAttr(chunk, ROWS)) == NULL)
         goto done;
     if (!PyList_CheckExact(ends) || !PyList_CheckExact(tokens) || !PyList_CheckExact(sizes) ||
         !PyList_CheckExact(shards) || !PyList_CheckExact(rows)) {

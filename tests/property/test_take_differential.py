@@ -8,6 +8,7 @@ idle counts, and either resumes from the other's states. ``_take`` runs compiled
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import itertools
 import random
@@ -364,3 +365,34 @@ def test_the_compiled_take_survives_a_collection_that_empties_the_columns() -> N
         gc.set_threshold(*threshold)
         Emptying.armed = False
         del held
+
+
+def test_the_compiled_take_raises_the_first_error_of_a_chunk_s_columns() -> None:
+    # a column that raises: its error, not a SystemError where the next column's code (a
+    # property that handles an exception of its own) lost it before take returned
+    native = _wrap_blocks._native
+    assert native is not None, "zephon_torch._native was not built"
+
+    class Chunk(_Columns):
+        @property  # type: ignore[override]
+        def ends(self) -> list[int]:
+            raise KeyError("ends")
+
+        @ends.setter
+        def ends(self, value: list[int]) -> None:
+            pass
+
+        @property  # type: ignore[override]
+        def tokens(self) -> list[Any]:
+            with contextlib.suppress(KeyError):
+                {}["not here"]
+            return [np.arange(3)]
+
+        @tokens.setter
+        def tokens(self, value: list[Any]) -> None:
+            pass
+
+    with pytest.raises(KeyError, match="ends"):
+        native.take(Chunk([3]), 0, 1, 2, 0, [], [], [], [])
+    with pytest.raises(TypeError):  # the first argument's error, the second never converted
+        native.take(_Columns([3]), "0", 2**70, 2, 0, [], [], [], [])
