@@ -335,7 +335,10 @@ static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t base = PyLong_AsSsize_t(PyList_GET_ITEM(ends, first));
     if (base == -1 && PyErr_Occurred()) goto done;
     /* bisect_right(ends, base + room, first, stop + 1) - 1 */
-    Py_ssize_t lo = first, hi = stop + 1, bound = base + room;
+    /* base + room (room > 0), held at PY_SSIZE_T_MAX where it would pass it: no sum lies
+     * above that, so the search finds the same (and Python's unbounded sum is mirrored) */
+    Py_ssize_t bound = base > 0 && room > PY_SSIZE_T_MAX - base ? PY_SSIZE_T_MAX : base + room;
+    Py_ssize_t lo = first, hi = stop + 1;
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
         Py_ssize_t end = PyLong_AsSsize_t(PyList_GET_ITEM(ends, mid));
@@ -344,12 +347,13 @@ static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         else lo = mid + 1;
     }
     Py_ssize_t last = lo - 1; /* at least `first` where the sums ascend */
-    Py_ssize_t taken = last < first ? -1 : PyLong_AsSsize_t(PyList_GET_ITEM(ends, last)) - base;
-    if (PyErr_Occurred()) goto done;
-    if (taken < 0) {
+    Py_ssize_t reached = last < first ? -1 : PyLong_AsSsize_t(PyList_GET_ITEM(ends, last));
+    if (reached == -1 && PyErr_Occurred()) goto done;
+    if (last < first || reached < base) { /* compared, not subtracted: no difference wraps */
         PyErr_SetString(PyExc_ValueError, "take: the chunk's running sums do not ascend");
         goto done;
     }
+    Py_ssize_t taken = reached - base; /* at most room: reached <= bound */
     /* Code may run below and change the columns: a token view's slicing, or (Python 3.11,
      * which collects on allocation) a finalizer run by the collector when an owner's tuple is
      * made. So each document's place in the columns is checked before it is read, and its

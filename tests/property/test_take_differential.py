@@ -396,3 +396,26 @@ def test_the_compiled_take_raises_the_first_error_of_a_chunk_s_columns() -> None
         native.take(Chunk([3]), 0, 1, 2, 0, [], [], [], [])
     with pytest.raises(TypeError):  # the first argument's error, the second never converted
         native.take(_Columns([3]), "0", 2**70, 2, 0, [], [], [], [])
+
+
+@pytest.mark.parametrize("room", [2**62, 2**63 - 1])
+def test_the_compiled_take_of_any_room_is_python_s(room: int) -> None:
+    # ends[first] + room past 2**63 - 1 (Python's sum has no bound): every document taken
+    # whole, as by the Python search, not refused as sums that do not ascend
+    native = _wrap_blocks._native
+    assert native is not None, "zephon_torch._native was not built"
+    chunk = TokenChunk(0, 0, 0, [np.arange(n) for n in (3, 4, 5)], [0, 1, 2], [7, 8, 9])
+    chunk.ends = [e + 2**62 for e in chunk.ends]  # sums from any start, as the search allows
+    got, expected = [], []
+    for search, out in ((native.take, got), (_wrap_blocks._search, expected)):
+        lists: tuple[list[Any], ...] = ([], [], [], [])
+        out.append(search(chunk, 1, 3, room, 0, *lists))
+        out.append([[p.tolist() for p in lists[0]], *lists[1:]])
+    assert (
+        got
+        == expected
+        == [
+            (9, 3, 0),
+            [[[0, 1, 2, 3], [0, 1, 2, 3, 4]], [(0, 1, 8), (0, 2, 9)], [4, 5], [True, True]],
+        ]
+    )
