@@ -468,7 +468,8 @@ static PyObject *places(PyObject *module, PyObject *args) {
     Py_ssize_t i = 0;
     for (; i < n; i++) {
         int64_t start = at[i], end = at[i + 1];
-        if (start < 0 || end > length || end - start < 4 * (int64_t)variable) break;
+        if (start < 0 || end < start || end > length || end - start < 4 * (int64_t)variable)
+            break; /* end - start: from 0 to length, no wrap */
         /* the lengths: all of them, those of the variable columns before the array, its own */
         uint64_t total = 0, prefix = 0, own = 0;
         for (Py_ssize_t j = 0; j < variable; j++) {

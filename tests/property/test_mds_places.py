@@ -183,3 +183,15 @@ def test_layout_sizes_past_a_sample_are_refused_reading_nothing_outside_it(
     raw, offsets = np.zeros(64, np.uint8), np.array([16, 48], np.int64)  # one 32-byte sample
     out = np.empty(1, np.uint8), np.empty(1, np.uint32), np.empty(1, np.uint32)
     assert not native.places(raw, offsets, layout, *out)
+
+
+def test_offsets_that_descend_are_refused_reading_nothing_outside_the_buffer() -> None:
+    # a sample ending far below its start: end - start once wrapped to about 2**63, past the
+    # check that the sample holds its 40 lengths, which were then read from the 160 bytes
+    # after the 16 of the buffer (zeros here, of the array it is a slice of) and the sample
+    # kept as one value
+    assert native is not None
+    raw, offsets = np.zeros(256, np.uint8)[:16], np.array([5, -(2**63)], np.int64)
+    out = np.empty(1, np.uint8), np.empty(1, np.uint32), np.empty(1, np.uint32)
+    layout = (40, 2**63 - 165, 0, 0, -1, 4, 1, 4)  # the fixed bytes that end - start says
+    assert not native.places(raw, offsets, layout, *out)
