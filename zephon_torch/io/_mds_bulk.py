@@ -37,7 +37,10 @@ class OneArray:
 # fewer rows are decoded one by one until a shard's places are found (`ShardArrays`): a request
 # of its own costs about as much as decoding 30 rows
 BULK_ROWS = 32
-_FIND_ALL_SHARE = 8  # a shard's places are found at once once an eighth of it was asked for
+# a shard's places are found at once once an eighth of it was asked for, or a 64th where the
+# compiled search finds them (10 times faster: `ShardArrays`)
+_FIND_ALL_SHARE = 8
+_FIND_ALL_SHARE_COMPILED = 64
 _STEPS = np.arange(8, dtype=np.int64)
 
 
@@ -69,13 +72,13 @@ class ShardArrays:
     hold ``fixed`` bytes of fixed-size columns), read for a whole request at once.
 
     Where each sample's array lies is found for every sample of the shard once this process
-    has asked for an eighth of its samples, in one compiled pass where it was built
-    (``zephon_torch._native.places``: 10 ns a sample against numpy's 105), and kept (9 bytes a
-    sample): a request is then a slice of a typed view a row. Found per request, it cost 3
-    times the slicing (a pass over MDS shards spent 0.54 us a document where `.npy` spent
-    0.17); found for the whole shard where a process reads few of its rows (one lane of many),
-    it cost far more than the rows read (with numpy, 0.1 us a sample: 32 ms for 300,000, for a
-    lane of 64 reading 4,688).
+    has asked for a 64th of its samples, in one compiled pass (``zephon_torch._native.places``:
+    10 ns a sample), or for an eighth where numpy finds them (105 ns a sample: the module is
+    not built), and kept (9 bytes a sample): a request is then a slice of a typed view a row.
+    Found per request, it cost 3 times the slicing (a pass over MDS shards spent 0.54 us a
+    document where `.npy` spent 0.17); found for the whole shard where a process reads few of
+    its rows (one lane of many), it cost far more than the rows read (with numpy, 0.1 us a
+    sample: 32 ms for 300,000, for a lane of 64 reading 4,688; compiled, a tenth of that).
     Before that, and for good where the shard holds a sample that is not as the encoding says,
     each request finds its own (`array_bounds`), in bulk where it avoids that sample."""
 
@@ -106,7 +109,8 @@ class ShardArrays:
         found = self._found
         if found is None:
             self._asked += len(positions)
-            if self._asked * _FIND_ALL_SHARE >= len(self._offsets) - 1:
+            share = _FIND_ALL_SHARE if _native is None else _FIND_ALL_SHARE_COMPILED
+            if self._asked * share >= len(self._offsets) - 1:
                 # two threads may both find them: the same places either way
                 found = self._found = self._find_all()
         if not isinstance(found, tuple):

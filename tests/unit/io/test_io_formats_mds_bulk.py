@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.io.test_io_formats_writers import mds_writer_class, sample_rows, write_mds
 from zephon_torch.errors import DataError
-from zephon_torch.io import Dataset
+from zephon_torch.io import Dataset, _mds_bulk
 from zephon_torch.io._mds_bulk import ShardArrays
 from zephon_torch.io.mds import MdsReader
 
@@ -209,14 +209,21 @@ def test_an_index_that_says_less_of_a_sample_than_it_holds_is_a_data_error(
         dataset.read_tokens(0, list(range(40)), "tok")  # the bulk path, then the decoder
 
 
-def test_a_shard_s_places_are_found_at_once_only_after_an_eighth_of_it_was_asked_for(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_shard_s_places_are_found_at_once_only_after_a_share_of_it_was_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
 ) -> None:
     """Finding every sample's array place pays for a process that reads much of the shard; one
-    reading one lane of many (a few rows of each shard) paid for all of them (32 ms for
-    300,000 samples, for 4,688 rows read). Until an eighth of the shard was asked for, each
-    request finds its own places; the same arrays either way."""
-    rows = sample_rows(400)
+    reading one lane of many (a few rows of each shard) paid for all of them (with numpy, 32
+    ms for 300,000 samples, for 4,688 rows read). Until a 64th of the shard was asked for (an
+    eighth where numpy finds them, ten times slower), each request finds its own places; the
+    same arrays either way."""
+    if compiled:
+        assert _mds_bulk._native is not None, "zephon_torch._native was not built"
+    else:
+        monkeypatch.setattr(_mds_bulk, "_native", None)
+    share = 64 if compiled else 8
+    rows = sample_rows(2_500)
     out = write_mds(tmp_path / "mds", rows, {"tokens": "ndarray:int32"}, size_limit=1 << 24)
     dataset = Dataset.from_path("m", out)
     assert len(dataset.shards) == 1
@@ -228,14 +235,20 @@ def test_a_shard_s_places_are_found_at_once_only_after_an_eighth_of_it_was_asked
         return find_all(self)
 
     monkeypatch.setattr(ShardArrays, "_find_all", counted)
-    for request, found in ((range(0, 384, 12), []), (range(5, 389, 12), [400])):
-        arrays = dataset.read_tokens(0, list(request), "tokens")  # 32 rows each: in bulk
+    asked = 0
+    for first in range(0, 2_500, 32):  # 32 rows a request: in bulk
+        request = list(range(first, min(first + 32, 2_500)))
+        arrays = dataset.read_tokens(0, request, "tokens")
         assert arrays is not None
         assert [a.tolist() for a in arrays] == [rows[i]["tokens"].tolist() for i in request]
-        assert finds == found  # 32 of 400 asked: not yet; 64: found
-    arrays = dataset.read_tokens(0, [399, 0], "tokens")  # short: read in bulk once found
-    assert arrays is not None and arrays[0].tolist() == rows[399]["tokens"].tolist()
-    assert finds == [400]
+        asked += len(request)
+        assert finds == ([2_500] if asked * share >= 2_500 else [])
+        if finds:
+            break
+    assert asked == (64 if compiled else 320)  # the first 32 rows a request that reach the share
+    arrays = dataset.read_tokens(0, [2_499, 0], "tokens")  # short: read in bulk once found
+    assert arrays is not None and arrays[0].tolist() == rows[2_499]["tokens"].tolist()
+    assert finds == [2_500]
 
 
 def test_rows_keeping_one_array_beside_variable_columns_are_read_in_bulk(
