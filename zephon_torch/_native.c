@@ -257,7 +257,6 @@ static PyObject *walk(PyObject *module, PyObject *args) {
     return result;
 }
 
-
 /* take(chunk, first, stop, room, source, parts, owners, sizes, starts): the block path's
  * search in a TokenChunk (zephon_torch/ops/_wrap_blocks.py, WrapBlocks._take, whose Python
  * version it mirrors step for step). Of `chunk`'s documents first..stop-1, the whole ones
