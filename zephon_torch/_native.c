@@ -1,14 +1,16 @@
 /* zephon_torch._native: the loops that numpy or the interpreter run slowest here, compiled.
  *
  * fill(parts, out, top): a batch's token ids copied into its int64 buffer, checked on the way.
- * Copies the 1-D integer arrays `parts` end to end into `out` (a C-contiguous int64 buffer
- * exactly as long as all of them), each id converted as numpy's int64 cast converts it (signed
- * types sign-extended, unsigned ones zero-extended, unsigned 64-bit ones wrapped), and returns
- * True when any converted id, read as unsigned 64-bit, exceeds `top`. One pass over the stored
- * ids instead of numpy's concatenate and then a second pass over the batch to check it (see
- * zephon_torch/ops/_copy.py, which falls back to that). A part whose buffer format is not a
- * native-order integer raises TypeError (the caller then copies with numpy); a part that is
- * not 1-D, or lengths that do not add up to `out`'s, raise ValueError.
+ * Copies `parts` end to end into `out` (a C-contiguous int64 buffer exactly as long as all of
+ * them): each a 1-D integer array, or a span (base, first, stop), ids first..stop-1 of a 1-D
+ * integer array (a document of a token chunk, no view made of it). Each id is converted as
+ * numpy's int64 cast converts it (signed types sign-extended, unsigned ones zero-extended,
+ * unsigned 64-bit ones wrapped); returns True when any converted id, read as unsigned 64-bit,
+ * exceeds `top`. One pass over the stored ids instead of numpy's concatenate and then a second
+ * pass over the batch to check it (see zephon_torch/ops/_copy.py, which falls back to that). A
+ * part whose buffer format is not a native-order integer raises TypeError (the caller then
+ * copies with numpy); a part that is not 1-D, a span outside its base, or lengths that do not
+ * add up to `out`'s, raise ValueError.
  *
  * walk(values, params): the shuffle's keyed permutation (zephon_torch/work/_permutation.py,
  * whose numpy version it mirrors operation for operation): each value encrypted by the Feistel
@@ -114,6 +116,47 @@ static copy_fn loop_for(const char *format, Py_ssize_t itemsize) {
     }
 }
 
+/* The buffers of the bases that a call's spans name, each asked for once: a chunk's spans
+ * share a handful of bases (one a byte shift of a shard), and asking numpy for an array's
+ * buffer costs about as much as the copy of a short document. Each is held with a reference
+ * to its base, so no other object takes the base's address while it is kept. */
+#define HELD_BASES 8
+typedef struct {
+    PyObject *base[HELD_BASES]; /* NULL: the slot holds no buffer */
+    Py_buffer view[HELD_BASES];
+    int count, next;
+} Bases;
+
+static void release_bases(Bases *held) {
+    for (int i = 0; i < held->count; i++) {
+        if (held->base[i] != NULL) {
+            PyBuffer_Release(&held->view[i]);
+            Py_CLEAR(held->base[i]);
+        }
+    }
+    held->count = 0;
+}
+
+/* `base`'s buffer, asked for where it is not held (the oldest one given up past HELD_BASES). */
+static Py_buffer *base_buffer(Bases *held, PyObject *base) {
+    for (int i = 0; i < held->count; i++)
+        if (held->base[i] == base) return &held->view[i];
+    int slot;
+    if (held->count < HELD_BASES) {
+        slot = held->count++;
+    } else {
+        slot = held->next;
+        held->next = (slot + 1) % HELD_BASES;
+        PyBuffer_Release(&held->view[slot]);
+        Py_CLEAR(held->base[slot]);
+    }
+    held->base[slot] = NULL;
+    if (PyObject_GetBuffer(base, &held->view[slot], PyBUF_STRIDES | PyBUF_FORMAT) < 0)
+        return NULL;
+    held->base[slot] = Py_NewRef(base);
+    return &held->view[slot];
+}
+
 static PyObject *fill(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *parts, *target;
@@ -126,6 +169,7 @@ static PyObject *fill(PyObject *module, PyObject *args) {
     if (PyObject_GetBuffer(target, &out, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
         return NULL;
     PyObject *seq = NULL;
+    Bases held = {.count = 0, .next = 0};
     if (out.itemsize != 8 || out.len % 8 != 0 || !PyBuffer_IsContiguous(&out, 'C') ||
         loop_for(out.format ? out.format : "B", out.itemsize) != copy_i64) {
         PyErr_SetString(PyExc_ValueError, "fill: `out` must be a contiguous int64 buffer");
@@ -139,30 +183,52 @@ static PyObject *fill(PyObject *module, PyObject *args) {
     /* A list's items are read one at a time, each held while its buffer is taken: a part's
      * __buffer__ (Python 3.12) may run code that changes the list. */
     for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
-        Py_buffer part;
+        Py_buffer own, *part = &own;
+        Py_ssize_t first = 0, stop = -1;
         PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, k));
-        int taken = PyObject_GetBuffer(item, &part, PyBUF_STRIDES | PyBUF_FORMAT);
-        Py_DECREF(item); /* a buffer holds its own reference */
-        if (taken < 0) goto fail;
-        copy_fn loop = loop_for(part.format ? part.format : "B", part.itemsize);
+        if (PyTuple_CheckExact(item)) { /* a span (base, first, stop): the tuple holds them */
+            if (PyTuple_GET_SIZE(item) != 3) {
+                Py_DECREF(item);
+                PyErr_Format(PyExc_ValueError, "fill: part %zd is not (base, first, stop)", k);
+                goto fail;
+            }
+            if (((first = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 1))) == -1 ||
+                 (stop = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2))) == -1) &&
+                PyErr_Occurred()) {
+                Py_DECREF(item);
+                goto fail;
+            }
+            part = base_buffer(&held, PyTuple_GET_ITEM(item, 0));
+            Py_DECREF(item); /* a held buffer holds its base */
+            if (part == NULL) goto fail;
+        } else {
+            int taken = PyObject_GetBuffer(item, &own, PyBUF_STRIDES | PyBUF_FORMAT);
+            Py_DECREF(item); /* a buffer holds its own reference */
+            if (taken < 0) goto fail;
+        }
+        copy_fn loop = loop_for(part->format ? part->format : "B", part->itemsize);
+        const char *problem = NULL;
+        PyObject *kind = PyExc_ValueError;
         if (loop == NULL) {
-            PyBuffer_Release(&part);
-            PyErr_Format(PyExc_TypeError, "fill: part %zd does not hold native integers", k);
+            problem = "does not hold native integers";
+            kind = PyExc_TypeError;
+        } else if (part->ndim != 1) {
+            problem = "is not 1-D";
+        } else if (part == &own) {
+            stop = part->shape[0];
+        } else if (first < 0 || stop < first || stop > part->shape[0]) {
+            problem = "is a span outside its base";
+        }
+        Py_ssize_t n = stop - first;
+        if (problem != NULL || n > room) {
+            if (part == &own) PyBuffer_Release(&own);
+            if (problem != NULL) PyErr_Format(kind, "fill: part %zd %s", k, problem);
+            else PyErr_SetString(PyExc_ValueError, "fill: the parts are longer than `out`");
             goto fail;
         }
-        if (part.ndim != 1) {
-            PyBuffer_Release(&part);
-            PyErr_Format(PyExc_ValueError, "fill: part %zd is not 1-D", k);
-            goto fail;
-        }
-        Py_ssize_t n = part.shape[0];
-        if (n > room) {
-            PyBuffer_Release(&part);
-            PyErr_SetString(PyExc_ValueError, "fill: the parts are longer than `out`");
-            goto fail;
-        }
-        over |= loop((const char *)part.buf, part.strides[0], n, dst, (uint64_t)top);
-        PyBuffer_Release(&part);
+        over |= loop((const char *)part->buf + first * part->strides[0], part->strides[0], n, dst,
+                     (uint64_t)top);
+        if (part == &own) PyBuffer_Release(&own);
         dst += n;
         room -= n;
     }
@@ -170,10 +236,12 @@ static PyObject *fill(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "fill: the parts are shorter than `out`");
         goto fail;
     }
+    release_bases(&held);
     Py_DECREF(seq);
     PyBuffer_Release(&out);
     return PyBool_FromLong(over);
 fail:
+    release_bases(&held);
     Py_XDECREF(seq);
     PyBuffer_Release(&out);
     return NULL;
@@ -261,11 +329,13 @@ static PyObject *walk(PyObject *module, PyObject *args) {
  * search in a TokenChunk (zephon_torch/ops/_wrap_blocks.py, WrapBlocks._take, whose Python
  * version it mirrors step for step). Of `chunk`'s documents first..stop-1, the whole ones
  * that fit in `room` tokens (found by bisect_right in `chunk.ends`), then, where room is left
- * and a document remains, that document's first tokens to fill it: each appended as its token
- * view, its owner (source, shard, row), its size and True (it begins its document). Returns
- * (tokens taken, the index after the last document taken, the cut document's tokens taken,
- * 0 where none was cut). */
-static PyObject *ENDS, *TOKENS, *SIZES, *SHARDS, *ROWS;
+ * and a document remains, that document's first tokens to fill it: each appended as its span
+ * (base, first, stop) of the chunk's arrays (no view made: `fill` copies spans), its owner
+ * (source, shard, row), its size and True (it begins its document). Returns (tokens taken,
+ * the index after the last document taken, the cut document's tokens taken, 0 where none was
+ * cut). */
+enum { C_ENDS, C_BASES, C_FIRSTS, C_STOPS, C_SIZES, C_SHARDS, C_ROWS, COLUMNS };
+static PyObject *COLUMN_NAMES[COLUMNS];
 
 static int append_new(PyObject *list, PyObject *item) {
     if (item == NULL) return -1;
@@ -275,22 +345,26 @@ static int append_new(PyObject *list, PyObject *item) {
 }
 
 /* Whether document `k` lies within each of the columns `take` reads per document. */
-static int holds(PyObject *tokens, PyObject *sizes, PyObject *shards, PyObject *rows,
-                 Py_ssize_t k) {
-    return k < PyList_GET_SIZE(tokens) && k < PyList_GET_SIZE(sizes) &&
-           k < PyList_GET_SIZE(shards) && k < PyList_GET_SIZE(rows);
+static int holds(PyObject *const *columns, Py_ssize_t k) {
+    for (int c = C_BASES; c < COLUMNS; c++)
+        if (k >= PyList_GET_SIZE(columns[c])) return 0;
+    return 1;
 }
 
-/* (source, shards[k], rows[k]), the two held while the tuple is made (its allocation may run
- * the collector, and a finalizer that empties the lists would free them). */
-static PyObject *owner_of(PyObject *source, PyObject *shards, PyObject *rows, Py_ssize_t k) {
-    PyObject *shard = Py_NewRef(PyList_GET_ITEM(shards, k));
-    PyObject *row = Py_NewRef(PyList_GET_ITEM(rows, k));
-    PyObject *owner = PyTuple_Pack(3, source, shard, row);
-    Py_DECREF(shard);
-    Py_DECREF(row);
-    return owner;
+/* (a, b, c), the three held while the tuple is made (its allocation may run the collector,
+ * and a finalizer that empties the lists they came from would free them). */
+static PyObject *triple(PyObject *a, PyObject *b, PyObject *c) {
+    Py_INCREF(a);
+    Py_INCREF(b);
+    Py_INCREF(c);
+    PyObject *made = PyTuple_Pack(3, a, b, c);
+    Py_DECREF(a);
+    Py_DECREF(b);
+    Py_DECREF(c);
+    return made;
 }
+
+#define AT(c, k) PyList_GET_ITEM(columns[c], k)
 
 static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -310,28 +384,24 @@ static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *result = NULL;
+    PyObject *columns[COLUMNS] = {NULL};
     /* each read only where the one before it was: an attribute's code (a property) must not
      * run with an exception set, which it could lose */
-    PyObject *ends = NULL, *tokens = NULL, *sizes = NULL, *shards = NULL, *rows = NULL;
-    if ((ends = PyObject_GetAttr(chunk, ENDS)) == NULL ||
-        (tokens = PyObject_GetAttr(chunk, TOKENS)) == NULL ||
-        (sizes = PyObject_GetAttr(chunk, SIZES)) == NULL ||
-        (shards = PyObject_GetAttr(chunk, SHARDS)) == NULL ||
-        (rows = PyObject_GetAttr(chunk, ROWS)) == NULL)
-        goto done;
-    if (!PyList_CheckExact(ends) || !PyList_CheckExact(tokens) || !PyList_CheckExact(sizes) ||
-        !PyList_CheckExact(shards) || !PyList_CheckExact(rows)) {
-        PyErr_SetString(PyExc_TypeError, "take: the chunk's columns must be lists");
-        goto done;
+    for (int c = 0; c < COLUMNS; c++) {
+        if ((columns[c] = PyObject_GetAttr(chunk, COLUMN_NAMES[c])) == NULL) goto done;
+        if (!PyList_CheckExact(columns[c])) {
+            PyErr_SetString(PyExc_TypeError, "take: the chunk's columns must be lists");
+            goto done;
+        }
     }
-    Py_ssize_t count = PyList_GET_SIZE(tokens);
-    if (first < 0 || stop < first || stop > count || room <= 0 ||
-        PyList_GET_SIZE(ends) != count + 1 || PyList_GET_SIZE(sizes) != count ||
-        PyList_GET_SIZE(shards) != count || PyList_GET_SIZE(rows) != count) {
+    Py_ssize_t count = PyList_GET_SIZE(columns[C_BASES]);
+    int even = PyList_GET_SIZE(columns[C_ENDS]) == count + 1;
+    for (int c = C_BASES; c < COLUMNS; c++) even = even && PyList_GET_SIZE(columns[c]) == count;
+    if (first < 0 || stop < first || stop > count || room <= 0 || !even) {
         PyErr_SetString(PyExc_ValueError, "take: documents or columns out of range");
         goto done;
     }
-    Py_ssize_t base = PyLong_AsSsize_t(PyList_GET_ITEM(ends, first));
+    Py_ssize_t base = PyLong_AsSsize_t(AT(C_ENDS, first));
     if (base == -1 && PyErr_Occurred()) goto done;
     /* bisect_right(ends, base + room, first, stop + 1) - 1 */
     /* base + room (room > 0), held at PY_SSIZE_T_MAX where it would pass it: no sum lies
@@ -340,51 +410,55 @@ static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t lo = first, hi = stop + 1;
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
-        Py_ssize_t end = PyLong_AsSsize_t(PyList_GET_ITEM(ends, mid));
+        Py_ssize_t end = PyLong_AsSsize_t(AT(C_ENDS, mid));
         if (end == -1 && PyErr_Occurred()) goto done;
         if (bound < end) hi = mid;
         else lo = mid + 1;
     }
     Py_ssize_t last = lo - 1; /* at least `first` where the sums ascend */
-    Py_ssize_t reached = last < first ? -1 : PyLong_AsSsize_t(PyList_GET_ITEM(ends, last));
+    Py_ssize_t reached = last < first ? -1 : PyLong_AsSsize_t(AT(C_ENDS, last));
     if (reached == -1 && PyErr_Occurred()) goto done;
     if (last < first || reached < base) { /* compared, not subtracted: no difference wraps */
         PyErr_SetString(PyExc_ValueError, "take: the chunk's running sums do not ascend");
         goto done;
     }
     Py_ssize_t taken = reached - base; /* at most room: reached <= bound */
-    /* Code may run below and change the columns: a token view's slicing, or (Python 3.11,
-     * which collects on allocation) a finalizer run by the collector when an owner's tuple is
-     * made. So each document's place in the columns is checked before it is read, and its
-     * shard and row are held while their tuple is made. */
+    /* Code may run below and change the columns: (Python 3.11, which collects on allocation)
+     * a finalizer run by the collector when a tuple or an int is made. So each document's
+     * place in the columns is checked before it is read, and what is read is held while its
+     * tuple is made. */
     for (Py_ssize_t k = first; k < last; k++) {
-        if (!holds(tokens, sizes, shards, rows, k)) goto changed;
-        if (PyList_Append(parts, PyList_GET_ITEM(tokens, k)) < 0 ||
-            PyList_Append(sizes_out, PyList_GET_ITEM(sizes, k)) < 0 ||
-            PyList_Append(starts, Py_True) < 0 ||
-            append_new(owners, owner_of(source, shards, rows, k)) < 0)
+        if (!holds(columns, k)) goto changed;
+        if (append_new(parts, triple(AT(C_BASES, k), AT(C_FIRSTS, k), AT(C_STOPS, k))) < 0)
+            goto done;
+        if (!holds(columns, k)) goto changed;
+        if (PyList_Append(sizes_out, AT(C_SIZES, k)) < 0 || PyList_Append(starts, Py_True) < 0 ||
+            append_new(owners, triple(source, AT(C_SHARDS, k), AT(C_ROWS, k))) < 0)
             goto done;
     }
     Py_ssize_t cut = 0;
     if (taken < room && last < stop) { /* the next document fills the room, its rest carried */
-        if (!holds(tokens, sizes, shards, rows, last)) goto changed;
+        if (!holds(columns, last)) goto changed;
         cut = room - taken;
-        PyObject *document = Py_NewRef(PyList_GET_ITEM(tokens, last));
-        PyObject *end = PyLong_FromSsize_t(cut);
-        PyObject *head = end == NULL ? NULL : PySlice_New(NULL, end, NULL);
-        PyObject *part = head == NULL ? NULL : PyObject_GetItem(document, head);
-        Py_XDECREF(head);
-        Py_DECREF(document);
-        if (append_new(parts, part) < 0) {
-            Py_XDECREF(end);
+        PyObject *from = Py_NewRef(AT(C_BASES, last)), *begin = Py_NewRef(AT(C_FIRSTS, last));
+        Py_ssize_t at = PyLong_AsSsize_t(begin);
+        PyObject *end = NULL, *span = NULL;
+        if (!(at == -1 && PyErr_Occurred())) {
+            if (at < 0 || cut > PY_SSIZE_T_MAX - at)
+                PyErr_SetString(PyExc_ValueError, "take: a span's first id is out of range");
+            else if ((end = PyLong_FromSsize_t(at + cut)) != NULL)
+                span = PyTuple_Pack(3, from, begin, end);
+        }
+        Py_DECREF(from);
+        Py_DECREF(begin);
+        Py_XDECREF(end);
+        if (append_new(parts, span) < 0) goto done;
+        if (!holds(columns, last)) goto changed; /* the allocations ran a finalizer */
+        if (append_new(sizes_out, PyLong_FromSsize_t(cut)) < 0 ||
+            PyList_Append(starts, Py_True) < 0)
             goto done;
-        }
-        if (!holds(tokens, sizes, shards, rows, last)) { /* the slicing changed them */
-            Py_DECREF(end);
-            goto changed;
-        }
-        if (append_new(sizes_out, end) < 0 || PyList_Append(starts, Py_True) < 0 ||
-            append_new(owners, owner_of(source, shards, rows, last)) < 0)
+        if (!holds(columns, last)) goto changed;
+        if (append_new(owners, triple(source, AT(C_SHARDS, last), AT(C_ROWS, last))) < 0)
             goto done;
         taken = room;
         last += 1;
@@ -394,13 +468,11 @@ static PyObject *take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 changed:
     PyErr_SetString(PyExc_RuntimeError, "take: the chunk's columns changed during the call");
 done:
-    Py_XDECREF(ends);
-    Py_XDECREF(tokens);
-    Py_XDECREF(sizes);
-    Py_XDECREF(shards);
-    Py_XDECREF(rows);
+    for (int c = 0; c < COLUMNS; c++) Py_XDECREF(columns[c]);
     return result;
 }
+
+#undef AT
 
 /* places(data, offsets, layout, shifts, firsts, stops): where the one array column of every
  * sample of an MDS shard lies (zephon_torch/io/_mds_bulk.py: `array_bounds` then `places`,
@@ -521,14 +593,16 @@ done:
 
 static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS,
-     "fill(parts, out, top) -> bool: copy the 1-D integer arrays `parts` end to end into the "
-     "contiguous int64 buffer `out`; True when an id, read as unsigned 64-bit, exceeds `top`."},
+     "fill(parts, out, top) -> bool: copy `parts` (1-D integer arrays, or spans (base, first, "
+     "stop) of them) end to end into the contiguous int64 buffer `out`; True when an id, read "
+     "as unsigned 64-bit, exceeds `top`."},
     {"walk", walk, METH_VARARGS,
      "walk(values, params): each uint64 value through the keyed permutation its column of "
      "`params` (n, shift, mask, round keys) describes, in place."},
     {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL,
      "take(chunk, first, stop, room, source, parts, owners, sizes, starts) -> (taken, last, "
-     "cut): the documents of a TokenChunk that fill `room` tokens, appended to the lists."},
+     "cut): the documents of a TokenChunk that fill `room` tokens, appended to the lists (as "
+     "spans)."},
     {"places", places, METH_VARARGS,
      "places(data, offsets, layout, shifts, firsts, stops) -> bool: where each MDS sample's "
      "one array column lies, written into the three arrays; False at a sample not as "
@@ -545,12 +619,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    ENDS = PyUnicode_InternFromString("ends");
-    TOKENS = PyUnicode_InternFromString("tokens");
-    SIZES = PyUnicode_InternFromString("sizes");
-    SHARDS = PyUnicode_InternFromString("shards");
-    ROWS = PyUnicode_InternFromString("rows");
-    if (ENDS == NULL || TOKENS == NULL || SIZES == NULL || SHARDS == NULL || ROWS == NULL)
-        return NULL;
+    static const char *names[COLUMNS] = {"ends",  "bases",  "firsts", "stops",
+                                         "sizes", "shards", "rows"};
+    for (int c = 0; c < COLUMNS; c++)
+        if ((COLUMN_NAMES[c] = PyUnicode_InternFromString(names[c])) == NULL) return NULL;
     return PyModule_Create(&module);
 }

@@ -120,6 +120,16 @@ def test_the_compiled_copy_is_built_and_used() -> None:
         ([np.arange(2, dtype=bool)], np.empty(2, np.int64), TypeError, "does not hold"),
         (np.arange(2), np.empty(2, np.int64), ValueError, "part 0 is not 1-D"),
         (7, np.empty(2, np.int64), TypeError, "must be a sequence"),
+        # spans (base, first, stop): within their base, of a 1-D integer base, as three items
+        ([(np.arange(3), -1, 2)], np.empty(3, np.int64), ValueError, "part 0 is a span outside"),
+        ([(np.arange(3), 2, 1)], np.empty(1, np.int64), ValueError, "a span outside its base"),
+        ([(np.arange(3), 0, 4)], np.empty(4, np.int64), ValueError, "a span outside its base"),
+        ([(np.arange(3), 0, 3)], np.empty(2, np.int64), ValueError, "longer than `out`"),
+        ([(np.arange(3), 0)], np.empty(3, np.int64), ValueError, "not \\(base, first, stop\\)"),
+        ([(np.arange(3), "0", 3)], np.empty(3, np.int64), TypeError, ""),
+        ([(np.arange(4).reshape(2, 2), 0, 1)], np.empty(1, np.int64), ValueError, "not 1-D"),
+        ([(np.arange(2.0), 0, 2)], np.empty(2, np.int64), TypeError, "does not hold native"),
+        ([(np.arange(3), 0, 3), (object(), 0, 1)], np.empty(4, np.int64), TypeError, ""),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_written_past_the_buffer(
@@ -142,6 +152,12 @@ def test_a_part_that_empties_the_list_as_its_buffer_is_taken_leaves_nothing_read
             return memoryview(array.array("q", [1, 2]))
 
     parts += [Emptying(), array.array("i", [3, 4])]
+    out = array.array("q", [0] * 4)
+    with pytest.raises(ValueError, match="shorter than `out`"):
+        compiled().fill(parts, out, NO_CHECK)
+    assert out.tolist() == [1, 2, 0, 0]
+    # the base of a span (held by its tuple alone), its buffer kept while the call runs
+    parts += [(Emptying(), 0, 2), (array.array("i", [3, 4]), 0, 2)]
     out = array.array("q", [0] * 4)
     with pytest.raises(ValueError, match="shorter than `out`"):
         compiled().fill(parts, out, NO_CHECK)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from zephon_torch._compiled import native as _native
 from zephon_torch.io._mds_columns import array_config
-from zephon_torch.io._views import TypedViews, places
+from zephon_torch.io._views import TokenSpans, TypedViews, places
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class ShardArrays:
         then cheaper read in bulk than decoded)."""
         return isinstance(self._found, tuple)
 
-    def read(self, positions: npt.NDArray[np.int64]) -> list[npt.NDArray[Any]] | None:
+    def read(self, positions: npt.NDArray[np.int64]) -> TokenSpans | None:
         """The arrays at ``positions`` (in range), as read-only views of the shard; None when
         one of them is not as the encoding says (the per-sample decoder then names it)."""
         found = self._found
@@ -116,7 +116,7 @@ class ShardArrays:
         if not isinstance(found, tuple):
             bounds = self._bounds(positions)
             return None if bounds is None else self._views.slices(self._spec.dtype, *bounds)
-        shifts, firsts, stops = (column[positions].tolist() for column in found)
+        shifts, firsts, stops = (column[positions] for column in found)
         return self._views.pieces(self._spec.dtype, shifts, firsts, stops)
 
     def _bounds(

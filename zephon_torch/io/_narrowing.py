@@ -11,6 +11,7 @@ whole read gives it, so batches, skips and states are those of a recipe read who
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from zephon_torch.io._projection import ColumnMismatch
@@ -41,7 +42,7 @@ class NarrowedOrWhole(Dataset):
                 self._whole_shards.add(shard)
         return self.whole.read_rows(shard, rows)
 
-    def read_tokens(self, shard: int, rows: Rows, field: str) -> list[TokenIds] | None:
+    def read_tokens(self, shard: int, rows: Rows, field: str) -> Sequence[TokenIds] | None:
         if shard not in self._whole_shards:
             try:
                 return super().read_tokens(shard, rows, field)

@@ -19,7 +19,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from zephon_torch._weak import weakly
@@ -220,7 +220,7 @@ class RemoteReader(PickledAsSettings):
         """Returns rows of the shard at URL `path`, downloading it into the cache if needed."""
         return self._with_reader(path, lambda reader, local: reader.read(local, rows))
 
-    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+    def read_tokens(self, path: str, rows: Rows, field: str) -> Sequence[TokenIds] | None:
         """As `read`, the rows' token ids where the local reader gives them (`TokenReader`);
         None at once for the others (Parquet, JSONL, Vortex), before any download."""
         reader = token_reader(self._open()[0])

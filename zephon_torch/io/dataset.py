@@ -255,10 +255,11 @@ class Dataset:
         path, positions = self._checked_rows(shard, rows)
         return self._reader.read(path, positions)
 
-    def read_tokens(self, shard: int, rows: Rows, field: str) -> list[TokenIds] | None:
+    def read_tokens(self, shard: int, rows: Rows, field: str) -> Sequence[TokenIds] | None:
         """As `read_rows`, each row's `field` alone, where the format stores it as token ids
-        (`.npy`, MDS and LitData arrays): 1-D integer arrays, views of the stored ids. None
-        where it does not (then read the rows)."""
+        (`.npy`, MDS and LitData arrays): a sequence of 1-D integer arrays, views of the stored
+        ids (the built-in readers give a `TokenSpans`, which makes each view when it is asked
+        for). None where it does not (then read the rows)."""
         reader = token_reader(self._reader)
         if reader is None:
             return None

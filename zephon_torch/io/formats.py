@@ -106,10 +106,11 @@ class TokenReader(ShardReader, Protocol):
     """A reader of stored token ids (`.npy`, MDS and LitData arrays) that can hand over a
     row's ids without a row dict around them: a `ShardReader` with a `read_tokens` method."""
 
-    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
-        """Returns the rows' `field` as 1-D integer arrays (views of the stored ids), in the
-        order asked, where the shard stores them so and rows keep only that field; None
-        otherwise (then `read` gives them, and names any row that does not decode)."""
+    def read_tokens(self, path: str, rows: Rows, field: str) -> Sequence[TokenIds] | None:
+        """Returns the rows' `field` as a sequence of 1-D integer arrays (views of the stored
+        ids; a list, or a `TokenSpans` of their places), in the order asked, where the shard
+        stores them so and rows keep only that field; None otherwise (then `read` gives them,
+        and names any row that does not decode)."""
         ...
 
     def maps_token_ids(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -57,7 +58,7 @@ from zephon_torch.io._rows import (
     check_in_range,
     machine_fault,
 )
-from zephon_torch.io._views import TypedViews
+from zephon_torch.io._views import TokenSpans, TypedViews
 
 _ITEM_FIELD = "item"
 
@@ -257,7 +258,7 @@ class LitDataReader(PickledAsSettings):
                 raise self._error(f"item does not decode: {error!r}", path, row) from None
         return result
 
-    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+    def read_tokens(self, path: str, rows: Rows, field: str) -> Sequence[TokenIds] | None:
         """The items' token ids (views of the chunk) for `TokensLoader` chunks of integer ids
         stored whole, and the field "input_ids"; else None."""
         if field != TOKENS_FIELD or self._loader != "TokensLoader":
@@ -272,7 +273,7 @@ class LitDataReader(PickledAsSettings):
         check_whole(chunk.data, dataset=self.dataset, shard=path)
         return positions, chunk
 
-    def _token_items(self, chunk: Chunk, positions: npt.NDArray[np.int64]) -> list[TokenIds] | None:
+    def _token_items(self, chunk: Chunk, positions: npt.NDArray[np.int64]) -> TokenSpans | None:
         """The items as slices of the chunk where they are `TokensLoader` integer arrays
         lying whole in its body; None otherwise, or when an item's size is not a whole number
         of ids (then `read` decodes item by item, naming the one that does not decode)."""

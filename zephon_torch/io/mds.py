@@ -13,7 +13,7 @@ index and shards come through a `locate` hook, into the shard cache. Streaming i
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from struct import error as StructError
@@ -43,7 +43,7 @@ from zephon_torch.io._rows import (
     check_in_range,
     machine_fault,
 )
-from zephon_torch.io._views import TypedViews
+from zephon_torch.io._views import TokenSpans, TypedViews
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class MdsReader(PickledAsSettings):
                     )
         return result
 
-    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+    def read_tokens(self, path: str, rows: Rows, field: str) -> Sequence[TokenIds] | None:
         """The rows' arrays where rows keep one 1-D integer array column, `field`; else None.
 
         Read in bulk (see `ShardArrays`), else sample by sample (a short request, or a sample
@@ -223,11 +223,12 @@ class MdsReader(PickledAsSettings):
         if one is None or one.name != field or one.dtype.kind not in "iu":
             return None
         info, positions, shard = self._open_rows(path, rows)
-        arrays = self._arrays(positions, shard)
-        if arrays is None:
-            arrays = [row[field] for row in self._decoded(path, info, positions, shard)]
-            if any(array.ndim != 1 for array in arrays):
-                return None  # rows then say which sample is not a 1-D array
+        spans = self._arrays(positions, shard)
+        if spans is not None:
+            return spans
+        arrays = [row[field] for row in self._decoded(path, info, positions, shard)]
+        if any(array.ndim != 1 for array in arrays):
+            return None  # rows then say which sample is not a 1-D array
         return arrays
 
     def _open_rows(self, path: str, rows: Rows) -> tuple[_ShardInfo, npt.NDArray[np.int64], _Shard]:
@@ -239,7 +240,7 @@ class MdsReader(PickledAsSettings):
         check_whole(shard.data, dataset=self.dataset, shard=path)
         return info, positions, shard
 
-    def _arrays(self, positions: npt.NDArray[np.int64], shard: _Shard) -> list[TokenIds] | None:
+    def _arrays(self, positions: npt.NDArray[np.int64], shard: _Shard) -> TokenSpans | None:
         """The rows' one array each, read in bulk; None when the layout has no single array
         column, the request is short (until the shard's places are found), or a sample needs
         the per-sample decoder (which names it)."""

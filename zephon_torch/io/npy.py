@@ -39,6 +39,7 @@ from zephon_torch.io._rows import (
     check_in_range,
     machine_fault,
 )
+from zephon_torch.io._views import TokenSpans
 
 OFFSETS_SUFFIX = ".offsets.npy"
 
@@ -156,7 +157,7 @@ class NpyReader(PickledAsSettings):
         """
         return [{TOKENS_FIELD: ids} for ids in self._ids(path, rows)]
 
-    def read_tokens(self, path: str, rows: Rows, field: str) -> list[TokenIds] | None:
+    def read_tokens(self, path: str, rows: Rows, field: str) -> Sequence[TokenIds] | None:
         """The rows' token ids (views of the map), for the field "input_ids"; else None."""
         return self._ids(path, rows) if field == TOKENS_FIELD else None
 
@@ -164,18 +165,17 @@ class NpyReader(PickledAsSettings):
         """Always: the token files are mapped (`map_array`)."""
         return True
 
-    def _ids(self, path: str, rows: Rows) -> list[TokenIds]:
+    def _ids(self, path: str, rows: Rows) -> TokenSpans:
         file = self._file(path)
         positions = as_row_array(rows)
         check_in_range(positions, file.num_rows, dataset=self.dataset, shard=path)
         tokens = file.tokens
         check_whole(tokens, dataset=self.dataset, shard=path)
         if file.offsets is None:
-            return [tokens[row] for row in positions.tolist()]
+            return TokenSpans.of([tokens[row] for row in positions.tolist()])
         check_whole(file.offsets, dataset=self.dataset, shard=offsets_path(path))
-        starts = file.offsets[positions].tolist()
-        ends = file.offsets[positions + 1].tolist()
-        return [tokens[start:end] for start, end in zip(starts, ends, strict=True)]
+        starts, ends = file.offsets[positions], file.offsets[positions + 1]
+        return TokenSpans([tokens] * len(starts), starts, ends)
 
     def _file(self, path: str) -> _TokenFile:
         return self._files.get_or_load(path, partial(self._open, path))

@@ -11,12 +11,11 @@ import bisect
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from zephon_torch._compiled import native as _native
 from zephon_torch.ops._barren_run import BarrenRun
+from zephon_torch.ops._copy import Part
 from zephon_torch.ops.columns import TokenChunk
 from zephon_torch.ops.packers import Packer, Piece, WrapPacker
 from zephon_torch.ops.pretokenized import Owner
@@ -29,11 +28,11 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class RowBlock:
     """Consecutive ``wrap`` rows as segments laid end to end, the rows one after another (only
-    the last row may be short): each segment's token view, length, source, whether it begins
-    its document, and its document (source, shard, row). Cut into rows only when read (see
-    ``ops._row_layout.RowLayout``)."""
+    the last row may be short): each segment's tokens (a view or a span: ``ops._copy.Part``),
+    length, source, whether it begins its document, and its document (source, shard, row).
+    Cut into rows only when read (see ``ops._row_layout.RowLayout``)."""
 
-    parts: list[npt.NDArray[Any]]
+    parts: list[Part]
     sizes: list[int]
     sources: list[int]
     starts: list[bool]
@@ -75,7 +74,7 @@ class WrapBlocks:
         assert isinstance(self.packer, WrapPacker)
         width = self.packer.max_length
         total = num_rows * width
-        parts: list[npt.NDArray[Any]] = []
+        parts: list[Part] = []
         owners: list[Owner | None] = []
         sizes: list[int] = []
         sources: list[int] = []
@@ -103,7 +102,7 @@ class WrapBlocks:
         self,
         source: int,
         want: int,
-        parts: list[npt.NDArray[Any]],
+        parts: list[Part],
         owners: list[Owner | None],
         sizes: list[int],
         starts: list[bool],
@@ -169,7 +168,7 @@ class WrapBlocks:
         first: int,
         stop: int,
         room: int,
-        parts: list[npt.NDArray[Any]],
+        parts: list[Part],
         owners: list[Owner | None],
         sizes: list[int],
         starts: list[bool],
@@ -195,7 +194,7 @@ def _search(
     stop: int,
     room: int,
     source: int,
-    parts: list[npt.NDArray[Any]],
+    parts: list[Part],
     owners: list[Owner | None],
     sizes: list[int],
     starts: list[bool],
@@ -203,14 +202,15 @@ def _search(
     """``WrapBlocks._take``'s search, in Python where ``zephon_torch._native.take`` is not
     built: of ``chunk``'s documents ``first``..``stop - 1``, the whole ones that fit in
     ``room`` tokens (by a search in the running sums), then the next one's first tokens to
-    fill the room, appended as their views, owners, sizes and starts. Returns the tokens
+    fill the room, appended as their spans (``(base, first, stop)``, see ``ops._copy.fill``),
+    owners, sizes and starts. Returns the tokens
     taken, the index after the last document taken, and the cut one's tokens (0: none)."""
     ends = chunk.ends
     last = bisect.bisect_right(ends, ends[first] + room, first, stop + 1) - 1
     whole = last - first  # documents first..last-1 fit whole
     taken = ends[last] - ends[first]
     if whole:
-        parts += chunk.tokens[first:last]
+        parts += zip(chunk.bases[first:last], chunk.firsts[first:last], chunk.stops[first:last])
         sizes += chunk.sizes[first:last]
         starts += [True] * whole
         owners += zip(
@@ -218,7 +218,8 @@ def _search(
         )
     if taken < room and last < stop:  # cut (it does not fit whole)
         cut = room - taken
-        parts.append(chunk.tokens[last][:cut])
+        begin = chunk.firsts[last]
+        parts.append((chunk.bases[last], begin, begin + cut))
         owners.append((source, chunk.shards[last], chunk.rows[last]))
         sizes.append(cut)
         starts.append(True)
@@ -228,7 +229,7 @@ def _search(
 
 def _add(
     piece: Piece,
-    parts: list[npt.NDArray[Any]],
+    parts: list[Part],
     owners: list[Owner | None],
     sizes: list[int],
     starts: list[bool],

@@ -17,7 +17,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_torch._state import state_flag, state_int
 from zephon_torch.errors import StateMismatchError, ZephonError, flag_setting
-from zephon_torch.ops._copy import NO_CHECK, fill
+from zephon_torch.ops._copy import NO_CHECK, Part, fill
 from zephon_torch.ops._row_layout import RowLayout
 from zephon_torch.ops._wrap_blocks import RowBlock
 from zephon_torch.ops.pack import MixPack, PackedRow
@@ -232,7 +232,7 @@ class BatchNode(BaseNode[Batch]):
         """``rows`` padded to ``[microbatch_size, max_length]`` (no rows: all padding)."""
         padding = self._padding
         width = self.max_length
-        parts: list[npt.NDArray[Any]] = []
+        parts: list[Part] = []
         owners: list[Owner | None] = []
         lengths: list[list[int]] = []
         sources: list[list[int]] = []
@@ -270,7 +270,7 @@ class BatchNode(BaseNode[Batch]):
 
     def assemble(
         self,
-        parts: list[npt.NDArray[Any]],
+        parts: list[Part],
         owners: list[Owner | None],
         tokens: int,
         layout: RowLayout,

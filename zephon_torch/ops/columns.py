@@ -2,16 +2,17 @@
 document.
 
 When nothing but the token field is used (no ``map``, ``filter`` or payload fields), a chunk of
-pointers becomes a ``TokenChunk``: the token ids of each document (views of the stored arrays
-where the format allows) and where each lies. The packer takes documents from it by index and
-makes a ``Document`` only where one must outlive the batch (a cut document's rest). It is the
-same documents in the same order as the per-document chain, at a fraction of the cost.
+pointers becomes a ``TokenChunk``: the token ids of each document (spans of the stored arrays
+where the format allows, ``io._views.TokenSpans``) and where each lies. The packer takes
+documents from it by index and makes a ``Document`` only where one must outlive the batch (a
+cut document's rest). It is the same documents in the same order as the per-document chain, at
+a fraction of the cost.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy.typing as npt
 from zephon_torch.errors import DataError
 from zephon_torch.io import Dataset
 from zephon_torch.io._projection import field_error, token_ids
+from zephon_torch.io._views import TokenSpans
 from zephon_torch.ops.document import (
     NO_TOKENS,
     Document,
@@ -41,37 +43,49 @@ class TokenChunk:
     source: int
     pass_index: int
     pos: int
-    tokens: list[npt.NDArray[Any]]
+    tokens: Sequence[npt.NDArray[Any]]  # kept as ``TokenSpans``
     shards: list[int]
     rows: list[int]
     # by index, why a row gave no document (``bad_rows="skip"``); its tokens are empty
     bad: dict[int, str] = field(default_factory=dict)
-    sizes: list[int] = field(init=False)  # each document's token count
+    # the spans' columns: tokens[i] is bases[i][firsts[i]:stops[i]], sizes[i] ids
+    bases: list[npt.NDArray[Any]] = field(init=False)
+    firsts: list[int] = field(init=False)
+    stops: list[int] = field(init=False)
+    sizes: list[int] = field(init=False)
     ends: list[int] = field(init=False)  # ends[i]: the tokens of documents 0..i-1 (from 0)
     smallest: int = field(init=False)  # the fewest tokens of a document (0 when empty)
     largest: int = field(init=False)  # the most
 
     def __post_init__(self) -> None:
-        sizes = list(map(len, self.tokens))
-        self.sizes = sizes
-        self.ends = list(itertools.accumulate(sizes, initial=0))
-        self.smallest = min(sizes, default=0)
-        self.largest = max(sizes, default=0)
+        spans = self.tokens = TokenSpans.of(self.tokens)
+        self.bases = spans.bases
+        self.firsts, self.stops = spans.firsts.tolist(), spans.stops.tolist()
+        counts = spans.stops - spans.firsts
+        self.sizes = counts.tolist()
+        ends = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=ends[1:])
+        self.ends = ends.tolist()
+        # numpy's, not Python's: a third of a 7,000-document chunk's making (0.3 of 1 ms)
+        self.smallest = int(counts.min()) if len(counts) else 0
+        self.largest = int(counts.max()) if len(counts) else 0
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.sizes)
 
     def __getitem__(self, i: int) -> Document:
         """The i-th document as an object (for the per-piece paths and saved carries)."""
-        return Document(
+        return Document(  # by position, the view made here: 0.53 us, where keywords took 0.65
             self.source,
             self.pass_index,
             self.pos + i,
             self.shards[i],
             self.rows[i],
             None,
-            self.tokens[i],
-            error=self.bad.get(i) if self.bad else None,  # error_of(i), without a call
+            self.bases[i][self.firsts[i] : self.stops[i]],
+            None,
+            None,
+            self.bad.get(i) if self.bad else None,  # error_of(i), without a call
         )
 
     def error_of(self, i: int) -> str | None:
@@ -131,7 +145,7 @@ class TokenChain(OperatorClock):
 
     def _ids(
         self, source: int, span: PointerSpan, shards: list[int], rows: list[int]
-    ) -> list[npt.NDArray[Any]]:
+    ) -> Sequence[npt.NDArray[Any]]:
         """Each document's ids (``shards`` and ``rows``: the span's, as lists), timed."""
         start = time.perf_counter()
         dataset, field = self.datasets[source], self.field
