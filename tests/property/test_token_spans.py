@@ -25,9 +25,8 @@ def spans(draw: st.DrawFn, bases: list[np.ndarray]) -> TokenSpans:
         first = draw(st.integers(0, len(bases[k])))
         firsts.append(first)
         stops.append(draw(st.integers(first, len(bases[k]))))
-    return TokenSpans(
-        [bases[k] for k in rows], np.array(firsts, np.int64), np.array(stops, np.int64)
-    )
+    picked = np.fromiter((bases[k] for k in rows), object, len(rows))
+    return TokenSpans(picked, np.array(firsts, np.int64), np.array(stops, np.int64))
 
 
 def _bases(draw: st.DrawFn) -> list[np.ndarray]:

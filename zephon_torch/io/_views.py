@@ -11,7 +11,6 @@ the view itself made only when the row is asked for.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
@@ -51,11 +50,10 @@ class TypedViews:
     ) -> TokenSpans:
         """For each row, values ``firsts[i]`` to ``stops[i]`` of the view of ``dtype``
         shifted by ``shifts[i]`` bytes (see ``places``)."""
-        if dtype.itemsize == 1:
-            bases = [self._view(dtype, 0)] * len(firsts)
-        else:
-            views = [self._view(dtype, shift) for shift in range(dtype.itemsize)]
-            bases = list(map(views.__getitem__, shifts.tolist()))
+        views = np.empty(dtype.itemsize, object)  # one per byte shift, picked by numpy
+        for shift in range(dtype.itemsize):
+            views[shift] = self._view(dtype, shift)
+        bases = views[shifts] if dtype.itemsize > 1 else np.repeat(views, len(firsts))
         return TokenSpans(
             bases, firsts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False)
         )
@@ -95,10 +93,11 @@ class TokenSpans(Sequence[npt.NDArray[Any]]):
 
     def __init__(
         self,
-        bases: list[npt.NDArray[Any]],
+        bases: npt.NDArray[np.object_],
         firsts: npt.NDArray[np.int64],
         stops: npt.NDArray[np.int64],
     ) -> None:
+        """``bases``: an object array of each row's array (numpy picks and joins them)."""
         self.bases, self.firsts, self.stops = bases, firsts, stops
 
     @classmethod
@@ -106,19 +105,27 @@ class TokenSpans(Sequence[npt.NDArray[Any]]):
         """``arrays`` as spans, each array whole (the spans themselves where they are)."""
         if isinstance(arrays, TokenSpans):
             return arrays
-        bases = list(arrays)
-        stops = np.fromiter(map(len, bases), np.int64, len(bases))
-        return cls(bases, np.zeros(len(bases), np.int64), stops)
+        count = len(arrays)
+        stops = np.fromiter(map(len, arrays), np.int64, count)
+        return cls(np.fromiter(arrays, object, count), np.zeros(count, np.int64), stops)
+
+    @classmethod
+    def repeated(
+        cls, base: npt.NDArray[Any], firsts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64]
+    ) -> TokenSpans:
+        """Rows all of ``base``."""
+        bases = np.empty(len(firsts), object)
+        bases.fill(base)
+        return cls(bases, firsts, stops)
 
     @classmethod
     def joined(cls, groups: list[TokenSpans], order: npt.NDArray[np.int64]) -> TokenSpans:
         """The rows of ``groups`` laid end to end, then taken in ``order`` (indices into
         them)."""
         if not groups:
-            return cls([], np.zeros(0, np.int64), np.zeros(0, np.int64))
-        bases = list(itertools.chain.from_iterable(g.bases for g in groups))
+            return cls.of([])
         return cls(
-            list(map(bases.__getitem__, order.tolist())),
+            np.concatenate([g.bases for g in groups])[order],
             np.concatenate([g.firsts for g in groups])[order],
             np.concatenate([g.stops for g in groups])[order],
         )
@@ -135,10 +142,13 @@ class TokenSpans(Sequence[npt.NDArray[Any]]):
     def __getitem__(self, i: int | slice) -> npt.NDArray[Any] | TokenSpans:
         if isinstance(i, slice):
             return TokenSpans(self.bases[i], self.firsts[i], self.stops[i])
-        return self.bases[i][int(self.firsts[i]) : int(self.stops[i])]
+        base: npt.NDArray[Any] = self.bases[i]
+        return base[int(self.firsts[i]) : int(self.stops[i])]
 
     def __iter__(self) -> Iterator[npt.NDArray[Any]]:
-        for base, first, stop in zip(self.bases, self.firsts.tolist(), self.stops.tolist()):
+        for base, first, stop in zip(
+            self.bases.tolist(), self.firsts.tolist(), self.stops.tolist(), strict=True
+        ):
             yield base[first:stop]
 
     def __repr__(self) -> str:

@@ -175,7 +175,7 @@ class NpyReader(PickledAsSettings):
             return TokenSpans.of([tokens[row] for row in positions.tolist()])
         check_whole(file.offsets, dataset=self.dataset, shard=offsets_path(path))
         starts, ends = file.offsets[positions], file.offsets[positions + 1]
-        return TokenSpans([tokens] * len(starts), starts, ends)
+        return TokenSpans.repeated(tokens, starts, ends)
 
     def _file(self, path: str) -> _TokenFile:
         return self._files.get_or_load(path, partial(self._open, path))

@@ -59,7 +59,7 @@ class TokenChunk:
 
     def __post_init__(self) -> None:
         spans = self.tokens = TokenSpans.of(self.tokens)
-        self.bases = spans.bases
+        self.bases = spans.bases.tolist()
         self.firsts, self.stops = spans.firsts.tolist(), spans.stops.tolist()
         counts = spans.stops - spans.firsts
         self.sizes = counts.tolist()
