@@ -219,7 +219,9 @@ static PyObject *fill(PyObject *module, PyObject *args) {
         } else if (first < 0 || stop < first || stop > part->shape[0]) {
             problem = "is a span outside its base";
         }
-        Py_ssize_t n = stop - first;
+        /* taken only of a span within its base: a refused one's ends may be any two ints,
+         * whose difference need not fit */
+        Py_ssize_t n = problem == NULL ? stop - first : 0;
         if (problem != NULL || n > room) {
             if (part == &own) PyBuffer_Release(&own);
             if (problem != NULL) PyErr_Format(kind, "fill: part %zd %s", k, problem);

@@ -180,9 +180,9 @@ for code in ["i2", "u2", "i4", "u4", "i8", "u8"]:
 """
 
 
-def test_ids_at_any_address_are_read_without_undefined_behaviour(tmp_path: Path) -> None:
-    """An MDS sample's array lies wherever the sample's bytes put it: its ids are read as
-    bytes, where a load of a misaligned pointer is undefined (the sanitizer aborts on one)."""
+def sanitized(tmp_path: Path, script: str, level: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run against the module built with the undefined behaviour sanitizer at
+    optimisation ``level`` (its folder as ``sys.argv[1]``); skips without one."""
     cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
     runtime = ""
     if shutil.which(cc[0]):
@@ -192,12 +192,45 @@ def test_ids_at_any_address_are_read_without_undefined_behaviour(tmp_path: Path)
         pytest.skip("needs a C compiler with the undefined behaviour sanitizer")
     source = Path(_copy.__file__).parents[1] / "_native.c"
     module = tmp_path / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
-    flags = ["-O3", "-fPIC", "-shared", "-fsanitize=undefined", "-fno-sanitize-recover=all"]
+    flags = [level, "-fPIC", "-shared", "-fsanitize=undefined", "-fno-sanitize-recover=all"]
     include = f"-I{sysconfig.get_path('include')}"
     subprocess.run([*cc, *flags, include, str(source), "-o", str(module)], check=True)
     env = {**os.environ, "LD_PRELOAD": runtime}
-    run = [sys.executable, "-c", UNALIGNED, str(tmp_path)]
-    done = subprocess.run(run, env=env, capture_output=True, text=True, check=False)
+    run = [sys.executable, "-c", script, str(tmp_path)]
+    return subprocess.run(run, env=env, capture_output=True, text=True, check=False)
+
+
+def test_ids_at_any_address_are_read_without_undefined_behaviour(tmp_path: Path) -> None:
+    """An MDS sample's array lies wherever the sample's bytes put it: its ids are read as
+    bytes, where a load of a misaligned pointer is undefined (the sanitizer aborts on one)."""
+    done = sanitized(tmp_path, UNALIGNED, "-O3")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+SPANS_OUTSIDE = """
+import array
+import sys
+sys.path.insert(0, sys.argv[1])
+import _native
+ends = [-(2**63), -1, 0, 1, 2**63 - 1]
+for base in (array.array("q", [1, 2, 3]), array.array("d", [1.0])):
+    for first in ends:
+        for stop in ends:
+            if 0 <= first <= stop <= len(base) and base.typecode == "q":
+                continue
+            try:
+                _native.fill([(base, first, stop)], array.array("q", [0] * 3), 0)
+            except (TypeError, ValueError):
+                pass
+            else:
+                raise AssertionError((first, stop))
+"""
+
+
+def test_a_span_outside_its_base_is_refused_without_undefined_behaviour(tmp_path: Path) -> None:
+    """A span's first and stop may be any 64-bit ints: refused, their difference (which may
+    not fit) never taken. Unoptimised, where the sanitizer sees every subtraction made."""
+    done = sanitized(tmp_path, SPANS_OUTSIDE, "-O0")
     assert done.returncode == 0, done.stderr[-2000:]
 
 
