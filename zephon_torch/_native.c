@@ -192,9 +192,9 @@ static PyObject *fill(PyObject *module, PyObject *args) {
                 PyErr_Format(PyExc_ValueError, "fill: part %zd is not (base, first, stop)", k);
                 goto fail;
             }
-            if (((first = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 1))) == -1 ||
-                 (stop = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2))) == -1) &&
-                PyErr_Occurred()) {
+            /* each converted whatever the other holds: (base, -1, "x") is a TypeError */
+            if (((first = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 1))) == -1 && PyErr_Occurred()) ||
+                ((stop = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2))) == -1 && PyErr_Occurred())) {
                 Py_DECREF(item);
                 goto fail;
             }
@@ -228,8 +228,9 @@ static PyObject *fill(PyObject *module, PyObject *args) {
             else PyErr_SetString(PyExc_ValueError, "fill: the parts are longer than `out`");
             goto fail;
         }
-        over |= loop((const char *)part->buf + first * part->strides[0], part->strides[0], n, dst,
-                     (uint64_t)top);
+        if (n > 0) /* an empty span's address is not formed: past a reversed base's start */
+            over |= loop((const char *)part->buf + first * part->strides[0], part->strides[0], n,
+                         dst, (uint64_t)top);
         if (part == &own) PyBuffer_Release(&own);
         dst += n;
         room -= n;

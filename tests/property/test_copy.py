@@ -127,6 +127,7 @@ def test_the_compiled_copy_is_built_and_used() -> None:
         ([(np.arange(3), 0, 3)], np.empty(2, np.int64), ValueError, "longer than `out`"),
         ([(np.arange(3), 0)], np.empty(3, np.int64), ValueError, "not \\(base, first, stop\\)"),
         ([(np.arange(3), "0", 3)], np.empty(3, np.int64), TypeError, ""),
+        ([(np.arange(3), -1, "3")], np.empty(3, np.int64), TypeError, ""),  # both converted
         ([(np.arange(4).reshape(2, 2), 0, 1)], np.empty(1, np.int64), ValueError, "not 1-D"),
         ([(np.arange(2.0), 0, 2)], np.empty(2, np.int64), TypeError, "does not hold native"),
         ([(np.arange(3), 0, 3), (object(), 0, 1)], np.empty(4, np.int64), TypeError, ""),
