@@ -104,8 +104,9 @@ class ShardArrays:
         return isinstance(self._found, tuple)
 
     def read(self, positions: npt.NDArray[np.int64]) -> TokenSpans | None:
-        """The arrays at ``positions`` (in range), as read-only views of the shard; None when
-        one of them is not as the encoding says (the per-sample decoder then names it)."""
+        """The arrays at ``positions`` (in range), as spans of read-only views of the shard;
+        None when one of them is not as the encoding says (the per-sample decoder then names
+        it)."""
         found = self._found
         if found is None:
             self._asked += len(positions)
