@@ -53,7 +53,7 @@ class TypedViews:
         views = np.empty(dtype.itemsize, object)  # one per byte shift, picked by numpy
         for shift in range(dtype.itemsize):
             views[shift] = self._view(dtype, shift)
-        bases = views[shifts] if dtype.itemsize > 1 else np.repeat(views, len(firsts))
+        bases = views[shifts]
         return TokenSpans(
             bases, firsts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False)
         )

@@ -41,3 +41,8 @@ def fill(parts: Sequence[Part], out: npt.NDArray[np.int64], top: int) -> bool:
 def as_arrays(parts: Sequence[Part]) -> list[npt.NDArray[Any]]:
     """``parts`` as arrays: each span's view made."""
     return [part[0][part[1] : part[2]] if isinstance(part, tuple) else part for part in parts]
+
+
+def part_dtype(part: Part) -> np.dtype[Any]:
+    """The stored type of a part's ids (a span's is its base's: no view made)."""
+    return part[0].dtype if isinstance(part, tuple) else part.dtype

@@ -203,8 +203,8 @@ def _search(
     built: of ``chunk``'s documents ``first``..``stop - 1``, the whole ones that fit in
     ``room`` tokens (by a search in the running sums), then the next one's first tokens to
     fill the room, appended as their spans (``(base, first, stop)``, see ``ops._copy.fill``),
-    owners, sizes and starts. Returns the tokens
-    taken, the index after the last document taken, and the cut one's tokens (0: none)."""
+    owners, sizes and starts. Returns the tokens taken, the index after the last document
+    taken, and the cut one's tokens (0: none)."""
     ends = chunk.ends
     last = bisect.bisect_right(ends, ends[first] + room, first, stop + 1) - 1
     whole = last - first  # documents first..last-1 fit whole

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from zephon_torch.errors import DataError
 from zephon_torch.io._projection import field_error, id_limit, token_ids
-from zephon_torch.ops._copy import Part, as_arrays
+from zephon_torch.ops._copy import Part, as_arrays, part_dtype
 from zephon_torch.ops.document import Document, document_error
 
 _maximum = np.maximum.reduce
@@ -145,7 +145,7 @@ class IdCheck:
         """
         narrow, top = self.narrow, self.limit - 1
         for part, owner in zip(parts, owners):  # a span's dtype is its base's: no view made
-            if owner is not None and _dtype(part) not in narrow:
+            if owner is not None and part_dtype(part) not in narrow:
                 break
         else:  # uint8 and uint16 ids always fit (below a vocabulary past their range)
             return
@@ -168,8 +168,3 @@ class IdCheck:
                     row=row,
                 )
         raise AssertionError("an id out of range in padding")  # pad ids are checked when set
-
-
-def _dtype(part: Part) -> np.dtype[Any]:
-    """The stored type of a part's ids."""
-    return part[0].dtype if isinstance(part, tuple) else part.dtype
